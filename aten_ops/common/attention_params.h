@@ -1,0 +1,145 @@
+// Validated, backend-neutral description of one FlashAttentionScore call.
+//
+// Every backend (CPU now, the Ascend C kernels later) parses its arguments with parse_attention_params(), so
+// all of them reject the same bad inputs with the same messages and agree on the meaning of layouts, masks,
+// sparse modes and the dropout stream. Addresses are element offsets; the head dim is always contiguous.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace npu_fa::attention {
+
+enum class Layout { BSH, SBH, BSND, BNSD, TND };
+
+// Where row (b, n, i) of a [.., seq, .., D] tensor starts: batch_offset[b] + n*head_stride + i*seq_stride.
+// For TND the batch offset is the first token of sequence b, so the same formula serves packed batches.
+struct RowMap {
+  std::vector<int64_t> batch_offset;
+  int64_t head_stride = 0;
+  int64_t seq_stride = 0;
+  int64_t at(int64_t b, int64_t n, int64_t i) const { return batch_offset[b] + n * head_stride + i * seq_stride; }
+};
+
+// Visible keys of query row i (local to its sequence): i + lo <= j <= i + hi, intersected with [0, kv_len).
+// kNone marks an unbounded side. Explicit atten_mask entries are applied on top (see MaskView).
+struct Band {
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::max() / 4;
+  int64_t lo = -kNone;
+  int64_t hi = kNone;
+};
+
+enum class TileKind { Empty, Full, Partial };
+
+// A bool/uint8 mask (nonzero = masked out) addressed by element strides; a stride of 0 broadcasts.
+struct MaskView {
+  const uint8_t* data = nullptr;
+  int64_t sb = 0, sn = 0, si = 0, sj = 0;
+  bool masked(int64_t b, int64_t n, int64_t i, int64_t j) const { return data[b * sb + n * sn + i * si + j * sj] != 0; }
+};
+
+// An fp32 copy of pse addressed by strides (0 = broadcast): pse_type 1 adds it before scaling, 0 after.
+struct PseView {
+  const float* data = nullptr;
+  int64_t sb = 0, sn = 0, si = 0, sj = 0;
+  const float* row(int64_t b, int64_t n, int64_t i) const { return data + b * sb + n * sn + i * si; }
+};
+
+struct AttentionParams {
+  const char* op = "";
+  Layout layout = Layout::BSND;
+  int64_t batch = 0;           // B (number of sequences for TND)
+  int64_t q_heads = 0;         // N1
+  int64_t kv_heads = 0;        // N2
+  int64_t group = 1;           // N1 / N2
+  int64_t head_dim = 0;        // D of q and k
+  int64_t v_head_dim = 0;      // D of v and of the output
+  int64_t max_q_len = 0;       // Sq (dense) or the longest sequence (TND)
+  int64_t max_kv_len = 0;
+  std::vector<int64_t> q_len, kv_len;   // per batch
+  RowMap q, k, v;              // rows of the (contiguous-in-D) inputs
+  RowMap out;                  // rows of attention_out / dy / attention_in (contiguous, q's layout, vD)
+  RowMap stats;                // rows of softmax_max / softmax_sum (8 fp32 values per row)
+  RowMap dropout_row;          // row ids of the dropout stream (stride 1 per row)
+  float scale = 1.f;
+  float keep_prob = 1.f;
+  int64_t pre_tokens = 0, next_tokens = 0;
+  int64_t sparse_mode = 0;
+  int64_t pse_type = 1;
+  std::optional<MaskView> mask;        // only when the mask must be applied element-wise (modes 0 and 1)
+  std::optional<PseView> pse;
+  uint64_t seed = 0, offset = 0;       // dropout stream (used when keep_prob < 1)
+
+  bool has_dropout() const { return keep_prob < 1.f; }
+  // The structural band of sequence b (sparse mode and pre/next tokens).
+  Band band(int64_t b) const;
+  // Classifies the tile rows [i0, i1) x keys [j0, j1) of sequence b by the band alone (the explicit mask,
+  // if any, still has to be consulted for Full/Partial tiles).
+  TileKind classify(int64_t b, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const;
+  // Keys [lo, hi) that any row of [i0, i1) may see; lo >= hi when none.
+  std::pair<int64_t, int64_t> key_range(int64_t b, int64_t i0, int64_t i1) const;
+  // True when key j is visible from row i of sequence b, head n (band and explicit mask).
+  bool visible(int64_t b, int64_t n, int64_t i, int64_t j) const;
+};
+
+// Tensors the kernels read; parse_attention_params() makes them contiguous in D (and converts pse to fp32),
+// and keeps them alive for the views above.
+struct AttentionInputs {
+  at::Tensor query, key, value, pse_f32, mask_u8;
+};
+
+// Validates every argument of flash_attention_score(_grad) and builds the parameters. Errors name the argument,
+// the expectation and what was given. `inputs` receives the tensors the views point into.
+AttentionParams parse_attention_params(
+    const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
+    c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
+    const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
+    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
+    int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+    AttentionInputs& inputs);
+
+// Shape of attention_out (q's layout with v's head dim) and of softmax_max/sum.
+std::vector<int64_t> output_shape(const AttentionParams& p, const at::Tensor& query);
+std::vector<int64_t> stats_shape(const AttentionParams& p, const at::Tensor& query);
+
+// Checks a tensor that must have exactly the given shape (dy, attention_in, softmax_max/sum in the backward).
+void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected);
+
+// ---- Dropout: a counter-based Philox4x32-10 stream, so masks do not depend on tiling or threads. ----
+struct Philox {
+  static inline void round(uint32_t c[4], const uint32_t k[2]) {
+    const uint64_t p0 = uint64_t(0xD2511F53u) * c[0];
+    const uint64_t p1 = uint64_t(0xCD9E8D57u) * c[2];
+    const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
+    const uint32_t hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
+    const uint32_t n0 = hi1 ^ c[1] ^ k[0], n2 = hi0 ^ c[3] ^ k[1];
+    c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+  }
+  // Four uint32 random words for the counter (block, row) under key seed.
+  static inline void generate(uint64_t seed, uint64_t row, uint64_t block, uint32_t out[4]) {
+    uint32_t c[4] = {uint32_t(block), uint32_t(block >> 32), uint32_t(row), uint32_t(row >> 32)};
+    uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
+    for (int r = 0; r < 10; ++r) {
+      round(c, k);
+      if (r < 9) { k[0] += 0x9E3779B9u; k[1] += 0xBB67AE85u; }
+    }
+    out[0] = c[0]; out[1] = c[1]; out[2] = c[2]; out[3] = c[3];
+  }
+};
+
+// Keep-flags of keys [j0, j0 + n) of dropout row `row` (row id + offset): keep[j] = 1 if kept.
+void dropout_keep_row(uint64_t seed, uint64_t row, float keep_prob, int64_t j0, int64_t n, uint8_t* keep);
+
+// ---- Tile sizes (process-wide, overridable through npu_fa::attention_tile_config). ----
+struct TileConfig {
+  int64_t block_q;
+  int64_t block_kv;
+};
+TileConfig tile_config();
+
+}  // namespace npu_fa::attention

@@ -1,0 +1,36 @@
+"""torch_ops_transformer: CANN ops-transformer as native PyTorch ops (`torch.ops.npu_fa.*`).
+
+Importing the package loads the C++ kernels and registers fake kernels and autograd formulas, all
+generated from native_functions.yaml. Public Python API:
+
+- `npu_fusion_attention`, `npu_fusion_attention_grad` — torch_npu's exact signatures;
+- `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention;
+- `FlashAttention` — the nn.Module of the seed article;
+- `attention_tiles` — read or override the CPU tile sizes.
+"""
+from ._ops_loader import load as _load
+
+_load()
+
+from ._generated.registrations import OPS  # noqa: E402
+from .attention import (  # noqa: E402
+    FlashAttention,
+    attention_tiles,
+    attention_tiles_override,
+    flash_attn_func,
+    flash_attn_varlen_func,
+    npu_fusion_attention,
+    npu_fusion_attention_grad,
+)
+
+__all__ = [
+    "OPS",
+    "FlashAttention",
+    "attention_tiles",
+    "attention_tiles_override",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "npu_fusion_attention",
+    "npu_fusion_attention_grad",
+]
+__version__ = "0.1.0"
