@@ -4,12 +4,16 @@ CPU build (always): `pip install --no-build-isolation -e .`
 The NPU backend (Ascend C kernels via torch_npu + CANN) is detected separately and is optional; its absence
 never breaks a CPU install.
 """
+import concurrent.futures
 import glob
 import os
+import subprocess
 import sys
+import sysconfig
 
+import torch
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
@@ -19,9 +23,19 @@ for rel in generate(ROOT):
     print(f"codegen: wrote {rel}")
 
 
+# Per-instruction-set kernels: every `*_isa.cpp` is compiled once per entry with the flags ATen uses for the same
+# capability, into objects linked into _C; ops pick one at run time from at::get_cpu_capability().
+ISA_FLAGS = {
+    "DEFAULT": [],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c", "-mbmi2"],
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c", "-mbmi2"],
+}
+
+
 def sources():
     # One translation unit per op family and backend, plus the generated registrations.
-    files = glob.glob("aten_ops/cpu/*.cpp") + glob.glob("aten_ops/common/*.cpp") + ["aten_ops/generated/register_ops.cpp"]
+    files = glob.glob("aten_ops/cpu/**/*.cpp", recursive=True) + glob.glob("aten_ops/common/*.cpp")
+    files = [f for f in files if not f.endswith("_isa.cpp")] + ["aten_ops/generated/register_ops.cpp"]
     return sorted(files)
 
 
@@ -30,6 +44,39 @@ def cxx_flags():
     if os.environ.get("TOT_DEBUG"):
         flags = ["-O0", "-g", "-std=c++17"]
     return flags
+
+
+def _newest_header_mtime():
+    files = glob.glob(os.path.join(ROOT, "aten_ops", "**", "*.h"), recursive=True)
+    return max((os.path.getmtime(f) for f in files), default=0.0)
+
+
+def build_isa_objects():
+    """Compile each *_isa.cpp once per ISA (in parallel); returns the object paths. Skips up-to-date objects."""
+    out_dir = os.path.join(ROOT, "build", "isa_objects")
+    os.makedirs(out_dir, exist_ok=True)
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    base = [os.environ.get("CXX", "c++"), "-c", "-fPIC", abi, *cxx_flags(), f"-I{os.path.join(ROOT, 'aten_ops')}"]
+    base += [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    jobs = []
+    newest_header = _newest_header_mtime()
+    for src in sorted(glob.glob(os.path.join(ROOT, "aten_ops", "**", "*_isa.cpp"), recursive=True)):
+        stem = os.path.splitext(os.path.relpath(src, ROOT))[0].replace(os.sep, "_")
+        for isa, flags in ISA_FLAGS.items():
+            obj = os.path.join(out_dir, f"{stem}.{isa}.o")
+            fresh = os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)
+            cmd = base + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}", src, "-o", obj]
+            jobs.append((obj, None if fresh else cmd))
+
+    def run(job):
+        obj, cmd = job
+        if cmd is not None:
+            print(f"isa: compiling {os.path.basename(obj)}", flush=True)
+            subprocess.run(cmd, check=True)
+        return obj
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return list(pool.map(run, jobs))
 
 
 setup(
@@ -45,6 +92,7 @@ setup(
             sources=sources(),
             include_dirs=[os.path.join(ROOT, "aten_ops")],
             extra_compile_args={"cxx": cxx_flags()},
+            extra_objects=build_isa_objects(),
             py_limited_api=False,
         )
     ],

@@ -276,7 +276,8 @@ AttentionParams parse_attention_params(
   p.sparse_mode = sparse_mode;
   p.pse_type = pse_type;
 
-  std::vector<int64_t> q_start, kv_start;
+  std::vector<int64_t>& q_start = p.q_start;
+  std::vector<int64_t>& kv_start = p.kv_start;
   if (p.layout == Layout::TND) {
     read_cumulative(op, "actual_seq_qlen", actual_seq_qlen, qd.seq, p.q_len, q_start);
     read_cumulative(op, "actual_seq_kvlen", actual_seq_kvlen, kd.seq, p.kv_len, kv_start);
@@ -290,6 +291,8 @@ AttentionParams parse_attention_params(
     p.batch = qd.batch;
     p.q_len.assign(p.batch, qd.seq);
     p.kv_len.assign(p.batch, kd.seq);
+    q_start.assign(p.batch, 0);
+    kv_start.assign(p.batch, 0);
   }
   p.max_q_len = p.q_len.empty() ? 0 : *std::max_element(p.q_len.begin(), p.q_len.end());
   p.max_kv_len = p.kv_len.empty() ? 0 : *std::max_element(p.kv_len.begin(), p.kv_len.end());
@@ -297,19 +300,10 @@ AttentionParams parse_attention_params(
   in.query = dim_contiguous(query);
   in.key = dim_contiguous(key);
   in.value = dim_contiguous(value);
-  auto rows = [&](const at::Tensor& t, int64_t dim, const std::vector<int64_t>& starts, RowMap& m) {
-    int64_t sb, sn, ss;
-    layout_strides(t, p.layout, dim, sb, sn, ss);
-    m.head_stride = sn;
-    m.seq_stride = ss;
-    m.batch_offset.resize(p.batch);
-    for (int64_t b = 0; b < p.batch; ++b) m.batch_offset[b] = p.layout == Layout::TND ? starts[b] * ss : b * sb;
-  };
-  rows(in.query, p.head_dim, q_start, p.q);
-  rows(in.key, p.head_dim, kv_start, p.k);
-  rows(in.value, p.v_head_dim, kv_start, p.v);
-  const at::Tensor out_like = at::empty(output_shape(p, query), at::TensorOptions().dtype(dt).device(at::kMeta));
-  rows(out_like, p.v_head_dim, q_start, p.out);
+  p.q = row_map(p, in.query, true, p.head_dim);
+  p.k = row_map(p, in.key, false, p.head_dim);
+  p.v = row_map(p, in.value, false, p.v_head_dim);
+  p.out = row_map(p, at::empty(output_shape(p, query), at::TensorOptions().dtype(dt).device(at::kMeta)), true, p.v_head_dim);
 
   // softmax stats: [B, N1, Sq, 8] or [T, N1, 8], contiguous; dropout row ids: ((b*N1 + n)*Sq + i) or t*N1 + n.
   p.stats.batch_offset.resize(p.batch);
@@ -353,6 +347,19 @@ AttentionParams parse_attention_params(
     p.offset = offset.has_value() ? read_scalar(op, "offset", *offset) : 0;
   }
   return p;
+}
+
+RowMap row_map(const AttentionParams& p, const at::Tensor& t, bool is_query, int64_t dim) {
+  TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, p.op, ": internal error: row_map needs a contiguous head dim");
+  int64_t sb, sn, ss;
+  layout_strides(t, p.layout, dim, sb, sn, ss);
+  const std::vector<int64_t>& starts = is_query ? p.q_start : p.kv_start;
+  RowMap m;
+  m.head_stride = sn;
+  m.seq_stride = ss;
+  m.batch_offset.resize(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) m.batch_offset[b] = p.layout == Layout::TND ? starts[b] * ss : b * sb;
+  return m;
 }
 
 std::vector<int64_t> output_shape(const AttentionParams& p, const at::Tensor& query) {

@@ -62,6 +62,7 @@ struct AttentionParams {
   int64_t max_q_len = 0;       // Sq (dense) or the longest sequence (TND)
   int64_t max_kv_len = 0;
   std::vector<int64_t> q_len, kv_len;   // per batch
+  std::vector<int64_t> q_start, kv_start;  // first token of each sequence on the seq axis (0 unless TND)
   RowMap q, k, v;              // rows of the (contiguous-in-D) inputs
   RowMap out;                  // rows of attention_out / dy / attention_in (contiguous, q's layout, vD)
   RowMap stats;                // rows of softmax_max / softmax_sum (8 fp32 values per row)
@@ -102,6 +103,10 @@ AttentionParams parse_attention_params(
     double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
     int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
     AttentionInputs& inputs);
+
+// Row addresses of a tensor laid out like the query (is_query) or like key/value, head dim `dim`, any strides
+// with a contiguous head dim (e.g. the contiguous gradients dq/dk/dv of the backward).
+RowMap row_map(const AttentionParams& p, const at::Tensor& t, bool is_query, int64_t dim);
 
 // Shape of attention_out (q's layout with v's head dim) and of softmax_max/sum.
 std::vector<int64_t> output_shape(const AttentionParams& p, const at::Tensor& query);
