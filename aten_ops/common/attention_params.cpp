@@ -407,6 +407,8 @@ TileConfig tile_config() {
   return {q, kv};
 }
 
+TileConfig tile_config_override() { return {g_block_q.load(), g_block_kv.load()}; }
+
 }  // namespace npu_fa::attention
 
 namespace npu_fa {

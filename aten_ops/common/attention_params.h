@@ -146,5 +146,7 @@ struct TileConfig {
   int64_t block_kv;
 };
 TileConfig tile_config();
+// Only the sizes set explicitly through attention_tile_config (0 = not set), for kernels with their own defaults.
+TileConfig tile_config_override();
 
 }  // namespace npu_fa::attention
