@@ -420,6 +420,7 @@ TileConfig tile_config(int64_t head_dim, int64_t elem_size) {
 }
 
 TileConfig tile_config() { return tile_config(128, 4); }
+TileConfig tile_config_override() { return {g_block_q.load(), g_block_kv.load()}; }
 
 }  // namespace npu_fa::attention
 
