@@ -6,6 +6,7 @@ never breaks a CPU install.
 """
 import concurrent.futures
 import glob
+import hashlib
 import os
 import subprocess
 import sys
@@ -64,9 +65,12 @@ def build_isa_objects():
     for src in sorted(glob.glob(os.path.join(ROOT, "aten_ops", "**", "*_isa.cpp"), recursive=True)):
         stem = os.path.splitext(os.path.relpath(src, ROOT))[0].replace(os.sep, "_")
         for isa, flags in ISA_FLAGS.items():
-            obj = os.path.join(out_dir, f"{stem}.{isa}.o")
+            cmd = base + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}", src]
+            # The object name carries a hash of the command, so changed flags rebuild it.
+            tag = hashlib.sha1(" ".join(cmd).encode()).hexdigest()[:10]
+            obj = os.path.join(out_dir, f"{stem}.{isa}.{tag}.o")
             fresh = os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)
-            cmd = base + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}", src, "-o", obj]
+            cmd = cmd + ["-o", obj]
             jobs.append((obj, None if fresh else cmd))
 
     def run(job):
