@@ -218,17 +218,22 @@ class FlashAttention(nn.Module):
 
 
 def attention_tiles(block_q: Optional[int] = None, block_kv: Optional[int] = None) -> Tuple[int, int]:
-    """Reads, or sets process-wide, the CPU FlashAttention tile sizes (query rows, key rows). Returns those in force."""
+    """Reads, or overrides process-wide, the CPU FlashAttention tile sizes (query rows, key rows).
+
+    None keeps a value, -1 restores the automatic choice (derived from the L2 cache, head dim and dtype).
+    Returns the overrides in force; 0 means automatic.
+    """
     q, kv = _OPS.attention_tile_config(block_q or 0, block_kv or 0)
     return int(q), int(kv)
 
 
 @contextlib.contextmanager
 def attention_tiles_override(block_q: Optional[int] = None, block_kv: Optional[int] = None):
-    """Temporarily overrides the CPU tile sizes (the seed article's block-size tuning)."""
-    old = attention_tiles()
+    """Temporarily overrides the CPU tile sizes (the seed article's block-size tuning); restores the previous
+    overrides (or the automatic choice) on exit."""
+    old_q, old_kv = attention_tiles()
     attention_tiles(block_q, block_kv)
     try:
         yield attention_tiles()
     finally:
-        attention_tiles(*old)
+        attention_tiles(old_q or -1, old_kv or -1)

@@ -425,14 +425,15 @@ TileConfig tile_config_override() { return {g_block_q.load(), g_block_kv.load()}
 }  // namespace npu_fa::attention
 
 namespace npu_fa {
+// Overrides are process-wide: > 0 sets, 0 keeps, -1 returns to the automatic (cache-derived) choice.
 std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv) {
-  TORCH_CHECK_VALUE(block_q >= 0 && block_q <= 4096, "attention_tile_config: argument 'block_q' must be in [0, 4096] (0 keeps "
-                    "the current value); got ", block_q);
-  TORCH_CHECK_VALUE(block_kv >= 0 && block_kv <= 8192, "attention_tile_config: argument 'block_kv' must be in [0, 8192] (0 "
-                    "keeps the current value); got ", block_kv);
-  if (block_q > 0) attention::g_block_q.store(block_q);
-  if (block_kv > 0) attention::g_block_kv.store(block_kv);
-  const auto c = attention::tile_config();
+  TORCH_CHECK_VALUE(block_q >= -1 && block_q <= 4096, "attention_tile_config: argument 'block_q' must be in [-1, 4096] "
+                    "(0 keeps the current value, -1 restores the automatic choice); got ", block_q);
+  TORCH_CHECK_VALUE(block_kv >= -1 && block_kv <= 8192, "attention_tile_config: argument 'block_kv' must be in [-1, 8192] "
+                    "(0 keeps the current value, -1 restores the automatic choice); got ", block_kv);
+  if (block_q != 0) attention::g_block_q.store(std::max<int64_t>(block_q, 0));
+  if (block_kv != 0) attention::g_block_kv.store(std::max<int64_t>(block_kv, 0));
+  const auto c = attention::tile_config_override();
   return {c.block_q, c.block_kv};
 }
 }  // namespace npu_fa
