@@ -35,6 +35,7 @@ class Case:
     seqlens: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None  # TND: per-sequence (q lengths, kv lengths)
     keep_prob: float = 1.0
     dropout_offset: int = 0
+    strided: bool = False                   # q/k/v as non-contiguous views (padded rows, permuted, strided D)
     seed: int = 0
 
     def replace(self, **kw) -> "Case":
@@ -67,6 +68,16 @@ def _random_mask(shape, gen: torch.Generator, dtype: str) -> Tensor:
     m = torch.rand(shape, generator=gen) < 0.3
     m[..., 1, :] = True  # one fully masked query row (must give zeros, never NaN)
     return m if dtype == "bool" else m.to(torch.uint8)
+
+
+def _strided_views(args: Dict[str, object]) -> None:
+    """Same values, other memory layouts: query with padded rows (head dim contiguous), key stored in reverse axis
+    order (permuted strides), value with a head-dim stride of 2."""
+    q, k, v = args["query"], args["key"], args["value"]
+    args["query"] = torch.cat([q, torch.full_like(q, float("nan"))], dim=-1)[..., :q.shape[-1]]
+    args["key"] = k.permute(*reversed(range(k.dim()))).contiguous().permute(*reversed(range(k.dim())))
+    args["value"] = torch.stack([v, torch.full_like(v, float("nan"))], dim=-1)[..., 0]
+    assert not any(args[n].is_contiguous() for n in ("query", "key", "value"))
 
 
 def make_inputs(case: Case) -> Dict[str, object]:
@@ -106,6 +117,8 @@ def make_inputs(case: Case) -> Dict[str, object]:
     if case.keep_prob < 1.0:
         args["seed"] = torch.tensor(7919 + case.seed, dtype=torch.int64)
         args["offset"] = torch.tensor(case.dropout_offset, dtype=torch.int64)
+    if case.strided:
+        _strided_views(args)
     return args
 
 
@@ -131,7 +144,7 @@ def run_ours(args: Dict[str, object], dy: Optional[Tensor] = None, seed_dy: int 
     leaves = {}
     for name in GRAD_NAMES:
         if kw.get(name) is not None:
-            leaves[name] = kw[name].detach().clone().requires_grad_(True)
+            leaves[name] = kw[name].detach().requires_grad_(True)  # keeps the strides of the input
             kw[name] = leaves[name]
     out, smax, ssum, sout, seed, offset = OPS.flash_attention_score(**kw)
     dy = dy_like(out, seed_dy) if dy is None else dy

@@ -4,8 +4,9 @@ reference, under the tolerance rule max|ours - ref64| <= 2*max|torch_same_dtype 
 The grid is a union of focused sub-grids rather than one full product (which would take hours):
 layouts x sparse modes x dtypes, masks, pse, GQA/MQA, varlen TND, vD < D, and shapes that cross tiles."""
 import pytest
+import torch
 
-from attention_cases import Case, compare_with_reference
+from attention_cases import Case, compare_with_reference, make_inputs, run_ours
 from torch_ops_transformer import attention_tiles_override
 
 LAYOUTS = ["BSH", "SBH", "BSND", "BNSD", "TND"]
@@ -139,3 +140,24 @@ TILES = [(1, 1), (16, 32), (7, 5), (64, 16)]
 def test_tile_sizes(case, tiles):
     with attention_tiles_override(*tiles):
         compare_with_reference(case)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_non_contiguous_inputs(layout):
+    compare_with_reference(_case(layout, strided=True, pse="BNSS" if layout != "TND" else None, sparse_mode=3))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_backward_is_deterministic(threads):
+    """Bit-identical results run to run for a fixed thread count (several tiles, GQA, dropout)."""
+    case = Case(batch=2, q_heads=4, kv_heads=1, q_len=90, kv_len=140, head_dim=32, keep_prob=0.9, pse="BN1S")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with attention_tiles_override(16, 32):
+            first, second = (run_ours(make_inputs(case)) for _ in range(2))
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(first.out, second.out)
+    for name in first.grads:
+        assert torch.equal(first.grads[name], second.grads[name]), f"d{name} differs between two runs"

@@ -85,7 +85,7 @@ def test_npu_fusion_attention_grad_requires_forward_outputs():
     (False, (-1, 0), 3, None, None),
     (False, (4, -1), 4, 4, None),
     (True, (2, 5), 4, 2, 0),  # causal overrides the right window
-])
+], ids=["full", "causal", "window_3_2", "window_inf_0", "window_4_inf", "causal_window_2"])
 def test_flash_attn_func_causal_and_window_are_bottom_right(sq, skv, causal, window, mode, pre, nxt):
     q, k, v = _qkv(sq=sq, skv=skv)
     out = flash_attn_func(q, k, v, causal=causal, window_size=window)
