@@ -40,9 +40,10 @@ def sources():
 
 
 def cxx_flags():
-    flags = ["-O3", "-std=c++17", "-fvisibility-inlines-hidden", "-Wno-unused-parameter"]
+    # -fopenmp: at::parallel_for is a header template that runs serially unless _OPENMP is defined here too.
+    flags = ["-O3", "-std=c++17", "-fvisibility-inlines-hidden", "-Wno-unused-parameter", "-fopenmp"]
     if os.environ.get("TOT_DEBUG"):
-        flags = ["-O0", "-g", "-std=c++17"]
+        flags = ["-O0", "-g", "-std=c++17", "-fopenmp"]
     return flags
 
 
@@ -93,6 +94,7 @@ setup(
             include_dirs=[os.path.join(ROOT, "aten_ops")],
             extra_compile_args={"cxx": cxx_flags()},
             extra_objects=build_isa_objects(),
+            extra_link_args=["-fopenmp"],  # resolves to the libgomp.so.1 torch already loaded
             py_limited_api=False,
         )
     ],

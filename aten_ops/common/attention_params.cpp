@@ -391,21 +391,36 @@ void dropout_keep_row(uint64_t seed, uint64_t row, float keep_prob, int64_t j0, 
 }
 
 namespace {
-int64_t default_block(int64_t fallback, double fraction) {
-  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-  if (l2 <= 0) l2 = 1 << 20;
-  (void)fraction;
-  return fallback;
-}
 std::atomic<int64_t> g_block_q{0}, g_block_kv{0};
+
+int64_t l2_bytes() {
+  static const int64_t l2 = [] {
+    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return v > 0 ? int64_t(v) : int64_t(1) << 20;
+  }();
+  return l2;
+}
+
+// block_q query rows; block_kv keys so that one step's working set (K and V tiles, the fp32 score tile and its
+// low-precision copy) fills about half of L2, leaving room for Q, the accumulator and the next tile's prefetch.
+TileConfig default_tiles(int64_t head_dim, int64_t elem_size) {
+  const int64_t block_q = 64;
+  const int64_t per_key = 2 * head_dim * elem_size + block_q * (4 + elem_size);
+  const int64_t kv = l2_bytes() / 2 / std::max<int64_t>(per_key, 1);
+  return {block_q, std::clamp<int64_t>(kv / 64 * 64, 64, 1024)};
+}
 }  // namespace
 
-TileConfig tile_config() {
-  int64_t q = g_block_q.load(), kv = g_block_kv.load();
-  if (q <= 0) q = default_block(64, 0.25);
-  if (kv <= 0) kv = default_block(512, 0.5);
-  return {q, kv};
+TileConfig tile_config(int64_t head_dim, int64_t elem_size) {
+  TileConfig t = default_tiles(head_dim, elem_size);
+  const int64_t q = g_block_q.load(), kv = g_block_kv.load();
+  if (q > 0) t.block_q = q;
+  if (kv > 0) t.block_kv = kv;
+  return t;
 }
+
+TileConfig tile_config() { return tile_config(128, 4); }
+TileConfig tile_config_override() { return {g_block_q.load(), g_block_kv.load()}; }
 
 }  // namespace npu_fa::attention
 

@@ -146,5 +146,10 @@ struct TileConfig {
   int64_t block_kv;
 };
 TileConfig tile_config();
+// Tile sizes for a kernel with head dim `head_dim` and `elem_size`-byte inputs, sized from the L2 cache; values
+// set through attention_tile_config win.
+TileConfig tile_config(int64_t head_dim, int64_t elem_size);
+// Only the sizes set explicitly through attention_tile_config (0 = not set), for kernels with their own defaults.
+TileConfig tile_config_override();
 
 }  // namespace npu_fa::attention

@@ -1,9 +1,538 @@
-// PLACEHOLDER: FlashAttention-2 forward (being written). Included once per ISA by kernels_isa.cpp.
+// FlashAttention-2 forward on CPU. Included once per ISA by kernels_isa.cpp, so everything here lives in
+// npu_fa::cpu::CPU_CAPABILITY and at::vec::Vectorized has that ISA's width.
+//
+// Work is split into items (sequence b, KV head n2, query heads [h0, h1) of that group, query rows [i0, i1)); an
+// item's query rows of all its heads are packed into one [R, D] block, so a K/V tile is read once for every head
+// sharing it (this matters when Sq is short, e.g. decoding with GQA). Per item we walk the KV tiles inside the
+// band's key range, skip Empty tiles, mask Partial ones per element, and keep an online softmax (running max m,
+// running sum l, fp32 accumulator acc) per row.
+//
+// Both products run on at::native::cpublas::brgemm (oneDNN's JIT micro-kernels; cpublas::gemm is not exported
+// from libtorch). brgemm takes no transposes, so K is repacked once per call as Kᵀ (keys contiguous). Two
+// compute types: fp32 (fp32 inputs; fp16 inputs, and bf16 where the bf16 kernel is unavailable, are converted
+// while packing) and bf16 with VNNI-packed K and V (the fast path on CPUs with AVX512-BF16 or AMX).
 #pragma once
+
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
 #include "cpu/flash_attention/kernels.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
-void attention_forward(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
-  TORCH_CHECK(false, p.op, ": CPU forward kernel not implemented yet");
+namespace fa_fwd {
+
+using Vec = at::vec::Vectorized<float>;
+using at::BFloat16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// ---- Matrix products: c[m, n] (+)= a[m, k] · b[k, n], row-major; b is VNNI-packed for bf16. ----
+
+inline void mm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+               int64_t ldc, bool add) {
+  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, false);
 }
+
+// b in VNNI layout: element (kk, j) at b[((kk / 2) * ldb + j) * 2 + kk % 2]; k must be even.
+inline void mm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb,
+               float* c, int64_t ldc, bool add) {
+  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, true);
+}
+
+// Whether bf16 brgemm accepts our VNNI layout with an arbitrary ldb (oneDNN's AVX512-BF16 kernels do; some
+// builds or CPUs want another packing or refuse). Probed once with a small product against a scalar result.
+inline bool bf16_brgemm_usable() {
+  if (!at::globalContext().userEnabledMkldnn()) return false;
+  static const bool ok = [] {
+    constexpr int64_t M = 5, N = 37, K = 6, LDB = 40;
+    std::vector<BFloat16> a(M * K), b(K / 2 * LDB * 2, BFloat16(0.f));
+    std::vector<float> c(M * N, 0.f);
+    for (int64_t i = 0; i < M * K; ++i) a[i] = BFloat16(float(i % 7) - 3.f);
+    for (int64_t kk = 0; kk < K; ++kk)
+      for (int64_t j = 0; j < N; ++j) b[((kk / 2) * LDB + j) * 2 + kk % 2] = BFloat16(float((kk * N + j) % 5) - 2.f);
+    try {
+      mm(M, N, K, a.data(), K, b.data(), LDB, c.data(), N, false);
+      at::native::cpublas::brgemm_release(true);
+    } catch (const std::exception&) {
+      return false;
+    }
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        float ref = 0.f;
+        for (int64_t kk = 0; kk < K; ++kk) ref += float(a[i * K + kk]) * float(b[((kk / 2) * LDB + j) * 2 + kk % 2]);
+        if (ref != c[i * N + j]) return false;
+      }
+    return true;
+  }();
+  return ok;
+}
+
+// ---- Row primitives on fp32 score rows. ----
+
+// s = s * scale (+ c * bias[j * bias_stride]) in place; returns the max of the new s.
+inline float scale_bias_max(float* s, int64_t n, float scale, const float* bias, int64_t bias_stride, float c) {
+  if (bias && bias_stride != 1) {
+    float mx = kNegInf;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j] = s[j] * scale + c * bias[j * bias_stride]);
+    return mx;
+  }
+  const Vec vs(scale), vc(c);
+  Vec vmax(kNegInf);
+  for (int64_t j = 0; j < n; j += Vec::size()) {
+    const int64_t cnt = std::min<int64_t>(Vec::size(), n - j);
+    Vec x = Vec::loadu(s + j, cnt) * vs;
+    if (bias) x = x + Vec::loadu(bias + j, cnt) * vc;
+    x.store(s + j, cnt);
+    vmax = at::vec::maximum(vmax, cnt == Vec::size() ? x : Vec::set(Vec(kNegInf), x, cnt));
+  }
+  return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, vmax);
+}
+
+inline float row_max(const float* s, int64_t n) {
+  return at::vec::reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, s, n);
+}
+
+// s[j] = exp(s[j] - m) in place; returns the sum. exp_u20 is a degree-5 polynomial, far more accurate than the
+// bf16/fp16 rounding of P and within 1e-6 relative for fp32.
+inline float exp_sub_sum(float* s, int64_t n, float m) {
+  const Vec vm(m);
+  Vec acc(0.f);
+  int64_t j = 0;
+  for (; j + Vec::size() <= n; j += Vec::size()) {
+    const Vec e = (Vec::loadu(s + j) - vm).exp_u20();
+    e.store(s + j);
+    acc = acc + e;
+  }
+  if (j < n) {
+    const int64_t rest = n - j;
+    // Padding lanes load as -inf so they contribute exp(-inf) = 0 to the sum.
+    const Vec x = Vec::set(Vec(kNegInf), Vec::loadu(s + j, rest), rest);
+    const Vec e = (x - vm).exp_u20();
+    e.store(s + j, rest);
+    acc = acc + e;
+  }
+  return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return a + b; }, acc);
+}
+
+inline void scale_row(float* x, int64_t n, float a) {
+  at::vec::map([a](Vec v) { return v * Vec(a); }, x, x, n);
+}
+
+// ---- K/V repacking. ----
+
+// Uninitialised storage (std::vector would zero it first, a wasted pass over memory).
+template <typename C>
+struct Buffer {
+  std::unique_ptr<C[]> data;
+  int64_t size = 0;
+  C* get(int64_t n) {
+    if (n > size) {
+      data.reset(new C[n]);
+      size = n;
+    }
+    return data.get();
+  }
+};
+
+// One KV head (b, n2) as brgemm reads it. k: Kᵀ, row stride ldk keys: fp32 [D][ldk], bf16 [ceil(D/2)][ldk][2]
+// (VNNI pairs of the head dim). v: fp32 [kv][ldv] (fp32 inputs are used in place), bf16 [ceil(kv/2)][vD][2]
+// (VNNI pairs of keys). The tile from key j0 (even for bf16) starts at k + j0 * (1 or 2) and v + j0 * ldv.
+template <typename C>
+struct KvView {
+  const C* k;
+  int64_t ldk;
+  const C* v;
+  int64_t ldv;
+};
+
+// Packs the keys and values of one (b, n2) into the KvView layout.
+template <typename T, typename C>
+class KvPacker {
+ public:
+  static constexpr bool kVnni = std::is_same_v<C, BFloat16>;
+  static constexpr bool kPackV = !std::is_same_v<T, C> || kVnni;
+
+  KvPacker(const AttentionParams& p, const T* k, const T* v) : p_(p), k_(k), v_(v) {}
+
+  // +16: a row stride that is not a multiple of 4 KiB keeps brgemm's column panels out of one cache set.
+  int64_t ldk(int64_t b) const { return round_up(std::max<int64_t>(p_.kv_len[b], 1), 64) + 16; }
+  int64_t k_elems(int64_t b) const { return (kVnni ? (p_.head_dim + 1) / 2 * 2 : p_.head_dim) * ldk(b); }
+  int64_t v_elems(int64_t b) const { return kPackV ? round_up(p_.kv_len[b], 2) * p_.v_head_dim : 0; }
+
+  KvView<C> view(int64_t b, int64_t n2, const C* kbuf, const C* vbuf) const {
+    if constexpr (kPackV) return {kbuf, ldk(b), vbuf, p_.v_head_dim};
+    else return {kbuf, ldk(b), reinterpret_cast<const C*>(v_) + p_.v.at(b, n2, 0), p_.v.seq_stride};
+  }
+
+  // Keys [j0, j1) of (b, n2); j0 even (chunks are a multiple of 2 keys).
+  void pack(int64_t b, int64_t n2, int64_t j0, int64_t j1, C* kbuf, C* vbuf) const {
+    pack_k(b, n2, j0, j1, kbuf);
+    if (kPackV) pack_v(b, n2, j0, j1, vbuf);
+  }
+
+ private:
+  // Kᵀ by 16 x 16 blocks (of elements, or of head-dim pairs for VNNI), so reads and writes use whole cache lines.
+  void pack_k(int64_t b, int64_t n2, int64_t j0, int64_t j1, C* dst) const {
+    constexpr int64_t kB = 16;
+    constexpr int64_t kW = kVnni ? 2 : 1;  // elements per packed unit
+    const int64_t D = p_.head_dim, ld = ldk(b), units = (D + kW - 1) / kW;
+    C tile[kB][kB][kW];
+    for (int64_t jb = j0; jb < j1; jb += kB) {
+      const int64_t nj = std::min(kB, j1 - jb);
+      for (int64_t u0 = 0; u0 < units; u0 += kB) {
+        const int64_t nu = std::min(kB, units - u0);
+        for (int64_t jj = 0; jj < nj; ++jj) {
+          const T* src = k_ + p_.k.at(b, n2, jb + jj) + u0 * kW;
+          for (int64_t uu = 0; uu < nu; ++uu)
+            for (int64_t w = 0; w < kW; ++w) {
+              const int64_t d = (u0 + uu) * kW + w;
+              tile[uu][jj][w] = d < D ? C(static_cast<float>(src[uu * kW + w])) : C(0.f);
+            }
+        }
+        for (int64_t uu = 0; uu < nu; ++uu) std::copy_n(&tile[uu][0][0], nj * kW, dst + ((u0 + uu) * ld + jb) * kW);
+      }
+    }
+  }
+
+  // V rows; VNNI interleaves rows 2q and 2q+1 (an odd last row is paired with zeros).
+  void pack_v(int64_t b, int64_t n2, int64_t j0, int64_t j1, C* dst) const {
+    const int64_t vD = p_.v_head_dim, len = p_.kv_len[b];
+    if constexpr (!kVnni) {
+      for (int64_t j = j0; j < j1; ++j) at::vec::convert(v_ + p_.v.at(b, n2, j), dst + j * vD, vD);
+    } else {
+      for (int64_t j = j0; j < j1; j += 2) {
+        const T* r0 = v_ + p_.v.at(b, n2, j);
+        const T* r1 = j + 1 < len ? v_ + p_.v.at(b, n2, j + 1) : nullptr;
+        C* out = dst + j * vD;
+        for (int64_t c = 0; c < vD; ++c) {
+          out[2 * c] = r0[c];
+          out[2 * c + 1] = r1 ? r1[c] : C(0.f);
+        }
+      }
+    }
+  }
+
+  const AttentionParams& p_;
+  const T *k_, *v_;
+};
+
+// ---- Work decomposition. ----
+
+struct Item {
+  int64_t b, n2, h0, h1, i0, i1;  // h0/h1: query heads within the group
+  int64_t cost;                   // ~ visible (row, key) pairs, for scheduling
+};
+
+// The items of one KV head (b, n2) are contiguous: items[begin, end).
+struct Group {
+  int64_t b, n2, begin, end, cost;
+};
+
+struct Plan {
+  std::vector<Item> items;
+  std::vector<Group> groups;
+  int64_t max_rows = 0;  // largest R = (h1 - h0) * (i1 - i0)
+};
+
+// About block_q packed rows per item: heads of a group are packed together only when Sq is short; rows are split
+// further while there are fewer than 4 items per thread.
+inline Plan make_plan(const AttentionParams& p, int64_t block_q) {
+  const int64_t threads = at::get_num_threads(), G = p.group;
+  int64_t heads = std::clamp<int64_t>(block_q / std::max<int64_t>(p.max_q_len, 1), 1, G);
+  while (G % heads) --heads;
+  int64_t span = std::max<int64_t>(1, block_q / heads);
+  auto count = [&]() {
+    int64_t n = 0;
+    for (int64_t b = 0; b < p.batch; ++b) n += (p.q_len[b] + span - 1) / span;
+    return n * p.kv_heads * (G / heads);
+  };
+  while (count() < 4 * threads && (heads > 1 || span > 16)) {
+    if (heads > 1) {
+      do --heads; while (G % heads);
+    } else {
+      span = std::max<int64_t>(16, span / 2);
+    }
+  }
+  Plan plan;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t n2 = 0; n2 < p.kv_heads; ++n2) {
+      Group g{b, n2, static_cast<int64_t>(plan.items.size()), 0, 0};
+      for (int64_t h0 = 0; h0 < G; h0 += heads) {
+        for (int64_t i0 = 0; i0 < p.q_len[b]; i0 += span) {
+          const int64_t i1 = std::min(p.q_len[b], i0 + span);
+          const auto kr = p.key_range(b, i0, i1);
+          const int64_t keys = std::max<int64_t>(0, kr.second - kr.first);
+          plan.items.push_back({b, n2, h0, h0 + heads, i0, i1, heads * (i1 - i0) * (keys + 16)});
+          plan.max_rows = std::max(plan.max_rows, heads * (i1 - i0));
+          g.cost += plan.items.back().cost;
+        }
+      }
+      g.end = static_cast<int64_t>(plan.items.size());
+      if (g.end > g.begin) plan.groups.push_back(g);
+    }
+  }
+  return plan;
+}
+
+// Largest first, so a dynamic schedule ends on short work (causal, band and varlen costs are uneven).
+template <typename X>
+void sort_by_cost(std::vector<X>& v) {
+  std::stable_sort(v.begin(), v.end(), [](const X& x, const X& y) { return x.cost > y.cost; });
+}
+
+// ---- The per-thread kernel. T: input dtype, C: compute dtype of the products (float or BFloat16). ----
+
+template <typename T, typename C>
+class ForwardKernel {
+  static constexpr bool kVnni = std::is_same_v<C, BFloat16>;
+  // P is rounded to the input dtype before P·V, as FlashAttention-2 does.
+  static constexpr bool kRoundP = !std::is_same_v<T, float> && !kVnni;
+
+ public:
+  ForwardKernel(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o, int64_t max_rows,
+                int64_t block_kv)
+      : p_(p), bkv_(kVnni ? round_up(block_kv, 2) : block_kv),  // VNNI tiles start at even keys
+        D_(p.head_dim), Dp_(kVnni ? round_up(p.head_dim, 2) : p.head_dim), vD_(p.v_head_dim),
+        lds_(round_up(bkv_, 16) + 16), q_(in.query.const_data_ptr<T>()),
+        out_(o.out.data_ptr<T>()), max_(o.softmax_max.data_ptr<float>()), sum_(o.softmax_sum.data_ptr<float>()) {
+    // Scratch for one thread, sized for the largest item and reused for every item and tile.
+    qpack_.assign(max_rows * Dp_, C(0.f));
+    s_.resize(max_rows * lds_);
+    if (kVnni) p_lowp_.resize(max_rows * lds_);
+    acc_.resize(max_rows * vD_);
+    m_.resize(max_rows);
+    l_.resize(max_rows);
+    keep_.resize(bkv_ + 1);
+  }
+
+  Buffer<C> kbuf, vbuf;  // this thread's packed K/V of one head, when heads are not shared between threads
+
+  void run(const Item& it, const KvView<C>& kv) {
+    kv_ = kv;
+    const int64_t mq = it.i1 - it.i0, R = (it.h1 - it.h0) * mq;
+    pack_queries(it, mq, R);
+    std::fill_n(m_.data(), R, kNegInf);
+    std::fill_n(l_.data(), R, 0.f);
+    std::fill_n(acc_.data(), R * vD_, 0.f);
+    const auto kr = p_.key_range(it.b, it.i0, it.i1);
+    // VNNI pairs keys, so bf16 tiles start at even keys (the extra key lies outside the band and is masked).
+    const int64_t start = kVnni ? kr.first & ~int64_t(1) : kr.first;
+    for (int64_t j0 = start; j0 < kr.second; j0 += bkv_) {
+      const int64_t j1 = std::min(kr.second, j0 + bkv_);
+      const attention::TileKind kind = p_.classify(it.b, it.i0, it.i1, j0, j1);
+      if (kind == attention::TileKind::Empty) continue;
+      tile(it, mq, R, j0, j1, kind == attention::TileKind::Partial);
+    }
+    finish(it, mq, R);
+  }
+
+ private:
+  int64_t head(const Item& it, int64_t r, int64_t mq) const { return it.n2 * p_.group + it.h0 + r / mq; }
+
+  void pack_queries(const Item& it, int64_t mq, int64_t R) {
+    for (int64_t r = 0; r < R; ++r) {
+      const T* src = q_ + p_.q.at(it.b, head(it, r, mq), it.i0 + r % mq);
+      C* dst = qpack_.data() + r * Dp_;
+      for (int64_t d = 0; d < D_; ++d) dst[d] = C(static_cast<float>(src[d]));
+    }
+  }
+
+  // One KV tile [j0, j1) for all R packed rows: scores, masking, online softmax, P·V.
+  void tile(const Item& it, int64_t mq, int64_t R, int64_t j0, int64_t j1, bool partial) {
+    const int64_t nk = j1 - j0;
+    mm(R, nk, Dp_, qpack_.data(), Dp_, kv_.k + j0 * (kVnni ? 2 : 1), kv_.ldk, s_.data(), lds_, false);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t n = head(it, r, mq), i = it.i0 + r % mq;
+      float* s = s_.data() + r * lds_;
+      const float* bias = nullptr;
+      int64_t bias_stride = 0;
+      if (p_.pse) {
+        bias_stride = p_.pse->sj;
+        bias = p_.pse->row(it.b, n, i) + j0 * bias_stride;
+      }
+      float mx = scale_bias_max(s, nk, p_.scale, bias, bias_stride, p_.pse_type == 1 ? p_.scale : 1.f);
+      if (partial) {
+        mask_row(it.b, n, i, j0, nk, s);
+        mx = row_max(s, nk);
+      }
+      softmax_row(it.b, n, i, j0, nk, s, mx, r);
+    }
+    if constexpr (kVnni) {
+      const int64_t kk = round_up(nk, 2);  // the odd tail's partner key has P = 0
+      mm(R, vD_, kk, p_lowp_.data(), lds_, kv_.v + j0 * kv_.ldv, kv_.ldv, acc_.data(), vD_, true);
+    } else {
+      mm(R, vD_, nk, s_.data(), lds_, kv_.v + j0 * kv_.ldv, kv_.ldv, acc_.data(), vD_, true);
+    }
+  }
+
+  // Sets scores of keys outside the band or under the explicit mask to -inf.
+  void mask_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) const {
+    const attention::Band band = p_.band(b);
+    const int64_t lo = std::clamp<int64_t>(i + band.lo - j0, 0, nk);
+    const int64_t hi = std::clamp<int64_t>(i + band.hi + 1 - j0, lo, nk);
+    std::fill(s, s + lo, kNegInf);
+    std::fill(s + hi, s + nk, kNegInf);
+    if (!p_.mask) return;
+    const auto& mv = *p_.mask;
+    const int64_t mb = p_.layout == attention::Layout::TND ? 0 : b;
+    const uint8_t* m = mv.data + mb * mv.sb + n * mv.sn + i * mv.si + j0 * mv.sj;
+    if (mv.sj == 1) {
+      for (int64_t j = lo; j < hi; ++j) s[j] = m[j] ? kNegInf : s[j];
+    } else {
+      for (int64_t j = lo; j < hi; ++j) s[j] = m[j * mv.sj] ? kNegInf : s[j];
+    }
+  }
+
+  // Online softmax update of row r with scores s[0, nk) (max row_mx): rescales acc, leaves P (after dropout) for P·V.
+  void softmax_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s, float row_mx, int64_t r) {
+    const float m_old = m_[r];
+    const float m_new = std::max(m_old, row_mx);
+    if (m_new == kNegInf) {  // nothing visible yet: P = 0, state unchanged
+      std::fill_n(s, nk, 0.f);
+      if constexpr (kVnni) std::fill_n(p_lowp_.data() + r * lds_, round_up(nk, 2), C(0.f));
+      return;
+    }
+    const float alpha = std::exp(m_old - m_new);  // 0 on the first visible tile
+    const float sum = exp_sub_sum(s, nk, m_new);
+    l_[r] = l_[r] * alpha + sum;  // the sum uses probabilities before dropout
+    m_[r] = m_new;
+    if (alpha != 1.f) scale_row(acc_.data() + r * vD_, vD_, alpha);
+    if (p_.has_dropout()) apply_dropout(b, n, i, j0, nk, s);
+    if constexpr (kVnni) {
+      C* pr = p_lowp_.data() + r * lds_;
+      at::vec::convert(s, pr, nk);
+      if (nk % 2) pr[nk] = C(0.f);
+    } else if constexpr (kRoundP) {
+      for (int64_t j = 0; j < nk; ++j) s[j] = static_cast<float>(static_cast<T>(s[j]));
+    }
+  }
+
+  void apply_dropout(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) {
+    attention::dropout_keep_row(p_.seed, p_.offset + static_cast<uint64_t>(p_.dropout_row.at(b, n, i)), p_.keep_prob,
+                                j0, nk, keep_.data());
+    const float inv = 1.f / p_.keep_prob;
+    for (int64_t j = 0; j < nk; ++j) s[j] = keep_[j] ? s[j] * inv : 0.f;
+  }
+
+  // out = acc / l in q's dtype; softmax_max/sum repeated 8 times. Rows that saw no key get 0, -inf, 0.
+  void finish(const Item& it, int64_t mq, int64_t R) {
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t n = head(it, r, mq), i = it.i0 + r % mq;
+      float* a = acc_.data() + r * vD_;
+      const bool empty = l_[r] == 0.f;
+      if (empty) std::fill_n(a, vD_, 0.f);
+      else scale_row(a, vD_, 1.f / l_[r]);
+      at::vec::convert(a, out_ + p_.out.at(it.b, n, i), vD_);
+      const int64_t st = p_.stats.at(it.b, n, i);
+      std::fill_n(max_ + st, 8, empty ? kNegInf : m_[r]);
+      std::fill_n(sum_ + st, 8, empty ? 0.f : l_[r]);
+    }
+  }
+
+  const AttentionParams& p_;
+  KvView<C> kv_{};
+  const int64_t bkv_, D_, Dp_, vD_, lds_;
+  const T* q_;
+  T* out_;
+  float *max_, *sum_;
+  std::vector<C> qpack_;
+  std::vector<BFloat16> p_lowp_;
+  std::vector<float> s_, acc_, m_, l_;
+  std::vector<uint8_t> keep_;
+};
+
+template <typename T, typename C>
+void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
+  const attention::TileConfig tc = attention::tile_config(p.head_dim, static_cast<int64_t>(sizeof(C)));
+  Plan plan = make_plan(p, tc.block_q);
+  const KvPacker<T, C> packer(p, in.key.const_data_ptr<T>(), in.value.const_data_ptr<T>());
+  const int64_t threads = at::get_num_threads();
+  std::atomic<int64_t> next{0};
+  // Each worker takes the next unit from a shared counter, so uneven units balance out.
+  auto workers = [&](int64_t units, const auto& body) {
+    at::parallel_for(0, std::min(threads, units), 1, [&](int64_t, int64_t) {
+      ForwardKernel<T, C> kernel(p, in, o, plan.max_rows, tc.block_kv);
+      for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) body(kernel, u);
+      at::native::cpublas::brgemm_release(std::is_same_v<C, BFloat16>);
+    });
+  };
+
+  const int64_t n_groups = static_cast<int64_t>(plan.groups.size());
+  if (n_groups >= 4 * threads || threads == 1) {
+    // Many KV heads: a worker takes a whole head, packs it into its own buffer (reused, so it stays in cache and
+    // costs no page faults) and runs all of that head's items.
+    sort_by_cost(plan.groups);
+    workers(n_groups, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+      const Group& g = plan.groups[u];
+      C* kd = kernel.kbuf.get(packer.k_elems(g.b));
+      C* vd = kernel.vbuf.get(packer.v_elems(g.b));
+      packer.pack(g.b, g.n2, 0, p.kv_len[g.b], kd, vd);
+      const KvView<C> view = packer.view(g.b, g.n2, kd, vd);
+      for (int64_t i = g.begin; i < g.end; ++i) kernel.run(plan.items[i], view);
+    });
+    return;
+  }
+  // Few KV heads (long sequences): pack them all at once in parallel chunks of keys, then share them by items.
+  constexpr int64_t kChunk = 256;
+  std::vector<int64_t> k_off(n_groups + 1, 0), v_off(n_groups + 1, 0), chunk0(n_groups + 1, 0);
+  for (int64_t x = 0; x < n_groups; ++x) {
+    const int64_t b = plan.groups[x].b;
+    k_off[x + 1] = k_off[x] + packer.k_elems(b);
+    v_off[x + 1] = v_off[x] + packer.v_elems(b);
+    chunk0[x + 1] = chunk0[x] + (p.kv_len[b] + kChunk - 1) / kChunk;
+  }
+  Buffer<C> kall, vall;
+  C* kd = kall.get(k_off.back());
+  C* vd = vall.get(v_off.back());
+  at::parallel_for(0, chunk0.back(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t x = std::upper_bound(chunk0.begin(), chunk0.end(), c) - chunk0.begin() - 1;
+      const Group& g = plan.groups[x];
+      const int64_t j0 = (c - chunk0[x]) * kChunk;
+      packer.pack(g.b, g.n2, j0, std::min(p.kv_len[g.b], j0 + kChunk), kd + k_off[x], vd + v_off[x]);
+    }
+  });
+  std::vector<KvView<C>> views(n_groups);
+  std::vector<int64_t> group_of(p.batch * p.kv_heads, 0);
+  for (int64_t x = 0; x < n_groups; ++x) {
+    views[x] = packer.view(plan.groups[x].b, plan.groups[x].n2, kd + k_off[x], vd + v_off[x]);
+    group_of[plan.groups[x].b * p.kv_heads + plan.groups[x].n2] = x;
+  }
+  sort_by_cost(plan.items);
+  workers(static_cast<int64_t>(plan.items.size()), [&](ForwardKernel<T, C>& kernel, int64_t u) {
+    const Item& it = plan.items[u];
+    kernel.run(it, views[group_of[it.b * p.kv_heads + it.n2]]);
+  });
+}
+
+template <typename T>
+void forward_typed(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (bf16_brgemm_usable()) return forward_impl<T, BFloat16>(p, in, o);
+  }
+  forward_impl<T, float>(p, in, o);
+}
+
+}  // namespace fa_fwd
+
+void attention_forward(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
+  AT_DISPATCH_SWITCH(in.query.scalar_type(), "flash_attention_score_cpu",
+                     AT_DISPATCH_CASE(at::kFloat, [&] { fa_fwd::forward_typed<scalar_t>(p, in, o); })
+                     AT_DISPATCH_CASE(at::kHalf, [&] { fa_fwd::forward_typed<scalar_t>(p, in, o); })
+                     AT_DISPATCH_CASE(at::kBFloat16, [&] { fa_fwd::forward_typed<scalar_t>(p, in, o); }));
+}
+
 }  // namespace npu_fa::cpu::CPU_CAPABILITY

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m torch_ops_transformer.bench <table>`; every number is a ratio measured in one process."""

@@ -1,0 +1,29 @@
+"""`python -m torch_ops_transformer.bench <table> [options]` — benchmark tables that print ratios vs the peer."""
+import argparse
+import sys
+
+import torch
+
+TABLES = ("attention",)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_ops_transformer.bench", description=__doc__)
+    p.add_argument("table", choices=TABLES + ("all",), help="which benchmark table to run")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per contender (median reported)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes: checks the command runs (numbers meaningless)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tables = TABLES if args.table == "all" else (args.table,)
+    for name in tables:
+        if name == "attention":
+            from . import attention
+
+            attention.main(quick=args.quick, reps=1 if args.quick else args.reps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

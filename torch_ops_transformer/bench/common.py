@@ -1,0 +1,72 @@
+"""Timing and memory helpers shared by the benchmark tables (protocol: reference/performance.md).
+
+Contenders are alternated within each repetition and the median is reported, so machine noise hits both
+sides alike; ratios, not absolute times, are the result.
+"""
+import gc
+import statistics
+import time
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+
+def time_alternating(fns: Dict[str, Callable[[], object]], reps: int = 5, warmup: int = 1,
+                     min_time: float = 0.0) -> Dict[str, float]:
+    """Median seconds per call of each fn, alternating the contenders every repetition."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    samples: Dict[str, List[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            n, elapsed = 0, 0.0
+            start = time.perf_counter()
+            while True:
+                fn()
+                n += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= min_time:
+                    break
+            samples[name].append(elapsed / n)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _read_status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def peak_memory_growth(fn: Callable[[], object]) -> int:
+    """Bytes the peak resident set grows by while fn runs (Linux: VmHWM reset through clear_refs)."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError as e:  # pragma: no cover - non-Linux
+        raise RuntimeError("peak memory measurement needs Linux /proc/self/clear_refs") from e
+    base = _read_status("VmRSS:")
+    result = fn()
+    peak = _read_status("VmHWM:")
+    del result
+    gc.collect()
+    return max(0, peak - base)
+
+
+def gemm_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:
+    """Same-run matmul speed, the yardstick for achieved attention GFLOP/s."""
+    a = torch.randn(n, n, dtype=dtype)
+    b = torch.randn(n, n, dtype=dtype)
+    t = time_alternating({"mm": lambda: torch.mm(a, b)}, reps=reps)["mm"]
+    return 2 * n**3 / t / 1e9
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
