@@ -35,6 +35,7 @@ class Case:
     seqlens: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None  # TND: per-sequence (q lengths, kv lengths)
     keep_prob: float = 1.0
     dropout_offset: int = 0
+    scale_mult: float = 1.0                 # scale = scale_mult / sqrt(D); large values make the softmax peaky
     strided: bool = False                   # q/k/v as non-contiguous views (padded rows, permuted, strided D)
     seed: int = 0
 
@@ -47,7 +48,7 @@ class Case:
 
     @property
     def scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim)
+        return self.scale_mult / math.sqrt(self.head_dim)
 
     def __str__(self) -> str:
         default = Case()

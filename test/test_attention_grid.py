@@ -104,6 +104,9 @@ SHAPES = {
     "head_dim_128": dict(head_dim=128, q_len=5, kv_len=9, batch=1),
     "head_dim_72_vd_40": dict(head_dim=72, v_head_dim=40, q_len=6, kv_len=10, batch=1),
     "causal_square": dict(q_len=23, kv_len=23, sparse_mode=2, batch=1),
+    "peaky_softmax": dict(scale_mult=30.0, q_len=9, kv_len=70),  # logits of +-100: needs the running max
+    "head_dim_256": dict(head_dim=256, q_len=4, kv_len=7, batch=1, q_heads=2, kv_heads=1),
+    "zero_scale": dict(scale_mult=0.0),  # uniform attention
 }
 
 
@@ -118,6 +121,7 @@ LONG = {
     "many_q_tiles_causal": dict(batch=1, q_heads=2, kv_heads=2, q_len=200, kv_len=150, head_dim=32, sparse_mode=3),
     "band_across_tiles": dict(batch=1, q_heads=2, kv_heads=1, q_len=130, kv_len=600, head_dim=16, sparse_mode=4,
                               pre_tokens=100, next_tokens=40),
+    "peaky_across_tiles": dict(batch=1, q_heads=2, kv_heads=1, q_len=20, kv_len=1300, head_dim=16, scale_mult=20.0),
 }
 
 
