@@ -1,0 +1,116 @@
+"""The generator (tools/codegen): checked-in files are fresh, the YAML model rejects bad entries, and the C++
+emitter writes device-checked PrivateUse1 wrappers."""
+import textwrap
+
+import pytest
+
+from tools.codegen import gen_cpp, gen_python
+from tools.codegen.main import stale_files
+from tools.codegen.model import SpecError, load
+
+VALID = """
+- func: my_op(Tensor x, Tensor? y=None, int n=1) -> (Tensor out, Tensor aux)
+  doc: test op
+  dispatch:
+    CPU: my_op_cpu
+  fake: pkg.fake:my_op
+  autograd:
+    backward: my_op_grad(x, grad_out, n=n)
+    differentiable_outputs: [out]
+    gradients: {x: 0}
+- func: my_op_grad(Tensor x, Tensor dy, int n=1) -> Tensor
+  dispatch:
+    CPU: my_op_grad_cpu
+  fake: pkg.fake:my_op_grad
+- func: knob(int v=0) -> int[]
+  dispatch:
+    CatchAll: knob_impl
+  opcheck: false
+"""
+
+
+def _write(tmp_path, text: str) -> str:
+    path = tmp_path / "native_functions.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def _load_with(tmp_path, old: str, new: str):
+    assert old in VALID
+    return load(_write(tmp_path, VALID.replace(old, new)))
+
+
+def test_checked_in_generated_files_are_fresh():
+    assert stale_files() == [], "run `python -m tools.codegen` and commit the result"
+
+
+def test_valid_yaml_loads(tmp_path):
+    specs = load(_write(tmp_path, VALID))
+    assert [s.name for s in specs] == ["my_op", "my_op_grad", "knob"]
+    assert specs[0].autograd.gradients == {"x": 0} and specs[0].opcheck and not specs[2].opcheck
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("-> (Tensor out, Tensor aux)", "-> (Tensor out, Tensr aux)", "invalid schema"),
+    ("CPU: my_op_grad_cpu", "CUDA: my_op_grad_cpu", "dispatch key 'CUDA'"),
+    ("  fake: pkg.fake:my_op_grad\n", "", "need a 'fake:' kernel"),
+    ("my_op_grad(x, grad_out, n=n)", "my_op_grad(x, grad_out, n=width)", "'width'"),
+    ("my_op_grad(x, grad_out, n=n)", "my_op_grad(x, grad_out, m=n)", "no argument 'm'"),
+    ("my_op_grad(x, grad_out, n=n)", "missing_op(x, grad_out)", "'missing_op' is not declared"),
+    ("gradients: {x: 0}", "gradients: {n: 0}", "not a tensor input"),
+    ("differentiable_outputs: [out]", "differentiable_outputs: [nope]", "'nope'"),
+    ("CatchAll: knob_impl", "CPU: knob_impl", "CatchAll"),
+    ("  doc: test op\n", "  doc: test op\n  colour: red\n", "unknown keys"),
+], ids=["bad_schema", "unknown_dispatch_key", "missing_fake", "backward_unknown_argument",
+        "backward_unknown_keyword", "unknown_backward_op", "gradient_for_non_tensor", "unknown_output",
+        "no_tensors_without_catchall", "unknown_entry_key"])
+def test_model_rejects(tmp_path, old, new, message):
+    with pytest.raises(SpecError, match=message):
+        _load_with(tmp_path, old, new)
+
+
+def test_model_rejects_duplicates(tmp_path):
+    with pytest.raises(SpecError, match="declared twice"):
+        load(_write(tmp_path, VALID + VALID.split("- func: my_op_grad")[0]))  # my_op a second time
+
+
+PRIVATEUSE1 = """
+- func: dev_op(Tensor a, Tensor? b, Tensor c, int k=0) -> Tensor
+  dispatch:
+    CPU: dev_op_cpu
+    PrivateUse1: dev_op_npu
+  fake: pkg.fake:dev_op
+"""
+
+
+def test_privateuse1_wrapper_checks_devices(tmp_path):
+    text = gen_cpp.render(load(_write(tmp_path, PRIVATEUSE1)))["aten_ops/generated/register_ops.cpp"]
+    assert ("at::Tensor dev_op_npu_privateuse1(const at::Tensor& a, const std::optional<at::Tensor>& b, "
+            "const at::Tensor& c, int64_t k)") in text
+    assert "const c10::Device device = a.device();" in text
+    assert 'if (b.has_value()) check_same_device("dev_op", "b", *b, device);' in text
+    assert 'check_same_device("dev_op", "c", c, device);' in text
+    assert "const c10::DeviceGuard guard(device);" in text
+    assert "return npu_fa::dev_op_npu(a, b, c, k);" in text
+    assert "TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m)" in text
+    assert 'm.impl("dev_op", TORCH_FN(dev_op_npu_privateuse1));' in text
+    assert 'm.impl("dev_op", TORCH_FN(npu_fa::dev_op_cpu));' in text
+    assert 'm.def("dev_op(Tensor a, Tensor? b, Tensor c, int k=0) -> Tensor", {at::Tag::pt2_compliant_tag});' in text
+    header = gen_cpp.render(load(_write(tmp_path, PRIVATEUSE1)))["aten_ops/generated/kernels.h"]
+    assert "at::Tensor dev_op_npu(" in header and "at::Tensor dev_op_cpu(" in header
+
+
+def test_cpu_only_yaml_has_no_privateuse1_block(tmp_path):
+    text = gen_cpp.render(load(_write(tmp_path, VALID)))["aten_ops/generated/register_ops.cpp"]
+    assert "PrivateUse1" not in text and "_privateuse1(" not in text
+    assert 'm.def("knob(int v=0) -> int[]", TORCH_FN(npu_fa::knob_impl));' in text
+
+
+def test_python_registrations_follow_the_yaml(tmp_path):
+    text = gen_python.render(load(_write(tmp_path, VALID)))["torch_ops_transformer/_generated/registrations.py"]
+    assert 'torch.library.register_fake("npu_fa::my_op", modules[\'pkg.fake\'].my_op)' in text
+    assert 'torch.library.register_autograd("npu_fa::my_op", _backward_my_op, setup_context=_setup_my_op)' in text
+    assert "ctx.mark_non_differentiable(aux)" in text
+    assert "grads[0] if ctx.needs_input_grad[0] else None,  # x" in text
+    assert "register_fake(\"npu_fa::knob\"" not in text
+    compile(text, "registrations.py", "exec")
