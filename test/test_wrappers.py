@@ -198,5 +198,8 @@ def test_attention_tiles_roundtrip():
     with attention_tiles_override(8, 24) as now:
         assert now == (8, 24) == attention_tiles()
     assert attention_tiles() == before
+    assert attention_tiles(-1, -1) == (0, 0)  # -1 restores the automatic choice, reported as 0
     with pytest.raises(ValueError, match="block_q"):
-        OPS.attention_tile_config(-1, 0)
+        OPS.attention_tile_config(-2, 0)
+    with pytest.raises(ValueError, match="block_kv"):
+        OPS.attention_tile_config(0, 9000)

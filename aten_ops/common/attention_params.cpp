@@ -294,8 +294,10 @@ AttentionParams parse_attention_params(
     q_start.assign(p.batch, 0);
     kv_start.assign(p.batch, 0);
   }
-  p.max_q_len = p.q_len.empty() ? 0 : *std::max_element(p.q_len.begin(), p.q_len.end());
-  p.max_kv_len = p.kv_len.empty() ? 0 : *std::max_element(p.kv_len.begin(), p.kv_len.end());
+  // Dense layouts keep the tensor's sequence sizes even for an empty batch (output shapes depend on them).
+  const bool tnd = p.layout == Layout::TND;
+  p.max_q_len = !tnd ? qd.seq : p.q_len.empty() ? 0 : *std::max_element(p.q_len.begin(), p.q_len.end());
+  p.max_kv_len = !tnd ? kd.seq : p.kv_len.empty() ? 0 : *std::max_element(p.kv_len.begin(), p.kv_len.end());
 
   in.query = dim_contiguous(query);
   in.key = dim_contiguous(key);
@@ -309,7 +311,6 @@ AttentionParams parse_attention_params(
   p.stats.batch_offset.resize(p.batch);
   p.dropout_row.batch_offset.resize(p.batch);
   for (int64_t b = 0; b < p.batch; ++b) {
-    const bool tnd = p.layout == Layout::TND;
     p.dropout_row.batch_offset[b] = tnd ? q_start[b] * head_num : b * head_num * qd.seq;
     p.stats.batch_offset[b] = p.dropout_row.batch_offset[b] * 8;
   }

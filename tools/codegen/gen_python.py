@@ -48,7 +48,7 @@ def _autograd_block(spec: OpSpec, by_name: Dict[str, OpSpec]) -> List[str]:
     for i, name in enumerate(inputs):
         if name in ag.gradients:
             idx = ag.gradients[name]
-            guard = f"ctx.needs_input_grad[{i}]"
+            guard = f"_needs_grad(ctx, {i})"
             rets.append(f"grads[{idx}] if {guard} else None")
         else:
             rets.append("None")
@@ -66,7 +66,11 @@ def render(specs: List[OpSpec]) -> dict:
              "# name -> (doc, dispatch keys, has autograd, opcheck-tested)", "OPS = {"]
     for s in specs:
         lines.append(f"    {s.name!r}: ({s.doc!r}, {tuple(s.dispatch)!r}, {s.autograd is not None}, {s.opcheck}),")
-    lines += ["}", "", ""]
+    lines += ["}", "", "",
+              "def _needs_grad(ctx, index):",
+              '    """The dispatcher drops trailing default arguments, so needs_input_grad may be shorter than the schema."""',
+              "    return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]",
+              "", ""]
     for s in specs:
         if s.autograd:
             lines += _autograd_block(s, by_name)

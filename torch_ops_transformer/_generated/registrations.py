@@ -14,6 +14,11 @@ OPS = {
 }
 
 
+def _needs_grad(ctx, index):
+    """The dispatcher drops trailing default arguments, so needs_input_grad may be shorter than the schema."""
+    return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]
+
+
 def _setup_flash_attention_score(ctx, inputs, output):
     (query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset,) = inputs
     (attention_out, softmax_max, softmax_sum, softmax_out, seed_out, offset_out,) = output
@@ -57,12 +62,12 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
         offset=offset_out,
     )
     return (
-        grads[0] if ctx.needs_input_grad[0] else None,  # query
-        grads[1] if ctx.needs_input_grad[1] else None,  # key
-        grads[2] if ctx.needs_input_grad[2] else None,  # value
+        grads[0] if _needs_grad(ctx, 0) else None,  # query
+        grads[1] if _needs_grad(ctx, 1) else None,  # key
+        grads[2] if _needs_grad(ctx, 2) else None,  # value
         None,  # head_num
         None,  # input_layout
-        grads[3] if ctx.needs_input_grad[5] else None,  # pse
+        grads[3] if _needs_grad(ctx, 5) else None,  # pse
         None,  # atten_mask
         None,  # actual_seq_qlen
         None,  # actual_seq_kvlen
