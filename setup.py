@@ -40,9 +40,11 @@ def sources():
 
 
 def cxx_flags():
-    flags = ["-O3", "-std=c++17", "-fvisibility-inlines-hidden", "-Wno-unused-parameter"]
+    # -fopenmp: ATen's inline at::parallel_for only forks threads when the including file is built with OpenMP
+    # (_OPENMP); without it every parallel_for in the extension silently runs on one thread.
+    flags = ["-O3", "-std=c++17", "-fvisibility-inlines-hidden", "-Wno-unused-parameter", "-fopenmp"]
     if os.environ.get("TOT_DEBUG"):
-        flags = ["-O0", "-g", "-std=c++17"]
+        flags = ["-O0", "-g", "-std=c++17", "-fopenmp"]
     return flags
 
 
@@ -92,6 +94,7 @@ setup(
             sources=sources(),
             include_dirs=[os.path.join(ROOT, "aten_ops")],
             extra_compile_args={"cxx": cxx_flags()},
+            extra_link_args=["-fopenmp"],
             extra_objects=build_isa_objects(),
             py_limited_api=False,
         )

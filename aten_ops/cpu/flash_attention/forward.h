@@ -101,30 +101,53 @@ inline float scale_bias_max(float* s, int64_t n, float scale, const float* bias,
   return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, vmax);
 }
 
+// Four independent maxima hide the max latency (at::vec::reduce_all keeps one dependency chain).
 inline float row_max(const float* s, int64_t n) {
-  return at::vec::reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, s, n);
+  constexpr int64_t kF = Vec::size();
+  Vec m0(kNegInf), m1(kNegInf), m2(kNegInf), m3(kNegInf);
+  int64_t j = 0;
+  for (; j + 4 * kF <= n; j += 4 * kF) {
+    m0 = at::vec::maximum(m0, Vec::loadu(s + j));
+    m1 = at::vec::maximum(m1, Vec::loadu(s + j + kF));
+    m2 = at::vec::maximum(m2, Vec::loadu(s + j + 2 * kF));
+    m3 = at::vec::maximum(m3, Vec::loadu(s + j + 3 * kF));
+  }
+  for (; j < n; j += kF) {
+    const int64_t cnt = std::min(kF, n - j);
+    m0 = at::vec::maximum(m0, Vec::set(Vec(kNegInf), Vec::loadu(s + j, cnt), cnt));
+  }
+  const Vec m = at::vec::maximum(at::vec::maximum(m0, m1), at::vec::maximum(m2, m3));
+  return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, m);
 }
 
-// s[j] = exp(s[j] - m) in place; returns the sum. exp_u20 is a degree-5 polynomial, far more accurate than the
-// bf16/fp16 rounding of P and within 1e-6 relative for fp32.
-inline float exp_sub_sum(float* s, int64_t n, float m) {
-  const Vec vm(m);
-  Vec acc(0.f);
+// out[j] = exp(s[j] * scale - shift), stored in out's dtype (out may alias s); returns the fp32 sum. scale folds the
+// softmax scale in when s still holds raw Q·Kᵀ. exp_u20 is a degree-5 polynomial, well inside the fp32 tolerance
+// and far below bf16/fp16 rounding of P.
+template <typename OutT>
+float exp_store(const float* s, int64_t n, float scale, float shift, OutT* out) {
+  constexpr int64_t kF = Vec::size(), kStep = std::is_same_v<OutT, float> ? kF : 2 * kF;
+  const Vec vs(scale), vm(-shift);
+  Vec acc0(0.f), acc1(0.f);
+  // Lanes past n load as -inf, i.e. exp = 0.
+  auto exp_at = [&](int64_t j, int64_t cnt) {
+    const Vec x = cnt >= kF ? Vec::loadu(s + j) : Vec::set(Vec(kNegInf), Vec::loadu(s + j, cnt), cnt);
+    return at::vec::fmadd(x, vs, vm).exp_u20();
+  };
+  auto step = [&](int64_t j, int64_t cnt) {
+    const Vec e0 = exp_at(j, cnt);
+    acc0 = acc0 + e0;
+    if constexpr (std::is_same_v<OutT, float>) {
+      e0.store(out + j, cnt);
+    } else {
+      const Vec e1 = cnt > kF ? exp_at(j + kF, cnt - kF) : Vec(0.f);
+      acc1 = acc1 + e1;
+      at::vec::convert_from_float<OutT>(e0, e1).store(out + j, cnt);
+    }
+  };
   int64_t j = 0;
-  for (; j + Vec::size() <= n; j += Vec::size()) {
-    const Vec e = (Vec::loadu(s + j) - vm).exp_u20();
-    e.store(s + j);
-    acc = acc + e;
-  }
-  if (j < n) {
-    const int64_t rest = n - j;
-    // Padding lanes load as -inf so they contribute exp(-inf) = 0 to the sum.
-    const Vec x = Vec::set(Vec(kNegInf), Vec::loadu(s + j, rest), rest);
-    const Vec e = (x - vm).exp_u20();
-    e.store(s + j, rest);
-    acc = acc + e;
-  }
-  return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return a + b; }, acc);
+  for (; j + kStep <= n; j += kStep) step(j, kStep);
+  if (j < n) step(j, n - j);
+  return at::vec::vec_reduce_all<float>([](Vec x, Vec y) { return x + y; }, acc0 + acc1);
 }
 
 inline void scale_row(float* x, int64_t n, float a) {
@@ -183,6 +206,44 @@ class KvPacker {
     if (kPackV) pack_v(b, n2, j0, j1, col0, vbuf);
   }
 
+#if defined(CPU_CAPABILITY_AVX512)
+  // One block of the K transpose with 32-bit units (an fp32 value or a bf16 pair): rows jj < nj of K (units
+  // [u0, u0 + nu)) become columns of dst rows uu < nu (row stride ld elements).
+  void transpose_block(int64_t b, int64_t n2, int64_t jb, int64_t nj, int64_t u0, int64_t nu, C* dst, int64_t ld) const {
+    const __mmask16 load_mask = static_cast<__mmask16>((1u << nu) - 1), store_mask = static_cast<__mmask16>((1u << nj) - 1);
+    __m512i r[16];
+    for (int64_t jj = 0; jj < 16; ++jj)
+      r[jj] = jj < nj ? _mm512_maskz_loadu_epi32(load_mask, k_ + p_.k.at(b, n2, jb + jj) + u0 * kW) : _mm512_setzero_si512();
+    transpose16x16(r);
+    for (int64_t uu = 0; uu < nu; ++uu) _mm512_mask_storeu_epi32(dst + uu * ld, store_mask, r[uu]);
+  }
+
+  // In-register transpose of 16 rows of 16 32-bit values: interleave 32-bit then 64-bit pairs inside 128-bit lanes,
+  // then gather the 128-bit lanes.
+  static void transpose16x16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    __m512i u[4][4];  // u[g][c]: rows 4g..4g+3 of columns 4k + c in lane k
+    for (int g = 0; g < 4; ++g) {
+      u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+      u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+      u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+      u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v0 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0x44), v1 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0xEE);
+      const __m512i v2 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0x44), v3 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0xEE);
+      r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+      r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+      r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+      r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+    }
+  }
+#endif
+
   // V rows; VNNI interleaves rows 2q and 2q+1 (an odd last row is paired with zeros: its P column is 0).
   void pack_v(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* dst) const {
     const int64_t vD = p_.v_head_dim;
@@ -216,6 +277,14 @@ class KvPacker {
       const int64_t nj = std::min(kB, j1 - jb);
       for (int64_t u0 = 0; u0 < units; u0 += kB) {
         const int64_t nu = std::min(kB, units - u0);
+#if defined(CPU_CAPABILITY_AVX512)
+        if constexpr (std::is_same_v<T, C>) {
+          if (kW == 1 || D % 2 == 0) {  // whole 32-bit units: transpose in registers
+            transpose_block(b, n2, jb, nj, u0, nu, dst + (u0 * ld + jb - col0) * kW, ld * kW);
+            continue;
+          }
+        }
+#endif
         for (int64_t jj = 0; jj < nj; ++jj) {
           const T* src = k_ + p_.k.at(b, n2, jb + jj) + u0 * kW;
           for (int64_t uu = 0; uu < nu; ++uu)
@@ -493,21 +562,25 @@ class ForwardKernel {
 
   // Scale, pse, masking and the online softmax update of the R rows of a tile's scores.
   void softmax_rows(const Item& it, int64_t mq, int64_t R, int64_t j0, int64_t nk, bool partial) {
+    // Without pse (and scale > 0) the scores stay raw Q·Kᵀ and the scale is folded into the exponent: one pass
+    // fewer over the tile.
+    const bool raw = !p_.pse && p_.scale > 0.f;
     for (int64_t r = 0; r < R; ++r) {
       const int64_t n = head(it, r, mq), i = it.i0 + r % mq;
       float* s = s_.data() + r * lds_;
-      const float* bias = nullptr;
-      int64_t bias_stride = 0;
-      if (p_.pse) {
-        bias_stride = p_.pse->sj;
-        bias = p_.pse->row(it.b, n, i) + j0 * bias_stride;
+      float mx;
+      if (raw) {
+        if (partial) mask_row(it.b, n, i, j0, nk, s);
+        mx = p_.scale * row_max(s, nk);
+      } else {
+        const auto& ps = *p_.pse;
+        mx = scale_bias_max(s, nk, p_.scale, ps.row(it.b, n, i) + j0 * ps.sj, ps.sj, p_.pse_type == 1 ? p_.scale : 1.f);
+        if (partial) {
+          mask_row(it.b, n, i, j0, nk, s);
+          mx = row_max(s, nk);
+        }
       }
-      float mx = scale_bias_max(s, nk, p_.scale, bias, bias_stride, p_.pse_type == 1 ? p_.scale : 1.f);
-      if (partial) {
-        mask_row(it.b, n, i, j0, nk, s);
-        mx = row_max(s, nk);
-      }
-      softmax_row(it.b, n, i, j0, nk, s, mx, r);
+      softmax_row(it.b, n, i, j0, nk, s, mx, raw ? p_.scale : 1.f, r);
     }
   }
 
@@ -529,28 +602,36 @@ class ForwardKernel {
     }
   }
 
-  // Online softmax update of row r with scores s[0, nk) (max row_mx): rescales acc, leaves P (after dropout) for P·V.
-  void softmax_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s, float row_mx, int64_t r) {
+  // Online softmax update of row r with scores s[0, nk) * s_scale (their max: row_mx): rescales acc and leaves P
+  // (after dropout, in the dtype of the P·V product) for P·V.
+  void softmax_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s, float row_mx, float s_scale,
+                   int64_t r) {
     const float m_old = m_[r];
     const float m_new = std::max(m_old, row_mx);
+    C* pl = kVnni ? reinterpret_cast<C*>(p_lowp_.data() + r * lds_) : nullptr;
     if (m_new == kNegInf) {  // nothing visible yet: P = 0, state unchanged
       std::fill_n(s, nk, 0.f);
-      if constexpr (kVnni) std::fill_n(p_lowp_.data() + r * lds_, round_up(nk, 2), C(0.f));
+      if constexpr (kVnni) std::fill_n(pl, round_up(nk, 2), C(0.f));
       return;
     }
     const float alpha = std::exp(m_old - m_new);  // 0 on the first visible tile
-    const float sum = exp_sub_sum(s, nk, m_new);
+    float sum;
+    if (kVnni && !p_.has_dropout()) {
+      sum = exp_store(s, nk, s_scale, m_new, pl);
+    } else {
+      sum = exp_store(s, nk, s_scale, m_new, s);
+      if (p_.has_dropout()) apply_dropout(b, n, i, j0, nk, s);
+      if constexpr (kVnni) at::vec::convert(s, pl, nk);
+      if constexpr (kRoundP) {
+        for (int64_t j = 0; j < nk; ++j) s[j] = static_cast<float>(static_cast<T>(s[j]));
+      }
+    }
+    if constexpr (kVnni) {
+      if (nk % 2) pl[nk] = C(0.f);
+    }
     l_[r] = l_[r] * alpha + sum;  // the sum uses probabilities before dropout
     m_[r] = m_new;
     if (alpha != 1.f) scale_row(acc_.data() + r * vD_, vD_, alpha);
-    if (p_.has_dropout()) apply_dropout(b, n, i, j0, nk, s);
-    if constexpr (kVnni) {
-      C* pr = p_lowp_.data() + r * lds_;
-      at::vec::convert(s, pr, nk);
-      if (nk % 2) pr[nk] = C(0.f);
-    } else if constexpr (kRoundP) {
-      for (int64_t j = 0; j < nk; ++j) s[j] = static_cast<float>(static_cast<T>(s[j]));
-    }
   }
 
   void apply_dropout(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) {
