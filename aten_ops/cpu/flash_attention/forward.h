@@ -191,19 +191,20 @@ class KvPacker {
  public:
   static constexpr bool kVnni = std::is_same_v<C, BFloat16>;
   static constexpr int64_t kW = kVnni ? 2 : 1;  // elements per packed K unit
-  static constexpr bool kPackV = !std::is_same_v<T, C> || kVnni;
 
-  KvPacker(const AttentionParams& p, const T* k, const T* v) : p_(p), k_(k), v_(v) {}
+  // V is used in place when brgemm can read it as it is (fp32 rows with a row stride of at least vD).
+  KvPacker(const AttentionParams& p, const T* k, const T* v)
+      : p_(p), k_(k), v_(v), pack_v_(!std::is_same_v<T, C> || kVnni || p.v.seq_stride < p.v_head_dim) {}
 
   // Row stride for `keys` columns; +16 keeps the stride off multiples of 4 KiB (brgemm reads column panels).
   static int64_t ldk(int64_t keys) { return round_up(std::max<int64_t>(keys, 1), 64) + 16; }
   int64_t k_elems(int64_t keys) const { return (p_.head_dim + kW - 1) / kW * kW * ldk(keys); }
-  int64_t v_elems(int64_t keys) const { return kPackV ? round_up(keys, 2) * p_.v_head_dim : 0; }
+  int64_t v_elems(int64_t keys) const { return pack_v_ ? round_up(keys, 2) * p_.v_head_dim : 0; }
 
   // Keys [j0, j1) go to column / row j - col0 of kbuf / vbuf; j0 - col0 is even.
   void pack(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* kbuf, int64_t ld, C* vbuf) const {
     pack_k(b, n2, j0, j1, col0, kbuf, ld);
-    if (kPackV) pack_v(b, n2, j0, j1, col0, vbuf);
+    if (pack_v_) pack_v(b, n2, j0, j1, col0, vbuf);
   }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -263,8 +264,8 @@ class KvPacker {
   }
 
   KvView<C> view(int64_t b, int64_t n2, int64_t col0, const C* kbuf, int64_t ld, const C* vbuf) const {
-    if constexpr (kPackV) return {kbuf, ld, col0, vbuf, p_.v_head_dim, col0};
-    else return {kbuf, ld, col0, reinterpret_cast<const C*>(v_) + p_.v.at(b, n2, 0), p_.v.seq_stride, 0};
+    if (pack_v_) return {kbuf, ld, col0, vbuf, p_.v_head_dim, col0};
+    return {kbuf, ld, col0, reinterpret_cast<const C*>(v_) + p_.v.at(b, n2, 0), p_.v.seq_stride, 0};
   }
 
  private:
@@ -301,6 +302,7 @@ class KvPacker {
 
   const AttentionParams& p_;
   const T *k_, *v_;
+  const bool pack_v_;
 };
 
 // ---- Work decomposition. ----
@@ -410,7 +412,8 @@ class ForwardKernel {
   void run(const Item& it, const KvView<C>* view, int64_t t0, int64_t t1, float* partial = nullptr) {
     const int64_t mq = it.i1 - it.i0, R = (it.h1 - it.h0) * mq;
     // Unpacked K/V are read in place when the input already has the compute dtype (no reuse to pay for packing).
-    const bool direct = !view && std::is_same_v<T, C> && D_ == Dp_;
+    const bool direct = !view && std::is_same_v<T, C> && D_ == Dp_ && p_.k.seq_stride >= D_ &&
+                        p_.v.seq_stride >= vD_;
     pack_queries(it, mq, R, direct);
     std::fill_n(m_.data(), R, kNegInf);
     std::fill_n(l_.data(), R, 0.f);
@@ -573,8 +576,9 @@ class ForwardKernel {
         if (partial) mask_row(it.b, n, i, j0, nk, s);
         mx = p_.scale * row_max(s, nk);
       } else {
-        const auto& ps = *p_.pse;
-        mx = scale_bias_max(s, nk, p_.scale, ps.row(it.b, n, i) + j0 * ps.sj, ps.sj, p_.pse_type == 1 ? p_.scale : 1.f);
+        const float* bias = p_.pse ? p_.pse->row(it.b, n, i) + j0 * p_.pse->sj : nullptr;
+        const int64_t bias_stride = p_.pse ? p_.pse->sj : 0;
+        mx = scale_bias_max(s, nk, p_.scale, bias, bias_stride, p_.pse_type == 1 ? p_.scale : 1.f);
         if (partial) {
           mask_row(it.b, n, i, j0, nk, s);
           mx = row_max(s, nk);
