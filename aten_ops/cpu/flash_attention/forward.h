@@ -8,9 +8,11 @@
 // running sum l, fp32 accumulator acc) per row.
 //
 // Both products run on at::native::cpublas::brgemm (oneDNN's JIT micro-kernels; cpublas::gemm is not exported
-// from libtorch). brgemm takes no transposes, so K is repacked once per call as Kᵀ (keys contiguous). Two
-// compute types: fp32 (fp32 inputs; fp16 inputs, and bf16 where the bf16 kernel is unavailable, are converted
-// while packing) and bf16 with VNNI-packed K and V (the fast path on CPUs with AVX512-BF16 or AMX).
+// from libtorch). brgemm takes no transposes, so K is repacked as Kᵀ (keys contiguous) once per KV head; when a
+// head feeds a single item (decoding) nothing is repacked: Sᵀ = K·Qᵀ reads K in place, and too few items are
+// split along the keys and merged (flash-decoding). Two compute types: fp32 (fp32 inputs; fp16 inputs, and bf16
+// where the bf16 kernel is unavailable, are converted while packing) and bf16 with VNNI-packed operands (the
+// fast path on CPUs with AVX512-BF16 or AMX).
 #pragma once
 
 #include <ATen/Context.h>
@@ -207,44 +209,6 @@ class KvPacker {
     if (pack_v_) pack_v(b, n2, j0, j1, col0, vbuf);
   }
 
-#if defined(CPU_CAPABILITY_AVX512)
-  // One block of the K transpose with 32-bit units (an fp32 value or a bf16 pair): rows jj < nj of K (units
-  // [u0, u0 + nu)) become columns of dst rows uu < nu (row stride ld elements).
-  void transpose_block(int64_t b, int64_t n2, int64_t jb, int64_t nj, int64_t u0, int64_t nu, C* dst, int64_t ld) const {
-    const __mmask16 load_mask = static_cast<__mmask16>((1u << nu) - 1), store_mask = static_cast<__mmask16>((1u << nj) - 1);
-    __m512i r[16];
-    for (int64_t jj = 0; jj < 16; ++jj)
-      r[jj] = jj < nj ? _mm512_maskz_loadu_epi32(load_mask, k_ + p_.k.at(b, n2, jb + jj) + u0 * kW) : _mm512_setzero_si512();
-    transpose16x16(r);
-    for (int64_t uu = 0; uu < nu; ++uu) _mm512_mask_storeu_epi32(dst + uu * ld, store_mask, r[uu]);
-  }
-
-  // In-register transpose of 16 rows of 16 32-bit values: interleave 32-bit then 64-bit pairs inside 128-bit lanes,
-  // then gather the 128-bit lanes.
-  static void transpose16x16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    __m512i u[4][4];  // u[g][c]: rows 4g..4g+3 of columns 4k + c in lane k
-    for (int g = 0; g < 4; ++g) {
-      u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-      u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-      u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-      u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-    }
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v0 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0x44), v1 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0xEE);
-      const __m512i v2 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0x44), v3 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0xEE);
-      r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
-      r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
-      r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
-      r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
-    }
-  }
-#endif
-
   // V rows; VNNI interleaves rows 2q and 2q+1 (an odd last row is paired with zeros: its P column is 0).
   void pack_v(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* dst) const {
     const int64_t vD = p_.v_head_dim;
@@ -299,6 +263,44 @@ class KvPacker {
       }
     }
   }
+
+#if defined(CPU_CAPABILITY_AVX512)
+  // One block of the K transpose with 32-bit units (an fp32 value or a bf16 pair): rows jj < nj of K (units
+  // [u0, u0 + nu)) become columns of dst rows uu < nu (row stride ld elements).
+  void transpose_block(int64_t b, int64_t n2, int64_t jb, int64_t nj, int64_t u0, int64_t nu, C* dst, int64_t ld) const {
+    const __mmask16 load_mask = static_cast<__mmask16>((1u << nu) - 1), store_mask = static_cast<__mmask16>((1u << nj) - 1);
+    __m512i r[16];
+    for (int64_t jj = 0; jj < 16; ++jj)
+      r[jj] = jj < nj ? _mm512_maskz_loadu_epi32(load_mask, k_ + p_.k.at(b, n2, jb + jj) + u0 * kW) : _mm512_setzero_si512();
+    transpose16x16(r);
+    for (int64_t uu = 0; uu < nu; ++uu) _mm512_mask_storeu_epi32(dst + uu * ld, store_mask, r[uu]);
+  }
+
+  // In-register transpose of 16 rows of 16 32-bit values: interleave 32-bit then 64-bit pairs inside 128-bit lanes,
+  // then gather the 128-bit lanes.
+  static void transpose16x16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    __m512i u[4][4];  // u[g][c]: rows 4g..4g+3 of columns 4k + c in lane k
+    for (int g = 0; g < 4; ++g) {
+      u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+      u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+      u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+      u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v0 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0x44), v1 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0xEE);
+      const __m512i v2 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0x44), v3 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0xEE);
+      r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+      r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+      r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+      r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+    }
+  }
+#endif
 
   const AttentionParams& p_;
   const T *k_, *v_;
@@ -698,7 +700,7 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
     sort_by_cost(plan.items);
     int64_t max_tiles = 0;
     for (const Item& it : plan.items) max_tiles = std::max(max_tiles, n_tiles(it));
-    const int64_t splits = std::clamp<int64_t>((4 * threads + n_items - 1) / n_items, 1, max_tiles);
+    const int64_t splits = std::max<int64_t>(1, std::min((4 * threads + n_items - 1) / n_items, max_tiles));
     if (splits == 1 || threads == 1) {
       workers(n_items, [&](ForwardKernel<T, C>& kernel, int64_t u) {
         kernel.run(plan.items[u], nullptr, 0, max_tiles);
