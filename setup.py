@@ -41,7 +41,8 @@ def sources():
 
 
 def cxx_flags():
-    # -fopenmp: at::parallel_for is a header template that runs serially unless _OPENMP is defined here too.
+    # -fopenmp: ATen's inline at::parallel_for only forks threads when the including file is built with OpenMP
+    # (_OPENMP); without it every parallel_for in the extension silently runs on one thread.
     flags = ["-O3", "-std=c++17", "-fvisibility-inlines-hidden", "-Wno-unused-parameter", "-fopenmp"]
     if os.environ.get("TOT_DEBUG"):
         flags = ["-O0", "-g", "-std=c++17", "-fopenmp"]
