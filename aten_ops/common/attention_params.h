@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -86,7 +87,23 @@ struct AttentionParams {
   std::pair<int64_t, int64_t> key_range(int64_t b, int64_t i0, int64_t i1) const;
   // True when key j is visible from row i of sequence b, head n (band and explicit mask).
   bool visible(int64_t b, int64_t n, int64_t i, int64_t j) const;
+  // The row form of visible() for kernels: sets s[j - j0] = -inf for the keys j in [j0, j0 + nk) that row i of
+  // sequence b, head n may not see. Inline: it runs on every Partial tile row.
+  inline void mask_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) const;
 };
+
+void AttentionParams::mask_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) const {
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  const Band r = band(b);
+  const int64_t lo = std::clamp<int64_t>(i + r.lo - j0, 0, nk);
+  const int64_t hi = std::clamp<int64_t>(i + r.hi + 1 - j0, lo, nk);
+  std::fill(s, s + lo, kMasked);
+  std::fill(s + hi, s + nk, kMasked);
+  if (!mask) return;
+  const uint8_t* m = mask->data + (layout == Layout::TND ? 0 : b) * mask->sb + n * mask->sn + i * mask->si + j0 * mask->sj;
+  const int64_t sj = mask->sj;
+  for (int64_t j = lo; j < hi; ++j) s[j] = m[j * sj] ? kMasked : s[j];
+}
 
 // Tensors the kernels read; parse_attention_params() makes them contiguous in D (and converts pse to fp32),
 // and keeps them alive for the views above.

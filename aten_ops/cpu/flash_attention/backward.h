@@ -164,19 +164,6 @@ struct Ctx {
   int64_t bq, bkv, slices, panel;
 };
 
-// Keys outside row i's band or masked out get -inf (Partial tiles only); same rule as AttentionParams::visible.
-inline void mask_row(const AttentionParams& p, const Band& band, int64_t b, int64_t n, int64_t i, int64_t j0,
-                     int64_t nkv, float* s) {
-  const int64_t lo = std::clamp<int64_t>(i + band.lo, j0, j0 + nkv);
-  const int64_t hi = std::clamp<int64_t>(i + band.hi + 1, lo, j0 + nkv);
-  std::fill(s, s + (lo - j0), -kInf);
-  std::fill(s + (hi - j0), s + nkv, -kInf);
-  if (!p.mask) return;
-  const attention::MaskView& m = *p.mask;
-  const uint8_t* mr = m.data + (p.layout == attention::Layout::TND ? 0 : b) * m.sb + n * m.sn + i * m.si;
-  for (int64_t j = lo; j < hi; ++j) s[j - j0] = mr[j * m.sj] ? -kInf : s[j - j0];
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Per-thread worker: scratch tiles and the tile loops. G is the GEMM operand type (float, or T itself with VNNI).
 // ---------------------------------------------------------------------------------------------------------------
@@ -332,7 +319,6 @@ class Worker {
   // Row-wise: logits (scale, pse, mask) -> P from the saved statistics; dS = P * (dP * M/kp - Di). Leaves
   // P * M/kp in s_ (for dV) and scale * dS in dp_ (for dQ and dK), and accumulates dpse.
   void softmax_grad(int64_t b, int64_t n, int64_t i0, int64_t nq, int64_t j0, int64_t nkv, TileKind kind) {
-    const Band band = p_.band(b);
     const float scale = p_.scale;
     const float pse_grad = p_.pse_type == 1 ? scale : 1.f;
     const bool dropout = p_.has_dropout();
@@ -343,7 +329,7 @@ class Worker {
       float* s = s_.data() + r * bkv_;
       float* d = dp_.data() + r * bkv_;
       logits(b, n, i, j0, nkv, s);
-      if (kind == TileKind::Partial) mask_row(p_, band, b, n, i, j0, nkv, s);
+      if (kind == TileKind::Partial) p_.mask_row(b, n, i, j0, nkv, s);
       if (dropout) {
         attention::dropout_keep_row(p_.seed, p_.offset + id, p_.keep_prob, j0, nkv, keep_.data());
         for (int64_t j = 0; j < nkv; ++j) row_[j] = keep_[j] ? inv_keep : 0.f;

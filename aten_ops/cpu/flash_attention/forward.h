@@ -575,36 +575,18 @@ class ForwardKernel {
       float* s = s_.data() + r * lds_;
       float mx;
       if (raw) {
-        if (partial) mask_row(it.b, n, i, j0, nk, s);
+        if (partial) p_.mask_row(it.b, n, i, j0, nk, s);
         mx = p_.scale * row_max(s, nk);
       } else {
         const float* bias = p_.pse ? p_.pse->row(it.b, n, i) + j0 * p_.pse->sj : nullptr;
         const int64_t bias_stride = p_.pse ? p_.pse->sj : 0;
         mx = scale_bias_max(s, nk, p_.scale, bias, bias_stride, p_.pse_type == 1 ? p_.scale : 1.f);
         if (partial) {
-          mask_row(it.b, n, i, j0, nk, s);
+          p_.mask_row(it.b, n, i, j0, nk, s);
           mx = row_max(s, nk);
         }
       }
       softmax_row(it.b, n, i, j0, nk, s, mx, raw ? p_.scale : 1.f, r);
-    }
-  }
-
-  // Sets scores of keys outside the band or under the explicit mask to -inf.
-  void mask_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) const {
-    const attention::Band band = p_.band(b);
-    const int64_t lo = std::clamp<int64_t>(i + band.lo - j0, 0, nk);
-    const int64_t hi = std::clamp<int64_t>(i + band.hi + 1 - j0, lo, nk);
-    std::fill(s, s + lo, kNegInf);
-    std::fill(s + hi, s + nk, kNegInf);
-    if (!p_.mask) return;
-    const auto& mv = *p_.mask;
-    const int64_t mb = p_.layout == attention::Layout::TND ? 0 : b;
-    const uint8_t* m = mv.data + mb * mv.sb + n * mv.sn + i * mv.si + j0 * mv.sj;
-    if (mv.sj == 1) {
-      for (int64_t j = lo; j < hi; ++j) s[j] = m[j] ? kNegInf : s[j];
-    } else {
-      for (int64_t j = lo; j < hi; ++j) s[j] = m[j * mv.sj] ? kNegInf : s[j];
     }
   }
 
