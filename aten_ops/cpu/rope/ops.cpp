@@ -179,8 +179,9 @@ int64_t parse_rotary_mode(const char* op, c10::string_view s) {
 at::Tensor align_table(const char* op, const at::Tensor& table, const std::string& layout, const at::Tensor& x) {
   const int64_t want = layout == "TND" ? 3 : 4;
   TORCH_CHECK(x.dim() == want, op, ": layout ", layout, " expects ", want, "-D query/key; got ", x.dim(), "-D");
-  if (table.dim() != 2 || layout == "TND") return table;
+  if (table.dim() != 2) return table;
   const int64_t S = table.size(0), D = table.size(1);
+  if (layout == "TND") return table.view({S, 1, D});
   if (layout == "BSND") return table.view({1, S, 1, D});
   if (layout == "BNSD") return table.view({1, 1, S, D});
   return table.view({S, 1, 1, D});  // SBND
