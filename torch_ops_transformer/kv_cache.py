@@ -87,8 +87,8 @@ class PagedKVCache:
         Raises RuntimeError, without changing the cache, when the free list cannot hold the new tokens."""
         seq_ids = [int(s) for s in (seq_ids.tolist() if isinstance(seq_ids, Tensor) else seq_ids)]
         self._check_ids(seq_ids)
-        tok_rank = self.key_cache.dim() - 2  # dims of one token row
-        if key.dim() == tok_rank + 2:        # [B, S, ...]
+        row = self.num_kv_heads * self.head_dim  # values of one token row
+        if key.dim() >= 3 and key.shape[0] > 0 and key[0].numel() != row:  # [B, S, ...]
             if key.shape[0] != len(seq_ids):
                 raise ValueError(f"PagedKVCache.append: key has batch {key.shape[0]} but {len(seq_ids)} seq_ids")
             s = key.shape[1]
