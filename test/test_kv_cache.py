@@ -221,3 +221,9 @@ def test_compile_fullgraph_gather(dynamo_reset, monkeypatch):
 
     for a, b in zip(torch.compile(f, fullgraph=True)(kc, vc, table, lens), f(kc, vc, table, lens)):
         torch.testing.assert_close(a, b)
+
+
+def test_bad_duplicate_slot():
+    kc, vc = _caches()
+    with pytest.raises(RuntimeError, match="slot 5 appears more than once"):
+        OPS.scatter_pa_kv_cache(torch.randn(3, 2, 8), torch.randn(3, 2, 8), kc, vc, torch.tensor([5, -1, 5]))

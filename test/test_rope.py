@@ -326,3 +326,14 @@ def test_compile_fullgraph_cache_rope(dynamo_reset):
     q, k = torch.randn(5, 64), torch.randn(5, 32)
     for a, b in zip(f(p, q, k), OPS.rope_with_sin_cos_cache(p, q, k, cache, 16, True)):
         torch.testing.assert_close(a, b)
+
+
+def test_layout_aliases_and_codes():
+    q, k = torch.randn(B, S, 4, D), torch.randn(B, S, 2, D)
+    cos, sin = tables((S, D), torch.float32)
+    q1, k1 = q.clone(), k.clone()
+    tot.npu_apply_rotary_pos_emb(q1, k1, cos, sin, layout="BSH")
+    q2, k2 = tot.npu_apply_rotary_pos_emb(q.clone(), k.clone(), cos, sin, layout=1)
+    torch.testing.assert_close(q1, q2)
+    torch.testing.assert_close(q1.double(), ref_rope(q.double(), cos[None, :, None].double(),
+                                                     sin[None, :, None].double(), 0))

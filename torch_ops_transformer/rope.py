@@ -20,6 +20,9 @@ _OPS = torch.ops.npu_fa
 ROTARY_MODES = {"half": 0, "interleave": 1, "quarter": 2, "interleave-half": 3, "interleave_half": 3}
 
 
+_LAYOUT_CODES = {1: "BSND", 2: "SBND", 3: "BNSD", 4: "TND"}
+
+
 def _mode(rotary_mode: Union[str, int]) -> int:
     if isinstance(rotary_mode, int):
         return rotary_mode  # the op validates the range
@@ -42,8 +45,13 @@ def npu_apply_rotary_pos_emb(query: Tensor, key: Tensor, cos: Tensor, sin: Tenso
                              rotary_mode: str = "half") -> Tuple[Tensor, Tensor]:
     """torch_npu.npu_apply_rotary_pos_emb: rotates query and key **in place** and returns them.
 
-    layout is BSND, BNSD, SBND (4-D query/key) or TND (3-D); a 2-D [S, D] cos/sin is placed on the layout's
+    layout is BSND (alias BSH), BNSD, SBND (4-D query/key) or TND (3-D), or torch_npu's integer codes 1 (BSND),
+    2 (SBND), 3 (BNSD), 4 (TND); a 2-D [S, D] cos/sin is placed on the layout's
     sequence axis, otherwise cos/sin broadcast to query and key (e.g. [B, S, 1, D] for BSND)."""
+    if isinstance(layout, int):  # torch_npu's integer layout codes
+        if layout not in _LAYOUT_CODES:
+            raise ValueError(f"unknown layout code {layout}; expected one of {_LAYOUT_CODES}")
+        layout = _LAYOUT_CODES[layout]
     _OPS.apply_rotary_pos_emb(query, key, cos, sin, layout, rotary_mode)
     return query, key
 

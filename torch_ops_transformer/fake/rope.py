@@ -28,8 +28,8 @@ def rotary_position_embedding_grad(grad, cos, sin, x, mode=0):
 
 def apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
     op = "apply_rotary_pos_emb"
-    torch._check(layout in ("BSND", "BNSD", "SBND", "TND"),
-                 lambda: f"{op}: unknown layout '{layout}'; expected BSND, BNSD, SBND or TND")
+    torch._check(layout in ("BSND", "BSH", "BNSD", "SBND", "TND"),
+                 lambda: f"{op}: unknown layout '{layout}'; expected BSND (or BSH), BNSD, SBND or TND")
     torch._check(rotary_mode in _MODES, lambda: f"{op}: unknown rotary_mode '{rotary_mode}'; expected 'half', "
                                                 f"'interleave', 'quarter' or 'interleave-half'")
     return None

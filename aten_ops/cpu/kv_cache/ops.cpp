@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "generated/kernels.h"
 
@@ -71,6 +73,16 @@ void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, con
   for (int64_t t = 0; t < T; ++t)
     TORCH_CHECK(sp[t] == -1 || (sp[t] >= 0 && sp[t] < n_slots), op, ": slot_mapping[", t, "] = ", sp[t],
                 " is out of range; slots are -1 (skip) or in [0, num_blocks*block_size = ", n_slots, ")");
+  {  // Two tokens writing one slot would race; reject it.
+    std::vector<int64_t> used;
+    used.reserve(T);
+    for (int64_t t = 0; t < T; ++t)
+      if (sp[t] >= 0) used.push_back(sp[t]);
+    std::sort(used.begin(), used.end());
+    const auto dup = std::adjacent_find(used.begin(), used.end());
+    TORCH_CHECK(dup == used.end(), op, ": slot ", dup == used.end() ? 0 : *dup,
+                " appears more than once in slot_mapping; every token needs its own slot");
+  }
   if (T == 0) return;
   const at::Tensor kc = key.contiguous(), vc = value.contiguous();
   const size_t kbytes = kg.row * key.element_size(), vbytes = vg.row * value.element_size();

@@ -263,9 +263,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cp
 void apply_rotary_pos_emb_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
                               const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode) {
   const char* op = "apply_rotary_pos_emb";
-  const std::string lay(layout);
+  std::string lay(layout);
+  if (lay == "BSH") lay = "BSND";  // torch_npu's name for the same 4-D layout
   TORCH_CHECK(lay == "BSND" || lay == "BNSD" || lay == "SBND" || lay == "TND", op, ": unknown layout '", lay,
-              "'; expected BSND, BNSD, SBND or TND");
+              "'; expected BSND (or BSH), BNSD, SBND or TND");
   const int64_t mode = parse_rotary_mode(op, rotary_mode);
   TORCH_CHECK(query.size(-1) == key.size(-1), op, ": query and key must share the head dimension; got ",
               query.size(-1), " and ", key.size(-1));
