@@ -337,3 +337,19 @@ def test_layout_aliases_and_codes():
     torch.testing.assert_close(q1, q2)
     torch.testing.assert_close(q1.double(), ref_rope(q.double(), cos[None, :, None].double(),
                                                      sin[None, :, None].double(), 0))
+
+
+@pytest.mark.parametrize("layout,cshape", [(lay, cs) for lay, (_, shapes) in LAYOUTS.items() for cs in shapes])
+def test_gradcheck_every_broadcast_shape(layout, cshape):
+    """Covers both dcos/dsin reduction paths (per-thread partial buffers and full-size products + sum_to)."""
+    x = torch.randn(LAYOUTS[layout][0], dtype=torch.float64, requires_grad=True)
+    cos = torch.randn(cshape, dtype=torch.float64, requires_grad=True)
+    sin = torch.randn(cshape, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, 3), (x, cos, sin))
+
+
+def test_grad_with_differently_shaped_cos_and_sin():
+    x = torch.randn(B, S, N, D, dtype=torch.float64, requires_grad=True)
+    cos = torch.randn(1, S, 1, D, dtype=torch.float64, requires_grad=True)
+    sin = torch.randn(B, S, N, D, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, 0), (x, cos, sin))

@@ -214,23 +214,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cp
   const at::ScalarType acc = acc_type(x);
   const TableRows t = prepare_tables(op, x, cos, sin, acc);
   at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  // Per-element products at x's shape, reduced to cos/sin's shapes afterwards.
-  at::Tensor dcos_full = at::empty(x.sizes(), x.options().dtype(acc).memory_format(at::MemoryFormat::Contiguous));
-  at::Tensor dsin_full = at::empty_like(dcos_full);
-  if (x.numel() > 0) {
+  const int64_t D = x.dim() ? x.size(-1) : 0, rows = D ? x.numel() / D : 0;
+  const int64_t cn = t.cos.numel(), sn = t.sin.numel();
+  // dcos/dsin: when cos/sin are broadcast, each of `chunks` row ranges accumulates into its own cos/sin-sized
+  // partial buffer (summed in a fixed order afterwards: deterministic for a given thread count); when that would
+  // cost more memory than x itself (or nothing is broadcast), per-element products at x's shape are reduced instead.
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  const bool partial = (cn < x.numel() || sn < x.numel()) && chunks * (cn + sn) <= 2 * x.numel();
+  at::Tensor dc_buf = partial ? at::zeros({chunks, cn}, x.options().dtype(acc))
+                              : at::zeros(x.sizes(), x.options().dtype(acc));
+  at::Tensor ds_buf = partial ? at::zeros({chunks, sn}, x.options().dtype(acc))
+                              : at::zeros(x.sizes(), x.options().dtype(acc));
+  if (rows > 0) {
     const at::Tensor xc = x.contiguous();
     const at::Tensor gc = grad.to(x.scalar_type()).contiguous();
-    const int64_t D = x.size(-1), rows = x.numel() / D;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_backward", [&] {
       using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       const scalar_t* xp = xc.data_ptr<scalar_t>();
       const scalar_t* gp = gc.data_ptr<scalar_t>();
       scalar_t* dxp = dx.data_ptr<scalar_t>();
-      acc_t* dcp = dcos_full.data_ptr<acc_t>();
-      acc_t* dsp = dsin_full.data_ptr<acc_t>();
+      acc_t* dcp = dc_buf.data_ptr<acc_t>();
+      acc_t* dsp = ds_buf.data_ptr<acc_t>();
       const acc_t* cp = t.cos.data_ptr<acc_t>();
       const acc_t* sp = t.sin.data_ptr<acc_t>();
-      at::parallel_for(0, rows, grain_rows(D), [&](int64_t r0, int64_t r1) {
+      auto run_rows = [&](int64_t r0, int64_t r1, int64_t chunk) {
         std::vector<acc_t> xr(D), gr(D), dxr(D);
         for (int64_t r = r0; r < r1; ++r) {
           for (int64_t j = 0; j < D; ++j) {
@@ -240,24 +247,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cp
           }
           const acc_t* c = cp + t.cos_off[r];
           const acc_t* s = sp + t.sin_off[r];
+          acc_t* dc = partial ? dcp + chunk * cn + t.cos_off[r] : dcp + r * D;
+          acc_t* ds = partial ? dsp + chunk * sn + t.sin_off[r] : dsp + r * D;
           for (int64_t j = 0; j < D; ++j) {
             const acc_t sg = static_cast<acc_t>(m.sign[j]);
             dxr[m.a[j]] += gr[j] * c[j];
             dxr[m.b[j]] += sg * gr[j] * s[j];
-            dcp[r * D + j] = gr[j] * xr[m.a[j]];
-            dsp[r * D + j] = sg * gr[j] * xr[m.b[j]];
+            dc[j] += gr[j] * xr[m.a[j]];
+            ds[j] += sg * gr[j] * xr[m.b[j]];
           }
           for (int64_t j = 0; j < D; ++j) dxp[r * D + j] = static_cast<scalar_t>(dxr[j]);
         }
-      });
+      };
+      if (partial) {
+        at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+          for (int64_t c = c0; c < c1; ++c) run_rows(rows * c / chunks, rows * (c + 1) / chunks, c);
+        });
+      } else {
+        at::parallel_for(0, rows, grain_rows(D), [&](int64_t r0, int64_t r1) { run_rows(r0, r1, 0); });
+      }
     });
-  } else {
-    dcos_full.zero_();
-    dsin_full.zero_();
   }
-  at::Tensor dcos = at::sum_to(dcos_full, cos.sizes()).to(cos.scalar_type()).contiguous();
-  at::Tensor dsin = at::sum_to(dsin_full, sin.sizes()).to(sin.scalar_type()).contiguous();
-  return {dx, dcos, dsin};
+  at::Tensor dcos, dsin;
+  if (partial) {
+    dcos = dc_buf.sum(0).view(t.cos.sizes());
+    dsin = ds_buf.sum(0).view(t.sin.sizes());
+  } else {
+    dcos = at::sum_to(dc_buf, cos.sizes());
+    dsin = at::sum_to(ds_buf, sin.sizes());
+  }
+  return {dx, dcos.to(cos.scalar_type()).contiguous(), dsin.to(sin.scalar_type()).contiguous()};
 }
 
 void apply_rotary_pos_emb_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
