@@ -92,7 +92,8 @@ def test_gradcheck_float64(layout, mode):
     cs = shapes[0]
     cos = torch.randn(cs, dtype=torch.float64, requires_grad=True)
     sin = torch.randn(cs, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, mode), (x, cos, sin))
+    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, mode), (x, cos, sin),
+                                    fast_mode=True)
 
 
 @pytest.mark.parametrize("dtype,mode", list(itertools.product(DTYPES, range(4))))
@@ -345,11 +346,21 @@ def test_gradcheck_every_broadcast_shape(layout, cshape):
     x = torch.randn(LAYOUTS[layout][0], dtype=torch.float64, requires_grad=True)
     cos = torch.randn(cshape, dtype=torch.float64, requires_grad=True)
     sin = torch.randn(cshape, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, 3), (x, cos, sin))
+    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, 3), (x, cos, sin),
+                                    fast_mode=True)
 
 
 def test_grad_with_differently_shaped_cos_and_sin():
     x = torch.randn(B, S, N, D, dtype=torch.float64, requires_grad=True)
     cos = torch.randn(1, S, 1, D, dtype=torch.float64, requires_grad=True)
     sin = torch.randn(B, S, N, D, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, 0), (x, cos, sin))
+    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, 0), (x, cos, sin),
+                                    fast_mode=True)
+
+
+@pytest.mark.parametrize("mode", range(4))
+def test_gradcheck_full_jacobian_small(mode):
+    x = torch.randn(2, 3, 2, 8, dtype=torch.float64, requires_grad=True)
+    cos = torch.randn(1, 3, 1, 8, dtype=torch.float64, requires_grad=True)
+    sin = torch.randn(1, 3, 1, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: OPS.rotary_position_embedding(a, b, c, mode), (x, cos, sin))
