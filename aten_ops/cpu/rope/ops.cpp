@@ -172,7 +172,8 @@ int64_t parse_rotary_mode(const char* op, c10::string_view s) {
   if (v == "interleave") return 1;
   if (v == "quarter") return 2;
   if (v == "interleave-half" || v == "interleave_half") return 3;
-  TORCH_CHECK(false, op, ": unknown rotary_mode '", v, "'; expected 'half', 'interleave', 'quarter' or 'interleave-half'");
+  TORCH_CHECK(false, op, ": unknown rotary_mode '", v,
+              "'; expected 'half', 'interleave', 'quarter' or 'interleave-half'");
 }
 
 // A 2-D [S, D] table is placed on the sequence axis of the layout; other ranks broadcast as they are.
