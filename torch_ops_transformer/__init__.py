@@ -6,7 +6,9 @@ generated from native_functions.yaml. Public Python API:
 - `npu_fusion_attention`, `npu_fusion_attention_grad` — torch_npu's exact signatures;
 - `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention;
 - `FlashAttention` — the nn.Module of the seed article;
-- `attention_tiles` — read or override the CPU tile sizes.
+- `attention_tiles` — read or override the CPU tile sizes;
+- `npu_rotary_mul`, `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`, `rope_with_sin_cos_cache` — RoPE;
+- `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 """
 from ._ops_loader import load as _load
 
@@ -22,6 +24,13 @@ from .attention import (  # noqa: E402
     npu_fusion_attention,
     npu_fusion_attention_grad,
 )
+from .kv_cache import PagedKVCache  # noqa: E402
+from .rope import (  # noqa: E402
+    npu_apply_rotary_pos_emb,
+    npu_rotary_mul,
+    npu_rotary_position_embedding,
+    rope_with_sin_cos_cache,
+)
 
 __all__ = [
     "OPS",
@@ -32,5 +41,10 @@ __all__ = [
     "flash_attn_varlen_func",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
+    "PagedKVCache",
+    "npu_apply_rotary_pos_emb",
+    "npu_rotary_mul",
+    "npu_rotary_position_embedding",
+    "rope_with_sin_cos_cache",
 ]
 __version__ = "0.1.0"

@@ -17,4 +17,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
 at::Tensor dropout_gen_mask_cpu(const at::Tensor& seed, const at::Tensor& offset, int64_t rows, int64_t cols, double keep_prob);
 // attention_tile_config [CatchAll]
 std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv);
+// rotary_position_embedding [CPU]
+at::Tensor rotary_position_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode);
+// rotary_position_embedding_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode);
+// apply_rotary_pos_emb [CPU]
+void apply_rotary_pos_emb_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode);
+// rope_with_sin_cos_cache [CPU]
+std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox_style);
+// scatter_pa_kv_cache [CPU]
+void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping);
+// gather_pa_kv_cache [CPU]
+std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_table, const at::Tensor& seq_lens);
 }  // namespace npu_fa

@@ -20,10 +20,22 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("flash_attention_score_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, str input_layout, *, Tensor? pse=None, Tensor? atten_mask=None, Tensor softmax_max, Tensor softmax_sum, Tensor attention_in, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dpse)", {at::Tag::pt2_compliant_tag});
   m.def("dropout_gen_mask(Tensor seed, Tensor offset, SymInt rows, SymInt cols, float keep_prob) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("attention_tile_config(int block_q=0, int block_kv=0) -> int[]", TORCH_FN(npu_fa::attention_tile_config));
+  m.def("rotary_position_embedding(Tensor x, Tensor cos, Tensor sin, int mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("rotary_position_embedding_grad(Tensor grad, Tensor cos, Tensor sin, Tensor x, int mode=0) -> (Tensor dx, Tensor dcos, Tensor dsin)", {at::Tag::pt2_compliant_tag});
+  m.def("apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout=\"BSND\", str rotary_mode=\"half\") -> ()", {at::Tag::pt2_compliant_tag});
+  m.def("rope_with_sin_cos_cache(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool is_neox_style=True) -> (Tensor query_out, Tensor key_out)", {at::Tag::pt2_compliant_tag});
+  m.def("scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping) -> ()", {at::Tag::pt2_compliant_tag});
+  m.def("gather_pa_kv_cache(Tensor key_cache, Tensor value_cache, Tensor block_table, Tensor seq_lens) -> (Tensor key, Tensor value)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("flash_attention_score", TORCH_FN(npu_fa::flash_attention_score_cpu));
   m.impl("flash_attention_score_grad", TORCH_FN(npu_fa::flash_attention_score_grad_cpu));
   m.impl("dropout_gen_mask", TORCH_FN(npu_fa::dropout_gen_mask_cpu));
+  m.impl("rotary_position_embedding", TORCH_FN(npu_fa::rotary_position_embedding_cpu));
+  m.impl("rotary_position_embedding_grad", TORCH_FN(npu_fa::rotary_position_embedding_grad_cpu));
+  m.impl("apply_rotary_pos_emb", TORCH_FN(npu_fa::apply_rotary_pos_emb_cpu));
+  m.impl("rope_with_sin_cos_cache", TORCH_FN(npu_fa::rope_with_sin_cos_cache_cpu));
+  m.impl("scatter_pa_kv_cache", TORCH_FN(npu_fa::scatter_pa_kv_cache_cpu));
+  m.impl("gather_pa_kv_cache", TORCH_FN(npu_fa::gather_pa_kv_cache_cpu));
 }

@@ -31,7 +31,8 @@ def _autograd_block(spec: OpSpec, by_name: Dict[str, OpSpec]) -> List[str]:
     fn = spec.name
     out = [f"def _setup_{fn}(ctx, inputs, output):",
            f"    ({', '.join(inputs)},) = inputs",
-           f"    ({', '.join(outputs)},) = output",
+           # A single-output op hands setup_context the tensor itself, not a 1-tuple.
+           f"    {outputs[0]} = output" if len(outputs) == 1 else f"    ({', '.join(outputs)},) = output",
            f"    ctx.save_for_backward({', '.join(saved)})"]
     out += [f"    ctx.{a} = {a}" for a in attrs]
     if nondiff:

@@ -11,6 +11,12 @@ OPS = {
     'flash_attention_score_grad': ("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum, regenerates the forward's dropout mask from seed/offset, and returns dq, dk, dv (shapes and dtypes of query/key/value) and dpse (pse's shape, or an empty tensor without pse). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU',), False, True),
     'dropout_gen_mask': ("The keep-mask (True = kept) that flash_attention_score's dropout draws for a [rows, cols] matrix of attention rows: row r uses the stream of attention row r (row id ((b*N1 + n)*Sq + i), or t*N1 + n for TND) and column c its key index. Counter-based (Philox4x32-10), so it is independent of tiling and threads.", ('CPU',), False, True),
     'attention_tile_config': ('Overrides the CPU FlashAttention tile sizes (query rows x key rows per tile), process-wide: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice (derived from the L2 cache size, head dim and dtype by each kernel). Returns the overrides in force, [block_q, block_kv], 0 meaning automatic.', ('CatchAll',), False, False),
+    'rotary_position_embedding': ("Rotary position embedding (CANN RotaryPositionEmbedding): out = x*cos + rotate(x)*sin over the last dim D (even). mode 0 half (rotate_half, NeoX/LLaMA), 1 interleave (GPT-J), 2 quarter (cat(-x2,x1,-x4,x3), D % 4 == 0), 3 interleave-half (x is first reordered to cat(x[0::2], x[1::2]), then half mode). x of any layout (BNSD, BSND, SBND, TND...); cos/sin end in D and broadcast to x by the usual right-aligned rules. fp32/fp16/bf16/fp64, computed in fp32 (fp64 for fp64). Returns a new contiguous tensor of x's shape and dtype.", ('CPU',), True, True),
+    'rotary_position_embedding_grad': ("Backward of rotary_position_embedding: dx (x's shape and dtype), dcos and dsin reduced over the broadcast dimensions to cos's and sin's shapes and dtypes.", ('CPU',), False, True),
+    'apply_rotary_pos_emb': ("In-place rotary embedding of query and key (CANN ApplyRotaryPosEmb). layout BSND (alias BSH), BNSD, SBND (4-D) or TND (3-D); rotary_mode 'half', 'interleave', 'quarter' or 'interleave-half' (as rotary_position_embedding). cos/sin broadcast to query and key (query and key may have different head counts); a 2-D [S, D] cos/sin is placed on the layout's sequence axis. Not differentiable.", ('CPU',), False, True),
+    'rope_with_sin_cos_cache': ("vLLM-style rotary embedding with a cos/sin cache: cos_sin_cache [max_position, rot_dim] holds cos in its first rot_dim/2 columns and sin in the rest; positions (int64, shape P, e.g. [T]) index its rows. query/key are [*P, N*head_size] or [*P, N, head_size]; each head's first rot_dim values are rotated (NeoX halves when is_neox_style, GPT-J pairs otherwise), the rest pass through. Returns new contiguous tensors. Positions outside [0, max_position) are an error. Not differentiable.", ('CPU',), False, True),
+    'scatter_pa_kv_cache': ("Writes T new K/V token rows ([T, N2, D] or [T, N2*D]) into a paged cache, in place: token t goes to slot slot_mapping[t] = block*block_size + offset; -1 skips the token (padding). Caches are contiguous (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D); value's D may differ from key's. Slots must be distinct (a repeated slot is an error). Not differentiable.", ('CPU',), False, True),
+    'gather_pa_kv_cache': ('Packs the first seq_lens[b] tokens of each sequence of a paged cache into contiguous K/V of shape [sum(seq_lens), *cache.shape[2:]], sequence after sequence. block_table int32/int64 [B, max_blocks] maps logical to physical blocks (entries past ceil(seq_lens[b]/block_size) are ignored); seq_lens int64/int32 [B]. The output length is data-dependent (an unbacked size under torch.compile).', ('CPU',), False, True),
 }
 
 
@@ -83,10 +89,41 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
     )
 
 
+def _setup_rotary_position_embedding(ctx, inputs, output):
+    (x, cos, sin, mode,) = inputs
+    result0 = output
+    ctx.save_for_backward(cos, sin, x)
+    ctx.mode = mode
+
+
+def _backward_rotary_position_embedding(ctx, grad_result0):
+    (cos, sin, x,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.rotary_position_embedding_grad.default(
+        grad_result0,
+        cos,
+        sin,
+        x,
+        ctx.mode,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        grads[1] if _needs_grad(ctx, 1) else None,  # cos
+        grads[2] if _needs_grad(ctx, 2) else None,  # sin
+        None,  # mode
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention']}
+    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.rope']}
     torch.library.register_fake("npu_fa::flash_attention_score", modules['torch_ops_transformer.fake.attention'].flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
     torch.library.register_fake("npu_fa::flash_attention_score_grad", modules['torch_ops_transformer.fake.attention'].flash_attention_score_grad)
     torch.library.register_fake("npu_fa::dropout_gen_mask", modules['torch_ops_transformer.fake.attention'].dropout_gen_mask)
+    torch.library.register_fake("npu_fa::rotary_position_embedding", modules['torch_ops_transformer.fake.rope'].rotary_position_embedding)
+    torch.library.register_autograd("npu_fa::rotary_position_embedding", _backward_rotary_position_embedding, setup_context=_setup_rotary_position_embedding)
+    torch.library.register_fake("npu_fa::rotary_position_embedding_grad", modules['torch_ops_transformer.fake.rope'].rotary_position_embedding_grad)
+    torch.library.register_fake("npu_fa::apply_rotary_pos_emb", modules['torch_ops_transformer.fake.rope'].apply_rotary_pos_emb)
+    torch.library.register_fake("npu_fa::rope_with_sin_cos_cache", modules['torch_ops_transformer.fake.rope'].rope_with_sin_cos_cache)
+    torch.library.register_fake("npu_fa::scatter_pa_kv_cache", modules['torch_ops_transformer.fake.kv_cache'].scatter_pa_kv_cache)
+    torch.library.register_fake("npu_fa::gather_pa_kv_cache", modules['torch_ops_transformer.fake.kv_cache'].gather_pa_kv_cache)

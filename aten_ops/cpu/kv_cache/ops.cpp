@@ -1,0 +1,158 @@
+// CPU entry points of the paged KV cache helpers declared in native_functions.yaml.
+//
+// A paged cache holds num_blocks blocks of block_size token rows; a token row is N2*D values, stored as
+// (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D). Slot s = block * block_size + offset.
+// Rows are copied byte-wise, so any dtype works as long as new rows and cache agree.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "generated/kernels.h"
+
+namespace npu_fa {
+namespace {
+
+struct CacheGeom {
+  int64_t num_blocks, block_size, row;  // row = values per token (N2*D)
+};
+
+CacheGeom cache_geometry(const char* op, const char* name, const at::Tensor& cache) {
+  TORCH_CHECK(cache.dim() == 3 || cache.dim() == 4, op, ": ", name,
+              " must be (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D); got shape ",
+              cache.sizes());
+  TORCH_CHECK(cache.is_contiguous(), op, ": ", name, " must be contiguous");
+  CacheGeom g{cache.size(0), cache.size(1), 1};
+  for (int64_t d = 2; d < cache.dim(); ++d) g.row *= cache.size(d);
+  return g;
+}
+
+at::Tensor as_long(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
+
+void check_index_dtype(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, op, ": ", name,
+              " must be int64 or int32; got ", t.scalar_type());
+}
+
+void check_rows(const char* op, const char* name, const at::Tensor& x, const at::Tensor& cache, int64_t T,
+                int64_t row) {
+  TORCH_CHECK(x.scalar_type() == cache.scalar_type(), op, ": ", name, " (", x.scalar_type(),
+              ") and its cache (", cache.scalar_type(), ") must have the same dtype");
+  TORCH_CHECK(x.dim() >= 2 && x.size(0) == T, op, ": ", name, " of shape ", x.sizes(),
+              " must be [T, N2, D] (or [T, N2*D]) with T = slot_mapping.numel() = ", T);
+  int64_t per = 1;
+  for (int64_t d = 1; d < x.dim(); ++d) per *= x.size(d);
+  TORCH_CHECK(per == row, op, ": ", name, " of shape ", x.sizes(), " has ", per,
+              " values per token but its cache of shape ", cache.sizes(), " holds ", row);
+  if (x.dim() == 3 && cache.dim() == 4)
+    TORCH_CHECK(x.size(1) == cache.size(2) && x.size(2) == cache.size(3), op, ": ", name, " of shape ", x.sizes(),
+                " does not match the (N2, D) of its cache ", cache.sizes());
+}
+
+}  // namespace
+
+void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                             const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+  const char* op = "scatter_pa_kv_cache";
+  const CacheGeom kg = cache_geometry(op, "key_cache", key_cache);
+  const CacheGeom vg = cache_geometry(op, "value_cache", value_cache);
+  TORCH_CHECK(kg.num_blocks == vg.num_blocks && kg.block_size == vg.block_size, op,
+              ": key_cache ", key_cache.sizes(), " and value_cache ", value_cache.sizes(),
+              " must share (num_blocks, block_size)");
+  TORCH_CHECK(!key_cache.is_same(value_cache), op, ": key_cache and value_cache must be different tensors");
+  check_index_dtype(op, "slot_mapping", slot_mapping);
+  TORCH_CHECK(slot_mapping.dim() == 1, op, ": slot_mapping must be 1-D [T]; got shape ", slot_mapping.sizes());
+  const int64_t T = slot_mapping.numel();
+  check_rows(op, "key", key, key_cache, T, kg.row);
+  check_rows(op, "value", value, value_cache, T, vg.row);
+  const at::Tensor slots = as_long(slot_mapping);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t n_slots = kg.num_blocks * kg.block_size;
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(sp[t] == -1 || (sp[t] >= 0 && sp[t] < n_slots), op, ": slot_mapping[", t, "] = ", sp[t],
+                " is out of range; slots are -1 (skip) or in [0, num_blocks*block_size = ", n_slots, ")");
+  {  // Two tokens writing one slot would race; reject it.
+    std::vector<int64_t> used;
+    used.reserve(T);
+    for (int64_t t = 0; t < T; ++t)
+      if (sp[t] >= 0) used.push_back(sp[t]);
+    std::sort(used.begin(), used.end());
+    const auto dup = std::adjacent_find(used.begin(), used.end());
+    TORCH_CHECK(dup == used.end(), op, ": slot ", dup == used.end() ? 0 : *dup,
+                " appears more than once in slot_mapping; every token needs its own slot");
+  }
+  if (T == 0) return;
+  const at::Tensor kc = key.contiguous(), vc = value.contiguous();
+  const size_t kbytes = kg.row * key.element_size(), vbytes = vg.row * value.element_size();
+  const char* ks = static_cast<const char*>(kc.data_ptr());
+  const char* vs = static_cast<const char*>(vc.data_ptr());
+  char* kd = static_cast<char*>(key_cache.data_ptr());
+  char* vd = static_cast<char*>(value_cache.data_ptr());
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      if (sp[t] < 0) continue;
+      std::memcpy(kd + sp[t] * kbytes, ks + t * kbytes, kbytes);
+      std::memcpy(vd + sp[t] * vbytes, vs + t * vbytes, vbytes);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                                          const at::Tensor& block_table, const at::Tensor& seq_lens) {
+  const char* op = "gather_pa_kv_cache";
+  const CacheGeom kg = cache_geometry(op, "key_cache", key_cache);
+  const CacheGeom vg = cache_geometry(op, "value_cache", value_cache);
+  TORCH_CHECK(kg.num_blocks == vg.num_blocks && kg.block_size == vg.block_size, op,
+              ": key_cache ", key_cache.sizes(), " and value_cache ", value_cache.sizes(),
+              " must share (num_blocks, block_size)");
+  check_index_dtype(op, "block_table", block_table);
+  check_index_dtype(op, "seq_lens", seq_lens);
+  TORCH_CHECK(block_table.dim() == 2, op, ": block_table must be 2-D [B, max_blocks]; got shape ",
+              block_table.sizes());
+  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == block_table.size(0), op, ": seq_lens of shape ",
+              seq_lens.sizes(), " must be [B] with B = block_table.size(0) = ", block_table.size(0));
+  const int64_t B = block_table.size(0), M = block_table.size(1), bs = kg.block_size;
+  const at::Tensor bt = as_long(block_table), lens = as_long(seq_lens);
+  const int64_t* btp = bt.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  std::vector<int64_t> start(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lp[b] >= 0 && lp[b] <= M * bs, op, ": seq_lens[", b, "] = ", lp[b], " must lie in [0, max_blocks*",
+                "block_size = ", M * bs, "]");
+    for (int64_t j = 0; j < (lp[b] + bs - 1) / bs; ++j) {
+      const int64_t blk = btp[b * M + j];
+      TORCH_CHECK(blk >= 0 && blk < kg.num_blocks, op, ": block_table[", b, ", ", j, "] = ", blk,
+                  " is out of range [0, num_blocks = ", kg.num_blocks, ")");
+    }
+    start[b + 1] = start[b] + lp[b];
+  }
+  const int64_t total = start[B];
+  std::vector<int64_t> ks{total}, vs{total};
+  for (int64_t d = 2; d < key_cache.dim(); ++d) ks.push_back(key_cache.size(d));
+  for (int64_t d = 2; d < value_cache.dim(); ++d) vs.push_back(value_cache.size(d));
+  at::Tensor k = at::empty(ks, key_cache.options());
+  at::Tensor v = at::empty(vs, value_cache.options());
+  if (total == 0) return {k, v};
+  const size_t kbytes = kg.row * key_cache.element_size(), vbytes = vg.row * value_cache.element_size();
+  const char* ksrc = static_cast<const char*>(key_cache.data_ptr());
+  const char* vsrc = static_cast<const char*>(value_cache.data_ptr());
+  char* kd = static_cast<char*>(k.data_ptr());
+  char* vd = static_cast<char*>(v.data_ptr());
+  // One work item per (sequence, logical block).
+  at::parallel_for(0, B * M, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / M, j = i % M;
+      const int64_t first = j * bs;
+      if (first >= lp[b]) continue;
+      const int64_t n = std::min(bs, lp[b] - first);
+      const int64_t blk = btp[b * M + j];
+      std::memcpy(kd + (start[b] + first) * kbytes, ksrc + blk * bs * kbytes, n * kbytes);
+      std::memcpy(vd + (start[b] + first) * vbytes, vsrc + blk * bs * vbytes, n * vbytes);
+    }
+  });
+  return {k, v};
+}
+
+}  // namespace npu_fa

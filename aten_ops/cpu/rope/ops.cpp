@@ -1,0 +1,369 @@
+// CPU entry points of the rotary position embedding ops declared in native_functions.yaml.
+//
+// Every mode is written as one formula over the last (head) dimension D:
+//   out[j] = x[a(j)] * cos[j] + sign(j) * x[b(j)] * sin[j]
+// with index maps a, b and signs chosen per mode:
+//   0 half            rotate_half(x) = cat(-x2, x1)                      (GPT-NeoX / LLaMA)
+//   1 interleave      rot[2i] = -x[2i+1], rot[2i+1] = x[2i]               (GPT-J)
+//   2 quarter         cat(-x2, x1, -x4, x3) over the four quarters of D   (D % 4 == 0)
+//   3 interleave-half y = cat(x[0::2], x[1::2]) then half mode on y       (output in y's order)
+// The backward scatters through the same maps. Computation is in fp32 (fp64 for fp64 inputs).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "generated/kernels.h"
+
+namespace npu_fa {
+namespace {
+
+struct RotaryMap {
+  std::vector<int64_t> a, b;
+  std::vector<int8_t> sign;
+};
+
+RotaryMap make_map(const char* op, int64_t mode, int64_t D) {
+  TORCH_CHECK(mode >= 0 && mode <= 3, op, ": unknown rotary mode ", mode,
+              "; expected 0 (half), 1 (interleave), 2 (quarter) or 3 (interleave-half)");
+  TORCH_CHECK(D % 2 == 0 && D > 0, op, ": the last (head) dimension must be even and positive; got D=", D);
+  TORCH_CHECK(mode != 2 || D % 4 == 0, op, ": quarter mode needs D divisible by 4; got D=", D);
+  RotaryMap m;
+  m.a.resize(D);
+  m.b.resize(D);
+  m.sign.resize(D);
+  const int64_t h = D / 2;
+  for (int64_t j = 0; j < D; ++j) {
+    switch (mode) {
+      case 0:
+        m.a[j] = j;
+        m.b[j] = j < h ? j + h : j - h;
+        m.sign[j] = j < h ? -1 : 1;
+        break;
+      case 1:
+        m.a[j] = j;
+        m.b[j] = j % 2 == 0 ? j + 1 : j - 1;
+        m.sign[j] = j % 2 == 0 ? -1 : 1;
+        break;
+      case 2: {
+        const int64_t q = D / 4, base = j < h ? 0 : h, k = j - base;
+        m.a[j] = j;
+        m.b[j] = base + (k < q ? k + q : k - q);
+        m.sign[j] = k < q ? -1 : 1;
+        break;
+      }
+      case 3: {
+        auto src = [h](int64_t i) { return i < h ? 2 * i : 2 * (i - h) + 1; };
+        m.a[j] = src(j);
+        m.b[j] = src(j < h ? j + h : j - h);
+        m.sign[j] = j < h ? -1 : 1;
+        break;
+      }
+    }
+  }
+  return m;
+}
+
+void check_float(const char* op, const char* name, const at::Tensor& t) {
+  const auto s = t.scalar_type();
+  TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble, op, ": ", name,
+              " must be float32, float16, bfloat16 or float64; got ", s);
+}
+
+// cos/sin converted to the accumulation dtype, checked against x and expanded to x's shape (stride-0 views).
+// Returns, per row of x (all dims but the last), the element offset of that row in the expanded cos/sin.
+struct TableRows {
+  at::Tensor cos, sin;                    // acc dtype, contiguous, original (broadcast) shapes
+  std::vector<int64_t> cos_off, sin_off;  // per x row
+};
+
+std::vector<int64_t> row_offsets(const at::Tensor& table, at::IntArrayRef xsizes) {
+  const at::Tensor e = table.expand(xsizes);
+  const int64_t nd = static_cast<int64_t>(xsizes.size());
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < nd; ++d) rows *= xsizes[d];
+  std::vector<int64_t> off(rows);
+  std::vector<int64_t> idx(std::max<int64_t>(nd - 1, 0), 0);
+  int64_t cur = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    off[r] = cur;
+    for (int64_t d = nd - 2; d >= 0; --d) {  // odometer increment
+      if (++idx[d] < xsizes[d]) {
+        cur += e.stride(d);
+        break;
+      }
+      cur -= e.stride(d) * (xsizes[d] - 1);
+      idx[d] = 0;
+    }
+  }
+  return off;
+}
+
+TableRows prepare_tables(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                         at::ScalarType acc) {
+  check_float(op, "x", x);
+  check_float(op, "cos", cos);
+  check_float(op, "sin", sin);
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least one dimension");
+  const int64_t D = x.size(-1);
+  for (const auto* p : {&cos, &sin}) {
+    const char* name = p == &cos ? "cos" : "sin";
+    TORCH_CHECK(p->dim() >= 1 && p->dim() <= x.dim() && p->size(-1) == D, op, ": ", name, " of shape ",
+                p->sizes(), " must end in the head dimension D=", D, " and have at most x's rank (x: ", x.sizes(),
+                ")");
+    for (int64_t i = 1; i <= p->dim(); ++i) {
+      const int64_t s = p->size(-i);
+      TORCH_CHECK(s == 1 || s == x.size(-i), op, ": ", name, " of shape ", p->sizes(),
+                  " is not broadcastable to x of shape ", x.sizes());
+    }
+  }
+  TableRows t;
+  t.cos = cos.to(acc).contiguous();
+  t.sin = sin.to(acc).contiguous();
+  t.cos_off = row_offsets(t.cos, x.sizes());
+  t.sin_off = row_offsets(t.sin, x.sizes());
+  return t;
+}
+
+int64_t grain_rows(int64_t D) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)); }
+
+// In-place forward over a contiguous tensor (rows of D); `src` may equal `dst`.
+template <typename scalar_t, typename acc_t>
+void forward_rows(const scalar_t* src, scalar_t* dst, int64_t rows, int64_t D, const RotaryMap& m,
+                  const TableRows& t) {
+  const acc_t* cp = t.cos.data_ptr<acc_t>();
+  const acc_t* sp = t.sin.data_ptr<acc_t>();
+  at::parallel_for(0, rows, grain_rows(D), [&](int64_t r0, int64_t r1) {
+    std::vector<acc_t> xr(D);
+    for (int64_t r = r0; r < r1; ++r) {
+      const scalar_t* xs = src + r * D;
+      for (int64_t j = 0; j < D; ++j) xr[j] = static_cast<acc_t>(xs[j]);
+      const acc_t* c = cp + t.cos_off[r];
+      const acc_t* s = sp + t.sin_off[r];
+      scalar_t* out = dst + r * D;
+      for (int64_t j = 0; j < D; ++j) {
+        const acc_t v = xr[m.a[j]] * c[j] + static_cast<acc_t>(m.sign[j]) * xr[m.b[j]] * s[j];
+        out[j] = static_cast<scalar_t>(v);
+      }
+    }
+  });
+}
+
+at::ScalarType acc_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+void rope_inplace(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
+  const RotaryMap m = make_map(op, mode, x.dim() ? x.size(-1) : 0);
+  const TableRows t = prepare_tables(op, x, cos, sin, acc_type(x));
+  if (x.numel() == 0) return;
+  at::Tensor xc = x.contiguous();
+  const int64_t D = x.size(-1), rows = x.numel() / D;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_inplace", [&] {
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    forward_rows<scalar_t, acc_t>(xc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), rows, D, m, t);
+  });
+  if (!xc.is_same(x)) x.copy_(xc);
+}
+
+int64_t parse_rotary_mode(const char* op, c10::string_view s) {
+  const std::string v(s);
+  if (v == "half") return 0;
+  if (v == "interleave") return 1;
+  if (v == "quarter") return 2;
+  if (v == "interleave-half" || v == "interleave_half") return 3;
+  TORCH_CHECK(false, op, ": unknown rotary_mode '", v,
+              "'; expected 'half', 'interleave', 'quarter' or 'interleave-half'");
+}
+
+// A 2-D [S, D] table is placed on the sequence axis of the layout; other ranks broadcast as they are.
+at::Tensor align_table(const char* op, const at::Tensor& table, const std::string& layout, const at::Tensor& x) {
+  const int64_t want = layout == "TND" ? 3 : 4;
+  TORCH_CHECK(x.dim() == want, op, ": layout ", layout, " expects ", want, "-D query/key; got ", x.dim(), "-D");
+  if (table.dim() != 2) return table;
+  const int64_t S = table.size(0), D = table.size(1);
+  if (layout == "TND") return table.view({S, 1, D});
+  if (layout == "BSND") return table.view({1, S, 1, D});
+  if (layout == "BNSD") return table.view({1, 1, S, D});
+  return table.view({S, 1, 1, D});  // SBND
+}
+
+}  // namespace
+
+at::Tensor rotary_position_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                         int64_t mode) {
+  const char* op = "rotary_position_embedding";
+  const RotaryMap m = make_map(op, mode, x.dim() ? x.size(-1) : 0);
+  const TableRows t = prepare_tables(op, x, cos, sin, acc_type(x));
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (x.numel() == 0) return out;
+  const at::Tensor xc = x.contiguous();
+  const int64_t D = x.size(-1), rows = x.numel() / D;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_forward", [&] {
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    forward_rows<scalar_t, acc_t>(xc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, D, m, t);
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu(
+    const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
+  const char* op = "rotary_position_embedding_grad";
+  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad of shape ", grad.sizes(), " must match x of shape ", x.sizes());
+  check_float(op, "grad", grad);
+  const RotaryMap m = make_map(op, mode, x.dim() ? x.size(-1) : 0);
+  const at::ScalarType acc = acc_type(x);
+  const TableRows t = prepare_tables(op, x, cos, sin, acc);
+  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t D = x.dim() ? x.size(-1) : 0, rows = D ? x.numel() / D : 0;
+  const int64_t cn = t.cos.numel(), sn = t.sin.numel();
+  // dcos/dsin: when cos/sin are broadcast, each of `chunks` row ranges accumulates into its own cos/sin-sized
+  // partial buffer (summed in a fixed order afterwards: deterministic for a given thread count); when that would
+  // cost more memory than x itself (or nothing is broadcast), per-element products at x's shape are reduced instead.
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  const bool partial = (cn < x.numel() || sn < x.numel()) && chunks * (cn + sn) <= 2 * x.numel();
+  at::Tensor dc_buf = partial ? at::zeros({chunks, cn}, x.options().dtype(acc))
+                              : at::zeros(x.sizes(), x.options().dtype(acc));
+  at::Tensor ds_buf = partial ? at::zeros({chunks, sn}, x.options().dtype(acc))
+                              : at::zeros(x.sizes(), x.options().dtype(acc));
+  if (rows > 0) {
+    const at::Tensor xc = x.contiguous();
+    const at::Tensor gc = grad.to(x.scalar_type()).contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_backward", [&] {
+      using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+      const scalar_t* xp = xc.data_ptr<scalar_t>();
+      const scalar_t* gp = gc.data_ptr<scalar_t>();
+      scalar_t* dxp = dx.data_ptr<scalar_t>();
+      acc_t* dcp = dc_buf.data_ptr<acc_t>();
+      acc_t* dsp = ds_buf.data_ptr<acc_t>();
+      const acc_t* cp = t.cos.data_ptr<acc_t>();
+      const acc_t* sp = t.sin.data_ptr<acc_t>();
+      auto run_rows = [&](int64_t r0, int64_t r1, int64_t chunk) {
+        std::vector<acc_t> xr(D), gr(D), dxr(D);
+        for (int64_t r = r0; r < r1; ++r) {
+          for (int64_t j = 0; j < D; ++j) {
+            xr[j] = static_cast<acc_t>(xp[r * D + j]);
+            gr[j] = static_cast<acc_t>(gp[r * D + j]);
+            dxr[j] = 0;
+          }
+          const acc_t* c = cp + t.cos_off[r];
+          const acc_t* s = sp + t.sin_off[r];
+          acc_t* dc = partial ? dcp + chunk * cn + t.cos_off[r] : dcp + r * D;
+          acc_t* ds = partial ? dsp + chunk * sn + t.sin_off[r] : dsp + r * D;
+          for (int64_t j = 0; j < D; ++j) {
+            const acc_t sg = static_cast<acc_t>(m.sign[j]);
+            dxr[m.a[j]] += gr[j] * c[j];
+            dxr[m.b[j]] += sg * gr[j] * s[j];
+            dc[j] += gr[j] * xr[m.a[j]];
+            ds[j] += sg * gr[j] * xr[m.b[j]];
+          }
+          for (int64_t j = 0; j < D; ++j) dxp[r * D + j] = static_cast<scalar_t>(dxr[j]);
+        }
+      };
+      if (partial) {
+        at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+          for (int64_t c = c0; c < c1; ++c) run_rows(rows * c / chunks, rows * (c + 1) / chunks, c);
+        });
+      } else {
+        at::parallel_for(0, rows, grain_rows(D), [&](int64_t r0, int64_t r1) { run_rows(r0, r1, 0); });
+      }
+    });
+  }
+  at::Tensor dcos, dsin;
+  if (partial) {
+    dcos = dc_buf.sum(0).view(t.cos.sizes());
+    dsin = ds_buf.sum(0).view(t.sin.sizes());
+  } else {
+    dcos = at::sum_to(dc_buf, cos.sizes());
+    dsin = at::sum_to(ds_buf, sin.sizes());
+  }
+  return {dx, dcos.to(cos.scalar_type()).contiguous(), dsin.to(sin.scalar_type()).contiguous()};
+}
+
+void apply_rotary_pos_emb_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
+                              const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode) {
+  const char* op = "apply_rotary_pos_emb";
+  std::string lay(layout);
+  if (lay == "BSH") lay = "BSND";  // torch_npu's name for the same 4-D layout
+  TORCH_CHECK(lay == "BSND" || lay == "BNSD" || lay == "SBND" || lay == "TND", op, ": unknown layout '", lay,
+              "'; expected BSND (or BSH), BNSD, SBND or TND");
+  const int64_t mode = parse_rotary_mode(op, rotary_mode);
+  TORCH_CHECK(query.size(-1) == key.size(-1), op, ": query and key must share the head dimension; got ",
+              query.size(-1), " and ", key.size(-1));
+  TORCH_CHECK(!query.is_same(key), op, ": query and key must be different tensors");
+  rope_inplace(op, query, align_table(op, cos, lay, query), align_table(op, sin, lay, query), mode);
+  rope_inplace(op, key, align_table(op, cos, lay, key), align_table(op, sin, lay, key), mode);
+}
+
+namespace {
+
+// One of query/key for rope_with_sin_cos_cache: x viewed as [T, heads, head_size].
+at::Tensor rope_cache_one(const char* op, const char* name, const at::Tensor& positions, const at::Tensor& x,
+                          const at::Tensor& cache, int64_t head_size, bool neox) {
+  check_float(op, name, x);
+  TORCH_CHECK(x.dim() > positions.dim(), op, ": ", name, " of shape ", x.sizes(),
+              " must have more dimensions than positions of shape ", positions.sizes());
+  for (int64_t d = 0; d < positions.dim(); ++d)
+    TORCH_CHECK(x.size(d) == positions.size(d), op, ": ", name, " of shape ", x.sizes(),
+                " must start with positions' shape ", positions.sizes());
+  const int64_t T = positions.numel();
+  const int64_t per_token = T ? x.numel() / T : 0;
+  int64_t tail = 1;
+  for (int64_t d = positions.dim(); d < x.dim(); ++d) tail *= x.size(d);
+  TORCH_CHECK(tail % head_size == 0, op, ": ", name, " of shape ", x.sizes(), " holds ", tail,
+              " values per token, not a multiple of head_size=", head_size);
+  (void)per_token;
+  at::Tensor out = x.contiguous().clone(at::MemoryFormat::Contiguous);
+  if (out.numel() == 0) return out;
+  const int64_t heads = tail / head_size;
+  const int64_t rot = cache.size(1), half = rot / 2;
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_with_sin_cos_cache", [&] {
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    const at::Tensor tab = cache.to(std::is_same_v<acc_t, double> ? at::kDouble : at::kFloat).contiguous();
+    const acc_t* tp = tab.data_ptr<acc_t>();
+    scalar_t* op_ = out.data_ptr<scalar_t>();
+    at::parallel_for(0, T * heads, grain_rows(head_size), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t tkn = i / heads;
+        const acc_t* c = tp + pos[tkn] * rot;
+        const acc_t* s = c + half;
+        scalar_t* v = op_ + i * head_size;
+        for (int64_t k = 0; k < half; ++k) {
+          const int64_t i1_ = neox ? k : 2 * k, i2_ = neox ? k + half : 2 * k + 1;
+          const acc_t x1 = static_cast<acc_t>(v[i1_]), x2 = static_cast<acc_t>(v[i2_]);
+          v[i1_] = static_cast<scalar_t>(x1 * c[k] - x2 * s[k]);
+          v[i2_] = static_cast<scalar_t>(x2 * c[k] + x1 * s[k]);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const at::Tensor& positions, const at::Tensor& query,
+                                                               const at::Tensor& key, const at::Tensor& cos_sin_cache,
+                                                               int64_t head_size, bool is_neox_style) {
+  const char* op = "rope_with_sin_cos_cache";
+  TORCH_CHECK(positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt, op,
+              ": positions must be int64 (or int32); got ", positions.scalar_type());
+  check_float(op, "cos_sin_cache", cos_sin_cache);
+  TORCH_CHECK(cos_sin_cache.dim() == 2, op, ": cos_sin_cache must be 2-D [max_position, rot_dim]; got shape ",
+              cos_sin_cache.sizes());
+  const int64_t rot = cos_sin_cache.size(1), max_pos = cos_sin_cache.size(0);
+  TORCH_CHECK(head_size > 0, op, ": head_size must be positive; got ", head_size);
+  TORCH_CHECK(rot > 0 && rot % 2 == 0 && rot <= head_size, op, ": rot_dim (cos_sin_cache.size(1)=", rot,
+              ") must be even, positive and at most head_size=", head_size);
+  const at::Tensor pos = positions.to(at::kLong).contiguous();
+  if (pos.numel() > 0) {
+    const int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0 && hi < max_pos, op, ": positions must lie in [0, ", max_pos,
+                ") (cos_sin_cache rows); got values in [", lo, ", ", hi, "]");
+  }
+  return {rope_cache_one(op, "query", pos, query, cos_sin_cache, head_size, is_neox_style),
+          rope_cache_one(op, "key", pos, key, cos_sin_cache, head_size, is_neox_style)};
+}
+
+}  // namespace npu_fa

@@ -1,0 +1,147 @@
+"""A paged KV cache for decoding, written through `torch.ops.npu_fa.scatter_pa_kv_cache`.
+
+The cache is `num_blocks` blocks of `block_size` token rows, shared by all sequences; each sequence owns a list of
+blocks taken from a free list as it grows and returned by `free()`. Layout "BSND" (default) stores
+`key_cache`/`value_cache` as (num_blocks, block_size, N2, D); layout "BSH" as (num_blocks, block_size, N2*D).
+
+`block_table(seq_ids)` is int32 [B, max_blocks]: row b lists sequence b's physical blocks in logical order and is
+**padded with 0** past its last block (a valid block index, so a kernel that reads the whole row never goes out
+of bounds; entries past ceil(seq_lens[b] / block_size) carry no meaning). `seq_lens(seq_ids)` is int64 [B].
+
+Decode loop (npu_incre_flash_attention is the paged-attention op of torch_ops_transformer)::
+
+    cache = PagedKVCache(num_blocks=256, block_size=128, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    ids = [cache.add_sequence() for _ in range(batch)]
+    for step in range(steps):                              # k, v: [B, N2, D], q: [B, 1, N1, D] (BSND)
+        cache.append(ids, k, v)
+        out = torch_ops_transformer.npu_incre_flash_attention(
+            q, cache.key_cache, cache.value_cache, block_table=cache.block_table(ids),
+            actual_seq_lengths=cache.seq_lens(ids), block_size=cache.block_size, input_layout="BSND",
+            num_heads=N1, num_key_value_heads=N2, scale_value=D ** -0.5)
+"""
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+_OPS = torch.ops.npu_fa
+
+
+class PagedKVCache:
+    """Block-allocated K/V cache (see the module docstring for the layout and the decode loop)."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, v_head_dim: Optional[int] = None, layout: str = "BSND",
+                 device: Optional[torch.device] = None):
+        if num_blocks <= 0 or block_size <= 0 or num_kv_heads <= 0 or head_dim <= 0:
+            raise ValueError("PagedKVCache: num_blocks, block_size, num_kv_heads and head_dim must be positive")
+        if layout not in ("BSND", "BSH"):
+            raise ValueError(f"PagedKVCache: layout must be 'BSND' or 'BSH'; got {layout!r}")
+        vd = v_head_dim or head_dim
+        if layout == "BSND":
+            kshape, vshape = (num_kv_heads, head_dim), (num_kv_heads, vd)
+        else:
+            kshape, vshape = (num_kv_heads * head_dim,), (num_kv_heads * vd,)
+        self.num_blocks, self.block_size, self.layout = num_blocks, block_size, layout
+        self.num_kv_heads, self.head_dim, self.v_head_dim = num_kv_heads, head_dim, vd
+        self.key_cache = torch.zeros((num_blocks, block_size, *kshape), dtype=dtype, device=device)
+        self.value_cache = torch.zeros((num_blocks, block_size, *vshape), dtype=dtype, device=device)
+        self._free: List[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low block ids first
+        self._blocks: Dict[int, List[int]] = {}
+        self._lens: Dict[int, int] = {}
+        self._next_id = 0
+
+    # --- bookkeeping -------------------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def add_sequence(self) -> int:
+        """Registers an empty sequence and returns its id."""
+        sid = self._next_id
+        self._next_id += 1
+        self._blocks[sid], self._lens[sid] = [], 0
+        return sid
+
+    def free(self, seq_id: int) -> None:
+        """Returns the sequence's blocks to the free list; the id becomes invalid."""
+        self._check_ids([seq_id])
+        self._free.extend(reversed(self._blocks.pop(seq_id)))
+        del self._lens[seq_id]
+
+    def blocks(self, seq_id: int) -> List[int]:
+        self._check_ids([seq_id])
+        return list(self._blocks[seq_id])
+
+    def _check_ids(self, seq_ids: Sequence[int]) -> None:
+        for s in seq_ids:
+            if s not in self._blocks:
+                raise KeyError(f"PagedKVCache: unknown (or freed) sequence id {s}")
+
+    # --- writing -----------------------------------------------------------------------------------------------
+    def append(self, seq_ids: Sequence[int], key: Tensor, value: Tensor) -> Tensor:
+        """Appends new tokens and returns the slot mapping used (int64 [T]).
+
+        key/value are [B, N2, D] (one token per sequence of `seq_ids`; ids may repeat, tokens are appended in
+        order) or [B, S, N2, D] (S tokens per sequence). With layout "BSH" the trailing (N2, D) may be N2*D.
+        Raises RuntimeError, without changing the cache, when the free list cannot hold the new tokens."""
+        seq_ids = [int(s) for s in (seq_ids.tolist() if isinstance(seq_ids, Tensor) else seq_ids)]
+        self._check_ids(seq_ids)
+        row = self.num_kv_heads * self.head_dim  # values of one token row
+        if key.dim() >= 3 and key.shape[0] > 0 and key[0].numel() != row:  # [B, S, ...]
+            if key.shape[0] != len(seq_ids):
+                raise ValueError(f"PagedKVCache.append: key has batch {key.shape[0]} but {len(seq_ids)} seq_ids")
+            s = key.shape[1]
+            owners = [sid for sid in seq_ids for _ in range(s)]
+            key, value = key.reshape(-1, *key.shape[2:]), value.reshape(-1, *value.shape[2:])
+        else:
+            owners = seq_ids
+        if key.shape[0] != len(owners) or value.shape[0] != len(owners):
+            raise ValueError(f"PagedKVCache.append: {len(owners)} tokens expected, key/value have "
+                             f"{key.shape[0]}/{value.shape[0]}")
+        # Plan the slots first so that running out of blocks leaves the cache untouched.
+        lens = {sid: self._lens[sid] for sid in set(owners)}
+        need = 0
+        for sid in owners:
+            if lens[sid] % self.block_size == 0 and lens[sid] // self.block_size >= len(self._blocks[sid]):
+                need += 1
+            lens[sid] += 1
+        if need > len(self._free):
+            raise RuntimeError(f"PagedKVCache: out of blocks: the new tokens need {need} more blocks, "
+                               f"{len(self._free)} of {self.num_blocks} are free")
+        slots = []
+        for sid in owners:
+            pos = self._lens[sid]
+            blocks = self._blocks[sid]
+            if pos // self.block_size >= len(blocks):
+                blocks.append(self._free.pop())
+            slots.append(blocks[pos // self.block_size] * self.block_size + pos % self.block_size)
+            self._lens[sid] = pos + 1
+        slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.key_cache.device)
+        _OPS.scatter_pa_kv_cache(key.to(self.key_cache.dtype), value.to(self.value_cache.dtype),
+                                 self.key_cache, self.value_cache, slot_mapping)
+        return slot_mapping
+
+    # --- reading -----------------------------------------------------------------------------------------------
+    def seq_lens(self, seq_ids: Sequence[int]) -> Tensor:
+        """int64 [B]: the number of tokens of each sequence."""
+        self._check_ids(seq_ids)
+        return torch.tensor([self._lens[s] for s in seq_ids], dtype=torch.int64)
+
+    def block_table(self, seq_ids: Sequence[int], max_blocks: Optional[int] = None) -> Tensor:
+        """int32 [B, max_blocks] (default: the longest row, at least 1), padded with 0."""
+        self._check_ids(seq_ids)
+        rows = [self._blocks[s] for s in seq_ids]
+        width = max([len(r) for r in rows] + [1]) if max_blocks is None else max_blocks
+        if any(len(r) > width for r in rows):
+            raise ValueError(f"PagedKVCache.block_table: max_blocks={width} is below a sequence's block count")
+        table = torch.zeros((len(rows), width), dtype=torch.int32)
+        for b, r in enumerate(rows):
+            if r:
+                table[b, :len(r)] = torch.tensor(r, dtype=torch.int32)
+        return table
+
+    def gather(self, seq_ids: Sequence[int]):
+        """Contiguous (key, value) of the sequences, packed: [sum(seq_lens), N2, D] (gather_pa_kv_cache)."""
+        return _OPS.gather_pa_kv_cache(self.key_cache, self.value_cache, self.block_table(seq_ids),
+                                       self.seq_lens(seq_ids))
