@@ -6,7 +6,8 @@ generated from native_functions.yaml. Public Python API:
 - `npu_fusion_attention`, `npu_fusion_attention_grad` — torch_npu's exact signatures;
 - `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention;
 - `FlashAttention` — the nn.Module of the seed article;
-- `attention_tiles` — read or override the CPU tile sizes.
+- `attention_tiles` — read or override the CPU tile sizes;
+- `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 """
 from ._ops_loader import load as _load
 
@@ -22,6 +23,11 @@ from .attention import (  # noqa: E402
     npu_fusion_attention,
     npu_fusion_attention_grad,
 )
+from .inference import (  # noqa: E402  (prefill)
+    attention_update,
+    npu_fused_infer_attention_score,
+    npu_prompt_flash_attention,
+)
 
 __all__ = [
     "OPS",
@@ -32,5 +38,9 @@ __all__ = [
     "flash_attn_varlen_func",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
+    # prefill
+    "attention_update",
+    "npu_fused_infer_attention_score",
+    "npu_prompt_flash_attention",
 ]
 __version__ = "0.1.0"

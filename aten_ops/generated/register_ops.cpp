@@ -20,10 +20,18 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("flash_attention_score_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, str input_layout, *, Tensor? pse=None, Tensor? atten_mask=None, Tensor softmax_max, Tensor softmax_sum, Tensor attention_in, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dpse)", {at::Tag::pt2_compliant_tag});
   m.def("dropout_gen_mask(Tensor seed, Tensor offset, SymInt rows, SymInt cols, float keep_prob) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("attention_tile_config(int block_q=0, int block_kv=0) -> int[]", TORCH_FN(npu_fa::attention_tile_config));
+  m.def("prompt_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? padding_mask=None, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, int num_heads=1, float scale_value=1.0, int pre_tokens=2147483647, int next_tokens=0, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("fused_infer_attention_score(Tensor query, Tensor key, Tensor value, Tensor? pse_shift=None, Tensor? atten_mask=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, bool softmax_lse_flag=False) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
+  m.def("attention_update(Tensor lse, Tensor out) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
+  m.def("attention_update_grad(Tensor lse, Tensor out, Tensor softmax_lse, Tensor attention_out, Tensor grad_attention_out, Tensor grad_softmax_lse) -> (Tensor grad_lse, Tensor grad_out)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("flash_attention_score", TORCH_FN(npu_fa::flash_attention_score_cpu));
   m.impl("flash_attention_score_grad", TORCH_FN(npu_fa::flash_attention_score_grad_cpu));
   m.impl("dropout_gen_mask", TORCH_FN(npu_fa::dropout_gen_mask_cpu));
+  m.impl("prompt_flash_attention", TORCH_FN(npu_fa::prompt_flash_attention_cpu));
+  m.impl("fused_infer_attention_score", TORCH_FN(npu_fa::fused_infer_attention_score_cpu));
+  m.impl("attention_update", TORCH_FN(npu_fa::attention_update_cpu));
+  m.impl("attention_update_grad", TORCH_FN(npu_fa::attention_update_grad_cpu));
 }

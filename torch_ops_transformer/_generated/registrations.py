@@ -11,6 +11,10 @@ OPS = {
     'flash_attention_score_grad': ("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum, regenerates the forward's dropout mask from seed/offset, and returns dq, dk, dv (shapes and dtypes of query/key/value) and dpse (pse's shape, or an empty tensor without pse). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU',), False, True),
     'dropout_gen_mask': ("The keep-mask (True = kept) that flash_attention_score's dropout draws for a [rows, cols] matrix of attention rows: row r uses the stream of attention row r (row id ((b*N1 + n)*Sq + i), or t*N1 + n for TND) and column c its key index. Counter-based (Philox4x32-10), so it is independent of tiling and threads.", ('CPU',), False, True),
     'attention_tile_config': ('Overrides the CPU FlashAttention tile sizes (query rows x key rows per tile), process-wide: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice (derived from the L2 cache size, head dim and dtype by each kernel). Returns the overrides in force, [block_q, block_kv], 0 meaning automatic.', ('CatchAll',), False, False),
+    'prompt_flash_attention': ("Prefill attention (CANN PromptFlashAttention): out = Softmax(Mask(scale_value*Q Kᵀ + pse_shift)) V. Layouts BSH, BSND, BNSD, BNSD_BSND (BNSD in, BSND out), TND. actual_seq_lengths / actual_seq_lengths_kv are int64/int32 tensors of per-batch lengths (each <= the padded S) for the dense layouts, cumulative ends for TND; query rows beyond a sequence's length are zeros. num_key_value_heads (0 = num_heads) for GQA. sparse_mode 0-4 as flash_attention_score; in mode 0 without atten_mask pre_tokens/next_tokens are ignored (full attention), with a mask the band i-pre_tokens <= j <= i+next_tokens is applied too (next_tokens defaults to 0: causal). padding_mask is reserved (must be None). Returns attention_out in q's dtype.", ('CPU',), False, True),
+    'fused_infer_attention_score': ('CANN FusedInferAttentionScore: prefill and decode in one entry. Without block_table it runs the prompt_flash_attention path (same layouts, lengths, masks, sparse modes, pse_shift; any Sq, so also contiguous-cache decode). With block_table (paged KV cache) it calls npu_fa::incre_flash_attention with actual_seq_lengths_kv as the per-batch KV lengths. Returns (attention_out, softmax_lse): softmax_lse is fp32 [B,N,Sq,1] ([T,N,1] for TND) = logsumexp of the scaled, masked scores (-inf for rows that see no key or lie beyond their sequence) when softmax_lse_flag, else an empty tensor.', ('CPU',), False, True),
+    'attention_update': ('Merges K partial attention results computed over disjoint key ranges (ring / context-parallel attention): lse [K, ...] fp32 (or fp64), out [K, ..., D]; returns attention_out [..., D] = sum_i exp(lse_i - L) out_i and softmax_lse [...] = L = log sum_i exp(lse_i). A partial lse of -inf (empty key range) gets weight exactly 0; if all are -inf the row is 0 with L = -inf. Differentiable in both inputs.', ('CPU',), True, True),
+    'attention_update_grad': ('Backward of attention_update: with w_i = exp(lse_i - L), grad_out_i = w_i g and grad_lse_i = w_i (grad_softmax_lse + out_i·g - attention_out·g); zero for -inf partial lse.', ('CPU',), False, True),
 }
 
 
@@ -83,10 +87,37 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
     )
 
 
+def _setup_attention_update(ctx, inputs, output):
+    (lse, out,) = inputs
+    (attention_out, softmax_lse,) = output
+    ctx.save_for_backward(lse, out, softmax_lse, attention_out)
+
+
+def _backward_attention_update(ctx, grad_attention_out, grad_softmax_lse):
+    (lse, out, softmax_lse, attention_out,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.attention_update_grad.default(
+        lse,
+        out,
+        softmax_lse,
+        attention_out,
+        grad_attention_out,
+        grad_softmax_lse,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # lse
+        grads[1] if _needs_grad(ctx, 1) else None,  # out
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention']}
+    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference']}
     torch.library.register_fake("npu_fa::flash_attention_score", modules['torch_ops_transformer.fake.attention'].flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
     torch.library.register_fake("npu_fa::flash_attention_score_grad", modules['torch_ops_transformer.fake.attention'].flash_attention_score_grad)
     torch.library.register_fake("npu_fa::dropout_gen_mask", modules['torch_ops_transformer.fake.attention'].dropout_gen_mask)
+    torch.library.register_fake("npu_fa::prompt_flash_attention", modules['torch_ops_transformer.fake.inference'].prompt_flash_attention)
+    torch.library.register_fake("npu_fa::fused_infer_attention_score", modules['torch_ops_transformer.fake.inference'].fused_infer_attention_score)
+    torch.library.register_fake("npu_fa::attention_update", modules['torch_ops_transformer.fake.inference'].attention_update)
+    torch.library.register_autograd("npu_fa::attention_update", _backward_attention_update, setup_context=_setup_attention_update)
+    torch.library.register_fake("npu_fa::attention_update_grad", modules['torch_ops_transformer.fake.inference'].attention_update_grad)
