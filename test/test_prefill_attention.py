@@ -50,14 +50,16 @@ def test_padded_rows_are_zeros(layout):
         _close(out, ref, torch.float32)
 
 
-@pytest.mark.parametrize("mode,pre,nxt", [(0, MAX, 0), (0, 3, 2), (0, 2, -1), (1, MAX, MAX), (2, MAX, MAX),
-                                          (3, MAX, MAX), (4, 3, 1), (4, 2, 0)])
-@pytest.mark.parametrize("mask", [None, "SS", "B1SS", "BNSS", "BSS", "11SS"])
+MASKS = (None, "SS", "B1SS", "BNSS", "BSS", "11SS")
+# modes 0 (with and without a mask, several bands), 1 (mask only); 2-4 generate their pattern (no mask)
+MODE_CASES = ([(0, pre, nxt, m) for pre, nxt in ((MAX, 0), (3, 2), (2, -1)) for m in MASKS]
+              + [(1, MAX, MAX, m) for m in MASKS[1:]]
+              + [(2, MAX, MAX, None), (3, MAX, MAX, None), (4, 3, 1, None), (4, 2, 0, None)])
+
+
+@pytest.mark.parametrize("mode,pre,nxt,mask", MODE_CASES)
 def test_sparse_modes_and_masks(mode, pre, nxt, mask):
-    if mode == 1 and mask is None:
-        pytest.skip("all-mask mode needs a mask")
-    if mode >= 2 and mask is not None:
-        pytest.skip("modes 2-4 generate their mask (covered by the compressed-mask test of the training op)")
+    """Ragged lengths with every mask shape ([Sq,Skv], [B,1,..], [B,N,..], [B,Sq,Skv], [1,1,..]) and band."""
     args, bnsd, lens = make_inputs("BSND", q_lens=[9, 6, 1], kv_lens=[11, 8, 4])
     g = torch.Generator().manual_seed(3)
     shapes = {"SS": (9, 11), "B1SS": (3, 1, 9, 11), "BNSS": (3, 4, 9, 11), "BSS": (3, 9, 11), "11SS": (1, 1, 9, 11)}
