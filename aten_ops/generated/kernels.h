@@ -17,4 +17,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
 at::Tensor dropout_gen_mask_cpu(const at::Tensor& seed, const at::Tensor& offset, int64_t rows, int64_t cols, double keep_prob);
 // attention_tile_config [CatchAll]
 std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv);
+// incre_flash_attention [CPU]
+at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise);
 }  // namespace npu_fa

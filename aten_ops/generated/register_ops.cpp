@@ -20,10 +20,12 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("flash_attention_score_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, str input_layout, *, Tensor? pse=None, Tensor? atten_mask=None, Tensor softmax_max, Tensor softmax_sum, Tensor attention_in, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dpse)", {at::Tag::pt2_compliant_tag});
   m.def("dropout_gen_mask(Tensor seed, Tensor offset, SymInt rows, SymInt cols, float keep_prob) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("attention_tile_config(int block_q=0, int block_kv=0) -> int[]", TORCH_FN(npu_fa::attention_tile_config));
+  m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("flash_attention_score", TORCH_FN(npu_fa::flash_attention_score_cpu));
   m.impl("flash_attention_score_grad", TORCH_FN(npu_fa::flash_attention_score_grad_cpu));
   m.impl("dropout_gen_mask", TORCH_FN(npu_fa::dropout_gen_mask_cpu));
+  m.impl("incre_flash_attention", TORCH_FN(npu_fa::incre_flash_attention_cpu));
 }
