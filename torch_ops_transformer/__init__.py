@@ -6,7 +6,8 @@ generated from native_functions.yaml. Public Python API:
 - `npu_fusion_attention`, `npu_fusion_attention_grad` — torch_npu's exact signatures;
 - `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention;
 - `FlashAttention` — the nn.Module of the seed article;
-- `attention_tiles` — read or override the CPU tile sizes.
+- `attention_tiles` — read or override the CPU tile sizes;
+- `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
 """
 from ._ops_loader import load as _load
 
@@ -22,6 +23,7 @@ from .attention import (  # noqa: E402
     npu_fusion_attention,
     npu_fusion_attention_grad,
 )
+from .inference import npu_incre_flash_attention  # noqa: E402
 
 __all__ = [
     "OPS",
@@ -32,5 +34,6 @@ __all__ = [
     "flash_attn_varlen_func",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
+    "npu_incre_flash_attention",
 ]
 __version__ = "0.1.0"
