@@ -137,6 +137,29 @@ def test_fia_paged_without_decode_op_or_lse_is_clear():
                                                 actual_seq_lengths_kv=[20, 5])
 
 
+@pytest.mark.skipif(not hasattr(torch.ops.npu_fa, "incre_flash_attention"), reason="decode op not in this build")
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_fia_paged_decode_equals_contiguous_prefill(dtype):
+    dt = DTYPES[dtype]
+    B, N1, N2, D, bs = 2, 4, 2, 16, 16
+    g = torch.Generator().manual_seed(5)
+    cache_k = torch.randn(5, bs, N2 * D, generator=g).to(dt)
+    cache_v = torch.randn(5, bs, N2 * D, generator=g).to(dt)
+    bt = torch.tensor([[3, 1], [0, 4]], dtype=torch.int32)
+    lens = [20, 5]
+    q = torch.randn(B, 1, N1 * D, generator=g).to(dt)
+    out, lse = tot.npu_fused_infer_attention_score(q, cache_k, cache_v, block_table=bt, block_size=bs,
+                                                   actual_seq_lengths_kv=lens, num_heads=N1,
+                                                   num_key_value_heads=N2, scale=0.3, input_layout="BSH")
+    assert lse.numel() == 0 and out.shape == q.shape
+    k = torch.stack([cache_k[bt[b].long()].flatten(0, 1) for b in range(B)])   # [B, 32, N2*D], valid up to lens
+    v = torch.stack([cache_v[bt[b].long()].flatten(0, 1) for b in range(B)])
+    ref = OPS.prompt_flash_attention(q, k, v, actual_seq_lengths_kv=torch.tensor(lens), num_heads=N1,
+                                     num_key_value_heads=N2, scale_value=0.3, input_layout="BSH")
+    tol = TOL[dt]
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
 # ---- attention_update ----
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

@@ -8,6 +8,7 @@ generated from native_functions.yaml. Public Python API:
 - `FlashAttention` — the nn.Module of the seed article;
 - `attention_tiles` — read or override the CPU tile sizes;
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
+- `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
 """
 from ._ops_loader import load as _load
 
@@ -28,6 +29,7 @@ from .inference import (  # noqa: E402  (prefill)
     npu_fused_infer_attention_score,
     npu_prompt_flash_attention,
 )
+from .inference import npu_incre_flash_attention  # noqa: E402
 
 __all__ = [
     "OPS",
@@ -42,5 +44,6 @@ __all__ = [
     "attention_update",
     "npu_fused_infer_attention_score",
     "npu_prompt_flash_attention",
+    "npu_incre_flash_attention",
 ]
 __version__ = "0.1.0"

@@ -24,6 +24,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("fused_infer_attention_score(Tensor query, Tensor key, Tensor value, Tensor? pse_shift=None, Tensor? atten_mask=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, bool softmax_lse_flag=False) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
   m.def("attention_update(Tensor lse, Tensor out) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
   m.def("attention_update_grad(Tensor lse, Tensor out, Tensor softmax_lse, Tensor attention_out, Tensor grad_attention_out, Tensor grad_softmax_lse) -> (Tensor grad_lse, Tensor grad_out)", {at::Tag::pt2_compliant_tag});
+  m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -34,4 +35,5 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("fused_infer_attention_score", TORCH_FN(npu_fa::fused_infer_attention_score_cpu));
   m.impl("attention_update", TORCH_FN(npu_fa::attention_update_cpu));
   m.impl("attention_update_grad", TORCH_FN(npu_fa::attention_update_grad_cpu));
+  m.impl("incre_flash_attention", TORCH_FN(npu_fa::incre_flash_attention_cpu));
 }

@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-TABLES = ("attention", "prefill")
+TABLES = ("attention", "prefill", "decode")
 
 
 def main(argv=None) -> int:
@@ -22,10 +22,14 @@ def main(argv=None) -> int:
             from . import attention
 
             attention.main(quick=args.quick, reps=1 if args.quick else args.reps)
-        if name == "prefill":
+        elif name == "prefill":
             from . import prefill
 
             prefill.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        elif name == "decode":
+            from . import decode
+
+            decode.main(quick=args.quick, reps=1 if args.quick else args.reps)
     return 0
 
 

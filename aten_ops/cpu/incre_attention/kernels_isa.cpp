@@ -1,0 +1,241 @@
+// Decode attention (one query token per sequence) over a contiguous or paged KV cache. Compiled three times by
+// setup.py (-DCPU_CAPABILITY=DEFAULT|AVX2|AVX512), so at::vec::Vectorized has that ISA's width.
+//
+// Work items are (sequence b, KV head n2, chunk of keys). The G = N1/N2 query heads sharing a KV head are processed
+// together, so every K/V row is read from memory once per group. Each item keeps an online softmax (running max m,
+// running sum l, unnormalised fp32 accumulator) per query head over tiles of at most kTile keys (tiles never cross a
+// cache block). The key axis is split into chunks whose size depends only on the shapes and lengths (never on the
+// thread count), and the partial results of one (b, n2) are merged in chunk order with their log-sum-exp
+// (flash-decoding), so results are bit-identical for any number of threads.
+#include "cpu/incre_attention/kernels.h"
+
+#ifndef CPU_CAPABILITY
+#error "kernels_isa.cpp must be compiled with -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 (setup.py does this)"
+#endif
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace npu_fa::cpu::CPU_CAPABILITY {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kTile = 32;                         // keys per online-softmax step
+constexpr int64_t kGroupRegs = 8;                     // query heads per register block in Q·Kᵀ
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Vec::size() values of row[d, d + VL) as fp32; positions >= D read as 0.
+template <typename T>
+inline Vec load_f32(const T* row, int64_t d, int64_t D) {
+  if (d + Vec::size() <= D) {
+    if constexpr (std::is_same_v<T, float>) {
+      return Vec::loadu(row + d);
+    } else {
+      Vec out;
+      at::vec::load_to_float<T>(row + d, out);
+      return out;
+    }
+  }
+  alignas(64) float tmp[Vec::size()] = {};
+  for (int64_t i = d; i < D; ++i) tmp[i - d] = static_cast<float>(row[i]);
+  return Vec::loadu(tmp);
+}
+
+struct Task {
+  int64_t b, n2, j0, j1;  // logical keys [j0, j1) of sequence b, KV head n2
+};
+
+template <typename T>
+void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* out) {
+  const int64_t B = p.batch, N1 = p.q_heads, N2 = p.kv_heads, G = p.group, D = p.head_dim;
+  const int64_t Dp = round_up(D, Vec::size());
+
+  // Chunk size from shapes only: aim for >= 64 items overall, chunks of 512..8192 keys, whole blocks when paged.
+  int64_t total_keys = 0;
+  for (int64_t b = 0; b < B; ++b) total_keys += p.kv_len[b] * N2;
+  int64_t chunk = std::clamp<int64_t>((total_keys + 63) / 64, 512, 8192);
+  chunk = round_up(chunk, p.paged ? std::max<int64_t>(p.block_size, kTile) : kTile);
+
+  std::vector<Task> tasks;
+  std::vector<int64_t> first(B * N2 + 1, 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n2 = 0; n2 < N2; ++n2) {
+      first[b * N2 + n2] = static_cast<int64_t>(tasks.size());
+      for (int64_t j0 = 0; j0 < p.kv_len[b]; j0 += chunk) tasks.push_back({b, n2, j0, std::min(j0 + chunk, p.kv_len[b])});
+    }
+  first[B * N2] = static_cast<int64_t>(tasks.size());
+  const int64_t n_tasks = first[B * N2];
+  const int64_t part_stride = G * (Dp + 2);  // acc [G, Dp], m [G], l [G]
+  std::vector<float> part(static_cast<size_t>(std::max<int64_t>(n_tasks, 1) * part_stride));
+
+  at::parallel_for(0, n_tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> qbuf(G * Dp), s(G * kTile);
+    for (int64_t ti = t0; ti < t1; ++ti) {
+      const Task& tk = tasks[ti];
+      const int64_t b = tk.b, n2 = tk.n2;
+      float* acc = part.data() + ti * part_stride;
+      float* m = acc + G * Dp;
+      float* l = m + G;
+      std::fill(acc, acc + G * Dp, 0.f);
+      std::fill(m, m + G, kNegInf);
+      std::fill(l, l + G, 0.f);
+      for (int64_t g = 0; g < G; ++g) {
+        const float* src = q32 + (b * N1 + n2 * G + g) * D;
+        std::copy(src, src + D, qbuf.data() + g * Dp);
+        std::fill(qbuf.data() + g * Dp + D, qbuf.data() + (g + 1) * Dp, 0.f);
+      }
+      const uint8_t* mrow = p.mask ? p.mask + b * p.mask_sb : nullptr;
+
+      int64_t j = tk.j0;
+      while (j < tk.j1) {
+        // The tile: keys [j, j + n), inside one cache block.
+        int64_t blk, blk_first, pos0;
+        int64_t n = std::min(kTile, tk.j1 - j);
+        if (p.paged) {
+          const int64_t lb = j / p.block_size;
+          blk = p.block_table[b * p.max_blocks + lb];
+          blk_first = lb * p.block_size;
+          n = std::min(n, blk_first + p.block_size - j);
+          pos0 = j;
+        } else {
+          blk = b;
+          blk_first = 0;
+          pos0 = p.kv_start[b] + j;
+        }
+        const int64_t in_blk = pos0 - blk_first;
+        const T* k0 = kc + blk * p.k_blk + n2 * p.k_head + in_blk * p.k_seq;
+        const T* v0 = vc + blk * p.v_blk + n2 * p.v_head + in_blk * p.v_seq;
+
+        // Scores s[g, t] = q_g · k_t (q pre-scaled) + pse, masked -> -inf; columns >= n are -inf.
+        for (int64_t t = 0; t < n; ++t) {
+          const T* krow = k0 + t * p.k_seq;
+          const int64_t pos = pos0 + t;
+          if (mrow && mrow[pos]) {
+            for (int64_t g = 0; g < G; ++g) s[g * kTile + t] = kNegInf;
+            continue;
+          }
+          for (int64_t g0 = 0; g0 < G; g0 += kGroupRegs) {
+            const int64_t gn = std::min(kGroupRegs, G - g0);
+            Vec a[kGroupRegs];
+            for (int64_t gg = 0; gg < gn; ++gg) a[gg] = Vec(0.f);
+            for (int64_t d = 0; d < Dp; d += Vec::size()) {
+              const Vec kv = load_f32(krow, d, D);
+              for (int64_t gg = 0; gg < gn; ++gg)
+                a[gg] = at::vec::fmadd(Vec::loadu(qbuf.data() + (g0 + gg) * Dp + d), kv, a[gg]);
+            }
+            for (int64_t gg = 0; gg < gn; ++gg) {
+              float sc = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, a[gg]);
+              if (p.pse) sc += p.pse[b * p.pse_sb + (n2 * G + g0 + gg) * p.pse_sn + pos];
+              s[(g0 + gg) * kTile + t] = sc;
+            }
+          }
+        }
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t t = n; t < kTile; ++t) s[g * kTile + t] = kNegInf;
+
+        // Online softmax update per query head; s becomes the probabilities exp(s - m_new).
+        bool any = false;
+        for (int64_t g = 0; g < G; ++g) {
+          float* sg = s.data() + g * kTile;
+          float mt = kNegInf;
+          for (int64_t t = 0; t < n; ++t) mt = std::max(mt, sg[t]);
+          const float mnew = std::max(m[g], mt);
+          if (mnew == kNegInf) {  // nothing visible yet for this head
+            std::fill(sg, sg + kTile, 0.f);
+            continue;
+          }
+          any = true;
+          const float alpha = m[g] == kNegInf ? 0.f : std::exp(m[g] - mnew);
+          if (alpha != 1.f) {
+            float* ag = acc + g * Dp;
+            const Vec va(alpha);
+            for (int64_t d = 0; d < Dp; d += Vec::size()) (Vec::loadu(ag + d) * va).store(ag + d);
+            l[g] *= alpha;
+          }
+          const Vec vm(mnew);
+          Vec sum(0.f);
+          for (int64_t t = 0; t < kTile; t += Vec::size()) {
+            const Vec e = (Vec::loadu(sg + t) - vm).exp_u20();
+            e.store(sg + t);
+            sum = sum + e;
+          }
+          l[g] += at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sum);
+          m[g] = mnew;
+        }
+
+        // acc_g += Σ_t p[g, t] · v_t, each V row read once for the whole group.
+        if (any) {
+          for (int64_t t = 0; t < n; ++t) {
+            const T* vrow = v0 + t * p.v_seq;
+            for (int64_t d = 0; d < Dp; d += Vec::size()) {
+              const Vec vv = load_f32(vrow, d, D);
+              for (int64_t g = 0; g < G; ++g) {
+                const float pg = s[g * kTile + t];
+                float* ad = acc + g * Dp + d;
+                at::vec::fmadd(Vec(pg), vv, Vec::loadu(ad)).store(ad);
+              }
+            }
+          }
+        }
+        j += n;
+      }
+    }
+  });
+
+  // Merge the chunks of each (b, n2) in order with their log-sum-exp; heads with no visible key get zeros.
+  at::parallel_for(0, B * N2, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> o(Dp);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / N2, n2 = i % N2;
+      for (int64_t g = 0; g < G; ++g) {
+        float M = kNegInf;
+        for (int64_t t = first[i]; t < first[i + 1]; ++t) M = std::max(M, part[t * part_stride + G * Dp + g]);
+        std::fill(o.begin(), o.end(), 0.f);
+        float L = 0.f;
+        if (M != kNegInf) {
+          for (int64_t t = first[i]; t < first[i + 1]; ++t) {
+            const float* base = part.data() + t * part_stride;
+            const float mt = base[G * Dp + g];
+            if (mt == kNegInf) continue;
+            const float w = std::exp(mt - M);
+            L += w * base[G * Dp + G + g];
+            const float* a = base + g * Dp;
+            for (int64_t d = 0; d < D; ++d) o[d] += w * a[d];
+          }
+        }
+        T* dst = out + (b * N1 + n2 * G + g) * D;
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(o[d] * inv);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void decode_attention(const DecodeParams& p, const at::Tensor& q32, const at::Tensor& key, const at::Tensor& value,
+                      at::Tensor& out) {
+  switch (key.scalar_type()) {
+    case at::kFloat:
+      return run<float>(p, q32.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(), out.data_ptr<float>());
+    case at::kBFloat16:
+      return run<at::BFloat16>(p, q32.data_ptr<float>(), key.data_ptr<at::BFloat16>(), value.data_ptr<at::BFloat16>(),
+                               out.data_ptr<at::BFloat16>());
+    case at::kHalf:
+      return run<at::Half>(p, q32.data_ptr<float>(), key.data_ptr<at::Half>(), value.data_ptr<at::Half>(),
+                           out.data_ptr<at::Half>());
+    default:
+      TORCH_CHECK(false, "incre_flash_attention: unsupported dtype ", key.scalar_type());
+  }
+}
+
+}  // namespace npu_fa::cpu::CPU_CAPABILITY
