@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -29,7 +30,6 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kTile = 32;                         // keys per online-softmax step
-constexpr int64_t kGroupRegs = 8;                     // query heads per register block in Q·Kᵀ
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -50,6 +50,35 @@ inline Vec load_f32(const T* row, int64_t d, int64_t D) {
   for (int64_t i = d; i < D; ++i) tmp[i - d] = static_cast<float>(row[i]);
   return Vec::loadu(tmp);
 }
+
+// Scores of GN query rows (qr, row stride Dp) against one key row: out[gg] = q_gg · k. GN is a compile-time
+// constant so the accumulators stay in registers.
+template <int GN, typename T>
+inline void qk_rows(const float* qr, int64_t Dp, const T* krow, int64_t D, float* out) {
+  Vec a[GN];
+  for (int gg = 0; gg < GN; ++gg) a[gg] = Vec(0.f);
+  for (int64_t d = 0; d < Dp; d += Vec::size()) {
+    const Vec kv = load_f32(krow, d, D);
+    for (int gg = 0; gg < GN; ++gg) a[gg] = at::vec::fmadd(Vec::loadu(qr + gg * Dp + d), kv, a[gg]);
+  }
+  for (int gg = 0; gg < GN; ++gg) out[gg] = at::vec::vec_reduce_all<float>(std::plus<Vec>(), a[gg]);
+}
+
+// acc[gg, d : d + VL] += Σ_t p[gg, t] · v_t[d : d + VL] for GN rows over the n keys of a tile.
+template <int GN, typename T>
+inline void pv_rows(float* acc, int64_t Dp, const float* p, const T* vh, int64_t v_seq, int64_t n, int64_t d,
+                    int64_t D) {
+  Vec a[GN];
+  for (int gg = 0; gg < GN; ++gg) a[gg] = Vec::loadu(acc + gg * Dp + d);
+  for (int64_t t = 0; t < n; ++t) {
+    const Vec vv = load_f32(vh + t * v_seq, d, D);
+    for (int gg = 0; gg < GN; ++gg) a[gg] = at::vec::fmadd(Vec(p[gg * kTile + t]), vv, a[gg]);
+  }
+  for (int gg = 0; gg < GN; ++gg) a[gg].store(acc + gg * Dp + d);
+}
+
+// Rows [g0, g0 + gn) handled by the widest register block that fits: 8, 4, 2 or 1.
+inline int row_block(int64_t remaining) { return remaining >= 8 ? 8 : remaining >= 4 ? 4 : remaining >= 2 ? 2 : 1; }
 
 struct Task {
   int64_t b, h0, h1, j0, j1;  // logical keys [j0, j1) of sequence b, KV heads [h0, h1)
@@ -132,21 +161,23 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
           }
           for (int64_t hh = 0; hh < HT; ++hh) {
             const T* krow = k0 + t * p.k_seq + hh * p.k_head;
-            for (int64_t g0 = 0; g0 < G; g0 += kGroupRegs) {
-              const int64_t gn = std::min(kGroupRegs, G - g0);
+            float sc[8];
+            for (int64_t g0 = 0; g0 < G;) {
+              const int gn = row_block(G - g0);
               const float* qr = qbuf.data() + (hh * G + g0) * Dp;
-              Vec a[kGroupRegs];
-              for (int64_t gg = 0; gg < gn; ++gg) a[gg] = Vec(0.f);
-              for (int64_t d = 0; d < Dp; d += Vec::size()) {
-                const Vec kv = load_f32(krow, d, D);
-                for (int64_t gg = 0; gg < gn; ++gg) a[gg] = at::vec::fmadd(Vec::loadu(qr + gg * Dp + d), kv, a[gg]);
+              switch (gn) {
+                case 8: qk_rows<8>(qr, Dp, krow, D, sc); break;
+                case 4: qk_rows<4>(qr, Dp, krow, D, sc); break;
+                case 2: qk_rows<2>(qr, Dp, krow, D, sc); break;
+                default: qk_rows<1>(qr, Dp, krow, D, sc); break;
               }
-              for (int64_t gg = 0; gg < gn; ++gg) {
+              for (int gg = 0; gg < gn; ++gg) {
                 const int64_t r = hh * G + g0 + gg;
-                float sc = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, a[gg]);
-                if (p.pse) sc += p.pse[b * p.pse_sb + (tk.h0 * G + r) * p.pse_sn + pos];
-                s[r * kTile + t] = sc;
+                float v = sc[gg];
+                if (p.pse) v += p.pse[b * p.pse_sb + (tk.h0 * G + r) * p.pse_sn + pos];
+                s[r * kTile + t] = v;
               }
+              g0 += gn;
             }
           }
         }
@@ -184,21 +215,23 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
           m[r] = mnew;
         }
 
-        // acc_r += Σ_t p[r, t] · v_t: accumulators of up to kGroupRegs rows stay in registers over the tile.
+        // acc_r += Σ_t p[r, t] · v_t: accumulators of up to 8 rows stay in registers over the tile.
         if (any) {
           for (int64_t hh = 0; hh < HT; ++hh) {
             const T* vh = v0 + hh * p.v_head;
             for (int64_t d = 0; d < Dp; d += Vec::size()) {
-              for (int64_t g0 = 0; g0 < G; g0 += kGroupRegs) {
-                const int64_t gn = std::min(kGroupRegs, G - g0);
+              for (int64_t g0 = 0; g0 < G;) {
+                const int gn = row_block(G - g0);
                 const int64_t r0 = hh * G + g0;
-                Vec a[kGroupRegs];
-                for (int64_t gg = 0; gg < gn; ++gg) a[gg] = Vec::loadu(acc + (r0 + gg) * Dp + d);
-                for (int64_t t = 0; t < n; ++t) {
-                  const Vec vv = load_f32(vh + t * p.v_seq, d, D);
-                  for (int64_t gg = 0; gg < gn; ++gg) a[gg] = at::vec::fmadd(Vec(s[(r0 + gg) * kTile + t]), vv, a[gg]);
+                float* ar = acc + r0 * Dp;
+                const float* pr = s.data() + r0 * kTile;
+                switch (gn) {
+                  case 8: pv_rows<8>(ar, Dp, pr, vh, p.v_seq, n, d, D); break;
+                  case 4: pv_rows<4>(ar, Dp, pr, vh, p.v_seq, n, d, D); break;
+                  case 2: pv_rows<2>(ar, Dp, pr, vh, p.v_seq, n, d, D); break;
+                  default: pv_rows<1>(ar, Dp, pr, vh, p.v_seq, n, d, D); break;
                 }
-                for (int64_t gg = 0; gg < gn; ++gg) a[gg].store(acc + (r0 + gg) * Dp + d);
+                g0 += gn;
               }
             }
           }
