@@ -139,6 +139,16 @@ def _update_grad_case():
     return (lse, out, L, res, torch.randn_like(res), torch.randn_like(L)), {}
 
 
+def _fia_paged_lse_case():
+    g = torch.Generator().manual_seed(2)
+    cache = torch.randn(3, 16, 16, generator=g)
+    q = torch.randn(2, 1, 32, generator=g)
+    bt = torch.tensor([[2, 0], [1, -1]], dtype=torch.int32)
+    return (q, cache, cache), dict(block_table=bt, actual_seq_lengths_kv=torch.tensor([20, 9]), num_heads=4,
+                                   num_key_value_heads=2, scale=0.3, input_layout="BSH", block_size=16,
+                                   softmax_lse_flag=True)
+
+
 OPCHECK_CASES = {
     "prompt_flash_attention": {
         "BSND_lengths": lambda: _pfa_case("BSND", lens=([5, 2], [6, 0])),
@@ -148,6 +158,7 @@ OPCHECK_CASES = {
     "fused_infer_attention_score": {
         "lse_BSH": lambda: _fia_case("BSH", softmax_lse_flag=True),
         "no_lse_lengths": lambda: _fia_case("BNSD", lens=([4, 1], [6, 3])),
+        "paged_lse": _fia_paged_lse_case,
     },
     "attention_update": {
         "fp32": lambda: (_update_case(), {}),

@@ -124,17 +124,43 @@ def test_fia_prefill_equals_pfa_and_lse(layout):
     assert empty.numel() == 0
 
 
-def test_fia_paged_without_decode_op_or_lse_is_clear():
-    q = torch.randn(2, 1, 64)
-    cache = torch.randn(4, 16, 64)
-    bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
-    with pytest.raises(ValueError, match="softmax_lse_flag"):
-        tot.npu_fused_infer_attention_score(q, cache, cache, block_table=bt, num_heads=4, block_size=16,
-                                            actual_seq_lengths_kv=[20, 5], softmax_lse_flag=True)
-    if not hasattr(OPS, "incre_flash_attention"):
-        with pytest.raises(ValueError, match="incre_flash_attention"):
-            tot.npu_fused_infer_attention_score(q, cache, cache, block_table=bt, num_heads=4, block_size=16,
-                                                actual_seq_lengths_kv=[20, 5])
+def test_fia_paged_lse_equals_contiguous_and_rejects_mask():
+    """softmax_lse with block_table: the used blocks are gathered and the prefill path gives out and lse."""
+    B, N1, N2, D, bs = 2, 4, 2, 16, 16
+    g = torch.Generator().manual_seed(6)
+    for layout in ("BSH", "BNSD"):
+        if layout == "BSH":
+            cache = torch.randn(6, bs, N2 * D, generator=g)
+            q = torch.randn(B, 1, N1 * D, generator=g)
+        else:
+            cache = torch.randn(6, N2, bs, D, generator=g)
+            q = torch.randn(B, N1, 1, D, generator=g)
+        bt = torch.tensor([[5, 2, -1], [1, -1, -1]], dtype=torch.int32)   # -1: unused slots are never read
+        lens = [23, 16]
+        out, lse = tot.npu_fused_infer_attention_score(q, cache, cache, block_table=bt, block_size=bs,
+                                                       actual_seq_lengths_kv=lens, num_heads=N1, scale=0.3,
+                                                       num_key_value_heads=N2, input_layout=layout,
+                                                       softmax_lse_flag=True)
+        used = [[5, 2], [1, 0]]
+        if layout == "BSH":
+            k = torch.stack([cache[u].flatten(0, 1) for u in used])                     # [B, 32, N2*D]
+        else:
+            k = torch.stack([cache[u].transpose(0, 1).flatten(1, 2) for u in used])     # [B, N2, 32, D]
+        ref_out, ref_lse = tot.npu_fused_infer_attention_score(q, k, k, actual_seq_lengths_kv=lens, num_heads=N1,
+                                                               scale=0.3, num_key_value_heads=N2,
+                                                               input_layout=layout, softmax_lse_flag=True)
+        assert lse.shape == (B, N1, 1, 1)
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(lse, ref_lse)
+        if hasattr(OPS, "incre_flash_attention"):
+            dec, _ = tot.npu_fused_infer_attention_score(q, cache, cache, block_table=bt, block_size=bs,
+                                                         actual_seq_lengths_kv=lens, num_heads=N1, scale=0.3,
+                                                         num_key_value_heads=N2, input_layout=layout)
+            torch.testing.assert_close(dec, out, atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="atten_mask"):
+        tot.npu_fused_infer_attention_score(q, cache, cache, block_table=bt, block_size=bs, actual_seq_lengths_kv=lens,
+                                            num_heads=N1, atten_mask=torch.zeros(B, 1, 1, 48, dtype=torch.bool),
+                                            input_layout="BNSD", softmax_lse_flag=True)
 
 
 @pytest.mark.skipif(not hasattr(torch.ops.npu_fa, "incre_flash_attention"), reason="decode op not in this build")

@@ -72,8 +72,11 @@ def fused_infer_attention_score(query, key, value, pse_shift=None, atten_mask=No
                                 num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0,
                                 softmax_lse_flag=False):
     empty_lse = query.new_empty((0,), dtype=torch.float32)
-    if block_table is not None:  # paged decode: incre_flash_attention's output has the query's shape
-        return query.new_empty(query.shape), empty_lse
+    if block_table is not None:  # paged decode: the output has the query's shape
+        if not softmax_lse_flag:
+            return query.new_empty(query.shape), empty_lse
+        sq = query.shape[2] if input_layout == "BNSD" else query.shape[1]
+        return query.new_empty(query.shape), query.new_empty((query.shape[0], num_heads, sq, 1), dtype=torch.float32)
     shape, d = _prompt_out_shape("fused_infer_attention_score", query, key, value, num_heads, input_layout)
     if not softmax_lse_flag:
         return query.new_empty(shape), empty_lse

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -76,6 +77,60 @@ PromptArgs prompt_args(const std::optional<at::Tensor>& pse_shift, const std::op
   return a;
 }
 
+// A paged cache (num_blocks, block_size, N2*D) or (num_blocks, N2, block_size, D) as a contiguous cache in the
+// query's layout holding each sequence's first ceil(max_len / block_size) logical blocks (unused entries read block 0
+// and lie beyond the sequence's length, so they are never visible).
+at::Tensor gather_paged(const char* op, const at::Tensor& cache, const at::Tensor& block_table,
+                        const std::optional<at::Tensor>& kv_lens, const at::Tensor& query, c10::string_view layout,
+                        int64_t block_size, const std::optional<at::Tensor>& atten_mask,
+                        const std::optional<at::Tensor>& pse_shift) {
+  TORCH_CHECK_VALUE(!atten_mask.has_value() && !pse_shift.has_value(), op, ": softmax_lse_flag=True with block_table "
+                    "supports neither atten_mask nor pse_shift (the lse path gathers the paged cache)");
+  TORCH_CHECK_VALUE(layout == "BSH" || layout == "BSND" || layout == "BNSD", op, ": with block_table, input_layout "
+                    "must be BSH, BSND or BNSD; got '", std::string(layout.data(), layout.size()), "'");
+  TORCH_CHECK_VALUE(kv_lens.has_value(), op, ": argument 'actual_seq_lengths_kv' is required with block_table");
+  TORCH_CHECK_VALUE(block_size > 0, op, ": argument 'block_size' must be positive with block_table; got ", block_size);
+  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt || block_table.scalar_type() == at::kLong, op,
+                   ": argument 'block_table' must be int32 or int64; got ", block_table.scalar_type());
+  const int64_t B = query.size(0);
+  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == B, op, ": argument 'block_table' must be [B=", B,
+                    ", max_blocks_per_seq]; got ", block_table.sizes());
+  const bool bnsd_cache = cache.dim() == 4;
+  TORCH_CHECK_VALUE((cache.dim() == 3 && cache.size(1) == block_size) || (bnsd_cache && cache.size(2) == block_size),
+                    op, ": a paged cache must be (num_blocks, block_size, N2*D) or (num_blocks, N2, block_size, D) "
+                    "with block_size=", block_size, "; got ", cache.sizes());
+  std::vector<int64_t> lens;
+  attention::read_per_batch_lengths(op, "actual_seq_lengths_kv", *kv_lens, B,
+                                    block_table.size(1) * block_size, lens);
+  const int64_t max_len = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+  const int64_t nb = (max_len + block_size - 1) / block_size, num_blocks = cache.size(0);
+  const at::Tensor bt = block_table.to(at::kCPU, at::kLong).contiguous();
+  at::Tensor idx = at::zeros({B, nb}, at::kLong);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i * block_size < lens[b]; ++i) {
+      const int64_t blk = bt[b][i].item<int64_t>();
+      TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, op, ": argument 'block_table'[", b, "][", i, "] = ", blk,
+                        " is out of range [0, ", num_blocks, ")");
+      idx[b][i] = blk;
+    }
+  const int64_t S = nb * block_size;
+  at::Tensor g = cache.index_select(0, idx.flatten().to(cache.device()));
+  if (bnsd_cache) {  // -> [B, N2, S, D]
+    const int64_t N2 = cache.size(1), D = cache.size(3);
+    g = g.view({B, nb, N2, block_size, D}).permute({0, 2, 1, 3, 4}).reshape({B, N2, S, D});
+    if (layout == "BNSD") return g;
+    g = g.transpose(1, 2);
+    return layout == "BSND" ? g.contiguous() : g.reshape({B, S, N2 * D});
+  }
+  g = g.view({B, S, cache.size(2)});  // [B, S, N2*D]
+  if (layout == "BSH") return g;
+  const int64_t D = query.size(3);
+  TORCH_CHECK_VALUE(D > 0 && cache.size(2) % D == 0, op, ": the paged cache's last dim ", cache.size(2),
+                    " must be a multiple of the head dim ", D);
+  g = g.view({B, S, cache.size(2) / D, D});
+  return layout == "BSND" ? g : g.transpose(1, 2);
+}
+
 }  // namespace
 
 at::Tensor prompt_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -108,10 +163,20 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(
   static constexpr const char* op = "fused_infer_attention_score";
   TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
                     inner_precise);
+  if (block_table.has_value() && softmax_lse_flag) {
+    // The decode op returns no log-sum-exp: gather the used blocks into a contiguous cache and run the prefill path.
+    const at::Tensor k = gather_paged(op, key, *block_table, actual_seq_lengths_kv, query, input_layout, block_size,
+                                      atten_mask, pse_shift);
+    const at::Tensor v = gather_paged(op, value, *block_table, actual_seq_lengths_kv, query, input_layout, block_size,
+                                      atten_mask, pse_shift);
+    const PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
+                                     scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
+                                     inner_precise);
+    Prefill r = run_prefill(op, query, k, v, a);
+    return {r.out, at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1))};
+  }
   if (block_table.has_value()) {
     // Paged KV cache (decode): forwarded to incre_flash_attention through the dispatcher.
-    TORCH_CHECK_VALUE(!softmax_lse_flag, op, ": softmax_lse_flag=True is not supported with block_table (paged KV): "
-                      "incre_flash_attention does not return the log-sum-exp");
     // The per-batch KV lengths (actual_seq_lengths_kv) become the decode op's actual_seq_lengths.
     auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName("npu_fa::incre_flash_attention", ""));
     TORCH_CHECK_VALUE(handle.has_value() && handle->hasSchema(), op, ": block_table (paged KV) needs the decode op "
