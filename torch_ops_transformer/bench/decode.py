@@ -32,13 +32,6 @@ def default_cases(quick: bool) -> List[Case]:
     return [Case(4, 32, 8, 8192, 128, torch.float32), Case(4, 32, 8, 8192, 128, torch.bfloat16)]
 
 
-def read_bandwidth(nbytes: int = 1 << 30, reps: int = 5) -> float:
-    """Same-run memory-read speed in bytes/s: summing a large fp32 tensor (reads it once)."""
-    x = torch.ones(nbytes // 4, dtype=torch.float32)
-    t = time_alternating({"sum": lambda: x.sum()}, reps=reps)["sum"]
-    return nbytes / t
-
-
 def make_inputs(c: Case):
     g = torch.Generator().manual_seed(0)
     B, N1, N2, S, D = c.batch, c.q_heads, c.kv_heads, c.kv_len, c.head_dim
@@ -82,7 +75,7 @@ def main(quick: bool = False, reps: int = 5) -> None:
         ref = fns["torch"]().float()
         err = max((fns["contiguous"]().float() - ref).abs().max().item(),
                   (fns["paged"]().float().view_as(ref) - ref).abs().max().item())
-        t = time_alternating(fns, reps=reps, min_time=0.05)
+        t = time_alternating(fns, reps=reps, min_time=0.2)
         kv_bytes = 2 * B * N2 * S * D * k.element_size()
         gbs = {name: kv_bytes / t[name] / 1e9 for name in ("contiguous", "paged", "read")}
         rows.append([f"B={B} N={N1}/{N2} S={S} D={D}", dt_name[c.dtype], f"{t['contiguous'] * 1e3:.2f}",
