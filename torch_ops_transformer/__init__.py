@@ -9,6 +9,8 @@ generated from native_functions.yaml. Public Python API:
 - `attention_tiles` — read or override the CPU tile sizes;
 - `npu_rotary_mul`, `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`, `rope_with_sin_cos_cache` — RoPE;
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
+- `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
+- `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
 """
 from ._ops_loader import load as _load
 
@@ -31,6 +33,12 @@ from .rope import (  # noqa: E402
     npu_rotary_position_embedding,
     rope_with_sin_cos_cache,
 )
+from .inference import (  # noqa: E402
+    attention_update,
+    npu_fused_infer_attention_score,
+    npu_incre_flash_attention,
+    npu_prompt_flash_attention,
+)
 
 __all__ = [
     "OPS",
@@ -46,5 +54,9 @@ __all__ = [
     "npu_rotary_mul",
     "npu_rotary_position_embedding",
     "rope_with_sin_cos_cache",
+    "attention_update",
+    "npu_fused_infer_attention_score",
+    "npu_prompt_flash_attention",
+    "npu_incre_flash_attention",
 ]
 __version__ = "0.1.0"

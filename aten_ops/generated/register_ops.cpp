@@ -26,6 +26,11 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("rope_with_sin_cos_cache(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool is_neox_style=True) -> (Tensor query_out, Tensor key_out)", {at::Tag::pt2_compliant_tag});
   m.def("scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping) -> ()", {at::Tag::pt2_compliant_tag});
   m.def("gather_pa_kv_cache(Tensor key_cache, Tensor value_cache, Tensor block_table, Tensor seq_lens) -> (Tensor key, Tensor value)", {at::Tag::pt2_compliant_tag});
+  m.def("prompt_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? padding_mask=None, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, int num_heads=1, float scale_value=1.0, int pre_tokens=2147483647, int next_tokens=0, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("fused_infer_attention_score(Tensor query, Tensor key, Tensor value, Tensor? pse_shift=None, Tensor? atten_mask=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, bool softmax_lse_flag=False) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
+  m.def("attention_update(Tensor lse, Tensor out) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
+  m.def("attention_update_grad(Tensor lse, Tensor out, Tensor softmax_lse, Tensor attention_out, Tensor grad_attention_out, Tensor grad_softmax_lse) -> (Tensor grad_lse, Tensor grad_out)", {at::Tag::pt2_compliant_tag});
+  m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -38,4 +43,9 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("rope_with_sin_cos_cache", TORCH_FN(npu_fa::rope_with_sin_cos_cache_cpu));
   m.impl("scatter_pa_kv_cache", TORCH_FN(npu_fa::scatter_pa_kv_cache_cpu));
   m.impl("gather_pa_kv_cache", TORCH_FN(npu_fa::gather_pa_kv_cache_cpu));
+  m.impl("prompt_flash_attention", TORCH_FN(npu_fa::prompt_flash_attention_cpu));
+  m.impl("fused_infer_attention_score", TORCH_FN(npu_fa::fused_infer_attention_score_cpu));
+  m.impl("attention_update", TORCH_FN(npu_fa::attention_update_cpu));
+  m.impl("attention_update_grad", TORCH_FN(npu_fa::attention_update_grad_cpu));
+  m.impl("incre_flash_attention", TORCH_FN(npu_fa::incre_flash_attention_cpu));
 }

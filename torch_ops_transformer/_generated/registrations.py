@@ -17,6 +17,11 @@ OPS = {
     'rope_with_sin_cos_cache': ("vLLM-style rotary embedding with a cos/sin cache: cos_sin_cache [max_position, rot_dim] holds cos in its first rot_dim/2 columns and sin in the rest; positions (int64, shape P, e.g. [T]) index its rows. query/key are [*P, N*head_size] or [*P, N, head_size]; each head's first rot_dim values are rotated (NeoX halves when is_neox_style, GPT-J pairs otherwise), the rest pass through. Returns new contiguous tensors. Positions outside [0, max_position) are an error. Not differentiable.", ('CPU',), False, True),
     'scatter_pa_kv_cache': ("Writes T new K/V token rows ([T, N2, D] or [T, N2*D]) into a paged cache, in place: token t goes to slot slot_mapping[t] = block*block_size + offset; -1 skips the token (padding). Caches are contiguous (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D); value's D may differ from key's. Slots must be distinct (a repeated slot is an error). Not differentiable.", ('CPU',), False, True),
     'gather_pa_kv_cache': ('Packs the first seq_lens[b] tokens of each sequence of a paged cache into contiguous K/V of shape [sum(seq_lens), *cache.shape[2:]], sequence after sequence. block_table int32/int64 [B, max_blocks] maps logical to physical blocks (entries past ceil(seq_lens[b]/block_size) are ignored); seq_lens int64/int32 [B]. The output length is data-dependent (an unbacked size under torch.compile).', ('CPU',), False, True),
+    'prompt_flash_attention': ("Prefill attention (CANN PromptFlashAttention): out = Softmax(Mask(scale_value*Q Kᵀ + pse_shift)) V. Layouts BSH, BSND, BNSD, BNSD_BSND (BNSD in, BSND out), TND. actual_seq_lengths / actual_seq_lengths_kv are int64/int32 tensors of per-batch lengths (each <= the padded S) for the dense layouts, cumulative ends for TND; query rows beyond a sequence's length are zeros. num_key_value_heads (0 = num_heads) for GQA. sparse_mode 0-4 as flash_attention_score; in mode 0 without atten_mask pre_tokens/next_tokens are ignored (full attention), with a mask the band i-pre_tokens <= j <= i+next_tokens is applied too (next_tokens defaults to 0: causal). padding_mask is reserved (must be None). Returns attention_out in q's dtype.", ('CPU',), False, True),
+    'fused_infer_attention_score': ('CANN FusedInferAttentionScore: prefill and decode in one entry. Without block_table it runs the prompt_flash_attention path (same layouts, lengths, masks, sparse modes, pse_shift; any Sq, so also contiguous-cache decode). With block_table (paged KV cache) it calls npu_fa::incre_flash_attention with actual_seq_lengths_kv as the per-batch KV lengths. Returns (attention_out, softmax_lse): softmax_lse is fp32 [B,N,Sq,1] ([T,N,1] for TND) = logsumexp of the scaled, masked scores (-inf for rows that see no key or lie beyond their sequence) when softmax_lse_flag, else an empty tensor.', ('CPU',), False, True),
+    'attention_update': ('Merges K partial attention results computed over disjoint key ranges (ring / context-parallel attention): lse [K, ...] fp32 (or fp64), out [K, ..., D]; returns attention_out [..., D] = sum_i exp(lse_i - L) out_i and softmax_lse [...] = L = log sum_i exp(lse_i). A partial lse of -inf (empty key range) gets weight exactly 0; if all are -inf the row is 0 with L = -inf. Differentiable in both inputs.', ('CPU',), True, True),
+    'attention_update_grad': ('Backward of attention_update: with w_i = exp(lse_i - L), grad_out_i = w_i g and grad_lse_i = w_i (grad_softmax_lse + out_i·g - attention_out·g); zero for -inf partial lse.', ('CPU',), False, True),
+    'incre_flash_attention': ("Decode attention (CANN IncreFlashAttention): one query token per sequence against a KV cache, out = Softmax(Mask(scale_value * q Kᵀ + pse_shift)) V per query head, GQA/MQA through num_key_value_heads. query BSH [B,1,N1*D], BSND [B,1,N1,D] or BNSD [B,N1,1,D]; output has query's shape and dtype. Contiguous cache: key/value [B,S,N2*D] (BSH), [B,S,N2,D] (BSND), [B,N2,S,D] (BNSD); sequence b reads cache positions [S - pad - len_b, S - pad) with pad = kv_padding_size (0 when absent) and len_b = actual_seq_lengths[b] (S when absent). Paged cache (block_table int32 [B, max_blocks_per_seq] given): key/value (num_blocks, block_size, N2*D) or, for BNSD, (num_blocks, N2, block_size, D); logical key j of sequence b is row j % block_size of physical block block_table[b, j // block_size]; actual_seq_lengths is required. atten_mask (bool/uint8, True = masked; (B,S), (B,1,S), (B,1,1,S)) and pse_shift ([B or 1, N1, 1, S], added after scaling) are indexed by cache position (logical key index for a paged cache). Query heads without any visible key (length 0 or fully masked) give zeros. fp32 accumulation for fp32/fp16/bf16; deterministic.", ('CPU',), False, True),
 }
 
 
@@ -113,9 +118,31 @@ def _backward_rotary_position_embedding(ctx, grad_result0):
     )
 
 
+def _setup_attention_update(ctx, inputs, output):
+    (lse, out,) = inputs
+    (attention_out, softmax_lse,) = output
+    ctx.save_for_backward(lse, out, softmax_lse, attention_out)
+
+
+def _backward_attention_update(ctx, grad_attention_out, grad_softmax_lse):
+    (lse, out, softmax_lse, attention_out,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.attention_update_grad.default(
+        lse,
+        out,
+        softmax_lse,
+        attention_out,
+        grad_attention_out,
+        grad_softmax_lse,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # lse
+        grads[1] if _needs_grad(ctx, 1) else None,  # out
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.rope']}
+    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.rope']}
     torch.library.register_fake("npu_fa::flash_attention_score", modules['torch_ops_transformer.fake.attention'].flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
     torch.library.register_fake("npu_fa::flash_attention_score_grad", modules['torch_ops_transformer.fake.attention'].flash_attention_score_grad)
@@ -127,3 +154,9 @@ def register():
     torch.library.register_fake("npu_fa::rope_with_sin_cos_cache", modules['torch_ops_transformer.fake.rope'].rope_with_sin_cos_cache)
     torch.library.register_fake("npu_fa::scatter_pa_kv_cache", modules['torch_ops_transformer.fake.kv_cache'].scatter_pa_kv_cache)
     torch.library.register_fake("npu_fa::gather_pa_kv_cache", modules['torch_ops_transformer.fake.kv_cache'].gather_pa_kv_cache)
+    torch.library.register_fake("npu_fa::prompt_flash_attention", modules['torch_ops_transformer.fake.inference'].prompt_flash_attention)
+    torch.library.register_fake("npu_fa::fused_infer_attention_score", modules['torch_ops_transformer.fake.inference'].fused_infer_attention_score)
+    torch.library.register_fake("npu_fa::attention_update", modules['torch_ops_transformer.fake.inference'].attention_update)
+    torch.library.register_autograd("npu_fa::attention_update", _backward_attention_update, setup_context=_setup_attention_update)
+    torch.library.register_fake("npu_fa::attention_update_grad", modules['torch_ops_transformer.fake.inference'].attention_update_grad)
+    torch.library.register_fake("npu_fa::incre_flash_attention", modules['torch_ops_transformer.fake.inference'].incre_flash_attention)

@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-TABLES = ("attention",)
+TABLES = ("attention", "prefill", "decode")
 
 
 def main(argv=None) -> int:
@@ -22,6 +22,14 @@ def main(argv=None) -> int:
             from . import attention
 
             attention.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        elif name == "prefill":
+            from . import prefill
+
+            prefill.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        elif name == "decode":
+            from . import decode
+
+            decode.main(quick=args.quick, reps=1 if args.quick else args.reps)
     return 0
 
 

@@ -1,0 +1,89 @@
+"""`python -m torch_ops_transformer.bench decode`: decode attention (incre_flash_attention) vs PyTorch's CPU SDPA.
+
+One query token per sequence against a KV cache (GQA). Each row times our op on a contiguous cache and on a paged
+cache (same data scattered into shuffled blocks) and `F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` on
+the contiguous cache, all in one process (alternating, median). Decode is memory-bound, so the yardstick is the
+KV bytes read per call: achieved GB/s and that as a share of the memory-read speed measured in the same alternation
+(`k.sum() + v.sum()`, which reads exactly the bytes the op must read), so machine noise hits both alike.
+"""
+import dataclasses
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+from .common import format_table, time_alternating
+
+
+@dataclasses.dataclass
+class Case:
+    batch: int
+    q_heads: int
+    kv_heads: int
+    kv_len: int
+    head_dim: int
+    dtype: torch.dtype
+    block: int = 128
+
+
+def default_cases(quick: bool) -> List[Case]:
+    if quick:
+        return [Case(2, 4, 2, 512, 64, torch.float32, 64), Case(2, 4, 2, 512, 64, torch.bfloat16, 64)]
+    return [Case(4, 32, 8, 8192, 128, torch.float32), Case(4, 32, 8, 8192, 128, torch.bfloat16)]
+
+
+def make_inputs(c: Case):
+    g = torch.Generator().manual_seed(0)
+    B, N1, N2, S, D = c.batch, c.q_heads, c.kv_heads, c.kv_len, c.head_dim
+    q = torch.randn(B, N1, 1, D, generator=g).to(c.dtype)
+    k = torch.randn(B, N2, S, D, generator=g).to(c.dtype)
+    v = torch.randn(B, N2, S, D, generator=g).to(c.dtype)
+    # Paged cache (num_blocks, block, N2*D) with a shuffled block table.
+    nb = S // c.block
+    perm = torch.randperm(B * nb, generator=g)
+    table = perm.view(B, nb).to(torch.int32)
+    kc = torch.empty(B * nb, c.block, N2 * D, dtype=c.dtype)
+    vc = torch.empty_like(kc)
+    kc[perm] = k.permute(0, 2, 1, 3).reshape(B * nb, c.block, N2 * D)
+    vc[perm] = v.permute(0, 2, 1, 3).reshape(B * nb, c.block, N2 * D)
+    q_bsh = q.reshape(B, 1, N1 * D)
+    return q, k, v, q_bsh, kc, vc, table
+
+
+def main(quick: bool = False, reps: int = 5) -> None:
+    import torch_ops_transformer  # noqa: F401  (loads the kernels)
+
+    ops = torch.ops.npu_fa
+    threads = torch.get_num_threads()
+    print(f"# decode: ours vs F.scaled_dot_product_attention(enable_gqa=True) (CPU), {threads} threads, median of "
+          f"{reps}, memory read = k.sum() + v.sum() in the same alternation")
+    rows = []
+    dt_name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    for c in default_cases(quick):
+        q, k, v, q_bsh, kc, vc, table = make_inputs(c)
+        B, N1, N2, S, D = c.batch, c.q_heads, c.kv_heads, c.kv_len, c.head_dim
+        lens = torch.full((B,), S, dtype=torch.int64)
+        scale = D ** -0.5
+        fns = {
+            "contiguous": lambda: ops.incre_flash_attention(q, k, v, None, None, lens, None, None, N1, scale, "BNSD",
+                                                            N2),
+            "paged": lambda: ops.incre_flash_attention(q_bsh, kc, vc, None, None, lens, table, None, N1, scale, "BSH",
+                                                       N2, c.block),
+            "torch": lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True),
+            "read": lambda: k.sum() + v.sum(),
+        }
+        ref = fns["torch"]().float()
+        err = max((fns["contiguous"]().float() - ref).abs().max().item(),
+                  (fns["paged"]().float().view_as(ref) - ref).abs().max().item())
+        t = time_alternating(fns, reps=reps, min_time=0.2)
+        kv_bytes = 2 * B * N2 * S * D * k.element_size()
+        gbs = {name: kv_bytes / t[name] / 1e9 for name in ("contiguous", "paged", "read")}
+        rows.append([f"B={B} N={N1}/{N2} S={S} D={D}", dt_name[c.dtype], f"{t['contiguous'] * 1e3:.2f}",
+                     f"{t['paged'] * 1e3:.2f}", f"{t['torch'] * 1e3:.2f}",
+                     f"{t['torch'] / t['contiguous']:.2f}x", f"{gbs['contiguous']:.1f}",
+                     f"{gbs['read']:.1f}", f"{100 * t['read'] / t['contiguous']:.0f}%", f"{gbs['paged']:.1f}",
+                     f"{t['paged'] / t['contiguous']:.2f}", f"{err:.1e}"])
+        print(f"  done: {rows[-1][0]} {dt_name[c.dtype]}", flush=True)
+    print(format_table(["shape", "dtype", "ours contig ms", f"ours paged (block {default_cases(quick)[0].block}) ms",
+                        "torch ms", "speed-up (contig)", "contig KV GB/s", "read GB/s (sum)", "of read", "paged KV GB/s",
+                        "paged/contig time", "max |diff| vs torch"], rows))

@@ -1,0 +1,181 @@
+"""Python API of the inference attention ops (torch_npu-compatible signatures).
+
+Sections: prefill (`npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update`) — the
+decode wrappers live in their own section below it.
+
+Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
+"""
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .attention import MAX_TOKENS, SeqLens, _seq_tensor
+
+_OPS = torch.ops.npu_fa
+
+
+# ================================================================================================================
+# Prefill: prompt_flash_attention / fused_infer_attention_score / attention_update
+# ================================================================================================================
+
+def _reject(op: str, **kwargs) -> None:
+    for name, value in kwargs.items():
+        if value is not None:
+            raise ValueError(f"{op}: argument '{name}' is not supported on CPU (quantized / shared-prefix / rope "
+                             f"variants are not implemented); pass None")
+
+
+def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padding_mask: Optional[Tensor] = None,
+                               atten_mask: Optional[Tensor] = None, pse_shift: Optional[Tensor] = None,
+                               actual_seq_lengths: SeqLens = None, deq_scale1: Optional[Tensor] = None,
+                               quant_scale1: Optional[Tensor] = None, deq_scale2: Optional[Tensor] = None,
+                               quant_scale2: Optional[Tensor] = None, quant_offset2: Optional[Tensor] = None,
+                               num_heads: int = 1, scale_value: float = 1.0, pre_tokens: int = MAX_TOKENS,
+                               next_tokens: int = 0, input_layout: str = "BSH", num_key_value_heads: int = 0,
+                               actual_seq_lengths_kv: SeqLens = None, sparse_mode: int = 0) -> Tensor:
+    """torch_npu.npu_prompt_flash_attention with its exact signature (prefill attention).
+
+    out = Softmax(Mask(scale_value·QKᵀ + pse_shift))·V, fp32/fp16/bf16, accumulation in fp32.
+    Layouts: BSH [B,S,N·D], BSND, BNSD, BNSD_BSND (BNSD in, BSND out), TND [T,N,D].
+    `actual_seq_lengths` / `actual_seq_lengths_kv`: per-batch lengths (list or int tensor, each ≤ the padded S)
+    for the dense layouts — query rows past a sequence's length come out as zeros, keys past it are ignored;
+    cumulative ends for TND. `num_key_value_heads` (0 = num_heads) for GQA/MQA.
+    `sparse_mode` 0–4 as in CANN. **next_tokens defaults to 0, as in torch_npu**: in sparse_mode 0 *with* an
+    atten_mask the visible band is i − pre_tokens ≤ j ≤ i + next_tokens, i.e. the default is top-left causal on top
+    of the mask (pass next_tokens=2147483647 for a mask-only call); *without* a mask CANN ignores pre/next_tokens in
+    mode 0, so the default call is full (non-causal) attention — use sparse_mode 2/3 for causal without a mask.
+    `scale_value` defaults to 1.0 as upstream: pass 1/sqrt(D) yourself. The quantization arguments and
+    `padding_mask` raise (not supported).
+    """
+    _reject("npu_prompt_flash_attention", padding_mask=padding_mask, deq_scale1=deq_scale1,
+            quant_scale1=quant_scale1, deq_scale2=deq_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    return _OPS.prompt_flash_attention(
+        query, key, value, atten_mask=atten_mask, pse_shift=pse_shift,
+        actual_seq_lengths=_seq_tensor("actual_seq_lengths", actual_seq_lengths, query.device),
+        actual_seq_lengths_kv=_seq_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device),
+        num_heads=num_heads, scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
+        input_layout=input_layout, num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
+        inner_precise=1)
+
+
+def _single(name: str, t):
+    if isinstance(t, (list, tuple)):
+        if len(t) != 1:
+            raise ValueError(f"argument '{name}': a list of {len(t)} tensors is not supported (pass one tensor)")
+        return t[0]
+    return t
+
+
+def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Optional[Tensor] = None,
+                                    atten_mask: Optional[Tensor] = None, actual_seq_lengths: SeqLens = None,
+                                    actual_seq_lengths_kv: SeqLens = None, dequant_scale1=None, quant_scale1=None,
+                                    dequant_scale2=None, quant_scale2=None, quant_offset2=None, antiquant_scale=None,
+                                    antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None,
+                                    value_antiquant_scale=None, value_antiquant_offset=None,
+                                    block_table: Optional[Tensor] = None, query_padding_size=None,
+                                    kv_padding_size=None, key_shared_prefix=None, value_shared_prefix=None,
+                                    actual_shared_prefix_len=None, query_rope=None, key_rope=None,
+                                    key_rope_antiquant_scale=None, num_heads: int = 1, scale: float = 1.0,
+                                    pre_tokens: int = MAX_TOKENS, next_tokens: int = MAX_TOKENS,
+                                    input_layout: str = "BSH", num_key_value_heads: int = 0, sparse_mode: int = 0,
+                                    inner_precise: int = 0, block_size: int = 0, antiquant_mode: int = 0,
+                                    key_antiquant_mode: int = 0, value_antiquant_mode: int = 0,
+                                    softmax_lse_flag: bool = False) -> Tuple[Tensor, Tensor]:
+    """torch_npu.npu_fused_infer_attention_score (keyword arguments as upstream). Returns (attention_out, softmax_lse).
+
+    Without `block_table`: the prefill path of `npu_prompt_flash_attention` (same layouts, per-batch lengths,
+    masks, sparse modes, pse_shift; any Sq), but `next_tokens` defaults to 2147483647 here, as upstream.
+    With `block_table` (paged KV cache, decode): forwarded to `npu_fa::incre_flash_attention` with
+    `actual_seq_lengths_kv` as the per-batch KV lengths and `block_size`; softmax_lse is not available there.
+    `softmax_lse_flag=True` returns the fp32 log-sum-exp [B,N,Sq,1] ([T,N,1] for TND; -inf for rows that see no
+    key); otherwise softmax_lse is an empty tensor. Quantization, shared-prefix, rope and padding-size arguments raise.
+    """
+    op = "npu_fused_infer_attention_score"
+    _reject(op, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1, dequant_scale2=dequant_scale2,
+            quant_scale2=quant_scale2, quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
+            antiquant_offset=antiquant_offset, key_antiquant_scale=key_antiquant_scale,
+            key_antiquant_offset=key_antiquant_offset, value_antiquant_scale=value_antiquant_scale,
+            value_antiquant_offset=value_antiquant_offset, query_padding_size=query_padding_size,
+            kv_padding_size=kv_padding_size, key_shared_prefix=key_shared_prefix,
+            value_shared_prefix=value_shared_prefix, actual_shared_prefix_len=actual_shared_prefix_len,
+            query_rope=query_rope, key_rope=key_rope, key_rope_antiquant_scale=key_rope_antiquant_scale)
+    for name, v in (("antiquant_mode", antiquant_mode), ("key_antiquant_mode", key_antiquant_mode),
+                    ("value_antiquant_mode", value_antiquant_mode)):
+        if v != 0:
+            raise ValueError(f"{op}: argument '{name}' is not supported on CPU (no quantization); got {v}")
+    return _OPS.fused_infer_attention_score(
+        query, _single("key", key), _single("value", value), pse_shift=pse_shift, atten_mask=atten_mask,
+        actual_seq_lengths=_seq_tensor("actual_seq_lengths", actual_seq_lengths, query.device),
+        actual_seq_lengths_kv=_seq_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device),
+        block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens, next_tokens=next_tokens,
+        input_layout=input_layout, num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
+        inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=softmax_lse_flag)
+
+
+def attention_update(lse: Union[Tensor, Sequence[Tensor]], out: Union[Tensor, Sequence[Tensor]]
+                     ) -> Tuple[Tensor, Tensor]:
+    """Merges partial attention results computed over disjoint key ranges (ring / context-parallel attention).
+
+    `lse`: a list of K fp32 log-sum-exp tensors [...] (or one stacked [K, ...] tensor); `out`: a list of K partial
+    outputs [..., D] (or stacked [K, ..., D]). Returns (out [..., D], lse [...]) with
+    lse = log Σ exp(lse_i) and out = Σ exp(lse_i − lse)·out_i. A partial lse of −inf (an empty key range) gets
+    weight exactly 0 (rows where all are −inf give 0 and −inf). Differentiable in lse and out.
+    """
+    if isinstance(lse, (list, tuple)):
+        lse = torch.stack(list(lse))
+    if isinstance(out, (list, tuple)):
+        out = torch.stack(list(out))
+    return _OPS.attention_update(lse, out)
+
+
+# ================================================================================================================
+# Decode: incre_flash_attention (separate section)
+# ================================================================================================================
+
+
+def _lengths(arg: str, value, device) -> Optional[Tensor]:
+    """actual_seq_lengths as an int64 tensor (torch_npu takes a list of ints; the op takes a tensor so that
+    torch.compile does not recompile for every new set of lengths)."""
+    if value is None or isinstance(value, Tensor):
+        return value
+    if isinstance(value, int):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
+        raise TypeError(f"npu_incre_flash_attention: argument '{arg}' must be a list of ints or an int64 tensor; "
+                        f"got {type(value).__name__}")
+    return torch.tensor(list(value), dtype=torch.int64, device=device)
+
+
+def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padding_mask: Optional[Tensor] = None,
+                              atten_mask: Optional[Tensor] = None, pse_shift: Optional[Tensor] = None,
+                              actual_seq_lengths: Union[Sequence[int], Tensor, None] = None,
+                              antiquant_scale: Optional[Tensor] = None, antiquant_offset: Optional[Tensor] = None,
+                              block_table: Optional[Tensor] = None, dequant_scale1: Optional[Tensor] = None,
+                              quant_scale1: Optional[Tensor] = None, dequant_scale2: Optional[Tensor] = None,
+                              quant_scale2: Optional[Tensor] = None, quant_offset2: Optional[Tensor] = None,
+                              kv_padding_size: Union[int, Tensor, None] = None, num_heads: int = 1,
+                              scale_value: float = 1.0, input_layout: str = "BSH", num_key_value_heads: int = 0,
+                              block_size: int = 0, inner_precise: int = 1) -> Tensor:
+    """Decode attention with torch_npu's signature: one query token per sequence against a contiguous or paged KV
+    cache. See `torch.ops.npu_fa.incre_flash_attention` and docs/inference.md for the semantics.
+
+    padding_mask is reserved upstream and must be None. Quantisation arguments (antiquant_*, dequant_*, quant_*)
+    are not supported by the CPU kernels and raise NotImplementedError. actual_seq_lengths may be a list of ints or an
+    int64 tensor; kv_padding_size an int or a one-element int64 tensor.
+    """
+    if padding_mask is not None:
+        raise ValueError("npu_incre_flash_attention: argument 'padding_mask' is reserved and must be None")
+    quant = dict(antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset, dequant_scale1=dequant_scale1,
+                 quant_scale1=quant_scale1, dequant_scale2=dequant_scale2, quant_scale2=quant_scale2,
+                 quant_offset2=quant_offset2)
+    given = [k for k, v in quant.items() if v is not None]
+    if given:
+        raise NotImplementedError(f"npu_incre_flash_attention: quantised attention is not supported "
+                                  f"(argument(s) {', '.join(given)} must be None)")
+    lengths = _lengths("actual_seq_lengths", actual_seq_lengths, query.device)
+    if isinstance(kv_padding_size, int):
+        kv_padding_size = torch.tensor(kv_padding_size, dtype=torch.int64, device=query.device)
+    return _OPS.incre_flash_attention(query, key, value, atten_mask, pse_shift, lengths, block_table,
+                                      kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads,
+                                      block_size, inner_precise)
