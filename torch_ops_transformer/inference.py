@@ -160,7 +160,8 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
     """Decode attention with torch_npu's signature: one query token per sequence against a contiguous or paged KV
     cache. See `torch.ops.npu_fa.incre_flash_attention` and docs/inference.md for the semantics.
 
-    padding_mask is reserved upstream and must be None. Quantisation arguments (antiquant_*, dequant_*, quant_*)
+    A paged cache may also be given as (num_blocks, block_size, N2, D) (PagedKVCache's default layout), viewed as
+    (num_blocks, block_size, N2*D). padding_mask is reserved upstream and must be None. Quantisation arguments (antiquant_*, dequant_*, quant_*)
     are not supported by the CPU kernels and raise NotImplementedError. actual_seq_lengths may be a list of ints or an
     int64 tensor; kv_padding_size an int or a one-element int64 tensor.
     """
@@ -174,6 +175,9 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
         raise NotImplementedError(f"npu_incre_flash_attention: quantised attention is not supported "
                                   f"(argument(s) {', '.join(given)} must be None)")
     lengths = _lengths("actual_seq_lengths", actual_seq_lengths, query.device)
+    if block_table is not None and input_layout != "BNSD":
+        # PagedKVCache's default (num_blocks, block_size, N2, D) is the kernel's (num_blocks, block_size, N2*D).
+        key, value = (t.flatten(2) if t.dim() == 4 and t.shape[1] == block_size else t for t in (key, value))
     if isinstance(kv_padding_size, int):
         kv_padding_size = torch.tensor(kv_padding_size, dtype=torch.int64, device=query.device)
     return _OPS.incre_flash_attention(query, key, value, atten_mask, pse_shift, lengths, block_table,
