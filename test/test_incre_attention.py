@@ -20,6 +20,11 @@ GRID = [
     Case(layout="BSH", dtype="bf16", lens=(40, 17, 1)),
     Case(layout="BNSD", dtype="fp16", q_heads=8, kv_heads=2, head_dim=32),
     Case(layout="BSND", dtype="bf16", q_heads=16, kv_heads=2, head_dim=40, kv_len=300, lens=(300, 0, 77)),
+    # bf16 with D % 32 == 0 (the AVX512-BF16 dot-product path where the CPU has it)
+    Case(layout="BSH", dtype="bf16", q_heads=8, kv_heads=2, head_dim=64, kv_len=100, lens=(100, 37, 0), mask="BS",
+         pse="BN1S"),
+    Case(layout="BNSD", dtype="bf16", q_heads=6, kv_heads=3, head_dim=128, kv_len=96, block=32, lens=(96, 5, 60),
+         paged_4d=True),
     # masks and pse
     Case(layout="BSH", mask="BS", lens=(40, 9, 0)),
     Case(layout="BNSD", mask="B1S", mask_dtype="uint8", pse="BN1S"),

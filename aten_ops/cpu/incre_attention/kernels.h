@@ -9,14 +9,15 @@
 
 namespace npu_fa::cpu {
 
-// Validated description of one decode call. Query rows are fp32, pre-multiplied by scale, contiguous
-// [B, N1, D] (row b*N1 + n); the output is contiguous [B, N1, D] in `out`'s dtype (the query's).
+// Validated description of one decode call. Query rows are fp32 (the query converted exactly, not scaled),
+// contiguous [B, N1, D] (row b*N1 + n); the output is contiguous [B, N1, D] in `out`'s dtype (the query's).
 // Key/value row (b, n2, logical key j) lives at: cache + blk*s_blk + n2*s_head + (pos - blk_first)*s_seq where
 //   contiguous cache: pos = kv_start[b] + j, blk = b, blk_first = 0 (one "block" per sequence);
 //   paged cache:      pos = j, blk = block_table[b][j / block_size], blk_first = (j / block_size)*block_size.
 // Mask / pse columns are cache positions pos (see docs/inference.md).
 struct DecodeParams {
   int64_t batch = 0, q_heads = 0, kv_heads = 0, group = 1, head_dim = 0;
+  float scale = 1.f;                          // scale_value, multiplies q·k
   bool paged = false;
   int64_t block_size = 0;                     // paged only
   int64_t max_blocks = 0;                     // columns of block_table

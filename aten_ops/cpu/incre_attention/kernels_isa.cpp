@@ -18,6 +18,10 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -80,6 +84,51 @@ inline void pv_rows(float* acc, int64_t Dp, const float* p, const T* vh, int64_t
 // Rows [g0, g0 + gn) handled by the widest register block that fits: 8, 4, 2 or 1.
 inline int row_block(int64_t remaining) { return remaining >= 8 ? 8 : remaining >= 4 ? 4 : remaining >= 2 ? 2 : 1; }
 
+#if defined(CPU_CAPABILITY_AVX512)
+inline bool bf16_dot_available() {
+  static const bool ok = __builtin_cpu_supports("avx512bf16") && std::getenv("NPU_FA_NO_BF16_DOT") == nullptr;
+  return ok;
+}
+
+// Raw dot products out[r, t] = q_r · k_t for the R query rows (bf16, [R, D]) and the n key rows of a tile, with
+// vdpbf16ps (pairs of bf16 products summed in fp32). D % 32 == 0. Not inlined: only this function needs the ISA flag.
+template <int GN>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void qk_rows_bf16(const uint16_t* qr, int64_t D,
+                                                                                const uint16_t* krow, float* out) {
+  __m512 a[GN];
+  for (int gg = 0; gg < GN; ++gg) a[gg] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 32) {
+    const __m512bh kv = (__m512bh)_mm512_loadu_si512(krow + d);
+    for (int gg = 0; gg < GN; ++gg)
+      a[gg] = _mm512_dpbf16_ps(a[gg], (__m512bh)_mm512_loadu_si512(qr + gg * D + d), kv);
+  }
+  for (int gg = 0; gg < GN; ++gg) out[gg] = _mm512_reduce_add_ps(a[gg]);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512bf16"), noinline)) void qk_tile_bf16(
+    const at::BFloat16* q, int64_t R, int64_t G, int64_t D, const uint16_t* k0, int64_t n, int64_t k_seq, int64_t HT,
+    int64_t k_head, float* s, int64_t ld) {
+  const uint16_t* qb = reinterpret_cast<const uint16_t*>(q);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t hh = 0; hh < HT; ++hh) {
+      const uint16_t* krow = k0 + t * k_seq + hh * k_head;
+      float sc[8];
+      for (int64_t g0 = 0; g0 < G;) {
+        const int gn = row_block(G - g0);
+        const uint16_t* qr = qb + (hh * G + g0) * D;
+        switch (gn) {
+          case 8: qk_rows_bf16<8>(qr, D, krow, sc); break;
+          case 4: qk_rows_bf16<4>(qr, D, krow, sc); break;
+          case 2: qk_rows_bf16<2>(qr, D, krow, sc); break;
+          default: qk_rows_bf16<1>(qr, D, krow, sc); break;
+        }
+        for (int gg = 0; gg < gn; ++gg) s[(hh * G + g0 + gg) * ld + t] = sc[gg];
+        g0 += gn;
+      }
+    }
+}
+#endif
+
 struct Task {
   int64_t b, h0, h1, j0, j1;  // logical keys [j0, j1) of sequence b, KV heads [h0, h1)
 };
@@ -93,6 +142,12 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
   const bool heads_together = std::abs(p.k_head) <= D && std::abs(p.v_head) <= D;
   const int64_t HT = heads_together ? N2 : 1;  // KV heads per item
   const int64_t R = HT * G;                     // query rows per item
+  // bf16 caches on CPUs with AVX512-BF16: Q·Kᵀ with bf16 pair dot products (exact products, fp32 sums), the
+  // scale applied to the dot product instead of to q.
+  bool use_bf16_dot = false;
+#if defined(CPU_CAPABILITY_AVX512)
+  use_bf16_dot = std::is_same_v<T, at::BFloat16> && D % 32 == 0 && bf16_dot_available();
+#endif
 
   // Chunk size from shapes only: aim for >= 64 items overall, chunks of 256..8192 keys, whole blocks when paged.
   int64_t total_keys = 0;
@@ -116,6 +171,7 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
 
   at::parallel_for(0, n_tasks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> qbuf(R * Dp), s(R * kTile);
+    std::vector<at::BFloat16> qb16(use_bf16_dot ? R * D : 0);
     for (int64_t ti = t0; ti < t1; ++ti) {
       const Task& tk = tasks[ti];
       const int64_t b = tk.b;
@@ -127,7 +183,9 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
       std::fill(l, l + R, 0.f);
       for (int64_t r = 0; r < R; ++r) {  // row r = query head tk.h0*G + r
         const float* src = q32 + (b * N1 + tk.h0 * G + r) * D;
-        std::copy(src, src + D, qbuf.data() + r * Dp);
+        for (int64_t d = 0; d < D; ++d) qbuf[r * Dp + d] = src[d] * p.scale;
+        if (use_bf16_dot)
+          for (int64_t d = 0; d < D; ++d) qb16[r * D + d] = static_cast<at::BFloat16>(src[d]);  // exact: q was bf16
         std::fill(qbuf.data() + r * Dp + D, qbuf.data() + (r + 1) * Dp, 0.f);
       }
       const uint8_t* mrow = p.mask ? p.mask + b * p.mask_sb : nullptr;
@@ -153,7 +211,21 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
         const T* v0 = vc + blk * p.v_blk + tk.h0 * p.v_head + in_blk * p.v_seq;
 
         // Scores s[r, t] = q_r · k_t (q pre-scaled) + pse, masked -> -inf; columns >= n are -inf.
-        for (int64_t t = 0; t < n; ++t) {
+#if defined(CPU_CAPABILITY_AVX512)
+        if constexpr (std::is_same_v<T, at::BFloat16>) {
+          if (use_bf16_dot) {
+            qk_tile_bf16(qb16.data(), R, G, D, reinterpret_cast<const uint16_t*>(k0), n, p.k_seq, HT, p.k_head,
+                         s.data(), kTile);
+            for (int64_t r = 0; r < R; ++r)
+              for (int64_t t = 0; t < n; ++t) {
+                float v = s[r * kTile + t] * p.scale;
+                if (p.pse) v += p.pse[b * p.pse_sb + (tk.h0 * G + r) * p.pse_sn + pos0 + t];
+                s[r * kTile + t] = (mrow && mrow[pos0 + t]) ? kNegInf : v;
+              }
+          }
+        }
+#endif
+        for (int64_t t = 0; t < n && !use_bf16_dot; ++t) {
           const int64_t pos = pos0 + t;
           if (mrow && mrow[pos]) {
             for (int64_t r = 0; r < R; ++r) s[r * kTile + t] = kNegInf;

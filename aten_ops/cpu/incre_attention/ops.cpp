@@ -229,7 +229,8 @@ at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& 
     p.pse_sb = ps.size(0) == 1 ? 0 : N1 * ps.size(3);
   }
 
-  const at::Tensor q32 = (query.to(at::kFloat) * scale_value).contiguous();  // [B, N1, D] in every layout (Sq = 1)
+  p.scale = static_cast<float>(scale_value);
+  const at::Tensor q32 = query.to(at::kFloat).contiguous();  // [B, N1, D] in every layout (Sq = 1), exact
   at::Tensor out = at::empty(query.sizes(), query.options().memory_format(at::MemoryFormat::Contiguous));
   if (B > 0 && N1 > 0) run_decode(p, q32, k, v, out);
   return out;
