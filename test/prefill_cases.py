@@ -11,6 +11,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from reference import visible_keys
+
 MAX = 2147483647
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
@@ -70,19 +72,7 @@ def reference(bnsd, lens, layout, scale, mask=None, pse=None, pre=MAX, nxt=0, mo
         Lq, Lk = lens[0][b], lens[1][b]
         if Lq == 0:
             continue
-        i = torch.arange(Lq)[:, None]
-        j = torch.arange(Lk)[None, :]
-        d = Lk - Lq
-        vis = torch.ones(Lq, Lk, dtype=torch.bool)
-        if mode == 0:
-            vis = (j >= i - pre) & (j <= i + nxt)
-        elif mode == 2:
-            vis = j <= i
-        elif mode == 3:
-            vis = j <= i + d
-        elif mode == 4:
-            vis = (j >= i + d - pre) & (j <= i + d + nxt)
-        vis = vis.expand(N1, Lq, Lk)
+        vis = visible_keys(Lq, Lk, mode, pre, nxt, None).expand(N1, Lq, Lk)
         if mask is not None and mode in (0, 1):
             m = mask.bool()
             if m.dim() == 2:
