@@ -51,16 +51,22 @@ void check_rows(const char* op, const char* name, const at::Tensor& x, const at:
                 " does not match the (N2, D) of its cache ", cache.sizes());
 }
 
-}  // namespace
-
-void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                             const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
-  const char* op = "scatter_pa_kv_cache";
+// Geometries of a key/value cache pair, which must agree on (num_blocks, block_size).
+std::pair<CacheGeom, CacheGeom> cache_pair(const char* op, const at::Tensor& key_cache, const at::Tensor& value_cache) {
   const CacheGeom kg = cache_geometry(op, "key_cache", key_cache);
   const CacheGeom vg = cache_geometry(op, "value_cache", value_cache);
   TORCH_CHECK(kg.num_blocks == vg.num_blocks && kg.block_size == vg.block_size, op,
               ": key_cache ", key_cache.sizes(), " and value_cache ", value_cache.sizes(),
               " must share (num_blocks, block_size)");
+  return {kg, vg};
+}
+
+}  // namespace
+
+void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
+                             const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+  const char* op = "scatter_pa_kv_cache";
+  const auto [kg, vg] = cache_pair(op, key_cache, value_cache);
   TORCH_CHECK(!key_cache.is_same(value_cache), op, ": key_cache and value_cache must be different tensors");
   check_index_dtype(op, "slot_mapping", slot_mapping);
   TORCH_CHECK(slot_mapping.dim() == 1, op, ": slot_mapping must be 1-D [T]; got shape ", slot_mapping.sizes());
@@ -102,11 +108,7 @@ void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, con
 std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
                                                           const at::Tensor& block_table, const at::Tensor& seq_lens) {
   const char* op = "gather_pa_kv_cache";
-  const CacheGeom kg = cache_geometry(op, "key_cache", key_cache);
-  const CacheGeom vg = cache_geometry(op, "value_cache", value_cache);
-  TORCH_CHECK(kg.num_blocks == vg.num_blocks && kg.block_size == vg.block_size, op,
-              ": key_cache ", key_cache.sizes(), " and value_cache ", value_cache.sizes(),
-              " must share (num_blocks, block_size)");
+  const auto [kg, vg] = cache_pair(op, key_cache, value_cache);
   check_index_dtype(op, "block_table", block_table);
   check_index_dtype(op, "seq_lens", seq_lens);
   TORCH_CHECK(block_table.dim() == 2, op, ": block_table must be 2-D [B, max_blocks]; got shape ",
