@@ -52,6 +52,37 @@ def test_scatter_gather_roundtrip(flat, dtype):
     assert torch.equal(K.reshape(ref_k.shape), ref_k) and torch.equal(V.reshape(ref_v.shape), ref_v)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_major_cache_layout(dtype):
+    """cache_layout "BNSD" stores (num_blocks, N2, block_size, D): the same slots as the token-major cache with the
+    head and token axes swapped; gather packs it back to [T, N2, D] and decode attention reads it."""
+    B, S, N2, N1, D, bs = 3, 40, 2, 4, 16, 16
+    lens = [40, 1, 17]
+    k, v = torch.randn(B, S, N2, D).to(dtype), torch.randn(B, S, N2, D).to(dtype)
+    kc, vc, table = paged_from_dense(k, v, lens, bs, num_blocks=9)
+    slots = torch.tensor([int(table[b, t // bs]) * bs + t % bs for b in range(B) for t in range(lens[b])])
+    tokens_k = torch.cat([k[b, :lens[b]] for b in range(B)])
+    tokens_v = torch.cat([v[b, :lens[b]] for b in range(B)])
+    hk, hv = torch.zeros(9, N2, bs, D, dtype=dtype), torch.zeros(9, N2, bs, D, dtype=dtype)
+    OPS.scatter_pa_kv_cache(tokens_k, tokens_v, hk, hv, slots, cache_layout="BNSD")
+    used = table[0, :2].long()  # two full blocks of the 40-token sequence (the third is partly NaN in kc)
+    assert torch.equal(hk[used], kc[used].transpose(1, 2))
+    K, V = OPS.gather_pa_kv_cache(hk, hv, table, torch.tensor(lens), cache_layout="BNSD")
+    assert torch.equal(K, tokens_k) and torch.equal(V, tokens_v)
+    q = torch.randn(B, N1, 1, D).to(dtype)
+    kw = dict(block_table=table, actual_seq_lengths=lens, block_size=bs, num_heads=N1, num_key_value_heads=N2,
+              scale_value=D ** -0.5)
+    head_major = tot.npu_incre_flash_attention(q, hk, hv, input_layout="BNSD", **kw)
+    token_major = tot.npu_incre_flash_attention(q.transpose(1, 2), kc, vc, input_layout="BSND", **kw)
+    torch.testing.assert_close(head_major.transpose(1, 2), token_major)
+
+
+def test_unknown_cache_layout_is_rejected():
+    with pytest.raises(ValueError, match="cache_layout"):
+        OPS.gather_pa_kv_cache(torch.zeros(2, 16, 2, 8), torch.zeros(2, 16, 2, 8), torch.zeros(1, 1, dtype=torch.int32),
+                               torch.tensor([3]), cache_layout="NBSD")
+
+
 def test_scatter_skips_padding_and_touches_only_its_slots():
     kc, vc = torch.zeros(4, 16, 2, 8), torch.zeros(4, 16, 2, 8)
     key, value = torch.randn(3, 2, 8), torch.randn(3, 2, 8)

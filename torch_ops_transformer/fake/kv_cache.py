@@ -2,7 +2,7 @@
 import torch
 
 
-def scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping):
+def scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_layout="BSND"):
     op = "scatter_pa_kv_cache"
     torch._check(key.dtype == key_cache.dtype and value.dtype == value_cache.dtype,
                  lambda: f"{op}: key/value and their caches must have the same dtype")
@@ -11,9 +11,10 @@ def scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping):
     return None
 
 
-def gather_pa_kv_cache(key_cache, value_cache, block_table, seq_lens):
+def gather_pa_kv_cache(key_cache, value_cache, block_table, seq_lens, cache_layout="BSND"):
     # The packed length is sum(seq_lens): data-dependent, so an unbacked size.
     total = torch.library.get_ctx().new_dynamic_size()
-    k = key_cache.new_empty((total, *key_cache.shape[2:]))
-    v = value_cache.new_empty((total, *value_cache.shape[2:]))
+    row = (lambda c: (c.shape[1], c.shape[3])) if cache_layout == "BNSD" else (lambda c: tuple(c.shape[2:]))
+    k = key_cache.new_empty((total, *row(key_cache)))
+    v = value_cache.new_empty((total, *row(value_cache)))
     return k, v

@@ -1,7 +1,8 @@
 // CPU entry points of the paged KV cache helpers declared in native_functions.yaml.
 //
 // A paged cache holds num_blocks blocks of block_size token rows; a token row is N2*D values, stored as
-// (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D). Slot s = block * block_size + offset.
+// (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D) (cache_layout "BSND"), or head-major as
+// (num_blocks, N2, block_size, D) (cache_layout "BNSD"). Slot s = block * block_size + offset.
 // Rows are copied byte-wise, so any dtype works as long as new rows and cache agree.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -17,16 +18,48 @@ namespace {
 
 struct CacheGeom {
   int64_t num_blocks, block_size, row;  // row = values per token (N2*D)
+  bool head_major = false;              // (num_blocks, N2, block_size, D)
+  int64_t heads = 1, dim = 0;           // N2 and D when head_major
 };
 
-CacheGeom cache_geometry(const char* op, const char* name, const at::Tensor& cache) {
-  TORCH_CHECK(cache.dim() == 3 || cache.dim() == 4, op, ": ", name,
-              " must be (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D); got shape ",
-              cache.sizes());
+bool parse_cache_layout(const char* op, c10::string_view layout) {
+  TORCH_CHECK_VALUE(layout == "BSND" || layout == "BNSD", op, ": argument 'cache_layout' must be 'BSND' ((num_blocks, "
+                    "block_size, N2, D) or (num_blocks, block_size, N2*D)) or 'BNSD' ((num_blocks, N2, block_size, D)); "
+                    "got '", std::string(layout.data(), layout.size()), "'");
+  return layout == "BNSD";
+}
+
+CacheGeom cache_geometry(const char* op, const char* name, const at::Tensor& cache, bool head_major) {
+  if (head_major) {
+    TORCH_CHECK(cache.dim() == 4, op, ": ", name, " must be (num_blocks, N2, block_size, D) for cache_layout 'BNSD'; "
+                "got shape ", cache.sizes());
+  } else {
+    TORCH_CHECK(cache.dim() == 3 || cache.dim() == 4, op, ": ", name,
+                " must be (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D); got shape ",
+                cache.sizes());
+  }
   TORCH_CHECK(cache.is_contiguous(), op, ": ", name, " must be contiguous");
+  if (head_major)
+    return {cache.size(0), cache.size(2), cache.size(1) * cache.size(3), true, cache.size(1), cache.size(3)};
   CacheGeom g{cache.size(0), cache.size(1), 1};
   for (int64_t d = 2; d < cache.dim(); ++d) g.row *= cache.size(d);
   return g;
+}
+
+// Copies one token row (N2*D values of `es` bytes) between a packed [.., N2, D] row and slot `slot` of the cache.
+void copy_token(const CacheGeom& g, size_t es, char* cache, int64_t slot, char* row, bool to_cache) {
+  if (!g.head_major) {
+    char* c = cache + slot * g.row * es;
+    to_cache ? std::memcpy(c, row, g.row * es) : std::memcpy(row, c, g.row * es);
+    return;
+  }
+  const int64_t blk = slot / g.block_size, off = slot % g.block_size;
+  const size_t head_bytes = g.dim * es;
+  for (int64_t n = 0; n < g.heads; ++n) {
+    char* c = cache + ((blk * g.heads + n) * g.block_size + off) * head_bytes;
+    char* r = row + n * head_bytes;
+    to_cache ? std::memcpy(c, r, head_bytes) : std::memcpy(r, c, head_bytes);
+  }
 }
 
 at::Tensor as_long(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
@@ -37,7 +70,7 @@ void check_index_dtype(const char* op, const char* name, const at::Tensor& t) {
 }
 
 void check_rows(const char* op, const char* name, const at::Tensor& x, const at::Tensor& cache, int64_t T,
-                int64_t row) {
+                int64_t row, bool head_major) {
   TORCH_CHECK(x.scalar_type() == cache.scalar_type(), op, ": ", name, " (", x.scalar_type(),
               ") and its cache (", cache.scalar_type(), ") must have the same dtype");
   TORCH_CHECK(x.dim() >= 2 && x.size(0) == T, op, ": ", name, " of shape ", x.sizes(),
@@ -46,15 +79,18 @@ void check_rows(const char* op, const char* name, const at::Tensor& x, const at:
   for (int64_t d = 1; d < x.dim(); ++d) per *= x.size(d);
   TORCH_CHECK(per == row, op, ": ", name, " of shape ", x.sizes(), " has ", per,
               " values per token but its cache of shape ", cache.sizes(), " holds ", row);
+  const int64_t head_dim = head_major ? 1 : 2;  // where N2 sits in the cache
   if (x.dim() == 3 && cache.dim() == 4)
-    TORCH_CHECK(x.size(1) == cache.size(2) && x.size(2) == cache.size(3), op, ": ", name, " of shape ", x.sizes(),
+    TORCH_CHECK(x.size(1) == cache.size(head_dim) && x.size(2) == cache.size(3), op, ": ", name, " of shape ", x.sizes(),
                 " does not match the (N2, D) of its cache ", cache.sizes());
 }
 
 // Geometries of a key/value cache pair, which must agree on (num_blocks, block_size).
-std::pair<CacheGeom, CacheGeom> cache_pair(const char* op, const at::Tensor& key_cache, const at::Tensor& value_cache) {
-  const CacheGeom kg = cache_geometry(op, "key_cache", key_cache);
-  const CacheGeom vg = cache_geometry(op, "value_cache", value_cache);
+std::pair<CacheGeom, CacheGeom> cache_pair(const char* op, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                                           c10::string_view cache_layout) {
+  const bool head_major = parse_cache_layout(op, cache_layout);
+  const CacheGeom kg = cache_geometry(op, "key_cache", key_cache, head_major);
+  const CacheGeom vg = cache_geometry(op, "value_cache", value_cache, head_major);
   TORCH_CHECK(kg.num_blocks == vg.num_blocks && kg.block_size == vg.block_size, op,
               ": key_cache ", key_cache.sizes(), " and value_cache ", value_cache.sizes(),
               " must share (num_blocks, block_size)");
@@ -64,15 +100,16 @@ std::pair<CacheGeom, CacheGeom> cache_pair(const char* op, const at::Tensor& key
 }  // namespace
 
 void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                             const at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+                             const at::Tensor& value_cache, const at::Tensor& slot_mapping,
+                             c10::string_view cache_layout) {
   const char* op = "scatter_pa_kv_cache";
-  const auto [kg, vg] = cache_pair(op, key_cache, value_cache);
+  const auto [kg, vg] = cache_pair(op, key_cache, value_cache, cache_layout);
   TORCH_CHECK(!key_cache.is_same(value_cache), op, ": key_cache and value_cache must be different tensors");
   check_index_dtype(op, "slot_mapping", slot_mapping);
   TORCH_CHECK(slot_mapping.dim() == 1, op, ": slot_mapping must be 1-D [T]; got shape ", slot_mapping.sizes());
   const int64_t T = slot_mapping.numel();
-  check_rows(op, "key", key, key_cache, T, kg.row);
-  check_rows(op, "value", value, value_cache, T, vg.row);
+  check_rows(op, "key", key, key_cache, T, kg.row, kg.head_major);
+  check_rows(op, "value", value, value_cache, T, vg.row, vg.head_major);
   const at::Tensor slots = as_long(slot_mapping);
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t n_slots = kg.num_blocks * kg.block_size;
@@ -92,23 +129,24 @@ void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, con
   if (T == 0) return;
   const at::Tensor kc = key.contiguous(), vc = value.contiguous();
   const size_t kbytes = kg.row * key.element_size(), vbytes = vg.row * value.element_size();
-  const char* ks = static_cast<const char*>(kc.data_ptr());
-  const char* vs = static_cast<const char*>(vc.data_ptr());
+  char* ks = static_cast<char*>(kc.data_ptr());
+  char* vs = static_cast<char*>(vc.data_ptr());
   char* kd = static_cast<char*>(key_cache.data_ptr());
   char* vd = static_cast<char*>(value_cache.data_ptr());
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (sp[t] < 0) continue;
-      std::memcpy(kd + sp[t] * kbytes, ks + t * kbytes, kbytes);
-      std::memcpy(vd + sp[t] * vbytes, vs + t * vbytes, vbytes);
+      copy_token(kg, key.element_size(), kd, sp[t], ks + t * kbytes, true);
+      copy_token(vg, value.element_size(), vd, sp[t], vs + t * vbytes, true);
     }
   });
 }
 
 std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                          const at::Tensor& block_table, const at::Tensor& seq_lens) {
+                                                          const at::Tensor& block_table, const at::Tensor& seq_lens,
+                                                          c10::string_view cache_layout) {
   const char* op = "gather_pa_kv_cache";
-  const auto [kg, vg] = cache_pair(op, key_cache, value_cache);
+  const auto [kg, vg] = cache_pair(op, key_cache, value_cache, cache_layout);
   check_index_dtype(op, "block_table", block_table);
   check_index_dtype(op, "seq_lens", seq_lens);
   TORCH_CHECK(block_table.dim() == 2, op, ": block_table must be 2-D [B, max_blocks]; got shape ",
@@ -132,14 +170,19 @@ std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_
   }
   const int64_t total = start[B];
   std::vector<int64_t> ks{total}, vs{total};
-  for (int64_t d = 2; d < key_cache.dim(); ++d) ks.push_back(key_cache.size(d));
-  for (int64_t d = 2; d < value_cache.dim(); ++d) vs.push_back(value_cache.size(d));
+  if (kg.head_major) {
+    ks.insert(ks.end(), {kg.heads, kg.dim});
+    vs.insert(vs.end(), {vg.heads, vg.dim});
+  } else {
+    for (int64_t d = 2; d < key_cache.dim(); ++d) ks.push_back(key_cache.size(d));
+    for (int64_t d = 2; d < value_cache.dim(); ++d) vs.push_back(value_cache.size(d));
+  }
   at::Tensor k = at::empty(ks, key_cache.options());
   at::Tensor v = at::empty(vs, value_cache.options());
   if (total == 0) return {k, v};
   const size_t kbytes = kg.row * key_cache.element_size(), vbytes = vg.row * value_cache.element_size();
-  const char* ksrc = static_cast<const char*>(key_cache.data_ptr());
-  const char* vsrc = static_cast<const char*>(value_cache.data_ptr());
+  char* ksrc = static_cast<char*>(key_cache.data_ptr());
+  char* vsrc = static_cast<char*>(value_cache.data_ptr());
   char* kd = static_cast<char*>(k.data_ptr());
   char* vd = static_cast<char*>(v.data_ptr());
   // One work item per (sequence, logical block).
@@ -150,8 +193,11 @@ std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_
       if (first >= lp[b]) continue;
       const int64_t n = std::min(bs, lp[b] - first);
       const int64_t blk = btp[b * M + j];
-      std::memcpy(kd + (start[b] + first) * kbytes, ksrc + blk * bs * kbytes, n * kbytes);
-      std::memcpy(vd + (start[b] + first) * vbytes, vsrc + blk * bs * vbytes, n * vbytes);
+      for (int64_t p = 0; p < n; ++p) {
+        const int64_t row = start[b] + first + p;
+        copy_token(kg, key_cache.element_size(), ksrc, blk * bs + p, kd + row * kbytes, false);
+        copy_token(vg, value_cache.element_size(), vsrc, blk * bs + p, vd + row * vbytes, false);
+      }
     }
   });
   return {k, v};
