@@ -218,12 +218,8 @@ AttentionParams parse_attention_params(
   AttentionParams p;
   p.op = op;
   p.layout = parse_layout(op, input_layout);
+  check_qkv_dtypes(op, query, key, value);
   const auto dt = query.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, op,
-                   ": argument 'query' must be float32, float16 or bfloat16; got ", dt);
-  TORCH_CHECK_TYPE(key.scalar_type() == dt && value.scalar_type() == dt, op,
-                   ": arguments 'query', 'key', 'value' must share one dtype; got ", dt, ", ", key.scalar_type(), ", ",
-                   value.scalar_type());
   TORCH_CHECK_VALUE(key.device() == query.device() && value.device() == query.device(), op,
                     ": arguments 'query', 'key', 'value' must be on one device; got ", query.device(), ", ",
                     key.device(), ", ", value.device());
@@ -372,6 +368,15 @@ std::vector<int64_t> output_shape(const AttentionParams& p, const at::Tensor& qu
 std::vector<int64_t> stats_shape(const AttentionParams& p, const at::Tensor& query) {
   if (p.layout == Layout::TND) return {query.size(0), p.q_heads, 8};
   return {p.batch, p.q_heads, p.max_q_len, 8};
+}
+
+void check_qkv_dtypes(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
+  const auto dt = query.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, op,
+                   ": argument 'query' must be float32, float16 or bfloat16; got ", dt);
+  TORCH_CHECK_TYPE(key.scalar_type() == dt && value.scalar_type() == dt, op,
+                   ": arguments 'query', 'key', 'value' must share one dtype; got ", dt, ", ", key.scalar_type(), ", ",
+                   value.scalar_type());
 }
 
 void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected) {

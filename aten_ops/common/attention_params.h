@@ -129,6 +129,9 @@ RowMap row_map(const AttentionParams& p, const at::Tensor& t, bool is_query, int
 std::vector<int64_t> output_shape(const AttentionParams& p, const at::Tensor& query);
 std::vector<int64_t> stats_shape(const AttentionParams& p, const at::Tensor& query);
 
+// q/k/v must be float32, float16 or bfloat16, all alike (every attention op's first check).
+void check_qkv_dtypes(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value);
+
 // Checks a tensor that must have exactly the given shape (dy, attention_in, softmax_max/sum in the backward).
 void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected);
 

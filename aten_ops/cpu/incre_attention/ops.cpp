@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "common/attention_params.h"
 #include "cpu/incre_attention/kernels.h"
 #include "generated/kernels.h"
 
@@ -45,12 +46,7 @@ at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& 
                     num_key_value_heads);
   TORCH_CHECK_VALUE(inner_precise == 0 || inner_precise == 1, kOp, ": argument 'inner_precise' must be 0 or 1; got ",
                     inner_precise);
-  const auto dt = query.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, kOp,
-                   ": argument 'query' must be float32, float16 or bfloat16; got ", dt);
-  TORCH_CHECK_TYPE(key.scalar_type() == dt && value.scalar_type() == dt, kOp,
-                   ": arguments 'key' and 'value' must have query's dtype ", dt, "; got ", key.scalar_type(), " and ",
-                   value.scalar_type());
+  attention::check_qkv_dtypes(kOp, query, key, value);
   const bool bsh = layout == "BSH";
   const int64_t q_rank = bsh ? 3 : 4;
   TORCH_CHECK_VALUE(query.dim() == q_rank, kOp, ": argument 'query' must be a ", q_rank, "-D tensor for input_layout ",
