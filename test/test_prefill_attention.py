@@ -336,6 +336,23 @@ def test_bad_num_key_value_heads_mismatch():
         OPS.prompt_flash_attention(q, k, v, num_heads=4, num_key_value_heads=1, input_layout="BSND")
 
 
+def test_bad_args_are_named_as_the_caller_spells_them():
+    """The parser is shared with flash_attention_score; messages must use the inference ops' argument names."""
+    q, k, v = _ok()
+    with pytest.raises(ValueError, match="'pse_shift' must have shape"):
+        OPS.prompt_flash_attention(q, k, v, pse_shift=torch.zeros(1, 4, 2, 2), num_heads=4, input_layout="BSND")
+    with pytest.raises(ValueError, match="'num_heads'=3 does not match"):
+        OPS.prompt_flash_attention(q, k, v, num_heads=3, input_layout="BSND")
+    with pytest.raises(ValueError, match="'scale_value' must be finite"):
+        OPS.prompt_flash_attention(q, k, v, num_heads=4, scale_value=float("nan"), input_layout="BSND")
+    with pytest.raises(ValueError, match="'scale' must be finite"):
+        OPS.fused_infer_attention_score(q, k, v, num_heads=4, scale=float("inf"), input_layout="BSND")
+    t = q.flatten(0, 1)
+    with pytest.raises(ValueError, match="'actual_seq_lengths'"):
+        OPS.prompt_flash_attention(t, k.flatten(0, 1), v.flatten(0, 1), actual_seq_lengths=torch.tensor([5, 3]),
+                                   actual_seq_lengths_kv=torch.tensor([t.shape[0]]), num_heads=4, input_layout="TND")
+
+
 def test_bad_dtype_mismatch():
     q, k, v = _ok()
     with pytest.raises(TypeError, match="one dtype"):

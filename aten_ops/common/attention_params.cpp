@@ -148,13 +148,13 @@ void check_compressed_mask(const char* op, const at::Tensor& m, int64_t mode) {
                     ". Use sparse_mode 0 or 1 for an arbitrary mask");
 }
 
-PseView pse_view(const char* op, const at::Tensor& t, const AttentionParams& p) {
-  TORCH_CHECK_VALUE(p.layout != Layout::TND, op, ": argument 'pse' is not supported with input_layout TND");
+PseView pse_view(const char* op, const char* arg, const at::Tensor& t, const AttentionParams& p) {
+  TORCH_CHECK_VALUE(p.layout != Layout::TND, op, ": argument '", arg, "' is not supported with input_layout TND");
   const int64_t B = p.batch, N = p.q_heads, Sq = p.max_q_len, Skv = p.max_kv_len;
   const auto s = t.sizes();
   const bool ok = t.dim() == 4 && s[1] == N && s[3] == Skv &&
                   ((s[0] == B && (s[2] == Sq || s[2] == 1)) || (s[0] == 1 && s[2] == Sq));
-  TORCH_CHECK_VALUE(ok, op, ": argument 'pse' must have shape [B,N,Sq,Skv], [B,N,1,Skv] or [1,N,Sq,Skv] with B=", B,
+  TORCH_CHECK_VALUE(ok, op, ": argument '", arg, "' must have shape [B,N,Sq,Skv], [B,N,1,Skv] or [1,N,Sq,Skv] with B=", B,
                     ", N=", N, ", Sq=", Sq, ", Skv=", Skv, "; got ", shape_str(s));
   PseView v;
   v.data = t.const_data_ptr<float>();
@@ -214,7 +214,7 @@ AttentionParams parse_attention_params(
     const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
     double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
     int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
-    AttentionInputs& in) {
+    AttentionInputs& in, const ArgNames& names) {
   AttentionParams p;
   p.op = op;
   p.layout = parse_layout(op, input_layout);
@@ -223,7 +223,7 @@ AttentionParams parse_attention_params(
   TORCH_CHECK_VALUE(key.device() == query.device() && value.device() == query.device(), op,
                     ": arguments 'query', 'key', 'value' must be on one device; got ", query.device(), ", ",
                     key.device(), ", ", value.device());
-  TORCH_CHECK_VALUE(head_num > 0, op, ": argument 'head_num' must be positive; got ", head_num);
+  TORCH_CHECK_VALUE(head_num > 0, op, ": argument '", names.head_num, "' must be positive; got ", head_num);
   TORCH_CHECK_VALUE(sparse_mode >= 0 && sparse_mode <= 4, op, ": argument 'sparse_mode' must be 0 (default), "
                     "1 (all-mask), 2 (top-left causal), 3 (bottom-right causal) or 4 (band); got ", sparse_mode,
                     sparse_mode >= 5 && sparse_mode <= 8 ? " (prefix / context-parallel modes 5-8 are not implemented)" : "");
@@ -232,11 +232,11 @@ AttentionParams parse_attention_params(
                     "(before); got ", pse_type, pse_type == 2 || pse_type == 3 ? " (in-kernel ALiBi is not implemented)" : "");
   TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 4, op, ": argument 'inner_precise' must be in [0, 4]; got ",
                     inner_precise);
-  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": argument 'scale' must be finite; got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": argument '", names.scale, "' must be finite; got ", scale);
 
   const Dims qd = read_dims(op, "query", query, p.layout, p.layout == Layout::TND ? 0 : head_num, 0);
   TORCH_CHECK_VALUE(p.layout == Layout::BSH || p.layout == Layout::SBH || qd.heads == head_num, op,
-                    ": argument 'head_num'=", head_num, " does not match the ", qd.heads, " heads of 'query' (",
+                    ": argument '", names.head_num, "'=", head_num, " does not match the ", qd.heads, " heads of 'query' (",
                     layout_name(p.layout), " shape ", shape_str(query.sizes()), ")");
   const Dims kd = read_dims(op, "key", key, p.layout, 0, qd.dim);
   TORCH_CHECK_VALUE(kd.dim == qd.dim, op, ": arguments 'query' and 'key' must have the same head dim; got ", qd.dim,
@@ -275,14 +275,14 @@ AttentionParams parse_attention_params(
   std::vector<int64_t>& q_start = p.q_start;
   std::vector<int64_t>& kv_start = p.kv_start;
   if (p.layout == Layout::TND) {
-    read_cumulative(op, "actual_seq_qlen", actual_seq_qlen, qd.seq, p.q_len, q_start);
-    read_cumulative(op, "actual_seq_kvlen", actual_seq_kvlen, kd.seq, p.kv_len, kv_start);
-    TORCH_CHECK_VALUE(p.q_len.size() == p.kv_len.size(), op, ": arguments 'actual_seq_qlen' and 'actual_seq_kvlen' must "
+    read_cumulative(op, names.q_lens, actual_seq_qlen, qd.seq, p.q_len, q_start);
+    read_cumulative(op, names.kv_lens, actual_seq_kvlen, kd.seq, p.kv_len, kv_start);
+    TORCH_CHECK_VALUE(p.q_len.size() == p.kv_len.size(), op, ": arguments '", names.q_lens, "' and '", names.kv_lens, "' must "
                       "describe the same number of sequences; got ", p.q_len.size(), " and ", p.kv_len.size());
     p.batch = static_cast<int64_t>(p.q_len.size());
   } else {
     TORCH_CHECK_VALUE(!actual_seq_qlen.has_value() && !actual_seq_kvlen.has_value(), op,
-                      ": arguments 'actual_seq_qlen'/'actual_seq_kvlen' are only used with input_layout TND; got them with ",
+                      ": arguments '", names.q_lens, "'/'", names.kv_lens, "' are only used with input_layout TND; got them with ",
                       layout_name(p.layout), ". Pack the batch as TND for variable lengths, or pass an atten_mask");
     p.batch = qd.batch;
     p.q_len.assign(p.batch, qd.seq);
@@ -329,11 +329,11 @@ AttentionParams parse_attention_params(
     }
   }
   if (pse.has_value()) {
-    TORCH_CHECK_TYPE(at::isFloatingType(pse->scalar_type()), op, ": argument 'pse' must be a floating tensor; got ",
+    TORCH_CHECK_TYPE(at::isFloatingType(pse->scalar_type()), op, ": argument '", names.pse, "' must be a floating tensor; got ",
                      pse->scalar_type());
-    TORCH_CHECK_VALUE(pse->device() == query.device(), op, ": argument 'pse' must be on ", query.device(), "; got ", pse->device());
+    TORCH_CHECK_VALUE(pse->device() == query.device(), op, ": argument '", names.pse, "' must be on ", query.device(), "; got ", pse->device());
     in.pse_f32 = pse->to(at::kFloat);
-    p.pse = pse_view(op, in.pse_f32, p);
+    p.pse = pse_view(op, names.pse, in.pse_f32, p);
   }
   if (p.has_dropout()) {
     if (seed.has_value()) {

@@ -111,6 +111,16 @@ struct AttentionInputs {
   at::Tensor query, key, value, pse_f32, mask_u8;
 };
 
+// The user-facing names of the arguments whose names differ between the ops sharing this parser (the inference
+// ops call pse `pse_shift`, head_num `num_heads`, ...), so every message names the argument the caller passed.
+struct ArgNames {
+  const char* head_num = "head_num";
+  const char* scale = "scale";
+  const char* pse = "pse";
+  const char* q_lens = "actual_seq_qlen";
+  const char* kv_lens = "actual_seq_kvlen";
+};
+
 // Validates every argument of flash_attention_score(_grad) and builds the parameters. Errors name the argument,
 // the expectation and what was given. `inputs` receives the tensors the views point into.
 AttentionParams parse_attention_params(
@@ -119,7 +129,7 @@ AttentionParams parse_attention_params(
     const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
     double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
     int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
-    AttentionInputs& inputs);
+    AttentionInputs& inputs, const ArgNames& names = ArgNames{});
 
 // Row addresses of a tensor laid out like the query (is_query) or like key/value, head dim `dim`, any strides
 // with a contiguous head dim (e.g. the contiguous gradients dq/dk/dv of the backward).

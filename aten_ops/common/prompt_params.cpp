@@ -49,9 +49,15 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   int64_t pre = a.pre_tokens, next = a.next_tokens;
   if (a.sparse_mode == 0 && !mask.has_value()) pre = next = std::numeric_limits<int32_t>::max();
   const std::optional<at::Tensor> none;
+  ArgNames names;
+  names.head_num = "num_heads";
+  names.scale = a.scale_name;
+  names.pse = "pse_shift";
+  names.q_lens = "actual_seq_lengths";
+  names.kv_lens = "actual_seq_lengths_kv";
   r.p = parse_attention_params(op, query, key, value, a.num_heads, base, *a.pse_shift, mask,
                                tnd ? *a.actual_seq_lengths : none, tnd ? *a.actual_seq_lengths_kv : none, a.scale,
-                               1.0, pre, next, a.inner_precise, a.sparse_mode, /*pse_type=*/0, none, none, in);
+                               1.0, pre, next, a.inner_precise, a.sparse_mode, /*pse_type=*/0, none, none, in, names);
   AttentionParams& p = r.p;
   TORCH_CHECK_VALUE(a.num_key_value_heads == 0 || a.num_key_value_heads == p.kv_heads, op,
                     ": argument 'num_key_value_heads'=", a.num_key_value_heads, " does not match the ", p.kv_heads,

@@ -14,6 +14,7 @@ struct PromptArgs {
   const std::optional<at::Tensor>* actual_seq_lengths_kv = nullptr;
   int64_t num_heads = 1;
   double scale = 1.0;
+  const char* scale_name = "scale";  // prompt_flash_attention calls it scale_value
   int64_t pre_tokens = 0, next_tokens = 0;
   c10::string_view input_layout;
   int64_t num_key_value_heads = 0;

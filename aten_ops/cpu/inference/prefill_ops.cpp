@@ -147,9 +147,10 @@ at::Tensor prompt_flash_attention_cpu(const at::Tensor& query, const at::Tensor&
                     "pass atten_mask (True = masked out) or actual_seq_lengths");
   TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
                     inner_precise);
-  const PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
-                                   scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
-                                   inner_precise);
+  PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
+                             scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
+                             inner_precise);
+  a.scale_name = "scale_value";
   return run_prefill(op, query, key, value, a).out;
 }
 
