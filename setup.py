@@ -92,6 +92,8 @@ setup(
     packages=find_packages(include=["torch_ops_transformer", "torch_ops_transformer.*"]),
     python_requires=">=3.9",
     install_requires=["torch>=2.13", "pyyaml"],
+    # Optional: the Hugging Face attention backend / demo, the demo's progress bar, `bench --plot`.
+    extras_require={"hf": ["transformers>=5"], "demo": ["transformers>=5", "tqdm"], "plot": ["matplotlib"]},
     ext_modules=[
         CppExtension(
             name="torch_ops_transformer._C",
