@@ -75,7 +75,7 @@ def _mask_reason(query, key, attn_mask, is_causal) -> Optional[str]:
     if attn_mask is None:
         return None
     if is_causal:
-        return "attn_mask together with is_causal (PyTorch raises)"
+        return "attn_mask together with is_causal (PyTorch's CPU kernels disagree: flash combines, math raises)"
     if not isinstance(attn_mask, Tensor) or attn_mask.is_nested or attn_mask.device.type != "cpu":
         return "attn_mask is not a CPU tensor"
     if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
