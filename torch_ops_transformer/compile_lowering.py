@@ -85,10 +85,16 @@ def _replace_flash_cpu(match: Match, *args, **kwargs) -> None:
     if sdpa.unsupported_reason(*vals[:3], vals[3], dropout_p, is_causal, scale, True) is not None:
         return
 
-    def replacement(q, k, v, mask=None):
+    def with_mask(q, k, v, mask):  # replace_by_example traces every parameter: one function per arity
         return sdpa.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, True)
 
-    match.replace_by_example(replacement, [q, k, v] if mask is None else [q, k, v, mask])
+    def without_mask(q, k, v):
+        return sdpa.scaled_dot_product_attention(q, k, v, None, dropout_p, is_causal, scale, True)
+
+    if mask is None:
+        match.replace_by_example(without_mask, [q, k, v])
+    else:
+        match.replace_by_example(with_mask, [q, k, v, mask])
 
 
 class PostGradInferencePass(CustomInferenceAwareGraphPass):
