@@ -1,4 +1,4 @@
-"""torch_ops_transformer.compile_lowering: Inductor passes rewrite attention in compiled graphs to our ops.
+"""torch_ops_transformer.inductor_lowering: Inductor passes rewrite attention in compiled graphs to our ops.
 The generated code must call npu_fa ops, results must match eager (forward and backward), and a new sequence length
 must not recompile."""
 import math
@@ -10,7 +10,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor import config as inductor_config
 from torch._inductor.utils import run_and_get_code
 
-from torch_ops_transformer import compile_lowering as lowering
+from torch_ops_transformer import inductor_lowering as lowering
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 FA = "torch.ops.npu_fa.flash_attention_score.default("
@@ -133,3 +133,19 @@ def test_pre_grad_pass_retargets_sdpa_nodes():
     assert [n.target for n in gm.graph.nodes if n.op == "call_function"] == [lowering.lowered_sdpa]
     q, k, v = (randn(1, 2, 4, 8, seed=i) for i in range(3))
     torch.testing.assert_close(gm(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+def test_package_level_entry_points():
+    import torch_ops_transformer as tot
+
+    saved = inductor_config.pre_grad_custom_pass, inductor_config.post_grad_custom_post_pass
+    try:
+        with tot.compile_lowering():
+            assert lowering.compile_lowering_enabled()
+        assert not lowering.compile_lowering_enabled()
+        tot.enable_compile_lowering()
+        assert lowering.compile_lowering_enabled()
+        tot.disable_compile_lowering()
+        assert not lowering.compile_lowering_enabled()
+    finally:
+        inductor_config.pre_grad_custom_pass, inductor_config.post_grad_custom_post_pass = saved

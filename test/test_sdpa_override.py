@@ -333,3 +333,32 @@ def test_override_under_compile_fullgraph_dynamic_lengths():
             torch.testing.assert_close(g, w, atol=2e-6, rtol=1e-5)
     assert counter.frame_count == 1, "a new sequence length recompiled"
     assert "torch.ops.npu_fa.flash_attention_score" in graphs[0].code
+
+
+@pytest.mark.usefixtures("dynamo_reset")
+def test_compiled_graph_follows_the_mode_and_mode_may_be_entered_inside():
+    """Dynamo guards on the function-mode stack: a function compiled under the override runs PyTorch's SDPA when
+    called without it; entering the mode inside the compiled function works too."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm
+
+    def plain(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def entering(q, k, v):
+        with sdpa_override():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k, v = qkv()
+    compiled = torch.compile(plain, backend=capture, fullgraph=True)
+    with sdpa_override():
+        compiled(q, k, v)
+    compiled(q, k, v)
+    assert len(graphs) == 2 and "npu_fa.flash_attention_score" in graphs[0]
+    assert "npu_fa" not in graphs[1]
+    out = torch.compile(entering, backend=capture, fullgraph=True)(q, k, v)
+    assert "npu_fa.flash_attention_score" in graphs[2]
+    torch.testing.assert_close(out, plain(q, k, v), atol=2e-6, rtol=1e-5)
