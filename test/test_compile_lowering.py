@@ -32,7 +32,8 @@ def handwritten(q, k, v, mask):
 
 @pytest.mark.slow
 def test_handwritten_attention_inference_becomes_our_op():
-    q, k, v, mask = randn(2, 4, 5, 16), randn(2, 4, 7, 16, seed=1), randn(2, 4, 7, 16, seed=2), randn(2, 1, 5, 7, seed=3)
+    q, k, v = randn(2, 4, 5, 16), randn(2, 4, 7, 16, seed=1), randn(2, 4, 7, 16, seed=2)
+    mask = randn(2, 1, 5, 7, seed=3)
     with lowering.compile_lowering(), torch.no_grad():
         out, (code,) = run_and_get_code(torch.compile(handwritten, fullgraph=True), q, k, v, mask)
     assert code.count(FA) == 2, code

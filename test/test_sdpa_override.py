@@ -117,7 +117,7 @@ def test_fully_masked_rows_are_zero_like_pytorch(kind):
     check_tolerance("fully masked", ours, sdpa_ref64(q, k, v, attn_mask=mask), same)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float16])
 def test_scale_gqa_value_dim_and_3d(dtype):
     check_forward("scale", *qkv(dtype=dtype), scale=0.3)
     check_forward("gqa", *qkv(dtype=dtype, n_kv=2), enable_gqa=True, is_causal=True)

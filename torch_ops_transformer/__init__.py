@@ -11,9 +11,10 @@ generated from native_functions.yaml. Public Python API:
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
-- `scaled_dot_product_attention`, `sdpa_supported`, `try_scaled_dot_product_attention` — F.scaled_dot_product_attention
-  with PyTorch's semantics on our ops (PyTorch fallback otherwise); `sdpa_override()`, `enable_sdpa_override()`,
-  `disable_sdpa_override()` route every F.scaled_dot_product_attention call there (docs/sdpa_and_compile.md).
+- `scaled_dot_product_attention`, `sdpa_supported`, `try_scaled_dot_product_attention` —
+  F.scaled_dot_product_attention with PyTorch's semantics on our ops (PyTorch fallback otherwise);
+  `sdpa_override()`, `enable_sdpa_override()`, `disable_sdpa_override()` route every
+  F.scaled_dot_product_attention call there (docs/sdpa_and_compile.md).
 - `enable_compile_lowering()`, `disable_compile_lowering()`, `compile_lowering()` — Inductor passes that rewrite
   attention in torch.compile'd graphs to our ops (module `inductor_lowering`, imported on first use: it loads Inductor).
 """

@@ -17,7 +17,6 @@ Both passes implement `uuid()` (a hash of this file and sdpa.py), so Inductor's 
 """
 import contextlib
 import operator
-from typing import Optional
 
 import torch
 from torch._inductor import config as inductor_config
@@ -26,8 +25,13 @@ from torch._inductor.custom_graph_pass import (
     CustomInferenceAwareGraphPass,
     get_hash_for_files,
 )
-from torch._inductor.pattern_matcher import CallFunction, CallFunctionVarArgs, Match, PatternMatcherPass, \
-    register_graph_pattern
+from torch._inductor.pattern_matcher import (
+    CallFunction,
+    CallFunctionVarArgs,
+    Match,
+    PatternMatcherPass,
+    register_graph_pattern,
+)
 
 from . import sdpa
 
