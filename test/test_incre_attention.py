@@ -25,6 +25,9 @@ GRID = [
          pse="BN1S"),
     Case(layout="BNSD", dtype="bf16", q_heads=6, kv_heads=3, head_dim=128, kv_len=96, block=32, lens=(96, 5, 60),
          paged_4d=True),
+    # groups of 3 and 5 query heads per KV head: the blocked Q·Kᵀ splits them into 2+1 and 4+1 rows
+    Case(layout="BNSD", q_heads=9, kv_heads=3, head_dim=48, kv_len=70, lens=(70, 7, 33), mask="BS", pse="BN1S"),
+    Case(layout="BSH", dtype="bf16", q_heads=10, kv_heads=2, head_dim=64, kv_len=70, lens=(70, 3, 66)),
     # masks and pse
     Case(layout="BSH", mask="BS", lens=(40, 9, 0)),
     Case(layout="BNSD", mask="B1S", mask_dtype="uint8", pse="BN1S"),
