@@ -11,6 +11,8 @@ generated from native_functions.yaml. Public Python API:
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
+- `npu_all_gather_base_mm`, `npu_mm_reduce_scatter_base`, `npu_mm_all_reduce_base`, `npu_mm_all_reduce_add_rms_norm`
+  — MC2 matmul fused with collectives (torch_npu signatures); `tensor_parallel` — column/row-parallel Linear layers.
 """
 from ._ops_loader import load as _load
 
@@ -39,6 +41,14 @@ from .inference import (  # noqa: E402
     npu_incre_flash_attention,
     npu_prompt_flash_attention,
 )
+from .mc2 import (  # noqa: E402
+    mc2_validation,
+    npu_all_gather_base_mm,
+    npu_mm_all_reduce_add_rms_norm,
+    npu_mm_all_reduce_base,
+    npu_mm_reduce_scatter_base,
+)
+from . import tensor_parallel  # noqa: E402
 
 __all__ = [
     "OPS",
@@ -58,5 +68,11 @@ __all__ = [
     "npu_fused_infer_attention_score",
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
+    "mc2_validation",
+    "npu_all_gather_base_mm",
+    "npu_mm_all_reduce_add_rms_norm",
+    "npu_mm_all_reduce_base",
+    "npu_mm_reduce_scatter_base",
+    "tensor_parallel",
 ]
 __version__ = "0.1.0"
