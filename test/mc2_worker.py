@@ -228,6 +228,23 @@ def scenario_tp():
     assert y_tp.shape == (rows, batch, h)
 
 
+def scenario_compile():
+    """torch.compile(fullgraph=True) traces the ops through their fake kernels, forward and backward (aot_eager)."""
+    def block(x, w1, w2):
+        h, _ = OPS.all_gather_matmul(x, w1, GROUP, W, None, 0, False, 2)
+        return OPS.matmul_reduce_scatter(torch.relu(h), w2, GROUP, W, None, 2)
+
+    torch.manual_seed(7)
+    args = [torch.randn(8, 16), torch.randn(16, 12), torch.randn(12, 16)]
+    eager_args = [a.clone().requires_grad_() for a in args]
+    compiled_args = [a.clone().requires_grad_() for a in args]
+    block(*eager_args).square().sum().backward()
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    compiled(*compiled_args).square().sum().backward()
+    for e, c in zip(eager_args, compiled_args):
+        torch.testing.assert_close(c.grad, e.grad)
+
+
 def expect_error(kind, fragments, fn):
     try:
         fn()
@@ -300,7 +317,7 @@ def scenario_mismatch_unvalidated():
         print(f"MC2-RAISED RuntimeError: {str(e).splitlines()[0]}", flush=True)
 
 
-SCENARIOS = {"ops": scenario_ops, "tp": scenario_tp, "bad_input": scenario_bad_input, "opcheck": run_opcheck,
+SCENARIOS = {"ops": scenario_ops, "tp": scenario_tp, "compile": scenario_compile, "bad_input": scenario_bad_input, "opcheck": run_opcheck,
              "mismatch": scenario_mismatch, "rank_fails": scenario_rank_fails,
              "mismatch_unvalidated": scenario_mismatch_unvalidated}
 

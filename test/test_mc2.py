@@ -30,8 +30,8 @@ def assert_all_ok(results, report, scenarios):
             assert f"MC2-OK {s}" in res.stdout, report
 
 
-def test_world2_ops_backward_tp_opcheck_and_bad_input():
-    scenarios = ["ops", "tp", "bad_input", "opcheck"]
+def test_world2_ops_backward_tp_opcheck_compile_and_bad_input():
+    scenarios = ["ops", "tp", "bad_input", "opcheck", "compile"]
     results, report = run_ranks(2, scenarios)
     assert_all_ok(results, report, scenarios)
     assert results[0].stdout.count("MC2-RAISED") >= 13, report
