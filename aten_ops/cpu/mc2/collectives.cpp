@@ -71,11 +71,11 @@ at::Tensor wait(const at::Tensor& pending) { return call("_c10d_functional::wait
 bool validation_enabled() { return validation_flag().load(); }
 void set_validation(bool enabled) { validation_flag().store(enabled); }
 
-void validate_across_ranks(const char* op, const Group& g, const Signature& sig) {
+void validate_across_ranks(const char* op, const Group& g, const Signature& sig, const c10::Device& device) {
   if (!validation_enabled() || g.size == 1) return;
   const int64_t n = static_cast<int64_t>(sig.values.size());
-  const at::Tensor mine = at::tensor(sig.values, at::TensorOptions().dtype(at::kLong));
-  const at::Tensor all = wait(all_gather_async(mine, g)).view({g.size, n});
+  const at::Tensor mine = at::tensor(sig.values, at::TensorOptions().dtype(at::kLong)).to(device);
+  const at::Tensor all = wait(all_gather_async(mine, g)).view({g.size, n}).cpu();
   const auto a = all.accessor<int64_t, 2>();
   for (int64_t f = 0; f < n; ++f) {
     for (int64_t r = 0; r < g.size; ++r) {

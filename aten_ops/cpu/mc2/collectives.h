@@ -28,12 +28,14 @@ at::Tensor wait(const at::Tensor& pending);
 
 // Cross-rank validation: every rank all-gathers a small signature of its call (op, dtype, the shape of what it
 // communicates, chunk count) and raises the same error when any rank differs. On by default (one tiny collective
-// per op call); set_validation(false) or TOT_MC2_VALIDATE=0 turns it off.
+// per op call; on a device (hccl/nccl) also a device-to-host copy, i.e. a host sync); set_validation(false) or
+// TOT_MC2_VALIDATE=0 turns it off. The signature travels on `device`, the device the op's tensors are on, since a
+// device backend (hccl, nccl) only moves tensors of its device.
 struct Signature {
   std::vector<std::string> fields;  // what each value means, for the error message
   std::vector<int64_t> values;
 };
-void validate_across_ranks(const char* op, const Group& g, const Signature& sig);
+void validate_across_ranks(const char* op, const Group& g, const Signature& sig, const c10::Device& device);
 bool validation_enabled();
 void set_validation(bool enabled);
 

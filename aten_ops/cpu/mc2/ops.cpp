@@ -76,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor> all_gather_matmul_impl(const char* op, const 
   const int64_t m = x1.size(0), k = x1.size(1), n = x2.size(1), W = g.size;
   const int64_t C = choose_chunks(op, chunks, m, k * x1.element_size() * W, W);
   mc2::validate_across_ranks(op, g, signature(kAllGatherMatmul, x1.scalar_type(), "x1.shape[0]", m, "x1.shape[1]",
-                                              k, C, bias.has_value()));
+                                              k, C, bias.has_value()), x1.device());
   at::Tensor out = at::empty({W * m, n}, x1.options());
   at::Tensor gathered = at::empty({gather_output ? W * m : 0, k}, x1.options());
   // All gathers are queued first: the gather of chunk c+1 proceeds while chunk c is multiplied.
@@ -103,7 +103,7 @@ at::Tensor matmul_reduce_scatter_impl(const char* op, const at::Tensor& x1, cons
   const int64_t local = m / W;
   const int64_t C = choose_chunks(op, chunks, local, n * x1.element_size() * W, W);
   mc2::validate_across_ranks(op, g, signature(kMatmulReduceScatter, x1.scalar_type(), "x1.shape[0]", m,
-                                              "x2.shape[1]", n, C, bias.has_value()));
+                                              "x2.shape[1]", n, C, bias.has_value()), x1.device());
   // Chunk c holds rows [b, e) of every rank's output block: it reduce-scatters into rows [b, e) of ours.
   std::vector<at::Tensor> pending;
   for (int64_t c = 0; c < C; ++c) {
@@ -134,7 +134,7 @@ void matmul_all_reduce_chunks(const char* op, const at::Tensor& x1, const at::Te
   const int64_t m = x1.size(0), n = x2.size(1);
   const int64_t C = choose_chunks(op, chunks, m, n * x1.element_size(), g.size);
   mc2::validate_across_ranks(op, g, signature(kMatmulAllReduce, x1.scalar_type(), "the rows of x1", m,
-                                              "x2.shape[1]", n, C, has_bias));
+                                              "x2.shape[1]", n, C, has_bias), x1.device());
   std::vector<at::Tensor> pending;
   for (int64_t c = 0; c < C; ++c)
     pending.push_back(mc2::all_reduce_async(at::mm(x1.slice(0, chunk_begin(c, C, m), chunk_begin(c + 1, C, m)), x2),
@@ -230,7 +230,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(
   const bool regather = gather_out.numel() == 0 && x1.numel() != 0;
   if (regather) {
     mc2::validate_across_ranks(op, g, signature(kGatherForGrad, x1.scalar_type(), "x1.shape[0]", x1.size(0),
-                                                "x1.shape[1]", x1.size(1), 1, false));
+                                                "x1.shape[1]", x1.size(1), 1, false), x1.device());
   }
   // The forward did not keep the gathered x1: gather it again, overlapped with the reduce-scatter below.
   const at::Tensor pending = regather ? mc2::all_gather_async(x1, g) : at::Tensor();
