@@ -6,8 +6,8 @@ rank times, alternating and in lockstep (fixed call counts, so collectives stay 
   compute  the matmuls alone
   unfused  torch.distributed collective, then torch.mm (what a user writes without MC2)
   fused    our op with the automatic chunk count (and an explicit one)
-hidden = (comm + compute - fused) / comm: the share of communication the pipeline hid behind compute (clipped to
-[0, 1]; 0 when fused is no faster than comm + compute). Rank 0 prints the table; times are the maximum over ranks
+hidden = (comm + compute - fused) / comm, fused being the faster of the two fused columns: the share of
+communication the pipeline hid behind compute (clipped to [0, 1]; 0 when fused is no faster than comm + compute). Rank 0 prints the table; times are the maximum over ranks
 of each rank's median.
 """
 import datetime
