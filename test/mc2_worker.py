@@ -186,6 +186,15 @@ def scenario_ops():
     check_wrappers()
 
 
+def scenario_ops_core():
+    """The pipelined and unpipelined paths of every op with bias, forward and backward (the world-size-4 run)."""
+    for chunks in (1, 3):
+        check_all_gather_matmul(10, 16, 12, chunks, True, gather_output=chunks == 1)
+        check_matmul_reduce_scatter(12 * W, 16, 10, chunks, True)
+        check_matmul_all_reduce((2, 7), 16, 10, chunks, True)
+        check_add_rms_norm((3, 5), 16, 24, chunks, True)
+
+
 def check_wrappers():
     """torch_npu-style wrappers: hcom as a group name or a ProcessGroup, world_size optional."""
     x1, x2, b = torch.randn(4, 6), torch.randn(6, 5), torch.randn(5)
@@ -317,7 +326,7 @@ def scenario_mismatch_unvalidated():
         print(f"MC2-RAISED RuntimeError: {str(e).splitlines()[0]}", flush=True)
 
 
-SCENARIOS = {"ops": scenario_ops, "tp": scenario_tp, "compile": scenario_compile, "bad_input": scenario_bad_input, "opcheck": run_opcheck,
+SCENARIOS = {"ops": scenario_ops, "ops_core": scenario_ops_core, "tp": scenario_tp, "compile": scenario_compile, "bad_input": scenario_bad_input, "opcheck": run_opcheck,
              "mismatch": scenario_mismatch, "rank_fails": scenario_rank_fails,
              "mismatch_unvalidated": scenario_mismatch_unvalidated}
 
