@@ -17,6 +17,8 @@ generated from native_functions.yaml. Public Python API:
   F.scaled_dot_product_attention call there (docs/sdpa_and_compile.md).
 - `enable_compile_lowering()`, `disable_compile_lowering()`, `compile_lowering()` — Inductor passes that rewrite
   attention in torch.compile'd graphs to our ops (module `inductor_lowering`, imported on first use: it loads Inductor).
+- `npu_all_gather_base_mm`, `npu_mm_reduce_scatter_base`, `npu_mm_all_reduce_base`, `npu_mm_all_reduce_add_rms_norm`
+  — MC2 matmul fused with collectives (torch_npu signatures); `tensor_parallel` — column/row-parallel Linear layers.
 """
 from ._ops_loader import load as _load
 
@@ -70,6 +72,14 @@ def compile_lowering():
     """Context manager: Inductor lowers attention to our ops for graphs compiled inside the block."""
     from . import inductor_lowering as m
     return m.compile_lowering()
+from .mc2 import (  # noqa: E402
+    mc2_validation,
+    npu_all_gather_base_mm,
+    npu_mm_all_reduce_add_rms_norm,
+    npu_mm_all_reduce_base,
+    npu_mm_reduce_scatter_base,
+)
+from . import tensor_parallel  # noqa: E402
 
 __all__ = [
     "OPS",
@@ -98,5 +108,11 @@ __all__ = [
     "enable_compile_lowering",
     "disable_compile_lowering",
     "compile_lowering",
+    "mc2_validation",
+    "npu_all_gather_base_mm",
+    "npu_mm_all_reduce_add_rms_norm",
+    "npu_mm_all_reduce_base",
+    "npu_mm_reduce_scatter_base",
+    "tensor_parallel",
 ]
 __version__ = "0.1.0"

@@ -13,6 +13,68 @@ namespace {
               " like the op's first tensor; got a tensor on ", t.device());
 }
 
+std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
+  const c10::Device device = x1.device();
+  check_same_device("all_gather_matmul", "x2", x2, device);
+  if (bias.has_value()) check_same_device("all_gather_matmul", "bias", *bias, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::all_gather_matmul_mc2(x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const c10::Device device = grad_out.device();
+  check_same_device("all_gather_matmul_grad", "x1", x1, device);
+  check_same_device("all_gather_matmul_grad", "x2", x2, device);
+  check_same_device("all_gather_matmul_grad", "gather_out", gather_out, device);
+  if (bias.has_value()) check_same_device("all_gather_matmul_grad", "bias", *bias, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::all_gather_matmul_grad_mc2(grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks);
+}
+
+at::Tensor matmul_reduce_scatter_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const c10::Device device = x1.device();
+  check_same_device("matmul_reduce_scatter", "x2", x2, device);
+  if (bias.has_value()) check_same_device("matmul_reduce_scatter", "bias", *bias, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::matmul_reduce_scatter_mc2(x1, x2, group_name, world_size, bias, chunks);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const c10::Device device = grad_out.device();
+  check_same_device("matmul_reduce_scatter_grad", "x1", x1, device);
+  check_same_device("matmul_reduce_scatter_grad", "x2", x2, device);
+  if (bias.has_value()) check_same_device("matmul_reduce_scatter_grad", "bias", *bias, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::matmul_reduce_scatter_grad_mc2(grad_out, x1, x2, group_name, world_size, bias, chunks);
+}
+
+at::Tensor matmul_all_reduce_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const c10::Device device = x1.device();
+  check_same_device("matmul_all_reduce", "x2", x2, device);
+  if (bias.has_value()) check_same_device("matmul_all_reduce", "bias", *bias, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::matmul_all_reduce_mc2(x1, x2, group_name, bias, chunks);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias) {
+  const c10::Device device = grad_out.device();
+  check_same_device("matmul_all_reduce_grad", "x1", x1, device);
+  check_same_device("matmul_all_reduce_grad", "x2", x2, device);
+  if (bias.has_value()) check_same_device("matmul_all_reduce_grad", "bias", *bias, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::matmul_all_reduce_grad_mc2(grad_out, x1, x2, bias);
+}
+
+std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
+  const c10::Device device = x1.device();
+  check_same_device("matmul_all_reduce_add_rms_norm", "x2", x2, device);
+  check_same_device("matmul_all_reduce_add_rms_norm", "residual", residual, device);
+  check_same_device("matmul_all_reduce_add_rms_norm", "gamma", gamma, device);
+  if (bias.has_value()) check_same_device("matmul_all_reduce_add_rms_norm", "bias", *bias, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::matmul_all_reduce_add_rms_norm_mc2(x1, x2, residual, gamma, group_name, bias, epsilon, chunks);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -31,6 +93,14 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("attention_update(Tensor lse, Tensor out) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
   m.def("attention_update_grad(Tensor lse, Tensor out, Tensor softmax_lse, Tensor attention_out, Tensor grad_attention_out, Tensor grad_softmax_lse) -> (Tensor grad_lse, Tensor grad_out)", {at::Tag::pt2_compliant_tag});
   m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("all_gather_matmul(Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int gather_index=0, bool gather_output=True, int chunks=0) -> (Tensor out, Tensor gather_out)", {at::Tag::pt2_compliant_tag});
+  m.def("all_gather_matmul_grad(Tensor grad_out, Tensor x1, Tensor x2, Tensor gather_out, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
+  m.def("matmul_reduce_scatter(Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("matmul_reduce_scatter_grad(Tensor grad_out, Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
+  m.def("matmul_all_reduce(Tensor x1, Tensor x2, str group_name, Tensor? bias=None, int chunks=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("matmul_all_reduce_grad(Tensor grad_out, Tensor x1, Tensor x2, Tensor? bias=None) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
+  m.def("matmul_all_reduce_add_rms_norm(Tensor x1, Tensor x2, Tensor residual, Tensor gamma, str group_name, Tensor? bias=None, float epsilon=1e-06, int chunks=0) -> (Tensor y, Tensor norm_out)", {at::Tag::pt2_compliant_tag});
+  m.def("mc2_validation(int enable=-1) -> bool", TORCH_FN(npu_fa::mc2_validation));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -48,4 +118,21 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("attention_update", TORCH_FN(npu_fa::attention_update_cpu));
   m.impl("attention_update_grad", TORCH_FN(npu_fa::attention_update_grad_cpu));
   m.impl("incre_flash_attention", TORCH_FN(npu_fa::incre_flash_attention_cpu));
+  m.impl("all_gather_matmul", TORCH_FN(npu_fa::all_gather_matmul_mc2));
+  m.impl("all_gather_matmul_grad", TORCH_FN(npu_fa::all_gather_matmul_grad_mc2));
+  m.impl("matmul_reduce_scatter", TORCH_FN(npu_fa::matmul_reduce_scatter_mc2));
+  m.impl("matmul_reduce_scatter_grad", TORCH_FN(npu_fa::matmul_reduce_scatter_grad_mc2));
+  m.impl("matmul_all_reduce", TORCH_FN(npu_fa::matmul_all_reduce_mc2));
+  m.impl("matmul_all_reduce_grad", TORCH_FN(npu_fa::matmul_all_reduce_grad_mc2));
+  m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(npu_fa::matmul_all_reduce_add_rms_norm_mc2));
+}
+
+TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
+  m.impl("all_gather_matmul", TORCH_FN(all_gather_matmul_mc2_privateuse1));
+  m.impl("all_gather_matmul_grad", TORCH_FN(all_gather_matmul_grad_mc2_privateuse1));
+  m.impl("matmul_reduce_scatter", TORCH_FN(matmul_reduce_scatter_mc2_privateuse1));
+  m.impl("matmul_reduce_scatter_grad", TORCH_FN(matmul_reduce_scatter_grad_mc2_privateuse1));
+  m.impl("matmul_all_reduce", TORCH_FN(matmul_all_reduce_mc2_privateuse1));
+  m.impl("matmul_all_reduce_grad", TORCH_FN(matmul_all_reduce_grad_mc2_privateuse1));
+  m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(matmul_all_reduce_add_rms_norm_mc2_privateuse1));
 }

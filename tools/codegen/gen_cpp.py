@@ -25,7 +25,8 @@ _ARG_TYPES = {
     "int[]?": "at::OptionalIntArrayRef",
     "SymInt[]": "at::IntArrayRef",
 }
-_RET_TYPES = {"Tensor": "at::Tensor", "int[]": "std::vector<int64_t>", "Tensor[]": "std::vector<at::Tensor>"}
+_RET_TYPES = {"Tensor": "at::Tensor", "int[]": "std::vector<int64_t>", "Tensor[]": "std::vector<at::Tensor>",
+              "bool": "bool"}
 
 
 def _arg_type(op: str, a: Argument) -> str:

@@ -22,6 +22,14 @@ OPS = {
     'attention_update': ('Merges K partial attention results computed over disjoint key ranges (ring / context-parallel attention): lse [K, ...] fp32 (or fp64), out [K, ..., D]; returns attention_out [..., D] = sum_i exp(lse_i - L) out_i and softmax_lse [...] = L = log sum_i exp(lse_i). A partial lse of -inf (empty key range) gets weight exactly 0; if all are -inf the row is 0 with L = -inf. Differentiable in both inputs.', ('CPU',), True, True),
     'attention_update_grad': ('Backward of attention_update: with w_i = exp(lse_i - L), grad_out_i = w_i g and grad_lse_i = w_i (grad_softmax_lse + out_i·g - attention_out·g); zero for -inf partial lse.', ('CPU',), False, True),
     'incre_flash_attention': ("Decode attention (CANN IncreFlashAttention): one query token per sequence against a KV cache, out = Softmax(Mask(scale_value * q Kᵀ + pse_shift)) V per query head, GQA/MQA through num_key_value_heads. query BSH [B,1,N1*D], BSND [B,1,N1,D] or BNSD [B,N1,1,D]; output has query's shape and dtype. Contiguous cache: key/value [B,S,N2*D] (BSH), [B,S,N2,D] (BSND), [B,N2,S,D] (BNSD); sequence b reads cache positions [S - pad - len_b, S - pad) with pad = kv_padding_size (0 when absent) and len_b = actual_seq_lengths[b] (S when absent). Paged cache (block_table int32 [B, max_blocks_per_seq] given): key/value (num_blocks, block_size, N2*D) or, for BNSD, (num_blocks, N2, block_size, D); logical key j of sequence b is row j % block_size of physical block block_table[b, j // block_size]; actual_seq_lengths is required. atten_mask (bool/uint8, True = masked; (B,S), (B,1,S), (B,1,1,S)) and pse_shift ([B or 1, N1, 1, S], added after scaling) are indexed by cache position (logical key index for a paged cache). Query heads without any visible key (length 0 or fully masked) give zeros. fp32 accumulation for fp32/fp16/bf16; deterministic.", ('CPU',), False, True),
+    'all_gather_matmul': ("MC2 AllGatherMatmul: out = AllGather(x1) @ x2 + bias over the process group named group_name (world_size ranks; AllGather concatenates every rank's x1 [m, k] along rows, rank-major, into [world_size*m, k]). gather_out is that gathered x1 when gather_output, else an empty tensor. gather_index must be 0 (x1 is gathered). x1 is split into `chunks` row chunks (0 = automatic from the shapes and world size): the gather of chunk c+1 runs while chunk c is multiplied. Backward: dx1 = matmul_reduce_scatter(dout, x2ᵀ), dx2 = gathered_x1ᵀ dout, dbias = column sums of dout.", ('CPU', 'PrivateUse1'), True, True),
+    'all_gather_matmul_grad': ('Backward of all_gather_matmul: dx1 = ReduceScatter(grad_out @ x2ᵀ) (the fused matmul_reduce_scatter pipeline), dx2 = gather_out ᵀ grad_out (x1 is gathered again, overlapped with dx1, when gather_out is empty), dbias = grad_out summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
+    'matmul_reduce_scatter': ("MC2 MatmulReduceScatter: ReduceScatter(x1 @ x2) + bias over the process group named group_name: the sum of every rank's [m, n] product, of which rank r keeps rows [r*m/world_size, (r+1)*m/world_size) (m must be divisible by world_size). bias is added once, after the reduction (a row-parallel Linear's bias); its gradient is the group total, identical on every rank. Each rank's row block is split into `chunks` (0 = automatic): the reduce-scatter of chunk c runs while chunk c+1 is multiplied. Backward: dx1 = AllGather(dout) @ x2ᵀ (the fused all_gather_matmul pipeline), dx2 = x1ᵀ AllGather(dout).", ('CPU', 'PrivateUse1'), True, True),
+    'matmul_reduce_scatter_grad': ('Backward of matmul_reduce_scatter: G = AllGather(grad_out) [m, n]; dx1 = G @ x2ᵀ (fused, chunked), dx2 = x1ᵀ G, dbias = G summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
+    'matmul_all_reduce': ("MC2 MatmulAllReduce: AllReduce(x1 @ x2) + bias (sum over the process group named group_name; bias added once). x1 is [m, k] or [b, s, k]; the output is x1's leading dims by n. Rows are split into `chunks` (0 = automatic): the all-reduce of chunk c runs while chunk c+1 is multiplied. Backward is local: dx1 = dout x2ᵀ, dx2 = x1ᵀ dout, dbias = dout summed over rows.", ('CPU', 'PrivateUse1'), True, True),
+    'matmul_all_reduce_grad': ('Backward of matmul_all_reduce (local, no communication): dx1 = grad_out x2ᵀ, dx2 = x1ᵀ grad_out, dbias = grad_out summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
+    'matmul_all_reduce_add_rms_norm': ("MC2 MatmulAllReduceAddRmsNorm (inference): y = AllReduce(x1 @ x2) + bias + residual and norm_out = y / sqrt(mean(y², last dim) + epsilon) * gamma (computed in fp32, fp64 for fp64). residual has the output's shape, gamma is [n]. Chunked like matmul_all_reduce; the add and norm of a chunk run while later chunks are still being reduced. Not differentiable.", ('CPU', 'PrivateUse1'), False, True),
+    'mc2_validation': ('Cross-rank validation of the MC2 ops, process-wide: when on (the default; TOT_MC2_VALIDATE=0 turns it off at start-up) every MC2 op first all-gathers a 6-integer signature of its call (op, dtype, communicated shape, chunks, bias) so that ranks calling with mismatched dtypes or shapes all raise the same clear error instead of hanging or reading garbage. Costs one tiny collective per op call. enable 1 turns it on, 0 off, -1 only queries; returns the setting in force.', ('CatchAll',), False, False),
 }
 
 
@@ -140,9 +148,96 @@ def _backward_attention_update(ctx, grad_attention_out, grad_softmax_lse):
     )
 
 
+def _setup_all_gather_matmul(ctx, inputs, output):
+    (x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks,) = inputs
+    (out, gather_out,) = output
+    ctx.save_for_backward(x1, x2, gather_out, bias)
+    ctx.group_name = group_name
+    ctx.world_size = world_size
+    ctx.chunks = chunks
+    ctx.mark_non_differentiable(gather_out)
+
+
+def _backward_all_gather_matmul(ctx, grad_out, grad_gather_out):
+    (x1, x2, gather_out, bias,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.all_gather_matmul_grad.default(
+        grad_out,
+        x1,
+        x2,
+        gather_out,
+        ctx.group_name,
+        ctx.world_size,
+        bias=bias,
+        chunks=ctx.chunks,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x1
+        grads[1] if _needs_grad(ctx, 1) else None,  # x2
+        None,  # group_name
+        None,  # world_size
+        grads[2] if _needs_grad(ctx, 4) else None,  # bias
+        None,  # gather_index
+        None,  # gather_output
+        None,  # chunks
+    )
+
+
+def _setup_matmul_reduce_scatter(ctx, inputs, output):
+    (x1, x2, group_name, world_size, bias, chunks,) = inputs
+    result0 = output
+    ctx.save_for_backward(x1, x2, bias)
+    ctx.group_name = group_name
+    ctx.world_size = world_size
+    ctx.chunks = chunks
+
+
+def _backward_matmul_reduce_scatter(ctx, grad_result0):
+    (x1, x2, bias,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.matmul_reduce_scatter_grad.default(
+        grad_result0,
+        x1,
+        x2,
+        ctx.group_name,
+        ctx.world_size,
+        bias=bias,
+        chunks=ctx.chunks,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x1
+        grads[1] if _needs_grad(ctx, 1) else None,  # x2
+        None,  # group_name
+        None,  # world_size
+        grads[2] if _needs_grad(ctx, 4) else None,  # bias
+        None,  # chunks
+    )
+
+
+def _setup_matmul_all_reduce(ctx, inputs, output):
+    (x1, x2, group_name, bias, chunks,) = inputs
+    result0 = output
+    ctx.save_for_backward(x1, x2, bias)
+
+
+def _backward_matmul_all_reduce(ctx, grad_result0):
+    (x1, x2, bias,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.matmul_all_reduce_grad.default(
+        grad_result0,
+        x1,
+        x2,
+        bias=bias,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x1
+        grads[1] if _needs_grad(ctx, 1) else None,  # x2
+        None,  # group_name
+        grads[2] if _needs_grad(ctx, 3) else None,  # bias
+        None,  # chunks
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.rope']}
+    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.rope']}
     torch.library.register_fake("npu_fa::flash_attention_score", modules['torch_ops_transformer.fake.attention'].flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
     torch.library.register_fake("npu_fa::flash_attention_score_grad", modules['torch_ops_transformer.fake.attention'].flash_attention_score_grad)
@@ -160,3 +255,13 @@ def register():
     torch.library.register_autograd("npu_fa::attention_update", _backward_attention_update, setup_context=_setup_attention_update)
     torch.library.register_fake("npu_fa::attention_update_grad", modules['torch_ops_transformer.fake.inference'].attention_update_grad)
     torch.library.register_fake("npu_fa::incre_flash_attention", modules['torch_ops_transformer.fake.inference'].incre_flash_attention)
+    torch.library.register_fake("npu_fa::all_gather_matmul", modules['torch_ops_transformer.fake.mc2'].all_gather_matmul)
+    torch.library.register_autograd("npu_fa::all_gather_matmul", _backward_all_gather_matmul, setup_context=_setup_all_gather_matmul)
+    torch.library.register_fake("npu_fa::all_gather_matmul_grad", modules['torch_ops_transformer.fake.mc2'].all_gather_matmul_grad)
+    torch.library.register_fake("npu_fa::matmul_reduce_scatter", modules['torch_ops_transformer.fake.mc2'].matmul_reduce_scatter)
+    torch.library.register_autograd("npu_fa::matmul_reduce_scatter", _backward_matmul_reduce_scatter, setup_context=_setup_matmul_reduce_scatter)
+    torch.library.register_fake("npu_fa::matmul_reduce_scatter_grad", modules['torch_ops_transformer.fake.mc2'].matmul_reduce_scatter_grad)
+    torch.library.register_fake("npu_fa::matmul_all_reduce", modules['torch_ops_transformer.fake.mc2'].matmul_all_reduce)
+    torch.library.register_autograd("npu_fa::matmul_all_reduce", _backward_matmul_all_reduce, setup_context=_setup_matmul_all_reduce)
+    torch.library.register_fake("npu_fa::matmul_all_reduce_grad", modules['torch_ops_transformer.fake.mc2'].matmul_all_reduce_grad)
+    torch.library.register_fake("npu_fa::matmul_all_reduce_add_rms_norm", modules['torch_ops_transformer.fake.mc2'].matmul_all_reduce_add_rms_norm)

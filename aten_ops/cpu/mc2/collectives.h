@@ -1,0 +1,43 @@
+// MC2 building blocks: the process group behind a name, and PyTorch's functional collectives called through the
+// dispatcher (torch.ops._c10d_functional.*), so the same code runs on gloo, hccl and nccl.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <string>
+#include <vector>
+
+namespace npu_fa {
+namespace mc2 {
+
+struct Group {
+  std::string name;
+  int64_t size;
+  int64_t rank;
+};
+
+// Resolves `group_name` to a registered c10d process group; `world_size` (< 0: not given) must equal its size.
+Group resolve_group(const char* op, c10::string_view group_name, int64_t world_size);
+
+// Asynchronous collectives: return the output tensor at once; wait() blocks until its data is there.
+at::Tensor all_gather_async(const at::Tensor& input, const Group& g);                 // rows concatenated rank-major
+at::Tensor reduce_scatter_async(const at::Tensor& input, const Group& g);             // sum, rows split rank-major
+at::Tensor all_reduce_async(const at::Tensor& input, const Group& g);                 // sum
+at::Tensor wait(const at::Tensor& pending);
+
+// Cross-rank validation: every rank all-gathers a small signature of its call (op, dtype, the shape of what it
+// communicates, chunk count) and raises the same error when any rank differs. On by default (one tiny collective
+// per op call; on a device (hccl/nccl) also a device-to-host copy, i.e. a host sync); set_validation(false) or
+// TOT_MC2_VALIDATE=0 turns it off. The signature travels on `device`, the device the op's tensors are on, since a
+// device backend (hccl, nccl) only moves tensors of its device.
+struct Signature {
+  std::vector<std::string> fields;  // what each value means, for the error message
+  std::vector<int64_t> values;
+};
+void validate_across_ranks(const char* op, const Group& g, const Signature& sig, const c10::Device& device);
+bool validation_enabled();
+void set_validation(bool enabled);
+
+}  // namespace mc2
+}  // namespace npu_fa

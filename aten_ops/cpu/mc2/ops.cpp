@@ -1,0 +1,284 @@
+// MC2 entry points declared in native_functions.yaml: matmul fused with all-gather, reduce-scatter or all-reduce.
+//
+// The fusion is a software pipeline over row chunks: the collective of chunk c is in flight (asynchronous
+// functional collective) while chunk c+1 is multiplied, so communication hides behind compute. Kernels are
+// backend-neutral (at::mm + c10d functional collectives through the dispatcher) and are registered for CPU and
+// PrivateUse1 alike. With chunks == 1 each op is exactly the unfused computation.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "cpu/mc2/collectives.h"
+#include "generated/kernels.h"
+
+namespace npu_fa {
+namespace {
+
+using mc2::Group;
+
+// Op ids in the cross-rank signature: ranks calling different ops are reported instead of deadlocking.
+enum OpId : int64_t { kAllGatherMatmul = 1, kMatmulReduceScatter, kMatmulAllReduce, kGatherForGrad };
+
+// Chunks below this many rows, or collectives below this many bytes, cost more in per-call latency than they hide.
+constexpr int64_t kMinChunkRows = 64;
+constexpr int64_t kMinChunkBytes = 128 * 1024;
+constexpr int64_t kMaxAutoChunks = 4;
+
+int64_t choose_chunks(const char* op, int64_t requested, int64_t rows, int64_t bytes_per_row, int64_t world) {
+  TORCH_CHECK_VALUE(requested >= 0, op, ": argument 'chunks' must be >= 0 (0 = automatic); got ", requested);
+  if (requested > 0) return std::max<int64_t>(1, std::min(requested, rows));
+  if (world == 1) return 1;
+  const int64_t by_rows = rows / kMinChunkRows;
+  const int64_t by_bytes = rows * bytes_per_row / kMinChunkBytes;
+  return std::max<int64_t>(1, std::min({kMaxAutoChunks, by_rows, by_bytes}));
+}
+
+// Row range [begin, end) of chunk c out of n over `rows` rows (sizes differ by at most one).
+int64_t chunk_begin(int64_t c, int64_t n, int64_t rows) { return c * rows / n; }
+
+void check_matmul_args(const char* op, const at::Tensor& x1, const at::Tensor& x2,
+                       const std::optional<at::Tensor>& bias, bool x1_any_rank) {
+  if (x1_any_rank) {
+    TORCH_CHECK_VALUE(x1.dim() >= 2, op, ": x1 must be [m, k] or [b, s, k]; got shape ", x1.sizes());
+  } else {
+    TORCH_CHECK_VALUE(x1.dim() == 2, op, ": x1 must be 2-D [m, k]; got shape ", x1.sizes());
+  }
+  TORCH_CHECK_VALUE(x2.dim() == 2, op, ": x2 must be 2-D [k, n]; got shape ", x2.sizes());
+  TORCH_CHECK_VALUE(x1.size(-1) == x2.size(0), op, ": x1's last dim (k = ", x1.size(-1),
+                    ") must equal x2's first dim; got x1 of shape ", x1.sizes(), " and x2 of shape ", x2.sizes());
+  TORCH_CHECK_VALUE(at::isFloatingType(x1.scalar_type()), op, ": x1 must be a floating-point tensor; got ",
+                    x1.scalar_type());
+  TORCH_CHECK_VALUE(x2.scalar_type() == x1.scalar_type(), op, ": x2's dtype (", x2.scalar_type(),
+                    ") must equal x1's (", x1.scalar_type(), ")");
+  if (bias.has_value()) {
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == x2.size(1), op, ": bias must be 1-D of size n = ",
+                      x2.size(1), " (x2's last dim); got shape ", bias->sizes());
+    TORCH_CHECK_VALUE(bias->scalar_type() == x1.scalar_type(), op, ": bias's dtype (", bias->scalar_type(),
+                      ") must equal x1's (", x1.scalar_type(), ")");
+  }
+}
+
+// What every rank must agree on; fixed length so the signature all-gather itself never mismatches.
+mc2::Signature signature(OpId id, at::ScalarType dtype, const char* rows_name, int64_t rows, const char* cols_name,
+                         int64_t cols, int64_t chunks, bool has_bias) {
+  return {{"the op called", "the dtype of x1", rows_name, cols_name, "argument 'chunks'", "whether bias is given"},
+          {id, static_cast<int64_t>(dtype), rows, cols, chunks, has_bias ? 1 : 0}};
+}
+
+void write_matmul(at::Tensor out, const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias) {
+  if (bias.has_value()) at::addmm_out(out, *bias, a, b);
+  else at::mm_out(out, a, b);
+}
+
+std::tuple<at::Tensor, at::Tensor> all_gather_matmul_impl(const char* op, const at::Tensor& x1, const at::Tensor& x2,
+                                                          const Group& g, const std::optional<at::Tensor>& bias,
+                                                          bool gather_output, int64_t chunks) {
+  const int64_t m = x1.size(0), k = x1.size(1), n = x2.size(1), W = g.size;
+  const int64_t C = choose_chunks(op, chunks, m, k * x1.element_size() * W, W);
+  mc2::validate_across_ranks(op, g, signature(kAllGatherMatmul, x1.scalar_type(), "x1.shape[0]", m, "x1.shape[1]",
+                                              k, C, bias.has_value()), x1.device());
+  at::Tensor out = at::empty({W * m, n}, x1.options());
+  at::Tensor gathered = at::empty({gather_output ? W * m : 0, k}, x1.options());
+  // All gathers are queued first: the gather of chunk c+1 proceeds while chunk c is multiplied.
+  std::vector<at::Tensor> pending;
+  for (int64_t c = 0; c < C; ++c)
+    pending.push_back(mc2::all_gather_async(x1.slice(0, chunk_begin(c, C, m), chunk_begin(c + 1, C, m)), g));
+  for (int64_t c = 0; c < C; ++c) {
+    const int64_t b = chunk_begin(c, C, m), rows = chunk_begin(c + 1, C, m) - b;
+    const at::Tensor part = mc2::wait(pending[c]);  // [W * rows, k], rank-major
+    for (int64_t r = 0; r < W; ++r) {
+      const at::Tensor src = part.slice(0, r * rows, (r + 1) * rows);
+      write_matmul(out.slice(0, r * m + b, r * m + b + rows), src, x2, bias);
+      if (gather_output) gathered.slice(0, r * m + b, r * m + b + rows).copy_(src);
+    }
+  }
+  return {out, gathered};
+}
+
+at::Tensor matmul_reduce_scatter_impl(const char* op, const at::Tensor& x1, const at::Tensor& x2, const Group& g,
+                                      const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const int64_t m = x1.size(0), n = x2.size(1), W = g.size;
+  TORCH_CHECK_VALUE(m % W == 0, op, ": x1's first dim (m = ", m, ") must be divisible by world_size (", W,
+                    "): reduce-scatter gives each rank m / world_size rows");
+  const int64_t local = m / W;
+  const int64_t C = choose_chunks(op, chunks, local, n * x1.element_size() * W, W);
+  mc2::validate_across_ranks(op, g, signature(kMatmulReduceScatter, x1.scalar_type(), "x1.shape[0]", m,
+                                              "x2.shape[1]", n, C, bias.has_value()), x1.device());
+  // Chunk c holds rows [b, e) of every rank's output block: it reduce-scatters into rows [b, e) of ours.
+  std::vector<at::Tensor> pending;
+  for (int64_t c = 0; c < C; ++c) {
+    const int64_t b = chunk_begin(c, C, local), rows = chunk_begin(c + 1, C, local) - b;
+    at::Tensor partial = at::empty({W * rows, n}, x1.options());
+    for (int64_t r = 0; r < W; ++r) {
+      at::Tensor dst = partial.slice(0, r * rows, (r + 1) * rows);
+      at::mm_out(dst, x1.slice(0, r * local + b, r * local + b + rows), x2);
+    }
+    pending.push_back(mc2::reduce_scatter_async(partial, g));
+  }
+  at::Tensor out = at::empty({local, n}, x1.options());
+  for (int64_t c = 0; c < C; ++c) {
+    at::Tensor dst = out.slice(0, chunk_begin(c, C, local), chunk_begin(c + 1, C, local));
+    const at::Tensor summed = mc2::wait(pending[c]);
+    // The bias is added once, after the reduction (the bias of a row-parallel Linear).
+    if (bias.has_value()) at::add_out(dst, summed, *bias);
+    else dst.copy_(summed);
+  }
+  return out;
+}
+
+// Multiplies row chunks of x1 [m, k] and all-reduces each while the next one is multiplied; `finish(c, b, e,
+// summed)` consumes chunk c (rows [b, e)) as soon as its reduction is complete.
+template <typename Finish>
+void matmul_all_reduce_chunks(const char* op, const at::Tensor& x1, const at::Tensor& x2, const Group& g,
+                              bool has_bias, int64_t chunks, Finish finish) {
+  const int64_t m = x1.size(0), n = x2.size(1);
+  const int64_t C = choose_chunks(op, chunks, m, n * x1.element_size(), g.size);
+  mc2::validate_across_ranks(op, g, signature(kMatmulAllReduce, x1.scalar_type(), "the rows of x1", m,
+                                              "x2.shape[1]", n, C, has_bias), x1.device());
+  std::vector<at::Tensor> pending;
+  for (int64_t c = 0; c < C; ++c)
+    pending.push_back(mc2::all_reduce_async(at::mm(x1.slice(0, chunk_begin(c, C, m), chunk_begin(c + 1, C, m)), x2),
+                                            g));
+  for (int64_t c = 0; c < C; ++c)
+    finish(chunk_begin(c, C, m), chunk_begin(c + 1, C, m), mc2::wait(pending[c]));
+}
+
+std::vector<int64_t> output_shape(const at::Tensor& x1, int64_t n) {
+  std::vector<int64_t> shape(x1.sizes().begin(), x1.sizes().end());
+  shape.back() = n;
+  return shape;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const at::Tensor& x1, const at::Tensor& x2,
+                                                         c10::string_view group_name, int64_t world_size,
+                                                         const std::optional<at::Tensor>& bias, int64_t gather_index,
+                                                         bool gather_output, int64_t chunks) {
+  const char* op = "all_gather_matmul";
+  check_matmul_args(op, x1, x2, bias, false);
+  TORCH_CHECK_VALUE(gather_index == 0, op, ": argument 'gather_index' must be 0 (gather x1, as torch_npu supports); got ",
+                    gather_index);
+  const Group g = mc2::resolve_group(op, group_name, world_size);
+  return all_gather_matmul_impl(op, x1, x2, g, bias, gather_output, chunks);
+}
+
+at::Tensor matmul_reduce_scatter_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name,
+                                     int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const char* op = "matmul_reduce_scatter";
+  check_matmul_args(op, x1, x2, bias, false);
+  const Group g = mc2::resolve_group(op, group_name, world_size);
+  return matmul_reduce_scatter_impl(op, x1, x2, g, bias, chunks);
+}
+
+at::Tensor matmul_all_reduce_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name,
+                                 const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const char* op = "matmul_all_reduce";
+  check_matmul_args(op, x1, x2, bias, true);
+  const Group g = mc2::resolve_group(op, group_name, -1);
+  const at::Tensor a = x1.reshape({-1, x1.size(-1)});
+  at::Tensor out = at::empty({a.size(0), x2.size(1)}, x1.options());
+  matmul_all_reduce_chunks(op, a, x2, g, bias.has_value(), chunks, [&](int64_t b, int64_t e, const at::Tensor& s) {
+    at::Tensor dst = out.slice(0, b, e);
+    if (bias.has_value()) at::add_out(dst, s, *bias);
+    else dst.copy_(s);
+  });
+  return out.view(output_shape(x1, x2.size(1)));
+}
+
+std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(
+    const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma,
+    c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
+  const char* op = "matmul_all_reduce_add_rms_norm";
+  check_matmul_args(op, x1, x2, bias, true);
+  const std::vector<int64_t> shape = output_shape(x1, x2.size(1));
+  TORCH_CHECK_VALUE(residual.sizes() == at::IntArrayRef(shape), op, ": residual must have the output's shape ",
+                    at::IntArrayRef(shape), " (x1's leading dims, x2's last dim); got ", residual.sizes());
+  TORCH_CHECK_VALUE(gamma.dim() == 1 && gamma.size(0) == x2.size(1), op, ": gamma must be 1-D of size n = ",
+                    x2.size(1), "; got shape ", gamma.sizes());
+  TORCH_CHECK_VALUE(residual.scalar_type() == x1.scalar_type() && gamma.scalar_type() == x1.scalar_type(), op,
+                    ": residual (", residual.scalar_type(), ") and gamma (", gamma.scalar_type(),
+                    ") must have x1's dtype (", x1.scalar_type(), ")");
+  TORCH_CHECK_VALUE(epsilon > 0, op, ": argument 'epsilon' must be > 0; got ", epsilon);
+  const Group g = mc2::resolve_group(op, group_name, -1);
+  const at::Tensor a = x1.reshape({-1, x1.size(-1)});
+  const at::Tensor res = residual.reshape({-1, x2.size(1)});
+  at::Tensor y = at::empty({a.size(0), x2.size(1)}, x1.options());
+  at::Tensor normed = at::empty_like(y);
+  const at::ScalarType acc = x1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor gamma_acc = gamma.to(acc);
+  // Residual add and RMSNorm of chunk c run while the all-reduces of later chunks are still in flight.
+  matmul_all_reduce_chunks(op, a, x2, g, bias.has_value(), chunks, [&](int64_t b, int64_t e, const at::Tensor& s) {
+    at::Tensor h = s.to(acc) + res.slice(0, b, e).to(acc);
+    if (bias.has_value()) h.add_(bias->to(acc));
+    y.slice(0, b, e).copy_(h);
+    const at::Tensor inv_rms = at::rsqrt(h.square().mean(-1, true) + epsilon);
+    normed.slice(0, b, e).copy_(h * inv_rms * gamma_acc);
+  });
+  return {y.view(shape), normed.view(shape)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(
+    const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out,
+    c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const char* op = "all_gather_matmul_grad";
+  check_matmul_args(op, x1, x2, bias, false);
+  const Group g = mc2::resolve_group(op, group_name, world_size);
+  TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.size(0) == g.size * x1.size(0) && grad_out.size(1) == x2.size(1),
+                    op, ": grad_out must be [world_size * m, n] = [", g.size * x1.size(0), ", ", x2.size(1),
+                    "]; got shape ", grad_out.sizes());
+  const bool regather = gather_out.numel() == 0 && x1.numel() != 0;
+  if (regather) {
+    mc2::validate_across_ranks(op, g, signature(kGatherForGrad, x1.scalar_type(), "x1.shape[0]", x1.size(0),
+                                                "x1.shape[1]", x1.size(1), 1, false), x1.device());
+  }
+  // The forward did not keep the gathered x1: gather it again, overlapped with the reduce-scatter below.
+  const at::Tensor pending = regather ? mc2::all_gather_async(x1, g) : at::Tensor();
+  const at::Tensor dx1 = matmul_reduce_scatter_impl(op, grad_out, x2.t(), g, std::nullopt, chunks);
+  const at::Tensor gathered = regather ? mc2::wait(pending) : gather_out;
+  const at::Tensor dx2 = at::mm(gathered.t(), grad_out);
+  const at::Tensor dbias = bias.has_value() ? grad_out.sum(0) : at::empty({0}, x1.options());
+  return {dx1, dx2, dbias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(
+    const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name,
+    int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  const char* op = "matmul_reduce_scatter_grad";
+  check_matmul_args(op, x1, x2, bias, false);
+  const Group g = mc2::resolve_group(op, group_name, world_size);
+  TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.size(0) * g.size == x1.size(0) && grad_out.size(1) == x2.size(1),
+                    op, ": grad_out must be [m / world_size, n] = [", x1.size(0) / g.size, ", ", x2.size(1),
+                    "]; got shape ", grad_out.sizes());
+  // The dual op: all-gather the output gradient while multiplying it by x2ᵀ chunk by chunk.
+  auto [dx1, full_grad] = all_gather_matmul_impl(op, grad_out, x2.t(), g, std::nullopt, true, chunks);
+  const at::Tensor dx2 = at::mm(x1.t(), full_grad);
+  // The bias is one parameter shared by the group: its gradient is the group total, identical on every rank.
+  const at::Tensor dbias = bias.has_value() ? full_grad.sum(0) : at::empty({0}, x1.options());
+  return {dx1, dx2, dbias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const at::Tensor& grad_out,
+                                                                          const at::Tensor& x1, const at::Tensor& x2,
+                                                                          const std::optional<at::Tensor>& bias) {
+  const char* op = "matmul_all_reduce_grad";
+  check_matmul_args(op, x1, x2, bias, true);
+  const std::vector<int64_t> shape = output_shape(x1, x2.size(1));
+  TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef(shape), op, ": grad_out must have the output's shape ",
+                    at::IntArrayRef(shape), "; got ", grad_out.sizes());
+  // Local: the all-reduce's backward is the identity on a loss every rank computes alike.
+  const at::Tensor g = grad_out.reshape({-1, x2.size(1)});
+  const at::Tensor dx1 = at::mm(g, x2.t()).view(x1.sizes());
+  const at::Tensor dx2 = at::mm(x1.reshape({-1, x1.size(-1)}).t(), g);
+  const at::Tensor dbias = bias.has_value() ? g.sum(0) : at::empty({0}, x1.options());
+  return {dx1, dx2, dbias};
+}
+
+bool mc2_validation(int64_t enable) {
+  TORCH_CHECK_VALUE(enable >= -1 && enable <= 1, "mc2_validation: argument 'enable' must be -1 (query), 0 or 1; got ",
+                    enable);
+  if (enable >= 0) mc2::set_validation(enable == 1);
+  return mc2::validation_enabled();
+}
+
+}  // namespace npu_fa
