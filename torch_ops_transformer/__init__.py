@@ -11,6 +11,8 @@ generated from native_functions.yaml. Public Python API:
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
+- `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa");
+  loaded on first use, so transformers stays an optional dependency.
 """
 from ._ops_loader import load as _load
 
@@ -58,5 +60,18 @@ __all__ = [
     "npu_fused_infer_attention_score",
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
+    "register_hf_attention",
+    "replace_attention_with_flash",
 ]
 __version__ = "0.1.0"
+
+_LAZY_HF = ("register_hf_attention", "replace_attention_with_flash")
+
+
+def __getattr__(name):
+    # The Hugging Face integration imports transformers, so it is loaded only when asked for.
+    if name in _LAZY_HF:
+        from . import hf
+
+        return getattr(hf, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
