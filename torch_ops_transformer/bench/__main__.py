@@ -1,4 +1,8 @@
-"""`python -m torch_ops_transformer.bench <table> [options]` — benchmark tables that print ratios vs the peer."""
+"""`python -m torch_ops_transformer.bench <table> [options]` — benchmark tables that print ratios vs the peer.
+
+`all` runs every table; `--plot out.png` adds a sweep over sequence lengths and saves time/memory plots
+(needs matplotlib).
+"""
 import argparse
 import sys
 
@@ -13,7 +17,13 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per contender (median reported)")
     p.add_argument("--quick", action="store_true", help="tiny shapes: checks the command runs (numbers meaningless)")
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="also sweep sequence lengths and save time/memory plots to this PNG (needs matplotlib)")
     args = p.parse_args(argv)
+    if args.plot:
+        from . import plot
+
+        plot._pyplot()  # a missing matplotlib fails now, not after the tables
     if args.threads:
         torch.set_num_threads(args.threads)
     tables = TABLES if args.table == "all" else (args.table,)
@@ -30,6 +40,9 @@ def main(argv=None) -> int:
             from . import decode
 
             decode.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        print()
+    if args.plot:
+        plot.main(args.plot, quick=args.quick, reps=1 if args.quick else min(args.reps, 3))
     return 0
 
 
