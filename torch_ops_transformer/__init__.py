@@ -11,6 +11,9 @@ generated from native_functions.yaml. Public Python API:
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
+- `scaled_dot_product_attention`, `sdpa_supported`, `try_scaled_dot_product_attention` — F.scaled_dot_product_attention
+  with PyTorch's semantics on our ops (PyTorch fallback otherwise); `sdpa_override()`, `enable_sdpa_override()`,
+  `disable_sdpa_override()` route every F.scaled_dot_product_attention call there (docs/sdpa_and_compile.md).
 - `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa");
   loaded on first use, so transformers stays an optional dependency.
 """
@@ -41,6 +44,14 @@ from .inference import (  # noqa: E402
     npu_incre_flash_attention,
     npu_prompt_flash_attention,
 )
+from .sdpa import (  # noqa: E402
+    disable_sdpa_override,
+    enable_sdpa_override,
+    scaled_dot_product_attention,
+    sdpa_override,
+    try_scaled_dot_product_attention,
+)
+from .sdpa import supported as sdpa_supported  # noqa: E402
 
 __all__ = [
     "OPS",
@@ -60,6 +71,12 @@ __all__ = [
     "npu_fused_infer_attention_score",
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
+    "scaled_dot_product_attention",
+    "sdpa_supported",
+    "try_scaled_dot_product_attention",
+    "sdpa_override",
+    "enable_sdpa_override",
+    "disable_sdpa_override",
     "register_hf_attention",
     "replace_attention_with_flash",
 ]

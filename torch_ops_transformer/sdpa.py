@@ -1,0 +1,254 @@
+"""`F.scaled_dot_product_attention` as a drop-in: a router with PyTorch's exact semantics that runs our ops, and a
+TorchFunctionMode that sends every `F.scaled_dot_product_attention` call to it.
+
+Routing (see docs/sdpa_and_compile.md):
+  - prefill / training  -> npu_fa::flash_attention_score (BNSD, differentiable, Philox dropout);
+  - one-token decode without autograd (Sq == 1, no causal, no dropout, Ev == E) -> npu_fa::incre_flash_attention;
+  - anything else -> PyTorch's own SDPA (one `logging` debug message per reason), never a different answer.
+
+Semantics reproduced: bool attn_mask True = *keep* (ours: True = masked out, so it is inverted); a float attn_mask is
+added to the scaled scores (our pse with pse_type 0); masks broadcast from any shape PyTorch accepts; `is_causal` is
+aligned to the top-left corner (sparse_mode 2) when Sq != Skv; scale defaults to 1/sqrt(E); enable_gqa; Ev <= E;
+rows whose keys are all masked give 0, as PyTorch 2.13's CPU SDPA does.
+"""
+import collections
+import contextlib
+import logging
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+from .attention import _draw_seed
+
+_OPS = torch.ops.npu_fa
+# F.scaled_dot_product_attention is this builtin; keep a handle so a fallback never re-enters our router.
+PYTORCH_SDPA = torch._C._nn.scaled_dot_product_attention
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+log = logging.getLogger(__name__)
+# How often each route ran in eager mode ("prefill", "decode", "fallback: <reason>"); tests and users read it.
+route_counts: collections.Counter = collections.Counter()
+_logged_reasons: set = set()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what we support
+# ---------------------------------------------------------------------------------------------------------------
+def _tensor_reason(query, key, value) -> Optional[str]:
+    if not all(isinstance(t, Tensor) for t in (query, key, value)):
+        return "query/key/value are not all tensors"
+    if any(t.is_nested for t in (query, key, value)):
+        return "nested tensors"
+    if any(t.device.type != "cpu" for t in (query, key, value)):
+        return f"device {query.device.type} (our kernels run on CPU)"
+    if query.dtype not in _DTYPES:
+        return f"dtype {query.dtype} (kernels take float32/float16/bfloat16)"
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        return "query/key/value dtypes differ"
+    if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
+        return f"{query.dim()}-D query (only 3-D [B,S,E] and 4-D [B,N,S,E] are routed)"
+    return None
+
+
+def _shape_reason(query, key, value, enable_gqa) -> Optional[str]:
+    if key.shape[:-2] != value.shape[:-2] or key.shape[-2] != value.shape[-2]:
+        return "key/value batch, heads or length differ"
+    if query.shape[0] != key.shape[0]:
+        return "query and key batch sizes differ (broadcast batch)"
+    if query.dim() == 4 and query.shape[1] != key.shape[1]:
+        if not enable_gqa or query.shape[1] % key.shape[1] != 0:
+            return "query and key head counts differ without enable_gqa (PyTorch raises)"
+    e, ev = query.shape[-1], value.shape[-1]
+    if key.shape[-1] != e:
+        return "query and key head dims differ"
+    if e == 0 or ev == 0 or ev > e:
+        return "value head dim must satisfy 0 < Ev <= E"
+    if query.shape[-2] == 0 or key.shape[-2] == 0:
+        return "empty query or key sequence"
+    return None
+
+
+def _mask_reason(query, key, attn_mask, is_causal) -> Optional[str]:
+    if attn_mask is None:
+        return None
+    if is_causal:
+        return "attn_mask together with is_causal (PyTorch raises)"
+    if not isinstance(attn_mask, Tensor) or attn_mask.is_nested or attn_mask.device.type != "cpu":
+        return "attn_mask is not a CPU tensor"
+    if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
+        return f"attn_mask dtype {attn_mask.dtype} is not bool, float32 or the query dtype (PyTorch raises)"
+    if attn_mask.dim() < 2 or attn_mask.dim() > query.dim():
+        return f"{attn_mask.dim()}-D attn_mask (PyTorch takes 2-D up to the query's rank)"
+    full = tuple(query.shape[:-1]) + (key.shape[-2],)
+    pad = (1,) * (len(full) - attn_mask.dim()) + tuple(attn_mask.shape)
+    if any(m != 1 and m != f for m, f in zip(pad, full)):
+        return "attn_mask does not broadcast to [..., Sq, Skv]"
+    return None
+
+
+def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False) -> Optional[str]:
+    """Why our ops cannot take this call (None: they can). Shape checks only; never reads tensor data."""
+    reason = _tensor_reason(query, key, value)
+    if reason is None:
+        reason = _shape_reason(query, key, value, enable_gqa)
+    if reason is None:
+        reason = _mask_reason(query, key, attn_mask, is_causal)
+    if reason is None and not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
+        reason = f"dropout_p={dropout_p!r} outside [0, 1)"
+    if reason is None and scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        reason = f"scale={scale!r} is not a finite number"
+    return reason
+
+
+def supported(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False) -> bool:
+    """True when `scaled_dot_product_attention` runs this call on our ops (False: PyTorch's SDPA)."""
+    return unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# running our ops
+# ---------------------------------------------------------------------------------------------------------------
+def _count(route: str) -> None:
+    if not torch.compiler.is_compiling():
+        route_counts[route] += 1
+
+
+def _fallback_note(reason: str) -> None:
+    """One debug message per distinct reason (eager only: logging inside a traced region would break the graph)."""
+    if torch.compiler.is_compiling():
+        return
+    route_counts["fallback: " + reason] += 1
+    if reason not in _logged_reasons:
+        _logged_reasons.add(reason)
+        log.debug("scaled_dot_product_attention falls back to PyTorch: %s", reason)
+
+
+def _mask_4d(attn_mask: Tensor, query: Tensor) -> Tensor:
+    """The mask as 4-D [b, n, sq, skv] (each dim full-size or 1) for a 4-D BNSD problem (3-D inputs get n = 1)."""
+    m = attn_mask.reshape((1,) * (query.dim() - attn_mask.dim()) + tuple(attn_mask.shape))
+    return m.unsqueeze(1) if query.dim() == 3 else m
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _decode(q, k, v, mask, scale) -> Optional[Tensor]:
+    """Sq == 1 through incre_flash_attention (BNSD), or None when its mask forms do not fit."""
+    b, n1 = q.shape[0], q.shape[1]
+    skv = k.shape[2]
+    atten_mask = pse_shift = None
+    if mask is not None and mask.dtype == torch.bool:
+        if mask.shape[1] != 1:
+            return None  # IFA masks are per batch, not per head: use the prefill kernel
+        atten_mask = torch.logical_not(mask).expand(mask.shape[0], 1, 1, skv)
+    elif mask is not None:
+        pse_shift = mask.expand(mask.shape[0], n1, 1, skv)
+    _count("decode")
+    return _OPS.incre_flash_attention(q, k, v, atten_mask=atten_mask, pse_shift=pse_shift, num_heads=n1,
+                                      scale_value=scale, input_layout="BNSD", num_key_value_heads=k.shape[1])
+
+
+def _prefill(q, k, v, mask, dropout_p, is_causal, scale) -> Tensor:
+    b, n1, sq, _ = q.shape
+    skv = k.shape[2]
+    atten_mask = pse = None
+    if mask is not None and mask.dtype == torch.bool:
+        atten_mask = torch.logical_not(mask).expand(mask.shape[0], mask.shape[1], sq, skv)
+    elif mask is not None:
+        # pse accepts [B,N,Sq,Skv], [B,N,1,Skv], [1,N,Sq,Skv]; expand() keeps the broadcast dims stride 0.
+        rows = 1 if mask.shape[0] != 1 and mask.shape[2] == 1 else sq
+        pse = mask.expand(mask.shape[0], n1, rows, skv)
+    keep = 1.0 - dropout_p
+    seed, offset = _draw_seed(keep, q.device)
+    _count("prefill")
+    out = _OPS.flash_attention_score(q, k, v, n1, "BNSD", pse=pse, atten_mask=atten_mask, scale=scale,
+                                     keep_prob=keep, sparse_mode=2 if is_causal else 0, pse_type=0,
+                                     seed=seed, offset=offset)[0]
+    return out
+
+
+def _run(query, key, value, attn_mask, dropout_p, is_causal, scale) -> Tensor:
+    three_d = query.dim() == 3
+    q, k, v = (t.unsqueeze(1) for t in (query, key, value)) if three_d else (query, key, value)
+    mask = None if attn_mask is None else _mask_4d(attn_mask, query)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    out = None
+    if (q.shape[2] == 1 and not is_causal and dropout_p == 0.0 and v.shape[-1] == q.shape[-1]
+            and not _needs_grad(query, key, value, attn_mask)):
+        out = _decode(q, k, v, mask, scale)
+    if out is None:
+        out = _prefill(q, k, v, mask, dropout_p, is_causal, scale)
+    return out.squeeze(1) if three_d else out
+
+
+def try_scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                     dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                     enable_gqa: bool = False) -> Optional[Tensor]:
+    """Our result for an SDPA call, or None when it is not supported (nothing is logged)."""
+    if unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) is not None:
+        return None
+    return _run(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """`torch.nn.functional.scaled_dot_product_attention` with PyTorch's semantics, computed by our ops where
+    supported and by PyTorch otherwise (see the module docstring)."""
+    reason = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if reason is not None:
+        _fallback_note(reason)
+        return PYTORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+    return _run(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the override: a TorchFunctionMode
+# ---------------------------------------------------------------------------------------------------------------
+class SdpaOverrideMode(TorchFunctionMode):
+    """Sends `F.scaled_dot_product_attention` to our router; every other torch call passes through unchanged.
+    While this handler runs the mode is off, so the router's own PyTorch fallback does not come back here."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is PYTORCH_SDPA:
+            return scaled_dot_product_attention(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def sdpa_override():
+    """Within the block every `F.scaled_dot_product_attention` call runs on our ops (eager, and torch.compile
+    when the block encloses the compiled call)."""
+    with SdpaOverrideMode():
+        yield
+
+
+_global_mode: Optional[SdpaOverrideMode] = None
+
+
+def enable_sdpa_override() -> None:
+    """Turns the override on for the whole process (until `disable_sdpa_override`). Idempotent."""
+    global _global_mode
+    if _global_mode is None:
+        _global_mode = SdpaOverrideMode()
+        _global_mode.__enter__()
+
+
+def disable_sdpa_override() -> None:
+    """Turns the global override off. Modes entered after `enable_sdpa_override` must have been exited first."""
+    global _global_mode
+    if _global_mode is not None:
+        mode, _global_mode = _global_mode, None
+        mode.__exit__(None, None, None)
+
+
+def sdpa_override_enabled() -> bool:
+    return _global_mode is not None
