@@ -126,7 +126,7 @@ def run_worker(args, impl: str, report) -> None:
     model = _build_model(args, impl)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
-    checksum = float(sum(p.double().sum() for p in model.parameters()))
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     report.put(("stage", impl, "warm-up"))
     _generate(model, ids[:, : min(32, args.prompt_len)], 2)  # thread pools, kernel tables, allocator
     report.put(("stage", impl, "memory"))
