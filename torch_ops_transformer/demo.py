@@ -11,7 +11,8 @@ the decode kernel). The generated tokens must be identical; the seed's table (§
 - first-token latency: time from calling generate() to the logits of the first new token (the prefill);
 - decode throughput / per-token latency: over the remaining greedy steps, each one token per sequence.
 
-Each implementation runs in its own process, one after the other (2-core machine: never concurrently).
+Each implementation runs in its own process, one after the other (2-core machine: never concurrently);
+--same-process runs them all in this one.
 """
 import argparse
 import math
@@ -48,6 +49,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--model-path", help="local Hugging Face model directory (real weights; nothing is downloaded)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads in every worker (default: all cores)")
     p.add_argument("--quick", action="store_true", help="tiny configuration: checks the command works in seconds")
+    p.add_argument("--same-process", action="store_true",
+                   help="run every implementation in this process (faster start; memory growth is then less "
+                        "isolated, since freed memory from earlier runs can be reused)")
     args = p.parse_args(argv)
     base = dict(DEFAULTS, **(QUICK if args.quick else {}))
     for name, value in base.items():
@@ -178,27 +182,43 @@ class _Progress:
             self.bar.close()
 
 
+class _Inline:
+    """The queue interface for --same-process: messages are handled as soon as they are put."""
+
+    def __init__(self, handle):
+        self.put = handle
+
+
+def _handle(message, progress, results) -> bool:
+    """Progress or result of a worker; True once the worker is finished."""
+    kind, who, payload = message
+    if kind == "stage":
+        progress.step(f"{who}: {payload}")
+        return False
+    if kind == "error":
+        raise RuntimeError(f"demo worker for attention '{who}' failed:\n{payload}")
+    results[who] = payload
+    return True
+
+
 def run_all(args) -> Dict[str, dict]:
     ctx = multiprocessing.get_context("spawn")
     progress = _Progress(len(IMPLS) * len(STAGES))
-    results = {}
+    results: Dict[str, dict] = {}
     try:
         for impl in IMPLS:
+            progress.step(f"{impl}: load")
+            if args.same_process:
+                run_worker(args, impl, _Inline(lambda m: _handle(m, progress, results)))
+                continue
             report = ctx.Queue()
             proc = ctx.Process(target=_worker_entry, args=(args, impl, report))
             proc.start()
-            progress.step(f"{impl}: load")
-            while True:
-                kind, who, payload = report.get()
-                if kind == "stage":
-                    progress.step(f"{who}: {payload}")
-                elif kind == "error":
-                    proc.join()
-                    raise RuntimeError(f"demo worker for attention '{who}' failed:\n{payload}")
-                else:
-                    results[who] = payload
-                    break
-            proc.join()
+            try:
+                while not _handle(report.get(), progress, results):
+                    pass
+            finally:
+                proc.join()
     finally:
         progress.close()
     return results
@@ -258,7 +278,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     start = time.perf_counter()
     results = run_all(args)
     threads = results[IMPLS[0]]["threads"]
-    print(f"# {threads} threads, each implementation in a fresh process, {time.perf_counter() - start:.0f} s total")
+    where = "all in this process" if args.same_process else "each implementation in a fresh process"
+    print(f"# {threads} threads, {where}, {time.perf_counter() - start:.0f} s total")
     print(table(results, args.batch))
     print("speed-up columns: > 1 means ours is better (less memory, lower latency, more tokens/s). "
           "Memory = growth of the peak resident set during one prefill forward (VmHWM, after a warm-up), "
