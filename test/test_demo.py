@@ -19,6 +19,8 @@ def _assert_table(out: str) -> None:
     for column in ("eager (matmul+softmax)", "sdpa (PyTorch)", "npu_fa (ours)", "ours vs eager", "ours vs sdpa"):
         assert column in out, out
     assert "generated tokens identical for eager, sdpa, npu_fa" in out, out
+    routes = next(line for line in out.splitlines() if line.startswith("npu_fa attention calls:"))
+    assert "prefill" in routes and "decode" in routes and "fallback" not in routes, routes  # our kernels ran
 
 
 def test_demo_quick_prints_the_table(capsys):

@@ -126,9 +126,11 @@ def run_worker(args, impl: str, report) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     import torch_ops_transformer as tot
+    from torch_ops_transformer import sdpa
     from torch_ops_transformer.bench.common import peak_memory_growth
 
     tot.register_hf_attention()
+    sdpa.route_counts.clear()
     model = _build_model(args, impl)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
@@ -143,7 +145,9 @@ def run_worker(args, impl: str, report) -> None:
     tokens = runs[0][0]
     if any(r[0] != tokens for r in runs):
         raise RuntimeError(f"{impl}: repeated greedy generation is not deterministic")
+    routes = dict(sdpa.route_counts)  # which of our kernels npu_fa used, over all runs of this worker
     report.put(("result", impl, dict(tokens=tokens, memory=mem, checksum=checksum, threads=torch.get_num_threads(),
+                                     routes=routes,
                                      first=statistics.median(r[1] for r in runs),
                                      per_step=statistics.median(r[2] for r in runs))))
 
@@ -286,6 +290,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("speed-up columns: > 1 means ours is better (less memory, lower latency, more tokens/s). "
           "Memory = growth of the peak resident set during one prefill forward (VmHWM, after a warm-up), "
           "whole model: weights are excluded, activations and the KV cache included.")
+    routes = results["npu_fa"].get("routes") or {}
+    print("npu_fa attention calls: " + (", ".join(f"{k} {v}" for k, v in sorted(routes.items())) or "none"))
     problems = check_tokens(results)
     if problems:
         print("\n!!! GENERATED TOKENS DIFFER BETWEEN ATTENTION IMPLEMENTATIONS !!!", file=sys.stderr)
