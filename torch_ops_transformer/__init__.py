@@ -11,9 +11,12 @@ generated from native_functions.yaml. Public Python API:
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
-- `scaled_dot_product_attention`, `sdpa_supported`, `try_scaled_dot_product_attention` — F.scaled_dot_product_attention
-  with PyTorch's semantics on our ops (PyTorch fallback otherwise); `sdpa_override()`, `enable_sdpa_override()`,
-  `disable_sdpa_override()` route every F.scaled_dot_product_attention call there (docs/sdpa_and_compile.md).
+- `scaled_dot_product_attention`, `sdpa_supported`, `try_scaled_dot_product_attention` —
+  F.scaled_dot_product_attention with PyTorch's semantics on our ops (PyTorch fallback otherwise);
+  `sdpa_override()`, `enable_sdpa_override()`, `disable_sdpa_override()` route every
+  F.scaled_dot_product_attention call there (docs/sdpa_and_compile.md).
+- `enable_compile_lowering()`, `disable_compile_lowering()`, `compile_lowering()` — Inductor passes that rewrite
+  attention in torch.compile'd graphs to our ops (module `inductor_lowering`, imported on first use: it loads Inductor).
 - `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa");
   loaded on first use, so transformers stays an optional dependency.
 """
@@ -53,6 +56,23 @@ from .sdpa import (  # noqa: E402
 )
 from .sdpa import supported as sdpa_supported  # noqa: E402
 
+
+def enable_compile_lowering() -> None:
+    """See torch_ops_transformer.inductor_lowering (imported lazily: it imports Inductor's pattern matcher)."""
+    from . import inductor_lowering as m
+    m.enable_compile_lowering()
+
+
+def disable_compile_lowering() -> None:
+    from . import inductor_lowering as m
+    m.disable_compile_lowering()
+
+
+def compile_lowering():
+    """Context manager: Inductor lowers attention to our ops for graphs compiled inside the block."""
+    from . import inductor_lowering as m
+    return m.compile_lowering()
+
 __all__ = [
     "OPS",
     "FlashAttention",
@@ -77,6 +97,9 @@ __all__ = [
     "sdpa_override",
     "enable_sdpa_override",
     "disable_sdpa_override",
+    "enable_compile_lowering",
+    "disable_compile_lowering",
+    "compile_lowering",
     "register_hf_attention",
     "replace_attention_with_flash",
 ]

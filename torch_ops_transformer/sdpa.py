@@ -75,7 +75,7 @@ def _mask_reason(query, key, attn_mask, is_causal) -> Optional[str]:
     if attn_mask is None:
         return None
     if is_causal:
-        return "attn_mask together with is_causal (PyTorch raises)"
+        return "attn_mask together with is_causal (PyTorch's CPU kernels disagree: flash combines, math raises)"
     if not isinstance(attn_mask, Tensor) or attn_mask.is_nested or attn_mask.device.type != "cpu":
         return "attn_mask is not a CPU tensor"
     if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
@@ -140,7 +140,7 @@ def _needs_grad(*tensors) -> bool:
 
 def _decode(q, k, v, mask, scale) -> Optional[Tensor]:
     """Sq == 1 through incre_flash_attention (BNSD), or None when its mask forms do not fit."""
-    b, n1 = q.shape[0], q.shape[1]
+    n1 = q.shape[1]
     skv = k.shape[2]
     atten_mask = pse_shift = None
     if mask is not None and mask.dtype == torch.bool:
@@ -155,7 +155,7 @@ def _decode(q, k, v, mask, scale) -> Optional[Tensor]:
 
 
 def _prefill(q, k, v, mask, dropout_p, is_causal, scale) -> Tensor:
-    b, n1, sq, _ = q.shape
+    n1, sq = q.shape[1], q.shape[2]
     skv = k.shape[2]
     atten_mask = pse = None
     if mask is not None and mask.dtype == torch.bool:
@@ -167,10 +167,9 @@ def _prefill(q, k, v, mask, dropout_p, is_causal, scale) -> Tensor:
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
     _count("prefill")
-    out = _OPS.flash_attention_score(q, k, v, n1, "BNSD", pse=pse, atten_mask=atten_mask, scale=scale,
-                                     keep_prob=keep, sparse_mode=2 if is_causal else 0, pse_type=0,
-                                     seed=seed, offset=offset)[0]
-    return out
+    return _OPS.flash_attention_score(q, k, v, n1, "BNSD", pse=pse, atten_mask=atten_mask, scale=scale,
+                                      keep_prob=keep, sparse_mode=2 if is_causal else 0, pse_type=0,
+                                      seed=seed, offset=offset)[0]
 
 
 def _run(query, key, value, attn_mask, dropout_p, is_causal, scale) -> Tensor:
