@@ -171,7 +171,9 @@ def test_training_with_attention_dropout():
     assert not torch.equal(loss_a, loss_plain)
     assert all(torch.isfinite(g).all() for g in grads_a.values())
     model.eval()  # eval mode: transformers passes dropout=0.0, so the result matches sdpa
-    assert torch.equal(greedy(model, ids, mask, 3), greedy(model.set_attn_implementation("sdpa") or model, ids, mask, 3))
+    ours = greedy(model, ids, mask, 3)
+    model.set_attn_implementation("sdpa")
+    assert torch.equal(ours, greedy(model, ids, mask, 3))
 
 
 def test_replace_attention_with_flash(routes):
@@ -205,3 +207,52 @@ def test_import_does_not_import_transformers():
     code = ("import sys, torch_ops_transformer as t; assert 'transformers' not in sys.modules; "
             "t.register_hf_attention; assert 'transformers' in sys.modules")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def _module(groups):
+    m = torch.nn.Module()
+    m.num_key_value_groups, m.is_causal = groups, True
+    return m
+
+
+@pytest.mark.parametrize("sq, skv, masked, bias", [
+    (7, 7, False, False),    # causal prefill, no mask (is_causal route)
+    (7, 7, True, False),     # padded prefill: boolean mask
+    (1, 9, False, False),    # decode step, no mask
+    (1, 9, True, False),     # decode step with a padding mask
+    (5, 5, True, True),      # per-layer position_bias folded into a float mask
+    (3, 8, False, False),    # prefill into an empty static-cache tail (dropped)
+])
+def test_attention_function_matches_transformers_sdpa(sq, skv, masked, bias, routes):
+    """The function alone against transformers' own "sdpa" function, with the tolerance rule vs float64."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    g = torch.Generator().manual_seed(sq * 100 + skv)
+    q, k, v = torch.randn(2, 4, sq, 16, generator=g), torch.randn(2, 2, skv, 16, generator=g), \
+        torch.randn(2, 2, skv, 16, generator=g)
+    mask = None
+    if masked:
+        keep = torch.ones(2, skv, dtype=torch.bool)
+        keep[1, :2] = False  # left padding of sequence 1
+        causal = torch.arange(skv)[None, :] <= torch.arange(skv - sq, skv)[:, None]
+        mask = (keep[:, None, None, :] & causal).expand(2, 1, sq, skv)
+    pb = torch.randn(1, 4, sq, skv, generator=g) if bias else None
+    kw = dict(dropout=0.0, scaling=0.3, position_bias=pb)
+    ours, none = hf.npu_fa_attention_forward(_module(2), q, k, v, mask, **kw)
+    same = sdpa_attention_forward(_module(2), q, k, v, mask, **kw)[0]
+    ref64 = sdpa_attention_forward(_module(2), q.double(), k.double(), v.double(), mask,
+                                   dropout=0.0, scaling=0.3, position_bias=None if pb is None else pb.double())[0]
+    assert none is None and ours.shape == (2, sq, 4, 16) and ours.is_contiguous()
+    assert routes["decode" if sq == 1 else "prefill"] == 1 and len(routes) == 1, dict(routes)  # no fallback
+    # fully masked (padding) query rows are included: PyTorch's CPU SDPA and ours both give zeros there
+    check_tolerance(f"attention sq={sq} skv={skv} masked={masked} bias={bias}", ours, ref64, same)
+
+
+def test_static_cache_generation_identical_to_sdpa():
+    model = tiny_llama()
+    ids, mask = left_padded_batch()
+    kw = dict(do_sample=False, max_new_tokens=4, min_new_tokens=4, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        ours = model.generate(input_ids=ids, attention_mask=mask, **kw)
+        model.set_attn_implementation("sdpa")
+        assert torch.equal(ours, model.generate(input_ids=ids, attention_mask=mask, **kw))

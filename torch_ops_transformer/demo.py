@@ -15,7 +15,6 @@ Each implementation runs in its own process, one after the other (2-core machine
 --same-process runs them all in this one.
 """
 import argparse
-import math
 import multiprocessing
 import statistics
 import sys

@@ -50,7 +50,8 @@ def sweep_table(data) -> str:
     rows = []
     for i, seq in enumerate(data["seqs"]):
         for dt_name in DTYPES:
-            t = {(p, w): data["times"][(dt_name, p, w)][i] * 1e3 for p in ("forward", "fwd+bwd") for w in ("ours", "torch")}
+            t = {(p, w): data["times"][(dt_name, p, w)][i] * 1e3
+                 for p in ("forward", "fwd+bwd") for w in ("ours", "torch")}
             rows.append([seq, dt_name, f"{t['forward', 'ours']:.1f}", f"{t['forward', 'torch']:.1f}",
                          f"{t['forward', 'torch'] / t['forward', 'ours']:.2f}x", f"{t['fwd+bwd', 'ours']:.1f}",
                          f"{t['fwd+bwd', 'torch']:.1f}", f"{t['fwd+bwd', 'torch'] / t['fwd+bwd', 'ours']:.2f}x"]
@@ -75,9 +76,9 @@ def draw(data, path: str) -> None:
     ax = axes[1][0]
     for dt_name in DTYPES:
         for pass_name, style in (("forward", "-o"), ("fwd+bwd", "--s")):
-            t = data["times"]
-            ax.plot(seqs, [th / to for th, to in zip(t[(dt_name, pass_name, "torch")], t[(dt_name, pass_name, "ours")])],
-                    style, color=colors[dt_name], label=f"{pass_name} {dt_name}")
+            theirs, ours = data["times"][(dt_name, pass_name, "torch")], data["times"][(dt_name, pass_name, "ours")]
+            ax.plot(seqs, [th / to for th, to in zip(theirs, ours)], style, color=colors[dt_name],
+                    label=f"{pass_name} {dt_name}")
     ax.axhline(1.0, color="gray", lw=1)
     ax.set_title("speed-up = torch SDPA time / our time (higher is better)")
     ax.set_ylabel("speed-up (x)")
