@@ -57,6 +57,7 @@ def test_demo_reports_token_mismatch_loudly(monkeypatch, capsys):
     (["--batch", "0"], "--batch must be >= 1, got 0"),
     (["--new-tokens", "1"], "--new-tokens must be >= 2"),
     (["--hidden", "100", "--heads", "8"], "--hidden (100) must be a multiple of --heads (8)"),
+    (["--model-path", "/nonexistent/llama"], "--model-path must be a local Hugging Face model directory"),
 ])
 def test_demo_rejects_bad_options(argv, message, capsys):
     with pytest.raises(SystemExit):

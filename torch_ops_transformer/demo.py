@@ -16,6 +16,7 @@ Each implementation runs in its own process, one after the other (2-core machine
 """
 import argparse
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -64,6 +65,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.new_tokens < 2:
         p.error(f"--new-tokens must be >= 2 (one prefill token and at least one decode step), got {args.new_tokens}")
+    if args.model_path is not None and not os.path.isfile(os.path.join(args.model_path, "config.json")):
+        p.error(f"--model-path must be a local Hugging Face model directory (with config.json), got {args.model_path!r}")
     if args.model_path is None and (args.hidden % args.heads or args.heads % args.kv_heads):
         p.error(f"--hidden ({args.hidden}) must be a multiple of --heads ({args.heads}) and --heads a multiple of "
                 f"--kv-heads ({args.kv_heads})")
