@@ -19,6 +19,8 @@ generated from native_functions.yaml. Public Python API:
   attention in torch.compile'd graphs to our ops (module `inductor_lowering`, imported on first use: it loads Inductor).
 - `npu_all_gather_base_mm`, `npu_mm_reduce_scatter_base`, `npu_mm_all_reduce_base`, `npu_mm_all_reduce_add_rms_norm`
   — MC2 matmul fused with collectives (torch_npu signatures); `tensor_parallel` — column/row-parallel Linear layers.
+- `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa");
+  loaded on first use, so transformers stays an optional dependency.
 """
 from ._ops_loader import load as _load
 
@@ -114,5 +116,18 @@ __all__ = [
     "npu_mm_all_reduce_base",
     "npu_mm_reduce_scatter_base",
     "tensor_parallel",
+    "register_hf_attention",
+    "replace_attention_with_flash",
 ]
 __version__ = "0.1.0"
+
+_LAZY_HF = ("register_hf_attention", "replace_attention_with_flash")
+
+
+def __getattr__(name):
+    # The Hugging Face integration imports transformers, so it is loaded only when asked for.
+    if name in _LAZY_HF:
+        from . import hf
+
+        return getattr(hf, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

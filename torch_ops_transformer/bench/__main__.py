@@ -1,39 +1,45 @@
-"""`python -m torch_ops_transformer.bench <table> [options]` — benchmark tables that print ratios vs the peer."""
+"""`python -m torch_ops_transformer.bench <table> [options]` — benchmark tables that print ratios vs the peer.
+
+`all` runs every table; `--plot out.png` adds a sweep over sequence lengths and saves time/memory plots
+(needs matplotlib).
+"""
 import argparse
+import importlib
 import sys
 
 import torch
 
-TABLES = ("attention", "prefill", "decode", "mc2")
+# table name -> module of this package with main(quick, reps); `all` runs them in this order.
+TABLES = {
+    "attention": "attention",
+    "prefill": "prefill",
+    "decode": "decode",
+    "mc2": "mc2",
+}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m torch_ops_transformer.bench", description=__doc__)
-    p.add_argument("table", choices=TABLES + ("all",), help="which benchmark table to run")
+    p.add_argument("table", choices=tuple(TABLES) + ("all",), help="which benchmark table to run")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per contender (median reported)")
     p.add_argument("--quick", action="store_true", help="tiny shapes: checks the command runs (numbers meaningless)")
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="also sweep sequence lengths and save time/memory plots to this PNG (needs matplotlib)")
     args = p.parse_args(argv)
+    if args.plot:
+        from . import plot
+
+        plot._pyplot()  # a missing matplotlib fails now, not after the tables
     if args.threads:
         torch.set_num_threads(args.threads)
     tables = TABLES if args.table == "all" else (args.table,)
     for name in tables:
-        if name == "attention":
-            from . import attention
-
-            attention.main(quick=args.quick, reps=1 if args.quick else args.reps)
-        elif name == "prefill":
-            from . import prefill
-
-            prefill.main(quick=args.quick, reps=1 if args.quick else args.reps)
-        elif name == "decode":
-            from . import decode
-
-            decode.main(quick=args.quick, reps=1 if args.quick else args.reps)
-        elif name == "mc2":
-            from . import mc2
-
-            mc2.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        module = importlib.import_module(f".{TABLES[name]}", __package__)
+        module.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        print()
+    if args.plot:
+        plot.main(args.plot, quick=args.quick, reps=1 if args.quick else min(args.reps, 3))
     return 0
 
 

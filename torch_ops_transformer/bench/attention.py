@@ -145,16 +145,23 @@ def _memory_contender(name: str, seq: int, heads: int, head_dim: int) -> int:
         return peak_memory_growth(fn)
 
 
-def memory_table(seq: int, heads: int = 8, head_dim: int = 128):
-    """Peak RSS growth of one fp32 forward at sequence `seq`: ours, torch SDPA (flash) and the math path."""
+MEMORY_CONTENDERS = ("ours", "torch SDPA", "math (softmax(QKᵀ)V)")
+
+
+def memory_growth_fresh_process(name: str, seq: int, heads: int = 8, head_dim: int = 128) -> int:
+    """Bytes of peak RSS growth of one fp32 causal forward of contender `name`, measured in a new process."""
     import multiprocessing
 
-    ctx = multiprocessing.get_context("spawn")
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_memory_contender, (name, seq, heads, head_dim))
+
+
+def memory_table(seq: int, heads: int = 8, head_dim: int = 128):
+    """Peak RSS growth of one fp32 forward at sequence `seq`: ours, torch SDPA (flash) and the math path."""
     out_mib = heads * seq * head_dim * 4 / 2**20
     rows = []
-    for name in ("ours", "torch SDPA", "math (softmax(QKᵀ)V)"):
-        with ctx.Pool(1) as pool:
-            grown = pool.apply(_memory_contender, (name, seq, heads, head_dim)) / 2**20
+    for name in MEMORY_CONTENDERS:
+        grown = memory_growth_fresh_process(name, seq, heads, head_dim) / 2**20
         rows.append([name, f"{grown:.0f}", f"{max(0.0, grown - out_mib):.0f}"])
     return format_table([f"forward, B=1 N={heads} S={seq} D={head_dim} fp32 causal", "peak RSS growth MiB",
                          f"beyond the {out_mib:.0f} MiB output"], rows)

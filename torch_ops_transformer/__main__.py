@@ -1,0 +1,30 @@
+"""`python -m torch_ops_transformer <command>`:
+
+  demo   a Llama generates with eager / PyTorch SDPA / our attention; identical tokens, the seed's table
+  bench  the benchmark tables (same as `python -m torch_ops_transformer.bench`)
+
+`python -m torch_ops_transformer <command> --help` lists a command's options.
+"""
+import sys
+
+COMMANDS = ("demo", "bench")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "demo":
+        from .demo import main as run
+    elif command == "bench":
+        from .bench.__main__ import main as run
+    else:
+        print(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}\n{__doc__}", file=sys.stderr)
+        return 2
+    return run(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Hugging Face transformers drop-in: the attention implementation "npu_fa".
+
+    import torch_ops_transformer as tot
+    tot.register_hf_attention()                       # once per process (idempotent)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="npu_fa")
+    # or, for a model that is already built (the seed article's helper):
+    model = tot.replace_attention_with_flash(model)
+
+transformers calls every attention layer through `AttentionInterface` with q/k/v in [B, H, S, D]. Our function
+hands them to `torch_ops_transformer.sdpa.scaled_dot_product_attention`, which has PyTorch SDPA's semantics and
+routes prefill to the FlashAttention kernel and one-token decode steps to the decode kernel. Because the router
+speaks SDPA, "npu_fa" asks transformers for exactly the mask "sdpa" gets (`sdpa_mask`: a boolean [B, 1, Sq, Skv]
+mask, True = attend, or None when a plain causal / unmasked pattern is enough).
+
+transformers is an optional dependency: this module is imported only when one of its functions is used.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+try:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+except ImportError as e:  # pragma: no cover - exercised only without transformers
+    raise ImportError("torch_ops_transformer.hf needs the optional dependency transformers "
+                      "(pip install transformers); the rest of torch_ops_transformer works without it") from e
+
+ATTN_IMPLEMENTATION = "npu_fa"
+
+
+def _router():
+    """The SDPA-semantics router (imported late so the kernels load with the package, not with this module)."""
+    from .sdpa import scaled_dot_product_attention
+
+    return scaled_dot_product_attention
+
+
+def npu_fa_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    dropout: float = 0.0,
+    scaling: Optional[float] = None,
+    is_causal: Optional[bool] = None,
+    position_bias: Optional[torch.Tensor] = None,
+    **kwargs,
+) -> Tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: q/k/v [B, H, S, D] in, ([B, Sq, H, Dv], None) out."""
+    if kwargs.get("softcap") is not None:
+        raise ValueError("attn_implementation='npu_fa' does not support softcap (logit soft-capping); "
+                         "use attn_implementation='eager' for this model")
+    q_len, kv_len = query.shape[2], key.shape[2]
+    # The same causal decision as transformers' "sdpa": a decode step (q_len 1) sees the whole cache, and an
+    # explicit mask already carries causality and padding.
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    is_causal = bool(q_len > 1 and attention_mask is None and is_causal)
+    if is_causal and kv_len > q_len:
+        # Prefill into an empty static cache: SDPA's causal mask is top-left aligned, so the unwritten cache tail
+        # is never visible; dropping it saves the work.
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+        if position_bias is not None:
+            position_bias = position_bias[..., :q_len]
+    if position_bias is not None:  # additive bias per layer (e.g. T5-style): fold it into a float mask
+        from transformers.integrations.sdpa_attention import create_position_bias_mask
+
+        attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
+        is_causal = False
+    out = _router()(query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal,
+                    scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_hf_attention() -> str:
+    """Register "npu_fa" with transformers' attention and mask interfaces (idempotent); returns the name.
+
+    Custom names without a mask registration get no mask at all from transformers (padding would be ignored), so
+    the mask interface is registered too, with the boolean mask that "sdpa" uses.
+    """
+    AttentionInterface.register(ATTN_IMPLEMENTATION, npu_fa_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    return ATTN_IMPLEMENTATION
+
+
+def replace_attention_with_flash(model: torch.nn.Module) -> torch.nn.Module:
+    """Switch a transformers model (all its attention layers) to "npu_fa", registering it if needed.
+
+    The seed article's helper: instead of swapping modules, it changes the attention function every layer
+    dispatches to, so weights, RoPE, the KV cache and generation stay transformers' own.
+    """
+    if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):
+        raise TypeError(f"replace_attention_with_flash: model must be a transformers PreTrainedModel, "
+                        f"got {type(model).__name__}")
+    if not model._can_set_attn_implementation():
+        raise ValueError(f"replace_attention_with_flash: {type(model).__name__} does not dispatch attention through "
+                         f"transformers' AttentionInterface, so its attention cannot be switched to "
+                         f"'{ATTN_IMPLEMENTATION}'")
+    model.set_attn_implementation(register_hf_attention())
+    return model
