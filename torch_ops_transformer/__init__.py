@@ -11,6 +11,8 @@ generated from native_functions.yaml. Public Python API:
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
+- `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
+  `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 """
 from ._ops_loader import load as _load
 
@@ -39,6 +41,17 @@ from .inference import (  # noqa: E402
     npu_incre_flash_attention,
     npu_prompt_flash_attention,
 )
+from .moe_routing import (  # noqa: E402
+    npu_moe_compute_expert_tokens,
+    npu_moe_finalize_routing,
+    npu_moe_gating_top_k,
+    npu_moe_gating_top_k_softmax,
+    npu_moe_gating_top_k_softmax_v2,
+    npu_moe_init_routing,
+    npu_moe_init_routing_v2,
+    npu_moe_token_permute,
+    npu_moe_token_unpermute,
+)
 
 __all__ = [
     "OPS",
@@ -58,5 +71,14 @@ __all__ = [
     "npu_fused_infer_attention_score",
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
+    "npu_moe_compute_expert_tokens",
+    "npu_moe_finalize_routing",
+    "npu_moe_gating_top_k",
+    "npu_moe_gating_top_k_softmax",
+    "npu_moe_gating_top_k_softmax_v2",
+    "npu_moe_init_routing",
+    "npu_moe_init_routing_v2",
+    "npu_moe_token_permute",
+    "npu_moe_token_unpermute",
 ]
 __version__ = "0.1.0"
