@@ -388,3 +388,66 @@ def test_fake_kernel_reports_bad_k_under_compile(dynamo_reset):
     fn = torch.compile(lambda t: OPS.moe_gating_top_k_softmax(t, None, 9)[0], backend="aot_eager", fullgraph=True)
     with pytest.raises(Exception, match="'k'"):
         fn(torch.randn(3, 4))
+
+
+# ---- the ops together: a routed MoE equals the dense formula ----------------------------------------------------
+@pytest.mark.parametrize("mode", ["dropless", "capacity", "permute"])
+def test_routed_moe_matches_dense_mixture(mode):
+    """gate -> dispatch -> per-expert matmul -> combine equals sum_j y_ij * (x_i W_e) with e = expert_idx[i, j],
+    forward and gradients (x, W and the gate logits), with a capacity large enough to drop nothing."""
+    n, h, e, k = 10, 4, 5, 2
+    x = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(e, h, h, dtype=torch.float64, requires_grad=True)
+    logits = torch.randn(n, e, dtype=torch.float64, requires_grad=True)
+
+    def routed(x, w, logits):
+        y, expert, _ = tot.npu_moe_gating_top_k_softmax_v2(logits, k=k, renorm=1)
+        if mode == "permute":
+            rows, sorted_idx = tot.npu_moe_token_permute(x, expert)
+            counts = torch.bincount(expert.flatten().long(), minlength=e)
+        elif mode == "dropless":
+            rows, dst, counts, _ = tot.npu_moe_init_routing_v2(x, expert, expert_num=e, expert_tokens_num_flag=True,
+                                                                expert_tokens_num_type=1)
+        else:
+            rows, dst, counts, _ = tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=e,
+                                                                expert_capacity=n)
+        if mode == "capacity":  # [E, C, H]: one batched matmul, the zero padding stays zero
+            out = torch.bmm(rows, w).view(-1, h)
+        else:  # groups of consecutive rows per expert (a test-side loop; grouped_matmul does this in the layer)
+            out = torch.cat([blk @ w[i] for i, blk in enumerate(rows.split(counts.tolist()))])
+        if mode == "permute":
+            return tot.npu_moe_token_unpermute(out, sorted_idx, y)
+        return tot.npu_moe_finalize_routing(out, None, None, None, y, dst, expert, 3 if mode == "capacity" else 2)
+
+    def dense(x, w, logits):
+        y, expert, _, _ = ref.gating_softmax(logits, k, renorm=1)
+        return sum(y[:, j, None] * torch.einsum("nh,nhd->nd", x, w[expert[:, j].long()]) for j in range(k))
+
+    got = routed(x, w, logits)
+    want = dense(x, w, logits)
+    torch.testing.assert_close(got, want)
+    dy = torch.randn(n, h, dtype=torch.float64)
+    g_got = torch.autograd.grad(got, (x, w, logits), dy)
+    g_want = torch.autograd.grad(want, (x, w, logits), dy)
+    for name, a, b in zip(("x", "w", "logits"), g_got, g_want):
+        torch.testing.assert_close(a, b, msg=lambda m: f"d{name}: {m}")
+
+
+def test_empty_inputs():
+    x, expert = torch.randn(0, 4), torch.zeros(0, 2, dtype=torch.int32)
+    ex, row, counts, _ = tot.npu_moe_init_routing_v2(x, expert, expert_num=3, expert_tokens_num_flag=True)
+    assert ex.shape == (0, 4) and row.shape == (0,) and counts.tolist() == [0, 0, 0]
+    permuted, sorted_idx = tot.npu_moe_token_permute(x, expert)
+    assert permuted.shape == (0, 4) and sorted_idx.shape == (0,)
+    y, idx, row_idx = tot.npu_moe_gating_top_k_softmax(torch.randn(0, 5), k=2)
+    assert y.shape == idx.shape == row_idx.shape == (0, 2)
+
+
+def test_wrapper_keywords():
+    x = torch.randn(6, 16)
+    y, expert, out = tot.npu_moe_gating_top_k(x, 4, bias=torch.zeros(16), k_group=2, group_count=4, norm_type=1,
+                                              out_flag=True, routed_scaling_factor=2.0)
+    torch.testing.assert_close(y.sum(-1), torch.full((6,), 2.0))
+    assert out.shape == (6, 16)
+    ends = tot.npu_moe_compute_expert_tokens(torch.sort(expert.flatten()).values, 16)
+    assert ends[-1] == 24
