@@ -23,7 +23,7 @@ def routing_inputs(n=12, k=2, e=5, h=8, dtype=torch.float32, seed=0):
     """x [n, h] and distinct experts per token ([n, k] int32; some experts left empty when k*n is small)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, h, generator=g).to(dtype)
-    expert = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)]).int()
+    expert = torch.rand(n, e, generator=g).argsort(-1)[:, :k].int()
     return x, expert
 
 
@@ -451,3 +451,14 @@ def test_wrapper_keywords():
     assert out.shape == (6, 16)
     ends = tot.npu_moe_compute_expert_tokens(torch.sort(expert.flatten()).values, 16)
     assert ends[-1] == 24
+
+
+def test_counting_sort_multi_chunk_path_is_stable():
+    """Enough pairs (> 2 * 16384) that the counting sort splits them into per-thread chunks: still stable."""
+    tokens, indices = routing_inputs(20000, 2, 16, 2)
+    permuted, sorted_idx = OPS.moe_token_permute(tokens, indices, None, False)
+    want_p, want_s = ref.token_permute(tokens, indices)
+    assert torch.equal(sorted_idx, want_s) and torch.equal(permuted, want_p)
+    got = tot.npu_moe_init_routing_v2(tokens, indices, expert_num=16, expert_tokens_num_flag=True)
+    for g, w in zip(got, ref.init_routing_v2(tokens, indices, expert_num=16, expert_tokens_num_flag=True)):
+        assert torch.equal(g, w.to(g.dtype))
