@@ -4,14 +4,22 @@
 // O(E log k), ordered by value descending then index ascending, so ties always go to the lower expert. NaN ranks
 // above every number (as torch.topk). Selection is done on the logits: softmax is monotone, so it picks the same
 // experts as ranking the probabilities, without fp32 rounding turning distinct logits into ties.
+#include <ATen/Context.h>
+
 #include <cmath>
-#include <cstring>
 #include <limits>
+#include <string>
 
 #include "cpu/moe_routing/routing_common.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
+namespace cpu {  // kernels_isa.cpp, one copy per instruction set
+namespace DEFAULT { void moe_softmax_row(float* v, int64_t n); }
+namespace AVX2 { void moe_softmax_row(float* v, int64_t n); }
+namespace AVX512 { void moe_softmax_row(float* v, int64_t n); }
+}  // namespace cpu
+
 namespace {
 
 using moe::acc_t;
@@ -29,17 +37,24 @@ bool ranks_before(T va, int64_t a, T vb, int64_t b) {
 template <typename T>
 void top_k(const T* v, int64_t E, int64_t k, std::vector<int64_t>& idx, std::vector<int64_t>& scratch) {
   if (k <= 16) {
-    idx.resize(k);
+    T val[16];
+    int64_t who[16];
     int64_t filled = 0;
+    // Experts arrive in increasing index, so a newcomer beats a kept one only by a strictly larger value (or by
+    // being NaN over a number): ties keep the lower index.
+    auto beats = [](T x, T kept) { return !std::isnan(kept) && (x > kept || std::isnan(x)); };
     for (int64_t e = 0; e < E; ++e) {
-      if (filled == k && !ranks_before(v[e], e, v[idx[k - 1]], idx[k - 1])) continue;
+      const T x = v[e];
+      if (filled == k && !beats(x, val[k - 1])) continue;
       int64_t pos = filled < k ? filled++ : k - 1;
-      while (pos > 0 && ranks_before(v[e], e, v[idx[pos - 1]], idx[pos - 1])) {
-        idx[pos] = idx[pos - 1];
-        --pos;
+      for (; pos > 0 && beats(x, val[pos - 1]); --pos) {
+        val[pos] = val[pos - 1];
+        who[pos] = who[pos - 1];
       }
-      idx[pos] = e;
+      val[pos] = x;
+      who[pos] = e;
     }
+    idx.assign(who, who + k);
     return;
   }
   scratch.resize(E);
@@ -49,42 +64,20 @@ void top_k(const T* v, int64_t E, int64_t k, std::vector<int64_t>& idx, std::vec
   idx.assign(scratch.begin(), scratch.begin() + k);
 }
 
-// exp(x) for x <= 0 (softmax after the max shift), float: a branch-free range reduction x = k ln2 + r and a
-// degree-6 polynomial for exp(r), |r| <= ln2/2 (relative error ~1e-7, about one ulp), which the compiler
-// vectorises; libm's scalar expf made exp the bulk of a gating row. Inputs below -87 flush to ~1e-38.
-inline void exp_nonpositive(float* v, int64_t n) {
-  constexpr float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits
-  constexpr int32_t kShiftBits = 0x4B400000;
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = std::max(v[i], -87.0f);
-    const float t = x * 1.44269504f + kShift;
-    const float k = t - kShift;
-    int32_t ki;
-    std::memcpy(&ki, &t, sizeof(ki));
-    ki -= kShiftBits;
-    const float r = x - k * 0.693359375f + k * 2.12194440e-4f;  // ln2 = 0.693359375 - 2.12194440e-4
-    const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720))))));
-    const int32_t bits = (ki + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, sizeof(scale));
-    v[i] = p * scale;
-  }
-}
-
-inline void exp_nonpositive(double* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) v[i] = std::exp(v[i]);
-}
-
-template <typename T>
-void softmax_inplace(T* v, int64_t n) {
-  T m = -std::numeric_limits<T>::infinity();
+// fp64 rows (gradcheck) stay scalar; fp32 rows use the vectorised copy for this CPU (kernels_isa.cpp).
+void softmax_inplace(double* v, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
   for (int64_t i = 0; i < n; ++i) m = std::max(m, v[i]);
-  for (int64_t i = 0; i < n; ++i) v[i] -= m;
-  exp_nonpositive(v, n);
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) s += v[i];
-  const T inv = T(1) / s;
-  for (int64_t i = 0; i < n; ++i) v[i] *= inv;
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (v[i] = std::exp(v[i] - m));
+  for (int64_t i = 0; i < n; ++i) v[i] /= s;
+}
+
+void softmax_inplace(float* v, int64_t n) {
+  static const std::string isa = at::get_cpu_capability();
+  if (isa == "AVX512") return cpu::AVX512::moe_softmax_row(v, n);
+  if (isa == "AVX2") return cpu::AVX2::moe_softmax_row(v, n);
+  return cpu::DEFAULT::moe_softmax_row(v, n);
 }
 
 struct GatingShape {
