@@ -80,6 +80,10 @@ void softmax_inplace(float* v, int64_t n) {
   return cpu::DEFAULT::moe_softmax_row(v, n);
 }
 
+// Rows per parallel task: ~64K scores, so small gatings (a few thousand rows of 8 experts) run on the calling
+// thread instead of paying a fork/join that costs more than the work.
+int64_t gating_grain(int64_t E) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(E, 1)); }
+
 struct GatingShape {
   int64_t rows, E;
   std::vector<int64_t> out_sizes;  // x.shape[:-1] + [k]
@@ -134,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gating_forward(const char* op, co
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     A* smp = sm.numel() ? sm.data_ptr<A>() : nullptr;
-    at::parallel_for(0, N, std::max<int64_t>(1, 16384 / E), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
       std::vector<A> v(E), p(E);
       std::vector<int64_t> idx, scratch;
       for (int64_t i = r0; i < r1; ++i) {
@@ -194,7 +198,7 @@ at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at:
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     const scalar_t* gp = gc.data_ptr<scalar_t>();
     scalar_t* dp = dx.data_ptr<scalar_t>();
-    at::parallel_for(0, N, std::max<int64_t>(1, 16384 / E), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
       std::vector<A> v(E), d(E);
       std::vector<int64_t> idx, scratch;
       for (int64_t i = r0; i < r1; ++i) {
@@ -285,7 +289,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const at::Te
   const float ninf = -std::numeric_limits<float>::infinity();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gating_top_k", [&] {
     scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, N, std::max<int64_t>(1, 16384 / E), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
       std::vector<float> s(E), sel(E), gscore(gp.group_count), two(2);
       std::vector<int64_t> idx, gidx, scratch;
       for (int64_t i = r0; i < r1; ++i) {
