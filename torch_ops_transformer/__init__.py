@@ -21,6 +21,8 @@ generated from native_functions.yaml. Public Python API:
   — MC2 matmul fused with collectives (torch_npu signatures); `tensor_parallel` — column/row-parallel Linear layers.
 - `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa");
   loaded on first use, so transformers stays an optional dependency.
+- `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
+  `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 """
 from ._ops_loader import load as _load
 
@@ -82,6 +84,17 @@ from .mc2 import (  # noqa: E402
     npu_mm_reduce_scatter_base,
 )
 from . import tensor_parallel  # noqa: E402
+from .moe_routing import (  # noqa: E402
+    npu_moe_compute_expert_tokens,
+    npu_moe_finalize_routing,
+    npu_moe_gating_top_k,
+    npu_moe_gating_top_k_softmax,
+    npu_moe_gating_top_k_softmax_v2,
+    npu_moe_init_routing,
+    npu_moe_init_routing_v2,
+    npu_moe_token_permute,
+    npu_moe_token_unpermute,
+)
 
 __all__ = [
     "OPS",
@@ -118,6 +131,15 @@ __all__ = [
     "tensor_parallel",
     "register_hf_attention",
     "replace_attention_with_flash",
+    "npu_moe_compute_expert_tokens",
+    "npu_moe_finalize_routing",
+    "npu_moe_gating_top_k",
+    "npu_moe_gating_top_k_softmax",
+    "npu_moe_gating_top_k_softmax_v2",
+    "npu_moe_init_routing",
+    "npu_moe_init_routing_v2",
+    "npu_moe_token_permute",
+    "npu_moe_token_unpermute",
 ]
 __version__ = "0.1.0"
 

@@ -14,6 +14,7 @@ TABLES = {
     "attention": "attention",
     "prefill": "prefill",
     "decode": "decode",
+    "moe_routing": "moe_routing",
     "mc2": "mc2",
 }
 
