@@ -17,6 +17,8 @@ generated from native_functions.yaml. Public Python API:
   F.scaled_dot_product_attention call there (docs/sdpa_and_compile.md).
 - `enable_compile_lowering()`, `disable_compile_lowering()`, `compile_lowering()` — Inductor passes that rewrite
   attention in torch.compile'd graphs to our ops (module `inductor_lowering`, imported on first use: it loads Inductor).
+- `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
+  the optimizer update (the seed's §2.3 and scenario 2), on torch.distributed (docs/mc2.md).
 """
 from ._ops_loader import load as _load
 
@@ -53,6 +55,7 @@ from .sdpa import (  # noqa: E402
     try_scaled_dot_product_attention,
 )
 from .sdpa import supported as sdpa_supported  # noqa: E402
+from .mc2_training import MC2DistributedDataParallel, MC2Optimizer  # noqa: E402
 
 
 def enable_compile_lowering() -> None:
@@ -98,5 +101,7 @@ __all__ = [
     "enable_compile_lowering",
     "disable_compile_lowering",
     "compile_lowering",
+    "MC2Optimizer",
+    "MC2DistributedDataParallel",
 ]
 __version__ = "0.1.0"
