@@ -10,7 +10,6 @@ import datetime
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -84,11 +83,19 @@ def params_of(model):
     return [p.detach().clone() for p in module.parameters()]
 
 
+def state_of(model):
+    """Parameters, then gradients (a gradient left None is recorded as an empty tensor)."""
+    module = model.module if isinstance(model, DDP) else model
+    grads = [torch.empty(0) if p.grad is None else p.grad.detach().clone() for p in module.parameters()]
+    return params_of(model) + grads
+
+
 def compare(name, got, want):
-    diffs = [(a.double() - b.double()).abs().max().item() for a, b in zip(got, want)]
+    """Parameters and gradients after training vs the reference's; `bitwise` means every tensor is equal."""
+    assert len(got) == len(want) and all(a.shape == b.shape for a, b in zip(got, want)), name
+    diffs = [(a.double() - b.double()).abs().max().item() for a, b in zip(got, want) if a.numel()]
     bitwise = all(torch.equal(a, b) for a, b in zip(got, want))
-    scale = max(b.abs().max().item() for b in want)
-    return dict(name=name, bitwise=bitwise, max_diff=max(diffs), scale=scale)
+    return dict(name=name, bitwise=bitwise, max_diff=max(diffs))
 
 
 _references = {}
@@ -107,7 +114,7 @@ def _train_reference(base, kind, find_unused, accumulate, schedule):
     cls, kw = make_optim(kind)
     optimizer = cls(model.parameters(), **kw)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2, gamma=0.5) if schedule else None
-    return params_of(train(model, optimizer, accumulate=accumulate, scheduler=scheduler))
+    return state_of(train(model, optimizer, accumulate=accumulate, scheduler=scheduler))
 
 
 class LocalModel(nn.Module):
@@ -129,7 +136,7 @@ def case_mc2_optimizer(base, kind, policy, with_unused=False):
     cls, kw = make_optim(kind)
     model = LocalModel(copy.deepcopy(base))
     optimizer = MC2Optimizer(model.parameters(), comm_policy=policy, optimizer_class=cls, bucket_cap_mb=BUCKET_MB, **kw)
-    got = params_of(train(model, optimizer).module)
+    got = state_of(train(model, optimizer).module)
     return compare(f"mc2opt-{policy}-{kind}{'-unused' if with_unused else ''}", got,
                    reference(base, kind, find_unused=with_unused))
 
@@ -144,7 +151,7 @@ def case_mc2_ddp(base, kind, optimizer_type, find_unused=False, accumulate=1, sc
         optimizer = cls(model.parameters(), **kw)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2, gamma=0.5) if schedule else None
     moved = []
-    got = params_of(train(model, optimizer, accumulate=accumulate, scheduler=scheduler, moved_in_backward=moved))
+    got = state_of(train(model, optimizer, accumulate=accumulate, scheduler=scheduler, moved_in_backward=moved))
     want = reference(base, kind, find_unused=find_unused, accumulate=accumulate, schedule=schedule)
     return compare(f"mc2ddp-{optimizer_type}-{kind}{tag}", got, want) | dict(moved_in_backward=moved)
 
@@ -153,9 +160,9 @@ def case_no_communication(base):
     """comm_policy='none' is the plain torch optimizer on local gradients (no all-reduce at all)."""
     cls, kw = make_optim("adamw")
     model = LocalModel(copy.deepcopy(base))
-    got = params_of(train(model, MC2Optimizer(model.parameters(), comm_policy="none", **kw)).module)
+    got = state_of(train(model, MC2Optimizer(model.parameters(), comm_policy="none", **kw)).module)
     plain = LocalModel(copy.deepcopy(base))
-    return compare("mc2opt-none-adamw", got, params_of(train(plain, cls(plain.parameters(), **kw)).module))
+    return compare("mc2opt-none-adamw", got, state_of(train(plain, cls(plain.parameters(), **kw)).module))
 
 
 def case_state_dict_round_trip(base):
@@ -174,7 +181,7 @@ def case_state_dict_round_trip(base):
     opt2 = MC2Optimizer(second.parameters(), optimizer_class=cls, **kw)
     opt2.load_state_dict(saved_opt)
     train(second, opt2, steps=2, start=3)
-    return compare("state-dict-round-trip", params_of(second), reference(base, "adamw"))
+    return compare("state-dict-round-trip", state_of(second), reference(base, "adamw"))
 
 
 def case_two_backwards_without_step(base):
@@ -190,28 +197,53 @@ def case_two_backwards_without_step(base):
     return dict(name="two-backwards-error", error=None)
 
 
+class MixedDtypeNet(nn.Module):
+    """fp32 and fp64 parameters side by side: separate buckets per dtype, in DDP and in MC2Optimizer."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 6))
+        self.head64 = nn.Linear(12, 6).double()
+
+    def forward(self, x):
+        return self.body(x) + self.head64(x.double()).float()
+
+
 def equivalence():
-    t0 = time.time()
     torch.manual_seed(0)
-    base, base_unused = Net(), Net(with_unused=True)
+    base, base_unused, base_mixed = Net(), Net(with_unused=True), MixedDtypeNet()
     results = []
     for kind in ("sgd", "adamw"):
         for policy in ("overlap", "sequential"):
             results.append(case_mc2_optimizer(base, kind, policy))
     results.append(case_mc2_optimizer(base_unused, "adamw", "overlap", with_unused=True))
+    results.append(case_mc2_optimizer(base_mixed, "adamw", "overlap") | dict(name="mc2opt-overlap-adamw-mixed-dtype"))
     results.append(case_no_communication(base))
     for kind in ("sgd", "adamw"):
         results.append(case_mc2_ddp(base, kind, "mc2"))
     results.append(case_mc2_ddp(base, "adamw", "plain"))
     results.append(case_mc2_ddp(base_unused, "adamw", "mc2", find_unused=True, tag="-unused"))
     results.append(case_mc2_ddp(base_unused, "sgd", "mc2", find_unused=True, tag="-unused"))
+    results.append(case_mc2_ddp(base_mixed, "adamw", "mc2", tag="-mixed-dtype"))
     results.append(case_mc2_ddp(base, "adamw", "mc2", accumulate=2, tag="-no_sync"))
     results.append(case_mc2_ddp(base, "sgd", "mc2", schedule=True, tag="-steplr"))
     results.append(case_state_dict_round_trip(base))
     results.append(case_two_backwards_without_step(base))
+    results.append(case_mismatched_models())
     for r in results:
         print("RESULT " + json.dumps(r), flush=True)
-    print("SECONDS", time.time() - t0, flush=True)
+
+
+def case_mismatched_models():
+    """Rank 0 builds a different model: MC2Optimizer's layout check must fail on every rank (no hang)."""
+    model = nn.Linear(12, 7 if dist.get_rank() == 0 else 6)
+    optimizer = MC2Optimizer(model.parameters(), lr=0.01)
+    model(torch.randn(2, 12)).sum().backward()
+    try:
+        optimizer.step()
+    except RuntimeError as e:
+        return dict(name="mismatched-models-error", error=str(e)[:400])
+    return dict(name="mismatched-models-error", error=None)
 
 
 def rank_raises(wrapper):
@@ -227,33 +259,22 @@ def rank_raises(wrapper):
     if dist.get_rank() == 1:
         raise RuntimeError("rank 1 fails on purpose")
     train(model, optimizer, steps=1, start=1)
-
-
-def mismatched_models():
-    """Rank 1 builds a different model: MC2Optimizer's layout check must fail on every rank."""
-    torch.manual_seed(0)
-    model = nn.Linear(12, 6 if dist.get_rank() == 0 else 7)
-    optimizer = MC2Optimizer(model.parameters(), lr=0.01)
-    model(torch.randn(2, 12)).sum().backward()
-    optimizer.step()
+    print("UNREACHABLE: the step after a peer failed returned", flush=True)
 
 
 def main():
+    """argv: scenarios run in order in one process group: 'equivalence', then optionally 'rank_raises_ddp' or
+    'rank_raises_local' (which ends the job: every rank must exit with an error)."""
     torch.set_num_threads(1)
-    scenario = sys.argv[1]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
-    try:
+    for scenario in sys.argv[1:]:
         if scenario == "equivalence":
             equivalence()
         elif scenario.startswith("rank_raises_"):
             rank_raises(scenario.removeprefix("rank_raises_"))
-        elif scenario == "mismatched_models":
-            mismatched_models()
         else:
             raise ValueError(f"unknown scenario {scenario!r}")
-    finally:
-        if scenario == "equivalence":
-            dist.destroy_process_group()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
