@@ -41,9 +41,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@functools.lru_cache(maxsize=None)
-def run_job(world: int):
-    """Launch `world` ranks; return [(returncode, stdout, stderr)] per rank. Kills every rank on timeout."""
+def _start(world: int):
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -51,13 +49,29 @@ def run_job(world: int):
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, WORKER, *JOBS[world]], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return procs
+
+
+@functools.lru_cache(maxsize=None)
+def _all_jobs():
+    """Start every job at once (start-up is mostly waiting on imports), then collect; kill all on timeout."""
+    started = {world: _start(world) for world in JOBS}
+    done = {}
     try:
-        outputs = [p.communicate(timeout=JOB_TIMEOUT_S) for p in procs]
+        for world, procs in started.items():
+            outputs = [p.communicate(timeout=JOB_TIMEOUT_S) for p in procs]
+            done[world] = [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
     except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"world {world}: ranks still running after {JOB_TIMEOUT_S}s (a hang)")
-    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+        for procs in started.values():
+            for p in procs:
+                p.kill()
+        pytest.fail(f"ranks still running after {JOB_TIMEOUT_S}s (a hang)")
+    return done
+
+
+def run_job(world: int):
+    """[(returncode, stdout, stderr)] of each rank of the job with this world size."""
+    return _all_jobs()[world]
 
 
 def results(world: int) -> dict:
@@ -116,7 +130,8 @@ def test_failing_rank_makes_every_rank_error(world):
         if rank == 1:
             assert "rank 1 fails on purpose" in err
         else:
-            assert "RuntimeError" in err and "Connection closed by peer" in err or "timed out" in err.lower(), err[-2000:]
+            assert "RuntimeError" in err and ("Connection closed by peer" in err or "timed out" in err.lower()), \
+                err[-2000:]
 
 
 # ---- in-process: bookkeeping with comm_policy='none' (no process group needed) and argument errors ----------
