@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-TABLES = ("attention", "prefill", "decode")
+TABLES = ("attention", "prefill", "decode", "mc2-ddp")
 
 
 def main(argv=None) -> int:
@@ -30,6 +30,10 @@ def main(argv=None) -> int:
             from . import decode
 
             decode.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        elif name == "mc2-ddp":
+            from . import mc2_ddp
+
+            mc2_ddp.main(quick=args.quick, reps=1 if args.quick else args.reps)
     return 0
 
 
