@@ -232,3 +232,31 @@ def test_seed_loop_on_one_rank(single_rank_group):
     _train_local(ref_model, torch.optim.AdamW(ref_model.parameters(), lr=1e-2))
     for a, b in zip(model.module.parameters(), ref_model.parameters()):
         assert torch.equal(a, b)
+
+
+def _two_groups(model):
+    first, second = list(model.parameters())[:2], list(model.parameters())[2:]
+    return [{"params": first, "lr": 0.03}, {"params": second, "lr": 0.01, "weight_decay": 0.2}]
+
+
+@pytest.mark.parametrize("wrap", ["none", "mc2ddp", "mc2ddp-grad-as-bucket-view"])
+def test_param_groups_and_add_param_group_on_one_rank(single_rank_group, wrap):
+    """Per-group hyperparameters survive the per-bucket split (tiny buckets: each bucket its own inner optimizer),
+    and a group added mid-training trains like in AdamW."""
+    model, ref_model = _model(), _model()
+    if wrap != "none":
+        model = MC2DistributedDataParallel(model, bucket_cap_mb=0.0005,
+                                           gradient_as_bucket_view=wrap.endswith("bucket-view"))
+    module = model.module if wrap != "none" else model
+    groups = _two_groups(module)
+    ours = MC2Optimizer(groups[:1], lr=0.02, bucket_cap_mb=0.0005)
+    ref = torch.optim.AdamW(_two_groups(ref_model)[:1], lr=0.02)
+    _train_local(model, ours, steps=2)
+    _train_local(ref_model, ref, steps=2)
+    ours.add_param_group(groups[1])
+    ref.add_param_group(_two_groups(ref_model)[1])
+    _train_local(model, ours, steps=3)
+    _train_local(ref_model, ref, steps=3)
+    for a, b in zip(module.parameters(), ref_model.parameters()):
+        assert torch.equal(a, b)
+    assert [g["lr"] for g in ours.param_groups] == [0.03, 0.01]
