@@ -1,10 +1,11 @@
 """One rank of the MC2Optimizer / MC2DistributedDataParallel tests (launched by test_mc2_training.py).
 
-`python test/mc2_training_worker.py <scenario>` with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Scenario
+`python test/mc2_training_worker.py <scenario>...` with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Scenario
 'equivalence' trains every candidate and its reference (torch DDP + torch optimizer) for a few steps on the same
-per-rank data and prints one `RESULT {json}` line per case; the failure scenarios must make every rank exit
-with an error (never hang).
+per-rank data and prints one `RESULT {json}` line per case (misuse cases report the error every rank saw);
+'rank_raises_ddp' / 'rank_raises_local' then make rank 1 fail, and every rank must exit with an error (no hang).
 """
+import contextlib
 import copy
 import datetime
 import json
@@ -128,7 +129,6 @@ class LocalModel(nn.Module):
         return self.module(x)
 
     def no_sync(self):
-        import contextlib
         return contextlib.nullcontext()
 
 

@@ -115,7 +115,8 @@ def _rank_main(quick: bool, reps: int):
 
 def _report(times, width, depth, batch, bucket_mb, reps):
     params = sum(p.numel() for p in _mlp(width, depth).parameters())
-    compute, comm = times["compute only (local AdamW, no comm)"][0], times["comm only (all-reduce of every gradient)"][0]
+    compute = times["compute only (local AdamW, no comm)"][0]
+    comm = times["comm only (all-reduce of every gradient)"][0]
     base = times["DDP + AdamW"][0]
     rows = []
     for name, (t, cpu) in times.items():
