@@ -79,16 +79,12 @@ def pack(bucket: Bucket, world_size: int) -> torch.Tensor:
 
 
 def unpack(bucket: Bucket, flat: torch.Tensor):
-    """Write the averaged gradients back to `.grad`; a parameter no rank had a gradient for stays None."""
+    """Point `.grad` at the averaged gradients inside the reduced buffer (no copy, as DDP's
+    gradient_as_bucket_view); a parameter no rank had a gradient for stays None."""
     used = (flat[bucket.numel:] > 0).tolist()
     for i, (p, off) in enumerate(zip(bucket.params, bucket.offsets)):
-        if not used[i]:
-            continue
-        averaged = flat[off:off + p.numel()].view_as(p)
-        if p.grad is None:
-            p.grad = averaged.clone()
-        else:
-            p.grad.copy_(averaged)
+        if used[i]:
+            p.grad = flat[off:off + p.numel()].view_as(p)
 
 
 def all_reduce_async(flat: torch.Tensor, group):
