@@ -260,3 +260,22 @@ def test_param_groups_and_add_param_group_on_one_rank(single_rank_group, wrap):
     for a, b in zip(module.parameters(), ref_model.parameters()):
         assert torch.equal(a, b)
     assert [g["lr"] for g in ours.param_groups] == [0.03, 0.01]
+
+
+def test_step_with_closure_returns_the_loss(single_rank_group):
+    model, ref_model = _model(), _model()
+    ours = MC2Optimizer(model.parameters(), lr=0.01, optimizer_class=torch.optim.SGD, momentum=0.9)
+    ref = torch.optim.SGD(ref_model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(5, 6), torch.randn(5, 3)
+
+    def losses(m, opt):
+        def closure():
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(m(x), y)
+            loss.backward()
+            return loss
+        return [opt.step(closure).item() for _ in range(3)]
+
+    assert losses(model, ours) == losses(ref_model, ref)
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert torch.equal(a, b)

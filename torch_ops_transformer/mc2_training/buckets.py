@@ -52,6 +52,14 @@ def check_same_layout_on_all_ranks(buckets, group):
         )
 
 
+def check_grads(params):
+    """Before any collective is launched, so a bad gradient fails this rank's step() without leaving
+    a half-issued sequence of all-reduces behind."""
+    for p in params:
+        if p.grad is not None:
+            _check_grad(p)
+
+
 def _check_grad(p):
     g = p.grad
     if g.is_sparse:
@@ -72,7 +80,6 @@ def pack(bucket: Bucket, world_size: int) -> torch.Tensor:
             view.zero_()
             flags[i] = 0
         else:
-            _check_grad(p)
             torch.mul(p.grad, 1.0 / world_size, out=view)
             flags[i] = 1
     return flat

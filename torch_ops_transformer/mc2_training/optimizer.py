@@ -18,7 +18,7 @@ from torch.optim import Optimizer
 
 from . import _registry
 from ._checks import check_bucket_cap_mb, require_process_group
-from .buckets import all_reduce_async, build_buckets, check_same_layout_on_all_ranks, pack, unpack
+from .buckets import all_reduce_async, build_buckets, check_grads, check_same_layout_on_all_ranks, pack, unpack
 
 COMM_POLICIES = ("overlap", "sequential", "none")
 _API = "MC2Optimizer"
@@ -132,6 +132,7 @@ class MC2Optimizer(Optimizer):
         if self.comm_policy == "none":
             self._inner_for(free).step()
             return
+        check_grads(free)
         buckets = self._buckets_for(free)
         world = dist.get_world_size(self._group)
         if self.comm_policy == "sequential":
@@ -147,27 +148,34 @@ class MC2Optimizer(Optimizer):
             self._free_buckets = (ids, buckets)
         return self._free_buckets[1]
 
+    def _launch(self, bucket, world):
+        flat = pack(bucket, world)
+        return flat, all_reduce_async(flat, self._group)
+
     def _step_sequential(self, buckets, world, free):
-        flats = [pack(b, world) for b in buckets]
-        works = [all_reduce_async(f, self._group) for f in flats]
-        for bucket, flat, work in zip(buckets, flats, works):
-            work.wait()
-            unpack(bucket, flat)
+        in_flight = [self._launch(b, world) for b in buckets]
+        try:
+            for bucket in buckets:
+                flat, work = in_flight.pop(0)
+                work.wait()
+                unpack(bucket, flat)
+        finally:
+            _drain(in_flight)
         self._inner_for(free).step()
 
     def _step_overlapped(self, buckets, world):
         """Pipeline: pack + launch bucket i+1, then wait for bucket i and update it while i+1 is on the wire."""
-        flat = pack(buckets[0], world)
-        work = all_reduce_async(flat, self._group)
-        for i, bucket in enumerate(buckets):
-            if i + 1 < len(buckets):
-                next_flat = pack(buckets[i + 1], world)
-                next_work = all_reduce_async(next_flat, self._group)
-            work.wait()
-            unpack(bucket, flat)
-            self._inner_for(bucket.params).step()
-            if i + 1 < len(buckets):
-                flat, work = next_flat, next_work
+        in_flight = [self._launch(buckets[0], world)]
+        try:
+            for i, bucket in enumerate(buckets):
+                if i + 1 < len(buckets):
+                    in_flight.append(self._launch(buckets[i + 1], world))
+                flat, work = in_flight.pop(0)
+                work.wait()
+                unpack(bucket, flat)
+                self._inner_for(bucket.params).step()
+        finally:
+            _drain(in_flight)
 
     # ---- called by MC2DistributedDataParallel's comm hook (on a process-group worker thread) ----------
     def _step_bucket_from_hook(self, params, averaged_grads, used):
@@ -189,6 +197,16 @@ class MC2Optimizer(Optimizer):
             if selected:
                 self._inner_for(selected).step()
             self._stepped_in_hook.update(id(p) for p in selected)
+
+
+def _drain(in_flight):
+    """After a failure mid-step: still complete the all-reduces already issued (the peers issued them too), so a
+    local error does not leave the group out of step; their own errors are secondary to the one propagating."""
+    for _, work in in_flight:
+        try:
+            work.wait()
+        except RuntimeError:
+            pass
 
 
 def _set_grad(p, averaged):
