@@ -47,7 +47,7 @@ class MC2Optimizer(Optimizer):
                 or issubclass(optimizer_class, MC2Optimizer):
             raise TypeError(f"{_API}: optimizer_class must be a torch.optim.Optimizer subclass (e.g. "
                             f"torch.optim.AdamW), got {optimizer_class!r}")
-        self.comm_policy = comm_policy
+        self._comm_policy = comm_policy
         self._group = None if comm_policy == "none" else require_process_group(_API, process_group)
         self._cap_bytes = int(bucket_cap_mb * 1024 * 1024)
         self._optimizer_class, self._lr, self._optimizer_kwargs = optimizer_class, lr, optimizer_kwargs
@@ -58,6 +58,11 @@ class MC2Optimizer(Optimizer):
         self._stepped_in_hook = set()  # ids of params already updated by an MC2-DDP comm hook this iteration
         self._hook_lock = threading.Lock()  # comm hooks run on the process group's worker threads
         super().__init__(params, template.defaults)
+
+    @property
+    def comm_policy(self) -> str:
+        """Fixed at construction: it decides whether an MC2-DDP runs this optimizer inside its comm hook."""
+        return self._comm_policy
 
     # ---- parameter bookkeeping -------------------------------------------------------------------------
     def add_param_group(self, param_group):
@@ -80,7 +85,7 @@ class MC2Optimizer(Optimizer):
     def _on_wrapped_by(self, ddp):
         """Called when an MC2DistributedDataParallel owns some of our params: DDP averages their gradients."""
         self._forget_layout()
-        if self.comm_policy == "overlap":
+        if self._comm_policy == "overlap":
             ddp._attach_mc2_optimizer(self)
 
     def _all_params(self):
@@ -129,13 +134,13 @@ class MC2Optimizer(Optimizer):
             self._inner_for(todo).step()
 
     def _step_free(self, free):
-        if self.comm_policy == "none":
+        if self._comm_policy == "none":
             self._inner_for(free).step()
             return
         check_grads(free)
         buckets = self._buckets_for(free)
         world = dist.get_world_size(self._group)
-        if self.comm_policy == "sequential":
+        if self._comm_policy == "sequential":
             self._step_sequential(buckets, world, free)
         else:
             self._step_overlapped(buckets, world)
