@@ -23,6 +23,8 @@ generated from native_functions.yaml. Public Python API:
   loaded on first use, so transformers stays an optional dependency.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
+- `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
+  the optimizer update (the seed's §2.3 and scenario 2), on torch.distributed (docs/mc2.md).
 """
 from ._ops_loader import load as _load
 
@@ -59,6 +61,7 @@ from .sdpa import (  # noqa: E402
     try_scaled_dot_product_attention,
 )
 from .sdpa import supported as sdpa_supported  # noqa: E402
+from .mc2_training import MC2DistributedDataParallel, MC2Optimizer  # noqa: E402
 
 
 def enable_compile_lowering() -> None:
@@ -140,6 +143,8 @@ __all__ = [
     "npu_moe_init_routing_v2",
     "npu_moe_token_permute",
     "npu_moe_token_unpermute",
+    "MC2Optimizer",
+    "MC2DistributedDataParallel",
 ]
 __version__ = "0.1.0"
 

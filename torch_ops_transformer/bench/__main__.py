@@ -16,6 +16,7 @@ TABLES = {
     "decode": "decode",
     "moe_routing": "moe_routing",
     "mc2": "mc2",
+    "mc2-ddp": "mc2_ddp",
 }
 
 
