@@ -11,6 +11,8 @@ generated from native_functions.yaml. Public Python API:
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
+- `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
+- `MOELayer` — the seed article's Mixture-of-Experts layer, single-process or expert-parallel.
 """
 from ._ops_loader import load as _load
 
@@ -26,7 +28,9 @@ from .attention import (  # noqa: E402
     npu_fusion_attention,
     npu_fusion_attention_grad,
 )
+from .grouped_matmul import grouped_matmul, npu_grouped_matmul  # noqa: E402
 from .kv_cache import PagedKVCache  # noqa: E402
+from .moe_layer import MOELayer  # noqa: E402
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
     npu_rotary_mul,
@@ -58,5 +62,8 @@ __all__ = [
     "npu_fused_infer_attention_score",
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
+    "grouped_matmul",
+    "npu_grouped_matmul",
+    "MOELayer",
 ]
 __version__ = "0.1.0"

@@ -39,4 +39,8 @@ std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const at::Tensor& lse, c
 std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const at::Tensor& lse, const at::Tensor& out, const at::Tensor& softmax_lse, const at::Tensor& attention_out, const at::Tensor& grad_attention_out, const at::Tensor& grad_softmax_lse);
 // incre_flash_attention [CPU]
 at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise);
+// grouped_matmul [CPU]
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type);
+// grouped_matmul_grad [CPU]
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type, int64_t group_list_type, int64_t act_type);
 }  // namespace npu_fa

@@ -31,6 +31,8 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("attention_update(Tensor lse, Tensor out) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
   m.def("attention_update_grad(Tensor lse, Tensor out, Tensor softmax_lse, Tensor attention_out, Tensor grad_attention_out, Tensor grad_softmax_lse) -> (Tensor grad_lse, Tensor grad_out)", {at::Tag::pt2_compliant_tag});
   m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("grouped_matmul(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] out, Tensor[] act_input)", {at::Tag::pt2_compliant_tag});
+  m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -48,4 +50,6 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("attention_update", TORCH_FN(npu_fa::attention_update_cpu));
   m.impl("attention_update_grad", TORCH_FN(npu_fa::attention_update_grad_cpu));
   m.impl("incre_flash_attention", TORCH_FN(npu_fa::incre_flash_attention_cpu));
+  m.impl("grouped_matmul", TORCH_FN(npu_fa::grouped_matmul_cpu));
+  m.impl("grouped_matmul_grad", TORCH_FN(npu_fa::grouped_matmul_grad_cpu));
 }

@@ -22,12 +22,34 @@ OPS = {
     'attention_update': ('Merges K partial attention results computed over disjoint key ranges (ring / context-parallel attention): lse [K, ...] fp32 (or fp64), out [K, ..., D]; returns attention_out [..., D] = sum_i exp(lse_i - L) out_i and softmax_lse [...] = L = log sum_i exp(lse_i). A partial lse of -inf (empty key range) gets weight exactly 0; if all are -inf the row is 0 with L = -inf. Differentiable in both inputs.', ('CPU',), True, True),
     'attention_update_grad': ('Backward of attention_update: with w_i = exp(lse_i - L), grad_out_i = w_i g and grad_lse_i = w_i (grad_softmax_lse + out_i·g - attention_out·g); zero for -inf partial lse.', ('CPU',), False, True),
     'incre_flash_attention': ("Decode attention (CANN IncreFlashAttention): one query token per sequence against a KV cache, out = Softmax(Mask(scale_value * q Kᵀ + pse_shift)) V per query head, GQA/MQA through num_key_value_heads. query BSH [B,1,N1*D], BSND [B,1,N1,D] or BNSD [B,N1,1,D]; output has query's shape and dtype. Contiguous cache: key/value [B,S,N2*D] (BSH), [B,S,N2,D] (BSND), [B,N2,S,D] (BNSD); sequence b reads cache positions [S - pad - len_b, S - pad) with pad = kv_padding_size (0 when absent) and len_b = actual_seq_lengths[b] (S when absent). Paged cache (block_table int32 [B, max_blocks_per_seq] given): key/value (num_blocks, block_size, N2*D) or, for BNSD, (num_blocks, N2, block_size, D); logical key j of sequence b is row j % block_size of physical block block_table[b, j // block_size]; actual_seq_lengths is required. atten_mask (bool/uint8, True = masked; (B,S), (B,1,S), (B,1,1,S)) and pse_shift ([B or 1, N1, 1, S], added after scaling) are indexed by cache position (logical key index for a paged cache). Query heads without any visible key (length 0 or fully masked) give zeros. fp32 accumulation for fp32/fp16/bf16; deterministic.", ('CPU',), False, True),
+    'grouped_matmul': ("Grouped matrix product (CANN GroupedMatmul), out = act(x·weight + bias) per group, fp32 accumulation. group_type -1: x and weight are lists of the same length, out[i] = act(x[i] @ weight[i] + bias[i]) with x[i] [..., K_i] and weight[i] [K_i, N_i] (independent products). group_type 0: x = [x] with x [M, K] split along M into E consecutive row groups by group_list; weight = one [E, K, N] tensor or E [K, N] tensors; out = [y], y [M, N], rows of group e = x_e @ weight[e] (+ bias[e]). group_type 2 (split along K, the weight-gradient form): x = [x] with x [M, K] (any strides, e.g. a transposed [T, M] tensor), weight = [w] with w [K, N], K split into E groups by group_list; out = [y], y [E, M, N], y[e] = x[:, K_e] @ w[K_e, :] (zeros for an empty group); no bias or activation. group_list: int64/int32 tensor of E entries, cumulative ends (group_list_type 0) or counts (1), covering M (type 0) or K (type 2) exactly; empty groups are legal. bias: empty list, one [E, N] tensor or one [N_i] tensor per group, x's dtype or float32. act_type 0 none, 1 relu, 2 gelu_tanh, 4 fast_gelu (x*sigmoid(1.702x)), 5 silu. fp32/fp16/bf16 (x and weight the same dtype). Returns out and act_input (the pre-activation x·weight + bias, kept for the backward; empty tensors when act_type is 0).", ('CPU',), True, True),
+    'grouped_matmul_grad': ("Backward of grouped_matmul. With g = grad_out * act'(act_input): grad_x = g @ weightᵀ per group (a grouped product with transposed weights), grad_weight = x_eᵀ @ g_e per group (the K-grouped form: empty groups give zeros), grad_bias = column sums of g_e in fp32, stored in bias's dtype (an empty list without bias). Shapes and dtypes of x, weight and bias.", ('CPU',), False, True),
 }
 
 
 def _needs_grad(ctx, index):
     """The dispatcher drops trailing default arguments, so needs_input_grad may be shorter than the schema."""
     return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]
+
+
+def _list_grad(ctx, index, grads):
+    """Gradients of a Tensor[] input: needs_input_grad holds one flag per tensor; None where unneeded."""
+    needs = ctx.needs_input_grad[index] if index < len(ctx.needs_input_grad) else []
+    return [g if n else None for g, n in zip(grads, needs)]
+
+
+def _save_flat(ctx, *values):
+    """save_for_backward for a mix of tensors, None and lists of tensors (Tensor[] arguments)."""
+    ctx.saved_layout = [len(v) if isinstance(v, (list, tuple)) else -1 for v in values]
+    ctx.save_for_backward(*[t for v in values for t in (v if isinstance(v, (list, tuple)) else [v])])
+
+
+def _restore_flat(ctx):
+    """The values given to _save_flat, lists restored."""
+    flat, out = list(ctx.saved_tensors), []
+    for n in ctx.saved_layout:
+        out.append(flat.pop(0) if n < 0 else [flat.pop(0) for _ in range(n)])
+    return out
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -140,9 +162,43 @@ def _backward_attention_update(ctx, grad_attention_out, grad_softmax_lse):
     )
 
 
+def _setup_grouped_matmul(ctx, inputs, output):
+    (x, weight, bias, group_list, group_type, group_list_type, act_type,) = inputs
+    (out, act_input,) = output
+    _save_flat(ctx, x, weight, bias, group_list, act_input)
+    ctx.group_type = group_type
+    ctx.group_list_type = group_list_type
+    ctx.act_type = act_type
+    ctx.mark_non_differentiable(*act_input)
+
+
+def _backward_grouped_matmul(ctx, grad_out, grad_act_input):
+    (x, weight, bias, group_list, act_input,) = _restore_flat(ctx)
+    grads = torch.ops.npu_fa.grouped_matmul_grad.default(
+        grad_out,
+        x,
+        weight,
+        bias,
+        group_list,
+        act_input,
+        ctx.group_type,
+        ctx.group_list_type,
+        ctx.act_type,
+    )
+    return (
+        _list_grad(ctx, 0, grads[0]),  # x
+        _list_grad(ctx, 1, grads[1]),  # weight
+        _list_grad(ctx, 2, grads[2]),  # bias
+        None,  # group_list
+        None,  # group_type
+        None,  # group_list_type
+        None,  # act_type
+    )[:len(ctx.needs_input_grad)]
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.rope']}
+    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.grouped_matmul', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.rope']}
     torch.library.register_fake("npu_fa::flash_attention_score", modules['torch_ops_transformer.fake.attention'].flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
     torch.library.register_fake("npu_fa::flash_attention_score_grad", modules['torch_ops_transformer.fake.attention'].flash_attention_score_grad)
@@ -160,3 +216,6 @@ def register():
     torch.library.register_autograd("npu_fa::attention_update", _backward_attention_update, setup_context=_setup_attention_update)
     torch.library.register_fake("npu_fa::attention_update_grad", modules['torch_ops_transformer.fake.inference'].attention_update_grad)
     torch.library.register_fake("npu_fa::incre_flash_attention", modules['torch_ops_transformer.fake.inference'].incre_flash_attention)
+    torch.library.register_fake("npu_fa::grouped_matmul", modules['torch_ops_transformer.fake.grouped_matmul'].grouped_matmul)
+    torch.library.register_autograd("npu_fa::grouped_matmul", _backward_grouped_matmul, setup_context=_setup_grouped_matmul)
+    torch.library.register_fake("npu_fa::grouped_matmul_grad", modules['torch_ops_transformer.fake.grouped_matmul'].grouped_matmul_grad)

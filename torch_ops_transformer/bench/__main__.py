@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-TABLES = ("attention", "prefill", "decode")
+TABLES = ("attention", "prefill", "decode", "moe")
 
 
 def main(argv=None) -> int:
@@ -30,6 +30,10 @@ def main(argv=None) -> int:
             from . import decode
 
             decode.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        elif name == "moe":
+            from . import moe
+
+            moe.main(quick=args.quick, reps=1 if args.quick else args.reps)
     return 0
 
 
