@@ -157,42 +157,51 @@ def _ep_worker(rank, world, port, result_dir):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                           timeout=__import__("datetime").timedelta(seconds=60))
+                            timeout=__import__("datetime").timedelta(seconds=60))
     try:
-        cfg = dict(input_dim=12, num_experts=8, top_k=2, hidden_dim=16)
-        full = _layer(**cfg)                                     # the single-process layer, same on every rank
-        ep = MOELayer(**cfg, process_group=dist.group.WORLD)
-        local = cfg["num_experts"] // world
-        with torch.no_grad():
-            ep.gate.weight.copy_(full.gate.weight)
-            for name in ("w1", "b1", "w2", "b2"):
-                getattr(ep, name).copy_(getattr(full, name)[rank * local:(rank + 1) * local])
-        g = torch.Generator().manual_seed(5)
-        x = torch.randn(world, 10, 12, generator=g)              # every rank knows the global batch
-        dy = torch.randn(world, 10, 12, generator=g)
-        (full(x) * dy).sum().backward()
-        want = full(x).detach()
-        xr = x[rank].clone().requires_grad_()
-        y = ep(xr)
-        (y * dy[rank]).sum().backward()
-        torch.testing.assert_close(y.detach(), want[rank], rtol=1e-5, atol=1e-5)
-        for name in ("w1", "b1", "w2", "b2"):
-            torch.testing.assert_close(getattr(ep, name).grad, getattr(full, name).grad[rank * local:(rank + 1) * local],
-                                       rtol=1e-4, atol=1e-5, msg=lambda m: f"rank {rank} {name}: {m}")
-        gate_grad = ep.gate.weight.grad.clone()
-        dist.all_reduce(gate_grad)                               # the data-parallel gradient of the replicated gate
-        torch.testing.assert_close(gate_grad, full.gate.weight.grad, rtol=1e-4, atol=1e-5)
+        for capacity in (None, 3):       # dropless; capacity 3 of ~5 rows per expert drops rows
+            _ep_check(rank, world, capacity)
         open(os.path.join(result_dir, f"ok{rank}"), "w").close()
     finally:
         dist.destroy_process_group()
+
+
+def _ep_check(rank, world, capacity):
+    """This rank's shard of an expert-parallel layer against the single-process layer on the global batch."""
+    import torch.distributed as dist
+
+    cfg = dict(input_dim=12, num_experts=8, top_k=2, hidden_dim=16, expert_capacity=capacity)
+    full = _layer(**cfg)                                     # the single-process layer, same on every rank
+    ep = MOELayer(**cfg, process_group=dist.group.WORLD)
+    local = cfg["num_experts"] // world
+    with torch.no_grad():
+        ep.gate.weight.copy_(full.gate.weight)
+        for name in ("w1", "b1", "w2", "b2"):
+            getattr(ep, name).copy_(getattr(full, name)[rank * local:(rank + 1) * local])
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(world, 10, 12, generator=g)              # every rank knows the global batch
+    dy = torch.randn(world, 10, 12, generator=g)
+    want = full(x)
+    (want * dy).sum().backward()
+    xr = x[rank].clone().requires_grad_()
+    y = ep(xr)
+    (y * dy[rank]).sum().backward()
+    tag = f"rank {rank}/{world} capacity {capacity}"
+    torch.testing.assert_close(y.detach(), want.detach()[rank], rtol=1e-5, atol=1e-5, msg=lambda m: f"{tag}: {m}")
+    for name in ("w1", "b1", "w2", "b2"):
+        torch.testing.assert_close(getattr(ep, name).grad, getattr(full, name).grad[rank * local:(rank + 1) * local],
+                                   rtol=1e-4, atol=1e-5, msg=lambda m: f"{tag} {name}: {m}")
+    gate_grad = ep.gate.weight.grad.clone()
+    dist.all_reduce(gate_grad)                               # the data-parallel gradient of the replicated gate
+    torch.testing.assert_close(gate_grad, full.gate.weight.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{tag}: {m}")
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_expert_parallel_matches_single_process(world, tmp_path):
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_ep_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(_ep_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world,
+                             join=False, start_method="spawn")
     deadline = time.monotonic() + 120
     try:
         while not ctx.join(timeout=1):

@@ -76,8 +76,9 @@ class MOELayer(nn.Module):
 
     Expert parallel: with process_group, the group's W ranks each hold num_experts / W experts (rank r: experts
     [r*E/W, (r+1)*E/W)), route their own tokens and exchange the routed rows with all_to_all_single (autograd-aware)
-    so each expert sees the rows of every rank. Dropless only. The gate is replicated: average (or sum) its
-    gradients over the group like any data-parallel parameter.
+    so each expert sees the rows of every rank; expert_capacity is enforced by the owner over the rows of all ranks
+    in the single-process priority order. The gate is replicated: average (or sum) its gradients over the group
+    like any data-parallel parameter.
     """
 
     def __init__(self, input_dim: int, num_experts: int, top_k: int = 2, expert_capacity: Optional[int] = None,
@@ -97,9 +98,6 @@ class MOELayer(nn.Module):
         if num_experts % self.world_size:
             raise ValueError(f"MOELayer: num_experts ({num_experts}) must be divisible by the process group's size "
                              f"({self.world_size})")
-        if process_group is not None and expert_capacity is not None:
-            raise NotImplementedError("MOELayer: expert_capacity with a process_group (expert parallel) is not "
-                                      "supported; use expert_capacity=None (dropless)")
         self.local_experts = num_experts // self.world_size
         kw = {"device": device, "dtype": dtype}
         self.gate = nn.Linear(input_dim, num_experts, bias=False, **kw)
@@ -130,7 +128,9 @@ class MOELayer(nn.Module):
         in_dtype, shape = x.dtype, x.shape
         x2 = x.reshape(-1, self.input_dim).to(self.w1.dtype)
         probs = torch.softmax(self.gate(x2).float(), dim=-1)
-        routing, top_e = route(probs, self.top_k, self.normalize_weights, self.expert_capacity)
+        # Expert parallel: the capacity is enforced by each expert's owner, over the rows of every rank.
+        local_capacity = self.expert_capacity if self.process_group is None else None
+        routing, top_e = route(probs, self.top_k, self.normalize_weights, local_capacity)
         self.aux_loss = load_balancing_loss(probs, top_e)
         if self.process_group is None:
             y = self._dispatch_local(x2, routing)
@@ -168,11 +168,35 @@ class MOELayer(nn.Module):
         # Rows arrive grouped by source rank, then expert: regroup by expert (stable, so by source rank inside).
         expert_of_row = torch.repeat_interleave(
             torch.arange(local, device=x2.device).repeat(world), recv_counts.reshape(-1))
-        perm = torch.sort(expert_of_row, stable=True).indices
-        y = self.experts(received[perm], recv_counts.sum(0))
+        if self.expert_capacity is None:
+            perm = torch.sort(expert_of_row, stable=True).indices
+            y = self.experts(received[perm], recv_counts.sum(0))
+        else:
+            perm, y = self._capacity_experts(received, expert_of_row, routing, x2.shape[0], send_splits,
+                                             recv_splits)
         y_back = torch.empty_like(y).index_copy(0, perm, y)            # back to arrival order
         return all_to_all_single(y_back.new_empty(sent.shape[0], y_back.shape[1]), y_back, send_splits,
                                  recv_splits, group=group)
+
+    def _capacity_experts(self, received, expert_of_row, routing, tokens, send_splits, recv_splits):
+        """Capacity drop at the expert's owner, in the single-process layer's priority order over the global batch
+        (the ranks' tokens concatenated in rank order): each row travels with its key choice*T_global + global
+        token index; an expert keeps its `expert_capacity` smallest keys, dropped rows return zeros."""
+        group, cap = self.process_group, self.expert_capacity
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([tokens]), group=group)
+        sizes = torch.cat(sizes)
+        offset, total = int(sizes[:self.rank].sum()), int(sizes.sum())
+        key = (routing.order // tokens) * total + offset + routing.token
+        recv_key = torch.empty(sum(recv_splits), dtype=key.dtype)
+        dist.all_to_all_single(recv_key, key, recv_splits, send_splits, group=group)
+        perm = torch.argsort(expert_of_row * (self.top_k * total) + recv_key)
+        expert = expert_of_row[perm]
+        counts = torch.zeros(self.local_experts, dtype=torch.int64).index_add_(0, expert, torch.ones_like(expert))
+        position = torch.arange(expert.numel()) - (torch.cumsum(counts, 0) - counts)[expert]
+        kept = (position < cap).nonzero().squeeze(1)
+        y = self.experts(received[perm][kept], counts.clamp(max=cap))
+        return perm, y.new_zeros(perm.numel(), y.shape[1]).index_copy(0, kept, y)
 
 
 def _capacity_slots(routing: Routing, cap: int, experts: int) -> torch.Tensor:

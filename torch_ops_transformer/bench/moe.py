@@ -83,7 +83,7 @@ class LoopMoE(torch.nn.Module):
                 continue
             h = F.gelu(x2[tok] @ m.w1[e] + m.b1[e], approximate="tanh")
             y = h @ m.w2[e] + m.b2[e]
-            out = out.index_add(0, tok, y * top_w[tok, slot].unsqueeze(1).to(y.dtype))
+            out.index_add_(0, tok, y * top_w[tok, slot].unsqueeze(1).to(y.dtype))
         return out.reshape(x.shape)
 
 
@@ -116,9 +116,11 @@ def moe_layer_table(quick: bool, reps: int):
     print()
 
 
-def main(quick: bool = False, reps: int = 5):
-    grouped_matmul_table(quick, reps)
-    moe_layer_table(quick, reps)
+def main(quick: bool = False, reps: int = 5, tables=("grouped_matmul", "moe_layer")):
+    if "grouped_matmul" in tables:
+        grouped_matmul_table(quick, reps)
+    if "moe_layer" in tables:
+        moe_layer_table(quick, reps)
     try:
         from . import moe_routing  # written by the routing ops' branch
     except ImportError:
