@@ -17,8 +17,8 @@ ACT = {"gelu": 2, "relu": 1, "silu": 5, "fast_gelu": 4}
 
 
 def reference_moe(layer, x, dtype=torch.float64):
-    """Per-token loop in `dtype`: softmax router, top-k, renormalised weights, capacity in priority order (every
-    token's first choice before second choices), FFN per chosen expert."""
+    """Per-token loop in `dtype`: softmax router, top-k, renormalised weights, capacity in token order (CANN's
+    moe_init_routing_v2: token t's choices before token t+1's), FFN per chosen expert."""
     p = {n: t.to(dtype) for n, t in layer.named_parameters()}
     x2 = x.reshape(-1, layer.input_dim).to(dtype)
     probs = torch.softmax(x2 @ p["gate.weight"].t(), -1)
@@ -27,8 +27,8 @@ def reference_moe(layer, x, dtype=torch.float64):
         top_w = top_w / top_w.sum(-1, keepdim=True)
     out = torch.zeros_like(x2)
     used = [0] * layer.num_experts
-    for j in range(layer.top_k):
-        for t in range(x2.shape[0]):
+    for t in range(x2.shape[0]):
+        for j in range(layer.top_k):
             e = int(top_e[t, j])
             if layer.expert_capacity is not None and used[e] >= layer.expert_capacity:
                 continue

@@ -13,6 +13,8 @@ generated from native_functions.yaml. Public Python API:
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
 - `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
 - `MOELayer` — the seed article's Mixture-of-Experts layer, single-process or expert-parallel.
+- `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
+  `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 """
 from ._ops_loader import load as _load
 
@@ -43,6 +45,17 @@ from .inference import (  # noqa: E402
     npu_incre_flash_attention,
     npu_prompt_flash_attention,
 )
+from .moe_routing import (  # noqa: E402
+    npu_moe_compute_expert_tokens,
+    npu_moe_finalize_routing,
+    npu_moe_gating_top_k,
+    npu_moe_gating_top_k_softmax,
+    npu_moe_gating_top_k_softmax_v2,
+    npu_moe_init_routing,
+    npu_moe_init_routing_v2,
+    npu_moe_token_permute,
+    npu_moe_token_unpermute,
+)
 
 __all__ = [
     "OPS",
@@ -65,5 +78,14 @@ __all__ = [
     "grouped_matmul",
     "npu_grouped_matmul",
     "MOELayer",
+    "npu_moe_compute_expert_tokens",
+    "npu_moe_finalize_routing",
+    "npu_moe_gating_top_k",
+    "npu_moe_gating_top_k_softmax",
+    "npu_moe_gating_top_k_softmax_v2",
+    "npu_moe_init_routing",
+    "npu_moe_init_routing_v2",
+    "npu_moe_token_permute",
+    "npu_moe_token_unpermute",
 ]
 __version__ = "0.1.0"

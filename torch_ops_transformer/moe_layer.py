@@ -1,63 +1,27 @@
-"""MOELayer: the seed article's Mixture-of-Experts layer (gate -> route -> grouped expert FFN -> combine) on
-grouped_matmul, single-process or expert-parallel over a torch.distributed process group. See docs/moe.md."""
-from typing import Optional, Tuple
+"""MOELayer: the seed article's Mixture-of-Experts layer (gate -> route -> grouped expert FFN -> combine) on the
+routing ops (moe_gating_top_k_softmax(_v2), moe_init_routing_v2, moe_finalize_routing) and grouped_matmul,
+single-process or expert-parallel over a torch.distributed process group. See docs/moe.md."""
+from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from .grouped_matmul import ACT_TYPES
+from .moe_routing import npu_moe_init_routing_v2
 
+_OPS = torch.ops.npu_fa
 _ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "fast_gelu")
 
 
-class Routing:
-    """Where each (token, slot) assignment goes. Assignments are ordered by expert, then by priority: every
-    token's first choice before any second choice (GShard), tokens in order inside one choice.
-
-    order [R]: flat assignment index (slot * T + token) of each routed row, expert-major
-    token [R], weight [R] (fp32): the token a row came from and its combine weight
-    expert [R]: the expert of each row; counts [E]: rows per expert (after the capacity drop)
-    keep [R] bool, position [R]: capacity mode only (else None): kept or dropped, rank inside the expert
-    """
-
-    def __init__(self, order, token, weight, expert, counts, keep=None, position=None):
-        self.order, self.token, self.weight, self.expert, self.counts = order, token, weight, expert, counts
-        self.keep, self.position = keep, position
-
-
-def route(probs: torch.Tensor, top_k: int, normalize: bool, capacity: Optional[int]) -> Tuple[Routing, torch.Tensor]:
-    """Top-k routing of router probabilities probs [T, E] (fp32). Returns the routing and the top-k expert ids
-    [T, k]. With `capacity`, an expert keeps its first `capacity` rows in priority order; the others are dropped
-    (weight 0, `keep` False)."""
-    tokens, experts = probs.shape
-    top_w, top_e = probs.topk(top_k, dim=-1)
-    if normalize and top_k > 1:
-        top_w = top_w / top_w.sum(-1, keepdim=True)
-    flat_e = top_e.t().reshape(-1)                                   # slot-major: priority order
-    expert, order = torch.sort(flat_e, stable=True)
-    token = order % tokens
-    weight = top_w.t().reshape(-1)[order]
-    counts = torch.zeros(experts, dtype=torch.int64, device=probs.device).index_add_(
-        0, flat_e, torch.ones_like(flat_e))
-    keep = position = None
-    if capacity is not None:
-        starts = torch.cumsum(counts, 0) - counts
-        position = torch.arange(order.numel(), device=probs.device) - starts[expert]
-        keep = position < capacity
-        weight = weight * keep
-        counts = counts.clamp(max=capacity)
-    return Routing(order, token, weight, expert, counts, keep, position), top_e
-
-
-def load_balancing_loss(probs: torch.Tensor, top_e: torch.Tensor) -> torch.Tensor:
+def load_balancing_loss(probs: torch.Tensor, expert_idx: torch.Tensor) -> torch.Tensor:
     """Switch-Transformer / GShard auxiliary loss E * sum_e f_e * P_e: f_e the fraction of the T*k assignments
     routed to expert e (before any capacity drop, not differentiable), P_e the mean router probability of e.
     It is 1 for perfectly uniform routing and grows as routing concentrates."""
     experts = probs.shape[-1]
+    flat = expert_idx.reshape(-1).long()
     f = torch.zeros(experts, dtype=probs.dtype, device=probs.device).index_add_(
-        0, top_e.reshape(-1), torch.ones(top_e.numel(), dtype=probs.dtype, device=probs.device)) / top_e.numel()
+        0, flat, torch.ones(flat.numel(), dtype=probs.dtype, device=probs.device)) / flat.numel()
     return experts * torch.sum(f * probs.mean(0))
 
 
@@ -68,17 +32,18 @@ class MOELayer(nn.Module):
         y = moe(x)            # x [..., input_dim] -> y [..., input_dim]; moe.aux_loss holds the balancing loss
 
     Every expert is a two-layer FFN  act(x W1_e + b1_e) W2_e + b2_e  (hidden_dim, default input_dim); all experts
-    run in two grouped_matmul calls. The router is a bias-free linear layer followed by a softmax (fp32); the top_k
-    weights are renormalised to sum to 1 when top_k > 1 (normalize_weights). expert_capacity=None is dropless;
-    an int C keeps at most C rows per expert (capacity drop: a dropped assignment contributes nothing, so a token
-    whose every choice is dropped gets 0; add the residual outside). Inputs of another dtype than the parameters are
-    computed in the parameters' dtype and returned in the input's dtype.
+    run in two grouped_matmul calls. The router is a bias-free linear layer; its top_k weights are the softmax
+    probabilities (fp32), renormalised over the k when top_k > 1 and normalize_weights (moe_gating_top_k_softmax_v2
+    renorm=1). Routing is moe_init_routing_v2 (CANN's token-major pair order); combining is moe_finalize_routing.
+    expert_capacity=None is dropless; an int C keeps at most C rows per expert, in token order (drop/pad mode: a
+    dropped assignment contributes nothing; add the residual outside). Inputs of another dtype than the parameters
+    are computed in the parameters' dtype and returned in the input's dtype.
 
     Expert parallel: with process_group, the group's W ranks each hold num_experts / W experts (rank r: experts
     [r*E/W, (r+1)*E/W)), route their own tokens and exchange the routed rows with all_to_all_single (autograd-aware)
     so each expert sees the rows of every rank; expert_capacity is enforced by the owner over the rows of all ranks
-    in the single-process priority order. The gate is replicated: average (or sum) its gradients over the group
-    like any data-parallel parameter.
+    in the single-process order (the ranks' tokens concatenated in rank order). The gate is replicated: average (or
+    sum) its gradients over the group like any data-parallel parameter.
     """
 
     def __init__(self, input_dim: int, num_experts: int, top_k: int = 2, expert_capacity: Optional[int] = None,
@@ -117,9 +82,18 @@ class MOELayer(nn.Module):
 
     def experts(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The local experts' FFN over rows grouped by expert (counts[e] rows for local expert e)."""
-        h, _ = torch.ops.npu_fa.grouped_matmul([rows], [self.w1], [self.b1], counts, 0, 1, self.act_type)
-        y, _ = torch.ops.npu_fa.grouped_matmul(h, [self.w2], [self.b2], counts, 0, 1, 0)
+        h, _ = _OPS.grouped_matmul([rows], [self.w1], [self.b1], counts, 0, 1, self.act_type)
+        y, _ = _OPS.grouped_matmul(h, [self.w2], [self.b2], counts, 0, 1, 0)
         return y[0]
+
+    def gating(self, x2: torch.Tensor):
+        """(combine weights [T, k] fp32, expert ids [T, k] int32, router probabilities [T, E] fp32)."""
+        logits = self.gate(x2).float()
+        if self.normalize_weights and self.top_k > 1:
+            weights, expert_idx, _ = _OPS.moe_gating_top_k_softmax_v2(logits, None, self.top_k, 1, False)
+        else:
+            weights, expert_idx, _ = _OPS.moe_gating_top_k_softmax(logits, None, self.top_k)
+        return weights, expert_idx, torch.softmax(logits, dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.input_dim:
@@ -127,43 +101,42 @@ class MOELayer(nn.Module):
                              f"{tuple(x.shape)}")
         in_dtype, shape = x.dtype, x.shape
         x2 = x.reshape(-1, self.input_dim).to(self.w1.dtype)
-        probs = torch.softmax(self.gate(x2).float(), dim=-1)
-        # Expert parallel: the capacity is enforced by each expert's owner, over the rows of every rank.
-        local_capacity = self.expert_capacity if self.process_group is None else None
-        routing, top_e = route(probs, self.top_k, self.normalize_weights, local_capacity)
-        self.aux_loss = load_balancing_loss(probs, top_e)
+        weights, expert_idx, probs = self.gating(x2)
+        self.aux_loss = load_balancing_loss(probs, expert_idx)
         if self.process_group is None:
-            y = self._dispatch_local(x2, routing)
+            y, row_idx, mode = self._experts_local(x2, expert_idx)
         else:
-            y = self._dispatch_expert_parallel(x2, routing)
-        out = torch.zeros_like(x2).index_add_(0, routing.token, y * routing.weight.to(y.dtype).unsqueeze(1))
+            y, row_idx, mode = self._experts_parallel(x2, expert_idx)
+        out = _OPS.moe_finalize_routing(y, None, None, None, weights.to(y.dtype), row_idx, expert_idx, mode)
         return out.reshape(shape).to(in_dtype)
 
-    def _dispatch_local(self, x2: torch.Tensor, routing: Routing) -> torch.Tensor:
-        """Expert outputs for every routed row (rows in routing order)."""
-        if routing.keep is None:
-            return self.experts(x2[routing.token], routing.counts)
-        # Capacity mode, static shapes: E*C slots (empty slots are zero rows, computed and discarded); dropped
-        # rows go to one extra slot that is cut off before the experts and read back as zeros.
+    def _experts_local(self, x2: torch.Tensor, expert_idx: torch.Tensor):
+        """(expert outputs, expanded_row_idx, finalize drop_pad_mode): dropless rows [T*k, H], or with a capacity
+        the [E, C, H] layout in which empty slots are zero rows (computed, then never read)."""
         cap, experts = self.expert_capacity, self.num_experts
-        slot = _capacity_slots(routing, cap, experts)
-        rows = x2.new_zeros(experts * cap + 1, x2.shape[1]).index_copy(0, slot, x2[routing.token])
+        if cap is None:
+            rows, row_idx, counts, _ = npu_moe_init_routing_v2(
+                x2, expert_idx, expert_num=experts, expert_tokens_num_type=1, expert_tokens_num_flag=True)
+            return self.experts(rows, counts), row_idx, 2
+        rows, row_idx, _, _ = npu_moe_init_routing_v2(
+            x2, expert_idx, expert_capacity=cap, expert_num=experts, drop_pad_mode=1, expert_tokens_num_type=1,
+            expert_tokens_num_flag=True)
         counts = torch.full((experts,), cap, dtype=torch.int64, device=x2.device)
-        y = self.experts(rows[:-1], counts)
-        y = torch.cat([y, y.new_zeros(1, y.shape[1])])
-        return y[slot]
+        y = self.experts(rows.reshape(experts * cap, -1), counts)
+        return y.reshape(experts, cap, -1), row_idx, 3
 
-    def _dispatch_expert_parallel(self, x2: torch.Tensor, routing: Routing) -> torch.Tensor:
+    def _experts_parallel(self, x2: torch.Tensor, expert_idx: torch.Tensor):
         from torch.distributed.nn.functional import all_to_all_single
 
         world, local, group = self.world_size, self.local_experts, self.process_group
-        send_counts = routing.counts.view(world, local)                # rows for (destination rank, its expert)
+        rows, row_idx, counts, _ = npu_moe_init_routing_v2(
+            x2, expert_idx, expert_num=self.num_experts, expert_tokens_num_type=1, expert_tokens_num_flag=True)
+        send_counts = counts.view(world, local)                        # rows for (destination rank, its expert)
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=group)  # [source rank, local expert]
         send_splits = send_counts.sum(1).tolist()
         recv_splits = recv_counts.sum(1).tolist()
-        sent = x2[routing.token]
-        received = all_to_all_single(sent.new_empty(sum(recv_splits), sent.shape[1]), sent, recv_splits,
+        received = all_to_all_single(rows.new_empty(sum(recv_splits), rows.shape[1]), rows, recv_splits,
                                      send_splits, group=group)
         # Rows arrive grouped by source rank, then expert: regroup by expert (stable, so by source rank inside).
         expert_of_row = torch.repeat_interleave(
@@ -172,37 +145,34 @@ class MOELayer(nn.Module):
             perm = torch.sort(expert_of_row, stable=True).indices
             y = self.experts(received[perm], recv_counts.sum(0))
         else:
-            perm, y = self._capacity_experts(received, expert_of_row, routing, x2.shape[0], send_splits,
+            perm, y = self._capacity_experts(received, expert_of_row, row_idx, x2.shape[0], send_splits,
                                              recv_splits)
         y_back = torch.empty_like(y).index_copy(0, perm, y)            # back to arrival order
-        return all_to_all_single(y_back.new_empty(sent.shape[0], y_back.shape[1]), y_back, send_splits,
+        back = all_to_all_single(y_back.new_empty(rows.shape[0], y_back.shape[1]), y_back, send_splits,
                                  recv_splits, group=group)
+        return back, row_idx, 2
 
-    def _capacity_experts(self, received, expert_of_row, routing, tokens, send_splits, recv_splits):
-        """Capacity drop at the expert's owner, in the single-process layer's priority order over the global batch
-        (the ranks' tokens concatenated in rank order): each row travels with its key choice*T_global + global
-        token index; an expert keeps its `expert_capacity` smallest keys, dropped rows return zeros."""
-        group, cap = self.process_group, self.expert_capacity
+    def _capacity_experts(self, received, expert_of_row, row_idx, tokens, send_splits, recv_splits):
+        """Capacity drop at the expert's owner in the single-process order over the global batch: each row travels
+        with its global pair index (global token * k + choice); an expert keeps its `expert_capacity` smallest,
+        dropped rows return zeros."""
+        group, cap, k = self.process_group, self.expert_capacity, self.top_k
         sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
         dist.all_gather(sizes, torch.tensor([tokens]), group=group)
         sizes = torch.cat(sizes)
         offset, total = int(sizes[:self.rank].sum()), int(sizes.sum())
-        key = (routing.order // tokens) * total + offset + routing.token
+        pair_of_row = torch.empty_like(row_idx, dtype=torch.int64).index_copy_(
+            0, row_idx.long(), torch.arange(row_idx.numel()))
+        key = offset * k + pair_of_row
         recv_key = torch.empty(sum(recv_splits), dtype=key.dtype)
         dist.all_to_all_single(recv_key, key, recv_splits, send_splits, group=group)
-        perm = torch.argsort(expert_of_row * (self.top_k * total) + recv_key)
+        perm = torch.argsort(expert_of_row * (k * total) + recv_key)
         expert = expert_of_row[perm]
         counts = torch.zeros(self.local_experts, dtype=torch.int64).index_add_(0, expert, torch.ones_like(expert))
         position = torch.arange(expert.numel()) - (torch.cumsum(counts, 0) - counts)[expert]
         kept = (position < cap).nonzero().squeeze(1)
         y = self.experts(received[perm][kept], counts.clamp(max=cap))
         return perm, y.new_zeros(perm.numel(), y.shape[1]).index_copy(0, kept, y)
-
-
-def _capacity_slots(routing: Routing, cap: int, experts: int) -> torch.Tensor:
-    """Slot expert*cap + position of each kept row; experts*cap (the discard slot) for dropped rows."""
-    expert = routing.expert
-    return torch.where(routing.keep, expert * cap + routing.position, torch.full_like(expert, experts * cap))
 
 
 def _check_config(input_dim, num_experts, top_k, expert_capacity, activation):

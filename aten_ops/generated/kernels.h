@@ -43,4 +43,32 @@ at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type);
 // grouped_matmul_grad [CPU]
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type, int64_t group_list_type, int64_t act_type);
+// moe_gating_top_k_softmax [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k);
+// moe_gating_top_k_softmax_v2 [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag);
+// moe_gating_top_k_softmax_grad [CPU]
+at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at::Tensor& x, int64_t k, int64_t renorm);
+// moe_gating_top_k [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const at::Tensor& x, int64_t k, const std::optional<at::Tensor>& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode, int64_t renorm, int64_t norm_type, bool out_flag, double routed_scaling_factor, double eps);
+// moe_init_routing [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu(const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& expert_idx, int64_t active_num);
+// moe_init_routing_v2 [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& offset, int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode, int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode, at::IntArrayRef active_expert_range, int64_t row_idx_type);
+// moe_init_routing_v2_grad [CPU]
+at::Tensor moe_init_routing_v2_grad_cpu(const at::Tensor& grad_expanded_x, const at::Tensor& expanded_row_idx, const at::Tensor& x, const at::Tensor& expert_idx, int64_t row_idx_type);
+// moe_compute_expert_tokens [CPU]
+at::Tensor moe_compute_expert_tokens_cpu(const at::Tensor& sorted_expert_for_source_row, int64_t num_expert);
+// moe_finalize_routing [CPU]
+at::Tensor moe_finalize_routing_cpu(const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& skip2, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode);
+// moe_finalize_routing_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_grad_cpu(const at::Tensor& grad_out, const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode);
+// moe_token_permute [CPU]
+std::tuple<at::Tensor, at::Tensor> moe_token_permute_cpu(const at::Tensor& tokens, const at::Tensor& indices, std::optional<int64_t> num_out_tokens, bool padded_mode);
+// moe_token_permute_grad [CPU]
+at::Tensor moe_token_permute_grad_cpu(const at::Tensor& grad_permuted_tokens, const at::Tensor& sorted_indices, const at::Tensor& indices);
+// moe_token_unpermute [CPU]
+at::Tensor moe_token_unpermute_cpu(const at::Tensor& permuted_tokens, const at::Tensor& sorted_indices, const std::optional<at::Tensor>& probs, bool padded_mode, at::OptionalIntArrayRef restore_shape);
+// moe_token_unpermute_grad [CPU]
+std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu(const at::Tensor& permuted_tokens, const at::Tensor& grad_unpermuted_tokens, const at::Tensor& sorted_indices, const std::optional<at::Tensor>& probs, bool padded_mode, at::OptionalIntArrayRef restore_shape);
 }  // namespace npu_fa

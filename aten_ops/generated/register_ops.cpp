@@ -33,6 +33,20 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] out, Tensor[] act_input)", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor y, Tensor expert_idx, Tensor row_idx)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_gating_top_k_softmax_v2(Tensor x, Tensor? finished=None, int k=1, int renorm=0, bool output_softmax_result_flag=False) -> (Tensor y, Tensor expert_idx, Tensor softmax_result)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_gating_top_k_softmax_grad(Tensor grad_y, Tensor x, int k, int renorm=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_gating_top_k(Tensor x, int k, Tensor? bias=None, int k_group=1, int group_count=1, int group_select_mode=0, int renorm=0, int norm_type=0, bool out_flag=False, float routed_scaling_factor=1.0, float eps=1e-20) -> (Tensor y, Tensor expert_idx, Tensor out)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) -> (Tensor expanded_x, Tensor expanded_row_idx, Tensor expanded_expert_idx)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_init_routing_v2(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=-1, int[] active_expert_range=[], int row_idx_type=0) -> (Tensor expanded_x, Tensor expanded_row_idx, Tensor expert_tokens_count_or_cumsum, Tensor expanded_scale)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_init_routing_v2_grad(Tensor grad_expanded_x, Tensor expanded_row_idx, Tensor x, Tensor expert_idx, int row_idx_type=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_compute_expert_tokens(Tensor sorted_expert_for_source_row, int num_expert) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_finalize_routing(Tensor expanded_permuted_rows, Tensor? skip1, Tensor? skip2, Tensor? bias, Tensor? scales, Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int drop_pad_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_finalize_routing_grad(Tensor grad_out, Tensor expanded_permuted_rows, Tensor? skip1, Tensor? bias, Tensor? scales, Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int drop_pad_mode=0) -> (Tensor grad_expanded_permuted_rows, Tensor grad_skip, Tensor grad_scales, Tensor grad_bias)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_token_permute(Tensor tokens, Tensor indices, int? num_out_tokens=None, bool padded_mode=False) -> (Tensor permuted_tokens, Tensor sorted_indices)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_token_permute_grad(Tensor grad_permuted_tokens, Tensor sorted_indices, Tensor indices) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_token_unpermute(Tensor permuted_tokens, Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, int[]? restore_shape=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_token_unpermute_grad(Tensor permuted_tokens, Tensor grad_unpermuted_tokens, Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, int[]? restore_shape=None) -> (Tensor grad_permuted_tokens, Tensor grad_probs)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -52,4 +66,18 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("incre_flash_attention", TORCH_FN(npu_fa::incre_flash_attention_cpu));
   m.impl("grouped_matmul", TORCH_FN(npu_fa::grouped_matmul_cpu));
   m.impl("grouped_matmul_grad", TORCH_FN(npu_fa::grouped_matmul_grad_cpu));
+  m.impl("moe_gating_top_k_softmax", TORCH_FN(npu_fa::moe_gating_top_k_softmax_cpu));
+  m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(npu_fa::moe_gating_top_k_softmax_v2_cpu));
+  m.impl("moe_gating_top_k_softmax_grad", TORCH_FN(npu_fa::moe_gating_top_k_softmax_grad_cpu));
+  m.impl("moe_gating_top_k", TORCH_FN(npu_fa::moe_gating_top_k_cpu));
+  m.impl("moe_init_routing", TORCH_FN(npu_fa::moe_init_routing_cpu));
+  m.impl("moe_init_routing_v2", TORCH_FN(npu_fa::moe_init_routing_v2_cpu));
+  m.impl("moe_init_routing_v2_grad", TORCH_FN(npu_fa::moe_init_routing_v2_grad_cpu));
+  m.impl("moe_compute_expert_tokens", TORCH_FN(npu_fa::moe_compute_expert_tokens_cpu));
+  m.impl("moe_finalize_routing", TORCH_FN(npu_fa::moe_finalize_routing_cpu));
+  m.impl("moe_finalize_routing_grad", TORCH_FN(npu_fa::moe_finalize_routing_grad_cpu));
+  m.impl("moe_token_permute", TORCH_FN(npu_fa::moe_token_permute_cpu));
+  m.impl("moe_token_permute_grad", TORCH_FN(npu_fa::moe_token_permute_grad_cpu));
+  m.impl("moe_token_unpermute", TORCH_FN(npu_fa::moe_token_unpermute_cpu));
+  m.impl("moe_token_unpermute_grad", TORCH_FN(npu_fa::moe_token_unpermute_grad_cpu));
 }

@@ -52,9 +52,11 @@ def _autograd_block(spec: OpSpec, by_name: Dict[str, OpSpec]) -> List[str]:
             f"    ({', '.join(saved)},) = {restore}"]
     call = [_ref(v, spec, saved) for v in ag.backward.positional]
     call += [f"{k}={_ref(v, spec, saved)}" for k, v in ag.backward.keyword.items()]
-    out.append(f"    grads = torch.ops.{NAMESPACE}.{bw.name}.default(")
+    # A single-result backward op returns the tensor itself; wrap it so grads[i] always indexes results.
+    single = len(bw.schema.returns) == 1
+    out.append(f"    grads = {'(' if single else ''}torch.ops.{NAMESPACE}.{bw.name}.default(")
     out += [f"        {c}," for c in call]
-    out.append("    )")
+    out.append("    ),)" if single else "    )")
     rets = []
     for i, name in enumerate(inputs):
         if name in ag.gradients:

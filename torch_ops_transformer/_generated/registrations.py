@@ -24,6 +24,20 @@ OPS = {
     'incre_flash_attention': ("Decode attention (CANN IncreFlashAttention): one query token per sequence against a KV cache, out = Softmax(Mask(scale_value * q Kᵀ + pse_shift)) V per query head, GQA/MQA through num_key_value_heads. query BSH [B,1,N1*D], BSND [B,1,N1,D] or BNSD [B,N1,1,D]; output has query's shape and dtype. Contiguous cache: key/value [B,S,N2*D] (BSH), [B,S,N2,D] (BSND), [B,N2,S,D] (BNSD); sequence b reads cache positions [S - pad - len_b, S - pad) with pad = kv_padding_size (0 when absent) and len_b = actual_seq_lengths[b] (S when absent). Paged cache (block_table int32 [B, max_blocks_per_seq] given): key/value (num_blocks, block_size, N2*D) or, for BNSD, (num_blocks, N2, block_size, D); logical key j of sequence b is row j % block_size of physical block block_table[b, j // block_size]; actual_seq_lengths is required. atten_mask (bool/uint8, True = masked; (B,S), (B,1,S), (B,1,1,S)) and pse_shift ([B or 1, N1, 1, S], added after scaling) are indexed by cache position (logical key index for a paged cache). Query heads without any visible key (length 0 or fully masked) give zeros. fp32 accumulation for fp32/fp16/bf16; deterministic.", ('CPU',), False, True),
     'grouped_matmul': ("Grouped matrix product (CANN GroupedMatmul), out = act(x·weight + bias) per group, fp32 accumulation. group_type -1: x and weight are lists of the same length, out[i] = act(x[i] @ weight[i] + bias[i]) with x[i] [..., K_i] and weight[i] [K_i, N_i] (independent products). group_type 0: x = [x] with x [M, K] split along M into E consecutive row groups by group_list; weight = one [E, K, N] tensor or E [K, N] tensors; out = [y], y [M, N], rows of group e = x_e @ weight[e] (+ bias[e]). group_type 2 (split along K, the weight-gradient form): x = [x] with x [M, K] (any strides, e.g. a transposed [T, M] tensor), weight = [w] with w [K, N], K split into E groups by group_list; out = [y], y [E, M, N], y[e] = x[:, K_e] @ w[K_e, :] (zeros for an empty group); no bias or activation. group_list: int64/int32 tensor of E entries, cumulative ends (group_list_type 0) or counts (1), covering M (type 0) or K (type 2) exactly; empty groups are legal. bias: empty list, one [E, N] tensor or one [N_i] tensor per group, x's dtype or float32. act_type 0 none, 1 relu, 2 gelu_tanh, 4 fast_gelu (x*sigmoid(1.702x)), 5 silu. fp32/fp16/bf16 (x and weight the same dtype). Returns out and act_input (the pre-activation x·weight + bias, kept for the backward; empty tensors when act_type is 0).", ('CPU',), True, True),
     'grouped_matmul_grad': ("Backward of grouped_matmul. With g = grad_out * act'(act_input): grad_x = g @ weightᵀ per group (a grouped product with transposed weights), grad_weight = x_eᵀ @ g_e per group (the K-grouped form: empty groups give zeros), grad_bias = column sums of g_e in fp32, stored in bias's dtype (an empty list without bias). Shapes and dtypes of x, weight and bias.", ('CPU',), False, True),
+    'moe_gating_top_k_softmax': ("MoE gating (CANN MoeGatingTopKSoftmax): softmax over the last dim E of x ([N, E] or [B, S, E]; computed in fp32, fp64 for fp64), then the k largest probabilities per row. Returns y (x's dtype, [..., k], descending), expert_idx (int32, the experts) and row_idx (int32, row_idx[i, j] = j*N + i over the N flattened rows, the column-major source-row index moe_init_routing expects). Ties go to the lower expert index. Rows with finished[i] = True (bool, shape x.shape[:-1]) get expert index E (no expert) and their normal y. 1 <= k <= min(E, 1024). Differentiable in x.", ('CPU',), True, True),
+    'moe_gating_top_k_softmax_v2': ('MoE gating V2 (CANN MoeGatingTopKSoftmaxV2). renorm=0: as moe_gating_top_k_softmax (softmax over E, then top-k); renorm=1: top-k of the logits, then softmax over the k selected (Mixtral / DBRX style, y sums to 1). softmax_result is the fp32 (fp64 for fp64) softmax over all E, [..., E], when output_softmax_result_flag and renorm=0, else an empty tensor. finished rows get expert index E. Ties go to the lower expert index. Differentiable in x.', ('CPU',), True, True),
+    'moe_gating_top_k_softmax_grad': ('Backward of moe_gating_top_k_softmax(_v2) w.r.t. x: recomputes the selection from x (deterministic), then renorm=0: dx = p * (g - sum_j g_j p_j) with g scattered to the selected experts (p = softmax over E); renorm=1: the softmax-over-k Jacobian on the selected experts, zero elsewhere.', ('CPU',), False, True),
+    'moe_gating_top_k': ("DeepSeek-V3 group-limited gating (CANN MoeGatingTopK) of x [N, E]: s = softmax(x) (norm_type 0) or sigmoid(x) (norm_type 1), computed in fp32; selection scores s + bias (bias [E] affects the selection only); the E experts form group_count equal groups, each scored by its max (group_select_mode 0) or the sum of its top two (mode 1); the best k_group groups stay, then the top k experts inside them (ties: lower index). y = s[expert] / (sum of the k selected s + eps) * routed_scaling_factor (x's dtype), expert_idx int32 [N, k], out = s (fp32 [N, E]) when out_flag else empty. renorm must be 0 (normalise before top-k, as CANN). Not differentiable.", ('CPU',), False, True),
+    'moe_init_routing': ("MoE routing V1 (CANN MoeInitRouting): a stable counting sort of the N*k (expert, row) pairs of expert_idx [N, k] (token-major order) by expert. sorted_row = row_idx values in that order; expanded_x[p] = x[sorted_row[p] % N] for p < min(N, active_num)*k; expanded_row_idx[sorted_row[p]] = p (int32 [N*k]); expanded_expert_idx = the sorted experts (int32 [N*k]). row_idx is usually moe_gating_top_k_softmax's (j*N + i) and must be a permutation of [0, N*k). Not differentiable.", ('CPU',), False, True),
+    'moe_init_routing_v2': ("MoE routing V2 (torch_npu npu_moe_init_routing_v2, CANN MoeInitRoutingV2/V3): stable counting sort of the N*k pairs of expert_idx ([N, k] or [N], flattened token-major: f = i*k + j) by expert. drop_pad_mode 0 (dropless): expanded_x [R, H] with R = N*k, or min(active_num, N*k) when active_num > 0; rows are the tokens in expert order, rows past the routed count are zero. drop_pad_mode 1 (capacity): expanded_x [expert_num, expert_capacity, H]; an expert's tokens beyond expert_capacity are dropped, empty slots are zero. expanded_row_idx int32 [N*k]: row_idx_type 0 = the destination row of pair f (-1 when dropped), 1 = the pair at sorted position p (-1 past the end; dropless only). active_expert_range [start, end) (dropless only) keeps experts in the range, the others are dropped. expert_tokens_count_or_cumsum (int64, when expert_tokens_num_flag): per expert of the range ([0, expert_num) by default) the routed (kept) token count (expert_tokens_num_type 1) or its cumsum (0); in capacity mode the count before dropping (type 1 only). expanded_scale: scale [N] (float32) gathered like the rows when given, else empty. Only the unquantized path: quant_mode must be -1 and offset None. Differentiable in x.", ('CPU',), True, True),
+    'moe_init_routing_v2_grad': ('Backward of moe_init_routing_v2 w.r.t. x: grad_x[i] = sum over the k pairs of token i of the gradient row they were copied to (dropped pairs contribute nothing). x and expert_idx give the shapes only.', ('CPU',), False, True),
+    'moe_compute_expert_tokens': ('For each expert e in [0, num_expert), the end position of its run in the expert-sorted list sorted_expert_for_source_row (1-D int32/int64, values in [0, num_expert)): the number of entries <= e, int32 [num_expert] (the cumsum of the per-expert counts). Linear (a histogram). Not differentiable.', ('CPU',), False, True),
+    'moe_finalize_routing': ("MoE combine (CANN MoeFinalizeRouting(V2)): out[i] = skip1[i] + skip2[i] + sum_j scales[i, j] * (expanded_permuted_rows[r] + bias[export_for_source_row[i, j]]) with r = expanded_src_to_dst_row[f] (int32/int64 [N*k]); f = j*N + i for drop_pad_mode 0/1 (moe_init_routing's column-major order), f = i*k + j for 2/3 (moe_init_routing_v2's token-major order). Modes 1/3 take the capacity layout [E, C, H] (any leading shape is flattened to rows). r = -1 (a dropped pair) contributes nothing. skip1, skip2, bias ([E, H]) are optional; scales [N, k] defaults to 1. Computed in fp32 (fp64 for fp64); out has expanded_permuted_rows' dtype, [N, H]. Differentiable in expanded_permuted_rows, skip1, skip2, bias and scales.", ('CPU',), True, True),
+    'moe_finalize_routing_grad': ('Backward of moe_finalize_routing: grad_expanded_permuted_rows[r] = scales[i, j] * grad_out[i] (zero for rows no pair reads), grad_skip = grad_out (for skip1 and skip2), grad_scales[i, j] = grad_out[i] . (row r + bias), grad_bias[e] = sum of scales[i, j] * grad_out[i] over the pairs routed to e (empty tensors for absent inputs). Deterministic.', ('CPU',), False, True),
+    'moe_token_permute': ('Megatron-style permute (CANN MoeTokenPermute): tokens [N, H], indices [N, topk] or [N] (int32/int64 experts >= 0). The N*topk (token, slot) pairs (token-major f = t*topk + j) are stably sorted by expert; sorted_indices (int32 [N*topk]) is the destination row of pair f (argsort of the argsort) and permuted_tokens[sorted_indices[f]] = tokens[f // topk]. num_out_tokens None/0 keeps all N*topk rows, > 0 keeps the first min(num_out_tokens, N*topk), < 0 drops that many from the end. padded_mode must be False. Differentiable in tokens.', ('CPU',), True, True),
+    'moe_token_permute_grad': ('Backward of moe_token_permute: grad_tokens[t] = sum_j grad_permuted_tokens[sorted_indices[t*topk + j]] (destinations past the kept rows contribute nothing).', ('CPU',), False, True),
+    'moe_token_unpermute': ("Megatron-style unpermute (CANN MoeTokenUnpermute), the inverse of moe_token_permute: with topk = probs.size(1) (1 without probs) and N = sorted_indices.numel() / topk, out[t] = sum_j probs[t, j] * permuted_tokens[sorted_indices[t*topk + j]] ([N, H], permuted_tokens' dtype, fp32 accumulation); indices >= permuted_tokens.size(0) (dropped by num_out_tokens) contribute nothing. padded_mode must be False (restore_shape is only used in padded mode). Differentiable in permuted_tokens and probs.", ('CPU',), True, True),
+    'moe_token_unpermute_grad': ('Backward of moe_token_unpermute: grad_permuted_tokens[sorted_indices[t*topk + j]] = probs[t, j] * grad[t] (zero rows elsewhere), grad_probs[t, j] = grad[t] . permuted_tokens[sorted_indices[t*topk + j]] (empty without probs).', ('CPU',), False, True),
 }
 
 
@@ -196,9 +210,171 @@ def _backward_grouped_matmul(ctx, grad_out, grad_act_input):
     )[:len(ctx.needs_input_grad)]
 
 
+def _setup_moe_gating_top_k_softmax(ctx, inputs, output):
+    (x, finished, k,) = inputs
+    (y, expert_idx, row_idx,) = output
+    ctx.save_for_backward(x)
+    ctx.k = k
+    ctx.mark_non_differentiable(expert_idx, row_idx)
+
+
+def _backward_moe_gating_top_k_softmax(ctx, grad_y, grad_expert_idx, grad_row_idx):
+    (x,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.moe_gating_top_k_softmax_grad.default(
+        grad_y,
+        x,
+        ctx.k,
+    ),)
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        None,  # finished
+        None,  # k
+    )
+
+
+def _setup_moe_gating_top_k_softmax_v2(ctx, inputs, output):
+    (x, finished, k, renorm, output_softmax_result_flag,) = inputs
+    (y, expert_idx, softmax_result,) = output
+    ctx.save_for_backward(x)
+    ctx.k = k
+    ctx.renorm = renorm
+    ctx.mark_non_differentiable(expert_idx, softmax_result)
+
+
+def _backward_moe_gating_top_k_softmax_v2(ctx, grad_y, grad_expert_idx, grad_softmax_result):
+    (x,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.moe_gating_top_k_softmax_grad.default(
+        grad_y,
+        x,
+        ctx.k,
+        renorm=ctx.renorm,
+    ),)
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        None,  # finished
+        None,  # k
+        None,  # renorm
+        None,  # output_softmax_result_flag
+    )
+
+
+def _setup_moe_init_routing_v2(ctx, inputs, output):
+    (x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type,) = inputs
+    (expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum, expanded_scale,) = output
+    ctx.save_for_backward(expanded_row_idx, x, expert_idx)
+    ctx.row_idx_type = row_idx_type
+    ctx.mark_non_differentiable(expanded_row_idx, expert_tokens_count_or_cumsum, expanded_scale)
+
+
+def _backward_moe_init_routing_v2(ctx, grad_expanded_x, grad_expanded_row_idx, grad_expert_tokens_count_or_cumsum, grad_expanded_scale):
+    (expanded_row_idx, x, expert_idx,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.moe_init_routing_v2_grad.default(
+        grad_expanded_x,
+        expanded_row_idx,
+        x,
+        expert_idx,
+        row_idx_type=ctx.row_idx_type,
+    ),)
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        None,  # expert_idx
+        None,  # scale
+        None,  # offset
+        None,  # active_num
+        None,  # expert_capacity
+        None,  # expert_num
+        None,  # drop_pad_mode
+        None,  # expert_tokens_num_type
+        None,  # expert_tokens_num_flag
+        None,  # quant_mode
+        None,  # active_expert_range
+        None,  # row_idx_type
+    )
+
+
+def _setup_moe_finalize_routing(ctx, inputs, output):
+    (expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode,) = inputs
+    result0 = output
+    ctx.save_for_backward(expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row, export_for_source_row)
+    ctx.drop_pad_mode = drop_pad_mode
+
+
+def _backward_moe_finalize_routing(ctx, grad_result0):
+    (expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row, export_for_source_row,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.moe_finalize_routing_grad.default(
+        grad_result0,
+        expanded_permuted_rows,
+        skip1,
+        bias,
+        scales,
+        expanded_src_to_dst_row,
+        export_for_source_row,
+        ctx.drop_pad_mode,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # expanded_permuted_rows
+        grads[1] if _needs_grad(ctx, 1) else None,  # skip1
+        grads[1] if _needs_grad(ctx, 2) else None,  # skip2
+        grads[3] if _needs_grad(ctx, 3) else None,  # bias
+        grads[2] if _needs_grad(ctx, 4) else None,  # scales
+        None,  # expanded_src_to_dst_row
+        None,  # export_for_source_row
+        None,  # drop_pad_mode
+    )
+
+
+def _setup_moe_token_permute(ctx, inputs, output):
+    (tokens, indices, num_out_tokens, padded_mode,) = inputs
+    (permuted_tokens, sorted_indices,) = output
+    ctx.save_for_backward(sorted_indices, indices)
+    ctx.mark_non_differentiable(sorted_indices)
+
+
+def _backward_moe_token_permute(ctx, grad_permuted_tokens, grad_sorted_indices):
+    (sorted_indices, indices,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.moe_token_permute_grad.default(
+        grad_permuted_tokens,
+        sorted_indices,
+        indices,
+    ),)
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # tokens
+        None,  # indices
+        None,  # num_out_tokens
+        None,  # padded_mode
+    )
+
+
+def _setup_moe_token_unpermute(ctx, inputs, output):
+    (permuted_tokens, sorted_indices, probs, padded_mode, restore_shape,) = inputs
+    result0 = output
+    ctx.save_for_backward(permuted_tokens, sorted_indices, probs)
+    ctx.padded_mode = padded_mode
+    ctx.restore_shape = restore_shape
+
+
+def _backward_moe_token_unpermute(ctx, grad_result0):
+    (permuted_tokens, sorted_indices, probs,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.moe_token_unpermute_grad.default(
+        permuted_tokens,
+        grad_result0,
+        sorted_indices,
+        probs,
+        ctx.padded_mode,
+        ctx.restore_shape,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # permuted_tokens
+        None,  # sorted_indices
+        grads[1] if _needs_grad(ctx, 2) else None,  # probs
+        None,  # padded_mode
+        None,  # restore_shape
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.grouped_matmul', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.rope']}
+    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.grouped_matmul', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.moe_routing', 'torch_ops_transformer.fake.rope']}
     torch.library.register_fake("npu_fa::flash_attention_score", modules['torch_ops_transformer.fake.attention'].flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
     torch.library.register_fake("npu_fa::flash_attention_score_grad", modules['torch_ops_transformer.fake.attention'].flash_attention_score_grad)
@@ -219,3 +395,23 @@ def register():
     torch.library.register_fake("npu_fa::grouped_matmul", modules['torch_ops_transformer.fake.grouped_matmul'].grouped_matmul)
     torch.library.register_autograd("npu_fa::grouped_matmul", _backward_grouped_matmul, setup_context=_setup_grouped_matmul)
     torch.library.register_fake("npu_fa::grouped_matmul_grad", modules['torch_ops_transformer.fake.grouped_matmul'].grouped_matmul_grad)
+    torch.library.register_fake("npu_fa::moe_gating_top_k_softmax", modules['torch_ops_transformer.fake.moe_routing'].moe_gating_top_k_softmax)
+    torch.library.register_autograd("npu_fa::moe_gating_top_k_softmax", _backward_moe_gating_top_k_softmax, setup_context=_setup_moe_gating_top_k_softmax)
+    torch.library.register_fake("npu_fa::moe_gating_top_k_softmax_v2", modules['torch_ops_transformer.fake.moe_routing'].moe_gating_top_k_softmax_v2)
+    torch.library.register_autograd("npu_fa::moe_gating_top_k_softmax_v2", _backward_moe_gating_top_k_softmax_v2, setup_context=_setup_moe_gating_top_k_softmax_v2)
+    torch.library.register_fake("npu_fa::moe_gating_top_k_softmax_grad", modules['torch_ops_transformer.fake.moe_routing'].moe_gating_top_k_softmax_grad)
+    torch.library.register_fake("npu_fa::moe_gating_top_k", modules['torch_ops_transformer.fake.moe_routing'].moe_gating_top_k)
+    torch.library.register_fake("npu_fa::moe_init_routing", modules['torch_ops_transformer.fake.moe_routing'].moe_init_routing)
+    torch.library.register_fake("npu_fa::moe_init_routing_v2", modules['torch_ops_transformer.fake.moe_routing'].moe_init_routing_v2)
+    torch.library.register_autograd("npu_fa::moe_init_routing_v2", _backward_moe_init_routing_v2, setup_context=_setup_moe_init_routing_v2)
+    torch.library.register_fake("npu_fa::moe_init_routing_v2_grad", modules['torch_ops_transformer.fake.moe_routing'].moe_init_routing_v2_grad)
+    torch.library.register_fake("npu_fa::moe_compute_expert_tokens", modules['torch_ops_transformer.fake.moe_routing'].moe_compute_expert_tokens)
+    torch.library.register_fake("npu_fa::moe_finalize_routing", modules['torch_ops_transformer.fake.moe_routing'].moe_finalize_routing)
+    torch.library.register_autograd("npu_fa::moe_finalize_routing", _backward_moe_finalize_routing, setup_context=_setup_moe_finalize_routing)
+    torch.library.register_fake("npu_fa::moe_finalize_routing_grad", modules['torch_ops_transformer.fake.moe_routing'].moe_finalize_routing_grad)
+    torch.library.register_fake("npu_fa::moe_token_permute", modules['torch_ops_transformer.fake.moe_routing'].moe_token_permute)
+    torch.library.register_autograd("npu_fa::moe_token_permute", _backward_moe_token_permute, setup_context=_setup_moe_token_permute)
+    torch.library.register_fake("npu_fa::moe_token_permute_grad", modules['torch_ops_transformer.fake.moe_routing'].moe_token_permute_grad)
+    torch.library.register_fake("npu_fa::moe_token_unpermute", modules['torch_ops_transformer.fake.moe_routing'].moe_token_unpermute)
+    torch.library.register_autograd("npu_fa::moe_token_unpermute", _backward_moe_token_unpermute, setup_context=_setup_moe_token_unpermute)
+    torch.library.register_fake("npu_fa::moe_token_unpermute_grad", modules['torch_ops_transformer.fake.moe_routing'].moe_token_unpermute_grad)

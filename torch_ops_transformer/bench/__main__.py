@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-TABLES = ("attention", "prefill", "decode", "moe")
+TABLES = ("attention", "prefill", "decode", "moe", "moe_routing")
 
 
 def main(argv=None) -> int:
@@ -34,6 +34,10 @@ def main(argv=None) -> int:
             from . import moe
 
             moe.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        elif name == "moe_routing":
+            from . import moe_routing
+
+            moe_routing.main(quick=args.quick, reps=1 if args.quick else args.reps)
     return 0
 
 
