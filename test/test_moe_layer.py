@@ -125,6 +125,23 @@ def test_compile_fullgraph_forward_backward(capacity):
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.slow
+def test_compile_inductor_forward_backward():
+    torch._dynamo.reset()
+    layer = _layer(input_dim=16, num_experts=4, top_k=2, hidden_dim=32)
+    loss = lambda m, x: (m(x) ** 2).sum() + 0.01 * m.aux_loss  # noqa: E731
+    compiled = torch.compile(loss, backend="inductor", fullgraph=True)
+    for tokens in (8, 11):
+        x = torch.randn(3, tokens, 16)
+        want = loss(layer, x)
+        want_grads = torch.autograd.grad(want, list(layer.parameters()))
+        got = compiled(layer, x)
+        got_grads = torch.autograd.grad(got, list(layer.parameters()))
+        torch.testing.assert_close(got, want)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w)
+
+
 @pytest.mark.parametrize("kw,message", [
     (dict(top_k=5), "top_k must be in \\[1, num_experts=4\\]"),
     (dict(top_k=0), "top_k must be in"),
