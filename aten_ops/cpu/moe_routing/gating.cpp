@@ -4,13 +4,22 @@
 // O(E log k), ordered by value descending then index ascending, so ties always go to the lower expert. NaN ranks
 // above every number (as torch.topk). Selection is done on the logits: softmax is monotone, so it picks the same
 // experts as ranking the probabilities, without fp32 rounding turning distinct logits into ties.
+#include <ATen/Context.h>
+
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "cpu/moe_routing/routing_common.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
+namespace cpu {  // kernels_isa.cpp, one copy per instruction set
+namespace DEFAULT { void moe_softmax_row(float* v, int64_t n); }
+namespace AVX2 { void moe_softmax_row(float* v, int64_t n); }
+namespace AVX512 { void moe_softmax_row(float* v, int64_t n); }
+}  // namespace cpu
+
 namespace {
 
 using moe::acc_t;
@@ -23,9 +32,31 @@ bool ranks_before(T va, int64_t a, T vb, int64_t b) {
   return a < b;
 }
 
-// The k best of v[0..E) (restricted to experts with allowed[e] when given), best first, into idx.
+// The k best of v[0..E), best first, into idx. Small k: one pass keeping a sorted list of the best k (most
+// candidates are rejected by one comparison with the current k-th); large k: a partial sort of the indices.
 template <typename T>
 void top_k(const T* v, int64_t E, int64_t k, std::vector<int64_t>& idx, std::vector<int64_t>& scratch) {
+  if (k <= 16) {
+    T val[16];
+    int64_t who[16];
+    int64_t filled = 0;
+    // Experts arrive in increasing index, so a newcomer beats a kept one only by a strictly larger value (or by
+    // being NaN over a number): ties keep the lower index.
+    auto beats = [](T x, T kept) { return !std::isnan(kept) && (x > kept || std::isnan(x)); };
+    for (int64_t e = 0; e < E; ++e) {
+      const T x = v[e];
+      if (filled == k && !beats(x, val[k - 1])) continue;
+      int64_t pos = filled < k ? filled++ : k - 1;
+      for (; pos > 0 && beats(x, val[pos - 1]); --pos) {
+        val[pos] = val[pos - 1];
+        who[pos] = who[pos - 1];
+      }
+      val[pos] = x;
+      who[pos] = e;
+    }
+    idx.assign(who, who + k);
+    return;
+  }
   scratch.resize(E);
   std::iota(scratch.begin(), scratch.end(), 0);
   std::partial_sort(scratch.begin(), scratch.begin() + k, scratch.end(),
@@ -33,17 +64,25 @@ void top_k(const T* v, int64_t E, int64_t k, std::vector<int64_t>& idx, std::vec
   idx.assign(scratch.begin(), scratch.begin() + k);
 }
 
-template <typename T>
-void softmax_inplace(T* v, int64_t n) {
-  T m = -std::numeric_limits<T>::infinity();
+// fp64 rows (gradcheck) stay scalar; fp32 rows use the vectorised copy for this CPU (kernels_isa.cpp).
+void softmax_inplace(double* v, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
   for (int64_t i = 0; i < n; ++i) m = std::max(m, v[i]);
-  T s = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    v[i] = std::exp(v[i] - m);
-    s += v[i];
-  }
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (v[i] = std::exp(v[i] - m));
   for (int64_t i = 0; i < n; ++i) v[i] /= s;
 }
+
+void softmax_inplace(float* v, int64_t n) {
+  static const std::string isa = at::get_cpu_capability();
+  if (isa == "AVX512") return cpu::AVX512::moe_softmax_row(v, n);
+  if (isa == "AVX2") return cpu::AVX2::moe_softmax_row(v, n);
+  return cpu::DEFAULT::moe_softmax_row(v, n);
+}
+
+// Rows per parallel task: ~64K scores, so small gatings (a few thousand rows of 8 experts) run on the calling
+// thread instead of paying a fork/join that costs more than the work.
+int64_t gating_grain(int64_t E) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(E, 1)); }
 
 struct GatingShape {
   int64_t rows, E;
@@ -99,7 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gating_forward(const char* op, co
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     A* smp = sm.numel() ? sm.data_ptr<A>() : nullptr;
-    at::parallel_for(0, N, std::max<int64_t>(1, 16384 / E), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
       std::vector<A> v(E), p(E);
       std::vector<int64_t> idx, scratch;
       for (int64_t i = r0; i < r1; ++i) {
@@ -159,7 +198,7 @@ at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at:
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     const scalar_t* gp = gc.data_ptr<scalar_t>();
     scalar_t* dp = dx.data_ptr<scalar_t>();
-    at::parallel_for(0, N, std::max<int64_t>(1, 16384 / E), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
       std::vector<A> v(E), d(E);
       std::vector<int64_t> idx, scratch;
       for (int64_t i = r0; i < r1; ++i) {
@@ -250,7 +289,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const at::Te
   const float ninf = -std::numeric_limits<float>::infinity();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gating_top_k", [&] {
     scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, N, std::max<int64_t>(1, 16384 / E), [&](int64_t r0, int64_t r1) {
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
       std::vector<float> s(E), sel(E), gscore(gp.group_count), two(2);
       std::vector<int64_t> idx, gidx, scratch;
       for (int64_t i = r0; i < r1; ++i) {
