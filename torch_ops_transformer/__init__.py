@@ -21,6 +21,8 @@ generated from native_functions.yaml. Public Python API:
   — MC2 matmul fused with collectives (torch_npu signatures); `tensor_parallel` — column/row-parallel Linear layers.
 - `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa");
   loaded on first use, so transformers stays an optional dependency.
+- `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
+- `MOELayer` — the seed article's Mixture-of-Experts layer, single-process or expert-parallel.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
@@ -40,7 +42,9 @@ from .attention import (  # noqa: E402
     npu_fusion_attention,
     npu_fusion_attention_grad,
 )
+from .grouped_matmul import grouped_matmul, npu_grouped_matmul  # noqa: E402
 from .kv_cache import PagedKVCache  # noqa: E402
+from .moe_layer import MOELayer  # noqa: E402
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
     npu_rotary_mul,
@@ -134,6 +138,9 @@ __all__ = [
     "tensor_parallel",
     "register_hf_attention",
     "replace_attention_with_flash",
+    "grouped_matmul",
+    "npu_grouped_matmul",
+    "MOELayer",
     "npu_moe_compute_expert_tokens",
     "npu_moe_finalize_routing",
     "npu_moe_gating_top_k",

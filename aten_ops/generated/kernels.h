@@ -69,6 +69,10 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const at::
 std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks);
 // mc2_validation [CatchAll]
 bool mc2_validation(int64_t enable);
+// grouped_matmul [CPU]
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type);
+// grouped_matmul_grad [CPU]
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type, int64_t group_list_type, int64_t act_type);
 // moe_gating_top_k_softmax [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k);
 // moe_gating_top_k_softmax_v2 [CPU]

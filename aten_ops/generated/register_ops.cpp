@@ -101,6 +101,8 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("matmul_all_reduce_grad(Tensor grad_out, Tensor x1, Tensor x2, Tensor? bias=None) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
   m.def("matmul_all_reduce_add_rms_norm(Tensor x1, Tensor x2, Tensor residual, Tensor gamma, str group_name, Tensor? bias=None, float epsilon=1e-06, int chunks=0) -> (Tensor y, Tensor norm_out)", {at::Tag::pt2_compliant_tag});
   m.def("mc2_validation(int enable=-1) -> bool", TORCH_FN(npu_fa::mc2_validation));
+  m.def("grouped_matmul(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] out, Tensor[] act_input)", {at::Tag::pt2_compliant_tag});
+  m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor y, Tensor expert_idx, Tensor row_idx)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax_v2(Tensor x, Tensor? finished=None, int k=1, int renorm=0, bool output_softmax_result_flag=False) -> (Tensor y, Tensor expert_idx, Tensor softmax_result)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax_grad(Tensor grad_y, Tensor x, int k, int renorm=0) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -139,6 +141,8 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("matmul_all_reduce", TORCH_FN(npu_fa::matmul_all_reduce_mc2));
   m.impl("matmul_all_reduce_grad", TORCH_FN(npu_fa::matmul_all_reduce_grad_mc2));
   m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(npu_fa::matmul_all_reduce_add_rms_norm_mc2));
+  m.impl("grouped_matmul", TORCH_FN(npu_fa::grouped_matmul_cpu));
+  m.impl("grouped_matmul_grad", TORCH_FN(npu_fa::grouped_matmul_grad_cpu));
   m.impl("moe_gating_top_k_softmax", TORCH_FN(npu_fa::moe_gating_top_k_softmax_cpu));
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(npu_fa::moe_gating_top_k_softmax_v2_cpu));
   m.impl("moe_gating_top_k_softmax_grad", TORCH_FN(npu_fa::moe_gating_top_k_softmax_grad_cpu));

@@ -30,6 +30,8 @@ OPS = {
     'matmul_all_reduce_grad': ('Backward of matmul_all_reduce (local, no communication): dx1 = grad_out x2ᵀ, dx2 = x1ᵀ grad_out, dbias = grad_out summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
     'matmul_all_reduce_add_rms_norm': ("MC2 MatmulAllReduceAddRmsNorm (inference): y = AllReduce(x1 @ x2) + bias + residual and norm_out = y / sqrt(mean(y², last dim) + epsilon) * gamma (computed in fp32, fp64 for fp64). residual has the output's shape, gamma is [n]. Chunked like matmul_all_reduce; the add and norm of a chunk run while later chunks are still being reduced. Not differentiable.", ('CPU', 'PrivateUse1'), False, True),
     'mc2_validation': ('Cross-rank validation of the MC2 ops, process-wide: when on (the default; TOT_MC2_VALIDATE=0 turns it off at start-up) every MC2 op first all-gathers a 6-integer signature of its call (op, dtype, communicated shape, chunks, bias) so that ranks calling with mismatched dtypes or shapes all raise the same clear error instead of hanging or reading garbage. Costs one tiny collective per op call. enable 1 turns it on, 0 off, -1 only queries; returns the setting in force.', ('CatchAll',), False, False),
+    'grouped_matmul': ("Grouped matrix product (CANN GroupedMatmul), out = act(x·weight + bias) per group, fp32 accumulation. group_type -1: x and weight are lists of the same length, out[i] = act(x[i] @ weight[i] + bias[i]) with x[i] [..., K_i] and weight[i] [K_i, N_i] (independent products). group_type 0: x = [x] with x [M, K] split along M into E consecutive row groups by group_list; weight = one [E, K, N] tensor or E [K, N] tensors; out = [y], y [M, N], rows of group e = x_e @ weight[e] (+ bias[e]). group_type 2 (split along K, the weight-gradient form): x = [x] with x [M, K] (any strides, e.g. a transposed [T, M] tensor), weight = [w] with w [K, N], K split into E groups by group_list; out = [y], y [E, M, N], y[e] = x[:, K_e] @ w[K_e, :] (zeros for an empty group); no bias or activation. group_list: int64/int32 tensor of E entries, cumulative ends (group_list_type 0) or counts (1), covering M (type 0) or K (type 2) exactly; empty groups are legal. bias: empty list, one [E, N] tensor or one [N_i] tensor per group, x's dtype or float32. act_type 0 none, 1 relu, 2 gelu_tanh, 4 fast_gelu (x*sigmoid(1.702x)), 5 silu. fp32/fp16/bf16 (x and weight the same dtype). Returns out and act_input (the pre-activation x·weight + bias, kept for the backward; empty tensors when act_type is 0).", ('CPU',), True, True),
+    'grouped_matmul_grad': ("Backward of grouped_matmul. With g = grad_out * act'(act_input): grad_x = g @ weightᵀ per group (a grouped product with transposed weights), grad_weight = x_eᵀ @ g_e per group (the K-grouped form: empty groups give zeros), grad_bias = column sums of g_e in fp32, stored in bias's dtype (an empty list without bias). Shapes and dtypes of x, weight and bias.", ('CPU',), False, True),
     'moe_gating_top_k_softmax': ("MoE gating (CANN MoeGatingTopKSoftmax): softmax over the last dim E of x ([N, E] or [B, S, E]; computed in fp32, fp64 for fp64), then the k largest probabilities per row. Returns y (x's dtype, [..., k], descending), expert_idx (int32, the experts) and row_idx (int32, row_idx[i, j] = j*N + i over the N flattened rows, the column-major source-row index moe_init_routing expects). Ties go to the lower expert index. Rows with finished[i] = True (bool, shape x.shape[:-1]) get expert index E (no expert) and their normal y. 1 <= k <= min(E, 1024). Differentiable in x.", ('CPU',), True, True),
     'moe_gating_top_k_softmax_v2': ('MoE gating V2 (CANN MoeGatingTopKSoftmaxV2). renorm=0: as moe_gating_top_k_softmax (softmax over E, then top-k); renorm=1: top-k of the logits, then softmax over the k selected (Mixtral / DBRX style, y sums to 1). softmax_result is the fp32 (fp64 for fp64) softmax over all E, [..., E], when output_softmax_result_flag and renorm=0, else an empty tensor. finished rows get expert index E. Ties go to the lower expert index. Differentiable in x.', ('CPU',), True, True),
     'moe_gating_top_k_softmax_grad': ('Backward of moe_gating_top_k_softmax(_v2) w.r.t. x: recomputes the selection from x (deterministic), then renorm=0: dx = p * (g - sum_j g_j p_j) with g scattered to the selected experts (p = softmax over E); renorm=1: the softmax-over-k Jacobian on the selected experts, zero elsewhere.', ('CPU',), False, True),
@@ -50,6 +52,26 @@ OPS = {
 def _needs_grad(ctx, index):
     """The dispatcher drops trailing default arguments, so needs_input_grad may be shorter than the schema."""
     return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]
+
+
+def _list_grad(ctx, index, grads):
+    """Gradients of a Tensor[] input: needs_input_grad holds one flag per tensor; None where unneeded."""
+    needs = ctx.needs_input_grad[index] if index < len(ctx.needs_input_grad) else []
+    return [g if n else None for g, n in zip(grads, needs)]
+
+
+def _save_flat(ctx, *values):
+    """save_for_backward for a mix of tensors, None and lists of tensors (Tensor[] arguments)."""
+    ctx.saved_layout = [len(v) if isinstance(v, (list, tuple)) else -1 for v in values]
+    ctx.save_for_backward(*[t for v in values for t in (v if isinstance(v, (list, tuple)) else [v])])
+
+
+def _restore_flat(ctx):
+    """The values given to _save_flat, lists restored."""
+    flat, out = list(ctx.saved_tensors), []
+    for n in ctx.saved_layout:
+        out.append(flat.pop(0) if n < 0 else [flat.pop(0) for _ in range(n)])
+    return out
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -249,6 +271,40 @@ def _backward_matmul_all_reduce(ctx, grad_result0):
     )
 
 
+def _setup_grouped_matmul(ctx, inputs, output):
+    (x, weight, bias, group_list, group_type, group_list_type, act_type,) = inputs
+    (out, act_input,) = output
+    _save_flat(ctx, x, weight, bias, group_list, act_input)
+    ctx.group_type = group_type
+    ctx.group_list_type = group_list_type
+    ctx.act_type = act_type
+    ctx.mark_non_differentiable(*act_input)
+
+
+def _backward_grouped_matmul(ctx, grad_out, grad_act_input):
+    (x, weight, bias, group_list, act_input,) = _restore_flat(ctx)
+    grads = torch.ops.npu_fa.grouped_matmul_grad.default(
+        grad_out,
+        x,
+        weight,
+        bias,
+        group_list,
+        act_input,
+        ctx.group_type,
+        ctx.group_list_type,
+        ctx.act_type,
+    )
+    return (
+        _list_grad(ctx, 0, grads[0]),  # x
+        _list_grad(ctx, 1, grads[1]),  # weight
+        _list_grad(ctx, 2, grads[2]),  # bias
+        None,  # group_list
+        None,  # group_type
+        None,  # group_list_type
+        None,  # act_type
+    )[:len(ctx.needs_input_grad)]
+
+
 def _setup_moe_gating_top_k_softmax(ctx, inputs, output):
     (x, finished, k,) = inputs
     (y, expert_idx, row_idx,) = output
@@ -413,7 +469,7 @@ def _backward_moe_token_unpermute(ctx, grad_result0):
 
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe_routing', 'torch_ops_transformer.fake.rope']}
+    modules = {m: importlib.import_module(m) for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.grouped_matmul', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe_routing', 'torch_ops_transformer.fake.rope']}
     torch.library.register_fake("npu_fa::flash_attention_score", modules['torch_ops_transformer.fake.attention'].flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
     torch.library.register_fake("npu_fa::flash_attention_score_grad", modules['torch_ops_transformer.fake.attention'].flash_attention_score_grad)
@@ -441,6 +497,9 @@ def register():
     torch.library.register_autograd("npu_fa::matmul_all_reduce", _backward_matmul_all_reduce, setup_context=_setup_matmul_all_reduce)
     torch.library.register_fake("npu_fa::matmul_all_reduce_grad", modules['torch_ops_transformer.fake.mc2'].matmul_all_reduce_grad)
     torch.library.register_fake("npu_fa::matmul_all_reduce_add_rms_norm", modules['torch_ops_transformer.fake.mc2'].matmul_all_reduce_add_rms_norm)
+    torch.library.register_fake("npu_fa::grouped_matmul", modules['torch_ops_transformer.fake.grouped_matmul'].grouped_matmul)
+    torch.library.register_autograd("npu_fa::grouped_matmul", _backward_grouped_matmul, setup_context=_setup_grouped_matmul)
+    torch.library.register_fake("npu_fa::grouped_matmul_grad", modules['torch_ops_transformer.fake.grouped_matmul'].grouped_matmul_grad)
     torch.library.register_fake("npu_fa::moe_gating_top_k_softmax", modules['torch_ops_transformer.fake.moe_routing'].moe_gating_top_k_softmax)
     torch.library.register_autograd("npu_fa::moe_gating_top_k_softmax", _backward_moe_gating_top_k_softmax, setup_context=_setup_moe_gating_top_k_softmax)
     torch.library.register_fake("npu_fa::moe_gating_top_k_softmax_v2", modules['torch_ops_transformer.fake.moe_routing'].moe_gating_top_k_softmax_v2)

@@ -14,6 +14,7 @@ TABLES = {
     "attention": "attention",
     "prefill": "prefill",
     "decode": "decode",
+    "moe": "moe",
     "moe_routing": "moe_routing",
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
         plot._pyplot()  # a missing matplotlib fails now, not after the tables
     if args.threads:
         torch.set_num_threads(args.threads)
-    tables = TABLES if args.table == "all" else (args.table,)
+    tables = [t for t in TABLES if t != "moe_routing"] if args.table == "all" else [args.table]  # moe prints routing
     for name in tables:
         module = importlib.import_module(f".{TABLES[name]}", __package__)
         module.main(quick=args.quick, reps=1 if args.quick else args.reps)
