@@ -38,10 +38,8 @@ def shard_sequence(x: torch.Tensor, group: Optional["dist.ProcessGroup"] = None)
     return x[r * rows:(r + 1) * rows]
 
 
-class ColumnParallelLinear(nn.Module):
-    """y = AllGather_seq(x) @ W_rᵀ + b_r: input sequence-sharded [s, ..., in], output [W*s, ..., out / W].
-
-    weight is this rank's rows of the full [out, in] weight (output features r*out/W ...)."""
+class _ShardedLinear(nn.Module):
+    """A Linear whose [out, in] weight is split over the group; subclasses say which axis and how to multiply."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  group: Optional["dist.ProcessGroup"] = None, chunks: int = 0, device=None, dtype=None):
@@ -49,25 +47,36 @@ class ColumnParallelLinear(nn.Module):
         self.group = _group(group)
         self.world_size = self.group.size()
         self.in_features, self.out_features, self.chunks = in_features, out_features, chunks
-        local = _split(out_features, self.world_size, "out_features")
+        weight_shape, bias_len = self._local_shapes()
         kw = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(local, in_features, **kw))
-        self.bias = nn.Parameter(torch.zeros(local, **kw)) if bias else None
+        self.weight = nn.Parameter(torch.empty(*weight_shape, **kw))
+        self.bias = nn.Parameter(torch.zeros(bias_len, **kw)) if bias else None
         nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group: Optional["dist.ProcessGroup"] = None,
-                    chunks: int = 0) -> "ColumnParallelLinear":
+    def from_linear(cls, linear: nn.Linear, group: Optional["dist.ProcessGroup"] = None, chunks: int = 0):
         """This rank's shard of a full nn.Linear (same on every rank: e.g. built from one seed)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group, chunks,
                     linear.weight.device, linear.weight.dtype)
-        rows = layer.weight.shape[0]
-        r = dist.get_rank(layer.group)
         with torch.no_grad():
-            layer.weight.copy_(linear.weight[r * rows:(r + 1) * rows])
-            if linear.bias is not None:
-                layer.bias.copy_(linear.bias[r * rows:(r + 1) * rows])
+            layer._copy_shard(linear, dist.get_rank(layer.group))
         return layer
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    """y = AllGather_seq(x) @ W_rᵀ + b_r: input sequence-sharded [s, ..., in], output [W*s, ..., out / W].
+
+    weight is this rank's rows of the full [out, in] weight (output features r*out/W ...)."""
+
+    def _local_shapes(self):
+        local = _split(self.out_features, self.world_size, "out_features")
+        return (local, self.in_features), local
+
+    def _copy_shard(self, linear: nn.Linear, r: int) -> None:
+        rows = self.weight.shape[0]
+        self.weight.copy_(linear.weight[r * rows:(r + 1) * rows])
+        if linear.bias is not None:
+            self.bias.copy_(linear.bias[r * rows:(r + 1) * rows])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -80,35 +89,20 @@ class ColumnParallelLinear(nn.Module):
                 f"({self.weight.shape[0]} on this rank), world_size={self.world_size}")
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     """y = ReduceScatter_seq(x @ W_rᵀ) + b: input [S, ..., in / W] (this rank's features), output sequence-sharded
     [S / W, ..., out]. weight is this rank's columns of the full [out, in] weight; the bias is replicated (its
     gradient is the group total, so replicas stay equal)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 group: Optional["dist.ProcessGroup"] = None, chunks: int = 0, device=None, dtype=None):
-        super().__init__()
-        self.group = _group(group)
-        self.world_size = self.group.size()
-        self.in_features, self.out_features, self.chunks = in_features, out_features, chunks
-        local = _split(in_features, self.world_size, "in_features")
-        kw = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_features, local, **kw))
-        self.bias = nn.Parameter(torch.zeros(out_features, **kw)) if bias else None
-        nn.init.kaiming_uniform_(self.weight, a=5 ** 0.5)
+    def _local_shapes(self):
+        local = _split(self.in_features, self.world_size, "in_features")
+        return (self.out_features, local), self.out_features
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, group: Optional["dist.ProcessGroup"] = None,
-                    chunks: int = 0) -> "RowParallelLinear":
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group, chunks,
-                    linear.weight.device, linear.weight.dtype)
-        cols = layer.weight.shape[1]
-        r = dist.get_rank(layer.group)
-        with torch.no_grad():
-            layer.weight.copy_(linear.weight[:, r * cols:(r + 1) * cols])
-            if linear.bias is not None:
-                layer.bias.copy_(linear.bias)
-        return layer
+    def _copy_shard(self, linear: nn.Linear, r: int) -> None:
+        cols = self.weight.shape[1]
+        self.weight.copy_(linear.weight[:, r * cols:(r + 1) * cols])
+        if linear.bias is not None:
+            self.bias.copy_(linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
