@@ -36,6 +36,7 @@ ISA_FLAGS = {
 def sources():
     # One translation unit per op family and backend, plus the generated registrations.
     files = glob.glob("aten_ops/cpu/**/*.cpp", recursive=True) + glob.glob("aten_ops/common/*.cpp")
+    files += glob.glob("aten_ops/npu_sim/*.cpp")  # the simulated NPU device: installed only by npu_sim.enable()
     files = [f for f in files if not f.endswith("_isa.cpp")] + ["aten_ops/generated/register_ops.cpp"]
     return sorted(files)
 

@@ -25,6 +25,7 @@ generated from native_functions.yaml. Public Python API:
 - `MOELayer` — the seed article's Mixture-of-Experts layer, single-process or expert-parallel.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
+- `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
   the optimizer update (the seed's §2.3 and scenario 2), on torch.distributed (docs/mc2.md).
 """
@@ -154,6 +155,10 @@ __all__ = [
     "MC2DistributedDataParallel",
 ]
 __version__ = "0.1.0"
+
+from . import npu_sim  # noqa: E402
+
+npu_sim.enable_from_environment()
 
 _LAZY_HF = ("register_hf_attention", "replace_attention_with_flash")
 

@@ -83,7 +83,12 @@ def render(specs: List[OpSpec]) -> dict:
              "# name -> (doc, dispatch keys, has autograd, opcheck-tested)", "OPS = {"]
     for s in specs:
         lines.append(f"    {s.name!r}: ({s.doc!r}, {tuple(s.dispatch)!r}, {s.autograd is not None}, {s.opcheck}),")
-    lines += ["}", "", "",
+    lines += ["}", "",
+              "# Ops whose CPU kernel also serves the simulated NPU device (npu_sim.enable()): every op with a CPU",
+              "# kernel and no PrivateUse1 kernel of its own. Ascend C kernels will replace these (issue 7).",
+              "SIMULATED_NPU_CPU_KERNEL_OPS = ("]
+    lines += [f"    {s.name!r}," for s in specs if "CPU" in s.dispatch and "PrivateUse1" not in s.dispatch]
+    lines += [")", "", "",
               "def _needs_grad(ctx, index):",
               '    """The dispatcher drops trailing default arguments, so needs_input_grad may be shorter than the schema."""',
               "    return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]",

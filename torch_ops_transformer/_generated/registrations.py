@@ -48,6 +48,41 @@ OPS = {
     'moe_token_unpermute_grad': ('Backward of moe_token_unpermute: grad_permuted_tokens[sorted_indices[t*topk + j]] = probs[t, j] * grad[t] (zero rows elsewhere), grad_probs[t, j] = grad[t] . permuted_tokens[sorted_indices[t*topk + j]] (empty without probs).', ('CPU',), False, True),
 }
 
+# Ops whose CPU kernel also serves the simulated NPU device (npu_sim.enable()): every op with a CPU
+# kernel and no PrivateUse1 kernel of its own. Ascend C kernels will replace these (issue 7).
+SIMULATED_NPU_CPU_KERNEL_OPS = (
+    'flash_attention_score',
+    'flash_attention_score_grad',
+    'dropout_gen_mask',
+    'rotary_position_embedding',
+    'rotary_position_embedding_grad',
+    'apply_rotary_pos_emb',
+    'rope_with_sin_cos_cache',
+    'scatter_pa_kv_cache',
+    'gather_pa_kv_cache',
+    'prompt_flash_attention',
+    'fused_infer_attention_score',
+    'attention_update',
+    'attention_update_grad',
+    'incre_flash_attention',
+    'grouped_matmul',
+    'grouped_matmul_grad',
+    'moe_gating_top_k_softmax',
+    'moe_gating_top_k_softmax_v2',
+    'moe_gating_top_k_softmax_grad',
+    'moe_gating_top_k',
+    'moe_init_routing',
+    'moe_init_routing_v2',
+    'moe_init_routing_v2_grad',
+    'moe_compute_expert_tokens',
+    'moe_finalize_routing',
+    'moe_finalize_routing_grad',
+    'moe_token_permute',
+    'moe_token_permute_grad',
+    'moe_token_unpermute',
+    'moe_token_unpermute_grad',
+)
+
 
 def _needs_grad(ctx, index):
     """The dispatcher drops trailing default arguments, so needs_input_grad may be shorter than the schema."""

@@ -1,0 +1,281 @@
+// The simulated NPU: PrivateUse1 backed by CPU memory, for tests and development without Ascend hardware.
+//
+// Nothing here runs when the library is loaded: every registration (device guard, hooks, aten kernels, the boxed
+// CPU fallback, npu_fa kernels) is installed by tot_npu_sim_enable(), which Python calls through ctypes from
+// torch_ops_transformer.npu_sim.enable() only after checking that torch_npu is absent. A process that never enables
+// the simulator (or that uses a real torch_npu) sees no PrivateUse1 registration from this file.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
+const c10::Device kSimDevice(kSim, 0);
+
+// ---- memory: plain host memory whose DataPtr says "PrivateUse1" ----
+
+void free_host(void* ptr) { std::free(ptr); }
+
+struct SimAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = nbytes ? std::malloc(nbytes) : nullptr;
+    TORCH_CHECK(!nbytes || ptr, "npu_sim: out of host memory allocating ", nbytes, " bytes");
+    return {ptr, ptr, &free_host, kSimDevice};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_host; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+};
+
+SimAllocator& allocator() {
+  static SimAllocator instance;
+  return instance;
+}
+
+// ---- device guard: one device, one stream, events are no-ops (everything is synchronous host code) ----
+
+struct SimGuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kSim; }
+  c10::Device exchangeDevice(c10::Device) const override { return kSimDevice; }
+  c10::Device getDevice() const override { return kSimDevice; }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.index() <= 0, "npu_sim: the simulated NPU has one device (npu:0); got ", d);
+  }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device d) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, kSimDevice); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
+  c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
+  c10::Stream exchangeStream(c10::Stream) const noexcept override { return getStream(kSimDevice); }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+};
+
+// ---- hooks: what the autograd engine and at::Context ask of an accelerator ----
+
+struct SimHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  void setCurrentDevice(c10::DeviceIndex) const override {}
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex) const override { return 0; }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return 0; }
+  // Random numbers on the simulated device come from the CPU generator (the CPU fallback runs the ops).
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    return at::detail::getDefaultCPUGenerator();
+  }
+  at::Device getDeviceFromPtr(void*) const override { return kSimDevice; }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override;
+};
+
+// ---- aliasing between the two views of the same host memory ----
+
+// A CPU tensor over the memory of a simulated-NPU tensor (no copy; keeps the original storage alive).
+at::Tensor as_cpu(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kSim) return t;
+  c10::Storage keep = t.storage();
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(at::kCPU));
+}
+
+// A simulated-NPU tensor over the memory of a CPU tensor (no copy; keeps the CPU storage alive).
+at::Tensor as_sim(const at::Tensor& t, c10::Device device) {
+  if (!t.defined() || t.device().type() == kSim) return t;
+  c10::Storage keep = t.storage();
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device));
+}
+
+void grow_storage(const c10::Storage& storage, size_t nbytes) {
+  if (nbytes <= storage.nbytes()) return;
+  c10::DataPtr fresh = allocator().allocate(nbytes);
+  if (storage.nbytes()) std::memcpy(fresh.get(), storage.data(), storage.nbytes());
+  const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
+  const_cast<c10::Storage&>(storage).set_nbytes(nbytes);
+}
+
+void SimHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
+  grow_storage(storage, newsize);
+}
+
+// ---- aten kernels the CPU fallback cannot provide ----
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout>, std::optional<at::Device>, std::optional<bool>) {
+  const c10::DeviceGuard guard(kSimDevice);
+  return at::detail::empty_strided_generic(size, stride, &allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
+                               std::optional<at::Device>, std::optional<bool>,
+                               std::optional<at::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(kSimDevice);
+  return at::detail::empty_generic(size, &allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+// Both sides live in host memory, so any copy (npu<->npu, npu<->cpu) is a CPU copy between aliases.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  as_cpu(dst).copy_(as_cpu(self), non_blocking);
+  return dst;
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size, std::optional<at::MemoryFormat> format) {
+  const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(sizes);
+  const int64_t needed = (impl->numel() + self.storage_offset()) * static_cast<int64_t>(self.dtype().itemsize());
+  grow_storage(self.storage(), static_cast<size_t>(needed));
+  if (format.has_value() && *format != at::MemoryFormat::Preserve) impl->empty_tensor_restride(*format);
+  return self;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) {
+    at::Tensor d = dst;
+    resize_(d, c10::fromIntArrayRefSlow(self.sizes()), std::nullopt);
+  }
+  return copy_from(self, dst, false);
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+  return self;
+}
+
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { at::native::cpu_fallback(op, stack); }
+
+// ---- npu_fa ops on the simulated device: their CPU kernel, run on CPU aliases of the same memory ----
+
+void check_device(const c10::OperatorHandle& op, const c10::Argument& arg, const at::Tensor& t,
+                  std::optional<c10::Device>& device) {
+  // 0-dim CPU tensors are host scalars (seed, offset), accepted next to device tensors as PyTorch does.
+  if (!t.defined() || (t.dim() == 0 && t.device().is_cpu())) return;
+  if (!device) device = t.device();
+  TORCH_CHECK(t.device() == *device, op.schema().name(), ": argument '", arg.name(), "' must be on ", *device,
+              " like the op's first tensor; got a tensor on ", t.device());
+}
+
+void run_cpu_kernel_on_sim(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n_args = schema.arguments().size();
+  const size_t first = stack->size() - n_args;
+  std::vector<c10::IValue> originals(stack->begin() + first, stack->end());
+  std::optional<c10::Device> device;
+  for (size_t i = 0; i < n_args; ++i) {
+    c10::IValue& v = (*stack)[first + i];
+    const auto& arg = schema.arguments()[i];
+    if (v.isTensor()) {
+      check_device(op, arg, v.toTensor(), device);
+      v = as_cpu(v.toTensor());
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> cpu;
+      for (const at::Tensor& t : v.toTensorVector()) {
+        check_device(op, arg, t, device);
+        cpu.push_back(as_cpu(t));
+      }
+      v = c10::IValue(cpu);
+    }
+  }
+  const c10::Device target = device.value_or(kSimDevice);
+  {
+    const c10::DeviceGuard guard(target);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
+  const size_t n_ret = schema.returns().size();
+  const size_t ret0 = stack->size() - n_ret;
+  for (size_t r = 0; r < n_ret; ++r) {
+    c10::IValue& v = (*stack)[ret0 + r];
+    // A return that aliases a mutated input is that input itself.
+    const auto* alias = schema.returns()[r].alias_info();
+    bool replaced = false;
+    if (alias) {
+      for (size_t i = 0; i < n_args && !replaced; ++i) {
+        const auto* in = schema.arguments()[i].alias_info();
+        if (in && in->beforeSets() == alias->beforeSets()) {
+          v = originals[i];
+          replaced = true;
+        }
+      }
+    }
+    if (replaced) continue;
+    if (v.isTensor()) {
+      v = as_sim(v.toTensor(), target);
+    } else if (v.isTensorList()) {
+      std::vector<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorVector()) out.push_back(as_sim(t, target));
+      v = c10::IValue(out);
+    }
+  }
+}
+
+// ---- installation (once per process; the libraries are leaked on purpose so they stay registered) ----
+
+void install(const std::vector<std::string>& cpu_kernel_ops) {
+  TORCH_CHECK(!c10::impl::hasDeviceGuardImpl(kSim),
+              "npu_sim: a PrivateUse1 device guard is already registered (is torch_npu or another backend loaded?)");
+  TORCH_CHECK(!at::isPrivateUse1HooksRegistered(),
+              "npu_sim: PrivateUse1 hooks are already registered (is torch_npu or another backend loaded?)");
+  static c10::impl::DeviceGuardImplRegistrar guard_registrar(kSim, new SimGuardImpl());
+  at::RegisterPrivateUse1HooksInterface(new SimHooks());
+  c10::SetAllocator(kSim, &allocator());
+
+  auto* aten = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  aten->impl("empty_strided", TORCH_FN(empty_strided));
+  aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  aten->impl("_copy_from", TORCH_FN(copy_from));
+  aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  aten->impl("resize_", TORCH_FN(resize_));
+  aten->impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  // Views must alias: the CPU fallback would return a copy.
+  aten->impl("view", TORCH_FN(at::native::view));
+  aten->impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  aten->impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  aten->impl("unfold", TORCH_FN(at::native::unfold));
+
+  auto* fallback = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
+
+  auto* ops = new torch::Library(torch::Library::IMPL, "npu_fa", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  for (const std::string& name : cpu_kernel_ops) {
+    ops->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_cpu_kernel_on_sim>());
+  }
+}
+
+}  // namespace
+
+// Called from Python (ctypes) by npu_sim.enable(); returns 0 on success, else writes the error into `error`.
+extern "C" __attribute__((visibility("default"))) int tot_npu_sim_enable(const char** cpu_kernel_ops, int n_ops,
+                                                                          char* error, int error_len) {
+  try {
+    install(std::vector<std::string>(cpu_kernel_ops, cpu_kernel_ops + n_ops));
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(error, static_cast<size_t>(error_len), "%s", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,198 @@
+"""Checks of the simulated NPU, run in a child process by test_npu_sim.py (renaming PrivateUse1 is per process and
+permanent, so it must not happen inside the main test session).
+
+`python test/npu_sim_worker.py cases` enables the device, runs every `case_*` and prints one JSON line
+{case: "ok" | traceback}. `python test/npu_sim_worker.py <scenario>` runs one of SCENARIOS and prints "ok".
+"""
+import json
+import os
+import sys
+import traceback
+
+import torch
+
+# The worktree's package, not whichever one site-packages holds (the script's own folder is test/).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _sim():
+    import torch_ops_transformer as tot
+
+    tot.npu_sim.enable()
+    return tot
+
+
+def case_to_device_and_back():
+    x = torch.randn(3, 4)
+    y = x.to("npu")
+    assert y.device.type == "npu" and y.is_npu, y.device
+    assert torch.equal(y.cpu(), x)
+    z = x.npu()
+    assert z.device == torch.device("npu:0")
+    w = torch.empty(3, 4, device="npu").copy_(x)  # cpu -> npu copy into an existing tensor
+    out = torch.empty(3, 4)
+    out.copy_(w)  # npu -> cpu
+    assert torch.equal(out, x)
+    v = y.clone()  # npu -> npu
+    assert v.device.type == "npu" and torch.equal(v.cpu(), x)
+
+
+def case_views_alias():
+    base = torch.zeros(4, 6, device="npu")
+    view = base.view(2, 12)
+    view[1].fill_(1.0)  # in-place on a view changes the base
+    assert base.cpu()[2:].eq(1).all() and base.cpu()[:2].eq(0).all()
+    t = base.t()
+    t[0, 0] = 5.0
+    assert base.cpu()[0, 0].item() == 5.0
+    s = base.as_strided((2, 2), (6, 1), 1)
+    s.add_(2.0)
+    assert base.cpu()[0, 1].item() == 2.0 and base.cpu()[1, 2].item() == 2.0
+    r = base.reshape(24)
+    assert r.data_ptr() == base.data_ptr()
+    sl = base[:, 1:3]
+    sl.mul_(0)
+    assert base.cpu()[:, 1:3].eq(0).all()
+
+
+def case_printing():
+    text = repr(torch.arange(6, dtype=torch.float32, device="npu").view(2, 3))
+    assert "device='npu:0'" in text and "5." in text, text
+
+
+def case_factory_and_arith_via_fallback():
+    torch.manual_seed(0)
+    a = torch.randn(5, 7, device="npu")
+    torch.manual_seed(0)
+    a_cpu = torch.randn(5, 7)
+    assert a.device.type == "npu" and torch.equal(a.cpu(), a_cpu)
+    b = (a * 2 + 1).softmax(-1) @ a.T
+    assert b.device.type == "npu"
+    torch.testing.assert_close(b.cpu(), (a_cpu * 2 + 1).softmax(-1) @ a_cpu.T, rtol=0, atol=0)
+
+
+def _fa_inputs(device):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 13, 4, 16, generator=g) for _ in range(3))
+    return [t.to(device).requires_grad_() for t in (q, k, v)]
+
+
+def case_flash_attention_autograd_equals_cpu():
+    tot = _sim()
+    results = {}
+    for device in ("cpu", "npu"):
+        q, k, v = _fa_inputs(device)
+        out = tot.npu_fusion_attention(q, k, v, 4, "BSND", scale=0.25, sparse_mode=2,
+                                       atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1))[0]
+        assert out.device.type == device, (device, out.device)
+        out.square().sum().backward()
+        assert q.grad.device.type == device
+        results[device] = [out.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)]
+    for name, a, b in zip(("out", "dq", "dk", "dv"), results["npu"], results["cpu"]):
+        assert torch.equal(a, b), f"{name}: npu differs from cpu by {(a - b).abs().max().item()}"
+
+
+def case_flash_attention_outputs_on_npu():
+    q, k, v = (t.detach() for t in _fa_inputs("npu"))
+    outs = torch.ops.npu_fa.flash_attention_score(q, k, v, 4, "BSND", scale=0.25)
+    assert all(t.device.type == "npu" for t in outs), [t.device for t in outs]
+
+
+def case_rotary_position_embedding():
+    tot = _sim()
+    g = torch.Generator().manual_seed(2)
+    x, cos, sin = torch.randn(2, 5, 3, 8, generator=g), torch.randn(1, 5, 1, 8, generator=g), torch.randn(1, 5, 1, 8, generator=g)
+    ref = tot.npu_rotary_position_embedding(x, cos, sin, 0)
+    got = tot.npu_rotary_position_embedding(x.npu(), cos.npu(), sin.npu(), 0)
+    assert got.device.type == "npu" and torch.equal(got.cpu(), ref)
+
+
+def case_incre_flash_attention():
+    tot = _sim()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(2, 1, 32, generator=g), torch.randn(2, 9, 16, generator=g), torch.randn(2, 9, 16, generator=g)
+    kw = dict(num_heads=4, num_key_value_heads=2, scale_value=0.3, input_layout="BSH")
+    ref = tot.npu_incre_flash_attention(q, k, v, **kw)
+    got = tot.npu_incre_flash_attention(q.npu(), k.npu(), v.npu(), **kw)
+    assert got.device.type == "npu" and torch.equal(got.cpu(), ref)
+
+
+def case_mixed_devices_rejected():
+    q, k, v = (t.detach() for t in _fa_inputs("npu"))
+    try:
+        torch.ops.npu_fa.flash_attention_score(q, k.cpu(), v, 4, "BSND")
+    except RuntimeError as e:
+        assert "argument 'key' must be on npu:0" in str(e), str(e)
+    else:
+        raise AssertionError("a cpu key with an npu query was accepted")
+
+
+def case_enable_is_idempotent():
+    tot = _sim()
+    tot.npu_sim.enable()
+    assert tot.npu_sim.is_enabled() and torch.npu.is_available() and torch.npu.device_count() == 1
+
+
+def run_cases():
+    _sim()
+    results = {}
+    for name, fn in sorted(globals().items()):
+        if name.startswith("case_"):
+            try:
+                fn()
+                results[name] = "ok"
+            except Exception:  # reported to the parent test, which fails with the traceback
+                results[name] = traceback.format_exc()
+    print(json.dumps(results))
+
+
+def scenario_refused_after_rename():
+    torch.utils.rename_privateuse1_backend("other_accel")
+    import torch_ops_transformer as tot
+
+    try:
+        tot.npu_sim.enable()
+    except RuntimeError as e:
+        assert "already renamed to 'other_accel'" in str(e), str(e)
+        assert not tot.npu_sim.is_enabled()
+    else:
+        raise AssertionError("enable() did not refuse")
+
+
+def scenario_refused_with_torch_npu():
+    sys.modules["torch_npu"] = type(sys)("torch_npu")  # stands in for an imported real torch_npu
+    import torch_ops_transformer as tot
+
+    try:
+        tot.npu_sim.enable()
+    except RuntimeError as e:
+        assert "torch_npu is installed" in str(e), str(e)
+    else:
+        raise AssertionError("enable() did not refuse")
+    assert torch._C._get_privateuse1_backend_name() == "privateuseone"
+
+
+def scenario_environment_variable():
+    assert os.environ.get("TOT_NPU_SIM") == "1"
+    import torch_ops_transformer as tot
+
+    assert tot.npu_sim.is_enabled()
+    assert torch.ones(2, device="npu").add(1).cpu().tolist() == [2.0, 2.0]
+
+
+def scenario_not_enabled():
+    import torch_ops_transformer as tot
+
+    assert not tot.npu_sim.is_enabled()
+    assert torch._C._get_privateuse1_backend_name() == "privateuseone"
+    assert not hasattr(torch, "npu")
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+if __name__ == "__main__":
+    if sys.argv[1] == "cases":
+        run_cases()
+    else:
+        SCENARIOS[sys.argv[1]]()
+        print("ok")

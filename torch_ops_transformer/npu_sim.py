@@ -1,0 +1,92 @@
+"""A simulated NPU: PyTorch's PrivateUse1 device renamed "npu", backed by CPU memory (docs/npu_sim.md).
+
+`enable()` installs it for the rest of the process (PyTorch cannot rename PrivateUse1 twice or unregister a
+backend); `TOT_NPU_SIM=1` in the environment enables it when the package is imported. It refuses when a real
+`torch_npu` is importable or PrivateUse1 already belongs to another backend, so it never shadows real hardware.
+
+On the device, `torch.ops.npu_fa.*` ops run their CPU kernels on CPU aliases of the same memory (the list comes
+from native_functions.yaml via the codegen); other aten ops run through PyTorch's boxed CPU fallback.
+"""
+import ctypes
+import importlib.util
+import os
+import sys
+import types
+
+import torch
+
+ENV_VAR = "TOT_NPU_SIM"
+_BACKEND = "npu"
+_enabled = False
+
+
+def is_enabled() -> bool:
+    """True once enable() has installed the simulated device in this process."""
+    return _enabled
+
+
+def _refusal_reason():
+    """Why the simulator must not be installed here, or None."""
+    if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
+        return ("torch_npu is installed: the real Ascend NPU backend owns the 'npu' device, so the simulated "
+                "NPU is not installed (unset TOT_NPU_SIM / do not call npu_sim.enable())")
+    name = torch._C._get_privateuse1_backend_name()
+    if name != "privateuseone":
+        return (f"the PrivateUse1 backend is already renamed to {name!r} by another extension; the simulated NPU "
+                "needs it unused (expected name 'privateuseone')")
+    return None
+
+
+def _device_module() -> types.ModuleType:
+    """torch.npu: what torch.compile, opcheck and the autograd engine ask of a device module."""
+    mod = types.ModuleType("torch_ops_transformer.npu_sim.device_module")
+    mod.is_available = lambda: True
+    mod.is_initialized = lambda: True
+    mod._lazy_init = lambda: None
+    mod.device_count = lambda: 1
+    mod.current_device = lambda: 0
+    mod.set_device = lambda device: None
+    mod.synchronize = lambda device=None: None  # every kernel runs synchronously on the host
+    mod._is_in_bad_fork = lambda: False
+    # Random numbers on the device are drawn by CPU kernels from the CPU default generator, so its state is ours.
+    mod.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    mod.manual_seed_all = lambda seed: torch.default_generator.manual_seed(int(seed))
+    mod.get_rng_state = lambda device="npu": torch.get_rng_state()
+    mod.set_rng_state = lambda new_state, device="npu": torch.set_rng_state(new_state)
+    mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    return mod
+
+
+def _install_cpp() -> None:
+    from ._generated.registrations import SIMULATED_NPU_CPU_KERNEL_OPS
+    from ._ops_loader import _library_path
+
+    lib = ctypes.CDLL(_library_path())  # the already-loaded extension (same handle as torch.ops.load_library)
+    names = (ctypes.c_char_p * len(SIMULATED_NPU_CPU_KERNEL_OPS))(*[n.encode() for n in SIMULATED_NPU_CPU_KERNEL_OPS])
+    error = ctypes.create_string_buffer(2048)
+    fn = lib.tot_npu_sim_enable
+    fn.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    if fn(names, len(SIMULATED_NPU_CPU_KERNEL_OPS), error, len(error)) != 0:
+        raise RuntimeError(f"npu_sim.enable(): {error.value.decode(errors='replace')}")
+
+
+def enable() -> None:
+    """Install the simulated "npu" device for this process (idempotent). Raises RuntimeError when refused."""
+    global _enabled
+    if _enabled:
+        return
+    reason = _refusal_reason()
+    if reason is not None:
+        raise RuntimeError(f"npu_sim.enable() refused: {reason}")
+    _install_cpp()
+    torch.utils.rename_privateuse1_backend(_BACKEND)
+    torch._register_device_module(_BACKEND, _device_module())
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    _enabled = True
+
+
+def enable_from_environment() -> None:
+    """Called at package import: TOT_NPU_SIM=1 enables the simulated device."""
+    if os.environ.get(ENV_VAR, "") == "1":
+        enable()
