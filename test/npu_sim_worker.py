@@ -117,6 +117,50 @@ def case_incre_flash_attention():
     assert got.device.type == "npu" and torch.equal(got.cpu(), ref)
 
 
+def case_dropout_with_host_seed():
+    tot = _sim()
+    outs = {}
+    for device in ("cpu", "npu"):
+        q, k, v = (t.detach() for t in _fa_inputs(device))
+        torch.manual_seed(7)  # the seed/offset scalars are drawn on the host (0-dim CPU tensors next to npu ones)
+        outs[device] = tot.npu_fusion_attention(q, k, v, 4, "BSND", keep_prob=0.8)[0].cpu()
+    assert torch.equal(outs["npu"], outs["cpu"])
+
+
+def case_in_place_op_mutates_npu_tensors():
+    tot = _sim()
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(2, 5, 3, 8, generator=g), torch.randn(2, 5, 3, 8, generator=g)
+    cos, sin = torch.randn(1, 5, 1, 8, generator=g), torch.randn(1, 5, 1, 8, generator=g)
+    q_cpu, k_cpu = q.clone(), k.clone()
+    tot.npu_apply_rotary_pos_emb(q_cpu, k_cpu, cos, sin)
+    q_npu, k_npu = q.npu(), k.npu()
+    tot.npu_apply_rotary_pos_emb(q_npu, k_npu, cos.npu(), sin.npu())
+    assert torch.equal(q_npu.cpu(), q_cpu) and torch.equal(k_npu.cpu(), k_cpu)
+
+
+def case_tensor_list_op():
+    tot = _sim()
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(3, 4, generator=g), torch.randn(5, 4, generator=g)]
+    ws = [torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)]
+    ref = tot.npu_grouped_matmul(xs, ws)
+    got = tot.npu_grouped_matmul([x.npu() for x in xs], [w.npu() for w in ws])
+    assert all(t.device.type == "npu" for t in got)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, ref))
+
+
+def case_module_npu_and_rng_state():
+    lin = torch.nn.Linear(4, 3).npu()
+    assert lin.weight.device.type == "npu"
+    lin(torch.randn(2, 4, device="npu")).sum().backward()
+    assert lin.weight.grad.device.type == "npu"
+    state = torch.npu.get_rng_state()
+    first = torch.randn(3, device="npu").cpu()
+    torch.npu.set_rng_state(state)
+    assert torch.equal(torch.randn(3, device="npu").cpu(), first)
+
+
 def case_mixed_devices_rejected():
     q, k, v = (t.detach() for t in _fa_inputs("npu"))
     try:
