@@ -161,6 +161,20 @@ def case_module_npu_and_rng_state():
     assert torch.equal(torch.randn(3, device="npu").cpu(), first)
 
 
+def case_paged_kv_cache_scatter_in_place():
+    tot = _sim()
+    caches = {}
+    for device in ("cpu", "npu"):
+        g = torch.Generator().manual_seed(6)
+        cache = tot.PagedKVCache(8, 4, 2, 16, device=device)
+        seqs = [cache.add_sequence(), cache.add_sequence()]
+        for _ in range(6):  # crosses block boundaries; scatter_pa_kv_cache writes the npu cache in place
+            cache.append(seqs, torch.randn(2, 2, 16, generator=g).to(device), torch.randn(2, 2, 16, generator=g).to(device))
+        caches[device] = [t for t in vars(cache).values() if isinstance(t, torch.Tensor)]
+    assert caches["npu"] and all(t.device.type == "npu" for t in caches["npu"])
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(caches["npu"], caches["cpu"]))
+
+
 def case_mixed_devices_rejected():
     q, k, v = (t.detach() for t in _fa_inputs("npu"))
     try:
@@ -175,6 +189,7 @@ def case_enable_is_idempotent():
     tot = _sim()
     tot.npu_sim.enable()
     assert tot.npu_sim.is_enabled() and torch.npu.is_available() and torch.npu.device_count() == 1
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("npu_fa::flash_attention_score", "PrivateUse1")
 
 
 def run_cases():
@@ -230,6 +245,11 @@ def scenario_not_enabled():
     assert not tot.npu_sim.is_enabled()
     assert torch._C._get_privateuse1_backend_name() == "privateuseone"
     assert not hasattr(torch, "npu")
+    # The extension is loaded, yet it registered nothing for PrivateUse1 beyond the YAML's own PrivateUse1 entries.
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert not has("npu_fa::flash_attention_score", "PrivateUse1")
+    assert not has("aten::empty_strided", "PrivateUse1")
+    assert has("npu_fa::all_gather_matmul", "PrivateUse1")  # MC2: declared PrivateUse1 in native_functions.yaml
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
