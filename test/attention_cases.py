@@ -8,10 +8,9 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from reference import GRAD_NAMES, MAX_TOKENS, check_tolerance, dropout_rows, reference_with_grads
+from reference import DTYPES, GRAD_NAMES, MAX_TOKENS, check_tolerance, dropout_rows, reference_with_grads
 
 OPS = torch.ops.npu_fa
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from reference import DTYPES
+
 OPS = torch.ops.npu_fa
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)

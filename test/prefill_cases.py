@@ -11,10 +11,9 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from reference import visible_keys
+from reference import DTYPES, visible_keys
 
 MAX = 2147483647
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
 
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 MAX_TOKENS = 2147483647
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}  # case names -> dtypes
 LAYOUTS = ("BSH", "SBH", "BSND", "BNSD", "TND")
 
 

@@ -6,7 +6,6 @@ one job per world size, every wait bounded by a timeout. Argument errors are che
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torch_ops_transformer import MC2DistributedDataParallel, MC2Optimizer
+from torch_ops_transformer._spawn import free_port, rank_env
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mc2_training_worker.py")
 JOB_TIMEOUT_S = 240  # a whole job (start-up dominates on a loaded 2-core machine); a hang fails, never blocks
@@ -35,18 +35,12 @@ OWN_BUCKETS = ["mc2opt-overlap-sgd", "mc2opt-sequential-sgd", "mc2opt-overlap-ad
 ROUNDING_TOL = 1e-6  # parameters are O(0.3): ~30 fp32 ulps after 5 steps; observed ≤ 3e-8
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _start(world: int):
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        env = rank_env(rank, world, port, OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, WORKER, *JOBS[world]], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return procs

@@ -2,7 +2,6 @@
 and k = E, activations), its load-balancing loss, torch.compile(fullgraph) forward+backward, expert parallelism
 over gloo with 2 and 4 ranks (same outputs and gradients as one process) and bad configurations."""
 import os
-import socket
 import sys
 import time
 
@@ -11,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ops_transformer import MOELayer
+from torch_ops_transformer._spawn import free_port
 from test_grouped_matmul import act_ref
 
 ACT = {"gelu": 2, "relu": 1, "silu": 5, "fast_gelu": 4}
@@ -163,11 +163,6 @@ def test_bad_input_dim():
 
 # ---- Expert parallel over gloo, in subprocesses with a bounded run time. ----
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _ep_worker(rank, world, port, result_dir):
     import torch.distributed as dist
@@ -217,7 +212,7 @@ def _ep_check(rank, world, capacity):
 def test_expert_parallel_matches_single_process(world, tmp_path):
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_ep_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world,
+    ctx = mp.start_processes(_ep_worker, args=(world, free_port(), str(tmp_path)), nprocs=world,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + 120
     try:

@@ -1,6 +1,6 @@
 """Launch W ranks of a Python script on localhost (gloo rendezvous on a free port), every wait bounded.
 
-Used by the MC2 tests and benchmark. Each rank runs `python <script> <rank> <world_size> <port> *args` and its
+Used by the MC2 tests and benchmarks (free_port / rank_env also by the other multi-rank tests). Each rank runs `python <script> <rank> <world_size> <port> *args` and its
 stdout/stderr are returned. A rank that does not finish within `timeout` seconds is killed (its process group
 only, never anything else) and reported with returncode None.
 """
@@ -26,6 +26,12 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int, **extra: str) -> dict:
+    """This process's environment plus torch.distributed's env:// rendezvous variables for one localhost rank."""
+    return dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port), **extra)
 
 
 def launch(script: str, world_size: int, args: Sequence[str] = (), timeout: float = 60.0,

@@ -13,7 +13,6 @@ rank 0 reports the median time per training step. Contenders:
 communication time that the contender hides behind computation (0 = fully serial).
 """
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import time
 import torch
 
 from .common import format_table
+from .._spawn import free_port, rank_env
 
 RANKS = 2
 WORKER_TIMEOUT_S = 900
@@ -137,17 +137,12 @@ def _report(times, width, depth, batch, bucket_mb, reps):
           "the comm thread concurrently with backward (a second runnable thread), not only hidden communication.")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main(quick: bool = False, reps: int = 5) -> None:
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(RANKS):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(RANKS), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = rank_env(rank, RANKS, port)
         cmd = [sys.executable, "-m", "torch_ops_transformer.bench.mc2_ddp", "--rank", str(int(quick)), str(reps)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if rank else None, text=True))
     try:
