@@ -174,6 +174,7 @@ def _ep_worker(rank, world, port, result_dir):
         for capacity in (None, 3):       # dropless; capacity 3 of ~5 rows per expert drops rows
             _ep_check(rank, world, capacity)
         open(os.path.join(result_dir, f"ok{rank}"), "w").close()
+        dist.barrier()                    # nobody tears its connections down while a peer is still exchanging
     finally:
         dist.destroy_process_group()
 

@@ -126,8 +126,6 @@ class MOELayer(nn.Module):
         return y.reshape(experts, cap, -1), row_idx, 3
 
     def _experts_parallel(self, x2: torch.Tensor, expert_idx: torch.Tensor):
-        from torch.distributed.nn.functional import all_to_all_single
-
         world, local, group = self.world_size, self.local_experts, self.process_group
         rows, row_idx, counts, _ = npu_moe_init_routing_v2(
             x2, expert_idx, expert_num=self.num_experts, expert_tokens_num_type=1, expert_tokens_num_flag=True)
@@ -136,8 +134,7 @@ class MOELayer(nn.Module):
         dist.all_to_all_single(recv_counts, send_counts, group=group)  # [source rank, local expert]
         send_splits = send_counts.sum(1).tolist()
         recv_splits = recv_counts.sum(1).tolist()
-        received = all_to_all_single(rows.new_empty(sum(recv_splits), rows.shape[1]), rows, recv_splits,
-                                     send_splits, group=group)
+        received = _AllToAllRows.apply(rows, recv_splits, send_splits, group)
         # Rows arrive grouped by source rank, then expert: regroup by expert (stable, so by source rank inside).
         expert_of_row = torch.repeat_interleave(
             torch.arange(local, device=x2.device).repeat(world), recv_counts.reshape(-1))
@@ -148,8 +145,7 @@ class MOELayer(nn.Module):
             perm, y = self._capacity_experts(received, expert_of_row, row_idx, x2.shape[0], send_splits,
                                              recv_splits)
         y_back = torch.empty_like(y).index_copy(0, perm, y)            # back to arrival order
-        back = all_to_all_single(y_back.new_empty(rows.shape[0], y_back.shape[1]), y_back, send_splits,
-                                 recv_splits, group=group)
+        back = _AllToAllRows.apply(y_back, send_splits, recv_splits, group)
         return back, row_idx, 2
 
     def _capacity_experts(self, received, expert_of_row, row_idx, tokens, send_splits, recv_splits):
@@ -173,6 +169,25 @@ class MOELayer(nn.Module):
         kept = (position < cap).nonzero().squeeze(1)
         y = self.experts(received[perm][kept], counts.clamp(max=cap))
         return perm, y.new_zeros(perm.numel(), y.shape[1]).index_copy(0, kept, y)
+
+
+class _AllToAllRows(torch.autograd.Function):
+    """Differentiable variable-size all-to-all of rows: its backward is the reverse exchange. Our own (on the plain
+    synchronous `dist.all_to_all_single`) rather than the deprecated `torch.distributed.nn.functional` wrapper."""
+
+    @staticmethod
+    def forward(ctx, rows, recv_splits, send_splits, group):
+        ctx.splits, ctx.group = (recv_splits, send_splits), group
+        out = rows.new_empty(sum(recv_splits), *rows.shape[1:])
+        dist.all_to_all_single(out, rows.contiguous(), recv_splits, send_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        recv_splits, send_splits = ctx.splits
+        back = grad.new_empty(sum(send_splits), *grad.shape[1:])
+        dist.all_to_all_single(back, grad.contiguous(), send_splits, recv_splits, group=ctx.group)
+        return back, None, None, None
 
 
 def _check_config(input_dim, num_experts, top_k, expert_capacity, activation):
