@@ -37,6 +37,9 @@ def sources():
     # One translation unit per op family and backend, plus the generated registrations.
     files = glob.glob("aten_ops/cpu/**/*.cpp", recursive=True) + glob.glob("aten_ops/common/*.cpp")
     files += glob.glob("aten_ops/npu_sim/*.cpp")  # the simulated NPU device: installed only by npu_sim.enable()
+    files += glob.glob("aten_ops/npu/*.cpp")      # PrivateUse1 kernels: launch the Ascend C kernels
+    # The Ascend C kernels (torch-free, quick to compile) and, without CANN, the CPU runtime they run on.
+    files += glob.glob("ascendc/kernels/**/*.cpp", recursive=True) + ["ascendc/cpu_runtime/src/runtime.cpp"]
     files = [f for f in files if not f.endswith("_isa.cpp")] + ["aten_ops/generated/register_ops.cpp"]
     return sorted(files)
 
@@ -99,7 +102,8 @@ setup(
         CppExtension(
             name="torch_ops_transformer._C",
             sources=sources(),
-            include_dirs=[os.path.join(ROOT, "aten_ops")],
+            include_dirs=[os.path.join(ROOT, "aten_ops"), os.path.join(ROOT, "ascendc", "cpu_runtime", "include"),
+                          os.path.join(ROOT, "ascendc", "kernels")],
             extra_compile_args={"cxx": cxx_flags()},
             extra_objects=build_isa_objects(),
             extra_link_args=["-fopenmp"],  # resolves to the libgomp.so.1 torch already loaded

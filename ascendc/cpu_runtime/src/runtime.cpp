@@ -13,6 +13,7 @@ namespace AscendC::cpu {
 namespace {
 thread_local CoreContext* t_core = nullptr;
 std::atomic<KernelMode> g_mode{KernelMode::AIV_MODE};
+std::atomic<bool> g_count_only{false};
 std::mutex g_launch_mu;          // one launch at a time: the simulator is a test and development tool
 std::mutex g_stats_mu;
 LaunchStats g_last_stats;
@@ -26,6 +27,9 @@ std::mutex g_atomic_mu;
 
 const char* CoreTypeName(CoreType t) { return t == CoreType::AIC ? "AIC" : "AIV"; }
 }  // namespace
+
+void SetCountOnly(bool on) { g_count_only = on; }
+bool CountOnly() { return g_count_only.load(std::memory_order_relaxed); }
 
 // ---- errors, core identity ----
 

@@ -125,6 +125,11 @@ struct CoreContext {
   Arena& ArenaFor(TPosition pos);
 };
 
+// Count-only mode (performance model at full scale): instructions are checked and counted but move and compute
+// nothing. Set on the host between launches.
+void SetCountOnly(bool on);
+bool CountOnly();
+
 // The calling thread's core; fails when called outside a kernel launch.
 CoreContext& Core();
 CoreContext* CoreOrNull();

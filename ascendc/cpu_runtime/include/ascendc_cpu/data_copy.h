@@ -55,6 +55,7 @@ template <typename T>
 void WriteGm(T* dst, const T* src, size_t n) {
   CoreContext& c = Core();
   c.counters.gm_write_bytes += n * sizeof(T);
+  if (CountOnly()) return;
   if (c.atomic_add) AtomicAddToGm(dst, src, n);
   else std::memcpy(dst, src, n * sizeof(T));
 }
@@ -68,7 +69,7 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>
   dst.CheckAligned("DataCopy(GM->UB)", "dst");
   dst.CheckRange(0, count, "DataCopy(GM->UB)", "dst");
   src.CheckRange(0, count, "DataCopy(GM->UB)", "src");
-  std::memcpy(dst.Data(), src.Data(), size_t(count) * sizeof(T));
+  if (!cpu::CountOnly()) std::memcpy(dst.Data(), src.Data(), size_t(count) * sizeof(T));
   auto& k = cpu::Core().counters;
   k.gm_read_bytes += uint64_t(count) * sizeof(T);
   k.copies += 1;
@@ -93,7 +94,7 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>&
   src.CheckAligned("DataCopy(UB->UB)", "src");
   dst.CheckRange(0, count, "DataCopy(UB->UB)", "dst");
   src.CheckRange(0, count, "DataCopy(UB->UB)", "src");
-  std::memmove(dst.Data(), src.Data(), size_t(count) * sizeof(T));
+  if (!cpu::CountOnly()) std::memmove(dst.Data(), src.Data(), size_t(count) * sizeof(T));
   cpu::Core().counters.copies += 1;
 }
 
@@ -108,7 +109,7 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>
     const uint64_t s = b * (len + uint64_t(p.srcStride) * e), d = b * (len + uint64_t(p.dstStride) * e);
     src.CheckRange(s, len, "DataCopy(GM->UB, DataCopyParams)", "src");
     dst.CheckRange(d, len, "DataCopy(GM->UB, DataCopyParams)", "dst");
-    std::memcpy(dst.Data() + d, src.Data() + s, len * sizeof(T));
+    if (!cpu::CountOnly()) std::memcpy(dst.Data() + d, src.Data() + s, len * sizeof(T));
   }
   auto& k = cpu::Core().counters;
   k.gm_read_bytes += uint64_t(p.blockCount) * len * sizeof(T);
@@ -140,7 +141,7 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>&
     const uint64_t s = b * (len + uint64_t(p.srcStride) * e), d = b * (len + uint64_t(p.dstStride) * e);
     src.CheckRange(s, len, "DataCopy(UB->UB, DataCopyParams)", "src");
     dst.CheckRange(d, len, "DataCopy(UB->UB, DataCopyParams)", "dst");
-    std::memmove(dst.Data() + d, src.Data() + s, len * sizeof(T));
+    if (!cpu::CountOnly()) std::memmove(dst.Data() + d, src.Data() + s, len * sizeof(T));
   }
   cpu::Core().counters.copies += 1;
 }
@@ -170,9 +171,10 @@ __aicore__ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor
     src.CheckRange(s, n, api, "src");
     dst.CheckRange(d, ub_block, api, "dst");
     T* out = dst.Data() + d;
+    if (cpu::CountOnly()) continue;
     if (pad.isPad) for (uint64_t i = 0; i < ub_block; ++i) out[i] = pad.paddingValue;
     else std::memset(out, 0xff, ub_block * sizeof(T));
-    std::memcpy(out + pad.leftPadding, src.Data() + s, n * sizeof(T));
+    if (!cpu::CountOnly()) std::memcpy(out + pad.leftPadding, src.Data() + s, n * sizeof(T));
   }
   auto& k = cpu::Core().counters;
   k.gm_read_bytes += uint64_t(p.blockCount) * p.blockLen;

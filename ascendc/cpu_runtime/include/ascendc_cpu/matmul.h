@@ -150,6 +150,11 @@ class Matmul {
       if (has_bias) bias.CheckRange(0, N, "Matmul::IterateAll", "bias");
       ASCENDC_CPU_CHECK(uint64_t(M - 1) * ldc + N <= out_size, "Matmul::IterateAll", "the result [", M, " x ", N,
                         "] with row stride ", ldc, " exceeds the output tensor's ", out_size, " elements");
+      auto& k = cpu::Core().counters;
+      k.cube_macs += uint64_t(M) * N * K;
+      k.gm_read_bytes += (uint64_t(M) * K * sizeof(SrcAT) + uint64_t(K) * N * sizeof(SrcBT));
+      if (to_gm) k.gm_write_bytes += uint64_t(M) * N * sizeof(DstT);
+      if (cpu::CountOnly()) return;
       std::vector<float> acc(size_t(M) * N, 0.0f);
       for (int m = 0; m < M; ++m)
         for (int k = 0; k < K; ++k) {
@@ -164,10 +169,6 @@ class Matmul {
           DstT& o = out[m * ldc + n];
           o = cpu::FromFloat<DstT>(atomic ? ToF(o) + v : v);
         }
-      auto& k = cpu::Core().counters;
-      k.cube_macs += uint64_t(M) * N * K;
-      k.gm_read_bytes += (uint64_t(M) * K * sizeof(SrcAT) + uint64_t(K) * N * sizeof(SrcBT));
-      if (to_gm) k.gm_write_bytes += uint64_t(M) * N * sizeof(DstT);
     }
     template <typename V>
     static float ToF(V v) { return cpu::ToFloat(v); }

@@ -64,7 +64,7 @@ void Map1(const LocalTensor<T>& dst, const LocalTensor<T>& src, int64_t count, c
   Operand(src, count, api, "src");
   T* d = dst.Data();
   const T* s = src.Data();
-  for (int64_t i = 0; i < count; ++i) d[i] = FromFloat<T>(f(ToFloat(s[i])));
+  if (!CountOnly()) for (int64_t i = 0; i < count; ++i) d[i] = FromFloat<T>(f(ToFloat(s[i])));
   CountVector(count, sizeof(T));
 }
 
@@ -78,7 +78,7 @@ void Map2(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<
   T* d = dst.Data();
   const T* x = a.Data();
   const T* y = b.Data();
-  for (int64_t i = 0; i < count; ++i) d[i] = FromFloat<T>(f(ToFloat(x[i]), ToFloat(y[i])));
+  if (!CountOnly()) for (int64_t i = 0; i < count; ++i) d[i] = FromFloat<T>(f(ToFloat(x[i]), ToFloat(y[i])));
   CountVector(count, sizeof(T));
 }
 
@@ -136,12 +136,12 @@ void Level0Binary(const LocalTensor<T>& dst, const LocalTensor<T>& a, const Loca
   CheckFootprint(a, sa, m, repeat, api, "src0");
   CheckFootprint(b, sb, m, repeat, api, "src1");
   uint64_t n = 0;
-  for (uint32_t r = 0; r < repeat; ++r)
-    for (uint32_t j = 0; j < Mask<T>::kPerRepeat; ++j)
-      if (m.On(j)) {
-        dst.Data()[sd.At(r, j)] = FromFloat<T>(f(ToFloat(a.Data()[sa.At(r, j)]), ToFloat(b.Data()[sb.At(r, j)])));
-        ++n;
-      }
+  for (uint32_t j = 0; j < Mask<T>::kPerRepeat; ++j) n += m.On(j) ? repeat : 0;
+  if (!CountOnly())
+    for (uint32_t r = 0; r < repeat; ++r)
+      for (uint32_t j = 0; j < Mask<T>::kPerRepeat; ++j)
+        if (m.On(j))
+          dst.Data()[sd.At(r, j)] = FromFloat<T>(f(ToFloat(a.Data()[sa.At(r, j)]), ToFloat(b.Data()[sb.At(r, j)])));
   auto& k = Core().counters;
   k.vector_elements += n;
   k.vector_repeats += repeat;
@@ -154,12 +154,11 @@ void Level0Unary(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Mas
   CheckFootprint(dst, sd, m, repeat, api, "dst");
   CheckFootprint(src, ss, m, repeat, api, "src");
   uint64_t n = 0;
-  for (uint32_t r = 0; r < repeat; ++r)
-    for (uint32_t j = 0; j < Mask<T>::kPerRepeat; ++j)
-      if (m.On(j)) {
-        dst.Data()[sd.At(r, j)] = FromFloat<T>(f(ToFloat(src.Data()[ss.At(r, j)])));
-        ++n;
-      }
+  for (uint32_t j = 0; j < Mask<T>::kPerRepeat; ++j) n += m.On(j) ? repeat : 0;
+  if (!CountOnly())
+    for (uint32_t r = 0; r < repeat; ++r)
+      for (uint32_t j = 0; j < Mask<T>::kPerRepeat; ++j)
+        if (m.On(j)) dst.Data()[sd.At(r, j)] = FromFloat<T>(f(ToFloat(src.Data()[ss.At(r, j)])));
   auto& k = Core().counters;
   k.vector_elements += n;
   k.vector_repeats += repeat;
@@ -260,7 +259,7 @@ template <typename T>
 __aicore__ inline void Duplicate(const LocalTensor<T>& dst, const T& scalarValue, const int32_t& count) {
   cpu::CheckCount(count, "Duplicate");
   cpu::Operand(dst, count, "Duplicate", "dst");
-  std::fill(dst.Data(), dst.Data() + count, scalarValue);
+  if (!cpu::CountOnly()) std::fill(dst.Data(), dst.Data() + count, scalarValue);
   cpu::CountVector(count, sizeof(T));
 }
 
