@@ -1,0 +1,34 @@
+"""Run the `case_*` functions of one test module on the simulated npu device, in this (child) process.
+
+`python test/npu_sim_runner.py <module>` enables torch_ops_transformer.npu_sim, runs every `case_*` of
+test/<module>.py and prints one JSON line {case: "ok" | traceback}. Used by npu_sim_cases.run_module: renaming
+PrivateUse1 to "npu" is permanent for a process, so it never happens inside the main pytest session.
+"""
+import importlib
+import json
+import os
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # the checkout's package, not site-packages'
+sys.path.insert(0, HERE)
+
+
+def main(module_name):
+    import torch_ops_transformer as tot
+
+    tot.npu_sim.enable()
+    module = importlib.import_module(module_name)
+    results = {}
+    for name in sorted(n for n in dir(module) if n.startswith("case_")):
+        try:
+            getattr(module, name)()
+            results[name] = "ok"
+        except Exception:  # noqa: BLE001 - every failure is reported to the parent test
+            results[name] = traceback.format_exc()
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
