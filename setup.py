@@ -53,36 +53,41 @@ def cxx_flags():
     return flags
 
 
-def _newest_header_mtime():
-    files = glob.glob(os.path.join(ROOT, "aten_ops", "**", "*.h"), recursive=True)
-    return max((os.path.getmtime(f) for f in files), default=0.0)
+def _headers_digest():
+    h = hashlib.sha1()
+    for f in sorted(glob.glob(os.path.join(ROOT, "aten_ops", "**", "*.h"), recursive=True)):
+        with open(f, "rb") as fh:
+            h.update(os.path.relpath(f, ROOT).encode() + fh.read())
+    return h.hexdigest()
 
 
 def build_isa_objects():
-    """Compile each *_isa.cpp once per ISA (in parallel); returns the object paths. Skips up-to-date objects."""
+    """Compile each *_isa.cpp once per ISA (in parallel); returns the object paths. An object is named by a hash of
+    its command (relative paths) and of the source and header contents, so it is reused whenever nothing changed —
+    also when build/isa_objects is copied into another checkout."""
     out_dir = os.path.join(ROOT, "build", "isa_objects")
     os.makedirs(out_dir, exist_ok=True)
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    base = [os.environ.get("CXX", "c++"), "-c", "-fPIC", abi, *cxx_flags(), f"-I{os.path.join(ROOT, 'aten_ops')}"]
+    base = [os.environ.get("CXX", "c++"), "-c", "-fPIC", abi, *cxx_flags(), "-Iaten_ops"]
     base += [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     jobs = []
-    newest_header = _newest_header_mtime()
+    headers = _headers_digest()
     for src in sorted(glob.glob(os.path.join(ROOT, "aten_ops", "**", "*_isa.cpp"), recursive=True)):
-        stem = os.path.splitext(os.path.relpath(src, ROOT))[0].replace(os.sep, "_")
+        rel = os.path.relpath(src, ROOT)
+        stem = os.path.splitext(rel)[0].replace(os.sep, "_")
+        with open(src, "rb") as fh:
+            content = fh.read()
         for isa, flags in ISA_FLAGS.items():
-            cmd = base + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}", src]
-            # The object name carries a hash of the command, so changed flags rebuild it.
-            tag = hashlib.sha1(" ".join(cmd).encode()).hexdigest()[:10]
+            cmd = base + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}", rel]
+            tag = hashlib.sha1(" ".join(cmd).encode() + content + headers.encode()).hexdigest()[:12]
             obj = os.path.join(out_dir, f"{stem}.{isa}.{tag}.o")
-            fresh = os.path.exists(obj) and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)
-            cmd = cmd + ["-o", obj]
-            jobs.append((obj, None if fresh else cmd))
+            jobs.append((obj, None if os.path.exists(obj) else cmd + ["-o", obj]))
 
     def run(job):
         obj, cmd = job
         if cmd is not None:
             print(f"isa: compiling {os.path.basename(obj)}", flush=True)
-            subprocess.run(cmd, check=True)
+            subprocess.run(cmd, check=True, cwd=ROOT)
         return obj
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
