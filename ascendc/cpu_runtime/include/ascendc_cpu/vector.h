@@ -276,6 +276,7 @@ __aicore__ inline void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src
   const uint64_t last = (uint64_t(repeatTime - 1) * repeatParams.dstRepStride + 7ull * repeatParams.dstBlkStride) *
                         per_block + per_block;
   dst.CheckRange(0, last, "Brcb", "dst");
+  if (!cpu::CountOnly())
   for (uint32_t r = 0; r < repeatTime; ++r)
     for (uint32_t b = 0; b < 8; ++b) {
       T* out = dst.Data() + (uint64_t(r) * repeatParams.dstRepStride + uint64_t(b) * repeatParams.dstBlkStride) *
@@ -293,10 +294,12 @@ __aicore__ inline void Cast(const LocalTensor<T>& dst, const LocalTensor<U>& src
                             const uint32_t count) {
   cpu::Operand(dst, count, "Cast", "dst");
   cpu::Operand(src, count, "Cast", "src");
-  const bool narrowing_float = cpu::kIsFloating<T> && sizeof(T) < sizeof(U) && cpu::kIsFloating<U>;
-  ASCENDC_CPU_CHECK(!(narrowing_float || std::is_integral_v<T>) || round_mode != RoundMode::CAST_NONE, "Cast",
-                    "round_mode CAST_NONE is not allowed for a rounding conversion ", cpu::TypeName<U>(), " -> ",
+  // CAST_NONE means CAST_RINT where the conversion loses precision (docs: RoundMode); to an integer the mode
+  // must be explicit.
+  ASCENDC_CPU_CHECK(!std::is_integral_v<T> || round_mode != RoundMode::CAST_NONE, "Cast",
+                    "round_mode CAST_NONE is not allowed for a conversion to an integer ", cpu::TypeName<U>(), " -> ",
                     cpu::TypeName<T>());
+  if (!cpu::CountOnly())
   for (uint32_t i = 0; i < count; ++i) {
     const float x = cpu::ToFloat(src.Data()[i]);
     dst.Data()[i] = cpu::RoundTo<T>(x, round_mode);
@@ -329,11 +332,12 @@ void CompareImpl(const LocalTensor<U>& dst, const LocalTensor<T>& a, Rhs rhs, CM
   static_assert(std::is_same_v<U, uint8_t>, "Compare: the result tensor is a uint8_t bit mask here");
   Operand(a, count, api, "src0");
   Operand(dst, (count + 7) / 8, api, "dst");
+  CountVector(count, sizeof(T));
+  if (CountOnly()) return;
   uint8_t* bits = dst.Data();
   std::fill(bits, bits + (count + 7) / 8, uint8_t(0));
   for (uint32_t i = 0; i < count; ++i)
     if (Cmp(ToFloat(a.Data()[i]), rhs(i), m)) bits[i / 8] |= uint8_t(1u << (i % 8));
-  CountVector(count, sizeof(T));
 }
 }  // namespace cpu
 
@@ -362,8 +366,9 @@ __aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& s
   cpu::Operand(src1, count, "Select", "src1");
   const auto bits = selMask.template ReinterpretCast<uint8_t>();
   cpu::Operand(bits, (count + 7) / 8, "Select", "selMask");
-  for (uint32_t i = 0; i < count; ++i)
-    dst.Data()[i] = (bits.Data()[i / 8] >> (i % 8)) & 1 ? src0.Data()[i] : src1.Data()[i];
+  if (!cpu::CountOnly())
+    for (uint32_t i = 0; i < count; ++i)
+      dst.Data()[i] = (bits.Data()[i / 8] >> (i % 8)) & 1 ? src0.Data()[i] : src1.Data()[i];
   cpu::CountVector(count, sizeof(T));
 }
 template <typename T, typename U>
@@ -375,7 +380,8 @@ __aicore__ inline void Select(const LocalTensor<T>& dst, const LocalTensor<U>& s
   cpu::Operand(src0, count, "Select", "src0");
   const auto bits = selMask.template ReinterpretCast<uint8_t>();
   cpu::Operand(bits, (count + 7) / 8, "Select", "selMask");
-  for (uint32_t i = 0; i < count; ++i) dst.Data()[i] = (bits.Data()[i / 8] >> (i % 8)) & 1 ? src0.Data()[i] : src1;
+  if (!cpu::CountOnly())
+    for (uint32_t i = 0; i < count; ++i) dst.Data()[i] = (bits.Data()[i / 8] >> (i % 8)) & 1 ? src0.Data()[i] : src1;
   cpu::CountVector(count, sizeof(T));
 }
 
@@ -388,6 +394,8 @@ __aicore__ inline void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>
   cpu::Operand(src, count, "ReduceMax", "src");
   cpu::Operand(dst, calIndex ? 2 : 1, "ReduceMax", "dst");
   ASCENDC_CPU_CHECK(!sharedTmpBuffer.Empty(), "ReduceMax", "sharedTmpBuffer has no buffer");
+  cpu::CountVector(count, sizeof(T));
+  if (cpu::CountOnly()) return;
   int32_t best = 0;
   for (int32_t i = 1; i < count; ++i)
     if (cpu::ToFloat(src.Data()[i]) > cpu::ToFloat(src.Data()[best])) best = i;
@@ -396,7 +404,6 @@ __aicore__ inline void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>
     if constexpr (sizeof(T) == 4) { uint32_t idx = uint32_t(best); std::memcpy(&dst.Data()[1], &idx, 4); }
     else { uint16_t idx = uint16_t(best); std::memcpy(&dst.Data()[1], &idx, 2); }
   }
-  cpu::CountVector(count, sizeof(T));
 }
 template <typename T>
 __aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src,
@@ -405,10 +412,11 @@ __aicore__ inline void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>
   cpu::Operand(src, count, "ReduceSum", "src");
   cpu::Operand(dst, 1, "ReduceSum", "dst");
   ASCENDC_CPU_CHECK(!sharedTmpBuffer.Empty(), "ReduceSum", "sharedTmpBuffer has no buffer");
+  cpu::CountVector(count, sizeof(T));
+  if (cpu::CountOnly()) return;
   float s = 0;
   for (int32_t i = 0; i < count; ++i) s += cpu::ToFloat(src.Data()[i]);
   dst.Data()[0] = cpu::FromFloat<T>(s);
-  cpu::CountVector(count, sizeof(T));
 }
 
 // Docs: 矢量计算/归约计算/WholeReduceMax.md, WholeReduceSum.md (CANN 8.3 public interface) — each repeat reduces
@@ -430,7 +438,7 @@ __aicore__ inline void WholeReduceMax(const LocalTensor<T>& dst, const LocalTens
   const int per = order == ReduceOrder::ORDER_VALUE_INDEX ? 2 : 1;
   dst.CheckAligned("WholeReduceMax", "dst");
   if (repeatTime > 0) dst.CheckRange(0, uint64_t(repeatTime - 1) * dstRepStride * per + per, "WholeReduceMax", "dst");
-  for (int32_t r = 0; r < repeatTime; ++r) {
+  for (int32_t r = 0; r < (cpu::CountOnly() ? 0 : repeatTime); ++r) {
     uint32_t best = 0;
     float v = -std::numeric_limits<float>::infinity();
     bool first = true;
@@ -462,7 +470,7 @@ __aicore__ inline void WholeReduceSum(const LocalTensor<T>& dst, const LocalTens
   cpu::CheckFootprint(src, s, m, uint8_t(repeatTime), "WholeReduceSum", "src");
   dst.CheckAligned("WholeReduceSum", "dst");
   if (repeatTime > 0) dst.CheckRange(0, uint64_t(repeatTime - 1) * dstRepStride + 1, "WholeReduceSum", "dst");
-  for (int32_t r = 0; r < repeatTime; ++r) {
+  for (int32_t r = 0; r < (cpu::CountOnly() ? 0 : repeatTime); ++r) {
     float acc = 0;
     for (uint32_t j = 0; j < cpu::Mask<T>::kPerRepeat; ++j) if (m.On(j)) acc += cpu::ToFloat(src.Data()[s.At(r, j)]);
     dst.Data()[uint64_t(r) * dstRepStride] = cpu::FromFloat<T>(acc);
@@ -478,8 +486,9 @@ __aicore__ inline void ArithProgression(const LocalTensor<T>& dst, const T first
                                         const int32_t count) {
   cpu::CheckCount(count, "ArithProgression");
   cpu::Operand(dst, count, "ArithProgression", "dst");
-  for (int32_t i = 0; i < count; ++i)
-    dst.Data()[i] = cpu::FromFloat<T>(cpu::ToFloat(firstValue) + float(i) * cpu::ToFloat(diffValue));
+  if (!cpu::CountOnly())
+    for (int32_t i = 0; i < count; ++i)
+      dst.Data()[i] = cpu::FromFloat<T>(cpu::ToFloat(firstValue) + float(i) * cpu::ToFloat(diffValue));
   cpu::CountVector(count, sizeof(T));
 }
 
@@ -491,7 +500,7 @@ __aicore__ inline void Gather(const LocalTensor<T>& dst, const LocalTensor<T>& s
   cpu::Operand(dst, count, "Gather", "dst");
   cpu::Operand(srcOffset, count, "Gather", "srcOffset");
   src.CheckAligned("Gather", "src");
-  for (uint32_t i = 0; i < count; ++i) {
+  for (uint32_t i = 0; i < (cpu::CountOnly() ? 0 : count); ++i) {  // offsets are data: not read in count-only mode
     const uint32_t byte = srcOffset.Data()[i] + srcBaseAddr;
     ASCENDC_CPU_CHECK(byte % sizeof(T) == 0, "Gather", "srcOffset[", i, "] + srcBaseAddr = ", byte,
                       " bytes is not a multiple of sizeof T");
