@@ -96,7 +96,7 @@ class TBuf {
     bytes_ = bytes;
   }
   void Unbind() { addr_ = nullptr; bytes_ = 0; }
-  ~TBuf() { if (pipe_) pipe_->Detach(this); }
+  ~TBuf();
   TPipe* pipe_ = nullptr;
 
  private:
@@ -163,6 +163,11 @@ class TPipe {
   std::vector<std::function<void()>> unbind_;
   uint32_t event_used_[int(HardEvent::MAX)] = {};
 };
+
+template <TPosition pos>
+TBuf<pos>::~TBuf() {
+  if (pipe_) pipe_->Detach(this);
+}
 
 __aicore__ inline TPipe* GetTPipePtr() {
   TPipe* p = cpu::Core().pipe;
