@@ -163,13 +163,24 @@ class Matmul {
           float* row = &acc[size_t(m) * N];
           for (int n = 0; n < N; ++n) row[n] += x * ToF(b.Data()[trans_b ? n * ldb + k : k * ldb + n]);
         }
-      for (int m = 0; m < M; ++m)
-        for (int n = 0; n < N; ++n) {
-          float v = acc[size_t(m) * N + n] + (has_bias ? ToF(bias.Data()[n]) : 0.0f);
-          DstT& o = out[m * ldc + n];
-          o = cpu::FromFloat<DstT>(atomic ? ToF(o) + v : v);
+      std::vector<DstT> row(N);
+      for (int m = 0; m < M; ++m) {
+        for (int n = 0; n < N; ++n)
+          row[n] = cpu::FromFloat<DstT>(acc[size_t(m) * N + n] + (has_bias ? ToF(bias.Data()[n]) : 0.0f));
+        DstT* o = out + int64_t(m) * ldc;
+        // enAtomic adds the converted result into the output; in GM other groups may add to the same elements
+        // concurrently, so that goes through the runtime's atomic add.
+        bool added = false;
+        if constexpr (kAtomicType) {
+          if (atomic && to_gm) cpu::AtomicAddToGm(o, row.data(), size_t(N)), added = true;
         }
+        if (added) continue;
+        if (atomic) for (int n = 0; n < N; ++n) o[n] = cpu::FromFloat<DstT>(ToF(o[n]) + ToF(row[n]));
+        else std::copy(row.begin(), row.end(), o);
+      }
     }
+    static constexpr bool kAtomicType = std::is_same_v<DstT, float> || std::is_same_v<DstT, half> ||
+                                        std::is_same_v<DstT, bfloat16_t>;
     template <typename V>
     static float ToF(V v) { return cpu::ToFloat(v); }
   };
@@ -184,15 +195,19 @@ class Matmul {
   void Submit(std::function<void()> run, bool sync) {
     ASCENDC_CPU_CHECK(pending_ == nullptr, "Matmul::IterateAll",
                       "the previous IterateAll<false> was not waited for (WaitIterateAll)");
-    if (cpu::MatmulInline()) { run(); return; }
-    job_.run = std::move(run);
     job_.done = false;
     pending_ = &job_;
-    cpu::PostMatmul(pending_);
+    ran_inline_ = cpu::MatmulInline();
+    if (ran_inline_) {
+      run();  // this core is the cube: IterateAll<false> is complete at once, WaitIterateAll has nothing to wait for
+    } else {
+      job_.run = std::move(run);
+      cpu::PostMatmul(pending_);
+    }
     if (sync) Finish();
   }
   void Finish() {
-    cpu::WaitMatmul(pending_);
+    if (!ran_inline_) cpu::WaitMatmul(pending_);
     pending_ = nullptr;
   }
 
@@ -206,6 +221,7 @@ class Matmul {
   bool has_bias_ = false, trans_a_ = false, trans_b_ = false;
   cpu::MatmulJob job_;
   cpu::MatmulJob* pending_ = nullptr;
+  bool ran_inline_ = false;
 };
 
 namespace cpu {
