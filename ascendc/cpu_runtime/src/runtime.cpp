@@ -185,6 +185,7 @@ struct CoreRun {
   std::unique_ptr<CoreContext> ctx;
   std::string error;
   bool primary_error = false;   // a check failed here (not merely stopped because another core failed)
+  int error_order = 0;          // when, among the launch's failures
 };
 
 
@@ -206,11 +207,18 @@ void RunCore(CoreRun& run, LaunchState& launch, const std::function<void()>& bod
     run.error = c.deferred_errors.front();
     run.primary_error = true;
   }
-  if (run.primary_error) launch.Abort();
-  if (c.mailbox) {
+  if (run.primary_error) {
+    run.error_order = launch.error_seq++;
+    launch.Abort();
+  }
+  {
     std::lock_guard<std::mutex> g(launch.mu);
-    if (c.type == CoreType::AIV) --c.mailbox->clients_left;
-    else c.mailbox->server_gone = true;
+    ++launch.finished_all;
+    if (c.type == CoreType::AIV) ++launch.finished_aiv;
+    if (c.mailbox) {
+      if (c.type == CoreType::AIV) --c.mailbox->clients_left;
+      else c.mailbox->server_gone = true;
+    }
   }
   launch.cv.notify_all();
   t_core = nullptr;
@@ -281,9 +289,10 @@ void RunOnCores(const char* name, uint64_t numBlocks, const std::vector<const vo
     std::lock_guard<std::mutex> g(g_stats_mu);
     g_last_stats = stats;
   }
+  const CoreRun* first = nullptr;
   for (auto& r : runs)
-    if (r.primary_error)
-      throw KernelCheckError(Str("Ascend C kernel '", name, "' on ", r.ctx->Name(), ": ", r.error));
+    if (r.primary_error && (!first || r.error_order < first->error_order)) first = &r;
+  if (first) throw KernelCheckError(Str("Ascend C kernel '", name, "' on ", first->ctx->Name(), ": ", first->error));
 }
 
 // ---- Matmul client/server ----
@@ -313,8 +322,24 @@ void WaitMatmul(MatmulJob* job) {
   LaunchState& l = *c.launch;
   std::unique_lock<std::mutex> lock(l.mu);
   l.WaitUntil(lock, [&] { return job->done || c.mailbox->server_gone; });
+  if (!job->done && l.aborted) throw LaunchAborted("stopped: another core failed");  // the AIC failed first
   ASCENDC_CPU_CHECK(job->done, "Matmul::WaitIterateAll",
                     "the group's AIC returned without running this matmul (REGIST_MATMUL_OBJ missing on the AIC)");
+}
+
+void DropMatmul(MatmulJob* job) noexcept {
+  CoreContext* c = CoreOrNull();
+  if (!c || !c->mailbox) return;
+  LaunchState& l = *c->launch;
+  std::unique_lock<std::mutex> lock(l.mu);
+  auto& jobs = c->mailbox->jobs;
+  auto it = std::find(jobs.begin(), jobs.end(), job);
+  if (it != jobs.end()) {
+    jobs.erase(it);
+    return;
+  }
+  // Taken by the AIC: it finishes (or fails and returns) in finite time, aborted launch or not.
+  l.cv.wait(lock, [&] { return job->done || c->mailbox->server_gone; });
 }
 
 bool ServeMatmuls() {
@@ -346,6 +371,7 @@ void SyncAllCores(bool aiv_only) {
   LaunchState& l = *c.launch;
   ASCENDC_CPU_CHECK(!aiv_only || c.type == CoreType::AIV, "SyncAll", "SyncAll<true> is for AIV cores");
   const int parties = aiv_only ? l.aiv_cores : l.all_cores;
+  const int& finished = aiv_only ? l.finished_aiv : l.finished_all;
   std::unique_lock<std::mutex> lock(l.mu);
   const uint64_t gen = l.barrier_generation;
   if (++l.barrier_count == parties) {
@@ -355,7 +381,14 @@ void SyncAllCores(bool aiv_only) {
     l.cv.notify_all();
     return;
   }
-  l.WaitUntil(lock, [&] { return l.barrier_generation != gen; });
+  // A core that returned from the kernel never arrives: the hardware would hang, here the waiters fail.
+  auto stuck = [&] { return l.barrier_generation == gen && l.barrier_count + finished >= parties; };
+  l.WaitUntil(lock, [&] { return l.barrier_generation != gen || stuck(); });
+  if (l.barrier_generation == gen) {
+    --l.barrier_count;
+    Fail("SyncAll", Str(finished, " of the ", parties, " cores it waits for returned from the kernel without "
+                        "reaching this SyncAll (the hardware would hang)"));
+  }
 }
 
 // Counters per block: [0..63] AIC->AIV0, [64..127] AIC->AIV1 (AIV1 slot unused with 1:1), [128..191] AIV->AIC.
@@ -364,9 +397,16 @@ static uint8_t& FlagSlot(LaunchState& l, int block, int lane, uint16_t id) {
   return l.sync_flags[(size_t(block) * 3 + lane) * 64 + id];
 }
 
+// Cross-core flags connect the AIC and the AIVs of one MIX group.
+static void CheckGroup(const CoreContext& c, const char* api) {
+  ASCENDC_CPU_CHECK(c.mailbox != nullptr, api, "needs a MIX launch (an AIC and its AIVs in one group); the "
+                    "kernel mode is ", c.mode == KernelMode::AIV_MODE ? "AIV_MODE" : "AIC_MODE");
+}
+
 void CrossCoreSet(uint16_t id) {
   CoreContext& c = Core();
   LaunchState& l = *c.launch;
+  CheckGroup(c, "CrossCoreSetFlag");
   {
     std::lock_guard<std::mutex> g(l.mu);
     if (c.type == CoreType::AIC) for (int s = 0; s < 2; ++s) ++FlagSlot(l, c.block, s, id);
@@ -378,15 +418,21 @@ void CrossCoreSet(uint16_t id) {
 void CrossCoreWait(uint16_t id) {
   CoreContext& c = Core();
   LaunchState& l = *c.launch;
+  CheckGroup(c, "CrossCoreWaitFlag");
+  MatmulMailbox& box = *c.mailbox;
   std::unique_lock<std::mutex> lock(l.mu);
   if (c.type == CoreType::AIC) {  // waits for every AIV of its group
-    const int need = std::max(1, c.mailbox ? 2 : 1);
+    const int need = c.mode == KernelMode::MIX_AIC_1_1 ? 1 : 2;
     uint8_t& f = FlagSlot(l, c.block, 2, id);
-    l.WaitUntil(lock, [&] { return f >= need; });
+    l.WaitUntil(lock, [&] { return f >= need || box.clients_left == 0; });
+    ASCENDC_CPU_CHECK(f >= need, "CrossCoreWaitFlag", "flag ", id, " was set by ", int(f), " of the group's ", need,
+                      " AIVs before they returned (the hardware would hang)");
     f -= need;
   } else {
     uint8_t& f = FlagSlot(l, c.block, c.sub_idx, id);
-    l.WaitUntil(lock, [&] { return f >= 1; });
+    l.WaitUntil(lock, [&] { return f >= 1 || box.server_gone; });
+    ASCENDC_CPU_CHECK(f >= 1, "CrossCoreWaitFlag", "flag ", id,
+                      " was never set by the group's AIC before it returned (the hardware would hang)");
     --f;
   }
 }

@@ -143,13 +143,17 @@ struct LaunchState {
   uint64_t barrier_generation = 0;
   int aiv_cores = 0;
   int all_cores = 0;
+  int finished_aiv = 0;  // cores whose kernel body returned (they can never reach a SyncAll again)
+  int finished_all = 0;
   std::vector<uint8_t> sync_flags;  // CrossCore flag counters: [block][lane][flag id]
+  std::atomic<int> error_seq{0};    // order in which cores failed: the first failure is the one reported
   void Abort();
   // Waits on cv until pred() holds; throws LaunchAborted when another core failed.
   template <typename Pred>
   void WaitUntil(std::unique_lock<std::mutex>& lock, Pred pred) {
     cv.wait(lock, [&] { return aborted.load() || pred(); });
-    if (!pred()) throw LaunchAborted("stopped: another core failed");
+    // Aborted wins even when pred() also holds: what this core would do next (or report) is a consequence.
+    if (aborted.load()) throw LaunchAborted("stopped: another core failed");
   }
 };
 

@@ -59,6 +59,7 @@ struct MatmulMailbox {
 
 void PostMatmul(MatmulJob* job);     // client: enqueue for this group's AIC
 void WaitMatmul(MatmulJob* job);     // client: block until the AIC finished it
+void DropMatmul(MatmulJob* job) noexcept;  // client unwinding: unqueue the job, or wait until the AIC let go of it
 bool ServeMatmuls();                 // AIC: run jobs until every client of the group has finished
 bool MatmulInline();                 // true when this core runs the cube itself (AIC core, or AIC_MODE)
 
@@ -75,7 +76,10 @@ class Matmul {
   Matmul() = default;
   Matmul(const Matmul&) = delete;
   Matmul& operator=(const Matmul&) = delete;
-  ~Matmul() = default;
+  // A client that fails (or returns) with an IterateAll<false> in flight must not free the job under the AIC.
+  ~Matmul() {
+    if (pending_ && !ran_inline_) cpu::DropMatmul(pending_);
+  }
 
   __aicore__ inline void Init(const TCubeTiling* cubeTiling, TPipe* tpipe = nullptr) {
     ASCENDC_CPU_CHECK(cubeTiling != nullptr, "Matmul::Init", "cubeTiling is null");
