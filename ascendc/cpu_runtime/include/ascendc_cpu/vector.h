@@ -330,6 +330,8 @@ template <typename T, typename U, typename Rhs>
 void CompareImpl(const LocalTensor<U>& dst, const LocalTensor<T>& a, Rhs rhs, CMPMODE m, uint32_t count,
                  const char* api) {
   static_assert(std::is_same_v<U, uint8_t>, "Compare: the result tensor is a uint8_t bit mask here");
+  ASCENDC_CPU_CHECK(uint64_t(count) * sizeof(T) % kRepeatBytes == 0, api, "count ", count, " x ", sizeof(T),
+                    " bytes is not a multiple of 256 (the docs require whole repeats for the count form)");
   Operand(a, count, api, "src0");
   Operand(dst, (count + 7) / 8, api, "dst");
   CountVector(count, sizeof(T));
@@ -480,16 +482,29 @@ __aicore__ inline void WholeReduceSum(const LocalTensor<T>& dst, const LocalTens
   k.vector_elements += uint64_t(repeatTime) * cpu::Mask<T>::kPerRepeat;
 }
 
-// Docs: 矢量计算/数据生成/ArithProgression.md — dst[i] = firstValue + i * diffValue.
+namespace cpu {
+template <typename T>
+void Progression(const LocalTensor<T>& dst, const T firstValue, const T diffValue, const int32_t count,
+                 const char* api) {
+  CheckCount(count, api);
+  Operand(dst, count, api, "dst");
+  if (!CountOnly())
+    for (int32_t i = 0; i < count; ++i) dst.Data()[i] = FromFloat<T>(ToFloat(firstValue) + float(i) * ToFloat(diffValue));
+  CountVector(count, sizeof(T));
+}
+}  // namespace cpu
+
+// Docs: 高阶API/索引计算/Arange-94.md (CANN 8.3 name) — dst[i] = firstValue + i * diffValue.
+template <typename T>
+__aicore__ inline void Arange(const LocalTensor<T>& dst, const T firstValue, const T diffValue, const int32_t count) {
+  cpu::Progression(dst, firstValue, diffValue, count, "Arange");
+}
+// The same instruction under its older name (GetArithProgressionMaxMinTmpSize is documented as deprecated in favour
+// of the Arange one); kept because kernels call it.
 template <typename T>
 __aicore__ inline void ArithProgression(const LocalTensor<T>& dst, const T firstValue, const T diffValue,
                                         const int32_t count) {
-  cpu::CheckCount(count, "ArithProgression");
-  cpu::Operand(dst, count, "ArithProgression", "dst");
-  if (!cpu::CountOnly())
-    for (int32_t i = 0; i < count; ++i)
-      dst.Data()[i] = cpu::FromFloat<T>(cpu::ToFloat(firstValue) + float(i) * cpu::ToFloat(diffValue));
-  cpu::CountVector(count, sizeof(T));
+  cpu::Progression(dst, firstValue, diffValue, count, "ArithProgression");
 }
 
 // Docs: 矢量计算/数据重排/Gather.md — dst[i] = element at byte offset srcOffset[i] + srcBaseAddr of src.
