@@ -238,6 +238,18 @@ RT_TEST(fault_mask_out_of_range) {
               {"Mul", "mask[1] must be 0"});
 }
 
+RT_TEST(fault_compare_count_not_whole_repeats) {
+  ExpectFault(Aiv([] {
+                TPipe pipe;
+                TBuf<TPosition::VECCALC> b;
+                pipe.InitBuffer(b, 2048);
+                auto x = b.GetWithOffset<float>(256, 0);
+                auto bits = b.GetWithOffset<uint8_t>(64, 1024);
+                CompareScalar(bits, x, 0.0f, CMPMODE::LT, 100);  // 400 B
+              }),
+              {"CompareScalar", "not a multiple of 256"});
+}
+
 RT_TEST(fault_repeat_out_of_range) {
   ExpectFault(Aiv([] {
                 TPipe pipe;

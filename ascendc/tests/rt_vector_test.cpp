@@ -514,25 +514,26 @@ RT_TEST(whole_reduce_max_sum) {
 
 // ---- Gather, ArithProgression ----
 
-RT_TEST(gather_and_arith_progression) {
+RT_TEST(gather_and_arange) {
   const uint32_t n = 48;
-  std::vector<float> src, got, prog;
+  std::vector<float> src, got, prog, prog2;
   std::vector<uint32_t> off(n);
   rtt::RunAiv([&] {
     Ub ub;
     Rng rng(41);
-    auto x = ub.Get<float>(128), z = ub.Get<float>(n), p = ub.Get<float>(n);
+    auto x = ub.Get<float>(128), z = ub.Get<float>(n), p = ub.Get<float>(n), p2 = ub.Get<float>(n);
     auto o = ub.Get<uint32_t>(n);
     Fill(x, 128, rng, -9, 9);
     for (uint32_t i = 0; i < n; ++i) o.SetValue(i, uint32_t((i * 37) % 120) * 4);  // byte offsets
     Gather(z, x, o, 32u, n);                                                     // + 8 elements of base
-    ArithProgression(p, 1.5f, -0.25f, n);
-    src = Read(x, 128), got = Read(z, n), prog = Read(p, n);
+    Arange(p, 1.5f, -0.25f, n);
+    ArithProgression(p2, 1.5f, -0.25f, n);
+    src = Read(x, 128), got = Read(z, n), prog = Read(p, n), prog2 = Read(p2, n);
     for (uint32_t i = 0; i < n; ++i) off[i] = o.GetValue(i);
   });
   for (uint32_t i = 0; i < n; ++i) {
     EXPECT(got[i] == src[off[i] / 4 + 8], "Gather i=", i);
-    EXPECT(prog[i] == float(1.5 - 0.25 * i), "ArithProgression i=", i);
+    EXPECT(prog[i] == float(1.5 - 0.25 * i) && prog2[i] == prog[i], "Arange / ArithProgression i=", i);
   }
 }
 
