@@ -181,6 +181,20 @@ RT_TEST(fault_datacopy_beyond_global_tensor) {
               {"DataCopyPad(UB->GM)", "out of bounds of the GlobalTensor"});
 }
 
+RT_TEST(fault_atomic_add_on_integer_copy) {
+  Gm<int32_t> y(8);
+  ExpectFault(Aiv([&] {
+                TPipe pipe;
+                TBuf<TPosition::VECCALC> b;
+                pipe.InitBuffer(b, 32);
+                GlobalTensor<int32_t> yg;
+                yg.SetGlobalBuffer((__gm__ int32_t*)y.p, 8);
+                SetAtomicAdd<float>();
+                DataCopy(yg, b.Get<int32_t>(), 8);
+              }),
+              {"DataCopy(UB->GM)", "SetAtomicAdd is active"});
+}
+
 RT_TEST(fault_global_get_value_beyond) {
   Gm<int32_t> x(16);
   ExpectFault(Aiv([&] {

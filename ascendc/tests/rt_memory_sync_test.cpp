@@ -145,6 +145,23 @@ RT_TEST(set_atomic_add_across_cores) {
   }
 }
 
+RT_TEST(integer_data_copies_to_gm) {
+  Gm<int32_t> y(16);
+  rtt::RunAiv([&] {
+    TPipe pipe;
+    TBuf<TPosition::VECCALC> buf;
+    pipe.InitBuffer(buf, 64);
+    auto t = buf.Get<int32_t>();
+    for (int i = 0; i < 16; ++i) t.SetValue(i, i * 3);
+    GlobalTensor<int32_t> yg;
+    yg.SetGlobalBuffer((__gm__ int32_t*)y.p, 16);
+    DataCopy(yg, t, 8);
+    DataCopyPad(yg[8], t[8], DataCopyExtParams(1, 12, 0, 0, 0));
+  });
+  for (int i = 0; i < 11; ++i) EXPECT(y[i] == i * 3, "y[", i, "] = ", y[i]);
+  EXPECT(y[11] == -1, "DataCopyPad wrote past blockLen");
+}
+
 RT_TEST(tque_double_buffer_depth2_fifo) {
   rtt::RunAiv([&] {
     TPipe pipe;

@@ -243,6 +243,120 @@ void Level0Unary(uint16_t dstBlk, uint16_t srcBlk, uint8_t dstRep, uint8_t srcRe
     EXPECT(relu[i] == w1[i] && muls[i] == w2[i] && adds[i] == w3[i], "level0 unary <", cpu::TypeName<T>(), "> i=", i,
            " got ", relu[i], "/", muls[i], "/", adds[i], " want ", w1[i], "/", w2[i], "/", w3[i]);
 }
+// Every binary instruction's level-0 form (both mask kinds) with gaps and a broadcast operand.
+template <typename T>
+void Level0AllBinary(bool bitwise) {
+  constexpr uint32_t lanes = 256 / sizeof(T);
+  const Strides st = kGapsAndBroadcast;
+  const uint8_t repeat = 2;
+  uint64_t bits[2] = {0xF0F0F0F00F0F0F0Full, sizeof(T) == 2 ? 0x8000000000000001ull : 0};
+  const uint64_t count_mask = lanes - 9;
+  auto on = [&](uint32_t j) { return bitwise ? ((bits[j / 64] >> (j % 64)) & 1) != 0 : j < count_mask; };
+  const uint32_t n = 4096 / sizeof(T);
+  const char* names[6] = {"Add", "Sub", "Mul", "Div", "Max", "Min"};
+  std::vector<float> a, b, got[6];
+  rtt::RunAiv([&] {
+    Ub ub;
+    Rng rng(59);
+    auto x = ub.Get<T>(n), y = ub.Get<T>(n);
+    Fill(x, n, rng, -2, 2);
+    Fill(y, n, rng, 0.5f, 2);
+    BinaryRepeatParams p(st.dstBlk, st.s0Blk, st.s1Blk, st.dstRep, st.s0Rep, st.s1Rep);
+    for (int op = 0; op < 6; ++op) {
+      auto z = ub.Get<T>(n);
+      switch (op) {
+        case 0: bitwise ? Add(z, x, y, bits, repeat, p) : Add(z, x, y, count_mask, repeat, p); break;
+        case 1: bitwise ? Sub(z, x, y, bits, repeat, p) : Sub(z, x, y, count_mask, repeat, p); break;
+        case 2: bitwise ? Mul(z, x, y, bits, repeat, p) : Mul(z, x, y, count_mask, repeat, p); break;
+        case 3: bitwise ? Div(z, x, y, bits, repeat, p) : Div(z, x, y, count_mask, repeat, p); break;
+        case 4: bitwise ? Max(z, x, y, bits, repeat, p) : Max(z, x, y, count_mask, repeat, p); break;
+        default: bitwise ? Min(z, x, y, bits, repeat, p) : Min(z, x, y, count_mask, repeat, p); break;
+      }
+      got[op] = Read(z, n);
+    }
+    a = Read(x, n), b = Read(y, n);
+  });
+  for (int op = 0; op < 6; ++op) {
+    std::vector<float> want(n, -7.0f);
+    for (uint32_t r = 0; r < repeat; ++r)
+      for (uint32_t j = 0; j < lanes; ++j)
+        if (on(j)) {
+          const double p = a[Addr<T>(r, j, st.s0Blk, st.s0Rep)], q = b[Addr<T>(r, j, st.s1Blk, st.s1Rep)];
+          const double v = op == 0 ? p + q : op == 1 ? p - q : op == 2 ? p * q : op == 3 ? p / q
+                         : op == 4 ? std::max(p, q) : std::min(p, q);
+          want[Addr<T>(r, j, st.dstBlk, st.dstRep)] = R<T>(v);
+        }
+    for (uint32_t i = 0; i < n; ++i)
+      EXPECT(got[op][i] == want[i], names[op], "<", cpu::TypeName<T>(), "> level0 i=", i, " got ", got[op][i],
+             " want ", want[i]);
+  }
+}
+RT_TEST(level0_every_binary_instruction) {
+  Level0AllBinary<float>(false);
+  Level0AllBinary<float>(true);
+  Level0AllBinary<half>(true);
+  Level0AllBinary<bfloat16_t>(false);
+}
+
+// Every unary and tensor-scalar instruction's level-0 form, strided, on positive inputs (Ln, Sqrt, Rsqrt).
+template <typename T>
+void Level0AllUnary() {
+  constexpr uint32_t lanes = 256 / sizeof(T);
+  const uint8_t repeat = 3;
+  const uint64_t mask = lanes - 3;
+  const uint16_t dstBlk = 2, srcBlk = 1;
+  const uint8_t dstRep = 16, srcRep = 8;
+  const uint32_t n = 4096 / sizeof(T);
+  const T s = T(1.25f);
+  const char* names[11] = {"Exp", "Ln", "Abs", "Sqrt", "Rsqrt", "Reciprocal", "Relu", "Adds", "Muls", "Maxs", "Mins"};
+  std::vector<float> a, got[11];
+  rtt::RunAiv([&] {
+    Ub ub;
+    Rng rng(61);
+    auto x = ub.Get<T>(n);
+    Fill(x, n, rng, 0.25f, 2.5f);
+    UnaryRepeatParams p(dstBlk, srcBlk, dstRep, srcRep);
+    for (int op = 0; op < 11; ++op) {
+      auto z = ub.Get<T>(n);
+      switch (op) {
+        case 0: Exp(z, x, mask, repeat, p); break;
+        case 1: Ln(z, x, mask, repeat, p); break;
+        case 2: Abs(z, x, mask, repeat, p); break;
+        case 3: Sqrt(z, x, mask, repeat, p); break;
+        case 4: Rsqrt(z, x, mask, repeat, p); break;
+        case 5: Reciprocal(z, x, mask, repeat, p); break;
+        case 6: Relu(z, x, mask, repeat, p); break;
+        case 7: Adds(z, x, s, mask, repeat, p); break;
+        case 8: Muls(z, x, s, mask, repeat, p); break;
+        case 9: Maxs(z, x, s, mask, repeat, p); break;
+        default: Mins(z, x, s, mask, repeat, p); break;
+      }
+      got[op] = Read(z, n);
+    }
+    a = Read(x, n);
+  });
+  const double sv = F(s);
+  for (int op = 0; op < 11; ++op) {
+    std::vector<float> want(n, -7.0f);
+    for (uint32_t r = 0; r < repeat; ++r)
+      for (uint32_t j = 0; j < mask; ++j) {
+        const double x = a[Addr<T>(r, j, srcBlk, srcRep)];
+        const double v = op == 0 ? std::exp(x) : op == 1 ? std::log(x) : op == 2 ? std::fabs(x) : op == 3 ? std::sqrt(x)
+                       : op == 4 ? 1 / std::sqrt(x) : op == 5 ? 1 / x : op == 6 ? std::max(x, 0.0) : op == 7 ? x + sv
+                       : op == 8 ? x * sv : op == 9 ? std::max(x, sv) : std::min(x, sv);
+        want[Addr<T>(r, j, dstBlk, dstRep)] = R<T>(v);
+      }
+    for (uint32_t i = 0; i < n; ++i)
+      EXPECT(std::fabs(got[op][i] - want[i]) <= Ulp<T>() * std::fabs(want[i]), names[op], "<", cpu::TypeName<T>(),
+             "> level0 i=", i, " got ", got[op][i], " want ", want[i]);
+  }
+}
+RT_TEST(level0_every_unary_and_scalar_instruction) {
+  Level0AllUnary<float>();
+  Level0AllUnary<half>();
+  Level0AllUnary<bfloat16_t>();
+}
+
 RT_TEST(level0_unary_scalar_strides) {
   Level0Unary<float>(1, 1, 8, 8);
   Level0Unary<float>(1, 2, 8, 16);
