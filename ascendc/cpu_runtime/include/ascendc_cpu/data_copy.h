@@ -56,8 +56,14 @@ void WriteGm(T* dst, const T* src, size_t n) {
   CoreContext& c = Core();
   c.counters.gm_write_bytes += n * sizeof(T);
   if (CountOnly()) return;
-  if (c.atomic_add) AtomicAddToGm(dst, src, n);
-  else std::memcpy(dst, src, n * sizeof(T));
+  if (!c.atomic_add) {
+    std::memcpy(dst, src, n * sizeof(T));
+  } else if constexpr (kIsFloating<T>) {
+    AtomicAddToGm(dst, src, n);
+  } else {  // integer outputs (indices) are plain copies; atomic accumulation is only in the subset for floats
+    Fail("DataCopy(UB->GM)", Str("SetAtomicAdd is active but the copied data is ", TypeName<T>(),
+                                 " (this runtime accumulates float, half and bfloat16_t only)"));
+  }
 }
 
 }  // namespace cpu
