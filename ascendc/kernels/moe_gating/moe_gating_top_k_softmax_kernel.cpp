@@ -38,6 +38,12 @@ __aicore__ inline void ScalarToVector() {
   WaitFlag<HardEvent::S_V>(e);
 }
 
+__aicore__ inline void CopyToScalar() {
+  event_t e = static_cast<event_t>(GetTPipePtr()->FetchEventID(HardEvent::MTE2_S));
+  SetFlag<HardEvent::MTE2_S>(e);
+  WaitFlag<HardEvent::MTE2_S>(e);
+}
+
 template <typename T>
 class KernelMoeGating {
  public:
@@ -101,7 +107,10 @@ class KernelMoeGating {
     LocalTensor<T> x = inX_.DeQue<T>();
     LocalTensor<float> keys = Keys(x, rows);
     LocalTensor<uint8_t> fin;
-    if (t_.has_finished) fin = inFin_.DeQue<uint8_t>();
+    if (t_.has_finished) {
+      fin = inFin_.DeQue<uint8_t>();
+      CopyToScalar();  // the flags are read by the scalar unit
+    }
     LocalTensor<T> y = outY_.AllocTensor<T>();
     LocalTensor<float> yf = YFloat(y);
     LocalTensor<int32_t> idx = outIdx_.AllocTensor<int32_t>();
