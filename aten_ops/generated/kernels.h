@@ -75,8 +75,12 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type, int64_t group_list_type, int64_t act_type);
 // moe_gating_top_k_softmax [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k);
+// moe_gating_top_k_softmax [PrivateUse1]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_npu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k);
 // moe_gating_top_k_softmax_v2 [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag);
+// moe_gating_top_k_softmax_v2 [PrivateUse1]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag);
 // moe_gating_top_k_softmax_grad [CPU]
 at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at::Tensor& x, int64_t k, int64_t renorm);
 // moe_gating_top_k [CPU]

@@ -75,6 +75,20 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_privateuse
   return npu_fa::matmul_all_reduce_add_rms_norm_mc2(x1, x2, residual, gamma, group_name, bias, epsilon, chunks);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_npu_privateuse1(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k) {
+  const c10::Device device = x.device();
+  if (finished.has_value()) check_same_device("moe_gating_top_k_softmax", "finished", *finished, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::moe_gating_top_k_softmax_npu(x, finished, k);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu_privateuse1(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag) {
+  const c10::Device device = x.device();
+  if (finished.has_value()) check_same_device("moe_gating_top_k_softmax_v2", "finished", *finished, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::moe_gating_top_k_softmax_v2_npu(x, finished, k, renorm, output_softmax_result_flag);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -167,4 +181,6 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("matmul_all_reduce", TORCH_FN(matmul_all_reduce_mc2_privateuse1));
   m.impl("matmul_all_reduce_grad", TORCH_FN(matmul_all_reduce_grad_mc2_privateuse1));
   m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(matmul_all_reduce_add_rms_norm_mc2_privateuse1));
+  m.impl("moe_gating_top_k_softmax", TORCH_FN(moe_gating_top_k_softmax_npu_privateuse1));
+  m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_npu_privateuse1));
 }

@@ -84,40 +84,12 @@ void softmax_inplace(float* v, int64_t n) {
 // thread instead of paying a fork/join that costs more than the work.
 int64_t gating_grain(int64_t E) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(E, 1)); }
 
-struct GatingShape {
-  int64_t rows, E;
-  std::vector<int64_t> out_sizes;  // x.shape[:-1] + [k]
-};
-
-GatingShape check_gating(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k) {
-  moe::check_float(op, "x", x);
-  TORCH_CHECK_VALUE(x.dim() == 2 || x.dim() == 3, op, ": argument 'x' must be 2-D [N, E] or 3-D [B, S, E]; got shape ",
-                    x.sizes());
-  GatingShape g{1, x.size(-1), {}};
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
-    g.rows *= x.size(d);
-    g.out_sizes.push_back(x.size(d));
-  }
-  g.out_sizes.push_back(k);
-  TORCH_CHECK_VALUE(k >= 1 && k <= g.E, op, ": argument 'k' must satisfy 1 <= k <= num_experts (x.size(-1) = ", g.E,
-                    "); got k=", k);
-  TORCH_CHECK_VALUE(k <= 1024, op, ": argument 'k' must be at most 1024; got k=", k);
-  if (finished.has_value()) {
-    TORCH_CHECK_TYPE(finished->scalar_type() == at::kBool, op, ": argument 'finished' must be bool; got ",
-                     finished->scalar_type());
-    TORCH_CHECK_VALUE(finished->sizes() == x.sizes().slice(0, x.dim() - 1), op, ": argument 'finished' of shape ",
-                      finished->sizes(), " must be x.shape[:-1] = ", x.sizes().slice(0, x.dim() - 1));
-  }
-  return g;
-}
-
 // Forward of both gating versions. softmax_out (acc dtype, [rows, E]) is filled when defined (renorm 0 only).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gating_forward(const char* op, const at::Tensor& x,
                                                               const std::optional<at::Tensor>& finished, int64_t k,
                                                               int64_t renorm, bool want_softmax, bool want_row_idx) {
-  TORCH_CHECK_VALUE(renorm == 0 || renorm == 1, op, ": argument 'renorm' must be 0 (softmax, then top-k) or 1 (top-k, ",
-                    "then softmax over the k); got ", renorm);
-  const GatingShape g = check_gating(op, x, finished, k);
+  moe::check_gating_renorm(op, renorm);
+  const moe::GatingShape g = moe::check_gating(op, x, finished, k);
   const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor y = at::empty(g.out_sizes, x.options());
   at::Tensor expert = at::empty(g.out_sizes, x.options().dtype(at::kInt));
@@ -184,7 +156,7 @@ at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at:
                                              int64_t renorm) {
   const char* op = "moe_gating_top_k_softmax_grad";
   TORCH_CHECK_VALUE(renorm == 0 || renorm == 1, op, ": argument 'renorm' must be 0 or 1; got ", renorm);
-  const GatingShape g = check_gating(op, x, std::nullopt, k);
+  const moe::GatingShape g = moe::check_gating(op, x, std::nullopt, k);
   moe::check_float(op, "grad_y", grad_y);
   TORCH_CHECK_VALUE(grad_y.sizes() == at::IntArrayRef(g.out_sizes), op, ": argument 'grad_y' of shape ",
                     grad_y.sizes(), " must be ", at::IntArrayRef(g.out_sizes));

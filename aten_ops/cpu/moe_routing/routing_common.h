@@ -34,6 +34,41 @@ inline void check_same_dtype(const char* op, const char* name, const at::Tensor&
                    ") must have the dtype of '", ref_name, "' (", ref.scalar_type(), ")");
 }
 
+// The argument checks of moe_gating_top_k_softmax(_v2, _grad), shared by the CPU kernels (gating.cpp) and the
+// npu kernels (aten_ops/npu/moe_gating.cpp) so both backends raise identical errors.
+struct GatingShape {
+  int64_t rows, E;
+  std::vector<int64_t> out_sizes;  // x.shape[:-1] + [k]
+};
+
+inline GatingShape check_gating(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& finished,
+                                int64_t k) {
+  moe::check_float(op, "x", x);
+  TORCH_CHECK_VALUE(x.dim() == 2 || x.dim() == 3, op, ": argument 'x' must be 2-D [N, E] or 3-D [B, S, E]; got shape ",
+                    x.sizes());
+  GatingShape g{1, x.size(-1), {}};
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) {
+    g.rows *= x.size(d);
+    g.out_sizes.push_back(x.size(d));
+  }
+  g.out_sizes.push_back(k);
+  TORCH_CHECK_VALUE(k >= 1 && k <= g.E, op, ": argument 'k' must satisfy 1 <= k <= num_experts (x.size(-1) = ", g.E,
+                    "); got k=", k);
+  TORCH_CHECK_VALUE(k <= 1024, op, ": argument 'k' must be at most 1024; got k=", k);
+  if (finished.has_value()) {
+    TORCH_CHECK_TYPE(finished->scalar_type() == at::kBool, op, ": argument 'finished' must be bool; got ",
+                     finished->scalar_type());
+    TORCH_CHECK_VALUE(finished->sizes() == x.sizes().slice(0, x.dim() - 1), op, ": argument 'finished' of shape ",
+                      finished->sizes(), " must be x.shape[:-1] = ", x.sizes().slice(0, x.dim() - 1));
+  }
+  return g;
+}
+
+inline void check_gating_renorm(const char* op, int64_t renorm) {
+  TORCH_CHECK_VALUE(renorm == 0 || renorm == 1, op, ": argument 'renorm' must be 0 (softmax, then top-k) or 1 (top-k, ",
+                    "then softmax over the k); got ", renorm);
+}
+
 // Index tensors are read as a contiguous int64 copy: simple, and their size (N*k) is small next to the rows.
 inline std::vector<int64_t> read_index(const at::Tensor& t) {
   const at::Tensor c = t.to(at::kLong).contiguous();

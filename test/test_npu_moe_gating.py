@@ -1,0 +1,34 @@
+"""MoE gating top-k softmax on the NPU backend: the host tiling unit test and the tikicpulib-style kernel program
+(torch-free C++, ascendc/tests/), and the op on the simulated npu device against the CPU backend
+(npu_moe_gating_cases.py, run in a child process)."""
+import pytest
+
+import npu_moe_gating_cases
+from ascendc_programs import build, run
+from npu_sim_cases import case_names, run_module
+
+TILING = "ascendc/kernels/moe_gating/moe_gating_top_k_softmax_tiling.cpp"
+KERNEL = "ascendc/kernels/moe_gating/moe_gating_top_k_softmax_kernel.cpp"
+
+
+def _passes(name, sources):
+    res = run(build(name, sources))
+    assert res.returncode == 0 and res.stdout.startswith("PASS"), res.stdout[-4000:] + res.stderr[-4000:]
+
+
+def test_tiling_budget_split_and_tails():
+    _passes("moe_gating_tiling_test", ["ascendc/tests/moe_gating_tiling_test.cpp", TILING])
+
+
+def test_kernel_against_float64_reference():
+    _passes("moe_gating_kernel_test", ["ascendc/tests/moe_gating_kernel_test.cpp", KERNEL, TILING])
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_module("npu_moe_gating_cases")
+
+
+@pytest.mark.parametrize("case", case_names(npu_moe_gating_cases))
+def test_moe_gating_on_npu(results, case):
+    assert results.get(case) == "ok", results.get(case, "did not run")
