@@ -56,6 +56,14 @@ template <typename T>
 __aicore__ inline void DivOp(const LocalTensor<T>& d, const LocalTensor<T>& a, const LocalTensor<T>& b, uint64_t m,
                              const uint8_t r, const BinaryRepeatParams& p) { Div(d, a, b, m, r, p); }
 
+// Orders the vector pipe before / after MTE3 (UB -> GM copies of buffers the vector unit wrote / rewrites).
+template <HardEvent E>
+__aicore__ inline void WaitPipe() {
+  const event_t id = static_cast<event_t>(GetTPipePtr()->FetchEventID(E));
+  SetFlag<E>(id);
+  WaitFlag<E>(id);
+}
+
 template <typename T>
 class FlashAttentionScoreKernel {
  public:
@@ -139,6 +147,7 @@ class FlashAttentionScoreKernel {
     const uint64_t q_off = (uint64_t(bn) * t_.s1 + i0_) * t_.head_dim;
     const uint64_t k_base = kv_head * t_.s2 * t_.head_dim, v_base = kv_head * t_.s2 * t_.v_head_dim;
 
+    WaitPipe<HardEvent::MTE3_V>();  // the previous task's statistics have left UB
     Duplicate(max8_.Get<float>(), kNegInf, int32_t(rowsPad_ * kFp32PerBlock));
     Duplicate(sum8_.Get<float>(), 0.0f, int32_t(rowsPad_ * kFp32PerBlock));
     Duplicate(acc_.Get<float>(), 0.0f, int32_t(rowsPad_ * t_.v_dim_pad));
@@ -205,6 +214,7 @@ class FlashAttentionScoreKernel {
   // P in the input dtype -> workspace rows [c0, c0 + cr).
   __aicore__ inline void StoreP(const LocalTensor<float>& s, uint32_t c0, uint32_t n) {
     if constexpr (IsSame<T, float>::value) {
+      WaitPipe<HardEvent::V_MTE3>();
       DataCopy(pWs_[uint64_t(c0) * t_.s2_block], s, n);
     } else {
       LocalTensor<T> p = pOut_.AllocTensor<T>();
@@ -310,7 +320,7 @@ class FlashAttentionScoreKernel {
     const uint32_t ub_row = (row_bytes + 31) / 32 * 32;
     DataCopyExtParams cp(uint16_t(real), row_bytes, (w * sizeof(T) - ub_row) / 32, 0, 0);
     if constexpr (IsSame<T, float>::value) {
-      PipeBarrier<PIPE_V>();
+      WaitPipe<HardEvent::V_MTE3>();
       DataCopyPad(outGm_[row0 * t_.v_head_dim], acc, cp);
     } else {
       LocalTensor<T> out = oOut_.AllocTensor<T>();
@@ -319,6 +329,7 @@ class FlashAttentionScoreKernel {
       out = oOut_.DeQue<T>();
       DataCopyPad(outGm_[row0 * t_.v_head_dim], out, cp);
       oOut_.FreeTensor(out);
+      WaitPipe<HardEvent::V_MTE3>();
     }
     DataCopy(maxGm_[row0 * kFp32PerBlock], max8_.Get<float>()[c0 * kFp32PerBlock], real * kFp32PerBlock);
     DataCopy(sumGm_[row0 * kFp32PerBlock], l8, real * kFp32PerBlock);
