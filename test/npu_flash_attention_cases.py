@@ -242,3 +242,8 @@ def case_control_functions_count_only_and_stats():
     finally:
         lib.tot_ascendc_set_flash_attention_blocks(0, 0)
 
+
+
+def case_fp32_query_tail_past_auto_tile():
+    # S1 = 130 with the automatic 128-row tile: a 2-row tail task.
+    _compare(Case(dtype="fp32", layout="BNSD", q_len=130, kv_len=37, q_heads=2, kv_heads=1, head_dim=16, batch=1))
