@@ -7,7 +7,7 @@ import torch
 
 # name -> (doc, dispatch keys, has autograd, opcheck-tested)
 OPS = {
-    'flash_attention_score': ("FlashAttention training forward (CANN FlashAttentionScore): out = Dropout(Softmax(Mask(scale*(pse + Q Kᵀ)))) V (pse_type=1; pse_type=0 adds pse after scaling). Layouts BSH, SBH, BSND, BNSD, TND (TND: actual_seq_qlen/actual_seq_kvlen are int64 tensors of cumulative ends, last = T). atten_mask is bool/uint8 with True/1 = masked out. sparse_mode 0-4 as in CANN (2 top-left causal, 3 bottom-right causal, 4 band from bottom-right). seed/offset are int64 scalar tensors selecting the dropout stream; when keep_prob < 1 and seed is None a seed is drawn from the default CPU generator. Returns attention_out (q's dtype, vD), softmax_max and softmax_sum (fp32, [B,N,Sq,8] or [T,N,8]), softmax_out (empty, reserved), and the seed/offset used.", ('CPU',), True, True),
+    'flash_attention_score': ("FlashAttention training forward (CANN FlashAttentionScore): out = Dropout(Softmax(Mask(scale*(pse + Q Kᵀ)))) V (pse_type=1; pse_type=0 adds pse after scaling). Layouts BSH, SBH, BSND, BNSD, TND (TND: actual_seq_qlen/actual_seq_kvlen are int64 tensors of cumulative ends, last = T). atten_mask is bool/uint8 with True/1 = masked out. sparse_mode 0-4 as in CANN (2 top-left causal, 3 bottom-right causal, 4 band from bottom-right). seed/offset are int64 scalar tensors selecting the dropout stream; when keep_prob < 1 and seed is None a seed is drawn from the default CPU generator. Returns attention_out (q's dtype, vD), softmax_max and softmax_sum (fp32, [B,N,Sq,8] or [T,N,8]), softmax_out (empty, reserved), and the seed/offset used.", ('CPU', 'PrivateUse1'), True, True),
     'flash_attention_score_grad': ("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum, regenerates the forward's dropout mask from seed/offset, and returns dq, dk, dv (shapes and dtypes of query/key/value) and dpse (pse's shape, or an empty tensor without pse). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU',), False, True),
     'dropout_gen_mask': ("The keep-mask (True = kept) that flash_attention_score's dropout draws for a [rows, cols] matrix of attention rows: row r uses the stream of attention row r (row id ((b*N1 + n)*Sq + i), or t*N1 + n for TND) and column c its key index. Counter-based (Philox4x32-10), so it is independent of tiling and threads.", ('CPU',), False, True),
     'attention_tile_config': ('Overrides the CPU FlashAttention tile sizes (query rows x key rows per tile), process-wide: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice (derived from the L2 cache size, head dim and dtype by each kernel). Returns the overrides in force, [block_q, block_kv], 0 meaning automatic.', ('CatchAll',), False, False),
@@ -51,7 +51,6 @@ OPS = {
 # Ops whose CPU kernel also serves the simulated NPU device (npu_sim.enable()): every op with a CPU
 # kernel and no PrivateUse1 kernel of its own. Ascend C kernels will replace these (issue 7).
 SIMULATED_NPU_CPU_KERNEL_OPS = (
-    'flash_attention_score',
     'flash_attention_score_grad',
     'dropout_gen_mask',
     'rotary_position_embedding',

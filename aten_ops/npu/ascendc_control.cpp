@@ -1,0 +1,53 @@
+// C entry points for the performance model (ctypes on torch_ops_transformer/_C*.so): force FlashAttention tile
+// sizes, switch the CPU runtime to count-only launches, and read the per-core counters of the last launch.
+// No torch includes: these are plain C symbols.
+#include "npu/ascendc_control.h"
+
+#include <atomic>
+
+#ifndef TOT_WITH_CANN
+#include "tikicpulib.h"
+#endif
+
+#define TOT_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+std::atomic<uint32_t> g_fa_s1_block{0}, g_fa_s2_block{0};
+}
+
+namespace npu_fa::ascendc {
+void FlashAttentionBlocks(uint32_t* s1_block, uint32_t* s2_block) {
+  *s1_block = g_fa_s1_block.load();
+  *s2_block = g_fa_s2_block.load();
+}
+}  // namespace npu_fa::ascendc
+
+// 0 = automatic. Invalid values surface as the tiling's error at the next flash_attention_score call.
+TOT_EXPORT void tot_ascendc_set_flash_attention_blocks(int s1_block, int s2_block) {
+  g_fa_s1_block = s1_block > 0 ? uint32_t(s1_block) : 0u;
+  g_fa_s2_block = s2_block > 0 ? uint32_t(s2_block) : 0u;
+}
+
+#ifndef TOT_WITH_CANN
+TOT_EXPORT void tot_ascendc_set_count_only(int on) { AscendC::cpu::SetCountOnly(on != 0); }
+
+// Per core of the last launch, 8 values: type (0 AIC, 1 AIV), block_idx, gm_read_bytes, gm_write_bytes,
+// cube_macs, vector_elements, vector_repeats, copies. Writes at most max_cores rows; returns the core count.
+TOT_EXPORT int tot_ascendc_last_stats(unsigned long long* out, int max_cores) {
+  const AscendC::cpu::LaunchStats stats = AscendC::cpu::LastLaunchStats();
+  const int n = int(stats.cores.size());
+  for (int i = 0; i < n && i < max_cores && out; ++i) {
+    const auto& c = stats.cores[i];
+    unsigned long long* row = out + 8 * i;
+    row[0] = c.type == AscendC::cpu::CoreType::AIC ? 0 : 1;
+    row[1] = static_cast<unsigned long long>(c.block_idx);
+    row[2] = c.counters.gm_read_bytes;
+    row[3] = c.counters.gm_write_bytes;
+    row[4] = c.counters.cube_macs;
+    row[5] = c.counters.vector_elements;
+    row[6] = c.counters.vector_repeats;
+    row[7] = c.counters.copies;
+  }
+  return n;
+}
+#endif
