@@ -79,12 +79,12 @@ def case_fp16_gqa_tails_auto_tiles():
 
 
 def case_bf16_gqa_tails_small_forced_tiles():
-    _compare(Case(dtype="bf16", layout="BNSD", q_len=37, kv_len=70, **SMALL), blocks=(16, 32))
+    _compare(Case(dtype="bf16", layout="BNSD", q_len=37, kv_len=70, **SMALL), blocks=(16, 64))
 
 
 def case_fp32_mqa_tails_small_forced_tiles():
-    _compare(Case(dtype="fp32", layout="BNSD", batch=2, q_heads=4, kv_heads=1, q_len=20, kv_len=45, head_dim=24),
-             blocks=(8, 32))
+    _compare(Case(dtype="fp32", layout="BNSD", batch=2, q_heads=4, kv_heads=1, q_len=20, kv_len=100, head_dim=24),
+             blocks=(8, 64))
 
 
 def case_fp16_single_query_row():
@@ -114,7 +114,7 @@ def case_layout_bsnd_fp32_strided_inputs():
 
 def case_mask_b1ss_bool_fp16():
     _compare(Case(dtype="fp16", layout="BNSD", q_len=37, kv_len=70, mask="B1SS", batch=2, **{k: v for k, v in SMALL.items() if k != "batch"}),
-             blocks=(16, 32))
+             blocks=(16, 64))
 
 
 def case_mask_bnss_uint8_fp32():
@@ -129,13 +129,13 @@ def case_mask_ss_and_11ss_bf16():
 
 def case_causal_top_left_mode2():
     for dtype in ("fp16", "fp32"):
-        _compare(Case(dtype=dtype, layout="BSND", q_len=37, kv_len=50, sparse_mode=2, **SMALL), blocks=(16, 32))
+        _compare(Case(dtype=dtype, layout="BSND", q_len=37, kv_len=50, sparse_mode=2, **SMALL), blocks=(16, 64))
 
 
 def case_causal_bottom_right_mode3_with_empty_rows():
     # Sq > Skv: the first Sq - Skv rows see no key (out 0, max -inf, sum 0).
     cpu, npu = _compare(Case(dtype="fp16", layout="BNSD", q_len=50, kv_len=37, sparse_mode=3, **SMALL),
-                        blocks=(16, 32))
+                        blocks=(16, 64))
     assert torch.isinf(npu[1][:, :, :13]).all() and (npu[2][:, :, :13] == 0).all()
     assert (npu[0][:, :, :13] == 0).all()
 
@@ -147,9 +147,9 @@ def case_causal_compressed_mask_mode3_bf16():
 
 def case_band_mode4_and_mode0_tokens():
     _compare(Case(dtype="fp32", layout="BNSD", q_len=30, kv_len=40, sparse_mode=4, pre_tokens=5, next_tokens=2,
-                  q_heads=2, kv_heads=1, head_dim=16), blocks=(8, 32))
+                  q_heads=2, kv_heads=1, head_dim=16), blocks=(8, 64))
     _compare(Case(dtype="fp16", layout="BNSD", q_len=30, kv_len=40, sparse_mode=0, pre_tokens=7, next_tokens=0,
-                  mask="SS", q_heads=2, kv_heads=1, head_dim=16), blocks=(8, 32))
+                  mask="SS", q_heads=2, kv_heads=1, head_dim=16), blocks=(8, 64))
 
 
 # ---- fallback (CPU kernel on CPU aliases of the npu tensors): pse, dropout, TND ----
@@ -232,7 +232,7 @@ def case_control_functions_count_only_and_stats():
         lib.tot_ascendc_set_count_only(0)
     n2 = lib.tot_ascendc_last_stats(stats, 80)
     assert n2 == n and sum(stats[8 * i + 4] for i in range(n2)) == 2 * 20 * 40 * 32
-    lib.tot_ascendc_set_flash_attention_blocks(12, 32)
+    lib.tot_ascendc_set_flash_attention_blocks(12, 64)
     try:
         OPS.flash_attention_score(**args)
     except RuntimeError as e:

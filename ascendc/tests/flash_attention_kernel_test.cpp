@@ -118,10 +118,10 @@ bool RunCase(const Case& c) {
 int main() {
   const int64_t inf = int64_t(1) << 40;
   const Case cases[] = {
-      {"fp16_gqa_tails_forced16x32", FA_FLOAT16, 2, 4, 2, 37, 70, 40, 40, 0, -inf, inf, 16, 32},
-      {"bf16_causal_bottom_right", FA_BFLOAT16, 1, 4, 4, 33, 45, 32, 24, 0, -inf, 45 - 33, 16, 32},
+      {"fp16_gqa_tails_forced16x64", FA_FLOAT16, 2, 4, 2, 37, 150, 40, 40, 0, -inf, inf, 16, 64},
+      {"bf16_causal_bottom_right", FA_BFLOAT16, 1, 4, 4, 33, 45, 32, 24, 0, -inf, 45 - 33, 16, 64},
       {"fp32_mask_mqa_auto", FA_FLOAT32, 2, 2, 2, 20, 37, 16, 16, 1, -inf, inf, 0, 0},
-      {"fp16_causal_top_left_mask", FA_FLOAT16, 2, 2, 1, 40, 40, 64, 64, 1, -inf, 0, 16, 32},
+      {"fp16_causal_top_left_mask", FA_FLOAT16, 2, 2, 1, 40, 40, 64, 64, 1, -inf, 0, 16, 64},
   };
   bool all = true;
   for (const Case& c : cases) {

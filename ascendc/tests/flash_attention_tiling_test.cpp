@@ -36,7 +36,7 @@ static void CheckInvariants(const FlashAttentionTilingInput& in, const FlashAtte
   EXPECT(t.ub_bytes == FaPlanUb(t.s1_block, t.s2_block, t.vec_rows, t.v_dim_pad, t.elem_bytes,
                                 in.mask_kind == FA_MASK_EXPLICIT).Total(), "%s: UB plan mismatch", what);
   EXPECT(t.l1_bytes <= pf.l1_bytes, "%s: L1 %u > %u", what, t.l1_bytes, pf.l1_bytes);
-  EXPECT(t.s1_block % 8 == 0 && t.s2_block % 32 == 0, "%s: blocks %u x %u", what, t.s1_block, t.s2_block);
+  EXPECT(t.s1_block % 8 == 0 && t.s2_block % 64 == 0, "%s: blocks %u x %u", what, t.s1_block, t.s2_block);
   EXPECT(t.vec_rows % 8 == 0 && t.vec_rows >= 8 && t.vec_rows <= 128 && t.s1_block % t.vec_rows == 0,
          "%s: vec_rows %u", what, t.vec_rows);
   EXPECT(t.v_dim_pad % 16 == 0 && t.v_dim_pad >= t.v_head_dim, "%s: v_dim_pad", what);
@@ -93,7 +93,7 @@ static void Tails() {
       std::snprintf(what, sizeof what, "S1=%u S2=%u", S1, S2);
       EXPECT(err.empty(), "%s: %s", what, err.c_str());
       if (err.empty()) CheckInvariants(in, t, what);
-      EXPECT(t.s1_block <= ((S1 + 15) / 16) * 16 && t.s2_block <= ((S2 + 31) / 32) * 32, "%s: tile larger than needed", what);
+      EXPECT(t.s1_block <= ((S1 + 15) / 16) * 16 && t.s2_block <= ((S2 + 63) / 64) * 64, "%s: tile larger than needed", what);
     }
 }
 

@@ -65,8 +65,9 @@ std::string Check(const FlashAttentionTilingInput& in, const FlashAttentionTilin
   if (in.dtype != FA_FLOAT32 && in.dtype != FA_FLOAT16 && in.dtype != FA_BFLOAT16) return "unknown dtype";
   if (opt.s1_block % 8 != 0 || opt.s1_block > 512)
     return "forced s1_block " + std::to_string(opt.s1_block) + " must be a multiple of 8 in [8, 512] (or 0 = auto)";
-  if (opt.s2_block % 32 != 0 || opt.s2_block > 1024)
-    return "forced s2_block " + std::to_string(opt.s2_block) + " must be a multiple of 32 in [32, 1024] (or 0 = auto)";
+  // 64 fp32 scores = one 256-byte repeat: Compare/Select on a key row must cover whole repeats.
+  if (opt.s2_block % 64 != 0 || opt.s2_block > 1024)
+    return "forced s2_block " + std::to_string(opt.s2_block) + " must be a multiple of 64 in [64, 1024] (or 0 = auto)";
   return "";
 }
 
@@ -74,12 +75,12 @@ std::string Check(const FlashAttentionTilingInput& in, const FlashAttentionTilin
 bool PickBlocks(const FlashAttentionTilingInput& in, const FlashAttentionTilingOptions& opt, uint32_t vdp,
                 const PlatformInfo& pf, uint32_t& s1b, uint32_t& s2b, uint32_t& vec_rows) {
   const uint32_t s1_cap = std::min<uint32_t>(128, AlignUp(in.s1, 16));
-  const uint32_t s2_cap = std::min<uint32_t>(128, AlignUp(in.s2, 32));
+  const uint32_t s2_cap = std::min<uint32_t>(128, AlignUp(in.s2, 64));
   std::vector<uint32_t> s1_list, s2_list;
   if (opt.s1_block) s1_list = {opt.s1_block};
   else for (uint32_t a : {s1_cap, 128u, 64u, 32u, 16u}) if (a <= s1_cap) s1_list.push_back(a);
   if (opt.s2_block) s2_list = {opt.s2_block};
-  else for (uint32_t b : {s2_cap, 128u, 64u, 32u}) if (b <= s2_cap) s2_list.push_back(b);
+  else for (uint32_t b : {s2_cap, 128u, 64u}) if (b <= s2_cap) s2_list.push_back(b);
   uint64_t best = 0;
   for (uint32_t a : s1_list)
     for (uint32_t b : s2_list) {
@@ -118,7 +119,7 @@ std::string FlashAttentionScoreTiling(const FlashAttentionTilingInput& in, const
   t.band_hi = int32_t(std::clamp<int64_t>(in.band_hi, -lim, lim));
 
   if (!PickBlocks(in, opt, t.v_dim_pad, pf, t.s1_block, t.s2_block, t.vec_rows)) {
-    const uint32_t a = opt.s1_block ? opt.s1_block : 16, b = opt.s2_block ? opt.s2_block : 32;
+    const uint32_t a = opt.s1_block ? opt.s1_block : 16, b = opt.s2_block ? opt.s2_block : 64;
     return "flash_attention_score tiling: no tile fits: s1_block " + std::to_string(a) + " x s2_block " +
            std::to_string(b) + " with head_dim " + std::to_string(in.head_dim) + " needs " +
            std::to_string(FaPlanUb(a, b, 8, t.v_dim_pad, t.elem_bytes, in.mask_kind == FA_MASK_EXPLICIT).Total()) +
