@@ -26,6 +26,13 @@ constexpr float kNoMax = -3.0e38f;  // finite "minus infinity": exp(kNoMax - m) 
 constexpr uint32_t kStat = 8;       // floats per statistics row (one DataBlock)
 constexpr uint32_t kLanes = 64;     // fp32 elements per vector repeat
 
+// Orders two pipes on the hardware (e.g. the scalar unit reading a vector result: V_S); program order here.
+template <HardEvent event>
+__aicore__ inline void PipeSync() {
+  SetFlag<event>(0);
+  WaitFlag<event>(0);
+}
+
 template <typename T>
 class DecodeAttention {
  public:
@@ -52,6 +59,7 @@ class DecodeAttention {
     const uint32_t end = tot_ascendc::TaskBegin(t_, core + 1);
     for (uint32_t task = tot_ascendc::TaskBegin(t_, core); task < end; ++task) RunTask(task);
     if (t_.splits == 1) return;
+    PipeSync<HardEvent::MTE3_S>();
     SyncAll();  // every partial is in the workspace
     const uint32_t row_end = tot_ascendc::RowBegin(t_, core + 1);
     for (uint32_t row = tot_ascendc::RowBegin(t_, core); row < row_end; ++row) MergeRow(row);
@@ -196,6 +204,7 @@ class DecodeAttention {
     LocalTensor<float> red = red_.Get<float>(), tmp = redTmp_.Get<float>();
     LocalTensor<float> acc = acc_.Get<float>()[g * dp_];
     ReduceMax(red, s, tmp, int32_t(rows));
+    PipeSync<HardEvent::V_S>();
     const float tileMax = red.GetValue(0), oldMax = m.GetValue(0);
     const float newMax = tileMax > oldMax ? tileMax : oldMax;
     Duplicate(mNew, newMax, int32_t(kStat));
@@ -204,6 +213,7 @@ class DecodeAttention {
     Adds(s, s, -newMax, int32_t(rows));
     Exp(s, s, int32_t(rows));
     ReduceSum(red, s, tmp, int32_t(rows));
+    PipeSync<HardEvent::V_S>();
     const float a = alpha.GetValue(0);
     Muls(l, l, a, int32_t(kStat));
     Adds(l, l, red.GetValue(0), int32_t(kStat));
@@ -215,6 +225,7 @@ class DecodeAttention {
   // Single split: out rows of the group = acc / l (zeros when no key was visible).
   __aicore__ inline void WriteOutput(uint32_t b, uint32_t n2) {
     LocalTensor<float> acc = acc_.Get<float>(), l = l_.Get<float>();
+    PipeSync<HardEvent::V_S>();
     for (uint32_t g = 0; g < gn_; ++g) {
       const float sum = l.GetValue(g * kStat);
       Muls(acc[g * dp_], acc[g * dp_], sum > 0.f ? 1.f / sum : 0.f, int32_t(dp_));
@@ -233,6 +244,7 @@ class DecodeAttention {
     const uint64_t row0 = uint64_t(b) * t_.q_heads + uint64_t(n2) * t_.group + g0_;
     const uint64_t slot = row0 * t_.splits + split;
     const uint16_t rowBlocks = uint16_t(dp_ / 8);
+    PipeSync<HardEvent::V_MTE3>();
     DataCopy(wsAcc_[slot * dp_], acc_.Get<float>(),
              DataCopyParams(uint16_t(gn_), rowBlocks, 0, uint16_t((t_.splits - 1) * rowBlocks)));
     const uint16_t statGap = uint16_t(t_.splits * 2 - 1);
@@ -248,6 +260,8 @@ class DecodeAttention {
     LocalTensor<float> out = mRow_.Get<float>();
     DataCopy(acc, wsAcc_[uint64_t(row) * n * dp_], n * dp_);
     DataCopy(stat, wsStat_[uint64_t(row) * n * 2 * kStat], n * 2 * kStat);
+    PipeSync<HardEvent::MTE2_S>();
+    PipeSync<HardEvent::MTE2_V>();
     float top = kNoMax;
     for (uint32_t s = 0; s < n; ++s) {
       const float ms = stat.GetValue(s * 2 * kStat);
@@ -257,6 +271,7 @@ class DecodeAttention {
     Exp(w, w, int32_t(n * kStat));
     float sum = 0.f;
     Duplicate(out, 0.f, int32_t(dp_));
+    PipeSync<HardEvent::V_S>();
     for (uint32_t s = 0; s < n; ++s) {
       const float ws = w.GetValue(s * kStat);
       sum += ws * stat.GetValue(s * 2 * kStat + kStat);
