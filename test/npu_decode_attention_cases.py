@@ -140,3 +140,15 @@ def case_errors_bad_block_table_identical_to_cpu():
     _same_error(args[:12] + [24] + args[13:], "block_size")
     _same_error(args[:5] + [None] + args[6:], "actual_seq_lengths")
     _same_error(args[:5] + [torch.tensor([50, 20, 65])] + args[6:], "actual_seq_lengths")
+
+
+def case_kernel_runs_not_the_cpu_fallback():
+    # Deterministic proxy for "which path ran": the Ascend C kernel sums in another order than the CPU kernel, so
+    # its fp32 result differs in the last bits; the atten_mask fallback runs the CPU kernel itself (bit-identical).
+    def both(c):
+        inp = build(c)
+        return OPS.incre_flash_attention(*[_npu(a) for a in inp.args]).cpu(), OPS.incre_flash_attention(*inp.args)
+    npu, cpu = both(Case(layout="BNSD", batch=3, q_heads=8, kv_heads=2, head_dim=64, kv_len=100, lens=(99, 50, 7)))
+    assert not torch.equal(npu, cpu) and torch.allclose(npu, cpu, rtol=1e-5, atol=1e-5)
+    npu, cpu = both(Case(layout="BSH", batch=2, q_heads=4, kv_heads=2, head_dim=16, kv_len=32, lens=(20, 9), mask="BS"))
+    assert torch.equal(npu, cpu)
