@@ -41,6 +41,8 @@ std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const at::Tensor& lse, c
 std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const at::Tensor& lse, const at::Tensor& out, const at::Tensor& softmax_lse, const at::Tensor& attention_out, const at::Tensor& grad_attention_out, const at::Tensor& grad_softmax_lse);
 // incre_flash_attention [CPU]
 at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise);
+// incre_flash_attention [PrivateUse1]
+at::Tensor incre_flash_attention_npu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise);
 // all_gather_matmul [CPU]
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks);
 // all_gather_matmul [PrivateUse1]

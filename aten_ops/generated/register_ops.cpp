@@ -27,6 +27,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return npu_fa::flash_attention_score_npu(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset);
 }
 
+at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise) {
+  const c10::Device device = query.device();
+  check_same_device("incre_flash_attention", "key", key, device);
+  check_same_device("incre_flash_attention", "value", value, device);
+  if (atten_mask.has_value()) check_same_device("incre_flash_attention", "atten_mask", *atten_mask, device);
+  if (pse_shift.has_value()) check_same_device("incre_flash_attention", "pse_shift", *pse_shift, device);
+  if (actual_seq_lengths.has_value()) check_same_device("incre_flash_attention", "actual_seq_lengths", *actual_seq_lengths, device);
+  if (block_table.has_value()) check_same_device("incre_flash_attention", "block_table", *block_table, device);
+  if (kv_padding_size.has_value()) check_same_device("incre_flash_attention", "kv_padding_size", *kv_padding_size, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::incre_flash_attention_npu(query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise);
+}
+
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
   const c10::Device device = x1.device();
   check_same_device("all_gather_matmul", "x2", x2, device);
@@ -189,6 +202,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("flash_attention_score", TORCH_FN(flash_attention_score_npu_privateuse1));
+  m.impl("incre_flash_attention", TORCH_FN(incre_flash_attention_npu_privateuse1));
   m.impl("all_gather_matmul", TORCH_FN(all_gather_matmul_mc2_privateuse1));
   m.impl("all_gather_matmul_grad", TORCH_FN(all_gather_matmul_grad_mc2_privateuse1));
   m.impl("matmul_reduce_scatter", TORCH_FN(matmul_reduce_scatter_mc2_privateuse1));
