@@ -16,6 +16,10 @@
 extern "C" __global__ __aicore__ void rotary_position_embedding_kernel(GM_ADDR x, GM_ADDR cos, GM_ADDR sin,
                                                                        GM_ADDR out, GM_ADDR workspace,
                                                                        GM_ADDR tiling);
+extern "C" __global__ __aicore__ void rotary_position_embedding_grad_kernel(GM_ADDR grad, GM_ADDR cos, GM_ADDR sin,
+                                                                            GM_ADDR x, GM_ADDR dx, GM_ADDR dcos,
+                                                                            GM_ADDR dsin, GM_ADDR workspace,
+                                                                            GM_ADDR tiling);
 
 using namespace tot_ascendc;
 
@@ -78,10 +82,16 @@ bool RunCase(const Case& c, std::mt19937& rng) {
   auto* cs = static_cast<uint8_t*>(AscendC::GmAlloc(c.table_rows * d * tb));
   auto* sn = static_cast<uint8_t*>(AscendC::GmAlloc(c.table_rows * d * tb));
   auto* ws = static_cast<uint8_t*>(AscendC::GmAlloc(32));
+  auto* g = static_cast<uint8_t*>(AscendC::GmAlloc(rows * d * xb));   // the incoming gradient (backward)
+  auto* dcos = static_cast<float*>(AscendC::GmAlloc(c.table_rows * d * 4));
+  auto* dsin = static_cast<float*>(AscendC::GmAlloc(c.table_rows * d * 4));
+  std::memset(dcos, 0, c.table_rows * d * 4);
+  std::memset(dsin, 0, c.table_rows * d * 4);
   auto* tl = static_cast<uint8_t*>(AscendC::GmAlloc(sizeof t));
   std::memcpy(tl, &t, sizeof t);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f), angle(-3.2f, 3.2f);
   for (uint64_t i = 0; i < rows * d; ++i) Store(c.x_dtype, x, i, u(rng));
+  for (uint64_t i = 0; i < rows * d; ++i) Store(c.x_dtype, g, i, u(rng));
   for (uint64_t i = 0; i < c.table_rows * d; ++i) {
     const float a = angle(rng);  // cos/sin of independent angles: halves/pairs need not repeat
     Store(c.table_dtype, cs, i, std::cos(a));
@@ -90,18 +100,43 @@ bool RunCase(const Case& c, std::mt19937& rng) {
   AscendC::SetKernelMode(AscendC::KernelMode::AIV_MODE);
   bool ok = true;
   try {
-    ICPU_RUN_KF(rotary_position_embedding_kernel, t.block_dim, x, cs, sn, out, ws, tl);
+    if (c.grad)
+      ICPU_RUN_KF(rotary_position_embedding_grad_kernel, t.block_dim, g, cs, sn, x, out,
+                  reinterpret_cast<uint8_t*>(dcos), reinterpret_cast<uint8_t*>(dsin), ws, tl);
+    else
+      ICPU_RUN_KF(rotary_position_embedding_kernel, t.block_dim, x, cs, sn, out, ws, tl);
   } catch (const std::exception& e) {
     std::printf("FAIL %s: %s\n", Name(c).c_str(), e.what());
     ok = false;
   }
-  // float64 reference: out = x*cos + sign*x[b]*sin; dx[j] = g[j]*cos[j] + sign[b]*g[b]*sin[b] (b = partner of j).
+  // float64 reference: out = x*cos + sign*x[b]*sin; dx[j] = g[j]*cos[j] + sign[b]*g[b]*sin[b] (b = partner of j);
+  // dcos[tr][j] = sum g[j]*x[j], dsin[tr][j] = sum sign[j]*g[j]*x[b] over the x rows r using table row tr.
+  const uint8_t* in = c.grad ? g : x;
+  std::vector<double> rc(c.table_rows * d, 0.0), rs(c.table_rows * d, 0.0), mag(c.table_rows * d, 0.0);
+  for (uint64_t r = 0; c.grad && r < rows; ++r) {
+    const uint64_t tr = (r / c.repeat) % c.table_rows;
+    for (uint64_t j = 0; j < d; ++j) {
+      const uint64_t b = uint64_t(Partner(c.mode, c.d, int64_t(j)));
+      const double gj = ToDouble(c.x_dtype, g, r * d + j);
+      rc[tr * d + j] += gj * ToDouble(c.x_dtype, x, r * d + j);
+      rs[tr * d + j] += Sign(c.mode, c.d, int64_t(j)) * gj * ToDouble(c.x_dtype, x, r * d + b);
+      mag[tr * d + j] += std::fabs(gj) * 4.0;
+    }
+  }
+  for (uint64_t i = 0; ok && c.grad && i < c.table_rows * d; ++i) {
+    const double tol = 1e-6 * mag[i] + 1e-6;  // fp32 products and sums
+    if (!(std::fabs(dcos[i] - rc[i]) <= tol && std::fabs(dsin[i] - rs[i]) <= tol)) {
+      std::printf("FAIL %s: table element %llu dcos %g want %g, dsin %g want %g\n", Name(c).c_str(),
+                  (unsigned long long)i, dcos[i], rc[i], dsin[i], rs[i]);
+      ok = false;
+    }
+  }
   double worst = 0;
   for (uint64_t r = 0; ok && r < rows; ++r) {
     const uint64_t tr = (r / c.repeat) % c.table_rows;
     for (uint64_t j = 0; j < d; ++j) {
       const uint64_t b = uint64_t(Partner(c.mode, c.d, int64_t(j)));
-      const double xj = ToDouble(c.x_dtype, x, r * d + j), xb_ = ToDouble(c.x_dtype, x, r * d + b);
+      const double xj = ToDouble(c.x_dtype, in, r * d + j), xb_ = ToDouble(c.x_dtype, in, r * d + b);
       const double cj = ToDouble(c.table_dtype, cs, tr * d + j);
       double ref;
       if (!c.grad) ref = xj * cj + Sign(c.mode, c.d, int64_t(j)) * xb_ * ToDouble(c.table_dtype, sn, tr * d + j);
@@ -117,7 +152,9 @@ bool RunCase(const Case& c, std::mt19937& rng) {
       worst = std::max(worst, e);
     }
   }
-  for (auto* ptr : {x, out, cs, sn, ws, tl}) AscendC::GmFree(ptr);
+  for (auto* ptr : {x, out, cs, sn, ws, tl, g}) AscendC::GmFree(ptr);
+  AscendC::GmFree(dcos);
+  AscendC::GmFree(dsin);
   return ok;
 }
 

@@ -9,6 +9,10 @@
 //   grad:    dx  = g*cos + perm(g * (sign*sin))      (perm is its own inverse)
 // which is the CPU op's formula term for term: fp32 products and sum, then one rounding to x's dtype.
 //
+// The backward also reduces dcos = sum g*x and dsin = sum g*rot(x) = sign * sum g*perm(x) over the x rows that
+// share a table row: per tile in UB (one Add per row into its table row), then across tiles and cores by atomic
+// adds (SetAtomicAdd<float>) into fp32 GM rows the host zeroed.
+//
 // Each core takes a contiguous range of rows (tiling: base_rows, big_cores) and walks it in tiles of tile_rows
 // rows through a double-buffered CopyIn -> Compute -> CopyOut pipeline. A tile loads the cos/sin rows its x rows
 // use (x row r uses table row (r / repeat) % table_rows) once, then multiplies every x row by its table row.
@@ -28,8 +32,10 @@ __aicore__ inline constexpr bool IsFloat() { return sizeof(T) == 4; }
 template <typename T, typename C>
 class RopeKernel {
  public:
-  __aicore__ inline void Init(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR out,
-                              const RotaryPositionEmbeddingTiling& t) {
+  // Forward: x, cos, sin -> out. Backward: x = the incoming gradient g, fwdX = the forward's x, out = dx,
+  // dcos/dsin = fp32 [table_rows, D] accumulators (zeroed by the host); fwdX/dcos/dsin unused in the forward.
+  __aicore__ inline void Init(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR fwdX, GM_ADDR out, GM_ADDR dcos,
+                              GM_ADDR dsin, const RotaryPositionEmbeddingTiling& t) {
     t_ = t;
     const uint64_t core = uint64_t(GetBlockIdx());
     firstRow_ = core * t.base_rows + (core < t.big_cores ? core : t.big_cores);
@@ -55,6 +61,15 @@ class RopeKernel {
     }
     pipe_.InitBuffer(signBuf_, t.row_pitch * sizeof(float));
     if (t.mode == 1) pipe_.InitBuffer(offBuf_, xElems * sizeof(uint32_t));
+    if (t.is_grad) {
+      fwdXGm_.SetGlobalBuffer((__gm__ T*)fwdX, t.rows * t.d);
+      dcosGm_.SetGlobalBuffer((__gm__ float*)dcos, t.table_rows * t.d);
+      dsinGm_.SetGlobalBuffer((__gm__ float*)dsin, t.table_rows * t.d);
+      pipe_.InitBuffer(inFwdX_, kBufferNum, xElems * sizeof(T));
+      if constexpr (!IsFloat<T>()) pipe_.InitBuffer(fwdXfBuf_, xElems * sizeof(float));
+      pipe_.InitBuffer(prodBuf_, xElems * sizeof(float));
+      pipe_.InitBuffer(tabOut_, kBufferNum, 2 * tabElems * sizeof(float));
+    }
     BuildSignRow();
     if (t.mode == 1) BuildSwapOffsets();
   }
@@ -68,6 +83,7 @@ class RopeKernel {
       CopyIn(r0, n, q0, k);
       Compute(r0, n, q0, k);
       CopyOut(r0, n);
+      if (t_.is_grad) CopyOutTables(q0, k);
     }
   }
 
@@ -108,7 +124,8 @@ class RopeKernel {
     DataCopyPad(dst, src[row * t_.d], p, DataCopyPadExtParams<U>(false, 0, 0, U(0)));
   }
 
-  __aicore__ inline void StoreRows(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint64_t row,
+  template <typename U>
+  __aicore__ inline void StoreRows(const GlobalTensor<U>& dst, const LocalTensor<U>& src, uint64_t row,
                                    uint32_t nrows) {
     const uint32_t seg = t_.mode == 0 ? t_.d / 2 : t_.d;
     const uint32_t segPitch = t_.mode == 0 ? t_.half_pitch : t_.row_pitch;
@@ -117,9 +134,9 @@ class RopeKernel {
       DataCopy(dst[row * t_.d], src, segs * seg);
       return;
     }
-    constexpr uint32_t perBlock = 32 / sizeof(T);
+    constexpr uint32_t perBlock = 32 / sizeof(U);
     const uint32_t landed = (seg + perBlock - 1) / perBlock * perBlock;
-    DataCopyExtParams p(uint16_t(segs), uint32_t(seg * sizeof(T)), (segPitch - landed) / perBlock, 0, 0);
+    DataCopyExtParams p(uint16_t(segs), uint32_t(seg * sizeof(U)), (segPitch - landed) / perBlock, 0, 0);
     DataCopyPad(dst[row * t_.d], src, p);
   }
 
@@ -145,6 +162,11 @@ class RopeKernel {
     inX_.EnQue(x);
     inCos_.EnQue(c);
     inSin_.EnQue(s);
+    if (t_.is_grad) {
+      LocalTensor<T> fx = inFwdX_.AllocTensor<T>();
+      LoadRows(fx, fwdXGm_, r0, n);
+      inFwdX_.EnQue(fx);
+    }
   }
 
   // dst = perm(src) over n rows: swap the halves (two strided UB copies) or the pair elements (Gather).
@@ -171,6 +193,64 @@ class RopeKernel {
       const uint32_t j = uint32_t((r0 + i) / t_.repeat - q0);
       Mul(dst[i * P], a[i * P], table[j * P], int32_t(P));
     }
+  }
+
+  // dst (k table rows) = the sum of src's x rows per table row; dst = src when every x row has its own.
+  __aicore__ inline void ReduceToTable(const LocalTensor<float>& dst, const LocalTensor<float>& src, uint64_t r0,
+                                       uint32_t n, uint64_t q0, uint32_t k) {
+    const uint32_t P = t_.row_pitch;
+    if (t_.repeat == 1) {
+      DataCopy(dst, src, n * P);
+      return;
+    }
+    Duplicate(dst, 0.0f, int32_t(k * P));
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint32_t j = uint32_t((r0 + i) / t_.repeat - q0);
+      Add(dst[j * P], dst[j * P], src[i * P], int32_t(P));
+    }
+  }
+
+  // dcos rows = sum g*x, dsin rows = sign * sum g*perm(x), into the table-rows out queue. `g` is the fp32 gradient
+  // tile; `scratch` (the rotated operand, free again) takes perm(x).
+  __aicore__ inline void TableGrads(const LocalTensor<float>& g, const LocalTensor<float>& scratch, uint64_t r0,
+                                    uint32_t n, uint64_t q0, uint32_t k) {
+    const uint32_t P = t_.row_pitch, xElems = n * P;
+    LocalTensor<T> fx = inFwdX_.DeQue<T>();
+    LocalTensor<float> xf;
+    if constexpr (IsFloat<T>()) {
+      xf = fx.template ReinterpretCast<float>();
+    } else {
+      xf = fwdXfBuf_.Get<float>();
+      Cast(xf, fx, RoundMode::CAST_NONE, xElems);
+    }
+    LocalTensor<float> tab = tabOut_.AllocTensor<float>();
+    const LocalTensor<float> prod = prodBuf_.Get<float>();
+    const LocalTensor<float> dcosRows = tab, dsinRows = tab[k * P];
+    Mul(prod, g, xf, int32_t(xElems));
+    ReduceToTable(dcosRows, prod, r0, n, q0, k);
+    Permute(scratch, xf, n);
+    Mul(prod, g, scratch, int32_t(xElems));
+    ReduceToTable(dsinRows, prod, r0, n, q0, k);
+    const LocalTensor<float> sign = signBuf_.Get<float>();
+    for (uint32_t j = 0; j < k; ++j) Mul(dsinRows[j * P], dsinRows[j * P], sign, int32_t(P));
+    tabOut_.EnQue(tab);
+    inFwdX_.FreeTensor(fx);
+  }
+
+  // Adds the tile's dcos/dsin rows into GM (atomically: other tiles and cores add to the same rows).
+  __aicore__ inline void CopyOutTables(uint64_t q0, uint32_t k) {
+    LocalTensor<float> tab = tabOut_.DeQue<float>();
+    SetAtomicAdd<float>();
+    for (uint32_t j = 0; j < k;) {
+      const uint64_t start = (q0 + j) % t_.table_rows;
+      const uint64_t left = t_.table_rows - start;
+      const uint32_t run = uint32_t(k - j < left ? k - j : left);
+      StoreRows(dcosGm_, tab[j * t_.row_pitch], start, run);
+      StoreRows(dsinGm_, tab[(k + j) * t_.row_pitch], start, run);
+      j += run;
+    }
+    SetAtomicNone();
+    tabOut_.FreeTensor(tab);
   }
 
   __aicore__ inline void Compute(uint64_t r0, uint32_t n, uint64_t q0, uint32_t k) {
@@ -212,6 +292,7 @@ class RopeKernel {
     MulTable(acc, xf, cf, r0, n, q0);           // x*cos (g*cos)
     Add(acc, acc, rot, int32_t(xElems));
     if constexpr (!IsFloat<T>()) Cast(out, acc, RoundMode::CAST_RINT, xElems);
+    if (t_.is_grad) TableGrads(xf, rot, r0, n, q0, k);
 
     outQ_.EnQue(out);
     inX_.FreeTensor(x);
@@ -228,36 +309,51 @@ class RopeKernel {
   RotaryPositionEmbeddingTiling t_;
   uint64_t firstRow_ = 0, rowCount_ = 0;
   TPipe pipe_;
-  TQue<TPosition::VECIN, kBufferNum> inX_, inCos_, inSin_;
-  TQue<TPosition::VECOUT, kBufferNum> outQ_;
-  TBuf<TPosition::VECCALC> rotBuf_, xfBuf_, accBuf_, cfBuf_, sfBuf_, signBuf_, offBuf_;
-  GlobalTensor<T> xGm_, outGm_;
+  TQue<TPosition::VECIN, kBufferNum> inX_, inCos_, inSin_, inFwdX_;
+  TQue<TPosition::VECOUT, kBufferNum> outQ_, tabOut_;
+  TBuf<TPosition::VECCALC> rotBuf_, xfBuf_, accBuf_, cfBuf_, sfBuf_, signBuf_, offBuf_, fwdXfBuf_, prodBuf_;
+  GlobalTensor<T> xGm_, outGm_, fwdXGm_;
   GlobalTensor<C> cosGm_, sinGm_;
+  GlobalTensor<float> dcosGm_, dsinGm_;
 };
 
 template <typename T, typename C>
-__aicore__ inline void Run(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR out, const RotaryPositionEmbeddingTiling& t) {
+__aicore__ inline void Run(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR fwdX, GM_ADDR out, GM_ADDR dcos,
+                           GM_ADDR dsin, const RotaryPositionEmbeddingTiling& t) {
   if (uint64_t(GetBlockIdx()) >= t.block_dim) return;
   RopeKernel<T, C> op;
-  op.Init(x, cos, sin, out, t);
+  op.Init(x, cos, sin, fwdX, out, dcos, dsin, t);
   op.Process();
+}
+
+__aicore__ inline void Dispatch(GM_ADDR x, GM_ADDR cos, GM_ADDR sin, GM_ADDR fwdX, GM_ADDR out, GM_ADDR dcos,
+                                GM_ADDR dsin, const RotaryPositionEmbeddingTiling& t) {
+  using tot_ascendc::kRopeFloat16;
+  using tot_ascendc::kRopeFloat32;
+  const bool tableF32 = t.table_dtype == kRopeFloat32;
+  if (t.x_dtype == kRopeFloat32) Run<float, float>(x, cos, sin, fwdX, out, dcos, dsin, t);
+  else if (t.x_dtype == kRopeFloat16 && tableF32) Run<half, float>(x, cos, sin, fwdX, out, dcos, dsin, t);
+  else if (t.x_dtype == kRopeFloat16) Run<half, half>(x, cos, sin, fwdX, out, dcos, dsin, t);
+  else if (tableF32) Run<bfloat16_t, float>(x, cos, sin, fwdX, out, dcos, dsin, t);
+  else Run<bfloat16_t, bfloat16_t>(x, cos, sin, fwdX, out, dcos, dsin, t);
 }
 
 }  // namespace
 
-// x: [rows, D] of x_dtype (the incoming gradient when is_grad); cos/sin: [table_rows, D] of table_dtype;
-// out: [rows, D] of x_dtype (dx when is_grad).
+// x: [rows, D] of x_dtype; cos/sin: [table_rows, D] of table_dtype; out: [rows, D] of x_dtype. Tiling is_grad = 0.
 extern "C" __global__ __aicore__ void rotary_position_embedding_kernel(GM_ADDR x, GM_ADDR cos, GM_ADDR sin,
                                                                        GM_ADDR out, GM_ADDR workspace,
                                                                        GM_ADDR tiling) {
-  RotaryPositionEmbeddingTiling t = *reinterpret_cast<__gm__ RotaryPositionEmbeddingTiling*>(tiling);
-  using tot_ascendc::kRopeBFloat16;
-  using tot_ascendc::kRopeFloat16;
-  using tot_ascendc::kRopeFloat32;
-  const bool tableF32 = t.table_dtype == kRopeFloat32;
-  if (t.x_dtype == kRopeFloat32) Run<float, float>(x, cos, sin, out, t);
-  else if (t.x_dtype == kRopeFloat16 && tableF32) Run<half, float>(x, cos, sin, out, t);
-  else if (t.x_dtype == kRopeFloat16) Run<half, half>(x, cos, sin, out, t);
-  else if (tableF32) Run<bfloat16_t, float>(x, cos, sin, out, t);
-  else Run<bfloat16_t, bfloat16_t>(x, cos, sin, out, t);
+  const RotaryPositionEmbeddingTiling t = *reinterpret_cast<__gm__ RotaryPositionEmbeddingTiling*>(tiling);
+  if (t.is_grad == 0) Dispatch(x, cos, sin, nullptr, out, nullptr, nullptr, t);
+}
+
+// grad, x, dx: [rows, D] of x_dtype; cos/sin: [table_rows, D] of table_dtype; dcos/dsin: [table_rows, D] fp32,
+// zeroed by the host (the kernel adds into them). Tiling is_grad = 1.
+extern "C" __global__ __aicore__ void rotary_position_embedding_grad_kernel(GM_ADDR grad, GM_ADDR cos, GM_ADDR sin,
+                                                                            GM_ADDR x, GM_ADDR dx, GM_ADDR dcos,
+                                                                            GM_ADDR dsin, GM_ADDR workspace,
+                                                                            GM_ADDR tiling) {
+  const RotaryPositionEmbeddingTiling t = *reinterpret_cast<__gm__ RotaryPositionEmbeddingTiling*>(tiling);
+  if (t.is_grad == 1) Dispatch(grad, cos, sin, x, dx, dcos, dsin, t);
 }

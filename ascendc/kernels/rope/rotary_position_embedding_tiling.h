@@ -22,7 +22,7 @@ inline uint32_t RopeDtypeBytes(uint32_t dtype) { return dtype == kRopeFloat32 ? 
 struct RotaryPositionEmbeddingTiling {
   uint32_t block_dim;        // AIV cores used (<= 48)
   uint32_t mode;             // 0 half (rotate_half), 1 interleave
-  uint32_t is_grad;          // 0: out = x*cos + rot(x)*sin; 1: dx = g*cos + rot^T(g*sin) (x slot holds g)
+  uint32_t is_grad;          // 0: out = x*cos + rot(x)*sin; 1: dx = g*cos + rot^T(g*sin), dcos, dsin
   uint32_t x_dtype;          // RopeDtype of x (and out)
   uint32_t table_dtype;      // RopeDtype of cos/sin: x's or float32
   uint32_t d;                // head dimension (even)
@@ -68,6 +68,12 @@ inline uint64_t RopeUbBytes(const RotaryPositionEmbeddingTiling& t, uint64_t til
   if (sc != 4) bytes += 2 * tab_elems * 4;                // fp32 cos and sin
   bytes += uint64_t(t.row_pitch) * 4;                     // sign row folded into sin
   if (t.mode == 1) bytes += x_elems * 4;                  // Gather byte offsets
+  if (t.is_grad) {
+    bytes += 2 * x_elems * sx;                            // x in (the forward input), double buffered
+    if (sx != 4) bytes += x_elems * 4;                    // fp32 copy of x
+    bytes += x_elems * 4;                                 // per-row products before the row reduction
+    bytes += 2 * 2 * tab_elems * 4;                       // dcos + dsin rows out (fp32), double buffered
+  }
   return bytes;
 }
 
