@@ -23,7 +23,7 @@ void Check(bool ok, const std::string& what) {
 }
 
 std::string Name(const RopeProblem& p) {
-  return "rows=" + std::to_string(p.rows) + " D=" + std::to_string(p.d) + " mode=" + std::to_string(p.mode) +
+  return std::string(p.is_grad ? "grad " : "") + "rows=" + std::to_string(p.rows) + " D=" + std::to_string(p.d) + " mode=" + std::to_string(p.mode) +
          " x_dtype=" + std::to_string(p.x_dtype) + " table_dtype=" + std::to_string(p.table_dtype) +
          " table_rows=" + std::to_string(p.table_rows) + " repeat=" + std::to_string(p.repeat);
 }
@@ -145,6 +145,7 @@ void TestErrors() {
 void TestTilings() {
   for (int64_t d : {8, 6, 64, 128, 256, 2})
     for (int64_t mode : {0, 1})
+      for (bool grad : {false, true})
       for (uint32_t xd : {kRopeFloat32, kRopeFloat16, kRopeBFloat16})
         for (uint32_t td : {xd, uint32_t(kRopeFloat32)}) {
           for (auto shape : std::vector<std::vector<uint64_t>>{{1, 1, 1},  {37, 37, 1},  {5000, 50, 4},
@@ -158,6 +159,7 @@ void TestTilings() {
             p.mode = mode;
             p.x_dtype = xd;
             p.table_dtype = td;
+            p.is_grad = grad;
             CheckTiling(p);
           }
         }
