@@ -13,6 +13,23 @@ namespace {
               " like the op's first tensor; got a tensor on ", t.device());
 }
 
+at::Tensor rotary_position_embedding_npu_privateuse1(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
+  const c10::Device device = x.device();
+  check_same_device("rotary_position_embedding", "cos", cos, device);
+  check_same_device("rotary_position_embedding", "sin", sin, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::rotary_position_embedding_npu(x, cos, sin, mode);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu_privateuse1(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
+  const c10::Device device = grad.device();
+  check_same_device("rotary_position_embedding_grad", "cos", cos, device);
+  check_same_device("rotary_position_embedding_grad", "sin", sin, device);
+  check_same_device("rotary_position_embedding_grad", "x", x, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::rotary_position_embedding_grad_npu(grad, cos, sin, x, mode);
+}
+
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
   const c10::Device device = x1.device();
   check_same_device("all_gather_matmul", "x2", x2, device);
@@ -160,6 +177,8 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
+  m.impl("rotary_position_embedding", TORCH_FN(rotary_position_embedding_npu_privateuse1));
+  m.impl("rotary_position_embedding_grad", TORCH_FN(rotary_position_embedding_grad_npu_privateuse1));
   m.impl("all_gather_matmul", TORCH_FN(all_gather_matmul_mc2_privateuse1));
   m.impl("all_gather_matmul_grad", TORCH_FN(all_gather_matmul_grad_mc2_privateuse1));
   m.impl("matmul_reduce_scatter", TORCH_FN(matmul_reduce_scatter_mc2_privateuse1));
