@@ -179,6 +179,7 @@ FALLBACKS = {
     "interleave_half": ((2, 5, 3, 8), (1, 5, 1, 8), torch.float16, 3),
     "float64": ((2, 5, 3, 8), (1, 5, 1, 8), torch.float64, 0),
     "table_bcast_table": ((2, 5, 3, 8), (2, 1, 3, 8), torch.float32, 1),  # [B,1,N,D]: not outer x table x repeat
+    "d_too_large_for_ub": ((1, 2, 1, 8192), (1, 2, 1, 8192), torch.float16, 0),  # one row needs > 192 KB of UB
 }
 
 
