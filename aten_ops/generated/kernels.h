@@ -21,8 +21,12 @@ at::Tensor dropout_gen_mask_cpu(const at::Tensor& seed, const at::Tensor& offset
 std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv);
 // rotary_position_embedding [CPU]
 at::Tensor rotary_position_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode);
+// rotary_position_embedding [PrivateUse1]
+at::Tensor rotary_position_embedding_npu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode);
 // rotary_position_embedding_grad [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode);
+// rotary_position_embedding_grad [PrivateUse1]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode);
 // apply_rotary_pos_emb [CPU]
 void apply_rotary_pos_emb_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode);
 // rope_with_sin_cos_cache [CPU]

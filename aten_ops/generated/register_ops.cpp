@@ -27,6 +27,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return npu_fa::flash_attention_score_npu(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset);
 }
 
+at::Tensor rotary_position_embedding_npu_privateuse1(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
+  const c10::Device device = x.device();
+  check_same_device("rotary_position_embedding", "cos", cos, device);
+  check_same_device("rotary_position_embedding", "sin", sin, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::rotary_position_embedding_npu(x, cos, sin, mode);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu_privateuse1(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
+  const c10::Device device = grad.device();
+  check_same_device("rotary_position_embedding_grad", "cos", cos, device);
+  check_same_device("rotary_position_embedding_grad", "sin", sin, device);
+  check_same_device("rotary_position_embedding_grad", "x", x, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::rotary_position_embedding_grad_npu(grad, cos, sin, x, mode);
+}
+
 at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise) {
   const c10::Device device = query.device();
   check_same_device("incre_flash_attention", "key", key, device);
@@ -202,6 +219,8 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("flash_attention_score", TORCH_FN(flash_attention_score_npu_privateuse1));
+  m.impl("rotary_position_embedding", TORCH_FN(rotary_position_embedding_npu_privateuse1));
+  m.impl("rotary_position_embedding_grad", TORCH_FN(rotary_position_embedding_grad_npu_privateuse1));
   m.impl("incre_flash_attention", TORCH_FN(incre_flash_attention_npu_privateuse1));
   m.impl("all_gather_matmul", TORCH_FN(all_gather_matmul_mc2_privateuse1));
   m.impl("all_gather_matmul_grad", TORCH_FN(all_gather_matmul_grad_mc2_privateuse1));

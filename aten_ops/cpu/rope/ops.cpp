@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rope_params.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -26,10 +27,7 @@ struct RotaryMap {
 };
 
 RotaryMap make_map(const char* op, int64_t mode, int64_t D) {
-  TORCH_CHECK(mode >= 0 && mode <= 3, op, ": unknown rotary mode ", mode,
-              "; expected 0 (half), 1 (interleave), 2 (quarter) or 3 (interleave-half)");
-  TORCH_CHECK(D % 2 == 0 && D > 0, op, ": the last (head) dimension must be even and positive; got D=", D);
-  TORCH_CHECK(mode != 2 || D % 4 == 0, op, ": quarter mode needs D divisible by 4; got D=", D);
+  rope::check_mode_and_dim(op, mode, D);
   RotaryMap m;
   m.a.resize(D);
   m.b.resize(D);
@@ -66,11 +64,7 @@ RotaryMap make_map(const char* op, int64_t mode, int64_t D) {
   return m;
 }
 
-void check_float(const char* op, const char* name, const at::Tensor& t) {
-  const auto s = t.scalar_type();
-  TORCH_CHECK(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble, op, ": ", name,
-              " must be float32, float16, bfloat16 or float64; got ", s);
-}
+using rope::check_float;
 
 // cos/sin converted to the accumulation dtype, checked against x and expanded to x's shape (stride-0 views).
 // Returns, per row of x (all dims but the last), the element offset of that row in the expanded cos/sin.
@@ -103,22 +97,7 @@ std::vector<int64_t> row_offsets(const at::Tensor& table, at::IntArrayRef xsizes
 
 TableRows prepare_tables(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                          at::ScalarType acc) {
-  check_float(op, "x", x);
-  check_float(op, "cos", cos);
-  check_float(op, "sin", sin);
-  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least one dimension");
-  const int64_t D = x.size(-1);
-  for (const auto* p : {&cos, &sin}) {
-    const char* name = p == &cos ? "cos" : "sin";
-    TORCH_CHECK(p->dim() >= 1 && p->dim() <= x.dim() && p->size(-1) == D, op, ": ", name, " of shape ",
-                p->sizes(), " must end in the head dimension D=", D, " and have at most x's rank (x: ", x.sizes(),
-                ")");
-    for (int64_t i = 1; i <= p->dim(); ++i) {
-      const int64_t s = p->size(-i);
-      TORCH_CHECK(s == 1 || s == x.size(-i), op, ": ", name, " of shape ", p->sizes(),
-                  " is not broadcastable to x of shape ", x.sizes());
-    }
-  }
+  rope::check_tables(op, x, cos, sin);
   TableRows t;
   t.cos = cos.to(acc).contiguous();
   t.sin = sin.to(acc).contiguous();
@@ -209,8 +188,7 @@ at::Tensor rotary_position_embedding_cpu(const at::Tensor& x, const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu(
     const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
   const char* op = "rotary_position_embedding_grad";
-  TORCH_CHECK(grad.sizes() == x.sizes(), op, ": grad of shape ", grad.sizes(), " must match x of shape ", x.sizes());
-  check_float(op, "grad", grad);
+  rope::check_grad(op, grad, x);
   const RotaryMap m = make_map(op, mode, x.dim() ? x.size(-1) : 0);
   const at::ScalarType acc = acc_type(x);
   const TableRows t = prepare_tables(op, x, cos, sin, acc);
