@@ -1,8 +1,8 @@
 """Build torch_ops_transformer: generate registrations from native_functions.yaml, then compile aten_ops/.
 
 CPU build (always): `pip install --no-build-isolation -e .`
-The NPU backend (Ascend C kernels via torch_npu + CANN) is detected separately and is optional; its absence
-never breaks a CPU install.
+The NPU backend (Ascend C kernels via torch_npu + CANN) is detected by tools/cann_build.py and is optional; its
+absence never breaks a CPU install (TOT_CANN=0 skips it, TOT_CANN=1 requires it; docs/ascendc_cann_build.md).
 """
 import concurrent.futures
 import glob
@@ -18,7 +18,8 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, include_path
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
-from tools.codegen import generate  # noqa: E402  (the generator lives in the repo, not in the package)
+from tools import cann_build as cann  # noqa: E402  (build helpers live in the repo, not in the package)
+from tools.codegen import generate  # noqa: E402
 
 for rel in generate(ROOT):
     print(f"codegen: wrote {rel}")
@@ -33,15 +34,18 @@ ISA_FLAGS = {
 }
 
 
-def sources():
-    # One translation unit per op family and backend, plus the generated registrations.
-    files = glob.glob("aten_ops/cpu/**/*.cpp", recursive=True) + glob.glob("aten_ops/common/*.cpp")
-    files += glob.glob("aten_ops/npu_sim/*.cpp")  # the simulated NPU device: installed only by npu_sim.enable()
-    files += glob.glob("aten_ops/npu/*.cpp")      # PrivateUse1 kernels: launch the Ascend C kernels
-    # The Ascend C kernels (torch-free, quick to compile) and, without CANN, the CPU runtime they run on.
-    files += glob.glob("ascendc/kernels/**/*.cpp", recursive=True) + ["ascendc/cpu_runtime/src/runtime.cpp"]
-    files = [f for f in files if not f.endswith("_isa.cpp")] + ["aten_ops/generated/register_ops.cpp"]
-    return sorted(files)
+def extension_kwargs():
+    """Sources and flags of _C. One translation unit per op family and backend (CPU kernels, the simulated npu device,
+    the PrivateUse1 glue, host tiling) plus the generated registrations. The Ascend C kernels are compiled by g++
+    against the CPU runtime, or, when tools/cann_build.py detects CANN + torch_npu, by CANN's toolchain into a
+    kernel library launched on the NPU stream (docs/ascendc_cann_build.md). Detection failures print one line and
+    leave the CPU build as it is."""
+    build = cann.detect()
+    if build is None:
+        return cann.extension_kwargs(ROOT)
+    kernels = cann.build_kernels(build, ROOT, os.path.join(ROOT, "build", "cann"))
+    cann.copy_kernel_library(kernels, os.path.join(ROOT, "torch_ops_transformer"))
+    return cann.extension_kwargs(ROOT, build, kernels)
 
 
 def cxx_flags():
@@ -94,11 +98,14 @@ def build_isa_objects():
         return list(pool.map(run, jobs))
 
 
+EXT = extension_kwargs()
+
 setup(
     name="torch_ops_transformer",
     version="0.1.0",
     description="CANN ops-transformer (FlashAttention, RoPE, MoE, MC2) as native PyTorch ops on CPU and Ascend NPU",
     packages=find_packages(include=["torch_ops_transformer", "torch_ops_transformer.*"]),
+    package_data={"torch_ops_transformer": EXT["package_data"]},  # the CANN kernel library, if built
     python_requires=">=3.9",
     install_requires=["torch>=2.13", "pyyaml"],
     # Optional: the Hugging Face attention backend / demo, the demo's progress bar, `bench --plot`.
@@ -106,12 +113,15 @@ setup(
     ext_modules=[
         CppExtension(
             name="torch_ops_transformer._C",
-            sources=sources(),
-            include_dirs=[os.path.join(ROOT, "aten_ops"), os.path.join(ROOT, "ascendc", "cpu_runtime", "include"),
-                          os.path.join(ROOT, "ascendc", "kernels")],
+            sources=EXT["sources"],
+            include_dirs=EXT["include_dirs"],
+            define_macros=EXT["define_macros"],
+            library_dirs=EXT["library_dirs"],
+            libraries=EXT["libraries"],
             extra_compile_args={"cxx": cxx_flags()},
             extra_objects=build_isa_objects(),
-            extra_link_args=["-fopenmp"],  # resolves to the libgomp.so.1 torch already loaded
+            # -fopenmp resolves to the libgomp.so.1 torch already loaded.
+            extra_link_args=["-fopenmp"] + EXT["extra_link_args"],
             py_limited_api=False,
         )
     ],

@@ -26,6 +26,8 @@ generated from native_functions.yaml. Public Python API:
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
+- `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
+  overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
 - `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
   the optimizer update (the seed's §2.3 and scenario 2), on torch.distributed (docs/mc2.md).
 """
@@ -156,7 +158,7 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-from . import npu_sim  # noqa: E402
+from . import npu_sdpa, npu_sim  # noqa: E402
 
 npu_sim.enable_from_environment()
 

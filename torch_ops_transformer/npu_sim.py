@@ -84,6 +84,10 @@ def enable() -> None:
     torch._register_device_module(_BACKEND, _device_module())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
     _enabled = True
+    # F.scaled_dot_product_attention on npu tensors -> our flash attention (PyTorch's overrideable SDPA hook).
+    from . import npu_sdpa
+
+    npu_sdpa.enable()
 
 
 def enable_from_environment() -> None:

@@ -37,13 +37,13 @@ _logged_reasons: set = set()
 # ---------------------------------------------------------------------------------------------------------------
 # what we support
 # ---------------------------------------------------------------------------------------------------------------
-def _tensor_reason(query, key, value) -> Optional[str]:
+def _tensor_reason(query, key, value, device_type) -> Optional[str]:
     if not all(isinstance(t, Tensor) for t in (query, key, value)):
         return "query/key/value are not all tensors"
     if any(t.is_nested for t in (query, key, value)):
         return "nested tensors"
-    if any(t.device.type != "cpu" for t in (query, key, value)):
-        return f"device {query.device.type} (our kernels run on CPU)"
+    if any(t.device.type != device_type for t in (query, key, value)):
+        return f"device {query.device.type} (this route runs our kernels on {device_type} tensors)"
     if query.dtype not in _DTYPES:
         return f"dtype {query.dtype} (kernels take float32/float16/bfloat16)"
     if key.dtype != query.dtype or value.dtype != query.dtype:
@@ -71,13 +71,13 @@ def _shape_reason(query, key, value, enable_gqa) -> Optional[str]:
     return None
 
 
-def _mask_reason(query, key, attn_mask, is_causal) -> Optional[str]:
+def _mask_reason(query, key, attn_mask, is_causal, device_type) -> Optional[str]:
     if attn_mask is None:
         return None
     if is_causal:
         return "attn_mask together with is_causal (PyTorch's CPU kernels disagree: flash combines, math raises)"
-    if not isinstance(attn_mask, Tensor) or attn_mask.is_nested or attn_mask.device.type != "cpu":
-        return "attn_mask is not a CPU tensor"
+    if not isinstance(attn_mask, Tensor) or attn_mask.is_nested or attn_mask.device.type != device_type:
+        return f"attn_mask is not a {device_type} tensor"
     if attn_mask.dtype not in (torch.bool, torch.float32, query.dtype):
         return f"attn_mask dtype {attn_mask.dtype} is not bool, float32 or the query dtype (PyTorch raises)"
     if attn_mask.dim() < 2 or attn_mask.dim() > query.dim():
@@ -90,13 +90,14 @@ def _mask_reason(query, key, attn_mask, is_causal) -> Optional[str]:
 
 
 def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                       enable_gqa=False) -> Optional[str]:
-    """Why our ops cannot take this call (None: they can). Shape checks only; never reads tensor data."""
-    reason = _tensor_reason(query, key, value)
+                       enable_gqa=False, device_type: str = "cpu") -> Optional[str]:
+    """Why our ops cannot take this call (None: they can). Shape checks only; never reads tensor data.
+    `device_type`: where the tensors must live ("npu" for the PrivateUse1 route of torch_ops_transformer.npu_sdpa)."""
+    reason = _tensor_reason(query, key, value, device_type)
     if reason is None:
         reason = _shape_reason(query, key, value, enable_gqa)
     if reason is None:
-        reason = _mask_reason(query, key, attn_mask, is_causal)
+        reason = _mask_reason(query, key, attn_mask, is_causal, device_type)
     if reason is None and not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
         reason = f"dropout_p={dropout_p!r} outside [0, 1)"
     if reason is None and scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
@@ -154,7 +155,10 @@ def _decode(q, k, v, mask, scale) -> Optional[Tensor]:
                                       scale_value=scale, input_layout="BNSD", num_key_value_heads=k.shape[1])
 
 
-def _prefill(q, k, v, mask, dropout_p, is_causal, scale) -> Tensor:
+def flash_mask_args(q: Tensor, k: Tensor, mask: Optional[Tensor], is_causal: bool) -> dict:
+    """SDPA's masking for npu_fa.flash_attention_score on BNSD q/k: a 4-D mask ([b, n, sq, skv], each dim full or
+    1; bool True = keep, float = added to the scaled scores) and top-left is_causal, as the op's keyword arguments
+    (atten_mask True = masked out, pse with pse_type 0, sparse_mode 2 = top-left causal)."""
     n1, sq = q.shape[1], q.shape[2]
     skv = k.shape[2]
     atten_mask = pse = None
@@ -164,12 +168,15 @@ def _prefill(q, k, v, mask, dropout_p, is_causal, scale) -> Tensor:
         # pse accepts [B,N,Sq,Skv], [B,N,1,Skv], [1,N,Sq,Skv]; expand() keeps the broadcast dims stride 0.
         rows = 1 if mask.shape[0] != 1 and mask.shape[2] == 1 else sq
         pse = mask.expand(mask.shape[0], n1, rows, skv)
+    return dict(pse=pse, atten_mask=atten_mask, sparse_mode=2 if is_causal else 0, pse_type=0)
+
+
+def _prefill(q, k, v, mask, dropout_p, is_causal, scale) -> Tensor:
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
     _count("prefill")
-    return _OPS.flash_attention_score(q, k, v, n1, "BNSD", pse=pse, atten_mask=atten_mask, scale=scale,
-                                      keep_prob=keep, sparse_mode=2 if is_causal else 0, pse_type=0,
-                                      seed=seed, offset=offset)[0]
+    return _OPS.flash_attention_score(q, k, v, q.shape[1], "BNSD", scale=scale, keep_prob=keep, seed=seed,
+                                      offset=offset, **flash_mask_args(q, k, mask, is_causal))[0]
 
 
 def _run(query, key, value, attn_mask, dropout_p, is_causal, scale) -> Tensor:

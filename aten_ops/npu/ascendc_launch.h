@@ -1,7 +1,10 @@
 // Launching an Ascend C kernel from a PrivateUse1 (npu) op: the tensors become the kernel's GM arguments, the
 // tiling struct is copied to GM, and the kernel runs on the backend this build targets:
 //   - default (no CANN): the CPU runtime (ascendc/cpu_runtime) on the simulated npu device, via ICPU_RUN_KF;
-//   - TOT_WITH_CANN (setup.py found CANN + torch_npu): the NPU stream via the generated aclrtlaunch_<kernel> entry.
+//   - TOT_WITH_CANN (setup.py found CANN + torch_npu, docs/ascendc_cann_build.md): the current torch_npu stream via
+//     the generated aclrtlaunch_<kernel> entry. Launches are asynchronous there: the GM tensors this object keeps
+//     are released when the glue returns, which is safe because torch_npu's caching allocator reuses a block only
+//     for work queued later on the same stream.
 // Usage in aten_ops/npu/<family>.cpp:
 //   npu_fa::ascendc::Launch launch("rope");
 //   TOT_ASCENDC_RUN(launch, rope_kernel, tiling.block_dim, AscendC::KernelMode::AIV_MODE,
@@ -11,17 +14,29 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #ifdef TOT_WITH_CANN
 #include <acl/acl.h>
+#include <torch_npu/csrc/core/npu/NPUStream.h>  // c10_npu::getCurrentNPUStream
+
+#include "tot_aclrtlaunch_all.h"  // every aclrtlaunch_<kernel>.h of the CANN kernel build (tools/cann_build.py)
 #else
 #include "tikicpulib.h"
 #endif
 
 namespace npu_fa::ascendc {
+
+#ifdef TOT_WITH_CANN
+// GetLibApiWorkSpaceSize() of Ascend 910B (platform_ascendc): 16 MiB in front of every kernel's workspace.
+constexpr int64_t kSystemWorkspaceBytes = 16 * 1024 * 1024;
+#else
+constexpr int64_t kSystemWorkspaceBytes = 0;
+#endif
 
 class Launch {
  public:
@@ -39,12 +54,15 @@ class Launch {
   }
   uint8_t* Gm(const std::optional<at::Tensor>& t) { return t.has_value() ? Gm(*t) : nullptr; }
 
-  // Scratch GM the kernel needs (bytes); on the device of `like`.
+  // Scratch GM the kernel needs (bytes); on the device of `like`. On the NPU the Ascend C library (Matmul in MIX
+  // kernels) owns the first kSystemWorkspaceBytes and kernels find theirs with GetUserWorkspace(workspace); the CPU
+  // runtime keeps its system workspace elsewhere, so there the user part starts at the argument.
   uint8_t* Workspace(int64_t bytes, const at::TensorOptions& like) {
-    return Gm(at::empty({std::max<int64_t>(bytes, 32)}, like.dtype(at::kByte)));
+    return Gm(at::empty({std::max<int64_t>(bytes, 32) + kSystemWorkspaceBytes}, like.dtype(at::kByte)));
   }
 
-  // The tiling struct, copied to GM (device memory on the NPU).
+  // The tiling struct, copied to GM: through the device's copy (`.to`), so on the NPU it lands in device memory
+  // (a blocking host-to-device copy on the current stream, complete before the launch is queued).
   template <typename T>
   uint8_t* Tiling(const T& tiling, const at::TensorOptions& like) {
     static_assert(std::is_trivially_copyable_v<T>, "tiling data must be a POD struct");
@@ -78,9 +96,16 @@ void RunChecked(const Launch& launch, Fn&& fn) {
 }  // namespace npu_fa::ascendc
 
 #ifdef TOT_WITH_CANN
-// The CANN build generates aclrtlaunch_<kernel>.h for every kernel; it launches on torch_npu's current stream.
-#define TOT_ASCENDC_RUN(launch, kernel, block_dim, mode, ...) \
-  ACLRT_LAUNCH_KERNEL(kernel)(block_dim, c10_npu::getCurrentNPUStream().stream(), __VA_ARGS__)
+// The CANN build generates aclrtlaunch_<kernel>.h for every kernel (the core type of a MIX/AIV kernel is recorded in
+// its binary, so `mode` is not needed); it queues the kernel on torch_npu's current stream and returns an ACL error
+// code. GM_ADDR arguments are device pointers; aclrtlaunch takes them as void*.
+#define TOT_ASCENDC_RUN(launch, kernel, block_dim, mode, ...)                                                   \
+  do {                                                                                                        \
+    const uint32_t tot_acl_status_ =                                                                          \
+        ACLRT_LAUNCH_KERNEL(kernel)(block_dim, c10_npu::getCurrentNPUStream().stream(), __VA_ARGS__);        \
+    TORCH_CHECK(tot_acl_status_ == ACL_SUCCESS, (launch).name(), ": aclrtlaunch_" #kernel " failed with ACL error ", \
+                tot_acl_status_);                                                                             \
+  } while (0)
 #else
 #define TOT_ASCENDC_RUN(launch, kernel, block_dim, mode, ...)                 \
   ::npu_fa::ascendc::RunChecked(launch, [&] {                                 \
