@@ -11,6 +11,8 @@ from torch_ops_transformer import npu_perf_model as m
 
 sys.path.insert(0, os.path.dirname(__file__))
 import ascendc_programs  # noqa: E402
+import npu_model_cases  # noqa: E402
+from npu_sim_cases import case_names, run_module  # noqa: E402
 
 HW = m.Ascend910B()
 GHZ = HW.clock_hz
@@ -272,3 +274,13 @@ def test_bench_quick_prints_predictions_beside_the_seed(monkeypatch, capsys):
     for claim in ("85 (#3)", "52 (#1)", "68 (#2)", "16.2 GB vs 3.8 GB", "4.3x"):
         assert claim in out
     assert "predicted winner:" in out and "354 TFLOP/s" in out
+
+
+@pytest.fixture(scope="module")
+def npu_results():
+    return run_module("npu_model_cases")
+
+
+@pytest.mark.parametrize("case", case_names(npu_model_cases))
+def test_bench_path_on_the_simulated_npu(npu_results, case):
+    assert npu_results.get(case) == "ok", npu_results.get(case, "did not run")

@@ -129,7 +129,7 @@ def block_table(shape: pm.AttentionShape, preds) -> str:
             pred.bottleneck if pred.bottleneck.startswith("bandwidth")
             else f"{pred.bottleneck} ({core.counts.core_type})", source,
         ])
-    headers = ["S1 x S2 block", "seed claim ms", "predicted ms", "cube ms", "vector ms", "memory ms",
+    headers = ["S1 x S2 block", "seed claim ms", "model-predicted ms", "cube ms", "vector ms", "memory ms",
                "wait+sync ms", "GM traffic GB", "UB plan per AIV", "bottleneck", "counts from"]
     return format_table(headers, rows)
 
