@@ -105,8 +105,8 @@ def parse_counter_lines(text: str) -> List[CoreCounts]:
 class Pipeline:
     """How the AIC and AIVs of a MIX group hand work to each other.
 
-    steps: hand-offs (e.g. one per S2 block of FlashAttention) per group; each costs `sync_s` and the pipes overlap
-    across them. runs: how often the pipeline fills and drains (e.g. once per S1 block). steps == runs == 1 means no
+    steps: hand-offs on a group's critical path (e.g. two per S2 block of FlashAttention); each costs `sync_s`, and
+    in a software pipeline the pipes overlap across them. runs: how often the pipeline fills and drains (e.g. once per S1 block). steps == runs == 1 means no
     overlap between AIC and AIV (they serialise). double_buffered: False when an AIV step's working set does not fit
     twice in UB, so its copies cannot overlap its vector work. synchronous: every AIV waits for its own cube jobs
     (IterateAll<true>), so its critical path holds its share of the AIC's time; the AIC shared by the group's AIVs
