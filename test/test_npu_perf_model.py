@@ -85,6 +85,11 @@ def test_scaling_pays_the_launch_once():
     s = p.scaled(4)
     assert s.time_s == pytest.approx(4 * 10e-6 + HW.launch_s)
     assert s.scale == 4 and s.bandwidth_floor_s == pytest.approx(4 * p.bandwidth_floor_s)
+    assert s.bottleneck == p.bottleneck == "vector"
+    # 48 cores, 10 us of vector each, 6 us of chip bandwidth: still vector-bound after scaling
+    cores = [m.CoreCounts(m.AIV, i, gm_read_bytes=200_000, vector_repeats=18000) for i in range(48)]
+    p48 = m.predict(cores, HW)
+    assert p48.bandwidth_floor_s == pytest.approx(6e-6) and p48.scaled(43).bottleneck == "vector"
 
 
 def test_records_from_flat_and_errors():

@@ -155,7 +155,7 @@ class Prediction:
 
     @property
     def bottleneck(self) -> str:
-        if self.bandwidth_floor_s >= self.slowest.time_s:
+        if self.bandwidth_floor_s >= self.slowest.time_s * self.scale:
             return "bandwidth (chip)"
         core = max(self.slowest.cores, key=lambda c: c.busy_s)
         parts = {core.bottleneck: max(core.cube_s, core.vector_s, core.memory_s),
