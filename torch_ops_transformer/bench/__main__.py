@@ -18,6 +18,7 @@ TABLES = {
     "moe_routing": "moe_routing",
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",
+    "npu-model": "npu_model",  # predicted Ascend 910B times from the CPU runtime's counters (no NPU measured)
 }
 
 
