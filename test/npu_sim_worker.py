@@ -88,8 +88,10 @@ def case_flash_attention_autograd_equals_cpu():
         out.square().sum().backward()
         assert q.grad.device.type == device
         results[device] = [out.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)]
-    for name, a, b in zip(("out", "dq", "dk", "dv"), results["npu"], results["cpu"]):
-        assert torch.equal(a, b), f"{name}: npu differs from cpu by {(a - b).abs().max().item()}"
+    assert torch.equal(results["npu"][0], results["cpu"][0]), "out: npu differs from cpu"
+    # The npu backward is the Ascend C kernel (flash_attention_score_grad_npu): same math, other summation order.
+    for name, a, b in zip(("dq", "dk", "dv"), results["npu"][1:], results["cpu"][1:]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def case_flash_attention_outputs_on_npu():
