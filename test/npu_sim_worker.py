@@ -88,9 +88,9 @@ def case_flash_attention_autograd_equals_cpu():
         out.square().sum().backward()
         assert q.grad.device.type == device
         results[device] = [out.detach().cpu()] + [t.grad.cpu() for t in (q, k, v)]
-    # The npu forward is the Ascend C kernel (its own summation order), so equal up to fp32 rounding.
+    # Forward and backward are Ascend C kernels (their own summation orders): equal up to fp32 rounding.
     for name, a, b in zip(("out", "dq", "dk", "dv"), results["npu"], results["cpu"]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: npu differs from cpu: {m}")
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: npu vs cpu: {m}")
 
 
 def case_flash_attention_outputs_on_npu():

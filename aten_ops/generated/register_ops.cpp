@@ -27,6 +27,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return npu_fa::flash_attention_score_npu(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  const c10::Device device = query.device();
+  check_same_device("flash_attention_score_grad", "key", key, device);
+  check_same_device("flash_attention_score_grad", "value", value, device);
+  check_same_device("flash_attention_score_grad", "dy", dy, device);
+  if (pse.has_value()) check_same_device("flash_attention_score_grad", "pse", *pse, device);
+  if (atten_mask.has_value()) check_same_device("flash_attention_score_grad", "atten_mask", *atten_mask, device);
+  check_same_device("flash_attention_score_grad", "softmax_max", softmax_max, device);
+  check_same_device("flash_attention_score_grad", "softmax_sum", softmax_sum, device);
+  check_same_device("flash_attention_score_grad", "attention_in", attention_in, device);
+  if (actual_seq_qlen.has_value()) check_same_device("flash_attention_score_grad", "actual_seq_qlen", *actual_seq_qlen, device);
+  if (actual_seq_kvlen.has_value()) check_same_device("flash_attention_score_grad", "actual_seq_kvlen", *actual_seq_kvlen, device);
+  if (seed.has_value()) check_same_device("flash_attention_score_grad", "seed", *seed, device);
+  if (offset.has_value()) check_same_device("flash_attention_score_grad", "offset", *offset, device);
+  const c10::DeviceGuard guard(device);
+  return npu_fa::flash_attention_score_grad_npu(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset);
+}
+
 at::Tensor rotary_position_embedding_npu_privateuse1(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
   const c10::Device device = x.device();
   check_same_device("rotary_position_embedding", "cos", cos, device);
@@ -219,6 +237,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("flash_attention_score", TORCH_FN(flash_attention_score_npu_privateuse1));
+  m.impl("flash_attention_score_grad", TORCH_FN(flash_attention_score_grad_npu_privateuse1));
   m.impl("rotary_position_embedding", TORCH_FN(rotary_position_embedding_npu_privateuse1));
   m.impl("rotary_position_embedding_grad", TORCH_FN(rotary_position_embedding_grad_npu_privateuse1));
   m.impl("incre_flash_attention", TORCH_FN(incre_flash_attention_npu_privateuse1));
