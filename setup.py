@@ -58,8 +58,12 @@ def cxx_flags():
 
 
 def _headers_digest():
+    # The headers an *_isa.cpp can include: CPU kernel headers and the shared validation (not the generated
+    # registrations or the npu glue, which change with every op added and would force needless rebuilds).
     h = hashlib.sha1()
-    for f in sorted(glob.glob(os.path.join(ROOT, "aten_ops", "**", "*.h"), recursive=True)):
+    headers = glob.glob(os.path.join(ROOT, "aten_ops", "cpu", "**", "*.h"), recursive=True)
+    headers += glob.glob(os.path.join(ROOT, "aten_ops", "common", "*.h"))
+    for f in sorted(headers):
         with open(f, "rb") as fh:
             h.update(os.path.relpath(f, ROOT).encode() + fh.read())
     return h.hexdigest()
