@@ -114,12 +114,13 @@ class FlashAttentionGrad {
     pipe_.InitBuffer(sum_buf_, stats);
     pipe_.InitBuffer(di_buf_, stats);
     pipe_.InitBuffer(mask_buf_, t_.vec_rows * t_.mask_pitch);
-    pipe_.InitBuffer(mask_half_buf_, t_.bkv_pitch * sizeof(half));
-    pipe_.InitBuffer(bits_buf_, t_.bkv_pitch / 8 + 1);
-    pipe_.InitBuffer(col_buf_, t_.bkv_pitch * sizeof(float));
+    const uint32_t cmp = tot_ascendc::FaGradComparePitch(t_.bkv_pitch);
+    pipe_.InitBuffer(mask_half_buf_, cmp * sizeof(half));
+    pipe_.InitBuffer(bits_buf_, cmp / 8);
+    pipe_.InitBuffer(col_buf_, cmp * sizeof(float));
     pipe_.InitBuffer(tmp_buf_, 256);
     col_ = col_buf_.Get<float>();
-    ArithProgression(col_, 0.0f, 1.0f, int32_t(t_.bkv_pitch));  // key index inside a block, for the band
+    ArithProgression(col_, 0.0f, 1.0f, int32_t(cmp));  // key index inside a block, for the band
   }
 
   __aicore__ inline void RowRange(uint64_t& r0, uint64_t& r1) const {
@@ -332,16 +333,16 @@ class FlashAttentionGrad {
         Muls(srow, srow, t_.scale, int32_t(nkv));
         Adds(srow, srow, -m, int32_t(nkv));
         if (lo > 0) {
-          CompareScalar(bits, col_, float(lo), CMPMODE::GE, nkv);
+          CompareScalar(bits, col_, float(lo), CMPMODE::GE, tot_ascendc::FaGradComparePitch(nkv));
           Select(srow, bits, srow, kNegInf, SELMODE::VSEL_TENSOR_SCALAR_MODE, nkv);
         }
         if (hi < int64_t(nkv)) {
-          CompareScalar(bits, col_, float(hi), CMPMODE::LT, nkv);
+          CompareScalar(bits, col_, float(hi), CMPMODE::LT, tot_ascendc::FaGradComparePitch(nkv));
           Select(srow, bits, srow, kNegInf, SELMODE::VSEL_TENSOR_SCALAR_MODE, nkv);
         }
         if (t_.has_mask) {
           Cast(mask_h, mask[r * t_.mask_pitch], RoundMode::CAST_NONE, nkv);
-          CompareScalar(bits, mask_h, half(0.5f), CMPMODE::LT, nkv);  // 1 = visible
+          CompareScalar(bits, mask_h, half(0.5f), CMPMODE::LT, tot_ascendc::FaGradComparePitch(nkv));  // 1 = visible
           Select(srow, bits, srow, kNegInf, SELMODE::VSEL_TENSOR_SCALAR_MODE, nkv);
         }
         Exp(srow, srow, int32_t(nkv));

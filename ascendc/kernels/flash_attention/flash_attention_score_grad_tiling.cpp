@@ -21,10 +21,12 @@ std::string Positive(const char* what, int64_t v) {
 uint32_t UbBytes(uint32_t chunk, uint32_t elem, uint32_t vec_rows, uint32_t bkv_pitch, uint32_t mask_pitch) {
   const uint32_t work = chunk * (4 + 4 + 2 * elem);
   const uint32_t stats = 3 * AlignUp(uint64_t(vec_rows) * 8 * 4, 32);   // max, sum, Di: [rows, 8] fp32
+  // Compare works on whole 256-byte repeats: its operands span the key row rounded up to 128 elements.
+  const uint32_t cmp = FaGradComparePitch(bkv_pitch);
   const uint32_t mask = AlignUp(uint64_t(vec_rows) * mask_pitch, 32)    // uint8 rows
-                        + AlignUp(uint64_t(bkv_pitch) * 2, 32)          // one row as half
-                        + AlignUp(bkv_pitch / 8 + 1, 32)                // compare bits
-                        + AlignUp(uint64_t(bkv_pitch) * 4, 32);         // key indices as fp32
+                        + AlignUp(uint64_t(cmp) * 2, 32)                // one row as half
+                        + AlignUp(cmp / 8, 32)                          // compare bits
+                        + AlignUp(uint64_t(cmp) * 4, 32);               // key indices as fp32
   const uint32_t reduce_tmp = 256;
   return work + stats + mask + reduce_tmp;
 }

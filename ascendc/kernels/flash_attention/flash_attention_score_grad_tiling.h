@@ -65,4 +65,8 @@ std::string FlashAttentionScoreGradTilingFunc(const FlashAttentionScoreGradShape
                                               FlashAttentionScoreGradTiling& out);
 #endif
 
+// Elements a CompareScalar on one key row covers: the row rounded up to 128 (a whole number of 256-byte repeats
+// for both fp32 key indices and the half mask row, as the Compare docs require).
+inline uint32_t FaGradComparePitch(uint32_t kv_pitch) { return (kv_pitch + 127) / 128 * 128; }
+
 }  // namespace tot_ascendc
