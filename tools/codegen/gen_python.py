@@ -85,7 +85,7 @@ def render(specs: List[OpSpec]) -> dict:
         lines.append(f"    {s.name!r}: ({s.doc!r}, {tuple(s.dispatch)!r}, {s.autograd is not None}, {s.opcheck}),")
     lines += ["}", "",
               "# Ops whose CPU kernel also serves the simulated NPU device (npu_sim.enable()): every op with a CPU",
-              "# kernel and no PrivateUse1 kernel of its own. Ascend C kernels will replace these (issue 7).",
+              "# kernel and no PrivateUse1 kernel of its own. On CANN builds these have no npu kernel yet.",
               "SIMULATED_NPU_CPU_KERNEL_OPS = ("]
     lines += [f"    {s.name!r}," for s in specs if "CPU" in s.dispatch and "PrivateUse1" not in s.dispatch]
     lines += [")", "", "",

@@ -49,7 +49,7 @@ OPS = {
 }
 
 # Ops whose CPU kernel also serves the simulated NPU device (npu_sim.enable()): every op with a CPU
-# kernel and no PrivateUse1 kernel of its own. Ascend C kernels will replace these (issue 7).
+# kernel and no PrivateUse1 kernel of its own. On CANN builds these have no npu kernel yet.
 SIMULATED_NPU_CPU_KERNEL_OPS = (
     'dropout_gen_mask',
     'apply_rotary_pos_emb',
