@@ -39,7 +39,7 @@ def test_world2_ops_backward_tp_opcheck_compile_and_bad_input():
 
 def test_world4_ops_and_tp():
     scenarios = ["ops_core", "tp"]
-    results, report = run_ranks(4, scenarios, timeout=180.0)
+    results, report = run_ranks(4, scenarios, timeout=180.0, pg_timeout=90)  # 4 ranks on 2 cores: slow when loaded
     assert_all_ok(results, report, scenarios)
 
 
