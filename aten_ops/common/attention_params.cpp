@@ -384,6 +384,23 @@ void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntAr
                     shape_str(t.sizes()));
 }
 
+void check_backward_inputs(const char* op, const AttentionParams& p, const at::Tensor& query, const at::Tensor& dy,
+                           const at::Tensor& softmax_max, const at::Tensor& softmax_sum,
+                           const at::Tensor& attention_in) {
+  const auto out_shape = output_shape(p, query);
+  const auto stats = stats_shape(p, query);
+  check_shape(op, "dy", dy, out_shape);
+  check_shape(op, "attention_in", attention_in, out_shape);
+  check_shape(op, "softmax_max", softmax_max, stats);
+  check_shape(op, "softmax_sum", softmax_sum, stats);
+  TORCH_CHECK_TYPE(dy.scalar_type() == query.scalar_type() && attention_in.scalar_type() == query.scalar_type(), op,
+                   ": arguments 'dy' and 'attention_in' must have query's dtype ", query.scalar_type(), "; got ",
+                   dy.scalar_type(), " and ", attention_in.scalar_type());
+  TORCH_CHECK_TYPE(softmax_max.scalar_type() == at::kFloat && softmax_sum.scalar_type() == at::kFloat, op,
+                   ": arguments 'softmax_max' and 'softmax_sum' must be float32; got ", softmax_max.scalar_type(),
+                   " and ", softmax_sum.scalar_type());
+}
+
 void dropout_keep_row(uint64_t seed, uint64_t row, float keep_prob, int64_t j0, int64_t n, uint8_t* keep) {
   const uint64_t threshold = static_cast<uint64_t>(static_cast<double>(keep_prob) * 4294967296.0);
   uint32_t words[4];

@@ -12,6 +12,7 @@
 #include "decode_attention/incre_flash_attention_tiling.h"
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
+#include "npu/host_alias.h"
 
 extern "C" void incre_flash_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR block_table,
                                       GM_ADDR seq_info, GM_ADDR out, GM_ADDR workspace, GM_ADDR tiling);
@@ -64,23 +65,12 @@ std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, 
   return tot_ascendc::IncreFlashAttentionTilingFn(s, tot_ascendc::Ascend910B(), tiling);
 }
 
-#ifndef TOT_WITH_CANN
-// A CPU tensor over the memory of a simulated-npu tensor (no copy), and back.
-at::Tensor cpu_alias(const at::Tensor& t) {
-  if (!t.defined() || t.device().is_cpu()) return t;
-  c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(at::kCPU));
-}
-std::optional<at::Tensor> cpu_alias(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? std::optional<at::Tensor>(cpu_alias(*t)) : std::nullopt;
-}
-at::Tensor device_alias(const at::Tensor& t, c10::Device device) {
-  c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device));
-}
-#endif
-
 }  // namespace
+
+#ifndef TOT_WITH_CANN
+using npu_host::cpu_alias;
+using npu_host::device_alias;
+#endif
 
 at::Tensor incre_flash_attention_npu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                      const std::optional<at::Tensor>& atten_mask,

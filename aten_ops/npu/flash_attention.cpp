@@ -13,6 +13,8 @@
 #include "generated/kernels.h"
 #include "npu/ascendc_control.h"
 #include "npu/ascendc_launch.h"
+#include "npu/bnsd_layout.h"
+#include "npu/host_alias.h"
 
 #ifndef TOT_WITH_CANN
 extern "C" __global__ __aicore__ void flash_attention_score(GM_ADDR query, GM_ADDR key, GM_ADDR value,
@@ -26,6 +28,12 @@ namespace {
 
 using attention::AttentionParams;
 using attention::Layout;
+using npu_host::from_bnsd;
+using npu_host::to_bnsd;
+#ifndef TOT_WITH_CANN
+using npu_host::cpu_alias;
+using npu_host::device_alias;
+#endif
 using ScoreOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 constexpr const char* kOp = "flash_attention_score";
 constexpr int64_t kMaxHeadDim = 512;
@@ -45,23 +53,6 @@ const char* unsupported_after_parsing(const AttentionParams& p) {
   if (p.head_dim > kMaxHeadDim) return "head dim > 512";
   return nullptr;
 }
-
-#ifndef TOT_WITH_CANN
-// A CPU tensor over the memory of an npu tensor (the simulated device lives in host memory) and back.
-at::Tensor cpu_alias(const at::Tensor& t) {
-  if (!t.defined() || t.device().is_cpu()) return t;
-  c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(at::kCPU));
-}
-std::optional<at::Tensor> cpu_alias(const std::optional<at::Tensor>& t) {
-  return t.has_value() ? std::optional<at::Tensor>(cpu_alias(*t)) : std::nullopt;
-}
-at::Tensor device_alias(const at::Tensor& t, const c10::Device& device) {
-  if (!t.defined() || t.device() == device) return t;
-  c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device));
-}
-#endif
 
 ScoreOutputs run_cpu_kernel(const char* reason, const at::Tensor& query, const at::Tensor& key,
                             const at::Tensor& value, int64_t head_num, c10::string_view input_layout,
@@ -83,27 +74,6 @@ ScoreOutputs run_cpu_kernel(const char* reason, const at::Tensor& query, const a
   return {device_alias(std::get<0>(r), d), device_alias(std::get<1>(r), d), device_alias(std::get<2>(r), d),
           device_alias(std::get<3>(r), d), device_alias(std::get<4>(r), d), device_alias(std::get<5>(r), d)};
 #endif
-}
-
-// [B, N, S, D] contiguous copy of q/k/v given in `layout` with `heads` heads.
-at::Tensor to_bnsd(const at::Tensor& t, Layout layout, int64_t heads) {
-  switch (layout) {
-    case Layout::BSND: return t.permute({0, 2, 1, 3}).contiguous();
-    case Layout::BSH: return t.reshape({t.size(0), t.size(1), heads, -1}).permute({0, 2, 1, 3}).contiguous();
-    case Layout::SBH: return t.reshape({t.size(0), t.size(1), heads, -1}).permute({1, 2, 0, 3}).contiguous();
-    default: return t.contiguous();
-  }
-}
-
-// The kernel's [B, N, S1, vD] output in q's layout.
-at::Tensor from_bnsd(const at::Tensor& o, Layout layout) {
-  const int64_t B = o.size(0), N = o.size(1), S = o.size(2), D = o.size(3);
-  switch (layout) {
-    case Layout::BSND: return o.permute({0, 2, 1, 3}).contiguous();
-    case Layout::BSH: return o.permute({0, 2, 1, 3}).reshape({B, S, N * D});
-    case Layout::SBH: return o.permute({2, 0, 1, 3}).reshape({S, B, N * D});
-    default: return o;
-  }
 }
 
 tot_ascendc::FaDtype kernel_dtype(at::ScalarType t) {

@@ -11,6 +11,8 @@
 #include "flash_attention/flash_attention_score_grad_tiling.h"
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
+#include "npu/bnsd_layout.h"
+#include "npu/host_alias.h"
 
 extern "C" __global__ __aicore__ void flash_attention_score_grad(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR dy,
                                                                  GM_ADDR atten_mask, GM_ADDR softmax_max,
@@ -26,44 +28,6 @@ using attention::AttentionParams;
 using attention::Layout;
 
 constexpr const char* kOp = "flash_attention_score_grad";
-
-// The CPU op's checks beyond parse_attention_params (same messages as aten_ops/cpu/flash_attention/ops.cpp).
-void check_grad_tensors(const AttentionParams& p, const at::Tensor& query, const at::Tensor& dy,
-                        const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in) {
-  const auto out_shape = attention::output_shape(p, query);
-  const auto stats_shape = attention::stats_shape(p, query);
-  attention::check_shape(kOp, "dy", dy, out_shape);
-  attention::check_shape(kOp, "attention_in", attention_in, out_shape);
-  attention::check_shape(kOp, "softmax_max", softmax_max, stats_shape);
-  attention::check_shape(kOp, "softmax_sum", softmax_sum, stats_shape);
-  TORCH_CHECK_TYPE(dy.scalar_type() == query.scalar_type() && attention_in.scalar_type() == query.scalar_type(), kOp,
-                   ": arguments 'dy' and 'attention_in' must have query's dtype ", query.scalar_type(), "; got ",
-                   dy.scalar_type(), " and ", attention_in.scalar_type());
-  TORCH_CHECK_TYPE(softmax_max.scalar_type() == at::kFloat && softmax_sum.scalar_type() == at::kFloat, kOp,
-                   ": arguments 'softmax_max' and 'softmax_sum' must be float32; got ", softmax_max.scalar_type(),
-                   " and ", softmax_sum.scalar_type());
-}
-
-// [B, N, S, D] contiguous copy of a q- or kv-like tensor of a dense layout.
-at::Tensor to_bnsd(const at::Tensor& t, Layout layout, int64_t b, int64_t n, int64_t s, int64_t d) {
-  switch (layout) {
-    case Layout::BNSD: return t.contiguous();
-    case Layout::BSND: return t.permute({0, 2, 1, 3}).contiguous();
-    case Layout::BSH: return t.reshape({b, s, n, d}).permute({0, 2, 1, 3}).contiguous();
-    default: return t.reshape({s, b, n, d}).permute({1, 2, 0, 3}).contiguous();  // SBH
-  }
-}
-
-// Inverse of to_bnsd: a [B, N, S, D] result in the caller's layout (contiguous, like the CPU op's outputs).
-at::Tensor from_bnsd(const at::Tensor& t, Layout layout) {
-  const int64_t b = t.size(0), n = t.size(1), s = t.size(2), d = t.size(3);
-  switch (layout) {
-    case Layout::BNSD: return t;
-    case Layout::BSND: return t.permute({0, 2, 1, 3}).contiguous();
-    case Layout::BSH: return t.permute({0, 2, 1, 3}).reshape({b, s, n * d});
-    default: return t.permute({2, 0, 1, 3}).reshape({s, b, n * d});  // SBH
-  }
-}
 
 tot_ascendc::FagDtype kernel_dtype(at::ScalarType t) {
   if (t == at::kFloat) return tot_ascendc::FagDtype::FP32;
@@ -89,22 +53,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   const AttentionParams p = attention::parse_attention_params(
       kOp, query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale,
       keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, in);
-  check_grad_tensors(p, query, dy, softmax_max, softmax_sum, attention_in);
+  attention::check_backward_inputs(kOp, p, query, dy, softmax_max, softmax_sum, attention_in);
 
   if (!kernel_supports(p, query, key)) {
 #ifndef TOT_WITH_CANN
-    // Simulated device: the CPU kernel on CPU copies, results moved back to the npu.
-    auto cpu = [](const at::Tensor& t) { return t.cpu(); };
-    auto cpu_opt = [](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
-      return t.has_value() ? std::optional<at::Tensor>(t->cpu()) : std::nullopt;
-    };
+    // Simulated device: the CPU kernel on CPU aliases of the npu tensors, results aliased back.
+    using npu_host::cpu_alias;
+    auto cpu = [](const at::Tensor& t) { return cpu_alias(t); };
+    auto cpu_opt = [](const std::optional<at::Tensor>& t) { return cpu_alias(t); };
     auto [dq, dk, dv, dpse] = flash_attention_score_grad_cpu(
         cpu(query), cpu(key), cpu(value), cpu(dy), head_num, input_layout, cpu_opt(pse), cpu_opt(atten_mask),
         cpu(softmax_max), cpu(softmax_sum), cpu(attention_in), cpu_opt(actual_seq_qlen), cpu_opt(actual_seq_kvlen),
         scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, cpu_opt(seed),
         cpu_opt(offset));
     const c10::Device dev = query.device();
-    return {dq.to(dev), dk.to(dev), dv.to(dev), dpse.to(dev)};
+    return {npu_host::device_alias(dq, dev), npu_host::device_alias(dk, dev), npu_host::device_alias(dv, dev),
+            npu_host::device_alias(dpse, dev)};
 #else
     TORCH_CHECK(false, kOp, ": the Ascend C kernel supports dense layouts without pse and dropout; got layout ",
                 input_layout, p.pse.has_value() ? " with pse" : "", p.has_dropout() ? " with dropout" : "");
@@ -113,9 +77,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
 
   const int64_t B = p.batch, N1 = p.q_heads, N2 = p.kv_heads, S1 = p.max_q_len, S2 = p.max_kv_len;
   const int64_t D = p.head_dim, Dv = p.v_head_dim;
-  const at::Tensor q = to_bnsd(query, p.layout, B, N1, S1, D), k = to_bnsd(key, p.layout, B, N2, S2, D),
-                   v = to_bnsd(value, p.layout, B, N2, S2, Dv), g = to_bnsd(dy, p.layout, B, N1, S1, Dv),
-                   o = to_bnsd(attention_in, p.layout, B, N1, S1, Dv);
+  using npu_host::from_bnsd;
+  using npu_host::to_bnsd;
+  const at::Tensor q = to_bnsd(query, p.layout, N1), k = to_bnsd(key, p.layout, N2), v = to_bnsd(value, p.layout, N2),
+                   g = to_bnsd(dy, p.layout, N1), o = to_bnsd(attention_in, p.layout, N1);
   const at::Tensor smax = softmax_max.contiguous(), ssum = softmax_sum.contiguous();
 
   tot_ascendc::FlashAttentionScoreGradShape shape;

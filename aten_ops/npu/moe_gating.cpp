@@ -18,6 +18,7 @@
 #include "generated/kernels.h"
 #include "moe_gating/moe_gating_top_k_softmax_tiling.h"
 #include "npu/ascendc_launch.h"
+#include "npu/host_alias.h"
 
 #ifdef TOT_WITH_CANN
 #include "aclrtlaunch_moe_gating_top_k_softmax_kernel.h"
@@ -63,25 +64,12 @@ std::string kernel_refusal(const at::Tensor& x, const moe::GatingShape& g, const
 }
 
 #ifndef TOT_WITH_CANN
-// CPU views of simulated-npu memory and back (no copies; each keeps the other's storage alive).
-at::Tensor cpu_alias(const at::Tensor& t) {
-  c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(at::kCPU));
-}
-
-at::Tensor npu_alias(const at::Tensor& t, const c10::Device& device) {
-  c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device));
-}
+using npu_host::cpu_alias;
+using npu_host::device_alias;
 
 Outputs on_device(const Outputs& out, const c10::Device& device) {
-  return {npu_alias(std::get<0>(out), device), npu_alias(std::get<1>(out), device),
-          npu_alias(std::get<2>(out), device)};
-}
-
-std::optional<at::Tensor> cpu_alias(const std::optional<at::Tensor>& t) {
-  if (!t.has_value()) return std::nullopt;
-  return cpu_alias(*t);
+  return {device_alias(std::get<0>(out), device), device_alias(std::get<1>(out), device),
+          device_alias(std::get<2>(out), device)};
 }
 #endif
 

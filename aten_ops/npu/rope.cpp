@@ -16,6 +16,7 @@
 #include "common/rope_params.h"
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
+#include "npu/host_alias.h"
 #include "rope/rotary_position_embedding_tiling.h"
 
 #ifdef TOT_WITH_CANN
@@ -132,15 +133,8 @@ void check_fallback_allowed(const char* op, const std::string& why_not) {
               " (TOT_NPU_SIM_NO_FALLBACK=1 forbids the CPU kernel fallback)");
 }
 
-// CPU views of npu tensors and back (the simulated device keeps its memory on the host).
-at::Tensor as_cpu(const at::Tensor& t) {
-  c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(at::kCPU));
-}
-at::Tensor as_npu(const at::Tensor& t, const c10::Device& device) {
-  c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device));
-}
+using npu_host::cpu_alias;
+using npu_host::device_alias;
 #endif
 
 }  // namespace
@@ -155,7 +149,7 @@ at::Tensor rotary_position_embedding_npu(const at::Tensor& x, const at::Tensor& 
   if (p.why_not.empty()) return forward_kernel(p, x, cos, sin);
 #ifndef TOT_WITH_CANN
   check_fallback_allowed(op, p.why_not);
-  return as_npu(rotary_position_embedding_cpu(as_cpu(x), as_cpu(cos), as_cpu(sin), mode), x.device());
+  return device_alias(rotary_position_embedding_cpu(cpu_alias(x), cpu_alias(cos), cpu_alias(sin), mode), x.device());
 #else
   TORCH_CHECK(false, op, ": the Ascend C kernel does not handle ", p.why_not);
 #endif
@@ -171,8 +165,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_np
   if (!p.why_not.empty()) {
 #ifndef TOT_WITH_CANN
     check_fallback_allowed(op, p.why_not);
-    auto [dx, dcos, dsin] = rotary_position_embedding_grad_cpu(as_cpu(grad), as_cpu(cos), as_cpu(sin), as_cpu(x), mode);
-    return {as_npu(dx, x.device()), as_npu(dcos, x.device()), as_npu(dsin, x.device())};
+    auto [dx, dcos, dsin] = rotary_position_embedding_grad_cpu(cpu_alias(grad), cpu_alias(cos), cpu_alias(sin), cpu_alias(x), mode);
+    return {device_alias(dx, x.device()), device_alias(dcos, x.device()), device_alias(dsin, x.device())};
 #else
     TORCH_CHECK(x.numel() != 0, op, ": empty x is not supported on the NPU");
     TORCH_CHECK(false, op, ": the Ascend C kernel does not handle ", p.why_not);

@@ -84,18 +84,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   const AttentionParams p = attention::parse_attention_params(
       op, query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale,
       keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, in);
-  const auto out_shape = attention::output_shape(p, query);
-  const auto stats_shape = attention::stats_shape(p, query);
-  attention::check_shape(op, "dy", dy, out_shape);
-  attention::check_shape(op, "attention_in", attention_in, out_shape);
-  attention::check_shape(op, "softmax_max", softmax_max, stats_shape);
-  attention::check_shape(op, "softmax_sum", softmax_sum, stats_shape);
-  TORCH_CHECK_TYPE(dy.scalar_type() == query.scalar_type() && attention_in.scalar_type() == query.scalar_type(), op,
-                   ": arguments 'dy' and 'attention_in' must have query's dtype ", query.scalar_type(), "; got ",
-                   dy.scalar_type(), " and ", attention_in.scalar_type());
-  TORCH_CHECK_TYPE(softmax_max.scalar_type() == at::kFloat && softmax_sum.scalar_type() == at::kFloat, op,
-                   ": arguments 'softmax_max' and 'softmax_sum' must be float32; got ", softmax_max.scalar_type(),
-                   " and ", softmax_sum.scalar_type());
+  attention::check_backward_inputs(op, p, query, dy, softmax_max, softmax_sum, attention_in);
   BackwardTensors t;
   t.dy = dy.contiguous();
   t.attention_in = attention_in.contiguous();
