@@ -14,8 +14,11 @@
 #include "npu/ascendc_launch.h"
 #include "npu/host_alias.h"
 
-extern "C" void incre_flash_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR block_table,
-                                      GM_ADDR seq_info, GM_ADDR out, GM_ADDR workspace, GM_ADDR tiling);
+#ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
+extern "C" __global__ __aicore__ void incre_flash_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
+                                                            GM_ADDR block_table, GM_ADDR seq_info, GM_ADDR out,
+                                                            GM_ADDR workspace, GM_ADDR tiling);
+#endif
 
 namespace npu_fa {
 namespace {

@@ -16,7 +16,7 @@
 #include "npu/bnsd_layout.h"
 #include "npu/host_alias.h"
 
-#ifndef TOT_WITH_CANN
+#ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
 extern "C" __global__ __aicore__ void flash_attention_score(GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                                             GM_ADDR atten_mask, GM_ADDR attention_out,
                                                             GM_ADDR softmax_max, GM_ADDR softmax_sum,

@@ -14,11 +14,13 @@
 #include "npu/bnsd_layout.h"
 #include "npu/host_alias.h"
 
+#ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
 extern "C" __global__ __aicore__ void flash_attention_score_grad(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR dy,
                                                                  GM_ADDR atten_mask, GM_ADDR softmax_max,
                                                                  GM_ADDR softmax_sum, GM_ADDR attention_in,
                                                                  GM_ADDR dq, GM_ADDR dk, GM_ADDR dv,
                                                                  GM_ADDR workspace, GM_ADDR tiling);
+#endif
 
 namespace npu_fa {
 namespace {
@@ -59,13 +61,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
 #ifndef TOT_WITH_CANN
     // Simulated device: the CPU kernel on CPU aliases of the npu tensors, results aliased back.
     using npu_host::cpu_alias;
-    auto cpu = [](const at::Tensor& t) { return cpu_alias(t); };
-    auto cpu_opt = [](const std::optional<at::Tensor>& t) { return cpu_alias(t); };
     auto [dq, dk, dv, dpse] = flash_attention_score_grad_cpu(
-        cpu(query), cpu(key), cpu(value), cpu(dy), head_num, input_layout, cpu_opt(pse), cpu_opt(atten_mask),
-        cpu(softmax_max), cpu(softmax_sum), cpu(attention_in), cpu_opt(actual_seq_qlen), cpu_opt(actual_seq_kvlen),
-        scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, cpu_opt(seed),
-        cpu_opt(offset));
+        cpu_alias(query), cpu_alias(key), cpu_alias(value), cpu_alias(dy), head_num, input_layout, cpu_alias(pse),
+        cpu_alias(atten_mask), cpu_alias(softmax_max), cpu_alias(softmax_sum), cpu_alias(attention_in),
+        cpu_alias(actual_seq_qlen), cpu_alias(actual_seq_kvlen), scale, keep_prob, pre_tokens, next_tokens,
+        inner_precise, sparse_mode, pse_type, cpu_alias(seed), cpu_alias(offset));
     const c10::Device dev = query.device();
     return {npu_host::device_alias(dq, dev), npu_host::device_alias(dk, dev), npu_host::device_alias(dv, dev),
             npu_host::device_alias(dpse, dev)};

@@ -20,9 +20,7 @@
 #include "npu/ascendc_launch.h"
 #include "npu/host_alias.h"
 
-#ifdef TOT_WITH_CANN
-#include "aclrtlaunch_moe_gating_top_k_softmax_kernel.h"
-#else
+#ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
 extern "C" __global__ __aicore__ void moe_gating_top_k_softmax_kernel(GM_ADDR x, GM_ADDR finished, GM_ADDR y,
                                                                       GM_ADDR expertIdx, GM_ADDR rowIdx,
                                                                       GM_ADDR softmaxOut, GM_ADDR workspace,
@@ -97,7 +95,7 @@ void launch_gating(const at::Tensor& x, const std::optional<at::Tensor>& finishe
       finished.has_value() ? std::optional<at::Tensor>(finished->contiguous()) : std::nullopt;
   ascendc::Launch launch("moe_gating_top_k_softmax");
   TOT_ASCENDC_RUN(launch, moe_gating_top_k_softmax_kernel, tiling.block_dim, AscendC::KernelMode::AIV_MODE,
-                  launch.Gm(xc), fin.has_value() ? launch.Gm(*fin) : nullptr, launch.Gm(o.y), launch.Gm(o.expert),
+                  launch.Gm(xc), launch.Gm(fin), launch.Gm(o.y), launch.Gm(o.expert),
                   tiling.want_row_idx ? launch.Gm(o.row_idx) : nullptr,
                   tiling.want_softmax ? launch.Gm(o.softmax) : nullptr, launch.Workspace(0, x.options()),
                   launch.Tiling(tiling, x.options()));

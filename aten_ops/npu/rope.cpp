@@ -19,10 +19,7 @@
 #include "npu/host_alias.h"
 #include "rope/rotary_position_embedding_tiling.h"
 
-#ifdef TOT_WITH_CANN
-#include "aclrtlaunch_rotary_position_embedding_kernel.h"
-#include "aclrtlaunch_rotary_position_embedding_grad_kernel.h"
-#else
+#ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
 extern "C" __global__ __aicore__ void rotary_position_embedding_kernel(GM_ADDR x, GM_ADDR cos, GM_ADDR sin,
                                                                        GM_ADDR out, GM_ADDR workspace,
                                                                        GM_ADDR tiling);
@@ -165,7 +162,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_np
   if (!p.why_not.empty()) {
 #ifndef TOT_WITH_CANN
     check_fallback_allowed(op, p.why_not);
-    auto [dx, dcos, dsin] = rotary_position_embedding_grad_cpu(cpu_alias(grad), cpu_alias(cos), cpu_alias(sin), cpu_alias(x), mode);
+    auto [dx, dcos, dsin] =
+        rotary_position_embedding_grad_cpu(cpu_alias(grad), cpu_alias(cos), cpu_alias(sin), cpu_alias(x), mode);
     return {device_alias(dx, x.device()), device_alias(dcos, x.device()), device_alias(dsin, x.device())};
 #else
     TORCH_CHECK(x.numel() != 0, op, ": empty x is not supported on the NPU");
