@@ -7,8 +7,6 @@ softmax_max / softmax_sum must equal the CPU op's up to fp32 rounding (-inf / 0 
 Sizes are tiny: the runtime executes every vector lane as scalar C++.
 """
 import ctypes
-import glob
-import os
 
 import torch
 
@@ -20,10 +18,9 @@ SMALL = dict(batch=1, q_heads=4, kv_heads=2, head_dim=40)
 
 
 def _lib():
-    import torch_ops_transformer as tot
+    from torch_ops_transformer._ops_loader import extension_cdll
 
-    path = glob.glob(os.path.join(os.path.dirname(tot.__file__), "_C*.so"))[0]
-    return ctypes.CDLL(path)  # the already loaded extension: same globals as the op
+    return extension_cdll()  # the already loaded extension: same globals as the op
 
 
 def _on_npu(args):

@@ -1,4 +1,6 @@
 """Load the compiled kernels and wire the generated Python registrations, exactly once."""
+import ctypes
+import functools
 import glob
 import os
 
@@ -16,6 +18,13 @@ def _library_path() -> str:
             "`pip install --no-build-isolation -e .`"
         )
     return candidates[0]
+
+
+@functools.lru_cache(maxsize=None)
+def extension_cdll() -> ctypes.CDLL:
+    """The extension as a ctypes library, for its plain C entry points (the simulated device, the SDPA hook, the
+    Ascend C runtime's counters). Opening the already-loaded .so again returns the same handle and globals."""
+    return ctypes.CDLL(_library_path())
 
 
 def load() -> None:

@@ -158,9 +158,9 @@ def fused_attention_overrideable_backward(grad_out: Tensor, query: Tensor, key: 
 # installation
 # ---------------------------------------------------------------------------------------------------------------
 def _install_choice_stub() -> None:
-    from ._ops_loader import _library_path
+    from ._ops_loader import extension_cdll
 
-    lib = ctypes.CDLL(_library_path())
+    lib = extension_cdll()
     error = ctypes.create_string_buffer(1024)
     fn = lib.tot_sdpa_install_choice_stub
     fn.argtypes = [ctypes.c_char_p, ctypes.c_int]

@@ -59,9 +59,9 @@ def _device_module() -> types.ModuleType:
 
 def _install_cpp() -> None:
     from ._generated.registrations import SIMULATED_NPU_CPU_KERNEL_OPS
-    from ._ops_loader import _library_path
+    from ._ops_loader import extension_cdll
 
-    lib = ctypes.CDLL(_library_path())  # the already-loaded extension (same handle as torch.ops.load_library)
+    lib = extension_cdll()
     names = (ctypes.c_char_p * len(SIMULATED_NPU_CPU_KERNEL_OPS))(*[n.encode() for n in SIMULATED_NPU_CPU_KERNEL_OPS])
     error = ctypes.create_string_buffer(2048)
     fn = lib.tot_npu_sim_enable

@@ -31,9 +31,9 @@ MAX_CORES = 128
 def runtime_hooks() -> Tuple[Optional[ctypes.CDLL], str]:
     """The extension's counter hooks (ctypes handle), or None and why not."""
     try:
-        from .._ops_loader import _library_path
+        from .._ops_loader import extension_cdll
 
-        lib = ctypes.CDLL(_library_path())
+        lib = extension_cdll()
     except (ImportError, OSError) as e:
         return None, f"the compiled extension could not be opened ({e})"
     missing = [h for h in HOOKS if not hasattr(lib, h)]
