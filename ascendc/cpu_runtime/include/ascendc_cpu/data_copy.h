@@ -104,51 +104,53 @@ __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>&
   cpu::Core().counters.copies += 1;
 }
 
+namespace cpu {
+// The walk of the strided forms: blockCount blocks of blockLen DataBlocks, srcStride / dstStride DataBlocks apart.
+// Checks every block against both tensors, then move(dst, src, elements).
+template <typename T, typename Dst, typename Src, typename Move>
+void CopyBlocks(const Dst& dst, const Src& src, const DataCopyParams& p, const char* api, Move move) {
+  constexpr uint32_t e = kDataBlock / sizeof(T);
+  const uint64_t len = uint64_t(p.blockLen) * e;
+  for (uint32_t b = 0; b < p.blockCount; ++b) {
+    const uint64_t s = b * (len + uint64_t(p.srcStride) * e), d = b * (len + uint64_t(p.dstStride) * e);
+    src.CheckRange(s, len, api, "src");
+    dst.CheckRange(d, len, api, "dst");
+    move(dst.Data() + d, src.Data() + s, len);
+  }
+}
+}  // namespace cpu
+
 // Strided forms: blockCount blocks of blockLen DataBlocks; gaps of srcStride / dstStride DataBlocks between blocks.
 template <typename T>
 __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src,
                                 const DataCopyParams& p) {
-  constexpr uint32_t e = cpu::kDataBlock / sizeof(T);
-  const uint64_t len = uint64_t(p.blockLen) * e;
-  dst.CheckAligned("DataCopy(GM->UB, DataCopyParams)", "dst");
-  for (uint32_t b = 0; b < p.blockCount; ++b) {
-    const uint64_t s = b * (len + uint64_t(p.srcStride) * e), d = b * (len + uint64_t(p.dstStride) * e);
-    src.CheckRange(s, len, "DataCopy(GM->UB, DataCopyParams)", "src");
-    dst.CheckRange(d, len, "DataCopy(GM->UB, DataCopyParams)", "dst");
-    if (!cpu::CountOnly()) std::memcpy(dst.Data() + d, src.Data() + s, len * sizeof(T));
-  }
+  const char* api = "DataCopy(GM->UB, DataCopyParams)";
+  dst.CheckAligned(api, "dst");
+  cpu::CopyBlocks<T>(dst, src, p, api, [](T* d, const T* s, uint64_t n) {
+    if (!cpu::CountOnly()) std::memcpy(d, s, n * sizeof(T));
+  });
   auto& k = cpu::Core().counters;
-  k.gm_read_bytes += uint64_t(p.blockCount) * len * sizeof(T);
+  k.gm_read_bytes += uint64_t(p.blockCount) * p.blockLen * cpu::kDataBlock;
   k.copies += 1;
 }
 
 template <typename T>
 __aicore__ inline void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src,
                                 const DataCopyParams& p) {
-  constexpr uint32_t e = cpu::kDataBlock / sizeof(T);
-  const uint64_t len = uint64_t(p.blockLen) * e;
-  src.CheckAligned("DataCopy(UB->GM, DataCopyParams)", "src");
-  for (uint32_t b = 0; b < p.blockCount; ++b) {
-    const uint64_t s = b * (len + uint64_t(p.srcStride) * e), d = b * (len + uint64_t(p.dstStride) * e);
-    src.CheckRange(s, len, "DataCopy(UB->GM, DataCopyParams)", "src");
-    dst.CheckRange(d, len, "DataCopy(UB->GM, DataCopyParams)", "dst");
-    cpu::WriteGm(dst.Data() + d, src.Data() + s, len);
-  }
+  const char* api = "DataCopy(UB->GM, DataCopyParams)";
+  src.CheckAligned(api, "src");
+  cpu::CopyBlocks<T>(dst, src, p, api, [](T* d, const T* s, uint64_t n) { cpu::WriteGm(d, s, n); });
   cpu::Core().counters.copies += 1;
 }
 
 template <typename T>
 __aicore__ inline void DataCopy(const LocalTensor<T>& dst, const LocalTensor<T>& src, const DataCopyParams& p) {
-  constexpr uint32_t e = cpu::kDataBlock / sizeof(T);
-  const uint64_t len = uint64_t(p.blockLen) * e;
-  dst.CheckAligned("DataCopy(UB->UB, DataCopyParams)", "dst");
-  src.CheckAligned("DataCopy(UB->UB, DataCopyParams)", "src");
-  for (uint32_t b = 0; b < p.blockCount; ++b) {
-    const uint64_t s = b * (len + uint64_t(p.srcStride) * e), d = b * (len + uint64_t(p.dstStride) * e);
-    src.CheckRange(s, len, "DataCopy(UB->UB, DataCopyParams)", "src");
-    dst.CheckRange(d, len, "DataCopy(UB->UB, DataCopyParams)", "dst");
-    if (!cpu::CountOnly()) std::memmove(dst.Data() + d, src.Data() + s, len * sizeof(T));
-  }
+  const char* api = "DataCopy(UB->UB, DataCopyParams)";
+  dst.CheckAligned(api, "dst");
+  src.CheckAligned(api, "src");
+  cpu::CopyBlocks<T>(dst, src, p, api, [](T* d, const T* s, uint64_t n) {
+    if (!cpu::CountOnly()) std::memmove(d, s, n * sizeof(T));
+  });
   cpu::Core().counters.copies += 1;
 }
 
