@@ -62,7 +62,7 @@ def _headers_digest():
     # registrations or the npu glue, which change with every op added and would force needless rebuilds).
     h = hashlib.sha1()
     headers = glob.glob(os.path.join(ROOT, "aten_ops", "cpu", "**", "*.h"), recursive=True)
-    headers += glob.glob(os.path.join(ROOT, "aten_ops", "common", "*.h"))
+    headers += glob.glob(os.path.join(ROOT, "aten_ops", "common", "**", "*.h"), recursive=True)
     for f in sorted(headers):
         with open(f, "rb") as fh:
             h.update(os.path.relpath(f, ROOT).encode() + fh.read())

@@ -21,7 +21,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import torch_ops_transformer as tot  # noqa: E402
 from reference import check_tolerance  # noqa: E402
-from torch_ops_transformer.tensor_parallel import TensorParallelMLP, shard_sequence  # noqa: E402
+from torch_ops_transformer.mc2.tensor_parallel import TensorParallelMLP, shard_sequence  # noqa: E402
 
 OPS = torch.ops.npu_fa
 warnings.filterwarnings("ignore", category=FutureWarning)  # dist.*_tensor deprecation notices on every call

@@ -2,8 +2,8 @@
 tikicpulib-style host program that runs the kernel on the CPU runtime against a float64 reference."""
 from ascendc_programs import build, run
 
-KERNEL = "ascendc/kernels/flash_attention/flash_attention_score_kernel.cpp"
-TILING = "ascendc/kernels/flash_attention/flash_attention_score_tiling.cpp"
+KERNEL = "ascendc/kernels/attention/flash_attention_score_kernel.cpp"
+TILING = "ascendc/kernels/attention/flash_attention_score_tiling.cpp"
 
 
 def _check(res):

@@ -150,7 +150,7 @@ def _build(tmp_path):
 
 def fake_repo(base):
     for rel in ["ascendc/kernels/rope/rope_kernel.cpp", "ascendc/kernels/rope/rope_tiling.cpp",
-                "ascendc/kernels/flash_attention/fa_fwd_kernel.cpp", "ascendc/cpu_runtime/src/runtime.cpp",
+                "ascendc/kernels/attention/fa_fwd_kernel.cpp", "ascendc/cpu_runtime/src/runtime.cpp",
                 "aten_ops/cpu/rope/ops.cpp", "aten_ops/cpu/rope/kernels_isa.cpp", "aten_ops/common/p.cpp",
                 "aten_ops/npu/rope.cpp", "aten_ops/npu_sim/device.cpp", "aten_ops/generated/register_ops.cpp"]:
         (base / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -161,7 +161,7 @@ def fake_repo(base):
 def test_kernel_sources_and_cmake_project(tmp_path):
     root = fake_repo(tmp_path / "repo")
     kernels = cann.kernel_sources(str(root))
-    assert kernels == ["ascendc/kernels/flash_attention/fa_fwd_kernel.cpp", "ascendc/kernels/rope/rope_kernel.cpp"]
+    assert kernels == ["ascendc/kernels/attention/fa_fwd_kernel.cpp", "ascendc/kernels/rope/rope_kernel.cpp"]
     text = cann.cmake_lists(str(root), kernels)
     assert "include(${ASCENDC_CMAKE_DIR}/ascendc.cmake)" in text
     assert f"ascendc_library({cann.KERNEL_LIBRARY} SHARED" in text

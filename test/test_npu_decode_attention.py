@@ -12,8 +12,8 @@ import ascendc_programs  # noqa: E402
 import npu_decode_attention_cases  # noqa: E402  (only to list its cases)
 from npu_sim_cases import case_names, run_module  # noqa: E402
 
-TILING = "ascendc/kernels/decode_attention/incre_flash_attention_tiling.cpp"
-KERNEL = "ascendc/kernels/decode_attention/incre_flash_attention_kernel.cpp"
+TILING = "ascendc/kernels/inference/incre_flash_attention_tiling.cpp"
+KERNEL = "ascendc/kernels/inference/incre_flash_attention_kernel.cpp"
 
 
 def _run_program(name, sources):

@@ -6,8 +6,8 @@ import ascendc_programs
 import npu_flash_attention_grad_cases
 from npu_sim_cases import case_names, run_module
 
-TILING = "ascendc/kernels/flash_attention/flash_attention_score_grad_tiling.cpp"
-KERNEL = "ascendc/kernels/flash_attention/flash_attention_score_grad_kernel.cpp"
+TILING = "ascendc/kernels/attention/flash_attention_score_grad_tiling.cpp"
+KERNEL = "ascendc/kernels/attention/flash_attention_score_grad_kernel.cpp"
 
 
 def test_tiling_budget_tails_and_split():

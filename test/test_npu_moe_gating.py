@@ -7,8 +7,8 @@ import npu_moe_gating_cases
 from ascendc_programs import build, run
 from npu_sim_cases import case_names, run_module
 
-TILING = "ascendc/kernels/moe_gating/moe_gating_top_k_softmax_tiling.cpp"
-KERNEL = "ascendc/kernels/moe_gating/moe_gating_top_k_softmax_kernel.cpp"
+TILING = "ascendc/kernels/moe/moe_gating_top_k_softmax_tiling.cpp"
+KERNEL = "ascendc/kernels/moe/moe_gating_top_k_softmax_kernel.cpp"
 
 
 def _passes(name, sources):

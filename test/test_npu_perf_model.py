@@ -186,8 +186,8 @@ def test_fa_counts_conserve_the_work(s1, s2):
 
 
 FA_SOURCES = ["ascendc/tests/npu_model_fa_counts.cpp",
-              "ascendc/kernels/flash_attention/flash_attention_score_kernel.cpp",
-              "ascendc/kernels/flash_attention/flash_attention_score_tiling.cpp"]
+              "ascendc/kernels/attention/flash_attention_score_kernel.cpp",
+              "ascendc/kernels/attention/flash_attention_score_tiling.cpp"]
 
 
 @pytest.mark.parametrize("b,n,s,d,block", [(1, 3, 512, 64, 64), (1, 2, 512, 128, 128), (1, 1, 1024, 128, 256)])

@@ -45,9 +45,7 @@ from .attention import (  # noqa: E402
     npu_fusion_attention,
     npu_fusion_attention_grad,
 )
-from .grouped_matmul import grouped_matmul, npu_grouped_matmul  # noqa: E402
 from .kv_cache import PagedKVCache  # noqa: E402
-from .moe_layer import MOELayer  # noqa: E402
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
     npu_rotary_mul,
@@ -68,7 +66,6 @@ from .sdpa import (  # noqa: E402
     try_scaled_dot_product_attention,
 )
 from .sdpa import supported as sdpa_supported  # noqa: E402
-from .mc2_training import MC2DistributedDataParallel, MC2Optimizer  # noqa: E402
 
 
 def enable_compile_lowering() -> None:
@@ -87,14 +84,19 @@ def compile_lowering():
     from . import inductor_lowering as m
     return m.compile_lowering()
 from .mc2 import (  # noqa: E402
+    MC2DistributedDataParallel,
+    MC2Optimizer,
     mc2_validation,
     npu_all_gather_base_mm,
     npu_mm_all_reduce_add_rms_norm,
     npu_mm_all_reduce_base,
     npu_mm_reduce_scatter_base,
+    tensor_parallel,
 )
-from . import tensor_parallel  # noqa: E402
-from .moe_routing import (  # noqa: E402
+from .moe import (  # noqa: E402
+    MOELayer,
+    grouped_matmul,
+    npu_grouped_matmul,
     npu_moe_compute_expert_tokens,
     npu_moe_finalize_routing,
     npu_moe_gating_top_k,

@@ -256,7 +256,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def fa_ub_bytes(s1_block: int, s2_block: int, vec_rows: int, head_dim: int, dtype_bytes: int = 2) -> int:
     """UB one AIV of our FlashAttention forward uses (no mask): the buffers of its UB plan
-    (ascendc/kernels/flash_attention/flash_attention_score_tiling.h, FaPlanUb), each rounded to 32 bytes."""
+    (ascendc/kernels/attention/flash_attention_score_tiling.h, FaPlanUb), each rounded to 32 bytes."""
     r = lambda n: _ceil_div(n, 32) * 32  # noqa: E731
     d = _ceil_div(head_dim, 16) * 16
     low = 0 if dtype_bytes == 4 else dtype_bytes

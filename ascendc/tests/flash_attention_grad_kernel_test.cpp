@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "tikicpulib.h"
-#include "flash_attention/flash_attention_score_grad_tiling.h"
+#include "attention/flash_attention_score_grad_tiling.h"
 
 extern "C" __global__ __aicore__ void flash_attention_score_grad(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR dy,
                                                                  GM_ADDR atten_mask, GM_ADDR softmax_max,

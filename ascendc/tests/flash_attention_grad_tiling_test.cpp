@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "flash_attention/flash_attention_score_grad_tiling.h"
+#include "attention/flash_attention_score_grad_tiling.h"
 
 using namespace tot_ascendc;
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tikicpulib.h"
-#include "flash_attention/flash_attention_score_tiling.h"
+#include "attention/flash_attention_score_tiling.h"
 
 extern "C" __global__ __aicore__ void flash_attention_score(GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                                             GM_ADDR atten_mask, GM_ADDR attention_out,

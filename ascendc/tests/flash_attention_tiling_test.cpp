@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "flash_attention/flash_attention_score_tiling.h"
+#include "attention/flash_attention_score_tiling.h"
 
 using namespace tot_ascendc;
 

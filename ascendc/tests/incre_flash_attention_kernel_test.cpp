@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "tikicpulib.h"
-#include "decode_attention/incre_flash_attention_tiling.h"
+#include "inference/incre_flash_attention_tiling.h"
 
 extern "C" void incre_flash_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR block_table,
                                       GM_ADDR seq_info, GM_ADDR out, GM_ADDR workspace, GM_ADDR tiling);

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "decode_attention/incre_flash_attention_tiling.h"
+#include "inference/incre_flash_attention_tiling.h"
 
 using namespace tot_ascendc;
 

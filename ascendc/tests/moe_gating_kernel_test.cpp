@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tikicpulib.h"
-#include "moe_gating/moe_gating_top_k_softmax_tiling.h"
+#include "moe/moe_gating_top_k_softmax_tiling.h"
 
 extern "C" __global__ __aicore__ void moe_gating_top_k_softmax_kernel(GM_ADDR x, GM_ADDR finished, GM_ADDR y,
                                                                       GM_ADDR expertIdx, GM_ADDR rowIdx,

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "moe_gating/moe_gating_top_k_softmax_tiling.h"
+#include "moe/moe_gating_top_k_softmax_tiling.h"
 
 using namespace tot_ascendc;
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "flash_attention/flash_attention_score_tiling.h"
+#include "attention/flash_attention_score_tiling.h"
 #include "tikicpulib.h"
 
 extern "C" __global__ __aicore__ void flash_attention_score(GM_ADDR query, GM_ADDR key, GM_ADDR value,

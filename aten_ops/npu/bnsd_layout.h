@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "common/attention_params.h"
+#include "common/attention/params.h"
 
 namespace npu_fa::npu_host {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "common/rope_params.h"
+#include "common/rope/params.h"
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
 #include "npu/host_alias.h"

@@ -5,7 +5,7 @@ Speed-up = peer time / our time (same process, alternating contenders, median of
 import torch
 import torch.nn.functional as F
 
-from ..moe_layer import MOELayer
+from ..moe.layer import MOELayer
 from .common import format_table, gemm_gflops, time_alternating
 
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "common/rope_params.h"
+#include "common/rope/params.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {

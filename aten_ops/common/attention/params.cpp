@@ -1,0 +1,464 @@
+// Argument validation and parameter building for FlashAttentionScore, shared by every backend.
+#include "common/attention/params.h"
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <sstream>
+
+#include "generated/kernels.h"
+
+namespace npu_fa::attention {
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << s[i];
+  os << "]";
+  return os.str();
+}
+
+Layout parse_layout(const char* op, c10::string_view s) {
+  if (s == "BSH") return Layout::BSH;
+  if (s == "SBH") return Layout::SBH;
+  if (s == "BSND") return Layout::BSND;
+  if (s == "BNSD") return Layout::BNSD;
+  if (s == "TND") return Layout::TND;
+  TORCH_CHECK_VALUE(false, op, ": argument 'input_layout' must be one of BSH, SBH, BSND, BNSD, TND; got '",
+                    std::string(s.data(), s.size()), "'");
+}
+
+int64_t expected_rank(Layout l) {
+  switch (l) {
+    case Layout::BSH: case Layout::SBH: case Layout::TND: return 3;
+    default: return 4;
+  }
+}
+
+const char* layout_name(Layout l) {
+  switch (l) {
+    case Layout::BSH: return "BSH";
+    case Layout::SBH: return "SBH";
+    case Layout::BSND: return "BSND";
+    case Layout::BNSD: return "BNSD";
+    default: return "TND";
+  }
+}
+
+struct Dims { int64_t batch, seq, heads, dim; };
+
+// Reads (B, S, N, D) of one of q/k/v; for the H layouts the head count is given (q) or derived from D (k, v).
+Dims read_dims(const char* op, const char* arg, const at::Tensor& t, Layout l, int64_t heads_hint, int64_t dim_hint) {
+  TORCH_CHECK_VALUE(t.dim() == expected_rank(l), op, ": argument '", arg, "' must be a ", expected_rank(l),
+                    "-D tensor for input_layout ", layout_name(l), "; got shape ", shape_str(t.sizes()));
+  const auto s = t.sizes();
+  switch (l) {
+    case Layout::BSND: return {s[0], s[1], s[2], s[3]};
+    case Layout::BNSD: return {s[0], s[2], s[1], s[3]};
+    case Layout::TND: return {1, s[0], s[1], s[2]};
+    default: {
+      const int64_t b = l == Layout::BSH ? s[0] : s[1], seq = l == Layout::BSH ? s[1] : s[0], h = s[2];
+      if (heads_hint > 0) {
+        TORCH_CHECK_VALUE(h % heads_hint == 0, op, ": argument '", arg, "' hidden size ", h,
+                          " must be divisible by head_num=", heads_hint, " for input_layout ", layout_name(l));
+        return {b, seq, heads_hint, h / heads_hint};
+      }
+      TORCH_CHECK_VALUE(dim_hint > 0 && h % dim_hint == 0, op, ": argument '", arg, "' hidden size ", h,
+                        " must be a multiple of the head dim ", dim_hint, " for input_layout ", layout_name(l));
+      return {b, seq, h / dim_hint, dim_hint};
+    }
+  }
+}
+
+// Element strides (batch, head, seq) of a tensor in layout l whose head dim is contiguous.
+void layout_strides(const at::Tensor& t, Layout l, int64_t dim, int64_t& sb, int64_t& sn, int64_t& ss) {
+  const auto st = t.strides();
+  switch (l) {
+    case Layout::BSND: sb = st[0]; ss = st[1]; sn = st[2]; break;
+    case Layout::BNSD: sb = st[0]; sn = st[1]; ss = st[2]; break;
+    case Layout::TND: sb = 0; ss = st[0]; sn = st[1]; break;
+    case Layout::BSH: sb = st[0]; ss = st[1]; sn = dim; break;
+    case Layout::SBH: ss = st[0]; sb = st[1]; sn = dim; break;
+  }
+}
+
+at::Tensor dim_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+// Cumulative sequence ends of TND -> per-sequence lengths and start tokens.
+void read_cumulative(const char* op, const char* arg, const std::optional<at::Tensor>& t, int64_t total,
+                     std::vector<int64_t>& len, std::vector<int64_t>& start) {
+  TORCH_CHECK_VALUE(t.has_value(), op, ": argument '", arg, "' is required for input_layout TND (cumulative "
+                    "sequence ends, e.g. lengths 3,5,2 -> [3, 8, 10])");
+  const at::Tensor& c = *t;
+  TORCH_CHECK_VALUE(c.dim() == 1 && c.numel() > 0, op, ": argument '", arg,
+                    "' must be a non-empty 1-D tensor of cumulative ends; got shape ", shape_str(c.sizes()));
+  TORCH_CHECK_TYPE(c.scalar_type() == at::kLong || c.scalar_type() == at::kInt, op, ": argument '", arg,
+                   "' must be int64 or int32; got ", c.scalar_type());
+  const at::Tensor cl = c.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* e = cl.data_ptr<int64_t>();
+  int64_t prev = 0;
+  for (int64_t b = 0; b < cl.numel(); ++b) {
+    TORCH_CHECK_VALUE(e[b] >= prev, op, ": argument '", arg, "' must be cumulative (non-decreasing, starting at >= 0); "
+                      "got ", e[b], " after ", prev, " at index ", b, ". Pass cumulative ends, not per-sequence lengths");
+    start.push_back(prev);
+    len.push_back(e[b] - prev);
+    prev = e[b];
+  }
+  TORCH_CHECK_VALUE(prev == total, op, ": argument '", arg, "' must end at the token count T=", total,
+                    " of the packed tensor; got last value ", prev);
+}
+
+MaskView mask_view(const char* op, const at::Tensor& m, const AttentionParams& p) {
+  MaskView v;
+  v.data = m.const_data_ptr<uint8_t>();
+  if (m.dim() == 2) {
+    const bool ok = p.layout == Layout::TND ? (m.size(0) >= p.max_q_len && m.size(1) >= p.max_kv_len)
+                                            : (m.size(0) == p.max_q_len && m.size(1) == p.max_kv_len);
+    TORCH_CHECK_VALUE(ok, op, ": argument 'atten_mask' of shape ", shape_str(m.sizes()), " must be [Sq, Skv] = [",
+                      p.max_q_len, ", ", p.max_kv_len, "]", p.layout == Layout::TND ? " (or larger, indexed by position in each sequence)" : "");
+    v.si = m.stride(0); v.sj = m.stride(1);
+    return v;
+  }
+  TORCH_CHECK_VALUE(p.layout != Layout::TND && m.dim() == 4 && (m.size(0) == 1 || m.size(0) == p.batch) &&
+                        (m.size(1) == 1 || m.size(1) == p.q_heads) && m.size(2) == p.max_q_len && m.size(3) == p.max_kv_len,
+                    op, ": argument 'atten_mask' must have shape [B,N,Sq,Skv], [B,1,Sq,Skv], [1,1,Sq,Skv] or [Sq,Skv] with B=",
+                    p.batch, ", N=", p.q_heads, ", Sq=", p.max_q_len, ", Skv=", p.max_kv_len,
+                    p.layout == Layout::TND ? " (TND takes a 2-D mask)" : "", "; got ", shape_str(m.sizes()));
+  v.sb = m.size(0) == 1 ? 0 : m.stride(0);
+  v.sn = m.size(1) == 1 ? 0 : m.stride(1);
+  v.si = m.stride(2); v.sj = m.stride(3);
+  return v;
+}
+
+// Modes 2-4 build their pattern internally; CANN passes a compressed 2048x2048 upper-triangular mask (1 above the
+// diagonal). Accept exactly that, so a real mask is never silently ignored.
+void check_compressed_mask(const char* op, const at::Tensor& m, int64_t mode) {
+  const bool shape_ok = m.dim() == 2 && m.size(0) == 2048 && m.size(1) == 2048;
+  bool content_ok = false;
+  if (shape_ok) {
+    const at::Tensor expect = at::ones({2048, 2048}, m.options().dtype(at::kBool)).triu(1);
+    content_ok = at::equal(m.to(at::kBool), expect);
+  }
+  TORCH_CHECK_VALUE(shape_ok && content_ok, op, ": sparse_mode ", mode, " generates its mask internally; argument "
+                    "'atten_mask' must be None or the compressed 2048x2048 mask with 1 strictly above the diagonal "
+                    "(CANN convention); got ", shape_ok ? "a 2048x2048 mask with other content" : "shape " + shape_str(m.sizes()),
+                    ". Use sparse_mode 0 or 1 for an arbitrary mask");
+}
+
+PseView pse_view(const char* op, const char* arg, const at::Tensor& t, const AttentionParams& p) {
+  TORCH_CHECK_VALUE(p.layout != Layout::TND, op, ": argument '", arg, "' is not supported with input_layout TND");
+  const int64_t B = p.batch, N = p.q_heads, Sq = p.max_q_len, Skv = p.max_kv_len;
+  const auto s = t.sizes();
+  const bool ok = t.dim() == 4 && s[1] == N && s[3] == Skv &&
+                  ((s[0] == B && (s[2] == Sq || s[2] == 1)) || (s[0] == 1 && s[2] == Sq));
+  TORCH_CHECK_VALUE(ok, op, ": argument '", arg, "' must have shape [B,N,Sq,Skv], [B,N,1,Skv] or [1,N,Sq,Skv] with B=", B,
+                    ", N=", N, ", Sq=", Sq, ", Skv=", Skv, "; got ", shape_str(s));
+  PseView v;
+  v.data = t.const_data_ptr<float>();
+  v.sb = s[0] == 1 ? 0 : t.stride(0);
+  v.sn = t.stride(1);
+  v.si = s[2] == 1 ? 0 : t.stride(2);
+  v.sj = t.stride(3);
+  return v;
+}
+
+uint64_t read_scalar(const char* op, const char* arg, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.numel() == 1 && !at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kBool, op,
+                    ": argument '", arg, "' must be a one-element integer tensor; got ", t.scalar_type(), " of shape ",
+                    shape_str(t.sizes()));
+  return static_cast<uint64_t>(t.item<int64_t>());
+}
+
+}  // namespace
+
+Band AttentionParams::band(int64_t b) const {
+  const int64_t diag = kv_len[b] - q_len[b];  // bottom-right alignment
+  Band r;
+  switch (sparse_mode) {
+    case 0: r.lo = -std::min(pre_tokens, Band::kNone); r.hi = std::min(next_tokens, Band::kNone); break;
+    case 2: r.hi = 0; break;
+    case 3: r.hi = diag; break;
+    case 4: r.lo = diag - std::min(pre_tokens, Band::kNone); r.hi = diag + std::min(next_tokens, Band::kNone); break;
+    default: break;  // 1: the explicit mask alone
+  }
+  return r;
+}
+
+TileKind AttentionParams::classify(int64_t b, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+  const Band r = band(b);
+  if (r.hi < r.lo || j1 - 1 < i0 + r.lo || j0 > i1 - 1 + r.hi) return TileKind::Empty;
+  const bool inside = j0 >= i1 - 1 + r.lo && j1 - 1 <= i0 + r.hi;
+  return inside && !mask.has_value() ? TileKind::Full : TileKind::Partial;
+}
+
+std::pair<int64_t, int64_t> AttentionParams::key_range(int64_t b, int64_t i0, int64_t i1) const {
+  const Band r = band(b);
+  if (r.hi < r.lo || i1 <= i0) return {0, 0};
+  const int64_t lo = std::max<int64_t>(0, i0 + r.lo);
+  const int64_t hi = std::min<int64_t>(kv_len[b], i1 - 1 + r.hi + 1);
+  return {lo, std::max(lo, hi)};
+}
+
+bool AttentionParams::visible(int64_t b, int64_t n, int64_t i, int64_t j) const {
+  const Band r = band(b);
+  if (j < i + r.lo || j > i + r.hi) return false;
+  return !(mask.has_value() && mask->masked(layout == Layout::TND ? 0 : b, n, i, j));
+}
+
+AttentionParams parse_attention_params(
+    const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
+    c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
+    const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
+    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
+    int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+    AttentionInputs& in, const ArgNames& names) {
+  AttentionParams p;
+  p.op = op;
+  p.layout = parse_layout(op, input_layout);
+  check_qkv_dtypes(op, query, key, value);
+  const auto dt = query.scalar_type();
+  TORCH_CHECK_VALUE(key.device() == query.device() && value.device() == query.device(), op,
+                    ": arguments 'query', 'key', 'value' must be on one device; got ", query.device(), ", ",
+                    key.device(), ", ", value.device());
+  TORCH_CHECK_VALUE(head_num > 0, op, ": argument '", names.head_num, "' must be positive; got ", head_num);
+  TORCH_CHECK_VALUE(sparse_mode >= 0 && sparse_mode <= 4, op, ": argument 'sparse_mode' must be 0 (default), "
+                    "1 (all-mask), 2 (top-left causal), 3 (bottom-right causal) or 4 (band); got ", sparse_mode,
+                    sparse_mode >= 5 && sparse_mode <= 8 ? " (prefix / context-parallel modes 5-8 are not implemented)" : "");
+  TORCH_CHECK_VALUE(keep_prob > 0.0 && keep_prob <= 1.0, op, ": argument 'keep_prob' must be in (0, 1]; got ", keep_prob);
+  TORCH_CHECK_VALUE(pse_type == 0 || pse_type == 1, op, ": argument 'pse_type' must be 0 (pse added after scaling) or 1 "
+                    "(before); got ", pse_type, pse_type == 2 || pse_type == 3 ? " (in-kernel ALiBi is not implemented)" : "");
+  TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 4, op, ": argument 'inner_precise' must be in [0, 4]; got ",
+                    inner_precise);
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": argument '", names.scale, "' must be finite; got ", scale);
+
+  const Dims qd = read_dims(op, "query", query, p.layout, p.layout == Layout::TND ? 0 : head_num, 0);
+  TORCH_CHECK_VALUE(p.layout == Layout::BSH || p.layout == Layout::SBH || qd.heads == head_num, op,
+                    ": argument '", names.head_num, "'=", head_num, " does not match the ", qd.heads, " heads of 'query' (",
+                    layout_name(p.layout), " shape ", shape_str(query.sizes()), ")");
+  const Dims kd = read_dims(op, "key", key, p.layout, 0, qd.dim);
+  TORCH_CHECK_VALUE(kd.dim == qd.dim, op, ": arguments 'query' and 'key' must have the same head dim; got ", qd.dim,
+                    " and ", kd.dim);
+  TORCH_CHECK_VALUE(qd.dim > 0, op, ": argument 'query' must have a non-zero head dim; got shape ", shape_str(query.sizes()));
+  TORCH_CHECK_VALUE(kd.heads > 0 && head_num % kd.heads == 0, op, ": key/value heads N2=", kd.heads,
+                    " must divide the query heads N1=", head_num, " (GQA/MQA)");
+  Dims vd;
+  if (p.layout == Layout::BSH || p.layout == Layout::SBH) {
+    TORCH_CHECK_VALUE(value.dim() == 3 && value.size(2) % kd.heads == 0, op, ": argument 'value' must be 3-D with a hidden size ",
+                      "divisible by the ", kd.heads, " key/value heads; got shape ", shape_str(value.sizes()));
+    vd = read_dims(op, "value", value, p.layout, kd.heads, 0);
+  } else {
+    vd = read_dims(op, "value", value, p.layout, 0, 0);
+  }
+  TORCH_CHECK_VALUE(vd.batch == kd.batch && vd.seq == kd.seq && vd.heads == kd.heads, op,
+                    ": arguments 'key' and 'value' must agree in batch, sequence and heads; got shapes ",
+                    shape_str(key.sizes()), " and ", shape_str(value.sizes()));
+  TORCH_CHECK_VALUE(vd.dim > 0 && vd.dim <= qd.dim, op, ": the value head dim must satisfy 0 < vD <= qD=", qd.dim,
+                    "; got ", vd.dim);
+  TORCH_CHECK_VALUE(kd.batch == qd.batch, op, ": arguments 'query' and 'key' must have the same batch size; got ",
+                    qd.batch, " and ", kd.batch);
+
+  p.q_heads = head_num;
+  p.kv_heads = kd.heads;
+  p.group = head_num / kd.heads;
+  p.head_dim = qd.dim;
+  p.v_head_dim = vd.dim;
+  p.scale = static_cast<float>(scale);
+  p.keep_prob = static_cast<float>(keep_prob);
+  p.pre_tokens = pre_tokens;
+  p.next_tokens = next_tokens;
+  p.sparse_mode = sparse_mode;
+  p.pse_type = pse_type;
+
+  std::vector<int64_t>& q_start = p.q_start;
+  std::vector<int64_t>& kv_start = p.kv_start;
+  if (p.layout == Layout::TND) {
+    read_cumulative(op, names.q_lens, actual_seq_qlen, qd.seq, p.q_len, q_start);
+    read_cumulative(op, names.kv_lens, actual_seq_kvlen, kd.seq, p.kv_len, kv_start);
+    TORCH_CHECK_VALUE(p.q_len.size() == p.kv_len.size(), op, ": arguments '", names.q_lens, "' and '", names.kv_lens, "' must "
+                      "describe the same number of sequences; got ", p.q_len.size(), " and ", p.kv_len.size());
+    p.batch = static_cast<int64_t>(p.q_len.size());
+  } else {
+    TORCH_CHECK_VALUE(!actual_seq_qlen.has_value() && !actual_seq_kvlen.has_value(), op,
+                      ": arguments '", names.q_lens, "'/'", names.kv_lens, "' are only used with input_layout TND; got them with ",
+                      layout_name(p.layout), ". Pack the batch as TND for variable lengths, or pass an atten_mask");
+    p.batch = qd.batch;
+    p.q_len.assign(p.batch, qd.seq);
+    p.kv_len.assign(p.batch, kd.seq);
+    q_start.assign(p.batch, 0);
+    kv_start.assign(p.batch, 0);
+  }
+  // Dense layouts keep the tensor's sequence sizes even for an empty batch (output shapes depend on them).
+  const bool tnd = p.layout == Layout::TND;
+  p.max_q_len = !tnd ? qd.seq : p.q_len.empty() ? 0 : *std::max_element(p.q_len.begin(), p.q_len.end());
+  p.max_kv_len = !tnd ? kd.seq : p.kv_len.empty() ? 0 : *std::max_element(p.kv_len.begin(), p.kv_len.end());
+
+  in.query = dim_contiguous(query);
+  in.key = dim_contiguous(key);
+  in.value = dim_contiguous(value);
+  p.q = row_map(p, in.query, true, p.head_dim);
+  p.k = row_map(p, in.key, false, p.head_dim);
+  p.v = row_map(p, in.value, false, p.v_head_dim);
+  p.out = row_map(p, at::empty(output_shape(p, query), at::TensorOptions().dtype(dt).device(at::kMeta)), true, p.v_head_dim);
+
+  // softmax stats: [B, N1, Sq, 8] or [T, N1, 8], contiguous; dropout row ids: ((b*N1 + n)*Sq + i) or t*N1 + n.
+  p.stats.batch_offset.resize(p.batch);
+  p.dropout_row.batch_offset.resize(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    p.dropout_row.batch_offset[b] = tnd ? q_start[b] * head_num : b * head_num * qd.seq;
+    p.stats.batch_offset[b] = p.dropout_row.batch_offset[b] * 8;
+  }
+  p.dropout_row.head_stride = p.layout == Layout::TND ? 1 : qd.seq;
+  p.dropout_row.seq_stride = p.layout == Layout::TND ? head_num : 1;
+  p.stats.head_stride = p.dropout_row.head_stride * 8;
+  p.stats.seq_stride = p.dropout_row.seq_stride * 8;
+
+  if (atten_mask.has_value()) {
+    const at::Tensor& m = *atten_mask;
+    TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == at::kByte, op,
+                     ": argument 'atten_mask' must be bool or uint8 (True/1 = masked out); got ", m.scalar_type(),
+                     ". Convert an additive float mask with `mask < 0` or pass it as pse");
+    TORCH_CHECK_VALUE(m.device() == query.device(), op, ": argument 'atten_mask' must be on ", query.device(), "; got ", m.device());
+    if (sparse_mode >= 2) {
+      check_compressed_mask(op, m, sparse_mode);
+    } else {
+      in.mask_u8 = m.scalar_type() == at::kBool ? m.view(at::kByte) : m;
+      p.mask = mask_view(op, in.mask_u8, p);
+    }
+  }
+  if (pse.has_value()) {
+    TORCH_CHECK_TYPE(at::isFloatingType(pse->scalar_type()), op, ": argument '", names.pse, "' must be a floating tensor; got ",
+                     pse->scalar_type());
+    TORCH_CHECK_VALUE(pse->device() == query.device(), op, ": argument '", names.pse, "' must be on ", query.device(), "; got ", pse->device());
+    in.pse_f32 = pse->to(at::kFloat);
+    p.pse = pse_view(op, names.pse, in.pse_f32, p);
+  }
+  if (p.has_dropout()) {
+    if (seed.has_value()) {
+      p.seed = read_scalar(op, "seed", *seed);
+    } else {
+      p.seed = static_cast<uint64_t>(at::randint(std::numeric_limits<int64_t>::max(), {}, at::kLong).item<int64_t>());
+    }
+    p.offset = offset.has_value() ? read_scalar(op, "offset", *offset) : 0;
+  }
+  return p;
+}
+
+RowMap row_map(const AttentionParams& p, const at::Tensor& t, bool is_query, int64_t dim) {
+  TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, p.op, ": internal error: row_map needs a contiguous head dim");
+  int64_t sb, sn, ss;
+  layout_strides(t, p.layout, dim, sb, sn, ss);
+  const std::vector<int64_t>& starts = is_query ? p.q_start : p.kv_start;
+  RowMap m;
+  m.head_stride = sn;
+  m.seq_stride = ss;
+  m.batch_offset.resize(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) m.batch_offset[b] = p.layout == Layout::TND ? starts[b] * ss : b * sb;
+  return m;
+}
+
+std::vector<int64_t> output_shape(const AttentionParams& p, const at::Tensor& query) {
+  std::vector<int64_t> s(query.sizes().begin(), query.sizes().end());
+  s.back() = (p.layout == Layout::BSH || p.layout == Layout::SBH) ? p.q_heads * p.v_head_dim : p.v_head_dim;
+  return s;
+}
+
+std::vector<int64_t> stats_shape(const AttentionParams& p, const at::Tensor& query) {
+  if (p.layout == Layout::TND) return {query.size(0), p.q_heads, 8};
+  return {p.batch, p.q_heads, p.max_q_len, 8};
+}
+
+void check_qkv_dtypes(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
+  const auto dt = query.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16, op,
+                   ": argument 'query' must be float32, float16 or bfloat16; got ", dt);
+  TORCH_CHECK_TYPE(key.scalar_type() == dt && value.scalar_type() == dt, op,
+                   ": arguments 'query', 'key', 'value' must share one dtype; got ", dt, ", ", key.scalar_type(), ", ",
+                   value.scalar_type());
+}
+
+void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected) {
+  TORCH_CHECK_VALUE(t.sizes() == expected, op, ": argument '", arg, "' must have shape ", shape_str(expected), "; got ",
+                    shape_str(t.sizes()));
+}
+
+void check_backward_inputs(const char* op, const AttentionParams& p, const at::Tensor& query, const at::Tensor& dy,
+                           const at::Tensor& softmax_max, const at::Tensor& softmax_sum,
+                           const at::Tensor& attention_in) {
+  const auto out_shape = output_shape(p, query);
+  const auto stats = stats_shape(p, query);
+  check_shape(op, "dy", dy, out_shape);
+  check_shape(op, "attention_in", attention_in, out_shape);
+  check_shape(op, "softmax_max", softmax_max, stats);
+  check_shape(op, "softmax_sum", softmax_sum, stats);
+  TORCH_CHECK_TYPE(dy.scalar_type() == query.scalar_type() && attention_in.scalar_type() == query.scalar_type(), op,
+                   ": arguments 'dy' and 'attention_in' must have query's dtype ", query.scalar_type(), "; got ",
+                   dy.scalar_type(), " and ", attention_in.scalar_type());
+  TORCH_CHECK_TYPE(softmax_max.scalar_type() == at::kFloat && softmax_sum.scalar_type() == at::kFloat, op,
+                   ": arguments 'softmax_max' and 'softmax_sum' must be float32; got ", softmax_max.scalar_type(),
+                   " and ", softmax_sum.scalar_type());
+}
+
+void dropout_keep_row(uint64_t seed, uint64_t row, float keep_prob, int64_t j0, int64_t n, uint8_t* keep) {
+  const uint64_t threshold = static_cast<uint64_t>(static_cast<double>(keep_prob) * 4294967296.0);
+  uint32_t words[4];
+  int64_t j = j0;
+  const int64_t end = j0 + n;
+  while (j < end) {
+    const uint64_t block = static_cast<uint64_t>(j) >> 2;
+    Philox::generate(seed, row, block, words);
+    for (int64_t w = j & 3; w < 4 && j < end; ++w, ++j) keep[j - j0] = static_cast<uint64_t>(words[w]) < threshold;
+  }
+}
+
+namespace {
+std::atomic<int64_t> g_block_q{0}, g_block_kv{0};
+
+int64_t l2_bytes() {
+  static const int64_t l2 = [] {
+    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return v > 0 ? int64_t(v) : int64_t(1) << 20;
+  }();
+  return l2;
+}
+
+// block_q = 64 query rows (a full brgemm M block; finer causal/band granularity than 128). block_kv: keys whose
+// working set per step (K and V tiles, the fp32 score tile and its low-precision copy) fills about 3/4 of L2; the
+// rest holds Q and the accumulator. Measured on a 1 MiB-L2 Zen 4: 512 (fp32, D=128) to 1024 keys are within 2-3%
+// of each other, 256-320 are slower.
+TileConfig default_tiles(int64_t head_dim, int64_t elem_size) {
+  const int64_t block_q = 64;
+  const int64_t per_key = 2 * head_dim * elem_size + block_q * (4 + elem_size);
+  const int64_t kv = l2_bytes() * 3 / 4 / std::max<int64_t>(per_key, 1);
+  return {block_q, std::clamp<int64_t>(kv / 64 * 64, 64, 1024)};
+}
+}  // namespace
+
+TileConfig tile_config(int64_t head_dim, int64_t elem_size) {
+  TileConfig t = default_tiles(head_dim, elem_size);
+  const int64_t q = g_block_q.load(), kv = g_block_kv.load();
+  if (q > 0) t.block_q = q;
+  if (kv > 0) t.block_kv = kv;
+  return t;
+}
+
+TileConfig tile_config() { return tile_config(128, 4); }
+TileConfig tile_config_override() { return {g_block_q.load(), g_block_kv.load()}; }
+
+}  // namespace npu_fa::attention
+
+namespace npu_fa {
+// Overrides are process-wide: > 0 sets, 0 keeps, -1 returns to the automatic (cache-derived) choice.
+std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv) {
+  TORCH_CHECK_VALUE(block_q >= -1 && block_q <= 4096, "attention_tile_config: argument 'block_q' must be in [-1, 4096] "
+                    "(0 keeps the current value, -1 restores the automatic choice); got ", block_q);
+  TORCH_CHECK_VALUE(block_kv >= -1 && block_kv <= 8192, "attention_tile_config: argument 'block_kv' must be in [-1, 8192] "
+                    "(0 keeps the current value, -1 restores the automatic choice); got ", block_kv);
+  if (block_q != 0) attention::g_block_q.store(std::max<int64_t>(block_q, 0));
+  if (block_kv != 0) attention::g_block_kv.store(std::max<int64_t>(block_kv, 0));
+  const auto c = attention::tile_config_override();
+  return {c.block_q, c.block_kv};
+}
+}  // namespace npu_fa

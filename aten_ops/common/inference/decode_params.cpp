@@ -1,0 +1,229 @@
+// Argument validation of incre_flash_attention shared by every backend (CPU kernel, Ascend C kernel on the npu
+// device), so both reject the same bad inputs with the same messages.
+#include "common/inference/decode_params.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/attention/params.h"
+
+namespace npu_fa::attention {
+namespace {
+
+constexpr const char* kOp = "incre_flash_attention";
+
+std::vector<int64_t> int_values(const char* arg, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, kOp, ": argument '", arg,
+                   "' must be an int64 or int32 tensor; got ", t.scalar_type());
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+}  // namespace
+
+DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift,
+                             const std::optional<at::Tensor>& actual_seq_lengths,
+                             const std::optional<at::Tensor>& block_table,
+                             const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads,
+                             double scale_value, c10::string_view input_layout, int64_t num_key_value_heads,
+                             int64_t block_size, int64_t inner_precise) {
+  const std::string layout(input_layout);
+  TORCH_CHECK_VALUE(layout == "BSH" || layout == "BSND" || layout == "BNSD", kOp,
+                    ": argument 'input_layout' must be one of BSH, BSND, BNSD; got '", layout, "'");
+  TORCH_CHECK_VALUE(num_heads > 0, kOp, ": argument 'num_heads' must be positive; got ", num_heads);
+  TORCH_CHECK_VALUE(num_key_value_heads >= 0, kOp, ": argument 'num_key_value_heads' must be >= 0; got ",
+                    num_key_value_heads);
+  TORCH_CHECK_VALUE(inner_precise == 0 || inner_precise == 1, kOp, ": argument 'inner_precise' must be 0 or 1; got ",
+                    inner_precise);
+  attention::check_qkv_dtypes(kOp, query, key, value);
+  const bool bsh = layout == "BSH";
+  const int64_t q_rank = bsh ? 3 : 4;
+  TORCH_CHECK_VALUE(query.dim() == q_rank, kOp, ": argument 'query' must be a ", q_rank, "-D tensor for input_layout ",
+                    layout, "; got shape ", query.sizes());
+  const int64_t N1 = num_heads;
+  const int64_t N2 = num_key_value_heads == 0 ? N1 : num_key_value_heads;
+  TORCH_CHECK_VALUE(N1 % N2 == 0, kOp, ": argument 'num_heads' (", N1, ") must be a multiple of 'num_key_value_heads' (",
+                    N2, ")");
+  const int64_t B = query.size(0);
+  int64_t sq, D;
+  if (bsh) {
+    sq = query.size(1);
+    TORCH_CHECK_VALUE(query.size(2) % N1 == 0, kOp, ": argument 'query' hidden size ", query.size(2),
+                      " is not a multiple of num_heads ", N1);
+    D = query.size(2) / N1;
+  } else if (layout == "BSND") {
+    sq = query.size(1);
+    TORCH_CHECK_VALUE(query.size(2) == N1, kOp, ": argument 'query' has ", query.size(2), " heads; num_heads is ", N1);
+    D = query.size(3);
+  } else {
+    sq = query.size(2);
+    TORCH_CHECK_VALUE(query.size(1) == N1, kOp, ": argument 'query' has ", query.size(1), " heads; num_heads is ", N1);
+    D = query.size(3);
+  }
+  TORCH_CHECK_VALUE(sq == 1, kOp, ": argument 'query' must have query length 1 (one decode token per sequence); got ",
+                    sq, " (shape ", query.sizes(), ", input_layout ", layout, ")");
+  TORCH_CHECK_VALUE(D > 0, kOp, ": argument 'query' has head dim 0");
+  TORCH_CHECK_VALUE(key.sizes() == value.sizes(), kOp, ": arguments 'key' and 'value' must have the same shape; got ",
+                    key.sizes(), " and ", value.sizes());
+
+  DecodeInputs in;
+  DecodeParams& p = in.params;
+  p.batch = B;
+  p.q_heads = N1;
+  p.kv_heads = N2;
+  p.group = N1 / N2;
+  p.head_dim = D;
+  // KV cache: keep the caller's memory when the head dim is contiguous (a copy would cost more than the attention).
+  in.key = key.stride(-1) == 1 ? key : key.contiguous();
+  in.value = value.stride(-1) == 1 ? value : value.contiguous();
+  const at::Tensor& k = in.key;
+  const at::Tensor& v = in.value;
+  p.paged = block_table.has_value();
+  int64_t capacity = 0;  // valid positions on the cache's seq axis per sequence
+  if (p.paged) {
+    const at::Tensor& bt = *block_table;
+    TORCH_CHECK_TYPE(bt.scalar_type() == at::kInt || bt.scalar_type() == at::kLong, kOp,
+                     ": argument 'block_table' must be an int32 tensor; got ", bt.scalar_type());
+    TORCH_CHECK_VALUE(bt.dim() == 2 && bt.size(0) == B, kOp, ": argument 'block_table' must have shape [B=", B,
+                      ", max_blocks_per_seq]; got ", bt.sizes());
+    TORCH_CHECK_VALUE(block_size > 0 && block_size % 16 == 0 && block_size <= 512, kOp,
+                      ": argument 'block_size' must be a positive multiple of 16 and <= 512 with a paged cache; got ",
+                      block_size);
+    TORCH_CHECK_VALUE(!kv_padding_size.has_value(), kOp,
+                      ": argument 'kv_padding_size' is only supported with a contiguous cache (block_table is set)");
+    TORCH_CHECK_VALUE(actual_seq_lengths.has_value(), kOp,
+                      ": argument 'actual_seq_lengths' is required with a paged cache (block_table is set)");
+    if (k.dim() == 3) {  // (num_blocks, block_size, N2*D)
+      TORCH_CHECK_VALUE(k.size(1) == block_size && k.size(2) == N2 * D, kOp,
+                        ": argument 'key' of a paged cache must have shape (num_blocks, block_size=", block_size,
+                        ", N2*D=", N2 * D, "); got ", k.sizes());
+      p.k_blk = k.stride(0); p.k_seq = k.stride(1); p.k_head = D;
+      p.v_blk = v.stride(0); p.v_seq = v.stride(1); p.v_head = D;
+      TORCH_CHECK_VALUE(k.stride(2) == 1 && v.stride(2) == 1, kOp, ": paged 'key'/'value' need a contiguous last dim");
+    } else {
+      TORCH_CHECK_VALUE(k.dim() == 4 && layout == "BNSD", kOp,
+                        ": argument 'key' of a paged cache must be (num_blocks, block_size, N2*D), or "
+                        "(num_blocks, N2, block_size, D) with input_layout BNSD; got shape ", k.sizes(),
+                        " with input_layout ", layout);
+      TORCH_CHECK_VALUE(k.size(1) == N2 && k.size(2) == block_size && k.size(3) == D, kOp,
+                        ": argument 'key' of a paged cache must have shape (num_blocks, N2=", N2, ", block_size=",
+                        block_size, ", D=", D, "); got ", k.sizes());
+      p.k_blk = k.stride(0); p.k_head = k.stride(1); p.k_seq = k.stride(2);
+      p.v_blk = v.stride(0); p.v_head = v.stride(1); p.v_seq = v.stride(2);
+    }
+    p.block_size = block_size;
+    p.max_blocks = bt.size(1);
+    p.block_table = int_values("block_table", bt);
+    capacity = p.max_blocks * block_size;
+  } else {
+    const int64_t k_rank = bsh ? 3 : 4;
+    TORCH_CHECK_VALUE(k.dim() == k_rank && k.size(0) == B, kOp, ": argument 'key' must be a ", k_rank,
+                      "-D tensor with batch ", B, " for input_layout ", layout, " (or pass block_table for a paged "
+                      "cache); got shape ", k.sizes());
+    if (bsh) {
+      TORCH_CHECK_VALUE(k.size(2) == N2 * D, kOp, ": argument 'key' hidden size must be num_key_value_heads*D = ",
+                        N2 * D, "; got shape ", k.sizes());
+      p.k_blk = k.stride(0); p.k_seq = k.stride(1); p.k_head = D;
+      p.v_blk = v.stride(0); p.v_seq = v.stride(1); p.v_head = D;
+      TORCH_CHECK_VALUE(k.stride(2) == 1 && v.stride(2) == 1, kOp, ": 'key'/'value' need a contiguous hidden dim");
+      capacity = k.size(1);
+    } else if (layout == "BSND") {
+      TORCH_CHECK_VALUE(k.size(2) == N2 && k.size(3) == D, kOp, ": argument 'key' must have shape [B, S, N2=", N2,
+                        ", D=", D, "]; got ", k.sizes());
+      p.k_blk = k.stride(0); p.k_seq = k.stride(1); p.k_head = k.stride(2);
+      p.v_blk = v.stride(0); p.v_seq = v.stride(1); p.v_head = v.stride(2);
+      capacity = k.size(1);
+    } else {
+      TORCH_CHECK_VALUE(k.size(1) == N2 && k.size(3) == D, kOp, ": argument 'key' must have shape [B, N2=", N2,
+                        ", S, D=", D, "]; got ", k.sizes());
+      p.k_blk = k.stride(0); p.k_head = k.stride(1); p.k_seq = k.stride(2);
+      p.v_blk = v.stride(0); p.v_head = v.stride(1); p.v_seq = v.stride(2);
+      capacity = k.size(2);
+    }
+    TORCH_CHECK_VALUE(block_size == 0 || block_size % 16 == 0, kOp,
+                      ": argument 'block_size' must be a multiple of 16 and <= 512; got ", block_size);
+  }
+
+  // Per-sequence lengths and where they start on the cache's seq axis.
+  p.kv_len.assign(B, capacity);
+  if (actual_seq_lengths.has_value()) {
+    const auto lens = int_values("actual_seq_lengths", *actual_seq_lengths);
+    TORCH_CHECK_VALUE(actual_seq_lengths->dim() <= 1 && (static_cast<int64_t>(lens.size()) == B || lens.size() == 1),
+                      kOp, ": argument 'actual_seq_lengths' must have B=", B, " (or 1) entries; got shape ",
+                      actual_seq_lengths->sizes());
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t len = lens[lens.size() == 1 ? 0 : b];
+      TORCH_CHECK_VALUE(len >= 0 && len <= capacity, kOp, ": argument 'actual_seq_lengths'[", b, "] = ", len,
+                        " is outside [0, ", capacity, "] (the cache holds ", capacity, " positions per sequence",
+                        p.paged ? ": max_blocks_per_seq * block_size" : "", ")");
+      p.kv_len[b] = len;
+    }
+  }
+  p.kv_start.assign(B, 0);
+  if (kv_padding_size.has_value()) {
+    const auto pad = int_values("kv_padding_size", *kv_padding_size);
+    TORCH_CHECK_VALUE(pad.size() == 1, kOp, ": argument 'kv_padding_size' must be a one-element tensor; got shape ",
+                      kv_padding_size->sizes());
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(pad[0] >= 0 && pad[0] + p.kv_len[b] <= capacity, kOp, ": argument 'kv_padding_size' = ", pad[0],
+                        " with actual_seq_lengths[", b, "] = ", p.kv_len[b], " does not fit the cache of ", capacity,
+                        " positions");
+      p.kv_start[b] = capacity - pad[0] - p.kv_len[b];
+    }
+  }
+  if (p.paged) {
+    const int64_t num_blocks = k.size(0);
+    std::vector<int64_t> owner(num_blocks, -1);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t used = (p.kv_len[b] + block_size - 1) / block_size;
+      for (int64_t i = 0; i < used; ++i) {
+        const int64_t blk = p.block_table[b * p.max_blocks + i];
+        TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, kOp, ": argument 'block_table'[", b, "][", i, "] = ", blk,
+                          " is out of range [0, ", num_blocks, ") (num_blocks of the cache)");
+        TORCH_CHECK_VALUE(owner[blk] < 0, kOp, ": argument 'block_table' maps physical block ", blk,
+                          " to two live positions (sequence ", owner[blk], " and sequence ", b, ", logical block ", i, ")");
+        owner[blk] = b;
+      }
+    }
+  }
+  // Highest cache position any sequence reads + 1: the minimum width of atten_mask / pse_shift.
+  int64_t need = 0;
+  for (int64_t b = 0; b < B; ++b) if (p.kv_len[b] > 0) need = std::max(need, p.kv_start[b] + p.kv_len[b]);
+
+  at::Tensor& mask_u8 = in.mask_u8;
+  at::Tensor& pse32 = in.pse32;
+  if (atten_mask.has_value()) {
+    const at::Tensor& m = *atten_mask;
+    TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == at::kByte, kOp,
+                     ": argument 'atten_mask' must be bool or uint8 (True/1 = masked out); got ", m.scalar_type());
+    bool ok = m.dim() >= 2 && m.dim() <= 4 && (m.size(0) == B || m.size(0) == 1) && m.size(-1) >= need;
+    for (int64_t d = 1; ok && d + 1 < m.dim(); ++d) ok = m.size(d) == 1;
+    TORCH_CHECK_VALUE(ok, kOp, ": argument 'atten_mask' must have shape (B, S), (B, 1, S) or (B, 1, 1, S) with B=", B,
+                      " (or 1) and S >= ", need, " (the last cache position read + 1); got ", m.sizes());
+    mask_u8 = m.to(at::kByte).reshape({m.size(0), m.size(-1)}).contiguous();
+    p.mask = mask_u8.data_ptr<uint8_t>();
+    p.mask_sb = m.size(0) == 1 ? 0 : mask_u8.size(1);
+  }
+  if (pse_shift.has_value()) {
+    const at::Tensor& ps = *pse_shift;
+    TORCH_CHECK_TYPE(at::isFloatingType(ps.scalar_type()), kOp, ": argument 'pse_shift' must be floating point; got ",
+                     ps.scalar_type());
+    TORCH_CHECK_VALUE(ps.dim() == 4 && (ps.size(0) == B || ps.size(0) == 1) && ps.size(1) == N1 && ps.size(2) == 1 &&
+                          ps.size(3) >= need,
+                      kOp, ": argument 'pse_shift' must have shape [B=", B, " or 1, N1=", N1, ", 1, S >= ", need,
+                      "]; got ", ps.sizes());
+    pse32 = ps.to(at::kFloat).contiguous();
+    p.pse = pse32.data_ptr<float>();
+    p.pse_sn = ps.size(3);
+    p.pse_sb = ps.size(0) == 1 ? 0 : N1 * ps.size(3);
+  }
+
+  p.scale = static_cast<float>(scale_value);
+  return in;
+}
+
+}  // namespace npu_fa::attention

@@ -1,0 +1,52 @@
+// Validated incre_flash_attention arguments (decode attention), shared by the CPU and npu backends.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace npu_fa::attention {
+
+// Validated description of one decode call. Query rows are fp32 (the query converted exactly, not scaled),
+// contiguous [B, N1, D] (row b*N1 + n); the output is contiguous [B, N1, D] in `out`'s dtype (the query's).
+// Key/value row (b, n2, logical key j) lives at: cache + blk*s_blk + n2*s_head + (pos - blk_first)*s_seq where
+//   contiguous cache: pos = kv_start[b] + j, blk = b, blk_first = 0 (one "block" per sequence);
+//   paged cache:      pos = j, blk = block_table[b][j / block_size], blk_first = (j / block_size)*block_size.
+// Mask / pse columns are cache positions pos (see docs/inference.md).
+struct DecodeParams {
+  int64_t batch = 0, q_heads = 0, kv_heads = 0, group = 1, head_dim = 0;
+  float scale = 1.f;                          // scale_value, multiplies q·k
+  bool paged = false;
+  int64_t block_size = 0;                     // paged only
+  int64_t max_blocks = 0;                     // columns of block_table
+  std::vector<int64_t> block_table;           // [B, max_blocks] (paged only)
+  std::vector<int64_t> kv_start, kv_len;      // per batch
+  int64_t k_blk = 0, k_head = 0, k_seq = 0;   // element strides of key
+  int64_t v_blk = 0, v_head = 0, v_seq = 0;   // element strides of value
+  const uint8_t* mask = nullptr;              // mask[b*mask_sb + pos] != 0 -> masked
+  int64_t mask_sb = 0;
+  const float* pse = nullptr;                 // pse[b*pse_sb + n1*pse_sn + pos], added after scaling
+  int64_t pse_sb = 0, pse_sn = 0;
+};
+
+// DecodeParams plus the tensors its raw pointers and strides refer to (kept alive by the caller).
+struct DecodeInputs {
+  DecodeParams params;
+  at::Tensor key, value;   // the caller's cache, or a copy when its last dim was not contiguous
+  at::Tensor mask_u8;      // [B or 1, S] uint8, when atten_mask is given
+  at::Tensor pse32;        // fp32 pse_shift, when given
+};
+
+// Every check of the op, in order; throws the op's error messages. params.scale = scale_value.
+DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift,
+                             const std::optional<at::Tensor>& actual_seq_lengths,
+                             const std::optional<at::Tensor>& block_table,
+                             const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads,
+                             double scale_value, c10::string_view input_layout, int64_t num_key_value_heads,
+                             int64_t block_size, int64_t inner_precise);
+
+}  // namespace npu_fa::attention

@@ -1,0 +1,533 @@
+// FlashAttention-2 backward (FlashAttentionScoreGrad) for CPU. Included once per ISA by kernels_isa.cpp.
+//
+// Work split: items (batches, kv head, kv slice). Slice c of a head owns key tiles c, c + slices, ... (interleaved so
+// causal work spreads evenly). An item keeps dK/dV of one key tile in fp32 while it loops over the group's query heads
+// and all query tiles, then writes them; its dQ contributions go to the fp32 partial buffer of its slice, and the
+// partials are summed in slice order at the end. Every float sum therefore has a fixed order (bit-identical results
+// for a given thread count) and both cores stay busy even with one head. Extra memory: `slices` fp32 copies of dQ
+// plus per-thread tiles; dpse is accumulated in a pse-sized fp32 buffer.
+//
+// GEMMs use at::native::cpublas::brgemm (row-major C (+)= A.B), which libtorch exports; the cpublas::gemm overloads
+// are not exported. bf16/fp16 stay in their dtype inside the GEMMs (fp32 accumulation, P and dS rounded to the input
+// dtype as FlashAttention-2 does) when the oneDNN micro-kernel accepts VNNI-packed B on this CPU (probed once);
+// otherwise their tiles are widened to fp32.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/attention/kernels.h"
+
+namespace npu_fa::cpu::CPU_CAPABILITY {
+namespace bwd {
+
+using attention::Band;
+using attention::TileKind;
+using Vec = at::vec::Vectorized<float>;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int64_t kDefaultBlockQ = 64, kDefaultBlockKv = 128;
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t round_even(int64_t a) { return (a + 1) & ~int64_t(1); }
+
+// ---------------------------------------------------------------------------------------------------------------
+// GEMM and operand packing
+// ---------------------------------------------------------------------------------------------------------------
+
+// C[m x n] (+)= A[m x k] . B[k x n], row-major. For 16-bit G, B is VNNI-packed in panels of `panel` columns, each
+// [k/2][w][2] (k even), which is what the oneDNN micro-kernel wants.
+template <typename G>
+void gemm(int64_t m, int64_t n, int64_t k, const G* a, int64_t lda, const G* b, int64_t ldb, float* c, int64_t ldc,
+          bool add, int64_t panel) {
+  if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<G, float>) {
+    at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, false);
+  } else {
+    for (int64_t c0 = 0; c0 < n; c0 += panel) {
+      const int64_t w = std::min(panel, n - c0);
+      at::native::cpublas::brgemm(m, w, k, lda, w, ldc, add, a, b + c0 * k, c + c0, true);
+    }
+  }
+}
+
+// VNNI B = X, X being k rows x n columns (row stride ld): rows 2p and 2p+1 interleave; an odd k gets a zero row.
+template <typename G>
+void pack_rows_vnni(const G* x, int64_t ld, int64_t k, int64_t n, int64_t panel, G* out) {
+  static_assert(sizeof(G) == 2, "VNNI packing is for 16-bit types");
+  const int64_t k2 = round_even(k);
+  for (int64_t c0 = 0; c0 < n; c0 += panel) {
+    const int64_t w = std::min(panel, n - c0);
+    uint16_t* o = reinterpret_cast<uint16_t*>(out + c0 * k2);
+    for (int64_t r = 0; r < k2; r += 2, o += 2 * w) {
+      const uint16_t* x0 = reinterpret_cast<const uint16_t*>(x + r * ld + c0);
+      if (r + 1 < k) {
+        const uint16_t* x1 = x0 + ld;
+        for (int64_t j = 0; j < w; ++j) { o[2 * j] = x0[j]; o[2 * j + 1] = x1[j]; }
+      } else {
+        for (int64_t j = 0; j < w; ++j) { o[2 * j] = x0[j]; o[2 * j + 1] = 0; }
+      }
+    }
+  }
+}
+
+// VNNI B = X^T, X being n rows x k columns (k even): the 32-bit word (X[j][2p], X[j][2p+1]) goes to pair p, column j.
+template <typename G>
+void pack_cols_vnni(const G* x, int64_t ld, int64_t n, int64_t k, int64_t panel, G* out) {
+  for (int64_t c0 = 0; c0 < n; c0 += panel) {
+    const int64_t w = std::min(panel, n - c0);
+    G* o = out + c0 * k;
+    for (int64_t j = 0; j < w; ++j) {
+      const G* xr = x + (c0 + j) * ld;
+      for (int64_t q = 0; q < k / 2; ++q) std::memcpy(o + 2 * (q * w + j), xr + 2 * q, 2 * sizeof(G));
+    }
+  }
+}
+
+// Does brgemm take VNNI-packed G with B panels of w columns here? Checked on exact small integers.
+template <typename G>
+bool vnni_works(int64_t w) {
+  const int64_t m = 5, k = 34, n = w;
+  std::vector<G> a(m * k), b(k * n), bp(k * n);
+  std::vector<float> c(m * n, 0.f), ref(m * n, 0.f);
+  for (int64_t i = 0; i < m * k; ++i) a[i] = G(float(i * 7 % 5 - 2));
+  for (int64_t i = 0; i < k * n; ++i) b[i] = G(float(i * 3 % 5 - 2));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t l = 0; l < k; ++l)
+      for (int64_t j = 0; j < n; ++j) ref[i * n + j] += float(a[i * k + l]) * float(b[l * n + j]);
+  pack_rows_vnni(b.data(), n, k, n, w, bp.data());
+  try {
+    gemm<G>(m, n, k, a.data(), k, bp.data(), 0, c.data(), n, false, w);
+    at::native::cpublas::brgemm_release(true);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return c == ref;
+}
+
+// Widest VNNI B panel that works for G (0: use fp32 GEMMs). AMX kernels take at most 64 columns.
+template <typename G>
+int64_t vnni_panel() {
+  if (!at::globalContext().userEnabledMkldnn()) return 0;
+  static const int64_t w = vnni_works<G>(128) ? 128 : vnni_works<G>(64) ? 64 : 0;
+  return w;
+}
+
+template <typename S, typename D>
+inline void convert_row(const S* src, D* dst, int64_t n) {
+  if constexpr (std::is_same_v<S, D>) {
+    std::memcpy(dst, src, n * sizeof(S));
+  } else {
+    at::vec::convert(src, dst, n);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Shared state of one backward call
+// ---------------------------------------------------------------------------------------------------------------
+
+struct Item {
+  int64_t b0, b1;  // batches [b0, b1): all of them when dpse is summed over the batch, else one
+  int64_t n2, slice;
+  int64_t cost;
+};
+
+// Per-row softmax statistics and Di, indexed by the dense row id p.dropout_row.at(b, n, i).
+struct RowStats {
+  const float* max;  // +inf for fully masked rows, so exp(s - max) is 0 there
+  const float* inv;  // 1 / sum, 0 for fully masked rows
+  const float* di;   // rowsum(dY * O)
+};
+
+template <typename T>
+struct Ctx {
+  const AttentionParams& p;
+  const T *q, *k, *v, *dy;
+  T *dk, *dv;
+  const RowMap &dk_rows, &dv_rows;
+  RowStats rows;
+  float* dq_part;            // [slices][row id][D] fp32
+  int64_t dq_part_stride;    // rows * D
+  float* dpse;               // fp32, pse-shaped, zero strides on summed dims; null without pse
+  int64_t dpse_sb, dpse_sn, dpse_si;
+  int64_t bq, bkv, slices, panel;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Per-thread worker: scratch tiles and the tile loops. G is the GEMM operand type (float, or T itself with VNNI).
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename T, typename G>
+class Worker {
+ public:
+  static constexpr bool kVnni = !std::is_same_v<G, float>;
+
+  explicit Worker(const Ctx<T>& c)
+      : c_(c), p_(c.p), D_(c.p.head_dim), vD_(c.p.v_head_dim), bq_(c.bq), bkv_(c.bkv),
+        bq2_(kVnni ? round_even(c.bq) : c.bq), bkv2_(kVnni ? round_even(c.bkv) : c.bkv) {
+    s_.resize(bq_ * bkv_);
+    dp_.resize(bq_ * bkv_);
+    row_.resize(bkv_);
+    keep_.resize(bkv_);
+    dk_acc_.resize(bkv_ * D_);
+    dv_acc_.resize(bkv_ * vD_);
+    kt_.resize(D_ * bkv2_);
+    vt_.resize(vD_ * bkv2_);
+    kb_.resize(bkv2_ * D_);
+    pd_t_.resize(bkv_ * bq2_);
+    ds_t_.resize(bkv_ * bq2_);
+    qa_.resize(bq2_ * D_);
+    dya_.resize(bq2_ * vD_);
+    if (kVnni) {
+      qb_.resize(bq2_ * D_);
+      dyb_.resize(bq2_ * vD_);
+      pd_g_.resize(bq2_ * bkv2_);
+      ds_g_.resize(bq2_ * bkv2_);
+    } else {
+      vrows_.resize(bkv_ * vD_);
+    }
+  }
+
+  void run(const Item& it) {
+    for (int64_t b = it.b0; b < it.b1; ++b) {
+      const int64_t tiles = ceil_div(p_.kv_len[b], bkv_);
+      for (int64_t kt = it.slice; kt < tiles; kt += c_.slices) key_tile(b, it.n2, it.slice, kt * bkv_);
+    }
+  }
+
+ private:
+  // dK/dV of keys [j0, j0 + nkv) of kv head n2: sum over the group's query heads and every non-empty query tile.
+  void key_tile(int64_t b, int64_t n2, int64_t slice, int64_t j0) {
+    const int64_t nkv = std::min(bkv_, p_.kv_len[b] - j0);
+    load_keys(b, n2, j0, nkv);
+    std::fill(dk_acc_.begin(), dk_acc_.end(), 0.f);
+    std::fill(dv_acc_.begin(), dv_acc_.end(), 0.f);
+    const int64_t q_len = p_.q_len[b];
+    for (int64_t n = n2 * p_.group; n < (n2 + 1) * p_.group; ++n) {
+      for (int64_t i0 = 0; i0 < q_len; i0 += bq_) {
+        const int64_t nq = std::min(bq_, q_len - i0);
+        const TileKind kind = p_.classify(b, i0, i0 + nq, j0, j0 + nkv);
+        if (kind != TileKind::Empty) tile(b, n, slice, i0, nq, j0, nkv, kind);
+      }
+    }
+    for (int64_t r = 0; r < nkv; ++r) {
+      convert_row(dk_acc_.data() + r * D_, c_.dk + c_.dk_rows.at(b, n2, j0 + r), D_);
+      convert_row(dv_acc_.data() + r * vD_, c_.dv + c_.dv_rows.at(b, n2, j0 + r), vD_);
+    }
+  }
+
+  // Key-side operands, reused by every query tile: K^T and V^T (B of S and dP) and K (B of dQ).
+  void load_keys(int64_t b, int64_t n2, int64_t j0, int64_t nkv) {
+    const T* k = c_.k + p_.k.at(b, n2, j0);
+    const T* v = c_.v + p_.v.at(b, n2, j0);
+    const int64_t lk = p_.k.seq_stride, lv = p_.v.seq_stride;
+    if constexpr (kVnni) {
+      pack_cols_vnni(k, lk, nkv, D_, c_.panel, kt_.data());
+      pack_cols_vnni(v, lv, nkv, vD_, c_.panel, vt_.data());
+      pack_rows_vnni(k, lk, nkv, D_, c_.panel, kb_.data());
+    } else {
+      for (int64_t r = 0; r < nkv; ++r) {
+        convert_row(k + r * lk, kb_.data() + r * D_, D_);
+        convert_row(v + r * lv, vrows_.data() + r * vD_, vD_);
+      }
+      at::vec::transpose_mxn<float>(kb_.data(), D_, kt_.data(), bkv_, nkv, D_);
+      at::vec::transpose_mxn<float>(vrows_.data(), vD_, vt_.data(), bkv_, nkv, vD_);
+    }
+  }
+
+  // Rows [i0, i0 + cnt) of head n as a row-major G matrix: the input itself when BLAS can read it, else a copy.
+  const G* rows_as(const T* base, const RowMap& m, int64_t b, int64_t n, int64_t i0, int64_t cnt, int64_t dim,
+                   G* scratch, int64_t& ld) const {
+    const T* src = base + m.at(b, n, i0);
+    if constexpr (std::is_same_v<T, G>) {
+      if (cnt == 1 || m.seq_stride >= dim) {
+        ld = cnt == 1 ? dim : m.seq_stride;
+        return src;
+      }
+    }
+    for (int64_t r = 0; r < cnt; ++r) convert_row(src + r * m.seq_stride, scratch + r * dim, dim);
+    ld = dim;
+    return scratch;
+  }
+
+  // One (query tile, key tile) step of FlashAttention-2's backward.
+  void tile(int64_t b, int64_t n, int64_t slice, int64_t i0, int64_t nq, int64_t j0, int64_t nkv, TileKind kind) {
+    const int64_t panel = c_.panel;
+    int64_t lq, ldy;
+    const G* q = rows_as(c_.q, p_.q, b, n, i0, nq, D_, qa_.data(), lq);
+    const G* dy = rows_as(c_.dy, p_.out, b, n, i0, nq, vD_, dya_.data(), ldy);
+    const int64_t kt_ld = kVnni ? 0 : bkv_;
+    gemm<G>(nq, nkv, D_, q, lq, kt_.data(), kt_ld, s_.data(), bkv_, false, panel);     // S = Q K^T
+    gemm<G>(nq, nkv, vD_, dy, ldy, vt_.data(), kt_ld, dp_.data(), bkv_, false, panel);  // dP = dY V^T
+    softmax_grad(b, n, i0, nq, j0, nkv, kind);  // s_ <- dropout(P), dp_ <- scale * dS
+
+    const int64_t nq2 = kVnni ? round_even(nq) : nq, nkv2 = kVnni ? round_even(nkv) : nkv;
+    const G *qb = q, *dyb = dy, *ds = nullptr;
+    int64_t lqb = lq, ldyb = ldy;
+    if constexpr (kVnni) {
+      // P and dS rounded to G (zero-padded to even sizes), transposed in G for dV and dK.
+      narrow(s_.data(), nq, nkv, pd_g_.data());
+      narrow(dp_.data(), nq, nkv, ds_g_.data());
+      transpose16(pd_g_.data(), bkv2_, nq2, nkv, pd_t_.data(), bq2_);
+      transpose16(ds_g_.data(), bkv2_, nq2, nkv, ds_t_.data(), bq2_);
+      pack_rows_vnni(c_.q + p_.q.at(b, n, i0), p_.q.seq_stride, nq, D_, panel, qb_.data());
+      pack_rows_vnni(c_.dy + p_.out.at(b, n, i0), p_.out.seq_stride, nq, vD_, panel, dyb_.data());
+      qb = qb_.data();
+      dyb = dyb_.data();
+      ds = ds_g_.data();
+    } else {
+      at::vec::transpose_mxn<float>(s_.data(), bkv_, pd_t_.data(), bq_, nq, nkv);
+      at::vec::transpose_mxn<float>(dp_.data(), bkv_, ds_t_.data(), bq_, nq, nkv);
+      ds = dp_.data();
+    }
+    gemm<G>(nkv, vD_, nq2, pd_t_.data(), bq2_, dyb, ldyb, dv_acc_.data(), vD_, true, panel);  // dV += P^T dY
+    gemm<G>(nkv, D_, nq2, ds_t_.data(), bq2_, qb, lqb, dk_acc_.data(), D_, true, panel);      // dK += dS^T Q
+    const RowMap& rid = p_.dropout_row;
+    float* dq = c_.dq_part + slice * c_.dq_part_stride + rid.at(b, n, i0) * D_;
+    gemm<G>(nq, D_, nkv2, ds, kVnni ? bkv2_ : bkv_, kb_.data(), D_, dq, rid.seq_stride * D_, true, panel);  // dQ += dS K
+  }
+
+  // fp32 rows x cols (ld bkv_) -> G (ld bkv2_), with a zero row / column making both sizes even.
+  void narrow(const float* src, int64_t rows, int64_t cols, G* dst) {
+    const int64_t cols2 = round_even(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      convert_row(src + r * bkv_, dst + r * bkv2_, cols);
+      if (cols2 > cols) dst[r * bkv2_ + cols] = G(0.f);
+    }
+    if (rows & 1) std::fill(dst + rows * bkv2_, dst + rows * bkv2_ + cols2, G(0.f));
+  }
+
+  // 16-bit transpose in the 32 x 32 blocks the vectorised at::vec kernel handles.
+  static void transpose16(const G* src, int64_t ld_src, int64_t rows, int64_t cols, G* dst, int64_t ld_dst) {
+    for (int64_t r = 0; r < rows; r += 32)
+      for (int64_t c = 0; c < cols; c += 32)
+        at::vec::transpose_mxn<G>(src + r * ld_src + c, ld_src, dst + c * ld_dst + r, ld_dst,
+                                  std::min<int64_t>(32, rows - r), std::min<int64_t>(32, cols - c));
+  }
+
+  // Row-wise: logits (scale, pse, mask) -> P from the saved statistics; dS = P * (dP * M/kp - Di). Leaves
+  // P * M/kp in s_ (for dV) and scale * dS in dp_ (for dQ and dK), and accumulates dpse.
+  void softmax_grad(int64_t b, int64_t n, int64_t i0, int64_t nq, int64_t j0, int64_t nkv, TileKind kind) {
+    const float scale = p_.scale;
+    const float pse_grad = p_.pse_type == 1 ? scale : 1.f;
+    const bool dropout = p_.has_dropout();
+    const float inv_keep = 1.f / p_.keep_prob;
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t i = i0 + r;
+      const int64_t id = p_.dropout_row.at(b, n, i);
+      float* s = s_.data() + r * bkv_;
+      float* d = dp_.data() + r * bkv_;
+      logits(b, n, i, j0, nkv, s);
+      if (kind == TileKind::Partial) p_.mask_row(b, n, i, j0, nkv, s);
+      if (dropout) {
+        attention::dropout_keep_row(p_.seed, p_.offset + id, p_.keep_prob, j0, nkv, keep_.data());
+        for (int64_t j = 0; j < nkv; ++j) row_[j] = keep_[j] ? inv_keep : 0.f;
+      }
+      float* g = c_.dpse ? c_.dpse + b * c_.dpse_sb + n * c_.dpse_sn + i * c_.dpse_si + j0 : nullptr;
+      const Vec vmax(c_.rows.max[id]), vinv(c_.rows.inv[id]), vdi(c_.rows.di[id]), vscale(scale), vpg(pse_grad);
+      for (int64_t j = 0; j < nkv; j += Vec::size()) {
+        const int64_t cnt = std::min<int64_t>(Vec::size(), nkv - j);
+        const Vec prob = (Vec::loadu(s + j, cnt) - vmax).exp_u20() * vinv;
+        Vec dpv = Vec::loadu(d + j, cnt), pd = prob;
+        if (dropout) {
+          const Vec w = Vec::loadu(row_.data() + j, cnt);
+          dpv = dpv * w;
+          pd = prob * w;
+        }
+        const Vec ds = prob * (dpv - vdi);
+        if (g) (Vec::loadu(g + j, cnt) + ds * vpg).store(g + j, cnt);
+        pd.store(s + j, cnt);
+        (ds * vscale).store(d + j, cnt);
+      }
+    }
+  }
+
+  // s <- scale * (s + pse) (pse_type 1) or scale * s + pse (pse_type 0).
+  void logits(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nkv, float* s) {
+    const Vec vscale(p_.scale);
+    const float* ps = nullptr;
+    if (p_.pse) {
+      const attention::PseView& pv = *p_.pse;
+      ps = pv.row(b, n, i) + j0 * pv.sj;
+      if (pv.sj != 1) {
+        for (int64_t j = 0; j < nkv; ++j) row_[j] = ps[j * pv.sj];
+        ps = row_.data();
+      }
+    }
+    for (int64_t j = 0; j < nkv; j += Vec::size()) {
+      const int64_t cnt = std::min<int64_t>(Vec::size(), nkv - j);
+      Vec x = Vec::loadu(s + j, cnt);
+      if (!ps) {
+        x = x * vscale;
+      } else if (p_.pse_type == 1) {
+        x = (x + Vec::loadu(ps + j, cnt)) * vscale;
+      } else {
+        x = x * vscale + Vec::loadu(ps + j, cnt);
+      }
+      x.store(s + j, cnt);
+    }
+  }
+
+  const Ctx<T>& c_;
+  const AttentionParams& p_;
+  const int64_t D_, vD_, bq_, bkv_, bq2_, bkv2_;
+  std::vector<float> s_, dp_, row_, dk_acc_, dv_acc_;
+  std::vector<uint8_t> keep_;
+  std::vector<G> kt_, vt_, kb_, vrows_, pd_t_, ds_t_, qa_, dya_, qb_, dyb_, pd_g_, ds_g_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Row passes and the driver
+// ---------------------------------------------------------------------------------------------------------------
+
+// Calls fn(b, n, i0, i1) for blocks of up to 64 query rows of every head, in parallel.
+template <typename F>
+void for_each_row_block(const AttentionParams& p, const F& fn) {
+  constexpr int64_t kRows = 64;
+  const int64_t blocks = ceil_div(p.max_q_len, kRows);
+  at::parallel_for(0, p.batch * p.q_heads * blocks, 1, [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t bn = u / blocks, b = bn / p.q_heads, n = bn % p.q_heads;
+      const int64_t i0 = (u % blocks) * kRows, i1 = std::min(p.q_len[b], i0 + kRows);
+      if (i0 < i1) fn(b, n, i0, i1);
+    }
+  });
+}
+
+// max / 1/sum from softmax_max/sum (dead rows -> +inf / 0) and Di = rowsum(dY * O) in fp32.
+template <typename T>
+void prepare_rows(const AttentionParams& p, const BackwardTensors& t, float* mx, float* inv, float* di) {
+  const float* smax = t.softmax_max.const_data_ptr<float>();
+  const float* ssum = t.softmax_sum.const_data_ptr<float>();
+  const T* dy = t.dy.const_data_ptr<T>();
+  const T* o = t.attention_in.const_data_ptr<T>();
+  const int64_t vD = p.v_head_dim;
+  for_each_row_block(p, [&](int64_t b, int64_t n, int64_t i0, int64_t i1) {
+    std::vector<float> a(vD), c(vD);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t id = p.dropout_row.at(b, n, i), st = p.stats.at(b, n, i);
+      const float m = smax[st], s = ssum[st];
+      const bool dead = !(s > 0.f) || m == -kInf;
+      mx[id] = dead ? kInf : m;
+      inv[id] = dead ? 0.f : 1.f / s;
+      convert_row(dy + p.out.at(b, n, i), a.data(), vD);
+      convert_row(o + p.out.at(b, n, i), c.data(), vD);
+      Vec acc(0.f);
+      for (int64_t d = 0; d < vD; d += Vec::size()) {
+        const int64_t cnt = std::min<int64_t>(Vec::size(), vD - d);
+        acc = at::vec::fmadd(Vec::loadu(a.data() + d, cnt), Vec::loadu(c.data() + d, cnt), acc);
+      }
+      di[id] = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+    }
+  });
+}
+
+// dq = sum of the slice partials in slice order, converted to the input dtype.
+template <typename T>
+void finish_dq(const AttentionParams& p, BackwardTensors& t, const float* part, int64_t slices, int64_t stride) {
+  const int64_t D = p.head_dim;
+  T* dq = t.dq.data_ptr<T>();
+  for_each_row_block(p, [&](int64_t b, int64_t n, int64_t i0, int64_t i1) {
+    std::vector<float> acc(D);
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* src = part + p.dropout_row.at(b, n, i) * D;
+      std::copy(src, src + D, acc.begin());
+      for (int64_t s = 1; s < slices; ++s)
+        for (int64_t d = 0; d < D; ++d) acc[d] += src[s * stride + d];
+      convert_row(acc.data(), dq + t.dq_rows.at(b, n, i), D);
+    }
+  });
+}
+
+// Items, most expensive first so the dynamic queue ends with small ones.
+inline std::vector<Item> make_items(const AttentionParams& p, bool whole_batch, int64_t slices) {
+  std::vector<Item> items;
+  const int64_t sets = whole_batch ? 1 : p.batch;
+  for (int64_t s = 0; s < sets; ++s) {
+    const int64_t b0 = whole_batch ? 0 : s, b1 = whole_batch ? p.batch : s + 1;
+    int64_t cost = 0;
+    for (int64_t b = b0; b < b1; ++b) cost += p.q_len[b] * p.kv_len[b];
+    for (int64_t n2 = 0; n2 < p.kv_heads; ++n2)
+      for (int64_t c = 0; c < slices; ++c) items.push_back({b0, b1, n2, c, cost});
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  return items;
+}
+
+template <typename T, typename G>
+void run(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t, int64_t panel) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  const int64_t D = p.head_dim, rows = t.softmax_max.numel() / 8;
+  at::Tensor stats = at::empty({3, rows}, f32);
+  float* st = stats.data_ptr<float>();
+  prepare_rows<T>(p, t, st, st + rows, st + 2 * rows);
+
+  const attention::TileConfig over = attention::tile_config_override();
+  // Tiles never larger than the sequences, so small problems (or huge overrides) do not over-allocate.
+  const int64_t bq = std::min(over.block_q > 0 ? over.block_q : kDefaultBlockQ, std::max<int64_t>(1, p.max_q_len));
+  const int64_t bkv = std::min(over.block_kv > 0 ? over.block_kv : kDefaultBlockKv, std::max<int64_t>(1, p.max_kv_len));
+
+  // dpse summed over the batch ([1,N,Sq,Skv]) needs all batches of a head in one item to stay race-free.
+  const bool whole_batch = t.dpse.defined() && t.dpse.size(0) == 1 && p.batch > 1;
+  const int64_t threads = at::get_num_threads();
+  const int64_t base_items = (whole_batch ? 1 : p.batch) * p.kv_heads;
+  const int64_t max_tiles = std::max<int64_t>(1, ceil_div(p.max_kv_len, bkv));
+  const int64_t slices = threads <= 1 ? 1 : std::clamp<int64_t>(ceil_div(4 * threads, base_items), 1, max_tiles);
+  at::Tensor dq_part = at::zeros({slices, rows, D}, f32);
+
+  at::Tensor dpse;
+  Ctx<T> c{p, in.query.const_data_ptr<T>(), in.key.const_data_ptr<T>(), in.value.const_data_ptr<T>(),
+           t.dy.const_data_ptr<T>(), t.dk.data_ptr<T>(), t.dv.data_ptr<T>(), t.dk_rows, t.dv_rows,
+           RowStats{st, st + rows, st + 2 * rows}, dq_part.data_ptr<float>(), rows * D, nullptr, 0, 0, 0,
+           bq, bkv, slices, panel};
+  if (t.dpse.defined()) {
+    dpse = t.dpse.scalar_type() == at::kFloat ? t.dpse.zero_() : at::zeros(t.dpse.sizes(), f32);
+    c.dpse = dpse.data_ptr<float>();
+    c.dpse_sb = dpse.size(0) == 1 ? 0 : dpse.stride(0);
+    c.dpse_sn = dpse.stride(1);
+    c.dpse_si = dpse.size(2) == 1 ? 0 : dpse.stride(2);
+  }
+
+  const std::vector<Item> items = make_items(p, whole_batch, slices);
+  std::atomic<int64_t> next{0};  // work queue only: which thread runs an item never changes a result
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    Worker<T, G> w(c);
+    for (int64_t i = next++; i < static_cast<int64_t>(items.size()); i = next++) w.run(items[i]);
+    if constexpr (!std::is_same_v<G, float>) at::native::cpublas::brgemm_release(true);
+  });
+
+  finish_dq<T>(p, t, dq_part.const_data_ptr<float>(), slices, rows * D);
+  if (t.dpse.defined() && t.dpse.scalar_type() != at::kFloat) t.dpse.copy_(dpse);
+}
+
+// bf16/fp16 GEMMs in their own dtype need the VNNI micro-kernel and even head dims (the K of S and dP).
+template <typename T>
+void run_low_precision(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t) {
+  const int64_t panel = vnni_panel<T>();
+  if (panel > 0 && p.head_dim % 2 == 0 && p.v_head_dim % 2 == 0) return run<T, T>(p, in, t, panel);
+  run<T, float>(p, in, t, 0);
+}
+
+}  // namespace bwd
+
+void attention_backward(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t) {
+  switch (in.query.scalar_type()) {
+    case at::kFloat: return bwd::run<float, float>(p, in, t, 0);
+    case at::kBFloat16: return bwd::run_low_precision<at::BFloat16>(p, in, t);
+    case at::kHalf: return bwd::run_low_precision<at::Half>(p, in, t);
+    default: TORCH_CHECK(false, p.op, ": unsupported dtype ", in.query.scalar_type());
+  }
+}
+
+}  // namespace npu_fa::cpu::CPU_CAPABILITY

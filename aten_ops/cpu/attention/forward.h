@@ -1,0 +1,770 @@
+// FlashAttention-2 forward on CPU. Included once per ISA by kernels_isa.cpp, so everything here lives in
+// npu_fa::cpu::CPU_CAPABILITY and at::vec::Vectorized has that ISA's width.
+//
+// Work is split into items (sequence b, KV head n2, query heads [h0, h1) of that group, query rows [i0, i1)); an
+// item's query rows of all its heads are packed into one [R, D] block, so a K/V tile is read once for every head
+// sharing it (this matters when Sq is short, e.g. decoding with GQA). Per item we walk the KV tiles inside the
+// band's key range, skip Empty tiles, mask Partial ones per element, and keep an online softmax (running max m,
+// running sum l, fp32 accumulator acc) per row.
+//
+// Both products run on at::native::cpublas::brgemm (oneDNN's JIT micro-kernels; cpublas::gemm is not exported
+// from libtorch). brgemm takes no transposes, so K is repacked as Kᵀ (keys contiguous) once per KV head; when a
+// head feeds a single item (decoding) nothing is repacked: Sᵀ = K·Qᵀ reads K in place, and too few items are
+// split along the keys and merged (flash-decoding). Two compute types: fp32 (fp32 inputs; fp16 inputs, and bf16
+// where the bf16 kernel is unavailable, are converted while packing) and bf16 with VNNI-packed operands (the
+// fast path on CPUs with AVX512-BF16 or AMX).
+#pragma once
+
+#include <ATen/Context.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/attention/kernels.h"
+
+namespace npu_fa::cpu::CPU_CAPABILITY {
+namespace fa_fwd {
+
+using Vec = at::vec::Vectorized<float>;
+using at::BFloat16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// ---- Matrix products: c[m, n] (+)= a[m, k] · b[k, n], row-major; b is VNNI-packed for bf16. ----
+
+inline void mm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+               int64_t ldc, bool add) {
+  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, false);
+}
+
+// b in VNNI layout: element (kk, j) at b[((kk / 2) * ldb + j) * 2 + kk % 2]; k must be even.
+inline void mm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb,
+               float* c, int64_t ldc, bool add) {
+  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, true);
+}
+
+// Whether bf16 brgemm accepts our VNNI layout with an arbitrary ldb (oneDNN's AVX512-BF16 kernels do; some
+// builds or CPUs want another packing or refuse). Probed once with a small product against a scalar result.
+inline bool bf16_brgemm_usable() {
+  if (!at::globalContext().userEnabledMkldnn()) return false;
+  static const bool ok = [] {
+    constexpr int64_t M = 5, N = 37, K = 6, LDB = 40;
+    std::vector<BFloat16> a(M * K), b(K / 2 * LDB * 2, BFloat16(0.f));
+    std::vector<float> c(M * N, 0.f);
+    for (int64_t i = 0; i < M * K; ++i) a[i] = BFloat16(float(i % 7) - 3.f);
+    for (int64_t kk = 0; kk < K; ++kk)
+      for (int64_t j = 0; j < N; ++j) b[((kk / 2) * LDB + j) * 2 + kk % 2] = BFloat16(float((kk * N + j) % 5) - 2.f);
+    try {
+      mm(M, N, K, a.data(), K, b.data(), LDB, c.data(), N, false);
+      at::native::cpublas::brgemm_release(true);
+    } catch (const std::exception&) {
+      return false;
+    }
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        float ref = 0.f;
+        for (int64_t kk = 0; kk < K; ++kk) ref += float(a[i * K + kk]) * float(b[((kk / 2) * LDB + j) * 2 + kk % 2]);
+        if (ref != c[i * N + j]) return false;
+      }
+    return true;
+  }();
+  return ok;
+}
+
+// ---- Row primitives on fp32 score rows. ----
+
+// s = s * scale (+ c * bias[j * bias_stride]) in place; returns the max of the new s.
+inline float scale_bias_max(float* s, int64_t n, float scale, const float* bias, int64_t bias_stride, float c) {
+  if (bias && bias_stride != 1) {
+    float mx = kNegInf;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j] = s[j] * scale + c * bias[j * bias_stride]);
+    return mx;
+  }
+  const Vec vs(scale), vc(c);
+  Vec vmax(kNegInf);
+  for (int64_t j = 0; j < n; j += Vec::size()) {
+    const int64_t cnt = std::min<int64_t>(Vec::size(), n - j);
+    Vec x = Vec::loadu(s + j, cnt) * vs;
+    if (bias) x = x + Vec::loadu(bias + j, cnt) * vc;
+    x.store(s + j, cnt);
+    vmax = at::vec::maximum(vmax, cnt == Vec::size() ? x : Vec::set(Vec(kNegInf), x, cnt));
+  }
+  return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, vmax);
+}
+
+// Four independent maxima hide the max latency (at::vec::reduce_all keeps one dependency chain).
+inline float row_max(const float* s, int64_t n) {
+  constexpr int64_t kF = Vec::size();
+  Vec m0(kNegInf), m1(kNegInf), m2(kNegInf), m3(kNegInf);
+  int64_t j = 0;
+  for (; j + 4 * kF <= n; j += 4 * kF) {
+    m0 = at::vec::maximum(m0, Vec::loadu(s + j));
+    m1 = at::vec::maximum(m1, Vec::loadu(s + j + kF));
+    m2 = at::vec::maximum(m2, Vec::loadu(s + j + 2 * kF));
+    m3 = at::vec::maximum(m3, Vec::loadu(s + j + 3 * kF));
+  }
+  for (; j < n; j += kF) {
+    const int64_t cnt = std::min(kF, n - j);
+    m0 = at::vec::maximum(m0, Vec::set(Vec(kNegInf), Vec::loadu(s + j, cnt), cnt));
+  }
+  const Vec m = at::vec::maximum(at::vec::maximum(m0, m1), at::vec::maximum(m2, m3));
+  return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, m);
+}
+
+// out[j] = exp(s[j] * scale - shift), stored in out's dtype (out may alias s); returns the fp32 sum. scale folds the
+// softmax scale in when s still holds raw Q·Kᵀ. exp_u20 is a degree-5 polynomial, well inside the fp32 tolerance
+// and far below bf16/fp16 rounding of P.
+template <typename OutT>
+float exp_store(const float* s, int64_t n, float scale, float shift, OutT* out) {
+  constexpr int64_t kF = Vec::size(), kStep = std::is_same_v<OutT, float> ? kF : 2 * kF;
+  const Vec vs(scale), vm(-shift);
+  Vec acc0(0.f), acc1(0.f);
+  // Lanes past n load as -inf, i.e. exp = 0.
+  auto exp_at = [&](int64_t j, int64_t cnt) {
+    const Vec x = cnt >= kF ? Vec::loadu(s + j) : Vec::set(Vec(kNegInf), Vec::loadu(s + j, cnt), cnt);
+    return at::vec::fmadd(x, vs, vm).exp_u20();
+  };
+  auto step = [&](int64_t j, int64_t cnt) {
+    const Vec e0 = exp_at(j, cnt);
+    acc0 = acc0 + e0;
+    if constexpr (std::is_same_v<OutT, float>) {
+      e0.store(out + j, cnt);
+    } else {
+      const Vec e1 = cnt > kF ? exp_at(j + kF, cnt - kF) : Vec(0.f);
+      acc1 = acc1 + e1;
+      at::vec::convert_from_float<OutT>(e0, e1).store(out + j, cnt);
+    }
+  };
+  int64_t j = 0;
+  for (; j + kStep <= n; j += kStep) step(j, kStep);
+  if (j < n) step(j, n - j);
+  return at::vec::vec_reduce_all<float>([](Vec x, Vec y) { return x + y; }, acc0 + acc1);
+}
+
+inline void scale_row(float* x, int64_t n, float a) {
+  at::vec::map([a](Vec v) { return v * Vec(a); }, x, x, n);
+}
+
+// ---- K/V repacking. ----
+
+// Uninitialised storage (std::vector would zero it first, a wasted pass over memory).
+template <typename C>
+struct Buffer {
+  std::unique_ptr<C[]> data;
+  int64_t size = 0;
+  C* get(int64_t n) {
+    if (n > size) {
+      data.reset(new C[n]);
+      size = n;
+    }
+    return data.get();
+  }
+};
+
+// Keys of one KV head (b, n2) as brgemm reads them. k: Kᵀ with row stride ldk: fp32 [D][ldk], bf16
+// [ceil(D/2)][ldk][2] (VNNI pairs of the head dim). v: rows of stride ldv: fp32 [kv][vD] (fp32 inputs are read in
+// place), bf16 [kv/2][vD][2] (VNNI pairs of keys). Key j sits at column j - k_base of k and row j - v_base of v;
+// bf16 tiles start at an even j - v_base.
+template <typename C>
+struct KvView {
+  static constexpr int64_t kW = std::is_same_v<C, BFloat16> ? 2 : 1;
+  const C* k;
+  int64_t ldk, k_base;
+  const C* v;
+  int64_t ldv, v_base;
+  const C* k_at(int64_t j0) const { return k + (j0 - k_base) * kW; }
+  const C* v_at(int64_t j0) const { return v + (j0 - v_base) * ldv; }
+};
+
+// Packs keys and values of one (b, n2) into the KvView layout.
+template <typename T, typename C>
+class KvPacker {
+ public:
+  static constexpr bool kVnni = std::is_same_v<C, BFloat16>;
+  static constexpr int64_t kW = kVnni ? 2 : 1;  // elements per packed K unit
+
+  // V is used in place when brgemm can read it as it is (fp32 rows with a row stride of at least vD).
+  KvPacker(const AttentionParams& p, const T* k, const T* v)
+      : p_(p), k_(k), v_(v), pack_v_(!std::is_same_v<T, C> || kVnni || p.v.seq_stride < p.v_head_dim) {}
+
+  // Row stride for `keys` columns; +16 keeps the stride off multiples of 4 KiB (brgemm reads column panels).
+  static int64_t ldk(int64_t keys) { return round_up(std::max<int64_t>(keys, 1), 64) + 16; }
+  int64_t k_elems(int64_t keys) const { return (p_.head_dim + kW - 1) / kW * kW * ldk(keys); }
+  int64_t v_elems(int64_t keys) const { return pack_v_ ? round_up(keys, 2) * p_.v_head_dim : 0; }
+
+  // Keys [j0, j1) go to column / row j - col0 of kbuf / vbuf; j0 - col0 is even.
+  void pack(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* kbuf, int64_t ld, C* vbuf) const {
+    pack_k(b, n2, j0, j1, col0, kbuf, ld);
+    if (pack_v_) pack_v(b, n2, j0, j1, col0, vbuf);
+  }
+
+  // V rows; VNNI interleaves rows 2q and 2q+1 (an odd last row is paired with zeros: its P column is 0).
+  void pack_v(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* dst) const {
+    const int64_t vD = p_.v_head_dim;
+    if constexpr (!kVnni) {
+      for (int64_t j = j0; j < j1; ++j) at::vec::convert(v_ + p_.v.at(b, n2, j), dst + (j - col0) * vD, vD);
+    } else {
+      for (int64_t j = j0; j < j1; j += 2) {
+        const T* r0 = v_ + p_.v.at(b, n2, j);
+        const T* r1 = j + 1 < j1 ? v_ + p_.v.at(b, n2, j + 1) : nullptr;
+        C* out = dst + (j - col0) * vD;
+        for (int64_t c = 0; c < vD; ++c) {
+          out[2 * c] = r0[c];
+          out[2 * c + 1] = r1 ? r1[c] : C(0.f);
+        }
+      }
+    }
+  }
+
+  KvView<C> view(int64_t b, int64_t n2, int64_t col0, const C* kbuf, int64_t ld, const C* vbuf) const {
+    if (pack_v_) return {kbuf, ld, col0, vbuf, p_.v_head_dim, col0};
+    return {kbuf, ld, col0, reinterpret_cast<const C*>(v_) + p_.v.at(b, n2, 0), p_.v.seq_stride, 0};
+  }
+
+ private:
+  // Kᵀ by 16 x 16 blocks (of elements, or of head-dim pairs for VNNI), so reads and writes use whole cache lines.
+  void pack_k(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* dst, int64_t ld) const {
+    constexpr int64_t kB = 16;
+    const int64_t D = p_.head_dim, units = (D + kW - 1) / kW;
+    C tile[kB][kB][kW];
+    for (int64_t jb = j0; jb < j1; jb += kB) {
+      const int64_t nj = std::min(kB, j1 - jb);
+      for (int64_t u0 = 0; u0 < units; u0 += kB) {
+        const int64_t nu = std::min(kB, units - u0);
+#if defined(CPU_CAPABILITY_AVX512)
+        if constexpr (std::is_same_v<T, C>) {
+          if (kW == 1 || D % 2 == 0) {  // whole 32-bit units: transpose in registers
+            transpose_block(b, n2, jb, nj, u0, nu, dst + (u0 * ld + jb - col0) * kW, ld * kW);
+            continue;
+          }
+        }
+#endif
+        for (int64_t jj = 0; jj < nj; ++jj) {
+          const T* src = k_ + p_.k.at(b, n2, jb + jj) + u0 * kW;
+          for (int64_t uu = 0; uu < nu; ++uu)
+            for (int64_t w = 0; w < kW; ++w) {
+              const int64_t d = (u0 + uu) * kW + w;
+              tile[uu][jj][w] = d < D ? C(static_cast<float>(src[uu * kW + w])) : C(0.f);
+            }
+        }
+        for (int64_t uu = 0; uu < nu; ++uu)
+          std::copy_n(&tile[uu][0][0], nj * kW, dst + ((u0 + uu) * ld + jb - col0) * kW);
+      }
+    }
+  }
+
+#if defined(CPU_CAPABILITY_AVX512)
+  // One block of the K transpose with 32-bit units (an fp32 value or a bf16 pair): rows jj < nj of K (units
+  // [u0, u0 + nu)) become columns of dst rows uu < nu (row stride ld elements).
+  void transpose_block(int64_t b, int64_t n2, int64_t jb, int64_t nj, int64_t u0, int64_t nu, C* dst, int64_t ld) const {
+    const __mmask16 load_mask = static_cast<__mmask16>((1u << nu) - 1), store_mask = static_cast<__mmask16>((1u << nj) - 1);
+    __m512i r[16];
+    for (int64_t jj = 0; jj < 16; ++jj)
+      r[jj] = jj < nj ? _mm512_maskz_loadu_epi32(load_mask, k_ + p_.k.at(b, n2, jb + jj) + u0 * kW) : _mm512_setzero_si512();
+    transpose16x16(r);
+    for (int64_t uu = 0; uu < nu; ++uu) _mm512_mask_storeu_epi32(dst + uu * ld, store_mask, r[uu]);
+  }
+
+  // In-register transpose of 16 rows of 16 32-bit values: interleave 32-bit then 64-bit pairs inside 128-bit lanes,
+  // then gather the 128-bit lanes.
+  static void transpose16x16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    __m512i u[4][4];  // u[g][c]: rows 4g..4g+3 of columns 4k + c in lane k
+    for (int g = 0; g < 4; ++g) {
+      u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+      u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+      u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+      u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v0 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0x44), v1 = _mm512_shuffle_i32x4(u[0][c], u[1][c], 0xEE);
+      const __m512i v2 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0x44), v3 = _mm512_shuffle_i32x4(u[2][c], u[3][c], 0xEE);
+      r[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+      r[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+      r[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+      r[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+    }
+  }
+#endif
+
+  const AttentionParams& p_;
+  const T *k_, *v_;
+  const bool pack_v_;
+};
+
+// ---- Work decomposition. ----
+
+struct Item {
+  int64_t b, n2, h0, h1, i0, i1;  // h0/h1: query heads within the group
+  int64_t cost;                   // ~ visible (row, key) pairs, for scheduling
+};
+
+// The items of one KV head (b, n2) are contiguous: items[begin, end).
+struct Group {
+  int64_t b, n2, begin, end, cost;
+};
+
+struct Plan {
+  std::vector<Item> items;
+  std::vector<Group> groups;
+  int64_t max_rows = 0;  // largest R = (h1 - h0) * (i1 - i0)
+};
+
+// About block_q packed rows per item: heads of a group are packed together only when Sq is short; rows are split
+// further while there are fewer than 4 items per thread.
+inline Plan make_plan(const AttentionParams& p, int64_t block_q) {
+  const int64_t threads = at::get_num_threads(), G = p.group;
+  int64_t heads = std::clamp<int64_t>(block_q / std::max<int64_t>(p.max_q_len, 1), 1, G);
+  while (G % heads) --heads;
+  int64_t span = std::max<int64_t>(1, block_q / heads);
+  auto count = [&]() {
+    int64_t n = 0;
+    for (int64_t b = 0; b < p.batch; ++b) n += (p.q_len[b] + span - 1) / span;
+    return n * p.kv_heads * (G / heads);
+  };
+  while (count() < 4 * threads && (heads > 1 || span > 16)) {
+    if (heads > 1) {
+      do --heads; while (G % heads);
+    } else {
+      span = std::max<int64_t>(16, span / 2);
+    }
+  }
+  Plan plan;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t n2 = 0; n2 < p.kv_heads; ++n2) {
+      Group g{b, n2, static_cast<int64_t>(plan.items.size()), 0, 0};
+      for (int64_t h0 = 0; h0 < G; h0 += heads) {
+        for (int64_t i0 = 0; i0 < p.q_len[b]; i0 += span) {
+          const int64_t i1 = std::min(p.q_len[b], i0 + span);
+          const auto kr = p.key_range(b, i0, i1);
+          const int64_t keys = std::max<int64_t>(0, kr.second - kr.first);
+          plan.items.push_back({b, n2, h0, h0 + heads, i0, i1, heads * (i1 - i0) * (keys + 16)});
+          plan.max_rows = std::max(plan.max_rows, heads * (i1 - i0));
+          g.cost += plan.items.back().cost;
+        }
+      }
+      g.end = static_cast<int64_t>(plan.items.size());
+      if (g.end > g.begin) plan.groups.push_back(g);
+    }
+  }
+  return plan;
+}
+
+// First key of the item's KV tiles and their count. VNNI pairs keys, so bf16 tiles start at an even key (the extra
+// key lies outside the band and is masked).
+inline std::pair<int64_t, int64_t> item_tiles(const AttentionParams& p, const Item& it, int64_t block_kv, bool vnni) {
+  const auto kr = p.key_range(it.b, it.i0, it.i1);
+  if (kr.first >= kr.second) return {0, 0};
+  const int64_t start = vnni ? kr.first & ~int64_t(1) : kr.first;
+  return {start, (kr.second - start + block_kv - 1) / block_kv};
+}
+
+// Largest first, so a dynamic schedule ends on short work (causal, band and varlen costs are uneven).
+template <typename X>
+void sort_by_cost(std::vector<X>& v) {
+  std::stable_sort(v.begin(), v.end(), [](const X& x, const X& y) { return x.cost > y.cost; });
+}
+
+// ---- The per-thread kernel. T: input dtype, C: compute dtype of the products (float or BFloat16). ----
+
+template <typename T, typename C>
+class ForwardKernel {
+  static constexpr bool kVnni = std::is_same_v<C, BFloat16>;
+  // P is rounded to the input dtype before P·V, as FlashAttention-2 does.
+  static constexpr bool kRoundP = !std::is_same_v<T, float> && !kVnni;
+
+ public:
+  ForwardKernel(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o, const KvPacker<T, C>& packer,
+                int64_t max_rows, int64_t block_kv)
+      : p_(p), packer_(packer), bkv_(block_kv),
+        D_(p.head_dim), Dp_(kVnni ? round_up(p.head_dim, 2) : p.head_dim), vD_(p.v_head_dim),
+        lds_(round_up(bkv_, 16) + 16), q_(in.query.const_data_ptr<T>()), k_(in.key.const_data_ptr<T>()),
+        v_(in.value.const_data_ptr<T>()),
+        out_(o.out.data_ptr<T>()), max_(o.softmax_max.data_ptr<float>()), sum_(o.softmax_sum.data_ptr<float>()) {
+    // Scratch for one thread, sized for the largest item and reused for every item and tile.
+    qpack_.assign(max_rows * Dp_, C(0.f));
+    s_.resize(max_rows * lds_);
+    if (kVnni) p_lowp_.resize(max_rows * lds_);
+    acc_.resize(max_rows * vD_);
+    m_.resize(max_rows);
+    l_.resize(max_rows);
+    keep_.resize(bkv_ + 1);
+  }
+
+  // This thread's packed K/V: one whole head when heads are not shared between threads, or one tile.
+  Buffer<C> kbuf, vbuf;
+
+  // Tiles [t0, t1) of the item. view: the packed head, or null to pack each tile here. Without `partial` the rows
+  // are finished; with it, each row's (m, l, acc) is stored there (vD + 2 floats per row) for merge().
+  void run(const Item& it, const KvView<C>* view, int64_t t0, int64_t t1, float* partial = nullptr) {
+    const int64_t mq = it.i1 - it.i0, R = (it.h1 - it.h0) * mq;
+    // Unpacked K/V are read in place when the input already has the compute dtype (no reuse to pay for packing).
+    const bool direct = !view && std::is_same_v<T, C> && D_ == Dp_ && p_.k.seq_stride >= D_ &&
+                        p_.v.seq_stride >= vD_;
+    pack_queries(it, mq, R, direct);
+    std::fill_n(m_.data(), R, kNegInf);
+    std::fill_n(l_.data(), R, 0.f);
+    std::fill_n(acc_.data(), R * vD_, 0.f);
+    const auto [start, n_tiles] = item_tiles(p_, it, bkv_, kVnni);
+    const int64_t end = p_.key_range(it.b, it.i0, it.i1).second;
+    for (int64_t t = t0; t < std::min(t1, n_tiles); ++t) {
+      const int64_t j0 = start + t * bkv_, j1 = std::min(end, j0 + bkv_);
+      const attention::TileKind kind = p_.classify(it.b, it.i0, it.i1, j0, j1);
+      if (kind == attention::TileKind::Empty) continue;
+      const bool partial_tile = kind == attention::TileKind::Partial;
+      if (view) {
+        tile(it, mq, R, j0, j1, partial_tile, *view);
+      } else if (direct) {
+        tile_direct(it, mq, R, j0, j1, partial_tile);
+      } else {
+        const int64_t ld = KvPacker<T, C>::ldk(bkv_);
+        C* kd = kbuf.get(packer_.k_elems(bkv_));
+        C* vd = vbuf.get(packer_.v_elems(bkv_));
+        packer_.pack(it.b, it.n2, j0, j1, j0, kd, ld, vd);
+        tile(it, mq, R, j0, j1, partial_tile, packer_.view(it.b, it.n2, j0, kd, ld, vd));
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      if (partial) {
+        float* dst = partial + r * (vD_ + 2);
+        dst[0] = m_[r];
+        dst[1] = l_[r];
+        std::copy_n(acc_.data() + r * vD_, vD_, dst + 2);
+      } else {
+        write_row(it.b, head(it, r, mq), it.i0 + r % mq, m_[r], l_[r], acc_.data() + r * vD_);
+      }
+    }
+  }
+
+  // Combines `splits` partial states of each row of the item (flash-decoding) and writes the rows.
+  void merge(const Item& it, const float* partial, int64_t splits, int64_t stride) {
+    const int64_t mq = it.i1 - it.i0, R = (it.h1 - it.h0) * mq, w = vD_ + 2;
+    for (int64_t r = 0; r < R; ++r) {
+      float m = kNegInf;
+      for (int64_t x = 0; x < splits; ++x) m = std::max(m, partial[x * stride + r * w]);
+      float l = 0.f;
+      float* a = acc_.data();
+      std::fill_n(a, vD_, 0.f);
+      if (m != kNegInf) {
+        for (int64_t x = 0; x < splits; ++x) {
+          const float* src = partial + x * stride + r * w;
+          if (src[0] == kNegInf) continue;
+          const float f = std::exp(src[0] - m);
+          l += src[1] * f;
+          at::vec::map2([f](Vec y, Vec z) { return y + z * Vec(f); }, a, a, src + 2, vD_);
+        }
+      }
+      write_row(it.b, head(it, r, mq), it.i0 + r % mq, m, l, a);
+    }
+  }
+
+ private:
+  int64_t head(const Item& it, int64_t r, int64_t mq) const { return it.n2 * p_.group + it.h0 + r / mq; }
+
+  // Q rows [R, Dp]; for the direct path also Qᵀ [Dp, R] (VNNI pairs of the head dim for bf16) as brgemm's B.
+  void pack_queries(const Item& it, int64_t mq, int64_t R, bool transposed) {
+    for (int64_t r = 0; r < R; ++r) {
+      const T* src = q_ + p_.q.at(it.b, head(it, r, mq), it.i0 + r % mq);
+      C* dst = qpack_.data() + r * Dp_;
+      for (int64_t d = 0; d < D_; ++d) dst[d] = C(static_cast<float>(src[d]));
+    }
+    if (!transposed) return;
+    if (qt_.size() < static_cast<size_t>(R * Dp_)) qt_.resize(R * Dp_);
+    constexpr int64_t kW = kVnni ? 2 : 1;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t d = 0; d < Dp_; ++d) qt_[((d / kW) * R + r) * kW + d % kW] = qpack_[r * Dp_ + d];
+  }
+
+  // One KV tile [j0, j1) for all R packed rows: scores, masking, online softmax, P·V.
+  void tile(const Item& it, int64_t mq, int64_t R, int64_t j0, int64_t j1, bool partial, const KvView<C>& kv) {
+    const int64_t nk = j1 - j0;
+    mm(R, nk, Dp_, qpack_.data(), Dp_, kv.k_at(j0), kv.ldk, s_.data(), lds_, false);
+    softmax_rows(it, mq, R, j0, nk, partial);
+    if constexpr (kVnni) {
+      const int64_t kk = round_up(nk, 2);  // the odd tail's partner key has P = 0
+      mm(R, vD_, kk, p_lowp_.data(), lds_, kv.v_at(j0), kv.ldv, acc_.data(), vD_, true);
+    } else {
+      mm(R, vD_, nk, s_.data(), lds_, kv.v_at(j0), kv.ldv, acc_.data(), vD_, true);
+    }
+  }
+
+  // The same tile from K and V in place (T == C): Sᵀ = K·Qᵀ needs no transposed K, and P·V takes V as it is
+  // (fp32), or V rows one by one for a few bf16 rows, or a VNNI copy of the V tile.
+  void tile_direct(const Item& it, int64_t mq, int64_t R, int64_t j0, int64_t j1, bool partial) {
+    const int64_t nk = j1 - j0;
+    const C* k = reinterpret_cast<const C*>(k_) + p_.k.at(it.b, it.n2, j0);
+    if (st_.size() < static_cast<size_t>(nk * R)) st_.resize(nk * R);
+    mm(nk, R, Dp_, k, p_.k.seq_stride, qt_.data(), R, st_.data(), R, false);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < nk; ++j) s_[r * lds_ + j] = st_[j * R + r];
+    softmax_rows(it, mq, R, j0, nk, partial);
+    const C* v = reinterpret_cast<const C*>(v_) + p_.v.at(it.b, it.n2, j0);
+    const int64_t ldv = p_.v.seq_stride;
+    if constexpr (!kVnni) {
+      mm(R, vD_, nk, s_.data(), lds_, v, ldv, acc_.data(), vD_, true);
+    } else if (R <= 8) {
+      pv_few_rows(R, nk, v, ldv);
+    } else {
+      const int64_t ld = KvPacker<T, C>::ldk(bkv_);
+      C* kd = kbuf.get(packer_.k_elems(bkv_));
+      C* vd = vbuf.get(packer_.v_elems(bkv_));
+      const KvView<C> view = packer_.view(it.b, it.n2, j0, kd, ld, vd);
+      packer_.pack_v(it.b, it.n2, j0, j1, j0, vd);
+      mm(R, vD_, round_up(nk, 2), p_lowp_.data(), lds_, view.v_at(j0), view.ldv, acc_.data(), vD_, true);
+    }
+  }
+
+  // acc[r, :] += P[r, :] · V for R <= 8 rows, bf16 V read in place: 4 rows x one bf16 vector of columns stay in
+  // registers while the tile's keys stream by (decoding is bound by reading V once).
+  void pv_few_rows(int64_t R, int64_t nk, const BFloat16* v, int64_t ldv) {
+    using VecB = at::vec::Vectorized<BFloat16>;
+    constexpr int64_t kF = Vec::size(), kB = VecB::size();  // kB == 2 * kF
+    if (zeros_.size() < static_cast<size_t>(nk)) zeros_.assign(nk, 0.f);
+    for (int64_t r = 0; r < R; ++r)  // P as rounded for P·V, back in fp32
+      at::vec::convert(p_lowp_.data() + r * lds_, s_.data() + r * lds_, nk);
+    for (int64_t r0 = 0; r0 < R; r0 += 4) {
+      const float* pr[4];
+      for (int64_t x = 0; x < 4; ++x) pr[x] = r0 + x < R ? s_.data() + (r0 + x) * lds_ : zeros_.data();
+      for (int64_t c = 0; c < vD_; c += kB) {
+        const int64_t cnt = std::min(kB, vD_ - c), c0 = std::min(kF, cnt), c1 = cnt - c0;
+        Vec a[4][2];
+        for (int64_t x = 0; x < 4; ++x) {
+          float* acc = acc_.data() + (r0 + x) * vD_ + c;
+          a[x][0] = r0 + x < R ? Vec::loadu(acc, c0) : Vec(0.f);
+          a[x][1] = r0 + x < R && c1 > 0 ? Vec::loadu(acc + kF, c1) : Vec(0.f);
+        }
+        for (int64_t j = 0; j < nk; ++j) {
+          auto [lo, hi] = at::vec::convert_bfloat16_float(VecB::loadu(v + j * ldv + c, cnt));
+          for (int64_t x = 0; x < 4; ++x) {
+            const Vec pj(pr[x][j]);
+            a[x][0] = at::vec::fmadd(pj, lo, a[x][0]);
+            a[x][1] = at::vec::fmadd(pj, hi, a[x][1]);
+          }
+        }
+        for (int64_t x = 0; x < 4 && r0 + x < R; ++x) {
+          float* acc = acc_.data() + (r0 + x) * vD_ + c;
+          a[x][0].store(acc, c0);
+          if (c1 > 0) a[x][1].store(acc + kF, c1);
+        }
+      }
+    }
+  }
+
+  // Scale, pse, masking and the online softmax update of the R rows of a tile's scores.
+  void softmax_rows(const Item& it, int64_t mq, int64_t R, int64_t j0, int64_t nk, bool partial) {
+    // Without pse (and scale > 0) the scores stay raw Q·Kᵀ and the scale is folded into the exponent: one pass
+    // fewer over the tile.
+    const bool raw = !p_.pse && p_.scale > 0.f;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t n = head(it, r, mq), i = it.i0 + r % mq;
+      float* s = s_.data() + r * lds_;
+      float mx;
+      if (raw) {
+        if (partial) p_.mask_row(it.b, n, i, j0, nk, s);
+        mx = p_.scale * row_max(s, nk);
+      } else {
+        const float* bias = p_.pse ? p_.pse->row(it.b, n, i) + j0 * p_.pse->sj : nullptr;
+        const int64_t bias_stride = p_.pse ? p_.pse->sj : 0;
+        mx = scale_bias_max(s, nk, p_.scale, bias, bias_stride, p_.pse_type == 1 ? p_.scale : 1.f);
+        if (partial) {
+          p_.mask_row(it.b, n, i, j0, nk, s);
+          mx = row_max(s, nk);
+        }
+      }
+      softmax_row(it.b, n, i, j0, nk, s, mx, raw ? p_.scale : 1.f, r);
+    }
+  }
+
+  // Online softmax update of row r with scores s[0, nk) * s_scale (their max: row_mx): rescales acc and leaves P
+  // (after dropout, in the dtype of the P·V product) for P·V.
+  void softmax_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s, float row_mx, float s_scale,
+                   int64_t r) {
+    const float m_old = m_[r];
+    const float m_new = std::max(m_old, row_mx);
+    C* pl = kVnni ? reinterpret_cast<C*>(p_lowp_.data() + r * lds_) : nullptr;
+    if (m_new == kNegInf) {  // nothing visible yet: P = 0, state unchanged
+      std::fill_n(s, nk, 0.f);
+      if constexpr (kVnni) std::fill_n(pl, round_up(nk, 2), C(0.f));
+      return;
+    }
+    const float alpha = std::exp(m_old - m_new);  // 0 on the first visible tile
+    float sum;
+    if (kVnni && !p_.has_dropout()) {
+      sum = exp_store(s, nk, s_scale, m_new, pl);
+    } else {
+      sum = exp_store(s, nk, s_scale, m_new, s);
+      if (p_.has_dropout()) apply_dropout(b, n, i, j0, nk, s);
+      if constexpr (kVnni) at::vec::convert(s, pl, nk);
+      if constexpr (kRoundP) {
+        for (int64_t j = 0; j < nk; ++j) s[j] = static_cast<float>(static_cast<T>(s[j]));
+      }
+    }
+    if constexpr (kVnni) {
+      if (nk % 2) pl[nk] = C(0.f);
+    }
+    l_[r] = l_[r] * alpha + sum;  // the sum uses probabilities before dropout
+    m_[r] = m_new;
+    if (alpha != 1.f) scale_row(acc_.data() + r * vD_, vD_, alpha);
+  }
+
+  void apply_dropout(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) {
+    attention::dropout_keep_row(p_.seed, p_.offset + static_cast<uint64_t>(p_.dropout_row.at(b, n, i)), p_.keep_prob,
+                                j0, nk, keep_.data());
+    const float inv = 1.f / p_.keep_prob;
+    for (int64_t j = 0; j < nk; ++j) s[j] = keep_[j] ? s[j] * inv : 0.f;
+  }
+
+  // out = acc / l in q's dtype (acc is scaled in place); softmax_max/sum repeated 8 times. A row that saw no key
+  // gets 0, -inf, 0.
+  void write_row(int64_t b, int64_t n, int64_t i, float m, float l, float* acc) {
+    const bool empty = l == 0.f;
+    if (empty) std::fill_n(acc, vD_, 0.f);
+    else scale_row(acc, vD_, 1.f / l);
+    at::vec::convert(acc, out_ + p_.out.at(b, n, i), vD_);
+    const int64_t st = p_.stats.at(b, n, i);
+    std::fill_n(max_ + st, 8, empty ? kNegInf : m);
+    std::fill_n(sum_ + st, 8, empty ? 0.f : l);
+  }
+
+  const AttentionParams& p_;
+  const KvPacker<T, C>& packer_;
+  const int64_t bkv_, D_, Dp_, vD_, lds_;
+  const T *q_, *k_, *v_;
+  T* out_;
+  float *max_, *sum_;
+  std::vector<C> qpack_, qt_;
+  std::vector<float> st_, zeros_;
+  std::vector<BFloat16> p_lowp_;
+  std::vector<float> s_, acc_, m_, l_;
+  std::vector<uint8_t> keep_;
+};
+
+template <typename T, typename C>
+void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
+  constexpr bool kVnni = std::is_same_v<C, BFloat16>;
+  attention::TileConfig tc = attention::tile_config(p.head_dim, static_cast<int64_t>(sizeof(C)));
+  if (kVnni) tc.block_kv = round_up(tc.block_kv, 2);  // VNNI tiles start at even keys
+  auto n_tiles = [&](const Item& it) { return item_tiles(p, it, tc.block_kv, kVnni).second; };
+  Plan plan = make_plan(p, tc.block_q);
+  const KvPacker<T, C> packer(p, in.key.const_data_ptr<T>(), in.value.const_data_ptr<T>());
+  const int64_t threads = at::get_num_threads();
+  const int64_t n_items = static_cast<int64_t>(plan.items.size());
+  const int64_t n_groups = static_cast<int64_t>(plan.groups.size());
+  std::atomic<int64_t> next{0};
+  // Each worker takes the next unit from a shared counter, so uneven units balance out.
+  auto workers = [&](int64_t units, const auto& body) {
+    next = 0;
+    at::parallel_for(0, std::min(threads, units), 1, [&](int64_t, int64_t) {
+      ForwardKernel<T, C> kernel(p, in, o, packer, plan.max_rows, tc.block_kv);
+      for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) body(kernel, u);
+      at::native::cpublas::brgemm_release(std::is_same_v<C, BFloat16>);
+    });
+  };
+
+  if (n_items == n_groups) {
+    // Each KV head feeds a single item (decoding, short Sq): nothing to reuse, so pack tile by tile. When there are
+    // too few items for the threads, split their key ranges and merge the partial softmax states afterwards.
+    sort_by_cost(plan.items);
+    int64_t max_tiles = 0;
+    for (const Item& it : plan.items) max_tiles = std::max(max_tiles, n_tiles(it));
+    const int64_t splits = std::max<int64_t>(1, std::min((4 * threads + n_items - 1) / n_items, max_tiles));
+    if (splits == 1 || threads == 1) {
+      workers(n_items, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+        kernel.run(plan.items[u], nullptr, 0, max_tiles);
+      });
+      return;
+    }
+    const int64_t stride = plan.max_rows * (p.v_head_dim + 2);
+    std::vector<float> partial(n_items * splits * stride);
+    workers(n_items * splits, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+      const Item& it = plan.items[u / splits];
+      const int64_t x = u % splits, n = n_tiles(it);
+      kernel.run(it, nullptr, x * n / splits, (x + 1) * n / splits, partial.data() + u * stride);
+    });
+    workers(n_items, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+      kernel.merge(plan.items[u], partial.data() + u * splits * stride, splits, stride);
+    });
+    return;
+  }
+  if (n_groups >= 4 * threads || threads == 1) {
+    // Many KV heads: a worker takes a whole head, packs it into its own buffer (reused, so it stays in cache and
+    // costs no page faults) and runs all of that head's items.
+    sort_by_cost(plan.groups);
+    workers(n_groups, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+      const Group& g = plan.groups[u];
+      const int64_t len = p.kv_len[g.b], ld = KvPacker<T, C>::ldk(len);
+      C* kd = kernel.kbuf.get(packer.k_elems(len));
+      C* vd = kernel.vbuf.get(packer.v_elems(len));
+      packer.pack(g.b, g.n2, 0, len, 0, kd, ld, vd);
+      const KvView<C> view = packer.view(g.b, g.n2, 0, kd, ld, vd);
+      for (int64_t i = g.begin; i < g.end; ++i) kernel.run(plan.items[i], &view, 0, n_tiles(plan.items[i]));
+    });
+    return;
+  }
+  // Few KV heads (long sequences): pack them all at once in parallel chunks of keys, then share them by items.
+  constexpr int64_t kChunk = 256;
+  std::vector<int64_t> k_off(n_groups + 1, 0), v_off(n_groups + 1, 0), chunk0(n_groups + 1, 0);
+  for (int64_t x = 0; x < n_groups; ++x) {
+    const int64_t len = p.kv_len[plan.groups[x].b];
+    k_off[x + 1] = k_off[x] + packer.k_elems(len);
+    v_off[x + 1] = v_off[x] + packer.v_elems(len);
+    chunk0[x + 1] = chunk0[x] + (len + kChunk - 1) / kChunk;
+  }
+  Buffer<C> kall, vall;
+  C* kd = kall.get(k_off.back());
+  C* vd = vall.get(v_off.back());
+  at::parallel_for(0, chunk0.back(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t x = std::upper_bound(chunk0.begin(), chunk0.end(), c) - chunk0.begin() - 1;
+      const Group& g = plan.groups[x];
+      const int64_t j0 = (c - chunk0[x]) * kChunk, len = p.kv_len[g.b];
+      packer.pack(g.b, g.n2, j0, std::min(len, j0 + kChunk), 0, kd + k_off[x], KvPacker<T, C>::ldk(len), vd + v_off[x]);
+    }
+  });
+  std::vector<KvView<C>> views(n_groups);
+  std::vector<int64_t> group_of(p.batch * p.kv_heads, 0);
+  for (int64_t x = 0; x < n_groups; ++x) {
+    const Group& g = plan.groups[x];
+    views[x] = packer.view(g.b, g.n2, 0, kd + k_off[x], KvPacker<T, C>::ldk(p.kv_len[g.b]), vd + v_off[x]);
+    group_of[g.b * p.kv_heads + g.n2] = x;
+  }
+  sort_by_cost(plan.items);
+  workers(n_items, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+    const Item& it = plan.items[u];
+    kernel.run(it, &views[group_of[it.b * p.kv_heads + it.n2]], 0, n_tiles(it));
+  });
+}
+
+template <typename T>
+void forward_typed(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (bf16_brgemm_usable()) return forward_impl<T, BFloat16>(p, in, o);
+  }
+  forward_impl<T, float>(p, in, o);
+}
+
+}  // namespace fa_fwd
+
+void attention_forward(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
+  AT_DISPATCH_SWITCH(in.query.scalar_type(), "flash_attention_score_cpu",
+                     AT_DISPATCH_CASE(at::kFloat, [&] { fa_fwd::forward_typed<scalar_t>(p, in, o); })
+                     AT_DISPATCH_CASE(at::kHalf, [&] { fa_fwd::forward_typed<scalar_t>(p, in, o); })
+                     AT_DISPATCH_CASE(at::kBFloat16, [&] { fa_fwd::forward_typed<scalar_t>(p, in, o); }));
+}
+
+}  // namespace npu_fa::cpu::CPU_CAPABILITY

@@ -1,0 +1,489 @@
+// Decode attention (one query token per sequence) over a contiguous or paged KV cache. Compiled three times by
+// setup.py (-DCPU_CAPABILITY=DEFAULT|AVX2|AVX512), so at::vec::Vectorized has that ISA's width.
+//
+// Work items are (sequence b, KV head n2, chunk of keys). The G = N1/N2 query heads sharing a KV head are processed
+// together, so every K/V row is read from memory once per group. Each item keeps an online softmax (running max m,
+// running sum l, unnormalised fp32 accumulator) per query head over tiles of at most kTile keys (tiles never cross a
+// cache block). The key axis is split into chunks whose size depends only on the shapes and lengths (never on the
+// thread count), and the partial results of one (b, n2) are merged in chunk order with their log-sum-exp
+// (flash-decoding), so results are bit-identical for any number of threads.
+//
+// Decode is memory-bound, so the inner loops are shaped around the K/V stream: Q·Kᵀ takes 4 keys x up to 4 query
+// rows per register block (one shuffle tree sums 4 dot products), P·V walks the V rows in memory order with the
+// accumulators in registers, and the next tile's K/V rows are prefetched while the current tile is computed.
+#include "cpu/inference/decode_kernels.h"
+
+#ifndef CPU_CAPABILITY
+#error "this *_isa.cpp must be compiled with -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 (setup.py does this)"
+#endif
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <vector>
+
+namespace npu_fa::cpu::CPU_CAPABILITY {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kTile = 32;                         // keys per online-softmax step
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Vec::size() values of row[0, VL) as fp32 (the caller guarantees they exist).
+template <typename T>
+inline Vec load_full(const T* row) {
+  if constexpr (std::is_same_v<T, float>) {
+    return Vec::loadu(row);
+  } else {
+    Vec out;
+    at::vec::load_to_float<T>(row, out);
+    return out;
+  }
+}
+
+// Vec::size() values of row[d, d + VL) as fp32; positions >= D read as 0. kFull: d + VL <= D is known.
+template <bool kFull = false, typename T>
+inline Vec load_f32(const T* row, int64_t d, int64_t D) {
+  if (kFull || d + Vec::size() <= D) return load_full(row + d);
+  alignas(64) float tmp[Vec::size()] = {};
+  for (int64_t i = d; i < D; ++i) tmp[i - d] = static_cast<float>(row[i]);
+  return Vec::loadu(tmp);
+}
+
+// The rows of the tile an item reads next, requested from memory a few lines at a time while the current tile is
+// worked on, so their cache misses overlap with that work (the hardware prefetchers lose track at every tile/block
+// boundary and on per-head strides). prefetcht1 (to L2): prefetcht0 (to L1) measured slower on the benchmark
+// machine, likely because the L1 cannot hold the next tile next to the current one.
+struct NextTile {
+  const char *k = nullptr, *v = nullptr;  // the next tile's first K and V row (head h0)
+  int64_t n = 0;                          // its keys (0: no next tile)
+  int64_t k_seq = 0, k_head = 0, v_seq = 0, v_head = 0, row_bytes = 0;  // strides in bytes
+
+  static void line(const char* a) {
+#if defined(__x86_64__)
+    // Inline asm: with GCC 12 the __builtin_prefetch calls of this kernel compiled to no instruction at all.
+    asm volatile("prefetcht1 %0" : : "m"(*a));
+#else
+    __builtin_prefetch(a, 0, 2);
+#endif
+  }
+  // K and V lines of key t, KV head hh of the next tile.
+  void key(int64_t t, int64_t hh) const {
+    if (t >= n) return;
+    const char* kr = k + t * k_seq + hh * k_head;
+    const char* vr = v + t * v_seq + hh * v_head;
+    for (int64_t o = 0; o < row_bytes; o += 64) {
+      line(kr + o);
+      line(vr + o);
+    }
+  }
+};
+
+// out[c] = Σ lanes of a[c] for c < KB. With AVX-512 four sums share one add/shuffle tree (~3 ops per sum instead of
+// a full horizontal reduction each).
+template <int KB>
+inline void sum_lanes(const Vec* a, float* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (KB == 4) {
+    const __m512 a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    // Per 128-bit lane: t01 = [a0 02, a1 02, a0 13, a1 13] (pair sums), then u = [a0, a1, a2, a3] lane partials.
+    const __m512 t01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 t23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512 u = _mm512_add_ps(_mm512_shuffle_ps(t01, t23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_ps(t01, t23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    return;
+  }
+#endif
+  for (int c = 0; c < KB; ++c) out[c] = at::vec::vec_reduce_all<float>(std::plus<Vec>(), a[c]);
+}
+
+// Raw dot products s[gg * ld + c] = q_gg · k_c of GN query rows (qr, row stride Dp) and KB key rows (k0, stride
+// k_seq). GN and KB are compile-time constants so the GN x KB accumulators stay in registers; each loaded q chunk
+// serves KB keys and each key chunk GN rows.
+template <int GN, int KB, typename T>
+inline void qk_block(const float* qr, int64_t Dp, const T* k0, int64_t k_seq, int64_t D, float* s, int64_t ld) {
+  Vec a[GN][KB];
+  for (int gg = 0; gg < GN; ++gg)
+    for (int c = 0; c < KB; ++c) a[gg][c] = Vec(0.f);
+  auto step = [&](int64_t d, auto full) {
+    Vec kv[KB];
+    for (int c = 0; c < KB; ++c) kv[c] = load_f32<decltype(full)::value>(k0 + c * k_seq, d, D);
+    for (int gg = 0; gg < GN; ++gg) {
+      const Vec qv = Vec::loadu(qr + gg * Dp + d);
+      for (int c = 0; c < KB; ++c) a[gg][c] = at::vec::fmadd(qv, kv[c], a[gg][c]);
+    }
+  };
+  int64_t d = 0;
+  for (; d + Vec::size() <= D; d += Vec::size()) step(d, std::true_type());
+  if (d < D) step(d, std::false_type());  // the zero-padded tail of a head dim that is no multiple of VL
+  for (int gg = 0; gg < GN; ++gg) sum_lanes<KB>(a[gg], s + gg * ld);
+}
+
+// Rows handled together by the blocked Q·Kᵀ (at most 4, so 4 rows x 4 keys of accumulators fit in registers).
+inline int qk_row_block(int64_t remaining) { return remaining >= 4 ? 4 : remaining >= 2 ? 2 : 1; }
+
+// Raw dot products s[r * ld + t] for the R = HT*G query rows (qbuf, stride Dp) and keys [t0, t1) of a tile.
+// The next tile's rows of the same keys are prefetched along the way.
+template <typename T>
+void qk_keys(const float* qbuf, int64_t Dp, int64_t G, int64_t HT, const T* k0, int64_t k_seq, int64_t k_head,
+             int64_t D, int64_t t0, int64_t t1, float* s, int64_t ld, const NextTile& next) {
+  for (int64_t t = t0; t < t1;) {
+    const bool four = t + 4 <= t1;
+    for (int64_t hh = 0; hh < HT; ++hh) {
+      for (int c = 0; c < (four ? 4 : 1); ++c) next.key(t + c, hh);
+      const T* kb = k0 + t * k_seq + hh * k_head;
+      for (int64_t g0 = 0; g0 < G;) {
+        const int gn = qk_row_block(G - g0);
+        const float* qr = qbuf + (hh * G + g0) * Dp;
+        float* sr = s + (hh * G + g0) * ld + t;
+        if (four) {
+          switch (gn) {
+            case 4: qk_block<4, 4>(qr, Dp, kb, k_seq, D, sr, ld); break;
+            case 2: qk_block<2, 4>(qr, Dp, kb, k_seq, D, sr, ld); break;
+            default: qk_block<1, 4>(qr, Dp, kb, k_seq, D, sr, ld); break;
+          }
+        } else {
+          switch (gn) {
+            case 4: qk_block<4, 1>(qr, Dp, kb, k_seq, D, sr, ld); break;
+            case 2: qk_block<2, 1>(qr, Dp, kb, k_seq, D, sr, ld); break;
+            default: qk_block<1, 1>(qr, Dp, kb, k_seq, D, sr, ld); break;
+          }
+        }
+        g0 += gn;
+      }
+    }
+    t += four ? 4 : 1;
+  }
+}
+
+// acc[gg, d : d + NV*VL] += Σ_t p[gg, t] · v_t[d : d + NV*VL] for GN rows over the n keys of a tile. The GN x NV
+// accumulators stay in registers while the keys stream by, so each V row segment is read once, in memory order.
+template <int GN, int NV, bool kFull, typename T>
+inline void pv_rows(float* acc, int64_t Dp, const float* p, const T* vh, int64_t v_seq, int64_t n, int64_t d,
+                    int64_t D) {
+  Vec a[GN][NV];
+  for (int gg = 0; gg < GN; ++gg)
+    for (int c = 0; c < NV; ++c) a[gg][c] = Vec::loadu(acc + gg * Dp + d + c * Vec::size());
+  for (int64_t t = 0; t < n; ++t) {
+    const T* vrow = vh + t * v_seq;
+    Vec vv[NV];
+    for (int c = 0; c < NV; ++c) vv[c] = load_f32<kFull>(vrow, d + c * Vec::size(), D);
+    for (int gg = 0; gg < GN; ++gg) {
+      const Vec pg(p[gg * kTile + t]);
+      for (int c = 0; c < NV; ++c) a[gg][c] = at::vec::fmadd(pg, vv[c], a[gg][c]);
+    }
+  }
+  for (int gg = 0; gg < GN; ++gg)
+    for (int c = 0; c < NV; ++c) a[gg][c].store(acc + gg * Dp + d + c * Vec::size());
+}
+
+// P·V for GN (compile-time) rows over all of Dp: chunks of NV vectors (about 16 accumulators), then single vectors.
+template <int GN, typename T>
+inline void pv_rows_all(float* acc, int64_t Dp, const float* p, const T* vh, int64_t v_seq, int64_t n, int64_t D) {
+  constexpr int NV = GN >= 8 ? 2 : 4;
+  int64_t d = 0;
+  for (; d + NV * Vec::size() <= D; d += NV * Vec::size()) pv_rows<GN, NV, true>(acc, Dp, p, vh, v_seq, n, d, D);
+  for (; d < Dp; d += Vec::size()) pv_rows<GN, 1, false>(acc, Dp, p, vh, v_seq, n, d, D);
+}
+
+// Rows [g0, g0 + gn) handled by the widest register block that fits: 8, 4, 2 or 1.
+inline int row_block(int64_t remaining) { return remaining >= 8 ? 8 : remaining >= 4 ? 4 : remaining >= 2 ? 2 : 1; }
+
+#if defined(CPU_CAPABILITY_AVX512)
+inline bool bf16_dot_available() {
+  static const bool ok = __builtin_cpu_supports("avx512bf16") && std::getenv("NPU_FA_NO_BF16_DOT") == nullptr;
+  return ok;
+}
+
+// Raw dot products s[gg * ld + c] = q_gg · k_c of GN query rows (bf16, [GN, D]) and KB key rows (stride k_seq) with
+// vdpbf16ps (pairs of bf16 products summed in fp32). D % 32 == 0.
+template <int GN, int KB>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"))) inline void qk_block_bf16(
+    const uint16_t* qr, int64_t D, const uint16_t* k0, int64_t k_seq, float* s, int64_t ld) {
+  Vec a[GN][KB];
+  for (int gg = 0; gg < GN; ++gg)
+    for (int c = 0; c < KB; ++c) a[gg][c] = Vec(0.f);
+  for (int64_t d = 0; d < D; d += 32) {
+    __m512bh kv[KB];
+    for (int c = 0; c < KB; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(k0 + c * k_seq + d);
+    for (int gg = 0; gg < GN; ++gg) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(qr + gg * D + d);
+      for (int c = 0; c < KB; ++c) a[gg][c] = Vec(_mm512_dpbf16_ps(a[gg][c], qv, kv[c]));
+    }
+  }
+  for (int gg = 0; gg < GN; ++gg) sum_lanes<KB>(a[gg], s + gg * ld);
+}
+
+// qk_keys for bf16 query/key rows with vdpbf16ps. Not inlined: only this function needs the ISA flag.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"), noinline)) void qk_keys_bf16(
+    const at::BFloat16* q, int64_t G, int64_t HT, int64_t D, const uint16_t* k0, int64_t k_seq, int64_t k_head,
+    int64_t t0, int64_t t1, float* s, int64_t ld, const NextTile& next) {
+  const uint16_t* qb = reinterpret_cast<const uint16_t*>(q);
+  for (int64_t t = t0; t < t1;) {
+    const bool four = t + 4 <= t1;
+    for (int64_t hh = 0; hh < HT; ++hh) {
+      for (int c = 0; c < (four ? 4 : 1); ++c) next.key(t + c, hh);
+      const uint16_t* kb = k0 + t * k_seq + hh * k_head;
+      for (int64_t g0 = 0; g0 < G;) {
+        const int gn = qk_row_block(G - g0);
+        const uint16_t* qr = qb + (hh * G + g0) * D;
+        float* sr = s + (hh * G + g0) * ld + t;
+        if (four) {
+          switch (gn) {
+            case 4: qk_block_bf16<4, 4>(qr, D, kb, k_seq, sr, ld); break;
+            case 2: qk_block_bf16<2, 4>(qr, D, kb, k_seq, sr, ld); break;
+            default: qk_block_bf16<1, 4>(qr, D, kb, k_seq, sr, ld); break;
+          }
+        } else {
+          switch (gn) {
+            case 4: qk_block_bf16<4, 1>(qr, D, kb, k_seq, sr, ld); break;
+            case 2: qk_block_bf16<2, 1>(qr, D, kb, k_seq, sr, ld); break;
+            default: qk_block_bf16<1, 1>(qr, D, kb, k_seq, sr, ld); break;
+          }
+        }
+        g0 += gn;
+      }
+    }
+    t += four ? 4 : 1;
+  }
+}
+#endif
+
+struct Task {
+  int64_t b, h0, h1, j0, j1;  // logical keys [j0, j1) of sequence b, KV heads [h0, h1)
+};
+
+template <typename T>
+void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* out) {
+  const int64_t B = p.batch, N1 = p.q_heads, N2 = p.kv_heads, G = p.group, D = p.head_dim;
+  const int64_t Dp = round_up(D, Vec::size());
+  // When the KV heads of one position are adjacent in memory (BSH/BSND caches, paged (blocks, block, N2*D)), one
+  // item takes all of them, so each cache row of N2*D values is read front to back; otherwise one head per item.
+  const bool heads_together = std::abs(p.k_head) <= D && std::abs(p.v_head) <= D;
+  const int64_t HT = heads_together ? N2 : 1;  // KV heads per item
+  const int64_t R = HT * G;                     // query rows per item
+  // bf16 caches on CPUs with AVX512-BF16: Q·Kᵀ with bf16 pair dot products (exact products, fp32 sums), the
+  // scale applied to the dot product instead of to q.
+  bool use_bf16_dot = false;
+#if defined(CPU_CAPABILITY_AVX512)
+  use_bf16_dot = std::is_same_v<T, at::BFloat16> && D % 32 == 0 && bf16_dot_available();
+#endif
+
+  // Chunk size from shapes only: aim for >= 64 items overall, chunks of 256..8192 keys, whole blocks when paged.
+  int64_t total_keys = 0;
+  for (int64_t b = 0; b < B; ++b) total_keys += p.kv_len[b] * (N2 / HT);
+  int64_t chunk = std::clamp<int64_t>((total_keys + 63) / 64, 256, 8192);
+  chunk = round_up(chunk, p.paged ? std::max<int64_t>(p.block_size, kTile) : kTile);
+
+  std::vector<Task> tasks;
+  const int64_t n_groups = B * (N2 / HT);
+  std::vector<int64_t> first(n_groups + 1, 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h0 = 0; h0 < N2; h0 += HT) {
+      first[b * (N2 / HT) + h0 / HT] = static_cast<int64_t>(tasks.size());
+      for (int64_t j0 = 0; j0 < p.kv_len[b]; j0 += chunk)
+        tasks.push_back({b, h0, h0 + HT, j0, std::min(j0 + chunk, p.kv_len[b])});
+    }
+  first[n_groups] = static_cast<int64_t>(tasks.size());
+  const int64_t n_tasks = first[n_groups];
+  const int64_t part_stride = R * (Dp + 2);  // acc [R, Dp], m [R], l [R]
+  std::vector<float> part(static_cast<size_t>(std::max<int64_t>(n_tasks, 1) * part_stride));
+
+  at::parallel_for(0, n_tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> qbuf(R * Dp), s(R * kTile);
+    std::vector<at::BFloat16> qb16(use_bf16_dot ? R * D : 0);
+    for (int64_t ti = t0; ti < t1; ++ti) {
+      const Task& tk = tasks[ti];
+      const int64_t b = tk.b;
+      float* acc = part.data() + ti * part_stride;
+      float* m = acc + R * Dp;
+      float* l = m + R;
+      std::fill(acc, acc + R * Dp, 0.f);
+      std::fill(m, m + R, kNegInf);
+      std::fill(l, l + R, 0.f);
+      for (int64_t r = 0; r < R; ++r) {  // row r = query head tk.h0*G + r
+        const float* src = q32 + (b * N1 + tk.h0 * G + r) * D;
+        for (int64_t d = 0; d < D; ++d) qbuf[r * Dp + d] = src[d] * p.scale;
+        if (use_bf16_dot)
+          for (int64_t d = 0; d < D; ++d) qb16[r * D + d] = static_cast<at::BFloat16>(src[d]);  // exact: q was bf16
+        std::fill(qbuf.data() + r * Dp + D, qbuf.data() + (r + 1) * Dp, 0.f);
+      }
+      const uint8_t* mrow = p.mask ? p.mask + b * p.mask_sb : nullptr;
+
+      // The tile at logical key j: keys [j, j + n), inside one cache block, and its first cache position.
+      struct Tile {
+        const T *k0, *v0;
+        int64_t n, pos0;
+      };
+      auto locate = [&](int64_t j) {
+        int64_t blk = b, blk_first = 0, pos0 = p.kv_start[b] + j;
+        int64_t n = std::min(kTile, tk.j1 - j);
+        if (p.paged) {
+          const int64_t lb = j / p.block_size;
+          blk = p.block_table[b * p.max_blocks + lb];
+          blk_first = lb * p.block_size;
+          n = std::min(n, blk_first + p.block_size - j);
+          pos0 = j;
+        }
+        const int64_t in_blk = pos0 - blk_first;
+        return Tile{kc + blk * p.k_blk + tk.h0 * p.k_head + in_blk * p.k_seq,
+                    vc + blk * p.v_blk + tk.h0 * p.v_head + in_blk * p.v_seq, n, pos0};
+      };
+      int64_t j = tk.j0;
+      Tile cur = locate(j);
+      while (j < tk.j1) {
+        const int64_t n = cur.n, pos0 = cur.pos0;
+        const T *k0 = cur.k0, *v0 = cur.v0;
+        const Tile nx = j + n < tk.j1 ? locate(j + n) : Tile{nullptr, nullptr, 0, 0};
+        constexpr int64_t es = sizeof(T);
+        const NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), nx.n,
+                            p.k_seq * es, p.k_head * es, p.v_seq * es, p.v_head * es, D * es};
+
+        // Scores s[r, t] = q_r · k_t · scale + pse, masked -> -inf; columns >= n are -inf.
+#if defined(CPU_CAPABILITY_AVX512)
+        if (use_bf16_dot)
+          qk_keys_bf16(qb16.data(), G, HT, D, reinterpret_cast<const uint16_t*>(k0), p.k_seq, p.k_head, 0, n,
+                       s.data(), kTile, next);
+        else
+#endif
+          qk_keys(qbuf.data(), Dp, G, HT, k0, p.k_seq, p.k_head, D, 0, n, s.data(), kTile, next);
+        const float post_scale = use_bf16_dot ? p.scale : 1.f;  // the fp32 path's q rows are pre-scaled
+        for (int64_t r = 0; r < R; ++r) {
+          float* sr = s.data() + r * kTile;
+          if (post_scale != 1.f)
+            for (int64_t t = 0; t < n; ++t) sr[t] *= post_scale;
+          if (p.pse) {
+            const float* pr = p.pse + b * p.pse_sb + (tk.h0 * G + r) * p.pse_sn + pos0;
+            for (int64_t t = 0; t < n; ++t) sr[t] += pr[t];
+          }
+          if (mrow)
+            for (int64_t t = 0; t < n; ++t)
+              if (mrow[pos0 + t]) sr[t] = kNegInf;
+          for (int64_t t = n; t < kTile; ++t) sr[t] = kNegInf;
+        }
+
+        // Online softmax update per query row; s becomes the probabilities exp(s - m_new).
+        bool any = false;
+        for (int64_t r = 0; r < R; ++r) {
+          float* sr = s.data() + r * kTile;
+          Vec vmax(kNegInf);
+          for (int64_t t = 0; t < kTile; t += Vec::size()) vmax = at::vec::maximum(vmax, Vec::loadu(sr + t));
+          const float mt = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, vmax);
+          const float mnew = std::max(m[r], mt);
+          if (mnew == kNegInf) {  // nothing visible yet for this row
+            std::fill(sr, sr + kTile, 0.f);
+            continue;
+          }
+          any = true;
+          const float alpha = m[r] == kNegInf ? 0.f : std::exp(m[r] - mnew);
+          if (alpha != 1.f) {
+            float* ar = acc + r * Dp;
+            const Vec va(alpha);
+            for (int64_t d = 0; d < Dp; d += Vec::size()) (Vec::loadu(ar + d) * va).store(ar + d);
+            l[r] *= alpha;
+          }
+          const Vec vm(mnew);
+          Vec sum(0.f);
+          for (int64_t t = 0; t < kTile; t += Vec::size()) {
+            const Vec e = (Vec::loadu(sr + t) - vm).exp_u20();
+            e.store(sr + t);
+            sum = sum + e;
+          }
+          l[r] += at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sum);
+          m[r] = mnew;
+        }
+
+        // acc_r += Σ_t p[r, t] · v_t: accumulators of up to 8 rows stay in registers over the tile.
+        if (any) {
+          for (int64_t hh = 0; hh < HT; ++hh) {
+            const T* vh = v0 + hh * p.v_head;
+            for (int64_t g0 = 0; g0 < G;) {
+              const int gn = row_block(G - g0);
+              const int64_t r0 = hh * G + g0;
+              float* ar = acc + r0 * Dp;
+              const float* pr = s.data() + r0 * kTile;
+              switch (gn) {
+                case 8: pv_rows_all<8>(ar, Dp, pr, vh, p.v_seq, n, D); break;
+                case 4: pv_rows_all<4>(ar, Dp, pr, vh, p.v_seq, n, D); break;
+                case 2: pv_rows_all<2>(ar, Dp, pr, vh, p.v_seq, n, D); break;
+                default: pv_rows_all<1>(ar, Dp, pr, vh, p.v_seq, n, D); break;
+              }
+              g0 += gn;
+            }
+          }
+        }
+        j += n;
+        cur = nx;
+      }
+    }
+  });
+
+  // Merge the chunks of each (b, head group) in order with their log-sum-exp; rows with no visible key get zeros.
+  // Cheap: run inline unless each thread would get ~1M multiply-adds. A second parallel region has to wake the
+  // worker threads again, which on a busy machine costs far more than this merge (measured: with a 256K threshold
+  // the paged bench case, 4 groups x 16 chunks x 32 rows, went parallel and took ~1.3x the wall time).
+  const int64_t merge_work = R * D * (n_tasks / std::max<int64_t>(n_groups, 1) + 1);  // per (b, head group)
+  const int64_t merge_grain = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, merge_work));
+  at::parallel_for(0, n_groups, merge_grain, [&](int64_t i0, int64_t i1) {
+    std::vector<float> o(Dp);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / (N2 / HT), h0 = (i % (N2 / HT)) * HT;
+      for (int64_t r = 0; r < R; ++r) {
+        float M = kNegInf;
+        for (int64_t t = first[i]; t < first[i + 1]; ++t) M = std::max(M, part[t * part_stride + R * Dp + r]);
+        std::fill(o.begin(), o.end(), 0.f);
+        float L = 0.f;
+        if (M != kNegInf) {
+          for (int64_t t = first[i]; t < first[i + 1]; ++t) {
+            const float* base = part.data() + t * part_stride;
+            const float mt = base[R * Dp + r];
+            if (mt == kNegInf) continue;
+            const float w = std::exp(mt - M);
+            L += w * base[R * Dp + R + r];
+            const float* a = base + r * Dp;
+            for (int64_t d = 0; d < D; ++d) o[d] += w * a[d];
+          }
+        }
+        T* dst = out + (b * N1 + h0 * G + r) * D;
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(o[d] * inv);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void decode_attention(const DecodeParams& p, const at::Tensor& q32, const at::Tensor& key, const at::Tensor& value,
+                      at::Tensor& out) {
+  switch (key.scalar_type()) {
+    case at::kFloat:
+      return run<float>(p, q32.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(), out.data_ptr<float>());
+    case at::kBFloat16:
+      return run<at::BFloat16>(p, q32.data_ptr<float>(), key.data_ptr<at::BFloat16>(), value.data_ptr<at::BFloat16>(),
+                               out.data_ptr<at::BFloat16>());
+    case at::kHalf:
+      return run<at::Half>(p, q32.data_ptr<float>(), key.data_ptr<at::Half>(), value.data_ptr<at::Half>(),
+                           out.data_ptr<at::Half>());
+    default:
+      TORCH_CHECK(false, "incre_flash_attention: unsupported dtype ", key.scalar_type());
+  }
+}
+
+}  // namespace npu_fa::cpu::CPU_CAPABILITY

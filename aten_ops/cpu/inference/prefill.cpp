@@ -1,0 +1,343 @@
+// CPU entry points of the inference attention ops: prompt_flash_attention (prefill), fused_infer_attention_score
+// (prefill here, paged decode forwarded to incre_flash_attention) and attention_update (merging partial results).
+// Prefill reuses the FlashAttention forward kernel through the shared AttentionParams.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/inference/prefill_params.h"
+#include "cpu/attention/kernels.h"
+#include "generated/kernels.h"
+
+namespace npu_fa {
+namespace {
+
+using namespace npu_fa::cpu;
+using attention::AttentionInputs;
+using attention::PromptArgs;
+using attention::PromptParams;
+
+void run_forward(const attention::AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
+  static const std::string isa = at::get_cpu_capability();
+  if (isa == "AVX512") return AVX512::attention_forward(p, in, o);
+  if (isa == "AVX2") return AVX2::attention_forward(p, in, o);
+  return DEFAULT::attention_forward(p, in, o);
+}
+
+struct Prefill {
+  at::Tensor out, softmax_max, softmax_sum;
+};
+
+// Runs the FlashAttention forward for a prefill call. Query rows beyond a sequence's actual length (dense layouts)
+// are zeros with max = -inf, sum = 0 (lse = -inf), like rows that see no key.
+Prefill run_prefill(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                    const PromptArgs& a) {
+  AttentionInputs in;
+  const PromptParams pp = attention::parse_prompt_params(op, query, key, value, a, in);
+  const auto& p = pp.p;
+  ForwardOutputs o;
+  const auto stats = attention::stats_shape(p, query);
+  const auto f32 = query.options().dtype(at::kFloat);
+  if (pp.padded) {
+    o.out = at::zeros(pp.out_shape, query.options());
+    o.softmax_max = at::full(stats, -std::numeric_limits<float>::infinity(), f32);
+    o.softmax_sum = at::zeros(stats, f32);
+  } else {
+    o.out = at::empty(pp.out_shape, query.options());
+    o.softmax_max = at::empty(stats, f32);
+    o.softmax_sum = at::empty(stats, f32);
+  }
+  if (p.batch > 0 && p.q_heads > 0 && p.max_q_len > 0) run_forward(p, in, o);
+  return {o.out, o.softmax_max, o.softmax_sum};
+}
+
+PromptArgs prompt_args(const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask,
+                       const std::optional<at::Tensor>& q_lens, const std::optional<at::Tensor>& kv_lens,
+                       int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens,
+                       c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode,
+                       int64_t inner_precise) {
+  PromptArgs a;
+  a.pse_shift = &pse_shift;
+  a.atten_mask = &atten_mask;
+  a.actual_seq_lengths = &q_lens;
+  a.actual_seq_lengths_kv = &kv_lens;
+  a.num_heads = num_heads;
+  a.scale = scale;
+  a.pre_tokens = pre_tokens;
+  a.next_tokens = next_tokens;
+  a.input_layout = input_layout;
+  a.num_key_value_heads = num_key_value_heads;
+  a.sparse_mode = sparse_mode;
+  a.inner_precise = inner_precise;
+  return a;
+}
+
+// A paged cache (num_blocks, block_size, N2*D) or (num_blocks, N2, block_size, D) as a contiguous cache in the
+// query's layout holding each sequence's first ceil(max_len / block_size) logical blocks (unused entries read block 0
+// and lie beyond the sequence's length, so they are never visible).
+at::Tensor gather_paged(const char* op, const at::Tensor& cache, const at::Tensor& block_table,
+                        const std::optional<at::Tensor>& kv_lens, const at::Tensor& query, c10::string_view layout,
+                        int64_t block_size, const std::optional<at::Tensor>& atten_mask,
+                        const std::optional<at::Tensor>& pse_shift) {
+  TORCH_CHECK_VALUE(!atten_mask.has_value() && !pse_shift.has_value(), op, ": softmax_lse_flag=True with block_table "
+                    "supports neither atten_mask nor pse_shift (the lse path gathers the paged cache)");
+  TORCH_CHECK_VALUE(layout == "BSH" || layout == "BSND" || layout == "BNSD", op, ": with block_table, input_layout "
+                    "must be BSH, BSND or BNSD; got '", std::string(layout.data(), layout.size()), "'");
+  TORCH_CHECK_VALUE(kv_lens.has_value(), op, ": argument 'actual_seq_lengths_kv' is required with block_table");
+  TORCH_CHECK_VALUE(block_size > 0, op, ": argument 'block_size' must be positive with block_table; got ", block_size);
+  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt || block_table.scalar_type() == at::kLong, op,
+                   ": argument 'block_table' must be int32 or int64; got ", block_table.scalar_type());
+  const int64_t B = query.size(0);
+  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == B, op, ": argument 'block_table' must be [B=", B,
+                    ", max_blocks_per_seq]; got ", block_table.sizes());
+  const bool bnsd_cache = cache.dim() == 4;
+  TORCH_CHECK_VALUE((cache.dim() == 3 && cache.size(1) == block_size) || (bnsd_cache && cache.size(2) == block_size),
+                    op, ": a paged cache must be (num_blocks, block_size, N2*D) or (num_blocks, N2, block_size, D) "
+                    "with block_size=", block_size, "; got ", cache.sizes());
+  std::vector<int64_t> lens;
+  attention::read_per_batch_lengths(op, "actual_seq_lengths_kv", *kv_lens, B,
+                                    block_table.size(1) * block_size, lens);
+  const int64_t max_len = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+  const int64_t nb = (max_len + block_size - 1) / block_size, num_blocks = cache.size(0);
+  const at::Tensor bt = block_table.to(at::kCPU, at::kLong).contiguous();
+  at::Tensor idx = at::zeros({B, nb}, at::kLong);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i * block_size < lens[b]; ++i) {
+      const int64_t blk = bt[b][i].item<int64_t>();
+      TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, op, ": argument 'block_table'[", b, "][", i, "] = ", blk,
+                        " is out of range [0, ", num_blocks, ")");
+      idx[b][i] = blk;
+    }
+  const int64_t S = nb * block_size;
+  at::Tensor g = cache.index_select(0, idx.flatten().to(cache.device()));
+  if (bnsd_cache) {  // -> [B, N2, S, D]
+    const int64_t N2 = cache.size(1), D = cache.size(3);
+    g = g.view({B, nb, N2, block_size, D}).permute({0, 2, 1, 3, 4}).reshape({B, N2, S, D});
+    if (layout == "BNSD") return g;
+    g = g.transpose(1, 2);
+    return layout == "BSND" ? g.contiguous() : g.reshape({B, S, N2 * D});
+  }
+  g = g.view({B, S, cache.size(2)});  // [B, S, N2*D]
+  if (layout == "BSH") return g;
+  const int64_t D = query.size(3);
+  TORCH_CHECK_VALUE(D > 0 && cache.size(2) % D == 0, op, ": the paged cache's last dim ", cache.size(2),
+                    " must be a multiple of the head dim ", D);
+  g = g.view({B, S, cache.size(2) / D, D});
+  return layout == "BSND" ? g : g.transpose(1, 2);
+}
+
+}  // namespace
+
+at::Tensor prompt_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                      const std::optional<at::Tensor>& padding_mask,
+                                      const std::optional<at::Tensor>& atten_mask,
+                                      const std::optional<at::Tensor>& pse_shift,
+                                      const std::optional<at::Tensor>& actual_seq_lengths,
+                                      const std::optional<at::Tensor>& actual_seq_lengths_kv, int64_t num_heads,
+                                      double scale_value, int64_t pre_tokens, int64_t next_tokens,
+                                      c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode,
+                                      int64_t inner_precise) {
+  static constexpr const char* op = "prompt_flash_attention";
+  TORCH_CHECK_VALUE(!padding_mask.has_value(), op, ": argument 'padding_mask' is reserved upstream and not supported; "
+                    "pass atten_mask (True = masked out) or actual_seq_lengths");
+  TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
+                    inner_precise);
+  PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
+                             scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
+                             inner_precise);
+  a.scale_name = "scale_value";
+  return run_prefill(op, query, key, value, a).out;
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift,
+    const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths,
+    const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table,
+    int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout,
+    int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size,
+    bool softmax_lse_flag) {
+  static constexpr const char* op = "fused_infer_attention_score";
+  TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
+                    inner_precise);
+  if (block_table.has_value() && softmax_lse_flag) {
+    // The decode op returns no log-sum-exp: gather the used blocks into a contiguous cache and run the prefill path.
+    const at::Tensor k = gather_paged(op, key, *block_table, actual_seq_lengths_kv, query, input_layout, block_size,
+                                      atten_mask, pse_shift);
+    const at::Tensor v = gather_paged(op, value, *block_table, actual_seq_lengths_kv, query, input_layout, block_size,
+                                      atten_mask, pse_shift);
+    const PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
+                                     scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
+                                     inner_precise);
+    Prefill r = run_prefill(op, query, k, v, a);
+    return {r.out, at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1))};
+  }
+  if (block_table.has_value()) {
+    // Paged KV cache (decode): forwarded to incre_flash_attention through the dispatcher.
+    // The per-batch KV lengths (actual_seq_lengths_kv) become the decode op's actual_seq_lengths.
+    auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName("npu_fa::incre_flash_attention", ""));
+    TORCH_CHECK_VALUE(handle.has_value() && handle->hasSchema(), op, ": block_table (paged KV) needs the decode op "
+                      "npu_fa::incre_flash_attention, which this build does not have");
+    using Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
+                           c10::string_view, int64_t, int64_t,
+                           int64_t);
+    at::Tensor out = handle->typed<Sig>().call(query, key, value, atten_mask, pse_shift, actual_seq_lengths_kv,
+                                               block_table, std::nullopt, num_heads, scale, input_layout,
+                                               num_key_value_heads, block_size, inner_precise);
+    return {out, at::empty({0}, query.options().dtype(at::kFloat))};
+  }
+  TORCH_CHECK_VALUE(block_size == 0, op, ": argument 'block_size' is only used with block_table (paged KV); got ",
+                    block_size);
+  const PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale,
+                                   pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
+                                   inner_precise);
+  Prefill r = run_prefill(op, query, key, value, a);
+  if (!softmax_lse_flag) return {r.out, at::empty({0}, query.options().dtype(at::kFloat))};
+  // lse = max + log(sum); rows that saw no key: -inf + log(0) = -inf.
+  at::Tensor lse = at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1));
+  return {r.out, lse};
+}
+
+// ---- attention_update: merging partial attention results over disjoint key ranges. ----
+namespace {
+
+void check_update_inputs(const char* op, const at::Tensor& lse, const at::Tensor& out) {
+  TORCH_CHECK_TYPE(lse.scalar_type() == at::kFloat || lse.scalar_type() == at::kDouble, op,
+                   ": argument 'lse' must be float32 (or float64); got ", lse.scalar_type());
+  const auto dt = out.scalar_type();
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble, op,
+                   ": argument 'out' must be float32, float16, bfloat16 or float64; got ", dt);
+  TORCH_CHECK_VALUE(lse.dim() >= 1 && lse.size(0) >= 1, op, ": argument 'lse' must be [K, ...] with K >= 1 partial "
+                    "results; got shape ", lse.sizes());
+  // lse is [K, ...] or, as fused_infer_attention_score returns it, [K, ..., 1].
+  const bool plain = out.dim() == lse.dim() + 1 && out.sizes().slice(0, lse.dim()) == lse.sizes();
+  const bool keepdim = out.dim() == lse.dim() && lse.size(-1) == 1 &&
+                       out.sizes().slice(0, lse.dim() - 1) == lse.sizes().slice(0, lse.dim() - 1);
+  TORCH_CHECK_VALUE(plain || keepdim, op, ": argument 'out' must have shape [*lse.shape, D] (or lse may carry a "
+                    "trailing 1: [K, ..., 1] with out [K, ..., D]); got lse ", lse.sizes(), " and out ", out.sizes());
+  TORCH_CHECK_VALUE(lse.device() == out.device(), op, ": arguments 'lse' and 'out' must be on one device");
+}
+
+template <typename scalar_t, typename lse_t>
+void update_kernel(const lse_t* lse, const scalar_t* out, int64_t K, int64_t R, int64_t D, scalar_t* res,
+                   lse_t* res_lse) {
+  using acc_t = std::conditional_t<std::is_same_v<lse_t, double> || std::is_same_v<scalar_t, double>, double, float>;
+  const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
+  at::parallel_for(0, R, std::max<int64_t>(1, 4096 / std::max<int64_t>(D * K, 1)), [&](int64_t r0, int64_t r1) {
+    std::vector<acc_t> acc(D);
+    for (int64_t r = r0; r < r1; ++r) {
+      acc_t m = ninf;
+      for (int64_t k = 0; k < K; ++k) m = std::max<acc_t>(m, lse[k * R + r]);
+      scalar_t* o = res + r * D;
+      if (m == ninf) {  // every partial result is empty
+        std::fill_n(o, D, scalar_t(0));
+        res_lse[r] = ninf;
+        continue;
+      }
+      acc_t s = 0;
+      for (int64_t k = 0; k < K; ++k) s += std::exp(acc_t(lse[k * R + r]) - m);
+      const acc_t L = m + std::log(s);
+      std::fill(acc.begin(), acc.end(), acc_t(0));
+      for (int64_t k = 0; k < K; ++k) {
+        const acc_t li = lse[k * R + r];
+        if (li == ninf) continue;  // exact zero weight
+        const acc_t w = std::exp(li - L);
+        const scalar_t* src = out + (k * R + r) * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * acc_t(src[d]);
+      }
+      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<scalar_t>(acc[d]);
+      res_lse[r] = static_cast<lse_t>(L);
+    }
+  });
+}
+
+template <typename scalar_t, typename lse_t>
+void update_grad_kernel(const lse_t* lse, const scalar_t* out, const lse_t* L, const scalar_t* merged,
+                        const scalar_t* g, const lse_t* gl, int64_t K, int64_t R, int64_t D, lse_t* dlse,
+                        scalar_t* dout) {
+  using acc_t = std::conditional_t<std::is_same_v<lse_t, double> || std::is_same_v<scalar_t, double>, double, float>;
+  const acc_t ninf = -std::numeric_limits<acc_t>::infinity();
+  at::parallel_for(0, R, std::max<int64_t>(1, 4096 / std::max<int64_t>(D * K, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const scalar_t* gr = g + r * D;
+      acc_t og = 0;  // merged·g
+      for (int64_t d = 0; d < D; ++d) og += acc_t(merged[r * D + d]) * acc_t(gr[d]);
+      const acc_t Lr = L[r];
+      for (int64_t k = 0; k < K; ++k) {
+        const acc_t li = lse[k * R + r];
+        const acc_t w = (li == ninf || Lr == ninf) ? acc_t(0) : std::exp(li - Lr);
+        const scalar_t* src = out + (k * R + r) * D;
+        scalar_t* dst = dout + (k * R + r) * D;
+        acc_t dot = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          dot += acc_t(src[d]) * acc_t(gr[d]);
+          dst[d] = static_cast<scalar_t>(w * acc_t(gr[d]));
+        }
+        dlse[k * R + r] = static_cast<lse_t>(w == 0 ? acc_t(0) : w * (acc_t(gl[r]) + dot - og));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const at::Tensor& lse, const at::Tensor& out) {
+  static constexpr const char* op = "attention_update";
+  check_update_inputs(op, lse, out);
+  const int64_t K = lse.size(0), R = lse[0].numel(), D = out.size(-1);
+  const at::Tensor l = lse.contiguous(), o = out.contiguous();
+  at::Tensor res = at::empty(out.sizes().slice(1), out.options());
+  at::Tensor res_lse = at::empty(lse.sizes().slice(1), lse.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), op, [&] {
+    using out_t = scalar_t;
+    AT_DISPATCH_FLOATING_TYPES(lse.scalar_type(), op, [&] {
+      update_kernel<out_t, scalar_t>(l.const_data_ptr<scalar_t>(), o.const_data_ptr<out_t>(), K, R, D,
+                                     res.data_ptr<out_t>(), res_lse.data_ptr<scalar_t>());
+    });
+  });
+  return {res, res_lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const at::Tensor& lse, const at::Tensor& out,
+                                                             const at::Tensor& softmax_lse,
+                                                             const at::Tensor& attention_out,
+                                                             const at::Tensor& grad_attention_out,
+                                                             const at::Tensor& grad_softmax_lse) {
+  static constexpr const char* op = "attention_update_grad";
+  check_update_inputs(op, lse, out);
+  const auto rows = lse.sizes().slice(1);
+  const auto outs = out.sizes().slice(1);
+  TORCH_CHECK_VALUE(softmax_lse.sizes() == rows && grad_softmax_lse.sizes() == rows, op,
+                    ": arguments 'softmax_lse' and 'grad_softmax_lse' must have shape ", rows, "; got ",
+                    softmax_lse.sizes(), " and ", grad_softmax_lse.sizes());
+  TORCH_CHECK_VALUE(attention_out.sizes() == outs && grad_attention_out.sizes() == outs, op,
+                    ": arguments 'attention_out' and 'grad_attention_out' must have shape ", outs, "; got ",
+                    attention_out.sizes(), " and ", grad_attention_out.sizes());
+  TORCH_CHECK_TYPE(softmax_lse.scalar_type() == lse.scalar_type() && grad_softmax_lse.scalar_type() == lse.scalar_type() &&
+                       attention_out.scalar_type() == out.scalar_type() &&
+                       grad_attention_out.scalar_type() == out.scalar_type(),
+                   op, ": the lse arguments must share lse's dtype and the output arguments out's dtype");
+  const int64_t K = lse.size(0), R = lse[0].numel(), D = out.size(-1);
+  const at::Tensor l = lse.contiguous(), o = out.contiguous(), L = softmax_lse.contiguous(),
+                   m = attention_out.contiguous(), g = grad_attention_out.contiguous(), gl = grad_softmax_lse.contiguous();
+  at::Tensor dlse = at::empty(lse.sizes(), lse.options());
+  at::Tensor dout = at::empty(out.sizes(), out.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), op, [&] {
+    using out_t = scalar_t;
+    AT_DISPATCH_FLOATING_TYPES(lse.scalar_type(), op, [&] {
+      update_grad_kernel<out_t, scalar_t>(l.const_data_ptr<scalar_t>(), o.const_data_ptr<out_t>(),
+                                          L.const_data_ptr<scalar_t>(), m.const_data_ptr<out_t>(),
+                                          g.const_data_ptr<out_t>(), gl.const_data_ptr<scalar_t>(), K, R, D,
+                                          dlse.data_ptr<scalar_t>(), dout.data_ptr<out_t>());
+    });
+  });
+  return {dlse, dout};
+}
+
+}  // namespace npu_fa

@@ -1,0 +1,306 @@
+// CPU kernels of the MoE gating ops: moe_gating_top_k_softmax (v1, v2, grad) and moe_gating_top_k (DeepSeek-V3).
+//
+// One row of E logits is handled at a time (parallel over rows). Top-k is a partial sort of the expert indices,
+// O(E log k), ordered by value descending then index ascending, so ties always go to the lower expert. NaN ranks
+// above every number (as torch.topk). Selection is done on the logits: softmax is monotone, so it picks the same
+// experts as ranking the probabilities, without fp32 rounding turning distinct logits into ties.
+#include <ATen/Context.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "common/moe/routing.h"
+#include "generated/kernels.h"
+
+namespace npu_fa {
+namespace cpu {  // gating_kernels_isa.cpp, one copy per instruction set
+namespace DEFAULT { void moe_softmax_row(float* v, int64_t n); }
+namespace AVX2 { void moe_softmax_row(float* v, int64_t n); }
+namespace AVX512 { void moe_softmax_row(float* v, int64_t n); }
+}  // namespace cpu
+
+namespace {
+
+using moe::acc_t;
+
+template <typename T>
+bool ranks_before(T va, int64_t a, T vb, int64_t b) {
+  const bool na = std::isnan(va), nb = std::isnan(vb);
+  if (na != nb) return na;
+  if (!na && va != vb) return va > vb;
+  return a < b;
+}
+
+// The k best of v[0..E), best first, into idx. Small k: one pass keeping a sorted list of the best k (most
+// candidates are rejected by one comparison with the current k-th); large k: a partial sort of the indices.
+template <typename T>
+void top_k(const T* v, int64_t E, int64_t k, std::vector<int64_t>& idx, std::vector<int64_t>& scratch) {
+  if (k <= 16) {
+    T val[16];
+    int64_t who[16];
+    int64_t filled = 0;
+    // Experts arrive in increasing index, so a newcomer beats a kept one only by a strictly larger value (or by
+    // being NaN over a number): ties keep the lower index.
+    auto beats = [](T x, T kept) { return !std::isnan(kept) && (x > kept || std::isnan(x)); };
+    for (int64_t e = 0; e < E; ++e) {
+      const T x = v[e];
+      if (filled == k && !beats(x, val[k - 1])) continue;
+      int64_t pos = filled < k ? filled++ : k - 1;
+      for (; pos > 0 && beats(x, val[pos - 1]); --pos) {
+        val[pos] = val[pos - 1];
+        who[pos] = who[pos - 1];
+      }
+      val[pos] = x;
+      who[pos] = e;
+    }
+    idx.assign(who, who + k);
+    return;
+  }
+  scratch.resize(E);
+  std::iota(scratch.begin(), scratch.end(), 0);
+  std::partial_sort(scratch.begin(), scratch.begin() + k, scratch.end(),
+                    [&](int64_t a, int64_t b) { return ranks_before(v[a], a, v[b], b); });
+  idx.assign(scratch.begin(), scratch.begin() + k);
+}
+
+// fp64 rows (gradcheck) stay scalar; fp32 rows use the vectorised copy for this CPU (gating_kernels_isa.cpp).
+void softmax_inplace(double* v, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, v[i]);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += (v[i] = std::exp(v[i] - m));
+  for (int64_t i = 0; i < n; ++i) v[i] /= s;
+}
+
+void softmax_inplace(float* v, int64_t n) {
+  static const std::string isa = at::get_cpu_capability();
+  if (isa == "AVX512") return cpu::AVX512::moe_softmax_row(v, n);
+  if (isa == "AVX2") return cpu::AVX2::moe_softmax_row(v, n);
+  return cpu::DEFAULT::moe_softmax_row(v, n);
+}
+
+// Rows per parallel task: ~64K scores, so small gatings (a few thousand rows of 8 experts) run on the calling
+// thread instead of paying a fork/join that costs more than the work.
+int64_t gating_grain(int64_t E) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(E, 1)); }
+
+// Forward of both gating versions. softmax_out (acc dtype, [rows, E]) is filled when defined (renorm 0 only).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gating_forward(const char* op, const at::Tensor& x,
+                                                              const std::optional<at::Tensor>& finished, int64_t k,
+                                                              int64_t renorm, bool want_softmax, bool want_row_idx) {
+  moe::check_gating_renorm(op, renorm);
+  const moe::GatingShape g = moe::check_gating(op, x, finished, k);
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor y = at::empty(g.out_sizes, x.options());
+  at::Tensor expert = at::empty(g.out_sizes, x.options().dtype(at::kInt));
+  at::Tensor row_idx = want_row_idx ? at::empty(g.out_sizes, x.options().dtype(at::kInt))
+                                    : at::empty({0}, x.options().dtype(at::kInt));
+  std::vector<int64_t> sm_sizes(x.sizes().begin(), x.sizes().end());
+  at::Tensor sm = (want_softmax && renorm == 0) ? at::empty(sm_sizes, x.options().dtype(acc))
+                                                : at::empty({0}, x.options().dtype(acc));
+  if (x.numel() == 0) return {y, expert, want_row_idx ? row_idx : sm};
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor fin = finished.has_value() ? finished->contiguous() : at::Tensor();
+  const bool* fp = fin.defined() ? fin.data_ptr<bool>() : nullptr;
+  const int64_t N = g.rows, E = g.E;
+  int32_t* ep = expert.data_ptr<int32_t>();
+  int32_t* rp = want_row_idx ? row_idx.data_ptr<int32_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gating_top_k_softmax", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    A* smp = sm.numel() ? sm.data_ptr<A>() : nullptr;
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
+      std::vector<A> v(E), p(E);
+      std::vector<int64_t> idx, scratch;
+      for (int64_t i = r0; i < r1; ++i) {
+        for (int64_t e = 0; e < E; ++e) v[e] = static_cast<A>(xp[i * E + e]);
+        top_k(v.data(), E, k, idx, scratch);
+        if (renorm == 0) {
+          p = v;
+          softmax_inplace(p.data(), E);
+          for (int64_t j = 0; j < k; ++j) yp[i * k + j] = static_cast<scalar_t>(p[idx[j]]);
+          if (smp) std::copy(p.begin(), p.end(), smp + i * E);
+        } else {
+          std::vector<A> sel(k);
+          for (int64_t j = 0; j < k; ++j) sel[j] = v[idx[j]];
+          softmax_inplace(sel.data(), k);
+          for (int64_t j = 0; j < k; ++j) yp[i * k + j] = static_cast<scalar_t>(sel[j]);
+        }
+        const bool done = fp && fp[i];
+        for (int64_t j = 0; j < k; ++j) {
+          ep[i * k + j] = static_cast<int32_t>(done ? E : idx[j]);
+          if (rp) rp[i * k + j] = static_cast<int32_t>(j * N + i);
+        }
+      }
+    });
+  });
+  return {y, expert, want_row_idx ? row_idx : sm};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const at::Tensor& x,
+                                                                            const std::optional<at::Tensor>& finished,
+                                                                            int64_t k) {
+  return gating_forward("moe_gating_top_k_softmax", x, finished, k, 0, false, true);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu(
+    const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm,
+    bool output_softmax_result_flag) {
+  return gating_forward("moe_gating_top_k_softmax_v2", x, finished, k, renorm, output_softmax_result_flag, false);
+}
+
+at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at::Tensor& x, int64_t k,
+                                             int64_t renorm) {
+  const char* op = "moe_gating_top_k_softmax_grad";
+  TORCH_CHECK_VALUE(renorm == 0 || renorm == 1, op, ": argument 'renorm' must be 0 or 1; got ", renorm);
+  const moe::GatingShape g = moe::check_gating(op, x, std::nullopt, k);
+  moe::check_float(op, "grad_y", grad_y);
+  TORCH_CHECK_VALUE(grad_y.sizes() == at::IntArrayRef(g.out_sizes), op, ": argument 'grad_y' of shape ",
+                    grad_y.sizes(), " must be ", at::IntArrayRef(g.out_sizes));
+  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (x.numel() == 0) return dx;
+  const at::Tensor xc = x.contiguous();
+  const at::Tensor gc = grad_y.to(x.scalar_type()).contiguous();
+  const int64_t N = g.rows, E = g.E;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gating_top_k_softmax_grad", [&] {
+    using A = acc_t<scalar_t>;
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    const scalar_t* gp = gc.data_ptr<scalar_t>();
+    scalar_t* dp = dx.data_ptr<scalar_t>();
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
+      std::vector<A> v(E), d(E);
+      std::vector<int64_t> idx, scratch;
+      for (int64_t i = r0; i < r1; ++i) {
+        for (int64_t e = 0; e < E; ++e) v[e] = static_cast<A>(xp[i * E + e]);
+        top_k(v.data(), E, k, idx, scratch);
+        std::fill(d.begin(), d.end(), A(0));
+        if (renorm == 0) {  // y_j = p[idx_j]: dx = p * (g_full - sum_j g_j p[idx_j])
+          softmax_inplace(v.data(), E);
+          A dot = 0;
+          for (int64_t j = 0; j < k; ++j) {
+            const A gj = static_cast<A>(gp[i * k + j]);
+            d[idx[j]] += gj;
+            dot += gj * v[idx[j]];
+          }
+          for (int64_t e = 0; e < E; ++e) d[e] = v[e] * (d[e] - dot);
+        } else {  // y = softmax(v[idx]): dv[idx_j] = y_j (g_j - sum g.y)
+          std::vector<A> sel(k);
+          for (int64_t j = 0; j < k; ++j) sel[j] = v[idx[j]];
+          softmax_inplace(sel.data(), k);
+          A dot = 0;
+          for (int64_t j = 0; j < k; ++j) dot += static_cast<A>(gp[i * k + j]) * sel[j];
+          for (int64_t j = 0; j < k; ++j) d[idx[j]] = sel[j] * (static_cast<A>(gp[i * k + j]) - dot);
+        }
+        for (int64_t e = 0; e < E; ++e) dp[i * E + e] = static_cast<scalar_t>(d[e]);
+      }
+    });
+  });
+  return dx;
+}
+
+namespace {
+
+struct GroupParams {
+  int64_t k, k_group, group_count, group_size, mode;
+};
+
+GroupParams check_group_gating(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& bias, int64_t k,
+                               int64_t k_group, int64_t group_count, int64_t group_select_mode, int64_t renorm,
+                               int64_t norm_type) {
+  moe::check_float(op, "x", x);
+  TORCH_CHECK_VALUE(x.dim() == 2, op, ": argument 'x' must be 2-D [N, E]; got shape ", x.sizes());
+  const int64_t E = x.size(1);
+  TORCH_CHECK_VALUE(group_count >= 1 && E % group_count == 0, op, ": argument 'group_count' must be >= 1 and divide ",
+                    "the expert count E=", E, "; got ", group_count);
+  TORCH_CHECK_VALUE(k_group >= 1 && k_group <= group_count, op, ": argument 'k_group' must satisfy 1 <= k_group <= ",
+                    "group_count=", group_count, "; got ", k_group);
+  const int64_t group_size = E / group_count;
+  TORCH_CHECK_VALUE(k >= 1 && k <= k_group * group_size, op, ": argument 'k' must satisfy 1 <= k <= k_group * E / ",
+                    "group_count = ", k_group * group_size, " (the experts of the kept groups); got k=", k);
+  TORCH_CHECK_VALUE(k <= 1024, op, ": argument 'k' must be at most 1024; got k=", k);
+  TORCH_CHECK_VALUE(group_select_mode == 0 || group_select_mode == 1, op, ": argument 'group_select_mode' must be 0 ",
+                    "(group max) or 1 (sum of the group's top 2); got ", group_select_mode);
+  TORCH_CHECK_VALUE(group_select_mode == 0 || group_size >= 2 || group_count == 1, op,
+                    ": group_select_mode 1 (top-2 sum) needs at least 2 experts per group; got ", group_size);
+  TORCH_CHECK_VALUE(renorm == 0, op, ": argument 'renorm' must be 0 (normalise, then top-k; the only mode CANN ",
+                    "implements); got ", renorm);
+  TORCH_CHECK_VALUE(norm_type == 0 || norm_type == 1, op, ": argument 'norm_type' must be 0 (softmax) or 1 ",
+                    "(sigmoid); got ", norm_type);
+  if (bias.has_value()) {
+    moe::check_float(op, "bias", *bias);
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == E, op, ": argument 'bias' of shape ", bias->sizes(),
+                      " must be [E] = [", E, "]");
+  }
+  return {k, k_group, group_count, group_size, group_select_mode};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const at::Tensor& x, int64_t k,
+                                                                    const std::optional<at::Tensor>& bias,
+                                                                    int64_t k_group, int64_t group_count,
+                                                                    int64_t group_select_mode, int64_t renorm,
+                                                                    int64_t norm_type, bool out_flag,
+                                                                    double routed_scaling_factor, double eps) {
+  const char* op = "moe_gating_top_k";
+  const GroupParams gp = check_group_gating(op, x, bias, k, k_group, group_count, group_select_mode, renorm, norm_type);
+  const int64_t N = x.size(0), E = x.size(1);
+  at::Tensor y = at::empty({N, k}, x.options());
+  at::Tensor expert = at::empty({N, k}, x.options().dtype(at::kInt));
+  at::Tensor out = out_flag ? at::empty({N, E}, x.options().dtype(at::kFloat)) : at::empty({0}, x.options().dtype(at::kFloat));
+  if (N == 0) return {y, expert, out};
+  const at::Tensor xc = x.contiguous().to(at::kFloat);
+  const at::Tensor bc = bias.has_value() ? bias->contiguous().to(at::kFloat) : at::Tensor();
+  const float* xp = xc.data_ptr<float>();
+  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
+  float* op_ = out_flag ? out.data_ptr<float>() : nullptr;
+  int32_t* ep = expert.data_ptr<int32_t>();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gating_top_k", [&] {
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
+      std::vector<float> s(E), sel(E), gscore(gp.group_count), two(2);
+      std::vector<int64_t> idx, gidx, scratch;
+      for (int64_t i = r0; i < r1; ++i) {
+        for (int64_t e = 0; e < E; ++e) s[e] = xp[i * E + e];
+        if (norm_type == 0) {
+          softmax_inplace(s.data(), E);
+        } else {
+          for (int64_t e = 0; e < E; ++e) s[e] = 1.f / (1.f + std::exp(-s[e]));
+        }
+        for (int64_t e = 0; e < E; ++e) sel[e] = bp ? s[e] + bp[e] : s[e];
+        if (gp.group_count > 1) {
+          for (int64_t grp = 0; grp < gp.group_count; ++grp) {
+            const float* gv = sel.data() + grp * gp.group_size;
+            if (gp.mode == 0) {
+              gscore[grp] = *std::max_element(gv, gv + gp.group_size);
+            } else {
+              top_k(gv, gp.group_size, 2, gidx, scratch);
+              gscore[grp] = gv[gidx[0]] + gv[gidx[1]];
+            }
+          }
+          top_k(gscore.data(), gp.group_count, gp.k_group, gidx, scratch);
+          std::vector<uint8_t> keep(gp.group_count, 0);
+          for (int64_t g : gidx) keep[g] = 1;
+          for (int64_t e = 0; e < E; ++e)
+            if (!keep[e / gp.group_size]) sel[e] = ninf;
+        }
+        top_k(sel.data(), E, k, idx, scratch);
+        float sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += s[idx[j]];
+        const float scale = static_cast<float>(routed_scaling_factor) / (sum + static_cast<float>(eps));
+        for (int64_t j = 0; j < k; ++j) {
+          yp[i * k + j] = static_cast<scalar_t>(s[idx[j]] * scale);
+          ep[i * k + j] = static_cast<int32_t>(idx[j]);
+        }
+        if (op_) std::copy(s.begin(), s.end(), op_ + i * E);
+      }
+    });
+  });
+  return {y, expert, out};
+}
+
+}  // namespace npu_fa

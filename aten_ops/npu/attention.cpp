@@ -1,0 +1,161 @@
+// PrivateUse1 (npu) kernel of flash_attention_score: validates like the CPU op (shared parser, identical
+// messages), makes q/k/v BNSD-contiguous, computes the tiling and launches the Ascend C kernel
+// (ascendc/kernels/flash_attention). Calls the kernel does not cover (pse, dropout, TND, an empty key sequence,
+// head dim > 512) run the CPU kernel on CPU aliases of the npu tensors — simulated device only
+// (docs/ascendc_flash_attention.md lists them).
+#include <ATen/ATen.h>
+
+#include <limits>
+#include <string>
+
+#include "common/attention/params.h"
+#include "attention/flash_attention_score_tiling.h"
+#include "generated/kernels.h"
+#include "npu/ascendc_control.h"
+#include "npu/ascendc_launch.h"
+#include "npu/bnsd_layout.h"
+#include "npu/host_alias.h"
+
+#ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
+extern "C" __global__ __aicore__ void flash_attention_score(GM_ADDR query, GM_ADDR key, GM_ADDR value,
+                                                            GM_ADDR atten_mask, GM_ADDR attention_out,
+                                                            GM_ADDR softmax_max, GM_ADDR softmax_sum,
+                                                            GM_ADDR workspace, GM_ADDR tiling);
+#endif
+
+namespace npu_fa {
+namespace {
+
+using attention::AttentionParams;
+using attention::Layout;
+using npu_host::from_bnsd;
+using npu_host::to_bnsd;
+#ifndef TOT_WITH_CANN
+using npu_host::cpu_alias;
+using npu_host::device_alias;
+#endif
+using ScoreOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+constexpr const char* kOp = "flash_attention_score";
+constexpr int64_t kMaxHeadDim = 512;
+
+// Arguments the kernel has no path for, decided from the raw arguments so that the CPU op (which validates
+// them) runs exactly once — a seed drawn for dropout is drawn once, as on CPU.
+const char* unsupported_before_parsing(c10::string_view layout, const std::optional<at::Tensor>& pse,
+                                       double keep_prob) {
+  if (layout == "TND") return "TND (variable-length) layout";
+  if (pse.has_value()) return "pse";
+  if (keep_prob < 1.0) return "dropout (keep_prob < 1)";
+  return nullptr;
+}
+
+const char* unsupported_after_parsing(const AttentionParams& p) {
+  if (p.max_kv_len == 0) return "an empty key sequence";
+  if (p.head_dim > kMaxHeadDim) return "head dim > 512";
+  return nullptr;
+}
+
+ScoreOutputs run_cpu_kernel(const char* reason, const at::Tensor& query, const at::Tensor& key,
+                            const at::Tensor& value, int64_t head_num, c10::string_view input_layout,
+                            const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
+                            const std::optional<at::Tensor>& actual_seq_qlen,
+                            const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob,
+                            int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
+                            int64_t pse_type, const std::optional<at::Tensor>& seed,
+                            const std::optional<at::Tensor>& offset) {
+#ifdef TOT_WITH_CANN
+  TORCH_CHECK(false, kOp, ": the Ascend C kernel does not support ", reason, " yet");
+#else
+  (void)reason;
+  auto r = flash_attention_score_cpu(cpu_alias(query), cpu_alias(key), cpu_alias(value), head_num, input_layout,
+                                     cpu_alias(pse), cpu_alias(atten_mask), cpu_alias(actual_seq_qlen),
+                                     cpu_alias(actual_seq_kvlen), scale, keep_prob, pre_tokens, next_tokens,
+                                     inner_precise, sparse_mode, pse_type, cpu_alias(seed), cpu_alias(offset));
+  const c10::Device d = query.device();
+  return {device_alias(std::get<0>(r), d), device_alias(std::get<1>(r), d), device_alias(std::get<2>(r), d),
+          device_alias(std::get<3>(r), d), device_alias(std::get<4>(r), d), device_alias(std::get<5>(r), d)};
+#endif
+}
+
+tot_ascendc::FaDtype kernel_dtype(at::ScalarType t) {
+  if (t == at::kHalf) return tot_ascendc::FA_FLOAT16;
+  if (t == at::kBFloat16) return tot_ascendc::FA_BFLOAT16;
+  return tot_ascendc::FA_FLOAT32;
+}
+
+// The explicit mask as contiguous uint8 [B or 1, N or 1, S1, S2] (the parser accepted its shape).
+at::Tensor kernel_mask(const at::Tensor& m, tot_ascendc::FlashAttentionTilingInput& in) {
+  at::Tensor u8 = m.scalar_type() == at::kBool ? m.to(at::kByte) : m;
+  if (u8.dim() == 2) u8 = u8.unsqueeze(0).unsqueeze(0);
+  in.mask_kind = tot_ascendc::FA_MASK_EXPLICIT;
+  in.mask_per_batch = u8.size(0) != 1;
+  in.mask_per_head = u8.size(1) != 1;
+  return u8.contiguous();
+}
+
+at::Tensor host_long(uint64_t v, const c10::Device& device) {
+  return at::scalar_tensor(static_cast<int64_t>(v), at::kLong).to(device);
+}
+
+}  // namespace
+
+ScoreOutputs flash_attention_score_npu(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
+    c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
+    const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
+    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
+    int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  auto fallback = [&](const char* reason) {
+    return run_cpu_kernel(reason, query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen,
+                          actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode,
+                          pse_type, seed, offset);
+  };
+  if (const char* reason = unsupported_before_parsing(input_layout, pse, keep_prob)) return fallback(reason);
+  attention::AttentionInputs parsed;
+  const AttentionParams p = attention::parse_attention_params(
+      kOp, query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale,
+      keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, parsed);
+  const auto opts = query.options();
+  at::Tensor smax = at::empty(attention::stats_shape(p, query), opts.dtype(at::kFloat));
+  at::Tensor ssum = at::empty_like(smax);
+  const c10::Device device = query.device();
+  if (p.batch == 0 || p.max_q_len == 0) {  // nothing to compute; shapes as the CPU op returns them
+    return {at::empty(attention::output_shape(p, query), opts), smax, ssum, at::empty({0}, opts),
+            host_long(p.seed, device), host_long(p.offset, device)};
+  }
+  if (const char* reason = unsupported_after_parsing(p)) return fallback(reason);
+
+  tot_ascendc::FlashAttentionTilingInput in;
+  in.batch = uint32_t(p.batch);
+  in.q_heads = uint32_t(p.q_heads);
+  in.group = uint32_t(p.group);
+  in.s1 = uint32_t(p.max_q_len);
+  in.s2 = uint32_t(p.max_kv_len);
+  in.head_dim = uint32_t(p.head_dim);
+  in.v_head_dim = uint32_t(p.v_head_dim);
+  in.dtype = kernel_dtype(query.scalar_type());
+  in.scale = p.scale;
+  const attention::Band band = p.band(0);  // dense layouts: every sequence has the same lengths
+  in.band_lo = band.lo;
+  in.band_hi = band.hi;
+  at::Tensor mask;
+  if (p.mask) mask = kernel_mask(*atten_mask, in);
+  tot_ascendc::FlashAttentionTilingOptions options;
+  ascendc::FlashAttentionBlocks(&options.s1_block, &options.s2_block);
+  tot_ascendc::FlashAttentionScoreTilingData tiling;
+  const std::string err = tot_ascendc::FlashAttentionScoreTiling(in, options, tot_ascendc::Ascend910B(), &tiling);
+  TORCH_CHECK(err.empty(), kOp, ": ", err);
+
+  const at::Tensor q = to_bnsd(query, p.layout, p.q_heads);
+  const at::Tensor k = to_bnsd(key, p.layout, p.kv_heads);
+  const at::Tensor v = to_bnsd(value, p.layout, p.kv_heads);
+  at::Tensor out = at::empty({p.batch, p.q_heads, p.max_q_len, p.v_head_dim}, opts);
+  ascendc::Launch launch(kOp);
+  uint8_t* mask_gm = mask.defined() ? launch.Gm(mask) : nullptr;
+  TOT_ASCENDC_RUN(launch, flash_attention_score, tiling.block_dim, AscendC::KernelMode::MIX_MODE, launch.Gm(q),
+                  launch.Gm(k), launch.Gm(v), mask_gm, launch.Gm(out), launch.Gm(smax), launch.Gm(ssum),
+                  launch.Workspace(int64_t(tiling.workspace_bytes), opts), launch.Tiling(tiling, opts));
+  return {from_bnsd(out, p.layout), smax, ssum, at::empty({0}, opts), host_long(p.seed, device),
+          host_long(p.offset, device)};
+}
+
+}  // namespace npu_fa

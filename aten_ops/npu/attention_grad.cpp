@@ -1,0 +1,122 @@
+// flash_attention_score_grad on the npu (PrivateUse1) device: validates like the CPU op, brings q/k/v/dy/attention_in
+// into BNSD-contiguous copies, fills the tiling and launches the Ascend C kernel
+// ascendc/kernels/attention/flash_attention_score_grad_kernel.cpp.
+//
+// Kernel path: dense layouts (BSH, SBH, BSND, BNSD), no pse, keep_prob = 1, any sparse_mode 0-4 (its band) with or
+// without an element-wise bool/uint8 mask. Everything else (pse, dropout, TND, empty problems) runs the CPU kernel on
+// CPU aliases of the npu tensors — on the simulated device only (docs/ascendc_flash_attention_grad.md).
+#include <ATen/ATen.h>
+
+#include "common/attention/params.h"
+#include "attention/flash_attention_score_grad_tiling.h"
+#include "generated/kernels.h"
+#include "npu/ascendc_launch.h"
+#include "npu/bnsd_layout.h"
+#include "npu/host_alias.h"
+
+#ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
+extern "C" __global__ __aicore__ void flash_attention_score_grad(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR dy,
+                                                                 GM_ADDR atten_mask, GM_ADDR softmax_max,
+                                                                 GM_ADDR softmax_sum, GM_ADDR attention_in,
+                                                                 GM_ADDR dq, GM_ADDR dk, GM_ADDR dv,
+                                                                 GM_ADDR workspace, GM_ADDR tiling);
+#endif
+
+namespace npu_fa {
+namespace {
+
+using attention::AttentionInputs;
+using attention::AttentionParams;
+using attention::Layout;
+
+constexpr const char* kOp = "flash_attention_score_grad";
+
+tot_ascendc::FagDtype kernel_dtype(at::ScalarType t) {
+  if (t == at::kFloat) return tot_ascendc::FagDtype::FP32;
+  return t == at::kHalf ? tot_ascendc::FagDtype::FP16 : tot_ascendc::FagDtype::BF16;
+}
+
+bool kernel_supports(const AttentionParams& p, const at::Tensor& query, const at::Tensor& key) {
+  return !p.pse.has_value() && !p.has_dropout() && p.layout != Layout::TND && query.numel() > 0 && key.numel() > 0;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num,
+    c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
+    const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in,
+    const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
+    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
+    int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  TORCH_CHECK_VALUE(keep_prob >= 1.0 || seed.has_value(), kOp, ": argument 'seed' is required when keep_prob < 1 (pass "
+                    "the seed_out/offset_out of the forward so the same dropout mask is regenerated)");
+  AttentionInputs in;
+  const AttentionParams p = attention::parse_attention_params(
+      kOp, query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale,
+      keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, in);
+  attention::check_backward_inputs(kOp, p, query, dy, softmax_max, softmax_sum, attention_in);
+
+  if (!kernel_supports(p, query, key)) {
+#ifndef TOT_WITH_CANN
+    // Simulated device: the CPU kernel on CPU aliases of the npu tensors, results aliased back.
+    using npu_host::cpu_alias;
+    auto [dq, dk, dv, dpse] = flash_attention_score_grad_cpu(
+        cpu_alias(query), cpu_alias(key), cpu_alias(value), cpu_alias(dy), head_num, input_layout, cpu_alias(pse),
+        cpu_alias(atten_mask), cpu_alias(softmax_max), cpu_alias(softmax_sum), cpu_alias(attention_in),
+        cpu_alias(actual_seq_qlen), cpu_alias(actual_seq_kvlen), scale, keep_prob, pre_tokens, next_tokens,
+        inner_precise, sparse_mode, pse_type, cpu_alias(seed), cpu_alias(offset));
+    const c10::Device dev = query.device();
+    return {npu_host::device_alias(dq, dev), npu_host::device_alias(dk, dev), npu_host::device_alias(dv, dev),
+            npu_host::device_alias(dpse, dev)};
+#else
+    TORCH_CHECK(false, kOp, ": the Ascend C kernel supports dense layouts without pse and dropout; got layout ",
+                input_layout, p.pse.has_value() ? " with pse" : "", p.has_dropout() ? " with dropout" : "");
+#endif
+  }
+
+  const int64_t B = p.batch, N1 = p.q_heads, N2 = p.kv_heads, S1 = p.max_q_len, S2 = p.max_kv_len;
+  const int64_t D = p.head_dim, Dv = p.v_head_dim;
+  using npu_host::from_bnsd;
+  using npu_host::to_bnsd;
+  const at::Tensor q = to_bnsd(query, p.layout, N1), k = to_bnsd(key, p.layout, N2), v = to_bnsd(value, p.layout, N2),
+                   g = to_bnsd(dy, p.layout, N1), o = to_bnsd(attention_in, p.layout, N1);
+  const at::Tensor smax = softmax_max.contiguous(), ssum = softmax_sum.contiguous();
+
+  tot_ascendc::FlashAttentionScoreGradShape shape;
+  shape.batch = B;
+  shape.q_heads = N1;
+  shape.kv_heads = N2;
+  shape.s1 = S1;
+  shape.s2 = S2;
+  shape.d = D;
+  shape.dv = Dv;
+  shape.dtype = kernel_dtype(query.scalar_type());
+  shape.scale = p.scale;
+  const attention::Band band = p.band(0);  // dense layouts: one band for every batch
+  shape.band_lo = band.lo;
+  shape.band_hi = band.hi;
+  std::optional<at::Tensor> mask;
+  if (p.mask.has_value()) {  // element-wise mask (modes 0 and 1): uint8 [Bm, Nm, S1, S2] contiguous
+    at::Tensor m = in.mask_u8;
+    if (m.dim() == 2) m = m.view({1, 1, S1, S2});
+    mask = m.contiguous();
+    shape.has_mask = true;
+    shape.mask_batches = m.size(0);
+    shape.mask_heads = m.size(1);
+  }
+  tot_ascendc::FlashAttentionScoreGradTiling tiling;
+  const std::string err = tot_ascendc::FlashAttentionScoreGradTilingFunc(shape, tot_ascendc::Ascend910B(), tiling);
+  TORCH_CHECK_VALUE(err.empty(), err);  // names the op and the impossible input
+
+  at::Tensor dq = at::empty({B, N1, S1, D}, q.options()), dk = at::empty({B, N2, S2, D}, k.options()),
+             dv = at::empty({B, N2, S2, Dv}, v.options());
+  npu_fa::ascendc::Launch launch(kOp);
+  TOT_ASCENDC_RUN(launch, ::flash_attention_score_grad, tiling.block_dim, AscendC::KernelMode::MIX_MODE,
+                  launch.Gm(q), launch.Gm(k), launch.Gm(v), launch.Gm(g), launch.Gm(mask), launch.Gm(smax),
+                  launch.Gm(ssum), launch.Gm(o), launch.Gm(dq), launch.Gm(dk), launch.Gm(dv),
+                  launch.Workspace(int64_t(tiling.workspace_bytes), q.options()), launch.Tiling(tiling, q.options()));
+  return {from_bnsd(dq, p.layout), from_bnsd(dk, p.layout), from_bnsd(dv, p.layout), at::empty({0}, query.options())};
+}
+
+}  // namespace npu_fa

@@ -1,0 +1,130 @@
+// incre_flash_attention on the npu device (PrivateUse1): validate exactly like the CPU op (shared
+// common/inference/decode_params), then launch the Ascend C decode kernel
+// (ascendc/kernels/inference/incre_flash_attention_kernel.cpp) on a contiguous or paged KV cache.
+// Argument combinations the kernel does not implement (atten_mask, pse_shift, shapes whose tiles cannot fit UB,
+// an empty cache) run the CPU kernel on CPU aliases of the npu tensors — simulated device only; see
+// docs/ascendc_decode_attention.md.
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "common/inference/decode_params.h"
+#include "inference/incre_flash_attention_tiling.h"
+#include "generated/kernels.h"
+#include "npu/ascendc_launch.h"
+#include "npu/host_alias.h"
+
+#ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
+extern "C" __global__ __aicore__ void incre_flash_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
+                                                            GM_ADDR block_table, GM_ADDR seq_info, GM_ADDR out,
+                                                            GM_ADDR workspace, GM_ADDR tiling);
+#endif
+
+namespace npu_fa {
+namespace {
+
+constexpr const char* kOp = "incre_flash_attention";
+
+tot_ascendc::DecodeDtype kernel_dtype(at::ScalarType t) {
+  if (t == at::kHalf) return tot_ascendc::DecodeDtype::FP16;
+  if (t == at::kBFloat16) return tot_ascendc::DecodeDtype::BF16;
+  return tot_ascendc::DecodeDtype::FP32;
+}
+
+// Element strides (block or batch, head, position) of a contiguous cache; key.dim() and the layout tell which
+// axes are which, as in validate_decode.
+void cache_strides(const at::Tensor& k, bool paged, const std::string& layout, int64_t head_dim,
+                   tot_ascendc::DecodeShape& s) {
+  if (k.dim() == 3) {  // [B or blocks, S or block_size, N2*D]
+    s.k_blk = k.stride(0); s.k_seq = k.stride(1); s.k_head = head_dim;
+  } else if (!paged && layout == "BSND") {  // [B, S, N2, D]
+    s.k_blk = k.stride(0); s.k_seq = k.stride(1); s.k_head = k.stride(2);
+  } else {  // [B, N2, S, D] or paged (blocks, N2, block_size, D)
+    s.k_blk = k.stride(0); s.k_head = k.stride(1); s.k_seq = k.stride(2);
+  }
+}
+
+// Why the Ascend C kernel cannot run this call ("" when it can), filling its tiling otherwise.
+std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, const std::string& layout,
+                        bool has_mask, bool has_pse, at::ScalarType dtype,
+                        tot_ascendc::IncreFlashAttentionTiling& tiling) {
+  const auto& p = in.params;
+  if (has_mask) return "atten_mask";
+  if (has_pse) return "pse_shift";
+  if (k.numel() == 0) return "an empty KV cache";
+  tot_ascendc::DecodeShape s;
+  s.batch = uint32_t(p.batch);
+  s.q_heads = uint32_t(p.q_heads);
+  s.kv_heads = uint32_t(p.kv_heads);
+  s.head_dim = uint32_t(p.head_dim);
+  s.dtype = kernel_dtype(dtype);
+  s.paged = p.paged;
+  s.block_size = uint32_t(p.block_size);
+  s.max_blocks = uint32_t(p.max_blocks);
+  s.seq_capacity = p.paged ? 0 : uint32_t(k.dim() == 3 || layout == "BSND" ? k.size(1) : k.size(2));
+  s.kv_elems = uint64_t(k.numel());
+  s.scale = p.scale;
+  cache_strides(k, p.paged, layout, p.head_dim, s);
+  return tot_ascendc::IncreFlashAttentionTilingFn(s, tot_ascendc::Ascend910B(), tiling);
+}
+
+}  // namespace
+
+#ifndef TOT_WITH_CANN
+using npu_host::cpu_alias;
+using npu_host::device_alias;
+#endif
+
+at::Tensor incre_flash_attention_npu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                     const std::optional<at::Tensor>& atten_mask,
+                                     const std::optional<at::Tensor>& pse_shift,
+                                     const std::optional<at::Tensor>& actual_seq_lengths,
+                                     const std::optional<at::Tensor>& block_table,
+                                     const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads,
+                                     double scale_value, c10::string_view input_layout, int64_t num_key_value_heads,
+                                     int64_t block_size, int64_t inner_precise) {
+  const attention::DecodeInputs in = attention::validate_decode(
+      query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads,
+      scale_value, input_layout, num_key_value_heads, block_size, inner_precise);
+  const auto& p = in.params;
+  at::Tensor out = at::empty(query.sizes(), query.options().memory_format(at::MemoryFormat::Contiguous));
+  if (p.batch == 0 || p.q_heads == 0) return out;
+
+  const std::string layout(input_layout);
+  const at::Tensor k = in.key.contiguous(), v = in.value.contiguous();
+  tot_ascendc::IncreFlashAttentionTiling tiling;
+  const std::string unsupported = plan_kernel(in, k, layout, atten_mask.has_value(), pse_shift.has_value(),
+                                              query.scalar_type(), tiling);
+  if (!unsupported.empty()) {
+#ifdef TOT_WITH_CANN
+    TORCH_CHECK(false, kOp, ": the NPU kernel does not support ", unsupported);
+#else
+    const at::Tensor cpu_out = incre_flash_attention_cpu(
+        cpu_alias(query), cpu_alias(key), cpu_alias(value), cpu_alias(atten_mask), cpu_alias(pse_shift),
+        cpu_alias(actual_seq_lengths), cpu_alias(block_table), cpu_alias(kv_padding_size), num_heads, scale_value,
+        input_layout, num_key_value_heads, block_size, inner_precise);
+    return device_alias(cpu_out, query.device());
+#endif
+  }
+
+  // Per sequence: first cache position and length (kv_padding_size and actual_seq_lengths resolved on the host).
+  at::Tensor seq_host = at::empty({p.batch, 2}, at::TensorOptions().dtype(at::kInt));
+  int32_t* seq = seq_host.data_ptr<int32_t>();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    seq[2 * b] = int32_t(p.kv_start[b]);
+    seq[2 * b + 1] = int32_t(p.kv_len[b]);
+  }
+  const at::Tensor seq_info = seq_host.to(query.device());
+  const at::Tensor q = query.contiguous();  // [B, N1, D] in memory for every layout (Sq = 1)
+  std::optional<at::Tensor> table;
+  if (p.paged) table = block_table->to(at::kInt).contiguous();
+
+  npu_fa::ascendc::Launch launch(kOp);
+  TOT_ASCENDC_RUN(launch, incre_flash_attention, tiling.block_dim, AscendC::KernelMode::AIV_MODE, launch.Gm(q),
+                  launch.Gm(k), launch.Gm(v), launch.Gm(table), launch.Gm(seq_info), launch.Gm(out),
+                  launch.Workspace(int64_t(tiling.workspace_bytes), query.options()),
+                  launch.Tiling(tiling, query.options()));
+  return out;
+}
+
+}  // namespace npu_fa
