@@ -57,7 +57,7 @@ def loss_of(model, step, micro=0):
 
 
 def train(model, optimizer, steps=STEPS, accumulate=1, scheduler=None, start=0, moved_in_backward=None):
-    """The seed's loop; `moved_in_backward` (a list) records per step whether backward itself updated params."""
+    """The DDP training loop; `moved_in_backward` (a list) records per step whether backward itself updated params."""
     for step in range(start, start + steps):
         optimizer.zero_grad()
         for micro in range(accumulate - 1):

@@ -1,4 +1,4 @@
-"""Plain-PyTorch references of the MoE routing ops (ops-semantics.md section 4), written independently of the
+"""Plain-PyTorch references of the MoE routing ops (CANN ops-transformer semantics), written independently of the
 kernels: argsort / gather / index_put instead of counting sorts. Selections (top-k, sorts) are made on float64 values
 with stable sorts, so ties go to the lower index; arithmetic runs in `dtype` (float64 for ref64, the inputs' dtype
 for the "torch_same_dtype" baseline of the tolerance rule)."""

@@ -1,7 +1,7 @@
 """Inputs and an independent float64 reference for the prefill ops (prompt_flash_attention,
 fused_infer_attention_score, attention_update), plus their opcheck cases.
 
-The reference re-derives the spec (ops-semantics.md §2) without sharing code with the package: per-sequence
+The reference re-derives the semantics (docs/inference.md) without sharing code with the package: per-sequence
 [N, S, D] heads, bands per sparse mode measured inside each sequence's actual lengths, CANN mask polarity
 (True = masked out), pse_shift added after scaling, rows that see no key or lie past their sequence -> 0, lse -inf.
 """

@@ -1,7 +1,7 @@
 """An independent plain-PyTorch reference of flash_attention_score (CANN FlashAttentionScore semantics).
 
 It shares no code with the package: layouts, masks, sparse modes, pse and dropout are re-derived here from the
-spec (shared/reference/ops-semantics.md section 1) and the op docs of native_functions.yaml.
+semantics of CANN's FlashAttentionScore (ops-transformer documentation) and the op docs of native_functions.yaml.
 
 `attention_reference(...)` computes in `compute_dtype`:
   - float64 (the default): the "ref64" result, exact up to float64 rounding for the given (rounded) inputs;

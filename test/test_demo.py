@@ -1,4 +1,4 @@
-"""The main command `python -m torch_ops_transformer demo` in its --quick configuration (the seed's table, the
+"""The main command `python -m torch_ops_transformer demo` in its --quick configuration (the metrics table, the
 token check), --model-path with a tiny model saved to a temporary directory, and `bench --plot` writing a PNG."""
 import os
 

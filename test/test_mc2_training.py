@@ -218,7 +218,7 @@ def test_errors_with_a_process_group(single_rank_group):
 
 
 def test_seed_loop_on_one_rank(single_rank_group):
-    """The seed's scenario 2 verbatim (device_ids=[local_rank] accepted on CPU), world size 1 == local AdamW."""
+    """The loop of docs/mc2.md verbatim (device_ids=[local_rank] accepted on CPU), world size 1 == local AdamW."""
     model = MC2DistributedDataParallel(_model(), device_ids=[0])
     optimizer = MC2Optimizer(model.parameters(), lr=1e-2)
     ref_model = _model()

@@ -85,7 +85,7 @@ def test_reference_uses_the_layers_parameters_in_float64():
 
 
 def test_seed_article_api_fp16_input():
-    # As in the seed article (a smaller input_dim and sequence so the test stays fast): fp16 input, fp32 layer.
+    # docs/moe.md's example (a smaller input_dim and sequence so the test stays fast): fp16 input, fp32 layer.
     moe_layer = MOELayer(input_dim=256, num_experts=8, top_k=2, expert_capacity=32)
     input_tensor = torch.randn(4, 64, 256, dtype=torch.float16)
     output = moe_layer(input_tensor)

@@ -250,7 +250,7 @@ def test_block_ranking_256_hinges_on_the_copy_cost():
 def test_memory_table_llama7b():
     rows = {r.item.split(" (")[0]: r for r in m.attention_memory(m.LLAMA7B_B4_S4096)}
     scores = rows["scores S x S"]
-    assert scores.standard_bytes == 4 * 32 * 4096 * 4096 * 4 == 8 * 2**30  # the seed's "≈ 8 GB"
+    assert scores.standard_bytes == 4 * 32 * 4096 * 4096 * 4 == 8 * 2**30  # the published "≈ 8 GB"
     assert scores.flash_bytes == 0
     assert rows["Q, K, V, O"].standard_bytes == 4 * 4 * 32 * 4096 * 128 * 2
     assert rows["softmax max/sum [B,N,S,8] fp32"].flash_bytes == 2 * 4 * 32 * 4096 * 8 * 4

@@ -5,7 +5,7 @@ generated from native_functions.yaml. Public Python API:
 
 - `npu_fusion_attention`, `npu_fusion_attention_grad` — torch_npu's exact signatures;
 - `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention;
-- `FlashAttention` — the nn.Module of the seed article;
+- `FlashAttention` — an nn.Module: FlashAttention(head_dim, num_heads, causal);
 - `attention_tiles` — read or override the CPU tile sizes;
 - `npu_rotary_mul`, `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`, `rope_with_sin_cos_cache` — RoPE;
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
@@ -22,14 +22,14 @@ generated from native_functions.yaml. Public Python API:
 - `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa");
   loaded on first use, so transformers stays an optional dependency.
 - `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
-- `MOELayer` — the seed article's Mixture-of-Experts layer, single-process or expert-parallel.
+- `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
   overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
 - `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
-  the optimizer update (the seed's §2.3 and scenario 2), on torch.distributed (docs/mc2.md).
+  the optimizer update (an unchanged DDP training loop), on torch.distributed (docs/mc2.md).
 """
 from ._ops_loader import load as _load
 

@@ -1,6 +1,6 @@
 """`python -m torch_ops_transformer <command>`:
 
-  demo   a Llama generates with eager / PyTorch SDPA / our attention; identical tokens, the seed's table
+  demo   a Llama generates with eager / PyTorch SDPA / our attention; identical tokens, a table of serving metrics
   bench  the benchmark tables (same as `python -m torch_ops_transformer.bench`)
 
 `python -m torch_ops_transformer <command> --help` lists a command's options.

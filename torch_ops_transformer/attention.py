@@ -1,5 +1,5 @@
 """Python API of the training attention ops: torch_npu-compatible wrappers, the FlashAttention-2 functions and
-the seed article's FlashAttention module. All of them call torch.ops.npu_fa.flash_attention_score(_grad).
+the FlashAttention nn.Module. All of them call torch.ops.npu_fa.flash_attention_score(_grad).
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
 """
@@ -187,7 +187,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
 
 
 class FlashAttention(nn.Module):
-    """The seed article's module: FlashAttention(head_dim, num_heads, causal).
+    """An nn.Module over flash_attention_score: FlashAttention(head_dim, num_heads, causal).
 
     forward(query, key, value, atten_mask=None) takes BSND tensors [B,S,N,D] (key/value may have fewer heads,
     GQA) or BSH tensors [B,S,N*D], and returns the attention output in the same layout. `causal` is
@@ -229,7 +229,7 @@ def attention_tiles(block_q: Optional[int] = None, block_kv: Optional[int] = Non
 
 @contextlib.contextmanager
 def attention_tiles_override(block_q: Optional[int] = None, block_kv: Optional[int] = None):
-    """Temporarily overrides the CPU tile sizes (the seed article's block-size tuning); restores the previous
+    """Temporarily overrides the CPU tile sizes (block-size tuning); restores the previous
     overrides (or the automatic choice) on exit."""
     old_q, old_kv = attention_tiles()
     attention_tiles(block_q, block_kv)

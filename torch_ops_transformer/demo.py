@@ -1,10 +1,10 @@
 """`python -m torch_ops_transformer demo`: a Llama generates with three attention implementations.
 
-The seed article's scenario 1 (LLaMA serving with FlashAttention swapped in) on a CPU: the same Llama — random
+LLaMA serving with FlashAttention swapped in, on a CPU: the same Llama — random
 weights from a seeded LlamaConfig, or a local Hugging Face directory with --model-path — runs prefill and greedy
 generation with attention "eager" (transformers' matmul-softmax-matmul), "sdpa" (PyTorch's
 F.scaled_dot_product_attention) and "npu_fa" (ours: prefill through the FlashAttention kernel, decode steps through
-the decode kernel). The generated tokens must be identical; the seed's table (§五) is printed:
+the decode kernel). The generated tokens must be identical; a table of four serving metrics is printed:
 
 - prefill peak memory: MEASURED as the growth of the peak resident set (VmHWM) during one prefill forward, each
   implementation in its own fresh process, after a warm-up (so one-time allocations are not counted);
@@ -26,7 +26,7 @@ IMPLS = ("eager", "sdpa", "npu_fa")
 LABELS = {"eager": "eager (matmul+softmax)", "sdpa": "sdpa (PyTorch)", "npu_fa": "npu_fa (ours)"}
 STAGES = ("load", "warm-up", "memory", "generate")
 
-# A long prompt (the seed's 4096) and a narrow model, so attention is about half of the prefill work; head_dim 128
+# A long prompt (4096 tokens) and a narrow model, so attention is about half of the prefill work; head_dim 128
 # as in LLaMA-7B. About a minute on 2 cores.
 DEFAULTS = dict(batch=1, prompt_len=4096, new_tokens=32, layers=2, hidden=512, heads=4, kv_heads=2,
                 intermediate=1024, vocab=2048, dtype="fp32", reps=3)

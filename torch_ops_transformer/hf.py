@@ -3,7 +3,7 @@
     import torch_ops_transformer as tot
     tot.register_hf_attention()                       # once per process (idempotent)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="npu_fa")
-    # or, for a model that is already built (the seed article's helper):
+    # or, for a model that is already built (a one-call helper):
     model = tot.replace_attention_with_flash(model)
 
 transformers calls every attention layer through `AttentionInterface` with q/k/v in [B, H, S, D]. Our function
@@ -86,7 +86,7 @@ def register_hf_attention() -> str:
 def replace_attention_with_flash(model: torch.nn.Module) -> torch.nn.Module:
     """Switch a transformers model (all its attention layers) to "npu_fa", registering it if needed.
 
-    The seed article's helper: instead of swapping modules, it changes the attention function every layer
+    A one-call helper: instead of swapping modules, it changes the attention function every layer
     dispatches to, so weights, RoPE, the KV cache and generation stay transformers' own.
     """
     if not hasattr(model, "set_attn_implementation") or not hasattr(model, "config"):

@@ -380,7 +380,7 @@ def attention_memory(shape: AttentionShape, score_bytes: int = 4, s1_block: int 
     """Analytic device memory of one attention layer's forward (bytes).
 
     Standard attention materialises the scores and the softmax probabilities, S x S per head (score_bytes each:
-    4 as in the seed article's estimate), kept for the backward. Flash keeps no S x S tensor: each AIV of our kernel has a
+    4, as in the published ≈ 8 GB figure), kept for the backward. Flash keeps no S x S tensor: each AIV of our kernel has a
     GM workspace slice for one Bm x Bn fp32 score tile, its probabilities and the fp32 Bm x D P.V partial, plus
     the softmax max/sum statistics in the [B, N, S, 8] fp32 layout. Both hold Q, K, V and the output."""
     s = shape

@@ -1,4 +1,4 @@
-"""Timing and memory helpers shared by the benchmark tables (protocol: reference/performance.md).
+"""Timing and memory helpers shared by the benchmark tables (protocol below).
 
 Contenders are alternated within each repetition and the median is reported, so machine noise hits both
 sides alike; ratios, not absolute times, are the result.

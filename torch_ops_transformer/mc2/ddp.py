@@ -24,7 +24,7 @@ _API = "MC2DistributedDataParallel"
 class MC2DistributedDataParallel(DistributedDataParallel):
     """`DistributedDataParallel(module, ...)` + per-bucket optimizer update inside the comm hook.
 
-    Takes DDP's arguments. `device_ids` is accepted for CPU modules too (the seed passes `[local_rank]`) and
+    Takes DDP's arguments. `device_ids` is accepted for CPU modules too (the usual DDP call passes `[local_rank]`) and
     ignored there, since a CPU module has one device. A custom comm hook cannot be registered on top of it.
     """
 

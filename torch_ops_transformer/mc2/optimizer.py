@@ -1,6 +1,6 @@
 """MC2Optimizer: a standard torch optimizer whose gradient all-reduce is pipelined with its update.
 
-The seed article's `optimizer.step()` "triggers MC2": instead of all-reducing every gradient and then updating,
+`optimizer.step()` "triggers MC2": instead of all-reducing every gradient and then updating,
 the gradients are cut into buckets; the all-reduce of bucket i+1 is in flight (an async work handle on the
 process group — gloo here, hccl/nccl on accelerators) while bucket i is updated. The update itself is the
 unmodified torch optimizer (`optimizer_class`), run on the bucket's parameters: one inner optimizer instance per

@@ -1,4 +1,4 @@
-"""MOELayer: the seed article's Mixture-of-Experts layer (gate -> route -> grouped expert FFN -> combine) on the
+"""MOELayer: a Mixture-of-Experts layer (gate -> route -> grouped expert FFN -> combine) on the
 routing ops (moe_gating_top_k_softmax(_v2), moe_init_routing_v2, moe_finalize_routing) and grouped_matmul,
 single-process or expert-parallel over a torch.distributed process group. See docs/moe.md."""
 from typing import Optional
@@ -26,7 +26,7 @@ def load_balancing_loss(probs: torch.Tensor, expert_idx: torch.Tensor) -> torch.
 
 
 class MOELayer(nn.Module):
-    """Mixture of Experts, as in the seed article:
+    """Mixture of Experts:
 
         moe = MOELayer(input_dim=4096, num_experts=8, top_k=2, expert_capacity=32)
         y = moe(x)            # x [..., input_dim] -> y [..., input_dim]; moe.aux_loss holds the balancing loss
