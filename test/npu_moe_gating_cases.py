@@ -148,7 +148,7 @@ def case_gradients_match_the_cpu_path():
     torch.testing.assert_close(xn.grad.cpu().double(), x64.grad, atol=1e-5, rtol=1e-4)
 
 
-# ---- what runs the CPU kernel on the simulated device (docs/ascendc_moe_gating.md) -------------------------------
+# ---- what runs the CPU kernel on the simulated device (docs/ascendc_moe.md) -------------------------------
 def case_fallbacks_give_right_answers():
     x64, finished = _inputs((6, 8), torch.float64, 50, finished_rate=0.5)  # fp64: not a kernel dtype
     _check_v1(x64, finished, 3)

@@ -115,7 +115,7 @@ def case_incre_flash_attention():
     kw = dict(num_heads=4, num_key_value_heads=2, scale_value=0.3, input_layout="BSH")
     ref = tot.npu_incre_flash_attention(q, k, v, **kw)
     got = tot.npu_incre_flash_attention(q.npu(), k.npu(), v.npu(), **kw)
-    # The npu path runs the Ascend C decode kernel (docs/ascendc_decode_attention.md): fp32 rounding differs.
+    # The npu path runs the Ascend C decode kernel (docs/ascendc_inference.md): fp32 rounding differs.
     assert got.device.type == "npu" and torch.allclose(got.cpu(), ref, rtol=1e-5, atol=1e-5)
 
 

@@ -2,7 +2,7 @@
 // messages), makes q/k/v BNSD-contiguous, computes the tiling and launches the Ascend C kernel
 // (ascendc/kernels/flash_attention). Calls the kernel does not cover (pse, dropout, TND, an empty key sequence,
 // head dim > 512) run the CPU kernel on CPU aliases of the npu tensors — simulated device only
-// (docs/ascendc_flash_attention.md lists them).
+// (docs/ascendc_attention.md lists them).
 #include <ATen/ATen.h>
 
 #include <limits>

@@ -4,7 +4,7 @@
 //
 // Kernel path: dense layouts (BSH, SBH, BSND, BNSD), no pse, keep_prob = 1, any sparse_mode 0-4 (its band) with or
 // without an element-wise bool/uint8 mask. Everything else (pse, dropout, TND, empty problems) runs the CPU kernel on
-// CPU aliases of the npu tensors — on the simulated device only (docs/ascendc_flash_attention_grad.md).
+// CPU aliases of the npu tensors — on the simulated device only (docs/ascendc_attention_grad.md).
 #include <ATen/ATen.h>
 
 #include "common/attention/params.h"

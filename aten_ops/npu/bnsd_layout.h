@@ -1,6 +1,6 @@
 // The attention kernels address q/k/v/dy/out as [B, N, S, D] contiguous: conversions from and to the dense layouts
 // of the ops (BSH, SBH, BSND, BNSD). On the NPU these are extra copies; the kernels could read strided layouts
-// directly (docs/ascendc_flash_attention.md).
+// directly (docs/ascendc_attention.md).
 #pragma once
 
 #include <ATen/ATen.h>

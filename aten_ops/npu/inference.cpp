@@ -3,7 +3,7 @@
 // (ascendc/kernels/inference/incre_flash_attention_kernel.cpp) on a contiguous or paged KV cache.
 // Argument combinations the kernel does not implement (atten_mask, pse_shift, shapes whose tiles cannot fit UB,
 // an empty cache) run the CPU kernel on CPU aliases of the npu tensors — simulated device only; see
-// docs/ascendc_decode_attention.md.
+// docs/ascendc_inference.md.
 #include <ATen/ATen.h>
 
 #include <string>

@@ -2,7 +2,7 @@
 // common/moe/routing.h), tile on the host, launch the Ascend C kernel
 // (ascendc/kernels/moe/moe_gating_top_k_softmax_kernel.cpp).
 //
-// What the kernel does not take (docs/ascendc_moe_gating.md) runs the CPU kernel on CPU aliases of the npu
+// What the kernel does not take (docs/ascendc_moe.md) runs the CPU kernel on CPU aliases of the npu
 // tensors — on the simulated device only; a CANN build reports it as unsupported:
 //   - float64 x (the kernel computes in fp32; fp64 is the gradcheck dtype);
 //   - x containing NaN (the hardware ReduceMax gives NaN no defined rank; the CPU op ranks NaN first);

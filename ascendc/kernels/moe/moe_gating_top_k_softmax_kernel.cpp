@@ -13,7 +13,7 @@
 //   renorm 1: softmax over the k selected logits.
 // Finished rows get expert index E; row_idx[i, j] = j*N + i (scalar writes: exact in int32 for any N*k).
 // NaN logits are outside the kernel's contract (the hardware ReduceMax gives them no defined rank); the glue runs
-// the CPU kernel for them on the simulated device (docs/ascendc_moe_gating.md).
+// the CPU kernel for them on the simulated device (docs/ascendc_moe.md).
 #include "kernel_operator.h"
 #include "moe/moe_gating_top_k_softmax_tiling.h"
 

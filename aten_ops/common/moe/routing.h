@@ -35,7 +35,7 @@ inline void check_same_dtype(const char* op, const char* name, const at::Tensor&
 }
 
 // The argument checks of moe_gating_top_k_softmax(_v2, _grad), shared by the CPU kernels (gating.cpp) and the
-// npu kernels (aten_ops/npu/moe_gating.cpp) so both backends raise identical errors.
+// npu kernels (aten_ops/npu/moe.cpp) so both backends raise identical errors.
 struct GatingShape {
   int64_t rows, E;
   std::vector<int64_t> out_sizes;  // x.shape[:-1] + [k]

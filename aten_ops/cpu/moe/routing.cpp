@@ -2,7 +2,7 @@
 // Megatron-style token permute / unpermute, each with its backward where the op is differentiable.
 //
 // Every op routes N*k (token, slot) pairs. The sort by expert is a stable counting sort (linear in N*k, see
-// routing_common.h); the row work (copy, weighted sum) is parallel over rows of H values, each row written by
+// common/moe/routing.h); the row work (copy, weighted sum) is parallel over rows of H values, each row written by
 // exactly one thread, so results are deterministic. Weighted sums accumulate in fp32 (fp64 for fp64).
 #include <limits>
 
