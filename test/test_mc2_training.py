@@ -217,7 +217,7 @@ def test_errors_with_a_process_group(single_rank_group):
         optimizer.step()
 
 
-def test_seed_loop_on_one_rank(single_rank_group):
+def test_ddp_loop_on_one_rank(single_rank_group):
     """The loop of docs/mc2.md verbatim (device_ids=[local_rank] accepted on CPU), world size 1 == local AdamW."""
     model = MC2DistributedDataParallel(_model(), device_ids=[0])
     optimizer = MC2Optimizer(model.parameters(), lr=1e-2)

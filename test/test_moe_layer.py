@@ -1,4 +1,4 @@
-"""MOELayer (the seed article's API) against a float64 per-token reference (dropless and capacity modes, k = 1
+"""MOELayer against a float64 per-token reference (dropless and capacity modes, k = 1
 and k = E, activations), its load-balancing loss, torch.compile(fullgraph) forward+backward, expert parallelism
 over gloo with 2 and 4 ranks (same outputs and gradients as one process) and bad configurations."""
 import os
@@ -84,7 +84,7 @@ def test_reference_uses_the_layers_parameters_in_float64():
     torch.testing.assert_close(layer(x), reference_moe(layer, x))
 
 
-def test_seed_article_api_fp16_input():
+def test_documented_example_fp16_input():
     # docs/moe.md's example (a smaller input_dim and sequence so the test stays fast): fp16 input, fp32 layer.
     moe_layer = MOELayer(input_dim=256, num_experts=8, top_k=2, expert_capacity=32)
     input_tensor = torch.randn(4, 64, 256, dtype=torch.float16)

@@ -269,7 +269,7 @@ def test_bench_detects_missing_hooks(monkeypatch):
     assert lib is None and "tot_ascendc_no_such_hook" in why
 
 
-def test_bench_quick_prints_predictions_beside_the_seed(monkeypatch, capsys):
+def test_bench_quick_prints_predictions_beside_the_published(monkeypatch, capsys):
     from torch_ops_transformer.bench import npu_model
 
     monkeypatch.setattr(npu_model, "runtime_hooks", lambda: (None, "test: no hooks"))
