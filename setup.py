@@ -1,6 +1,9 @@
 """Build torch_ops_transformer: generate registrations from native_functions.yaml, then compile aten_ops/.
 
-CPU build (always): `pip install --no-build-isolation -e .`
+CPU build (always), as in README "Setup":
+    pip install torch==2.13.0 ninja pyyaml "setuptools>=64" wheel && pip install --no-build-isolation -e ".[all]"
+--no-build-isolation builds against the torch already installed (an isolated build would download another torch);
+this file imports torch, setuptools and (through tools/codegen) yaml, so those must be installed first.
 The NPU backend (Ascend C kernels via torch_npu + CANN) is detected by tools/cann_build.py and is optional; its
 absence never breaks a CPU install (TOT_CANN=0 skips it, TOT_CANN=1 requires it; docs/ascendc_cann_build.md).
 """
@@ -104,6 +107,16 @@ def build_isa_objects():
 
 EXT = extension_kwargs()
 
+# Optional dependencies (README "Setup" installs `all`): the test suite; the Hugging Face drop-in and the demo
+# (`python -m torch_ops_transformer demo`) with its progress bar; `bench --plot`.
+EXTRAS = {
+    "test": ["pytest", "expecttest", "numpy"],
+    "hf": ["transformers==5.24.0", "tqdm"],
+    "plot": ["matplotlib"],
+}
+EXTRAS["demo"] = EXTRAS["hf"]  # the extra's earlier name
+EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+
 setup(
     name="torch_ops_transformer",
     version="0.1.0",
@@ -111,9 +124,9 @@ setup(
     packages=find_packages(include=["torch_ops_transformer", "torch_ops_transformer.*"]),
     package_data={"torch_ops_transformer": EXT["package_data"]},  # the CANN kernel library, if built
     python_requires=">=3.9",
-    install_requires=["torch>=2.13", "pyyaml"],
-    # Optional: the Hugging Face attention backend / demo, the demo's progress bar, `bench --plot`.
-    extras_require={"hf": ["transformers>=5"], "demo": ["transformers>=5", "tqdm"], "plot": ["matplotlib"]},
+    # numpy: torch warns "Failed to initialize NumPy" on every import without it.
+    install_requires=["torch>=2.13", "pyyaml", "numpy"],
+    extras_require=EXTRAS,
     ext_modules=[
         CppExtension(
             name="torch_ops_transformer._C",

@@ -199,7 +199,7 @@ def test_replace_attention_with_flash_rejects_non_transformers_model():
 
 def test_softcap_is_rejected_by_name():
     q = torch.randn(1, 2, 3, 8)
-    with pytest.raises(ValueError, match="does not support softcap"):
+    with pytest.raises(NotImplementedError, match="does not support softcap"):
         hf.npu_fa_attention_forward(torch.nn.Module(), q, q, q, None, softcap=30.0)
 
 

@@ -116,7 +116,7 @@ def test_flash_attn_func_rejects_bad_arguments():
         flash_attn_func(q, k, v, dropout_p=1.0)
     with pytest.raises(ValueError, match="window_size"):
         flash_attn_func(q, k, v, window_size=(-2, 0))
-    with pytest.raises(ValueError, match="alibi_slopes"):
+    with pytest.raises(NotImplementedError, match="alibi_slopes"):  # a feature not implemented
         flash_attn_func(q, k, v, alibi_slopes=torch.ones(4))
 
 
@@ -203,3 +203,78 @@ def test_attention_tiles_roundtrip():
         OPS.attention_tile_config(-2, 0)
     with pytest.raises(ValueError, match="block_kv"):
         OPS.attention_tile_config(0, 9000)
+
+
+# ---------------------------------------------------------------- one exception policy (torch_ops_transformer._args)
+def _policy_cases():
+    import torch_ops_transformer as tot
+
+    q, k, v = _qkv()
+    one = torch.ones(1)
+    x, w = torch.randn(6, 8), torch.randn(2, 8, 4)
+    # (exception, words in the message, call): NotImplementedError = an upstream feature not implemented here,
+    # ValueError = a bad value (a reserved argument given), TypeError = a wrong type; the same for every family.
+    return [
+        (NotImplementedError, ("npu_fusion_attention", "'prefix'"),
+         lambda: tot.npu_fusion_attention(q, k, v, 4, "BSND", prefix=[1, 2])),
+        (NotImplementedError, ("flash_attn_varlen_func", "'alibi_slopes'"),
+         lambda: tot.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 9]), torch.tensor([0, 14]), 9, 14,
+                                            alibi_slopes=one)),
+        (NotImplementedError, ("npu_prompt_flash_attention", "'deq_scale1'", "'quant_offset2'"),
+         lambda: tot.npu_prompt_flash_attention(q, k, v, deq_scale1=one, quant_offset2=one, num_heads=4,
+                                                input_layout="BSND")),
+        (NotImplementedError, ("npu_fused_infer_attention_score", "'key_shared_prefix'"),
+         lambda: tot.npu_fused_infer_attention_score(q, k, v, key_shared_prefix=one, num_heads=4,
+                                                     input_layout="BSND")),
+        (NotImplementedError, ("npu_fused_infer_attention_score", "'antiquant_mode'=1"),
+         lambda: tot.npu_fused_infer_attention_score(q, k, v, antiquant_mode=1, num_heads=4, input_layout="BSND")),
+        (NotImplementedError, ("npu_fused_infer_attention_score", "'key'", "2 tensors"),
+         lambda: tot.npu_fused_infer_attention_score(q, [k, k], v, num_heads=4, input_layout="BSND")),
+        (NotImplementedError, ("npu_incre_flash_attention", "'antiquant_scale'"),
+         lambda: tot.npu_incre_flash_attention(q[:, :1], k, v, antiquant_scale=one, num_heads=4,
+                                               num_key_value_heads=2, input_layout="BSND")),
+        (NotImplementedError, ("npu_grouped_matmul", "'scale'"),
+         lambda: tot.npu_grouped_matmul([x], [w], scale=[one], group_list=[3, 6])),
+        (NotImplementedError, ("npu_grouped_matmul", "'output_dtype'"),
+         lambda: tot.npu_grouped_matmul([x], [w], group_list=[3, 6], output_dtype=torch.int8)),
+        (NotImplementedError, ("npu_mm_all_reduce_base", "'x3'"),
+         lambda: tot.npu_mm_all_reduce_base(x, w[0], "group", x3=one)),
+        (ValueError, ("npu_fusion_attention", "'padding_mask'", "reserved"),
+         lambda: tot.npu_fusion_attention(q, k, v, 4, "BSND", padding_mask=one)),
+        (ValueError, ("npu_prompt_flash_attention", "'padding_mask'", "reserved"),
+         lambda: tot.npu_prompt_flash_attention(q, k, v, padding_mask=one, num_heads=4, input_layout="BSND")),
+        (ValueError, ("npu_incre_flash_attention", "'padding_mask'", "reserved"),
+         lambda: tot.npu_incre_flash_attention(q[:, :1], k, v, padding_mask=one, num_heads=4, num_key_value_heads=2,
+                                               input_layout="BSND")),
+        (ValueError, ("flash_attn_func", "'window_size'", "pair"), lambda: tot.flash_attn_func(q, k, v, window_size=(1,))),
+        (TypeError, ("npu_prompt_flash_attention", "'actual_seq_lengths'"),
+         lambda: tot.npu_prompt_flash_attention(q, k, v, actual_seq_lengths=[9.0, 9.0], num_heads=4,
+                                                input_layout="BSND")),
+        (TypeError, ("npu_incre_flash_attention", "'actual_seq_lengths'"),
+         lambda: tot.npu_incre_flash_attention(q[:, :1], k, v, actual_seq_lengths=["14"], num_heads=4,
+                                               num_key_value_heads=2, input_layout="BSND")),
+        (TypeError, ("grouped_matmul", "'group_list'"), lambda: tot.grouped_matmul(x, w, [3.0, 6.0])),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_policy_cases())))
+def test_one_exception_policy_for_unsupported_and_bad_arguments(case):
+    exc, words, call = _policy_cases()[case]
+    with pytest.raises(exc) as info:
+        call()
+    assert type(info.value) is exc, type(info.value)
+    assert all(w in str(info.value) for w in words), (words, str(info.value))
+
+
+def test_sequence_lengths_accept_lists_ints_and_tensors_alike():
+    import torch_ops_transformer as tot
+
+    q, k, v = _qkv(b=1)
+    kw = dict(num_heads=4, num_key_value_heads=2, input_layout="BSND", scale_value=0.25)
+    step = q[:, :1]
+    as_int = tot.npu_incre_flash_attention(step, k, v, actual_seq_lengths=11, **kw)
+    as_list = tot.npu_incre_flash_attention(step, k, v, actual_seq_lengths=[11], **kw)
+    as_tensor = tot.npu_incre_flash_attention(step, k, v, actual_seq_lengths=torch.tensor([11]), **kw)
+    assert torch.equal(as_int, as_list) and torch.equal(as_list, as_tensor)
+    x, w = torch.randn(6, 8), torch.randn(2, 8, 4)
+    assert torch.equal(tot.grouped_matmul(x, w, [2, 6]), tot.grouped_matmul(x, w, torch.tensor([2, 6])))

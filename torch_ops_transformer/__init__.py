@@ -19,8 +19,9 @@ generated from native_functions.yaml. Public Python API:
   attention in torch.compile'd graphs to our ops (module `inductor_lowering`, imported on first use: it loads Inductor).
 - `npu_all_gather_base_mm`, `npu_mm_reduce_scatter_base`, `npu_mm_all_reduce_base`, `npu_mm_all_reduce_add_rms_norm`
   — MC2 matmul fused with collectives (torch_npu signatures); `tensor_parallel` — column/row-parallel Linear layers.
-- `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa");
-  loaded on first use, so transformers stays an optional dependency.
+- `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa").
+  transformers stays optional and is not imported here: "npu_fa" is registered automatically when transformers'
+  modeling code is imported (before or after this package); `register_hf_attention()` does it by hand.
 - `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
 - `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
@@ -163,6 +164,10 @@ __version__ = "0.1.0"
 from . import npu_sdpa, npu_sim  # noqa: E402
 
 npu_sim.enable_from_environment()
+
+from . import _hf_autoregister  # noqa: E402
+
+_hf_autoregister.install()  # attn_implementation="npu_fa" once transformers is imported (never imports it here)
 
 _LAZY_HF = ("register_hf_attention", "replace_attention_with_flash")
 

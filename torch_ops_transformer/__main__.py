@@ -3,9 +3,12 @@
   demo   a Llama generates with eager / PyTorch SDPA / our attention; identical tokens, a table of serving metrics
   bench  the benchmark tables (same as `python -m torch_ops_transformer.bench`)
 
-`python -m torch_ops_transformer <command> --help` lists a command's options.
+`python -m torch_ops_transformer <command> --help` lists a command's options. A missing optional package
+(transformers for demo, matplotlib for bench --plot) prints one line with its install command and exits with 2.
 """
 import sys
+
+from ._optional import run_cli
 
 COMMANDS = ("demo", "bench")
 
@@ -23,7 +26,8 @@ def main(argv=None) -> int:
     else:
         print(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}\n{__doc__}", file=sys.stderr)
         return 2
-    return run(rest)
+    # A missing optional package (transformers, matplotlib) is one line on stderr and exit status 2.
+    return run_cli(run, rest, f"torch_ops_transformer {command}")
 
 
 if __name__ == "__main__":

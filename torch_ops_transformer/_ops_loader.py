@@ -14,8 +14,9 @@ def _library_path() -> str:
     candidates = sorted(glob.glob(os.path.join(here, "_C*.so")) + glob.glob(os.path.join(here, "_C*.pyd")))
     if not candidates:
         raise ImportError(
-            "torch_ops_transformer: the compiled extension _C is missing; build it with "
-            "`pip install --no-build-isolation -e .`"
+            "torch_ops_transformer: the compiled extension _C is missing; build it with README's setup command: "
+            "pip install torch==2.13.0 ninja pyyaml \"setuptools>=64\" wheel && "
+            "pip install --no-build-isolation -e \".[all]\""
         )
     return candidates[0]
 

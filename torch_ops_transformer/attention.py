@@ -10,19 +10,12 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from . import _args
 from .layout import attention_dims
 
 _OPS = torch.ops.npu_fa
 MAX_TOKENS = 2147483647
 SeqLens = Optional[Union[Sequence[int], Tensor]]
-
-
-def _seq_tensor(name: str, lens: SeqLens, device) -> Optional[Tensor]:
-    if lens is None or isinstance(lens, Tensor):
-        return lens
-    if not all(isinstance(x, int) for x in lens):
-        raise TypeError(f"argument '{name}' must be a list of ints or an integer tensor; got {lens!r}")
-    return torch.tensor(list(lens), dtype=torch.int64, device=device)
 
 
 def _draw_seed(keep_prob: float, device) -> Tuple[Optional[Tensor], Optional[Tensor]]:
@@ -38,9 +31,9 @@ def _as_int(t: Tensor):
     return t if torch.compiler.is_compiling() else int(t.item())
 
 
-def _unsupported(name: str, value, why: str) -> None:
-    if value is not None:
-        raise ValueError(f"argument '{name}' is not supported: {why}")
+def _check_fusion_args(op: str, padding_mask, prefix) -> None:
+    _args.reserved(op, padding_mask=padding_mask)  # torch_npu reserves it: masks go through atten_mask
+    _args.not_implemented(op, "sparse_mode 5 (prefix)", prefix=prefix)
 
 
 def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: int, input_layout: str,
@@ -63,13 +56,12 @@ def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: in
     [B,N,Sq,8] ([T,N,8] for TND); seed/offset are ints (0-d tensors under torch.compile).
     `gen_mask_parallel` and `sync` are accepted for compatibility and have no effect on CPU.
     """
-    _unsupported("padding_mask", padding_mask, "it is reserved in torch_npu; pass atten_mask instead")
-    _unsupported("prefix", prefix, "sparse_mode 5 (prefix) is not implemented")
+    _check_fusion_args("npu_fusion_attention", padding_mask, prefix)
     seed, offset = _draw_seed(keep_prob, query.device)
     out, smax, ssum, sout, seed_t, offset_t = _OPS.flash_attention_score(
         query, key, value, head_num, input_layout, pse=pse, atten_mask=atten_mask,
-        actual_seq_qlen=_seq_tensor("actual_seq_qlen", actual_seq_qlen, query.device),
-        actual_seq_kvlen=_seq_tensor("actual_seq_kvlen", actual_seq_kvlen, query.device),
+        actual_seq_qlen=_args.int_tensor("npu_fusion_attention", "actual_seq_qlen", actual_seq_qlen, query.device),
+        actual_seq_kvlen=_args.int_tensor("npu_fusion_attention", "actual_seq_kvlen", actual_seq_kvlen, query.device),
         scale=scale, keep_prob=keep_prob, pre_tokens=pre_tockens, next_tokens=next_tockens,
         inner_precise=inner_precise, sparse_mode=sparse_mode, seed=seed, offset=offset)
     d = attention_dims("npu_fusion_attention", query, key, value, head_num, input_layout)
@@ -92,11 +84,11 @@ def npu_fusion_attention_grad(query: Tensor, key: Tensor, value: Tensor, dy: Ten
     softmax_max, softmax_sum and attention_in are the forward's outputs and are required; seed/offset are the
     ints npu_fusion_attention returned (they regenerate the identical dropout mask).
     """
-    _unsupported("padding_mask", padding_mask, "it is reserved in torch_npu; pass atten_mask instead")
-    _unsupported("prefix", prefix, "sparse_mode 5 (prefix) is not implemented")
+    op = "npu_fusion_attention_grad"
+    _check_fusion_args(op, padding_mask, prefix)
     for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum), ("attention_in", attention_in)):
         if t is None:
-            raise ValueError(f"npu_fusion_attention_grad: argument '{name}' is required (pass the forward's output)")
+            raise ValueError(f"{op}: argument '{name}' is required (pass the forward's output)")
 
     def as_tensor(x):
         return x if isinstance(x, Tensor) else torch.tensor(int(x), dtype=torch.int64)
@@ -104,19 +96,15 @@ def npu_fusion_attention_grad(query: Tensor, key: Tensor, value: Tensor, dy: Ten
     return _OPS.flash_attention_score_grad(
         query, key, value, dy, head_num, input_layout, pse=pse, atten_mask=atten_mask, softmax_max=softmax_max,
         softmax_sum=softmax_sum, attention_in=attention_in,
-        actual_seq_qlen=_seq_tensor("actual_seq_qlen", actual_seq_qlen, query.device),
-        actual_seq_kvlen=_seq_tensor("actual_seq_kvlen", actual_seq_kvlen, query.device),
+        actual_seq_qlen=_args.int_tensor(op, "actual_seq_qlen", actual_seq_qlen, query.device),
+        actual_seq_kvlen=_args.int_tensor(op, "actual_seq_kvlen", actual_seq_kvlen, query.device),
         scale=scale_value, keep_prob=keep_prob, pre_tokens=pre_tockens, next_tokens=next_tockens,
         inner_precise=inner_precise, sparse_mode=sparse_mode, seed=as_tensor(seed), offset=as_tensor(offset))
 
 
-def _window_mode(causal: bool, window_size: Tuple[int, int]) -> Tuple[int, int, int]:
+def _window_mode(op: str, causal: bool, window_size: Tuple[int, int]) -> Tuple[int, int, int]:
     """FlashAttention-2's (causal, window) -> (sparse_mode, pre_tokens, next_tokens); both are bottom-right aligned."""
-    if len(window_size) != 2:
-        raise ValueError(f"argument 'window_size' must be a pair (left, right); got {window_size!r}")
-    left, right = window_size
-    if left < -1 or right < -1:
-        raise ValueError(f"argument 'window_size' entries must be >= -1 (-1 = unbounded); got {window_size!r}")
+    left, right = _args.window(op, "window_size", window_size)
     if causal:
         right = 0
     if left == -1 and right == -1:
@@ -130,10 +118,10 @@ def _lse(smax: Tensor, ssum: Tensor) -> Tensor:
     return smax[..., 0] + torch.log(ssum[..., 0])
 
 
-def _check_fa_args(alibi_slopes, dropout_p):
-    _unsupported("alibi_slopes", alibi_slopes, "ALiBi is not implemented; pass a bias through npu_fusion_attention(pse=...)")
+def _check_fa_args(op: str, alibi_slopes, dropout_p):
+    _args.not_implemented(op, "ALiBi (pass the bias through npu_fusion_attention(pse=...))", alibi_slopes=alibi_slopes)
     if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"argument 'dropout_p' must be in [0, 1); got {dropout_p}")
+        raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1); got {dropout_p}")
 
 
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -145,8 +133,9 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     j <= i + Skv - Sq), as in FlashAttention-2 — unlike SDPA's top-left `is_causal`. Backward is always
     deterministic. With `return_attn_probs` returns (out, softmax_lse [B,N1,Sq] fp32, None).
     """
-    _check_fa_args(alibi_slopes, dropout_p)
-    mode, pre, nxt = _window_mode(causal, window_size)
+    op = "flash_attn_func"
+    _check_fa_args(op, alibi_slopes, dropout_p)
+    mode, pre, nxt = _window_mode(op, causal, window_size)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
@@ -167,18 +156,21 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     wants them without the leading 0). `max_seqlen_*` are accepted for compatibility (lengths come from
     cu_seqlens). With `return_attn_probs` returns (out, softmax_lse [N1,T] fp32, None).
     """
-    _check_fa_args(alibi_slopes, dropout_p)
+    op = "flash_attn_varlen_func"
+    _check_fa_args(op, alibi_slopes, dropout_p)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.numel() < 2:
-            raise ValueError(f"argument '{name}' must be a 1-D tensor [batch+1] of cumulative lengths starting at 0")
-    mode, pre, nxt = _window_mode(causal, window_size)
+            raise ValueError(f"{op}: argument '{name}' must be a 1-D tensor [batch+1] of cumulative lengths "
+                             f"starting at 0")
+    mode, pre, nxt = _window_mode(op, causal, window_size)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
     if not torch.compiler.is_compiling():
         for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             if int(cu[0]) != 0:
-                raise ValueError(f"argument '{name}' must start at 0 (FlashAttention convention); got {int(cu[0])}")
+                raise ValueError(f"{op}: argument '{name}' must start at 0 (FlashAttention convention); "
+                                 f"got {int(cu[0])}")
     out, smax, ssum, _, _, _ = _OPS.flash_attention_score(
         q, k, v, q.shape[1], "TND", actual_seq_qlen=cu_seqlens_q[1:].to(torch.int64),
         actual_seq_kvlen=cu_seqlens_k[1:].to(torch.int64), scale=scale, keep_prob=keep, pre_tokens=pre,
@@ -206,9 +198,9 @@ class FlashAttention(nn.Module):
         layout = "BSH" if query.dim() == 3 else "BSND"
         keep = 1.0 - (self.dropout if self.training else 0.0)
         seed, offset = _draw_seed(keep, query.device)
-        mode = 3 if self.causal and atten_mask is None else 0
-        if self.causal and atten_mask is not None:  # combine: causal band through next_tokens in mode 0 (top-left)
+        if self.causal and atten_mask is not None:  # ambiguous: put the causal band into the mask yourself
             raise ValueError("FlashAttention: pass either causal=True or atten_mask, not both")
+        mode = 3 if self.causal else 0  # bottom-right causal, or the mask / full attention
         return _OPS.flash_attention_score(
             query, key, value, self.num_heads, layout, atten_mask=atten_mask, scale=self.softmax_scale,
             keep_prob=keep, sparse_mode=mode, seed=seed, offset=offset)[0]

@@ -12,7 +12,8 @@ the decode kernel). The generated tokens must be identical; a table of four serv
 - decode throughput / per-token latency: over the remaining greedy steps, each one token per sequence.
 
 Each implementation runs in its own process, one after the other (2-core machine: never concurrently);
---same-process runs them all in this one.
+--same-process runs them all in this one. transformers is needed (pip install "transformers==5.24.0"); without it,
+in this process or in a worker, the command prints one line saying so and exits with status 2.
 """
 import argparse
 import multiprocessing
@@ -22,9 +23,12 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from ._optional import MissingDependency, missing_package, require
+
 IMPLS = ("eager", "sdpa", "npu_fa")
 LABELS = {"eager": "eager (matmul+softmax)", "sdpa": "sdpa (PyTorch)", "npu_fa": "npu_fa (ours)"}
 STAGES = ("load", "warm-up", "memory", "generate")
+PROG = "torch_ops_transformer demo"
 
 # A long prompt (4096 tokens) and a narrow model, so attention is about half of the prefill work; head_dim 128
 # as in LLaMA-7B. About a minute on 2 cores.
@@ -127,11 +131,12 @@ def run_worker(args, impl: str, report) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    require("transformers", PROG)
     import torch_ops_transformer as tot
     from torch_ops_transformer import sdpa
     from torch_ops_transformer.bench.common import peak_memory_growth
 
-    tot.register_hf_attention()
+    tot.register_hf_attention()  # registered already if transformers was imported; idempotent
     sdpa.route_counts.clear()
     model = _build_model(args, impl)
     vocab = model.config.vocab_size
@@ -157,7 +162,11 @@ def run_worker(args, impl: str, report) -> None:
 def _worker_entry(args, impl, report):
     try:
         run_worker(args, impl, report)
-    except BaseException as e:  # the parent prints it; a silent dead worker would hang the queue
+    except BaseException as e:  # the parent reports it; a silent dead worker would hang the queue
+        package = missing_package(e)
+        if package is not None:  # the parent prints one line, no traceback
+            report.put(("missing", impl, package))
+            return
         import traceback
 
         report.put(("error", impl, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -168,7 +177,7 @@ def _worker_entry(args, impl, report):
 
 
 class _Progress:
-    """tqdm when installed, plain lines otherwise."""
+    """tqdm when installed, plain lines otherwise (tqdm is optional: the bar is the only thing it adds)."""
 
     def __init__(self, total: int):
         try:
@@ -185,8 +194,10 @@ class _Progress:
             self.bar.set_description(text)
             self.bar.update(1)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self.bar is not None:
+            if failed:  # clear the bar, so that the error is the last thing on the terminal
+                self.bar.leave = False
             self.bar.close()
 
 
@@ -203,6 +214,8 @@ def _handle(message, progress, results) -> bool:
     if kind == "stage":
         progress.step(f"{who}: {payload}")
         return False
+    if kind == "missing":
+        raise MissingDependency(payload, PROG)
     if kind == "error":
         raise RuntimeError(f"demo worker for attention '{who}' failed:\n{payload}")
     results[who] = payload
@@ -213,6 +226,7 @@ def run_all(args) -> Dict[str, dict]:
     ctx = multiprocessing.get_context("spawn")
     progress = _Progress(len(IMPLS) * len(STAGES))
     results: Dict[str, dict] = {}
+    failed = True
     try:
         for impl in IMPLS:
             progress.step(f"{impl}: load")
@@ -227,8 +241,9 @@ def run_all(args) -> Dict[str, dict]:
                     pass
             finally:
                 proc.join()
+        failed = False
     finally:
-        progress.close()
+        progress.close(failed)
     return results
 
 
@@ -282,6 +297,7 @@ def describe(args) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    require("transformers", PROG)  # before any output; the workers check again (MissingDependency -> one line)
     print(f"# demo: {describe(args)}", flush=True)
     start = time.perf_counter()
     results = run_all(args)

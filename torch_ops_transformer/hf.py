@@ -1,7 +1,6 @@
 """Hugging Face transformers drop-in: the attention implementation "npu_fa".
 
     import torch_ops_transformer as tot
-    tot.register_hf_attention()                       # once per process (idempotent)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="npu_fa")
     # or, for a model that is already built (a one-call helper):
     model = tot.replace_attention_with_flash(model)
@@ -12,18 +11,22 @@ routes prefill to the FlashAttention kernel and one-token decode steps to the de
 speaks SDPA, "npu_fa" asks transformers for exactly the mask "sdpa" gets (`sdpa_mask`: a boolean [B, 1, Sq, Skv]
 mask, True = attend, or None when a plain causal / unmasked pattern is enough).
 
-transformers is an optional dependency: this module is imported only when one of its functions is used.
+transformers is an optional dependency: `import torch_ops_transformer` does not import it. "npu_fa" is registered
+by `_hf_autoregister` as soon as transformers defines its attention interface (transformers.modeling_utils is
+imported, before or after torch_ops_transformer) and by importing this module; `register_hf_attention()` does the
+same by hand (idempotent).
+Without transformers, importing this module raises an ImportError whose message is one line naming the package
+and its install command.
 """
 from typing import Optional, Tuple
 
 import torch
 
-try:
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-except ImportError as e:  # pragma: no cover - exercised only without transformers
-    raise ImportError("torch_ops_transformer.hf needs the optional dependency transformers "
-                      "(pip install transformers); the rest of torch_ops_transformer works without it") from e
+from ._optional import require
+
+require("transformers", "torch_ops_transformer.hf (attn_implementation='npu_fa')")  # else one-line ImportError
+from transformers import AttentionInterface, AttentionMaskInterface  # noqa: E402
+from transformers.masking_utils import sdpa_mask  # noqa: E402
 
 ATTN_IMPLEMENTATION = "npu_fa"
 
@@ -48,9 +51,9 @@ def npu_fa_attention_forward(
     **kwargs,
 ) -> Tuple[torch.Tensor, None]:
     """transformers' attention-function contract: q/k/v [B, H, S, D] in, ([B, Sq, H, Dv], None) out."""
-    if kwargs.get("softcap") is not None:
-        raise ValueError("attn_implementation='npu_fa' does not support softcap (logit soft-capping); "
-                         "use attn_implementation='eager' for this model")
+    if kwargs.get("softcap") is not None:  # a transformers feature our kernels do not have
+        raise NotImplementedError("attn_implementation='npu_fa' does not support softcap (logit soft-capping); "
+                                  "use attn_implementation='eager' for this model")
     q_len, kv_len = query.shape[2], key.shape[2]
     # The same causal decision as transformers' "sdpa": a decode step (q_len 1) sees the whole cache, and an
     # explicit mask already carries causality and padding.
@@ -98,3 +101,8 @@ def replace_attention_with_flash(model: torch.nn.Module) -> torch.nn.Module:
                          f"'{ATTN_IMPLEMENTATION}'")
     model.set_attn_implementation(register_hf_attention())
     return model
+
+
+# Importing this module means using it; this also covers the case where importing transformers above is what
+# loaded transformers.modeling_utils (then the import hook of _hf_autoregister defers to this line).
+register_hf_attention()

@@ -1,16 +1,18 @@
 """Python API of the inference attention ops (torch_npu-compatible signatures).
 
-Sections: prefill (`npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update`) — the
-decode wrappers live in their own section below it.
+Sections: prefill (`npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update`), then
+decode (`npu_incre_flash_attention`). Arguments are checked and converted by `_args` (ValueError for a bad value,
+NotImplementedError for the quantisation / shared-prefix / rope variants that are not implemented).
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
 """
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from .attention import MAX_TOKENS, SeqLens, _seq_tensor
+from . import _args
+from .attention import MAX_TOKENS, SeqLens
 
 _OPS = torch.ops.npu_fa
 
@@ -18,13 +20,6 @@ _OPS = torch.ops.npu_fa
 # ================================================================================================================
 # Prefill: prompt_flash_attention / fused_infer_attention_score / attention_update
 # ================================================================================================================
-
-def _reject(op: str, **kwargs) -> None:
-    for name, value in kwargs.items():
-        if value is not None:
-            raise ValueError(f"{op}: argument '{name}' is not supported on CPU (quantized / shared-prefix / rope "
-                             f"variants are not implemented); pass None")
-
 
 def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padding_mask: Optional[Tensor] = None,
                                atten_mask: Optional[Tensor] = None, pse_shift: Optional[Tensor] = None,
@@ -45,26 +40,20 @@ def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, pad
     atten_mask the visible band is i − pre_tokens ≤ j ≤ i + next_tokens, i.e. the default is top-left causal on top
     of the mask (pass next_tokens=2147483647 for a mask-only call); *without* a mask CANN ignores pre/next_tokens in
     mode 0, so the default call is full (non-causal) attention — use sparse_mode 2/3 for causal without a mask.
-    `scale_value` defaults to 1.0 as upstream: pass 1/sqrt(D) yourself. The quantization arguments and
-    `padding_mask` raise (not supported).
+    `scale_value` defaults to 1.0 as upstream: pass 1/sqrt(D) yourself. The quantisation arguments raise
+    NotImplementedError; `padding_mask` is reserved upstream (ValueError unless None).
     """
-    _reject("npu_prompt_flash_attention", padding_mask=padding_mask, deq_scale1=deq_scale1,
-            quant_scale1=quant_scale1, deq_scale2=deq_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    op = "npu_prompt_flash_attention"
+    _args.reserved(op, padding_mask=padding_mask)
+    _args.not_implemented(op, "quantised attention", deq_scale1=deq_scale1, quant_scale1=quant_scale1,
+                          deq_scale2=deq_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
     return _OPS.prompt_flash_attention(
         query, key, value, atten_mask=atten_mask, pse_shift=pse_shift,
-        actual_seq_lengths=_seq_tensor("actual_seq_lengths", actual_seq_lengths, query.device),
-        actual_seq_lengths_kv=_seq_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device),
+        actual_seq_lengths=_args.int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device),
+        actual_seq_lengths_kv=_args.int_tensor(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device),
         num_heads=num_heads, scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
         input_layout=input_layout, num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
         inner_precise=1)
-
-
-def _single(name: str, t):
-    if isinstance(t, (list, tuple)):
-        if len(t) != 1:
-            raise ValueError(f"argument '{name}': a list of {len(t)} tensors is not supported (pass one tensor)")
-        return t[0]
-    return t
 
 
 def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Optional[Tensor] = None,
@@ -89,25 +78,27 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     With `block_table` (paged KV cache, decode): forwarded to `npu_fa::incre_flash_attention` with
     `actual_seq_lengths_kv` as the per-batch KV lengths and `block_size`; softmax_lse is not available there.
     `softmax_lse_flag=True` returns the fp32 log-sum-exp [B,N,Sq,1] ([T,N,1] for TND; -inf for rows that see no
-    key); otherwise softmax_lse is an empty tensor. Quantization, shared-prefix, rope and padding-size arguments raise.
+    key); otherwise softmax_lse is an empty tensor. Quantisation, shared-prefix, rope and padding-size arguments raise NotImplementedError.
     """
     op = "npu_fused_infer_attention_score"
-    _reject(op, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1, dequant_scale2=dequant_scale2,
-            quant_scale2=quant_scale2, quant_offset2=quant_offset2, antiquant_scale=antiquant_scale,
-            antiquant_offset=antiquant_offset, key_antiquant_scale=key_antiquant_scale,
-            key_antiquant_offset=key_antiquant_offset, value_antiquant_scale=value_antiquant_scale,
-            value_antiquant_offset=value_antiquant_offset, query_padding_size=query_padding_size,
-            kv_padding_size=kv_padding_size, key_shared_prefix=key_shared_prefix,
-            value_shared_prefix=value_shared_prefix, actual_shared_prefix_len=actual_shared_prefix_len,
-            query_rope=query_rope, key_rope=key_rope, key_rope_antiquant_scale=key_rope_antiquant_scale)
-    for name, v in (("antiquant_mode", antiquant_mode), ("key_antiquant_mode", key_antiquant_mode),
-                    ("value_antiquant_mode", value_antiquant_mode)):
-        if v != 0:
-            raise ValueError(f"{op}: argument '{name}' is not supported on CPU (no quantization); got {v}")
+    _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
+                          dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
+                          antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+                          key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+                          value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
+                          key_rope_antiquant_scale=key_rope_antiquant_scale)
+    _args.not_implemented_unless_zero(op, "quantised attention", antiquant_mode=antiquant_mode,
+                                      key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
+    _args.not_implemented(op, "attention with padding sizes", query_padding_size=query_padding_size,
+                          kv_padding_size=kv_padding_size)
+    _args.not_implemented(op, "attention with a shared prefix", key_shared_prefix=key_shared_prefix,
+                          value_shared_prefix=value_shared_prefix, actual_shared_prefix_len=actual_shared_prefix_len)
+    _args.not_implemented(op, "attention with separate rope parts", query_rope=query_rope, key_rope=key_rope)
     return _OPS.fused_infer_attention_score(
-        query, _single("key", key), _single("value", value), pse_shift=pse_shift, atten_mask=atten_mask,
-        actual_seq_lengths=_seq_tensor("actual_seq_lengths", actual_seq_lengths, query.device),
-        actual_seq_lengths_kv=_seq_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv, query.device),
+        query, _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value), pse_shift=pse_shift,
+        atten_mask=atten_mask,
+        actual_seq_lengths=_args.int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device),
+        actual_seq_lengths_kv=_args.int_tensor(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device),
         block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens, next_tokens=next_tokens,
         input_layout=input_layout, num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
         inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=softmax_lse_flag)
@@ -130,21 +121,8 @@ def attention_update(lse: Union[Tensor, Sequence[Tensor]], out: Union[Tensor, Se
 
 
 # ================================================================================================================
-# Decode: incre_flash_attention (separate section)
+# Decode: incre_flash_attention (one query token per sequence, contiguous or paged KV cache)
 # ================================================================================================================
-
-
-def _lengths(arg: str, value, device) -> Optional[Tensor]:
-    """actual_seq_lengths as an int64 tensor (torch_npu takes a list of ints; the op takes a tensor so that
-    torch.compile does not recompile for every new set of lengths)."""
-    if value is None or isinstance(value, Tensor):
-        return value
-    if isinstance(value, int):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) for v in value):
-        raise TypeError(f"npu_incre_flash_attention: argument '{arg}' must be a list of ints or an int64 tensor; "
-                        f"got {type(value).__name__}")
-    return torch.tensor(list(value), dtype=torch.int64, device=device)
 
 
 def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padding_mask: Optional[Tensor] = None,
@@ -165,16 +143,12 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
     are not supported by the CPU kernels and raise NotImplementedError. actual_seq_lengths may be a list of ints or an
     int64 tensor; kv_padding_size an int or a one-element int64 tensor.
     """
-    if padding_mask is not None:
-        raise ValueError("npu_incre_flash_attention: argument 'padding_mask' is reserved and must be None")
-    quant = dict(antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset, dequant_scale1=dequant_scale1,
-                 quant_scale1=quant_scale1, dequant_scale2=dequant_scale2, quant_scale2=quant_scale2,
-                 quant_offset2=quant_offset2)
-    given = [k for k, v in quant.items() if v is not None]
-    if given:
-        raise NotImplementedError(f"npu_incre_flash_attention: quantised attention is not supported "
-                                  f"(argument(s) {', '.join(given)} must be None)")
-    lengths = _lengths("actual_seq_lengths", actual_seq_lengths, query.device)
+    op = "npu_incre_flash_attention"
+    _args.reserved(op, padding_mask=padding_mask)
+    _args.not_implemented(op, "quantised attention", antiquant_scale=antiquant_scale,
+                          antiquant_offset=antiquant_offset, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
+                          dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    lengths = _args.int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device)
     if block_table is not None and input_layout != "BNSD":
         # PagedKVCache's default (num_blocks, block_size, N2, D) is the kernel's (num_blocks, block_size, N2*D).
         key, value = (t.flatten(2) if t.dim() == 4 and t.shape[1] == block_size else t for t in (key, value))

@@ -233,7 +233,7 @@ def _group_time(block: int, cores: List[CoreTime], hw: Ascend910B, p: Pipeline) 
     return GroupTime(block, cores, bubble, sync, max(aic, aiv) + bubble + sync)
 
 
-# ---- FlashAttention forward: analytic counters (stand-in until the kernel's counts are available) -------------
+# ---- FlashAttention forward: analytic counters (fallback without the kernel's count hooks; cross-check) -------
 @dataclass(frozen=True)
 class AttentionShape:
     batch: int = 4

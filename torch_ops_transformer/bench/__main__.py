@@ -48,4 +48,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .._optional import run_cli
+
+    sys.exit(run_cli(main, None, "torch_ops_transformer.bench"))

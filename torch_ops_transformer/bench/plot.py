@@ -9,6 +9,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
+from .._optional import require
 from . import attention
 from .common import format_table
 
@@ -19,11 +20,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as e:
-        raise SystemExit("--plot needs matplotlib, which is not installed (pip install matplotlib); "
-                         "the tables run without it") from e
+    matplotlib = require("matplotlib", "torch_ops_transformer bench --plot")  # the tables run without it
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 

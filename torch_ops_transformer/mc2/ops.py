@@ -9,6 +9,8 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from .. import _args
+
 OPS = torch.ops.npu_fa
 
 GroupLike = Union[str, "dist.ProcessGroup"]
@@ -54,12 +56,6 @@ def _world_size(name: str, world_size: Optional[int]) -> int:
     return _resolve_process_group(name).size()
 
 
-def _reject(op: str, **unsupported) -> None:
-    for name, value in unsupported.items():
-        if value is not None:
-            raise NotImplementedError(f"{op}: argument '{name}' (quantised MC2) is not supported; pass None")
-
-
 def _check_reduce_op(op: str, reduce_op: str) -> None:
     if reduce_op != "sum":
         raise ValueError(f"{op}: argument 'reduce_op' must be 'sum' (the only reduction torch_npu supports); "
@@ -95,9 +91,9 @@ def npu_mm_all_reduce_base(x1: torch.Tensor, x2: torch.Tensor, hcom: GroupLike, 
     """AllReduce(x1 @ x2) + bias (x1 [m, k] or [b, s, k]). Quantisation arguments must be None."""
     op = "npu_mm_all_reduce_base"
     _check_reduce_op(op, reduce_op)
-    _reject(op, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset, x3=x3,
-            dequant_scale=dequant_scale, pertoken_scale=pertoken_scale, comm_quant_scale_1=comm_quant_scale_1,
-            comm_quant_scale_2=comm_quant_scale_2)
+    _args.not_implemented(op, "quantised MC2", antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+                          x3=x3, dequant_scale=dequant_scale, pertoken_scale=pertoken_scale,
+                          comm_quant_scale_1=comm_quant_scale_1, comm_quant_scale_2=comm_quant_scale_2)
     return OPS.matmul_all_reduce(x1, x2, group_name(hcom, op), bias, chunks)
 
 
@@ -109,7 +105,8 @@ def npu_mm_all_reduce_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, residual:
     """(y, norm_out): y = AllReduce(x1 @ x2) + bias + residual, norm_out = RMSNorm(y) * gamma."""
     op = "npu_mm_all_reduce_add_rms_norm"
     _check_reduce_op(op, reduce_op)
-    _reject(op, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset, dequant_scale=dequant_scale)
+    _args.not_implemented(op, "quantised MC2", antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+                          dequant_scale=dequant_scale)
     return OPS.matmul_all_reduce_add_rms_norm(x1, x2, residual, gamma, group_name(hcom, op), bias, epsilon, chunks)
 
 

@@ -4,6 +4,8 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
+from .. import _args
+
 # act_type numbering of CANN / torch_npu; names accepted by `grouped_matmul(..., activation=...)`.
 ACT_TYPES = {"none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 2, "fast_gelu": 4, "silu": 5}
 
@@ -11,17 +13,11 @@ _QUANT_ARGS = ("scale", "offset", "antiquant_scale", "antiquant_offset", "per_to
                "activation_quant_scale", "activation_quant_offset")
 
 
-def _as_group_list(group_list, device) -> Optional[torch.Tensor]:
-    if group_list is None or isinstance(group_list, torch.Tensor):
-        return group_list
-    return torch.tensor(list(group_list), dtype=torch.int64, device=device)
-
-
 def _act_type(activation: Union[str, int]) -> int:
     if isinstance(activation, int):
         return activation
     if activation not in ACT_TYPES:
-        raise ValueError(f"grouped_matmul: activation must be one of {sorted(ACT_TYPES)}; got {activation!r}")
+        raise ValueError(f"grouped_matmul: argument 'activation' must be one of {sorted(ACT_TYPES)}; got {activation!r}")
     return ACT_TYPES[activation]
 
 
@@ -33,7 +29,8 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, group_list, *, bias: O
     Differentiable in x, weight and bias."""
     bias_list = [] if bias is None else [bias]
     out, _ = torch.ops.npu_fa.grouped_matmul(
-        [x], [weight], bias_list, _as_group_list(group_list, x.device), group_type, group_list_type,
+        [x], [weight], bias_list, _args.int_tensor("grouped_matmul", "group_list", group_list, x.device), group_type,
+        group_list_type,
         _act_type(activation))
     return out[0]
 
@@ -53,22 +50,20 @@ def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor]
 
     group_type None picks 0 when a single x comes with group_list (split along M), else -1 (lists).
     split_item 0/1: one output per group; 2/3: a single output (the groups' rows concatenated, or for group_type 2
-    the [E, M, N] tensor). The quantisation arguments must be None or empty lists."""
-    given = {n: v for n, v in zip(_QUANT_ARGS, (scale, offset, antiquant_scale, antiquant_offset, per_token_scale,
-                                               activation_input, activation_quant_scale, activation_quant_offset))}
-    for name, value in given.items():
-        if value is not None and not (isinstance(value, (list, tuple)) and len(value) == 0):
-            raise NotImplementedError(f"npu_grouped_matmul: {name} (quantised / anti-quantised matmul) is not "
-                                      f"supported on CPU; pass None")
+    the [E, M, N] tensor). The quantisation arguments must be None or empty lists (NotImplementedError otherwise)."""
+    op = "npu_grouped_matmul"
+    _args.not_implemented(op, "quantised / anti-quantised matmul", empty_is_none=True,
+                          **dict(zip(_QUANT_ARGS, (scale, offset, antiquant_scale, antiquant_offset, per_token_scale,
+                                                   activation_input, activation_quant_scale, activation_quant_offset))))
     if split_item not in (0, 1, 2, 3):
-        raise ValueError(f"npu_grouped_matmul: split_item must be 0, 1, 2 or 3; got {split_item}")
+        raise ValueError(f"{op}: argument 'split_item' must be 0, 1, 2 or 3; got {split_item}")
     x, weight = list(x), list(weight)
     if not x:
-        raise ValueError("npu_grouped_matmul: x must be a non-empty list of tensors")
+        raise ValueError(f"{op}: argument 'x' must be a non-empty list of tensors")
     if output_dtype is not None and output_dtype != x[0].dtype:
-        raise ValueError(f"npu_grouped_matmul: output_dtype must be None or x's dtype {x[0].dtype} on CPU "
-                         f"(no quantised output); got {output_dtype}")
-    gl = _as_group_list(group_list, x[0].device)
+        raise NotImplementedError(f"{op}: a quantised output is not implemented; argument 'output_dtype' must be "
+                                  f"None or x's dtype {x[0].dtype}; got {output_dtype}")
+    gl = _args.int_tensor(op, "group_list", group_list, x[0].device)
     if group_type is None:
         group_type = 0 if (len(x) == 1 and gl is not None) else -1
     out, _ = torch.ops.npu_fa.grouped_matmul(x, weight, list(bias or []), gl, group_type, group_list_type,

@@ -1,0 +1,85 @@
+"""Argument conversion and checks shared by the Python wrappers (attention, inference, MoE, MC2, hf).
+
+Exception policy of the wrappers (docs/architecture.md, "Errors"):
+
+- ``ValueError`` — a bad value: out of range, wrong length, a reserved argument given, an option the upstream API
+  itself does not have (e.g. ``reduce_op`` other than ``"sum"``).
+- ``NotImplementedError`` — a valid upstream feature this project does not implement (quantisation, ALiBi,
+  prefix sparse mode, shared prefixes, soft-capping, ...). The message names every such argument that was given.
+- ``TypeError`` — an argument of the wrong Python type or dtype (e.g. a list of floats for sequence lengths).
+
+Every message starts with the public function's name and names the argument. (The ops' C++ checks raise ValueError
+and TypeError only: an integer mode an op does not implement is a ValueError there.)
+"""
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+IntList = Optional[Union[int, Sequence[int], Tensor]]
+
+
+def int_tensor(op: str, name: str, value: IntList, device) -> Optional[Tensor]:
+    """A list of ints (or one int) as an int64 tensor on `device`; None and tensors pass through unchanged.
+
+    Used for sequence lengths and group lists: the ops take them as tensors so that torch.compile does not guard on
+    (and recompile for) every new list of lengths."""
+    if value is None or isinstance(value, Tensor):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                       for v in value):
+        raise TypeError(f"{op}: argument '{name}' must be a list of ints or an integer tensor; got {value!r}")
+    return torch.tensor(list(value), dtype=torch.int64, device=device)
+
+
+def window(op: str, name: str, value) -> Tuple[int, int]:
+    """A (left, right) window of FlashAttention-2: two ints, each >= -1 (-1 = unbounded)."""
+    try:
+        left, right = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{op}: argument '{name}' must be a pair (left, right); got {value!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"{op}: argument '{name}' entries must be >= -1 (-1 = unbounded); got {value!r}")
+    return left, right
+
+
+def _given(value, empty_is_none: bool) -> bool:
+    if value is None:
+        return False
+    return not (empty_is_none and isinstance(value, (list, tuple)) and len(value) == 0)
+
+
+def not_implemented(op: str, feature: str, *, empty_is_none: bool = False, **args) -> None:
+    """NotImplementedError naming every argument of `args` that was given (not None; with `empty_is_none` an empty
+    list counts as not given, as in torch_npu's list-valued defaults). `feature` says what they would enable."""
+    given = [name for name, value in args.items() if _given(value, empty_is_none)]
+    if given:
+        names = ", ".join(f"'{n}'" for n in given)
+        raise NotImplementedError(f"{op}: {feature} is not implemented; argument{'s' if len(given) > 1 else ''} "
+                                  f"{names} must be None")
+
+
+def not_implemented_unless_zero(op: str, feature: str, **args) -> None:
+    """NotImplementedError naming every integer mode of `args` that is not 0 (0 = the implemented mode)."""
+    given = [f"'{name}'={value}" for name, value in args.items() if value != 0]
+    if given:
+        raise NotImplementedError(f"{op}: {feature} is not implemented; {', '.join(given)} must be 0")
+
+
+def reserved(op: str, **args) -> None:
+    """ValueError for an argument that the upstream API reserves (it must stay None)."""
+    for name, value in args.items():
+        if value is not None:
+            raise ValueError(f"{op}: argument '{name}' is reserved in torch_npu and must be None")
+
+
+def single_tensor(op: str, name: str, value):
+    """One tensor out of an argument torch_npu also accepts as a list of tensors (only one-element lists here)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 1:
+            raise NotImplementedError(f"{op}: argument '{name}' as a list of {len(value)} tensors is not "
+                                      f"implemented; pass one tensor")
+        return value[0]
+    return value
