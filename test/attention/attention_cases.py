@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from reference import DTYPES, GRAD_NAMES, MAX_TOKENS, check_tolerance, dropout_rows, reference_with_grads
+from test.common.reference import DTYPES, GRAD_NAMES, MAX_TOKENS, check_tolerance, dropout_rows, reference_with_grads
 
 OPS = torch.ops.npu_fa
 
@@ -213,7 +213,7 @@ def compare_with_reference(case: Case, check_grads: bool = True) -> Result:
     return ours
 
 
-# ---- opcheck cases (collected by test_opcheck.py from every test/*_cases.py) ----
+# ---- opcheck cases (listed in test/ops/test_opcheck.py) ----
 
 def _score_args(case: Case, requires_grad=True):
     args = make_inputs(case)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from attention_cases import OPS, Case, compare_with_reference, make_inputs, run_ours
+from test.attention.attention_cases import OPS, Case, compare_with_reference, make_inputs, run_ours
 from torch_ops_transformer import npu_fusion_attention
 
 

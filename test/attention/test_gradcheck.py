@@ -6,7 +6,7 @@ are sized for float32 arithmetic (eps 1e-3: rounding noise ~1e-7/1e-3 = 1e-4 per
 import pytest
 import torch
 
-from attention_cases import OPS, Case, make_inputs
+from test.attention.attention_cases import OPS, Case, make_inputs
 
 GRADCHECK = dict(eps=1e-3, atol=2e-3, rtol=2e-2)
 

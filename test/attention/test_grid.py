@@ -6,7 +6,7 @@ layouts x sparse modes x dtypes, masks, pse, GQA/MQA, varlen TND, vD < D, and sh
 import pytest
 import torch
 
-from attention_cases import Case, compare_with_reference, make_inputs, run_ours
+from test.attention.attention_cases import Case, compare_with_reference, make_inputs, run_ours
 from torch_ops_transformer import attention_tiles_override
 
 LAYOUTS = ["BSH", "SBH", "BSND", "BNSD", "TND"]

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attention_cases import Case, make_inputs
-from reference import MAX_TOKENS, attention_reference, check_tolerance, reference_with_grads, split_heads
+from test.attention.attention_cases import Case, make_inputs
+from test.common.reference import MAX_TOKENS, attention_reference, check_tolerance, reference_with_grads, split_heads
 
 B, N1, SQ, SKV, D = 2, 4, 7, 11, 8
 

@@ -1,11 +1,26 @@
 """Plain-PyTorch references of the MoE routing ops (ops-semantics.md section 4), written independently of the
 kernels: argsort / gather / index_put instead of counting sorts. Selections (top-k, sorts) are made on float64 values
 with stable sorts, so ties go to the lower index; arithmetic runs in `dtype` (float64 for ref64, the inputs' dtype
-for the "torch_same_dtype" baseline of the tolerance rule)."""
+for the "torch_same_dtype" baseline of the tolerance rule). act_ref: the activations of grouped_matmul's act_type
+(also those of MOELayer's experts)."""
 from typing import Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+
+def act_ref(x, act):
+    """The activations of act_type, in plain PyTorch (any dtype)."""
+    if act == 1:
+        return F.relu(x)
+    if act == 2:
+        return F.gelu(x, approximate="tanh")
+    if act == 4:
+        return x * torch.sigmoid(1.702 * x)
+    if act == 5:
+        return F.silu(x)
+    return x
 
 
 def top_k_stable(v: Tensor, k: int) -> Tensor:

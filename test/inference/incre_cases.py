@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from reference import DTYPES
+from test.common.reference import DTYPES
 
 OPS = torch.ops.npu_fa
 

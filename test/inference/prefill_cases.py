@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from reference import DTYPES, visible_keys
+from test.common.reference import DTYPES, visible_keys
 
 MAX = 2147483647
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}

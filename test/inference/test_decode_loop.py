@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
-from reference import attention_reference
+from test.common.reference import attention_reference
 
 N1, N2, D, BLOCK = 4, 2, 16, 16
 

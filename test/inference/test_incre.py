@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from incre_cases import DTYPES, OPS, Case, build, kv_layout, q_layout, reference, run
-from reference import check_tolerance
+from test.inference.incre_cases import DTYPES, OPS, Case, build, kv_layout, q_layout, reference, run
+from test.common.reference import check_tolerance
 from torch_ops_transformer import npu_incre_flash_attention
 
 GRID = [

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
-from prefill_cases import DTYPES, MAX, TOL, make_inputs, reference
+from test.inference.prefill_cases import DTYPES, MAX, TOL, make_inputs, reference
 
 OPS = torch.ops.npu_fa
 LAYOUTS = ("BSH", "BSND", "BNSD", "BNSD_BSND", "TND")

@@ -2,7 +2,6 @@
 "sdpa" (incl. a left-padded batch), logits and training gradients within the tolerance rule against the float64
 eager model, prefill and decode steps routed to our kernels, replace_attention_with_flash, optional import."""
 import copy
-import os
 import subprocess
 import sys
 
@@ -14,9 +13,8 @@ transformers = pytest.importorskip("transformers")
 import torch_ops_transformer as tot  # noqa: E402
 from torch_ops_transformer import hf, sdpa  # noqa: E402
 
-from reference import check_tolerance  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test.common.checkout import ROOT  # noqa: E402
+from test.common.reference import check_tolerance  # noqa: E402
 
 
 def tiny_config(**overrides):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from reference import check_tolerance
+from test.common.reference import check_tolerance
 from torch_ops_transformer import (
     disable_sdpa_override,
     enable_sdpa_override,

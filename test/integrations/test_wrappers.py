@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from attention_cases import OPS
-from reference import attention_reference, check_tolerance
+from test.attention.attention_cases import OPS
+from test.common.reference import attention_reference, check_tolerance
 from torch_ops_transformer import (FlashAttention, flash_attn_func, flash_attn_varlen_func, npu_fusion_attention,
                                    npu_fusion_attention_grad)
 

@@ -1,6 +1,6 @@
 """opcheck cases of the MC2 ops, run in-process inside a one-rank gloo group (the ops need a registered process
 group; a one-rank group runs the real chunked pipeline with real functional collectives). The two-rank opcheck
-(schema, autograd registration, fake tensors) runs in test/mc2_worker.py."""
+(schema, autograd registration, fake tensors) runs in test/mc2/ops_worker.py."""
 import torch
 import torch.distributed as dist
 

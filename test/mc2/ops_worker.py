@@ -1,6 +1,7 @@
-"""One rank of the MC2 multi-process tests (launched by test/test_mc2.py through torch_ops_transformer._spawn).
+"""One rank of the MC2 multi-process tests (launched by test/mc2/test_ops.py through torch_ops_transformer._spawn,
+with the repository root on PYTHONPATH).
 
-    python test/mc2_worker.py <rank> <world_size> <port> <scenario>
+    python test/mc2/ops_worker.py <rank> <world_size> <port> <scenario>
 
 Every rank builds the same seeded "full" tensors of all ranks, so float64 references need no communication; the
 float32 baselines are the unfused computations (torch.distributed collective, then matmul). Prints MC2-OK at the
@@ -11,17 +12,13 @@ import os
 import sys
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import torch_ops_transformer as tot  # noqa: E402
-from reference import check_tolerance  # noqa: E402
-from torch_ops_transformer.mc2.tensor_parallel import TensorParallelMLP, shard_sequence  # noqa: E402
+import torch_ops_transformer as tot
+from test.common.reference import check_tolerance
+from torch_ops_transformer.mc2.tensor_parallel import TensorParallelMLP, shard_sequence
 
 OPS = torch.ops.npu_fa
 warnings.filterwarnings("ignore", category=FutureWarning)  # dist.*_tensor deprecation notices on every call

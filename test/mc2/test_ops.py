@@ -1,9 +1,9 @@
 """MC2 ops and tensor-parallel layers across processes: gloo ranks on localhost, launched by
 torch_ops_transformer._spawn with every wait bounded (subprocess timeout + process-group timeout).
 
-Each test launches test/mc2_worker.py with a list of scenarios; a scenario passes when every rank prints MC2-OK.
-opcheck of the ops runs in-process in a one-rank group (test_opcheck.py, cases in mc2_cases.py) and with two ranks
-in the `opcheck` scenario here.
+Each test launches ops_worker.py with a list of scenarios; a scenario passes when every rank prints MC2-OK.
+opcheck of the ops runs in-process in a one-rank group (test/ops/test_opcheck.py, cases in mc2_cases.py) and with
+two ranks in the `opcheck` scenario here.
 """
 import os
 
@@ -11,15 +11,16 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
+from test.common.checkout import pythonpath
 from torch_ops_transformer._spawn import describe, launch
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mc2_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops_worker.py")
 OPS = torch.ops.npu_fa
 
 
 def run_ranks(world_size, scenarios, timeout=120.0, pg_timeout=30):
     results = launch(WORKER, world_size, [",".join(scenarios)], timeout=timeout,
-                     env={"MC2_TEST_PG_TIMEOUT": str(pg_timeout)})
+                     env={"MC2_TEST_PG_TIMEOUT": str(pg_timeout), "PYTHONPATH": pythonpath()})
     return results, describe(results)
 
 

@@ -1,11 +1,10 @@
 """MC2Optimizer and MC2DistributedDataParallel: equal to plain DDP + the torch optimizer after several steps.
 
-Multi-rank cases run in subprocesses (test/mc2_training_worker.py) with world size 2 and 4 on gloo/localhost,
+Multi-rank cases run in subprocesses (training_worker.py) with world size 2 and 4 on gloo/localhost,
 one job per world size, every wait bounded by a timeout. Argument errors are checked in-process.
 """
 import functools
 import json
-import os
 import subprocess
 import sys
 
@@ -14,10 +13,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from test.common.checkout import ROOT, pythonpath
 from torch_ops_transformer import MC2DistributedDataParallel, MC2Optimizer
 from torch_ops_transformer._spawn import free_port, rank_env
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mc2_training_worker.py")
+WORKER = "test.mc2.training_worker"  # run as `python -m` from the repository root
 JOB_TIMEOUT_S = 240  # a whole job (start-up dominates on a loaded 2-core machine); a hang fails, never blocks
 # After the equivalence cases rank 1 raises: at world 2 inside MC2Optimizer's own all-reduce pipeline, at world 4
 # inside MC2-DDP's comm hook; every other rank is then inside a collective and must error out.
@@ -40,8 +40,8 @@ def _start(world: int):
     port = free_port()
     procs = []
     for rank in range(world):
-        env = rank_env(rank, world, port, OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, WORKER, *JOBS[world]], env=env, text=True,
+        env = rank_env(rank, world, port, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath())
+        procs.append(subprocess.Popen([sys.executable, "-m", WORKER, *JOBS[world]], env=env, text=True, cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return procs
 

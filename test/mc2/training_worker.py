@@ -1,7 +1,7 @@
-"""One rank of the MC2Optimizer / MC2DistributedDataParallel tests (launched by test_mc2_training.py).
+"""One rank of the MC2Optimizer / MC2DistributedDataParallel tests (launched by test_training.py).
 
-`python test/mc2_training_worker.py <scenario>...` with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Scenario
-'equivalence' trains every candidate and its reference (torch DDP + torch optimizer) for a few steps on the same
+`python -m test.mc2.training_worker <scenario>...` (from the repository root) with RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT set. Scenario 'equivalence' trains every candidate and its reference (torch DDP + torch optimizer) for a few steps on the same
 per-rank data and prints one `RESULT {json}` line per case (misuse cases report the error every rank saw);
 'rank_raises_ddp' / 'rank_raises_local' then make rank 1 fail, and every rank must exit with an error (no hang).
 """
@@ -9,7 +9,6 @@ import contextlib
 import copy
 import datetime
 import json
-import os
 import sys
 
 import torch
@@ -17,8 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from torch_ops_transformer import MC2DistributedDataParallel, MC2Optimizer  # noqa: E402
+from torch_ops_transformer import MC2DistributedDataParallel, MC2Optimizer
 
 STEPS = 5
 BUCKET_MB = 0.002  # ~500 fp32 gradients per bucket: several buckets even for the tiny test models

@@ -3,26 +3,13 @@ activations, dtypes with the project's tolerance rule), its gradients, gradcheck
 without recompiles for new group sizes, and one test per bad-input rule."""
 import pytest
 import torch
-import torch.nn.functional as F
 
-from reference import check_tolerance
+from test.common.moe_reference import act_ref
+from test.common.reference import check_tolerance
 from torch_ops_transformer import grouped_matmul, npu_grouped_matmul
 
 GMM = torch.ops.npu_fa.grouped_matmul
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def act_ref(x, act):
-    """The activations of act_type, in plain PyTorch (any dtype)."""
-    if act == 1:
-        return F.relu(x)
-    if act == 2:
-        return F.gelu(x, approximate="tanh")
-    if act == 4:
-        return x * torch.sigmoid(1.702 * x)
-    if act == 5:
-        return F.silu(x)
-    return x
 
 
 def split_m_ref(x, w, b, counts, act, dtype):

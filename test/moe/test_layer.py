@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from test.common.moe_reference import act_ref
 from torch_ops_transformer import MOELayer
 from torch_ops_transformer._spawn import free_port
-from test_grouped_matmul import act_ref
 
 ACT = {"gelu": 2, "relu": 1, "silu": 5, "fast_gelu": 4}
 

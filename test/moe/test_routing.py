@@ -6,9 +6,9 @@ import re
 import pytest
 import torch
 
-import moe_reference as ref
+from test.common import moe_reference as ref
 import torch_ops_transformer as tot
-from reference import check_tolerance
+from test.common.reference import check_tolerance
 
 OPS = torch.ops.npu_fa
 LOW = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

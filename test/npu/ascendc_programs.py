@@ -6,7 +6,8 @@ import hashlib
 import os
 import subprocess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test.common.checkout import ROOT
+
 RUNTIME = os.path.join(ROOT, "ascendc", "cpu_runtime")
 INCLUDES = [os.path.join(RUNTIME, "include"), os.path.join(ROOT, "ascendc", "kernels"), os.path.join(ROOT, "ascendc")]
 FLAGS = ["-std=c++17", "-O1", "-g", "-pthread", "-Wall", "-Wno-unused-parameter", "-Wno-unused-variable"]

@@ -1,5 +1,5 @@
-"""incre_flash_attention on the simulated npu device (Ascend C decode kernel), run by test_npu_decode_attention.py
-through npu_sim_runner (sim enabled; tensors `.to("npu")`).
+"""incre_flash_attention on the simulated npu device (Ascend C decode kernel), run by test_decode_attention.py
+through runner_worker (sim enabled; tensors `.to("npu")`).
 
 Each case builds inputs with incre_cases.build, runs the op on npu and on CPU, and checks the npu result against
 the float64 reference with the project's rule twice: against plain PyTorch in the same dtype and against the CPU
@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import torch
 
-from incre_cases import DTYPES, OPS, Case, build, reference
-from reference import check_tolerance
+from test.inference.incre_cases import DTYPES, OPS, Case, build, reference
+from test.common.reference import check_tolerance
 
 
 def _npu(x):

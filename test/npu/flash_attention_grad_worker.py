@@ -1,14 +1,14 @@
 """flash_attention_score_grad on the simulated npu device (Ascend C backward kernel), run by
-test_npu_flash_attention_grad.py through npu_sim_cases.run_module.
+test_flash_attention_grad.py through runner.run_module.
 
 Each case runs the CPU forward op, moves its inputs and outputs (attention_in, softmax_max/sum) to the npu, calls
 torch.ops.npu_fa.flash_attention_score_grad there, and checks dq/dk/dv — and the CPU grad op's — against a float64
-reference with the tolerance rule (test/reference.py). Sizes are tiny: the CPU runtime executes scalar C++."""
+reference with the tolerance rule (test/common/reference.py). Sizes are tiny: the CPU runtime executes scalar C++."""
 import math
 
 import torch
 
-from reference import MAX_TOKENS, check_tolerance, reference_with_grads
+from test.common.reference import MAX_TOKENS, check_tolerance, reference_with_grads
 
 OPS = torch.ops.npu_fa
 

@@ -1,14 +1,14 @@
 """moe_gating_top_k_softmax(_v2) on the simulated npu device (the Ascend C kernel through the CPU runtime) against the
-CPU backend of the same op and the float64 reference of moe_reference.py. Run by test_npu_moe_gating.py through
-npu_sim_runner.py (the device is already enabled here).
+CPU backend of the same op and the float64 reference of moe_reference.py. Run by test_moe_gating.py through
+runner_worker.py (the device is already enabled here).
 
 Expert indices and row_idx must equal the CPU backend's exactly (ties -> lower expert, finished rows -> E); y follows
 the tolerance rule against float64; gradients through the npu path equal the CPU path's. Sizes are small: the CPU
 runtime executes every vector instruction element by element."""
 import torch
 
-import moe_reference as ref
-from reference import DTYPES, check_tolerance
+from test.common import moe_reference as ref
+from test.common.reference import DTYPES, check_tolerance
 
 OPS = torch.ops.npu_fa
 NPU = "npu"

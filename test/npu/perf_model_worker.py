@@ -1,4 +1,4 @@
-"""Cases for test_npu_perf_model.py run on the simulated npu device (child process, see npu_sim_cases.py): the
+"""Cases for test_perf_model.py run on the simulated npu device (child process, see runner.py): the
 bench's path from the extension's counter hooks to a prediction."""
 import ctypes
 

@@ -1,5 +1,5 @@
 """rotary_position_embedding (+ its backward) on the simulated npu device vs the CPU backend and a float64
-reference, run by test_npu_rope.py through npu_sim_cases (see its docstring).
+reference, run by test_rope.py through runner.py (see its docstring).
 
 Cases the Ascend C kernel handles run with TOT_NPU_SIM_NO_FALLBACK=1, so a silent fall back to the CPU kernel
 would fail them; the documented fallback combinations (docs/ascendc_rope.md) are checked for right answers and for
@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from reference import check_tolerance
+from test.common.reference import check_tolerance
 
 OPS = torch.ops.npu_fa
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

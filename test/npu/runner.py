@@ -1,11 +1,9 @@
-"""Pytest side of npu_sim_runner.py: run a case module once in a child process and report each case as a test.
+"""Pytest side of runner_worker.py: run a worker module's cases once in a child process and report each case as a
+test. The `results` fixture of this folder's conftest.py does it for a test module that sets WORKER:
 
-In a test file:
-    import npu_rope_cases
-    from npu_sim_cases import case_names, run_module
-    @pytest.fixture(scope="module")
-    def results(): return run_module("npu_rope_cases")
-    @pytest.mark.parametrize("case", case_names(npu_rope_cases))
+    from test.npu import rope_worker as WORKER
+    from test.npu.runner import case_names
+    @pytest.mark.parametrize("case", case_names(WORKER))
     def test_rope_on_npu(results, case): assert results.get(case) == "ok", results.get(case, "did not run")
 """
 import json
@@ -13,7 +11,7 @@ import os
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from test.common.checkout import ROOT, pythonpath
 
 
 def case_names(module):
@@ -22,9 +20,8 @@ def case_names(module):
 
 def run_module(module_name, timeout=900):
     env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
-    root = os.path.dirname(HERE)
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "npu_sim_runner.py"), module_name],
-                          capture_output=True, text=True, env=env, cwd=root, timeout=timeout)
-    assert proc.returncode == 0, f"npu_sim_runner {module_name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    env["PYTHONPATH"] = pythonpath()
+    proc = subprocess.run([sys.executable, "-m", "test.npu.runner_worker", module_name],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, f"runner_worker {module_name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])

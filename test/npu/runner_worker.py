@@ -1,18 +1,14 @@
-"""Run the `case_*` functions of one test module on the simulated npu device, in this (child) process.
+"""Run the `case_*` functions of one worker module on the simulated npu device, in this (child) process.
 
-`python test/npu_sim_runner.py <module>` enables torch_ops_transformer.npu_sim, runs every `case_*` of
-test/<module>.py and prints one JSON line {case: "ok" | traceback}. Used by npu_sim_cases.run_module: renaming
-PrivateUse1 to "npu" is permanent for a process, so it never happens inside the main pytest session.
+`python -m test.npu.runner_worker test.npu.<name>_worker` (from the repository root, or with it on PYTHONPATH)
+enables torch_ops_transformer.npu_sim, runs every `case_*` of that module and prints one JSON line
+{case: "ok" | traceback}. Used by runner.run_module: renaming PrivateUse1 to "npu" is permanent for a process, so
+it never happens inside the main pytest session.
 """
 import importlib
 import json
-import os
 import sys
 import traceback
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the checkout's package, not site-packages'
-sys.path.insert(0, HERE)
 
 
 def main(module_name):

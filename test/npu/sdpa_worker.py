@@ -1,5 +1,5 @@
 """F.scaled_dot_product_attention on npu tensors through PyTorch's overrideable SDPA hook (torch_ops_transformer.
-npu_sdpa), on the simulated device. Run in a child process by test_npu_sdpa.py (see npu_sim_cases.py).
+npu_sdpa), on the simulated device. Run in a child process by test_sdpa.py (see runner.py).
 
 Each case compares the npu result with PyTorch's own CPU F.scaled_dot_product_attention (torch_same_dtype) against a
 float64 reference under the tolerance rule, and checks with npu_sdpa.route_counts and the profiler that our kernel
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from reference import check_tolerance
+from test.common.reference import check_tolerance
 from torch_ops_transformer import npu_sdpa
 
 B, N, E = 2, 4, 16

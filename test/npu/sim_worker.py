@@ -1,8 +1,9 @@
-"""Checks of the simulated NPU, run in a child process by test_npu_sim.py (renaming PrivateUse1 is per process and
+"""Checks of the simulated NPU, run in a child process by test_sim.py (renaming PrivateUse1 is per process and
 permanent, so it must not happen inside the main test session).
 
-`python test/npu_sim_worker.py cases` enables the device, runs every `case_*` and prints one JSON line
-{case: "ok" | traceback}. `python test/npu_sim_worker.py <scenario>` runs one of SCENARIOS and prints "ok".
+`python -m test.npu.sim_worker cases` (from the repository root) enables the device, runs every `case_*` and prints
+one JSON line {case: "ok" | traceback}. `python -m test.npu.sim_worker <scenario>` runs one of SCENARIOS and prints
+"ok".
 """
 import json
 import os
@@ -10,9 +11,6 @@ import sys
 import traceback
 
 import torch
-
-# The worktree's package, not whichever one site-packages holds (the script's own folder is test/).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _sim():

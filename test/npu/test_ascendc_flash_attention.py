@@ -1,6 +1,6 @@
 """Torch-free C++ programs of the FlashAttention forward Ascend C kernel: the tiling unit tests and the
 tikicpulib-style host program that runs the kernel on the CPU runtime against a float64 reference."""
-from ascendc_programs import build, run
+from test.npu.ascendc_programs import build, run
 
 KERNEL = "ascendc/kernels/attention/flash_attention_score_kernel.cpp"
 TILING = "ascendc/kernels/attention/flash_attention_score_tiling.cpp"

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-import ascendc_programs
+from test.npu import ascendc_programs
 
 PROGRAMS = ["rt_vector_test", "rt_memory_sync_test", "rt_matmul_test", "rt_fault_test"]
 TESTS_DIR = os.path.join(ascendc_programs.ROOT, "ascendc", "tests")

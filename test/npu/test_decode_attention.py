@@ -1,16 +1,11 @@
 """The Ascend C decode-attention kernel (incre_flash_attention on the npu device): its host tiling unit test and
 its tikicpulib-style host program (both torch-free C++ under ascendc/tests), and npu-vs-CPU cases on the
-simulated device (npu_decode_attention_cases.py, run in a child process)."""
-import os
-import sys
-
+simulated device (decode_attention_worker.py, run in a child process)."""
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import ascendc_programs  # noqa: E402
-import npu_decode_attention_cases  # noqa: E402  (only to list its cases)
-from npu_sim_cases import case_names, run_module  # noqa: E402
+from test.npu import ascendc_programs
+from test.npu import decode_attention_worker as WORKER
+from test.npu.runner import case_names
 
 TILING = "ascendc/kernels/inference/incre_flash_attention_tiling.cpp"
 KERNEL = "ascendc/kernels/inference/incre_flash_attention_kernel.cpp"
@@ -33,11 +28,6 @@ def test_kernel_host_program_vs_float64():
     assert "splits=3" in out and "chunk=32" in out  # the forced-split and chunked-group cases ran as intended
 
 
-@pytest.fixture(scope="module")
-def results():
-    return run_module("npu_decode_attention_cases")
-
-
-@pytest.mark.parametrize("case", case_names(npu_decode_attention_cases))
+@pytest.mark.parametrize("case", case_names(WORKER))
 def test_decode_attention_on_npu(results, case):
     assert results.get(case) == "ok", results.get(case, "did not run")

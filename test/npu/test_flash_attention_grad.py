@@ -1,10 +1,10 @@
 """flash_attention_score_grad's Ascend C backward kernel: tiling unit tests and the kernel host program (C++, against
-the CPU runtime), and the npu op on the simulated device (cases in npu_flash_attention_grad_cases.py)."""
+the CPU runtime), and the npu op on the simulated device (cases in flash_attention_grad_worker.py)."""
 import pytest
 
-import ascendc_programs
-import npu_flash_attention_grad_cases
-from npu_sim_cases import case_names, run_module
+from test.npu import ascendc_programs
+from test.npu import flash_attention_grad_worker as WORKER
+from test.npu.runner import case_names
 
 TILING = "ascendc/kernels/attention/flash_attention_score_grad_tiling.cpp"
 KERNEL = "ascendc/kernels/attention/flash_attention_score_grad_kernel.cpp"
@@ -24,11 +24,6 @@ def test_kernel_host_program_vs_float64():
     assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
 
 
-@pytest.fixture(scope="module")
-def results():
-    return run_module("npu_flash_attention_grad_cases")
-
-
-@pytest.mark.parametrize("case", case_names(npu_flash_attention_grad_cases))
+@pytest.mark.parametrize("case", case_names(WORKER))
 def test_flash_attention_grad_on_npu(results, case):
     assert results.get(case) == "ok", results.get(case, "did not run")

@@ -1,11 +1,11 @@
 """MoE gating top-k softmax on the NPU backend: the host tiling unit test and the tikicpulib-style kernel program
 (torch-free C++, ascendc/tests/), and the op on the simulated npu device against the CPU backend
-(npu_moe_gating_cases.py, run in a child process)."""
+(moe_gating_worker.py, run in a child process)."""
 import pytest
 
-import npu_moe_gating_cases
-from ascendc_programs import build, run
-from npu_sim_cases import case_names, run_module
+from test.npu import moe_gating_worker as WORKER
+from test.npu.ascendc_programs import build, run
+from test.npu.runner import case_names
 
 TILING = "ascendc/kernels/moe/moe_gating_top_k_softmax_tiling.cpp"
 KERNEL = "ascendc/kernels/moe/moe_gating_top_k_softmax_kernel.cpp"
@@ -24,11 +24,6 @@ def test_kernel_against_float64_reference():
     _passes("moe_gating_kernel_test", ["ascendc/tests/moe_gating_kernel_test.cpp", KERNEL, TILING])
 
 
-@pytest.fixture(scope="module")
-def results():
-    return run_module("npu_moe_gating_cases")
-
-
-@pytest.mark.parametrize("case", case_names(npu_moe_gating_cases))
+@pytest.mark.parametrize("case", case_names(WORKER))
 def test_moe_gating_on_npu(results, case):
     assert results.get(case) == "ok", results.get(case, "did not run")

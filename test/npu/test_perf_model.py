@@ -3,16 +3,13 @@ runtime-produced counters, the analytic FlashAttention counts, the attention mem
 ranking. Every time here is a model prediction; nothing is timed."""
 import math
 import os
-import sys
 
 import pytest
 
+from test.npu import ascendc_programs
+from test.npu import perf_model_worker as WORKER
+from test.npu.runner import case_names
 from torch_ops_transformer import npu_perf_model as m
-
-sys.path.insert(0, os.path.dirname(__file__))
-import ascendc_programs  # noqa: E402
-import npu_model_cases  # noqa: E402
-from npu_sim_cases import case_names, run_module  # noqa: E402
 
 HW = m.Ascend910B()
 GHZ = HW.clock_hz
@@ -281,11 +278,6 @@ def test_bench_quick_prints_predictions_beside_the_seed(monkeypatch, capsys):
     assert "predicted winner:" in out and "354 TFLOP/s" in out
 
 
-@pytest.fixture(scope="module")
-def npu_results():
-    return run_module("npu_model_cases")
-
-
-@pytest.mark.parametrize("case", case_names(npu_model_cases))
-def test_bench_path_on_the_simulated_npu(npu_results, case):
-    assert npu_results.get(case) == "ok", npu_results.get(case, "did not run")
+@pytest.mark.parametrize("case", case_names(WORKER))
+def test_bench_path_on_the_simulated_npu(results, case):
+    assert results.get(case) == "ok", results.get(case, "did not run")

@@ -2,20 +2,15 @@
 C++ programs of the rope kernel: tiling unit tests and the tikicpulib-style kernel host program."""
 import pytest
 
-import npu_rope_cases
-from ascendc_programs import build, run
-from npu_sim_cases import case_names, run_module
+from test.npu import rope_worker as WORKER
+from test.npu.ascendc_programs import build, run
+from test.npu.runner import case_names
 
 TILING = ["ascendc/kernels/rope/rotary_position_embedding_tiling.cpp"]
 KERNEL = ["ascendc/kernels/rope/rotary_position_embedding_kernel.cpp"]
 
 
-@pytest.fixture(scope="module")
-def results():
-    return run_module("npu_rope_cases")
-
-
-@pytest.mark.parametrize("case", case_names(npu_rope_cases))
+@pytest.mark.parametrize("case", case_names(WORKER))
 def test_rope_on_npu(results, case):
     assert results.get(case) == "ok", results.get(case, "did not run")
 

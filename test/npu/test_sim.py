@@ -7,19 +7,16 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "npu_sim_worker.py")
-sys.path.insert(0, HERE)
-import npu_sim_worker  # noqa: E402  (only to list its cases; importing it enables nothing)
+from test.common.checkout import ROOT, pythonpath
+from test.npu import sim_worker  # only to list its cases; importing it enables nothing
 
 
 def _run(arg, **env):
     full_env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
     full_env.update(env)
-    root = os.path.dirname(HERE)
-    full_env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    proc = subprocess.run([sys.executable, WORKER, arg], capture_output=True, text=True, env=full_env, cwd=root,
-                          timeout=300)
+    full_env["PYTHONPATH"] = pythonpath()
+    proc = subprocess.run([sys.executable, "-m", "test.npu.sim_worker", arg], capture_output=True, text=True,
+                          env=full_env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, f"worker {arg} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout.strip().splitlines()[-1]
 
@@ -29,7 +26,7 @@ def case_results():
     return json.loads(_run("cases"))
 
 
-CASES = sorted(n for n in dir(npu_sim_worker) if n.startswith("case_"))
+CASES = sorted(n for n in dir(sim_worker) if n.startswith("case_"))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -37,7 +34,7 @@ def test_on_simulated_npu(case_results, case):
     assert case_results.get(case) == "ok", case_results.get(case, f"{case} did not run")
 
 
-@pytest.mark.parametrize("scenario", sorted(npu_sim_worker.SCENARIOS))
+@pytest.mark.parametrize("scenario", sorted(sim_worker.SCENARIOS))
 def test_scenario(scenario):
     env = {"TOT_NPU_SIM": "1"} if scenario == "environment_variable" else {}
     assert _run(scenario, **env) == "ok"

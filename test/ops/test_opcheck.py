@@ -1,23 +1,27 @@
 """torch.library.opcheck (schema, autograd registration, fake tensor, AOT dispatch with dynamic shapes) for every
-op of native_functions.yaml marked opcheck-tested, read from torch_ops_transformer.OPS."""
-import glob
-import importlib
-import os
-
+op of native_functions.yaml marked opcheck-tested, read from torch_ops_transformer.OPS. The cases come from each
+family's case-builder module (<family folder>/*_cases.py), listed in CASE_MODULES."""
 import pytest
 import torch
 
+from test.attention import attention_cases
+from test.inference import incre_cases, prefill_cases
+from test.kv_cache import kv_cache_cases
+from test.mc2 import mc2_cases
+from test.moe import grouped_matmul_cases, routing_cases
+from test.rope import rope_cases
 from torch_ops_transformer import OPS as REGISTRY
 
 OPS = torch.ops.npu_fa
+CASE_MODULES = (attention_cases, grouped_matmul_cases, incre_cases, kv_cache_cases, mc2_cases, routing_cases,
+                prefill_cases, rope_cases)
 
 
 def _collect_cases():
-    """OPCHECK_CASES of every test/*_cases.py module: {op: {case name: () -> (args, kwargs)}}."""
+    """OPCHECK_CASES of every module of CASE_MODULES: {op: {case name: () -> (args, kwargs)}}."""
     cases = {}
-    for path in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "*_cases.py"))):
-        module = importlib.import_module(os.path.splitext(os.path.basename(path))[0])
-        for op, by_name in getattr(module, "OPCHECK_CASES", {}).items():
+    for module in CASE_MODULES:
+        for op, by_name in module.OPCHECK_CASES.items():
             cases.setdefault(op, {}).update(by_name)
     return cases
 

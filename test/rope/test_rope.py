@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
-from reference import DTYPES
+from test.common.reference import DTYPES
 
 OPS = torch.ops.npu_fa
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float64: 1e-12}

@@ -1,12 +1,8 @@
 """tools/ascendc/check_signatures.py without an asc-devkit checkout: every Ascend C API our kernels call is listed
 in ascendc/cpu_runtime/SIGNATURES.md (with its docs page), and the check itself notices an unlisted one."""
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools", "ascendc"))
-
-import check_signatures  # noqa: E402
+from tools.ascendc import check_signatures
 
 
 def test_every_kernel_api_is_listed():

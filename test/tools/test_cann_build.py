@@ -5,15 +5,13 @@ toolchain cannot run here (docs/ascendc_cann_build.md says how to verify it on a
 import json
 import os
 import subprocess
-import sys
 import sysconfig
 import types
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from tools import cann_build as cann  # noqa: E402
+from test.common.checkout import ROOT
+from tools import cann_build as cann
 
 
 def fake_toolkit(base, layout="compiler"):
