@@ -1,6 +1,6 @@
-"""Pytest side of runner_worker.py: run a worker module's cases once in a child process and report each case as a
-test. The `results` fixture of this folder's conftest.py does it for a test module that sets WORKER:
+"""Pytest side of runner_worker.py: run a case module once in a child process and report each case as a test.
 
+In a test file (the `results` fixture is this folder's conftest.py's: run_module of the test module's WORKER):
     from test.npu import rope_worker as WORKER
     from test.npu.runner import case_names
     @pytest.mark.parametrize("case", case_names(WORKER))

@@ -1,9 +1,8 @@
-"""Run the `case_*` functions of one worker module on the simulated npu device, in this (child) process.
+"""Run the `case_*` functions of one test module on the simulated npu device, in this (child) process.
 
-`python -m test.npu.runner_worker test.npu.<name>_worker` (from the repository root, or with it on PYTHONPATH)
-enables torch_ops_transformer.npu_sim, runs every `case_*` of that module and prints one JSON line
-{case: "ok" | traceback}. Used by runner.run_module: renaming PrivateUse1 to "npu" is permanent for a process, so
-it never happens inside the main pytest session.
+`python -m test.npu.runner_worker <module>` enables torch_ops_transformer.npu_sim, runs every `case_*` of
+<module> (test.npu.*_worker) and prints one JSON line {case: "ok" | traceback}. Used by runner.run_module: renaming
+PrivateUse1 to "npu" is permanent for a process, so it never happens inside the main pytest session.
 """
 import importlib
 import json
