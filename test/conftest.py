@@ -1,17 +1,13 @@
-"""Test setup: import the package of this checkout (not another editable install) and expose tools/ (the generator
-lives at the repository root, outside the package)."""
+"""Global test setup: the package must be this checkout's (not another editable install); pytest's rootdir import
+of the `test` package puts the checkout's root first on sys.path, which also makes tools/ importable. Fixtures of
+one family live in its folder's conftest.py."""
 import os
-import sys
 
 import pytest
+import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if sys.path[0] != ROOT:
-    sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
-
-import torch_ops_transformer  # noqa: E402
+import torch_ops_transformer
+from test.common.checkout import ROOT
 
 assert os.path.dirname(os.path.dirname(os.path.abspath(torch_ops_transformer.__file__))) == ROOT, (
     f"tests must run against this checkout ({ROOT}); imported {torch_ops_transformer.__file__}")

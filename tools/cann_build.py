@@ -7,7 +7,7 @@ the kernels run on the NPU stream. Without them the CPU build of setup.py is unc
 
 Detection never raises: each failure becomes one printed line and the CPU build goes on. `TOT_CANN=0` skips
 detection, `TOT_CANN=1` makes a failed detection an error. The functions take their environment (env dict,
-filesystem root, subprocess runner) as arguments so test/test_cann_build.py drives them with fake toolkits.
+filesystem root, subprocess runner) as arguments so test/tools/test_cann_build.py drives them with fake toolkits.
 """
 import dataclasses
 import glob

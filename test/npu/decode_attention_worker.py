@@ -1,0 +1,154 @@
+"""incre_flash_attention on the simulated npu device (Ascend C decode kernel), run by test_decode_attention.py
+through runner_worker (sim enabled; tensors `.to("npu")`).
+
+Each case builds inputs with incre_cases.build, runs the op on npu and on CPU, and checks the npu result against
+the float64 reference with the project's rule twice: against plain PyTorch in the same dtype and against the CPU
+backend of the op. Sizes are small: the CPU runtime executes the kernel's vector instructions element by element.
+Most cases have few (batch, KV head) pairs and so run the split-KV path (partials + SyncAll + merge);
+`case_no_split_many_pairs` covers the single-pass path.
+"""
+from dataclasses import replace
+
+import torch
+
+from test.inference.incre_cases import DTYPES, OPS, Case, build, reference
+from test.common.reference import check_tolerance
+
+
+def _npu(x):
+    return x.to("npu") if isinstance(x, torch.Tensor) else x
+
+
+def _compare(c: Case, seed: int = 0):
+    inp = build(c, seed)
+    out = OPS.incre_flash_attention(*[_npu(a) for a in inp.args])
+    assert out.device.type == "npu" and out.shape == inp.args[0].shape and out.dtype == DTYPES[c.dtype]
+    ours = out.cpu().reshape(c.batch, c.q_heads, c.head_dim)
+    cpu = OPS.incre_flash_attention(*inp.args).reshape(c.batch, c.q_heads, c.head_dim)
+    ref64 = reference(inp, c)
+    check_tolerance(f"{c} vs torch", ours, ref64, reference(inp, c, dtype=DTYPES[c.dtype]))
+    check_tolerance(f"{c} vs CPU backend", ours, ref64, cpu)
+    for b, length in enumerate(inp.lens):
+        if length == 0:
+            assert (ours[b] == 0).all(), f"{c}: sequence {b} has length 0 but a nonzero output"
+
+
+def _each_dtype(c: Case):
+    for dt in DTYPES:
+        _compare(replace(c, dtype=dt))
+
+
+# ---- contiguous cache: three layouts, ragged lengths (0, 1, tile tails), GQA groups, D tails ----
+
+def case_contiguous_bsh_gqa2_ragged_dtail():
+    _each_dtype(Case(layout="BSH", batch=3, q_heads=4, kv_heads=2, head_dim=40, kv_len=45, lens=(37, 0, 1)))
+
+
+def case_contiguous_bsnd_gqa4_padding():
+    _each_dtype(Case(layout="BSND", batch=2, q_heads=8, kv_heads=2, head_dim=16, kv_len=50, lens=(33, 17),
+                     padding=5))
+
+
+def case_contiguous_bnsd_mha_full_length():
+    _each_dtype(Case(layout="BNSD", batch=2, q_heads=2, kv_heads=2, head_dim=24, kv_len=70))
+
+
+def case_contiguous_mqa_head_dim_128():
+    _compare(Case(layout="BSH", batch=1, q_heads=4, kv_heads=1, head_dim=128, kv_len=150, lens=(149,),
+                  dtype="fp16"))
+
+
+def case_no_split_many_pairs():
+    # 13 batches x 2 KV heads = 26 (b, n2) pairs > 48 / 2: one task per pair, no KV split.
+    _compare(Case(layout="BSH", batch=13, q_heads=4, kv_heads=2, head_dim=8, kv_len=20,
+                  lens=tuple(range(0, 20, 3)) + tuple(range(1, 19, 3)), dtype="bf16"))
+
+
+# ---- paged cache: block sizes 16 and 128, both cache layouts ----
+
+def case_paged16_bsh_ragged():
+    _each_dtype(Case(layout="BSH", batch=3, q_heads=4, kv_heads=2, head_dim=20, kv_len=64, block=16,
+                     lens=(17, 0, 63)))
+
+
+def case_paged16_bsnd_gqa4_length1():
+    _compare(Case(layout="BSND", batch=2, q_heads=8, kv_heads=2, head_dim=32, kv_len=48, block=16, lens=(1, 48),
+                  dtype="bf16"))
+
+
+def case_paged16_bnsd_4d():
+    _each_dtype(Case(layout="BNSD", batch=2, q_heads=4, kv_heads=2, head_dim=16, kv_len=64, block=16,
+                     lens=(31, 50), paged_4d=True))
+
+
+def case_paged128_bsh_split():
+    _each_dtype(Case(layout="BSH", batch=1, q_heads=2, kv_heads=1, head_dim=16, kv_len=384, block=128,
+                     lens=(300,)))
+
+
+def case_paged128_bnsd_4d_tails():
+    _compare(Case(layout="BNSD", batch=2, q_heads=4, kv_heads=2, head_dim=64, kv_len=256, block=128,
+                  lens=(129, 255), paged_4d=True, dtype="fp16"))
+
+
+def case_big_gqa_group_in_chunks():
+    # 64 query heads on one KV head with D=256 do not fit UB at once: the kernel takes the group in chunks.
+    _compare(Case(layout="BNSD", batch=1, q_heads=64, kv_heads=1, head_dim=256, kv_len=20, lens=(19,),
+                  dtype="bf16"))
+
+
+# ---- combinations the kernel leaves to the CPU kernel (atten_mask, pse_shift): still right on npu ----
+
+def case_fallback_mask_and_pse():
+    _compare(Case(layout="BSND", batch=2, q_heads=4, kv_heads=2, head_dim=16, kv_len=32, lens=(20, 9),
+                  mask="B1S", pse="BN1S", dtype="fp16"))
+    _compare(Case(layout="BSH", batch=2, q_heads=4, kv_heads=2, head_dim=16, kv_len=64, block=16, lens=(40, 3),
+                  mask="BS"))
+
+
+# ---- bad inputs: the same errors as the CPU op ----
+
+def _error(args):
+    try:
+        OPS.incre_flash_attention(*args)
+    except Exception as e:  # noqa: BLE001 - compared below
+        return type(e), str(e).split("\n")[0]
+    raise AssertionError("no error raised")
+
+
+def _same_error(args, expect):
+    cpu = _error(args)
+    npu = _error([_npu(a) for a in args])
+    assert expect in cpu[1], cpu
+    assert cpu == npu, f"CPU raised {cpu}, npu raised {npu}"
+
+
+def case_errors_bad_block_table_identical_to_cpu():
+    c = Case(layout="BSH", kv_len=64, block=16, lens=(50, 20, 0))
+    args = list(build(c).args)
+    table = args[6].clone()
+    table[1, 1] = args[1].shape[0]
+    _same_error(args[:6] + [table] + args[7:], "out of range")
+    table = args[6].clone()
+    table[1, 1] = -1
+    _same_error(args[:6] + [table] + args[7:], "out of range")
+    table = args[6].clone()
+    table[1, 0] = table[0, 2]
+    _same_error(args[:6] + [table] + args[7:], "two live")
+    _same_error(args[:6] + [args[6][:2]] + args[7:], "block_table")
+    _same_error(args[:6] + [args[6].float()] + args[7:], "block_table")
+    _same_error(args[:12] + [24] + args[13:], "block_size")
+    _same_error(args[:5] + [None] + args[6:], "actual_seq_lengths")
+    _same_error(args[:5] + [torch.tensor([50, 20, 65])] + args[6:], "actual_seq_lengths")
+
+
+def case_kernel_runs_not_the_cpu_fallback():
+    # Deterministic proxy for "which path ran": the Ascend C kernel sums in another order than the CPU kernel, so
+    # its fp32 result differs in the last bits; the atten_mask fallback runs the CPU kernel itself (bit-identical).
+    def both(c):
+        inp = build(c)
+        return OPS.incre_flash_attention(*[_npu(a) for a in inp.args]).cpu(), OPS.incre_flash_attention(*inp.args)
+    npu, cpu = both(Case(layout="BNSD", batch=3, q_heads=8, kv_heads=2, head_dim=64, kv_len=100, lens=(99, 50, 7)))
+    assert not torch.equal(npu, cpu) and torch.allclose(npu, cpu, rtol=1e-5, atol=1e-5)
+    npu, cpu = both(Case(layout="BSH", batch=2, q_heads=4, kv_heads=2, head_dim=16, kv_len=32, lens=(20, 9), mask="BS"))
+    assert torch.equal(npu, cpu)

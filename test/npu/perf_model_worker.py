@@ -1,0 +1,65 @@
+"""Cases for test_perf_model.py run on the simulated npu device (child process, see runner.py): the
+bench's path from the extension's counter hooks to a prediction."""
+import ctypes
+
+from torch_ops_transformer import npu_perf_model as pm
+from torch_ops_transformer.bench import npu_model
+
+SHAPE = pm.AttentionShape(batch=1, heads=2, seq=256, head_dim=64)
+
+
+class FakeHooks:
+    """Stands in for the extension's three C functions; answers with the analytic counters of the last blocks."""
+
+    def __init__(self):
+        self.blocks, self.count_only, self.calls = (0, 0), 0, []
+
+    def tot_ascendc_set_flash_attention_blocks(self, s1, s2):
+        self.blocks = (s1, s2)
+        self.calls.append(("blocks", s1, s2))
+
+    def tot_ascendc_set_count_only(self, on):
+        self.count_only = on
+        self.calls.append(("count_only", on))
+
+    def tot_ascendc_last_stats(self, buf, max_cores):
+        recs = pm.fa_forward_counts(self.shape, *self.blocks)
+        for i, r in enumerate(recs[:max_cores]):
+            row = [0 if r.core_type == pm.AIC else 1, r.block_idx, r.gm_read_bytes, r.gm_write_bytes, r.cube_macs,
+                   r.vector_elements, r.vector_repeats, r.copies]
+            for j, x in enumerate(row):
+                buf[8 * i + j] = x
+        return len(recs)
+
+
+def case_simulated_path_parses_and_scales():
+    fake = FakeHooks()
+    fake.shape = pm.AttentionShape(batch=1, heads=1, seq=256, head_dim=64)
+    full = pm.AttentionShape(batch=2, heads=3, seq=256, head_dim=64)
+    preds = npu_model.predict_blocks(full, pm.Ascend910B(), fake, sim_shape=fake.shape)
+    # the hooks were driven in order and reset afterwards
+    assert fake.calls[:2] == [("blocks", 64, 64), ("count_only", 1)] and fake.calls[-2:] == [
+        ("count_only", 0), ("blocks", 0, 0)]
+    analytic = npu_model.predict_blocks(full, pm.Ascend910B())
+    for b, res in preds.items():
+        waves = pm.fa_tasks_per_aiv(full, b) / pm.fa_tasks_per_aiv(fake.shape, b)
+        assert res.pred.scale == waves and "simulated kernel (1 heads" in res.source
+        assert res.gm_bytes == analytic[b].gm_bytes  # traffic scales with the heads exactly
+
+
+def case_real_hooks_or_a_clear_note():
+    lib, why = npu_model.runtime_hooks()
+    if lib is None:  # the FlashAttention kernel is not built into this extension: the bench says so
+        assert "does not export" in why and "tot_ascendc_last_stats" in why
+        return
+    for block in (64, 128):
+        sim = npu_model.simulated_fa_counts(lib, SHAPE, block, block)
+        key = lambda r: (r.core_type, r.block_idx)  # noqa: E731
+        ana = sorted(pm.fa_forward_counts(SHAPE, block, block), key=key)
+        sim = sorted(sim, key=key)
+        assert [key(r) for r in sim] == [key(r) for r in ana]
+        for x, y in zip(sim, ana):
+            assert (x.gm_read_bytes, x.gm_write_bytes, x.cube_macs, x.copies) == \
+                (y.gm_read_bytes, y.gm_write_bytes, y.cube_macs, y.copies)
+    buf = (ctypes.c_ulonglong * 8)()
+    assert lib.tot_ascendc_last_stats(buf, 1) > 1  # counts every core, writes at most one row

@@ -1,0 +1,27 @@
+"""Pytest side of runner_worker.py: run a case module once in a child process and report each case as a test.
+
+In a test file (the `results` fixture is this folder's conftest.py's: run_module of the test module's WORKER):
+    from test.npu import rope_worker as WORKER
+    from test.npu.runner import case_names
+    @pytest.mark.parametrize("case", case_names(WORKER))
+    def test_rope_on_npu(results, case): assert results.get(case) == "ok", results.get(case, "did not run")
+"""
+import json
+import os
+import subprocess
+import sys
+
+from test.common.checkout import ROOT, pythonpath
+
+
+def case_names(module):
+    return sorted(n for n in dir(module) if n.startswith("case_"))
+
+
+def run_module(module_name, timeout=900):
+    env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
+    env["PYTHONPATH"] = pythonpath()
+    proc = subprocess.run([sys.executable, "-m", "test.npu.runner_worker", module_name],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    assert proc.returncode == 0, f"runner_worker {module_name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])

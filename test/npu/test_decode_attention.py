@@ -1,0 +1,33 @@
+"""The Ascend C decode-attention kernel (incre_flash_attention on the npu device): its host tiling unit test and
+its tikicpulib-style host program (both torch-free C++ under ascendc/tests), and npu-vs-CPU cases on the
+simulated device (decode_attention_worker.py, run in a child process)."""
+import pytest
+
+from test.npu import ascendc_programs
+from test.npu import decode_attention_worker as WORKER
+from test.npu.runner import case_names
+
+TILING = "ascendc/kernels/inference/incre_flash_attention_tiling.cpp"
+KERNEL = "ascendc/kernels/inference/incre_flash_attention_kernel.cpp"
+
+
+def _run_program(name, sources):
+    exe = ascendc_programs.build(name, sources)
+    res = ascendc_programs.run(exe)
+    assert res.returncode == 0 and "PASS" in res.stdout, f"{name}:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
+    return res.stdout
+
+
+def test_tiling_program():
+    _run_program("incre_flash_attention_tiling_test", ["ascendc/tests/incre_flash_attention_tiling_test.cpp", TILING])
+
+
+def test_kernel_host_program_vs_float64():
+    out = _run_program("incre_flash_attention_kernel_test",
+                       ["ascendc/tests/incre_flash_attention_kernel_test.cpp", KERNEL, TILING])
+    assert "splits=3" in out and "chunk=32" in out  # the forced-split and chunked-group cases ran as intended
+
+
+@pytest.mark.parametrize("case", case_names(WORKER))
+def test_decode_attention_on_npu(results, case):
+    assert results.get(case) == "ok", results.get(case, "did not run")

@@ -1,0 +1,1 @@
+"""Rotary position embedding ops and wrappers. Case builders: rope_cases.py."""
