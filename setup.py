@@ -29,7 +29,8 @@ for rel in generate(ROOT):
 
 
 # Per-instruction-set kernels: every `*_isa.cpp` is compiled once per entry with the flags ATen uses for the same
-# capability, into objects linked into _C; ops pick one at run time from at::get_cpu_capability().
+# capability, into objects linked into _C (as objects, not an archive, so the linker keeps their static registrations);
+# ops call them through the stubs of aten_ops/cpu/isa_dispatch.h.
 ISA_FLAGS = {
     "DEFAULT": [],
     "AVX2": ["-mavx2", "-mfma", "-mf16c", "-mbmi2"],

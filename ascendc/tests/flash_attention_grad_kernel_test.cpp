@@ -1,6 +1,7 @@
 // Host program (CANN CPU-debug style: GmAlloc, SetKernelMode(MIX_MODE), ICPU_RUN_KF) for the FlashAttention backward
 // kernel: small GQA problems with tails, a causal band or a bool mask, checked against a float64 reference of the
-// forward statistics and of the gradients. Prints one "case ... max_err ... ok|FAIL" line per case; exit 1 on failure.
+// forward statistics and of the gradients. Prints one "case ... max_err ... ok|FAIL" line per case; reports through
+// test_main.h.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +10,7 @@
 
 #include "tikicpulib.h"
 #include "attention/flash_attention_score_grad_tiling.h"
+#include "test_main.h"
 
 extern "C" __global__ __aicore__ void flash_attention_score_grad(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR dy,
                                                                  GM_ADDR atten_mask, GM_ADDR softmax_max,
@@ -176,12 +178,11 @@ int main() {
       {"fp16_mask_gqa1", 2, 2, 1, 20, 33, 16, FagDtype::FP16, 0, true, 2, 0, 0},
       {"bf16_causal2", 1, 2, 2, 19, 19, 40, FagDtype::BF16, 2, false, 1, 16, 16},
   };
-  bool ok = true;
+  int failed = 0;
   for (const Case& c : cases) {
-    if (c.dtype == FagDtype::FP32) ok = RunCase<float>(c) && ok;
-    else if (c.dtype == FagDtype::FP16) ok = RunCase<half>(c) && ok;
-    else ok = RunCase<bfloat16_t>(c) && ok;
+    if (c.dtype == FagDtype::FP32) failed += !RunCase<float>(c);
+    else if (c.dtype == FagDtype::FP16) failed += !RunCase<half>(c);
+    else failed += !RunCase<bfloat16_t>(c);
   }
-  std::printf(ok ? "ALL OK\n" : "FAILED\n");
-  return ok ? 0 : 1;
+  return tot_test::Finish(failed, int(sizeof(cases) / sizeof(cases[0])), "cases");
 }

@@ -1,7 +1,7 @@
 // Host program for the FlashAttention forward kernel, tikicpulib style (GmAlloc, SetKernelMode(MIX_MODE),
 // ICPU_RUN_KF): the same program builds against CANN's tikicpulib. Compares out / softmax_max / softmax_sum with a
 // float64 reference for a few small cases (GQA, tails, head dim not a multiple of 16, causal band, bool mask,
-// fp16 / bf16 / fp32). Prints one line per case and "ALL OK" when every case passes.
+// fp16 / bf16 / fp32). Prints one line per case; reports through test_main.h.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +11,7 @@
 
 #include "tikicpulib.h"
 #include "attention/flash_attention_score_tiling.h"
+#include "test_main.h"
 
 extern "C" __global__ __aicore__ void flash_attention_score(GM_ADDR query, GM_ADDR key, GM_ADDR value,
                                                             GM_ADDR atten_mask, GM_ADDR attention_out,
@@ -123,7 +124,7 @@ int main() {
       {"fp32_mask_mqa_auto", FA_FLOAT32, 2, 2, 2, 20, 37, 16, 16, 1, -inf, inf, 0, 0},
       {"fp16_causal_top_left_mask", FA_FLOAT16, 2, 2, 1, 40, 40, 64, 64, 1, -inf, 0, 16, 64},
   };
-  bool all = true;
+  int failed = 0;
   for (const Case& c : cases) {
     bool ok = false;
     try {
@@ -133,8 +134,7 @@ int main() {
     } catch (const std::exception& e) {
       std::printf("%s: kernel check failed: %s\n", c.name, e.what());
     }
-    all = all && ok;
+    failed += !ok;
   }
-  std::printf(all ? "ALL OK\n" : "SOME FAILED\n");
-  return all ? 0 : 1;
+  return tot_test::Finish(failed, int(sizeof(cases) / sizeof(cases[0])), "cases");
 }

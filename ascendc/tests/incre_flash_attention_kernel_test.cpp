@@ -2,7 +2,7 @@
 // kernel, checked against a float64 reference computed here from the same (rounded) inputs. Covers fp16/bf16/fp32,
 // contiguous caches with row stride N2*D (BSH/BSND) and D (BNSD), paged caches in both layouts with block sizes 16
 // and 128, ragged lengths (0, 1, tails of tiles and blocks), kv padding, GQA groups 1/2/4 and chunked groups, D not
-// a multiple of 32 bytes, and split-KV (automatic and forced). Prints "PASS <n>" or "FAIL ..." lines.
+// a multiple of 32 bytes, and split-KV (automatic and forced). Prints one line per case; reports through test_main.h.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +12,7 @@
 
 #include "tikicpulib.h"
 #include "inference/incre_flash_attention_tiling.h"
+#include "test_main.h"
 
 extern "C" void incre_flash_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR block_table,
                                       GM_ADDR seq_info, GM_ADDR out, GM_ADDR workspace, GM_ADDR tiling);
@@ -145,7 +146,5 @@ int main() {
   };
   int failed = 0;
   for (const Case& c : cases) failed += Run(c) ? 0 : 1;
-  if (failed) { std::printf("FAILED %d of %zu cases\n", failed, cases.size()); return 1; }
-  std::printf("PASS %zu cases\n", cases.size());
-  return 0;
+  return tot_test::Finish(failed, int(cases.size()), "cases");
 }

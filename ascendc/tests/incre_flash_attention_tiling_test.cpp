@@ -1,25 +1,18 @@
 // Unit tests of the decode-attention tiling (pure host C++): UB budget, tile sizes and tails, the split-KV
 // decision, and that the core split covers every (batch, KV head, KV range) and every merge row exactly once.
-// Prints "PASS <n>" / "FAIL ..." lines; exits non-zero on any failure.
+// Reports through test_main.h.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "inference/incre_flash_attention_tiling.h"
+#include "test_main.h"
 
 using namespace tot_ascendc;
 
 namespace {
 
-int g_failures = 0, g_checks = 0;
-
-void Check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_failures;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
+using tot_test::Check;
 
 DecodeShape Shape(uint32_t b, uint32_t n1, uint32_t n2, uint32_t d, DecodeDtype dt, bool paged, uint32_t bs,
                   uint32_t blocks_or_s) {
@@ -130,10 +123,5 @@ int main() {
     Check(!IncreFlashAttentionTilingFn(Shape(1, 4, 3, 64, DecodeDtype::FP32, false, 0, 64), Ascend910B(), t).empty(),
           "q_heads not a multiple of kv_heads is rejected");
   }
-  if (g_failures) {
-    std::printf("FAILED %d of %d checks\n", g_failures, g_checks);
-    return 1;
-  }
-  std::printf("PASS %d checks\n", g_checks);
-  return 0;
+  return tot_test::FinishChecks();
 }

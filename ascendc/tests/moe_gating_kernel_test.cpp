@@ -1,7 +1,7 @@
 // tikicpulib-style host program for the moe_gating_top_k_softmax Ascend C kernel: GmAlloc'd arguments, host
 // tiling, SetKernelMode(AIV_MODE), ICPU_RUN_KF, then a float64 C++ reference. Indices must be equal (ties to the
 // lower expert; -inf logits; finished rows -> E; row_idx = j*N + i); y within a few units in the last place of
-// its dtype; the V2 fp32 softmax within 1e-6. Prints "PASS <cases>" or the failures.
+// its dtype; the V2 fp32 softmax within 1e-6. Prints the failures; reports through test_main.h.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +11,7 @@
 
 #include "tikicpulib.h"
 #include "moe/moe_gating_top_k_softmax_tiling.h"
+#include "test_main.h"
 
 extern "C" __global__ __aicore__ void moe_gating_top_k_softmax_kernel(GM_ADDR x, GM_ADDR finished, GM_ADDR y,
                                                                       GM_ADDR expertIdx, GM_ADDR rowIdx,
@@ -197,10 +198,5 @@ int main() {
       std::printf("FAIL %s/%s: %s\n", names[int(c.dtype)], c.name, err.c_str());
     }
   }
-  if (failed) {
-    std::printf("FAILED %d of %zu cases\n", failed, cases.size());
-    return 1;
-  }
-  std::printf("PASS %zu cases\n", cases.size());
-  return 0;
+  return tot_test::Finish(failed, int(cases.size()), "cases");
 }

@@ -1,24 +1,13 @@
 // Unit test of the moe_gating_top_k_softmax host tiling: UB budget, core split (every row once), tiles and tails,
-// buffer count, strides, and the error for a row that cannot fit. Prints "PASS <n checks>" or the failures.
+// buffer count, strides, and the error for a row that cannot fit. Reports through test_main.h.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "moe/moe_gating_top_k_softmax_tiling.h"
+#include "test_main.h"
 
 using namespace tot_ascendc;
-
-static int g_checks = 0, g_failures = 0;
-#define CHECK(cond, ...)                                                   \
-  do {                                                                     \
-    ++g_checks;                                                            \
-    if (!(cond)) {                                                         \
-      ++g_failures;                                                        \
-      std::printf("FAIL %s:%d: %s | ", __FILE__, __LINE__, #cond);         \
-      std::printf(__VA_ARGS__);                                            \
-      std::printf("\n");                                                   \
-    }                                                                      \
-  } while (0)
 
 static MoeGatingTopKSoftmaxShape Shape(int64_t n, int64_t e, int64_t k, GatingDtype d, bool fin = true,
                                        bool sm = false, int64_t renorm = 0) {
@@ -144,10 +133,5 @@ int main() {
     CHECK(!MoeGatingTopKSoftmaxTilingFor(Shape(4, 2000, 1025, GatingDtype::kFloat32), Ascend910B(), &t).empty(),
           "k > 1024");
   }
-  if (g_failures) {
-    std::printf("FAILED %d of %d checks\n", g_failures, g_checks);
-    return 1;
-  }
-  std::printf("PASS %d checks\n", g_checks);
-  return 0;
+  return tot_test::FinishChecks();
 }

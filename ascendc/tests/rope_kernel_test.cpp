@@ -2,7 +2,7 @@
 // ICPU_RUN_KF), checked against a float64 reference of the CPU op's formula. Covers both modes, forward and dx,
 // fp32 / fp16 / bf16 x with cos/sin of x's dtype or fp32, D in {2, 6, 8, 64, 128}, row counts that are not
 // multiples of the tile or of the core count, and the broadcast patterns of the tiling (outer x table x repeat).
-// Prints "PASS <cases>" and exits 0, or the failing cases and exits 1.
+// Prints the failing cases; reports through test_main.h.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "rope/rotary_position_embedding_tiling.h"
+#include "test_main.h"
 #include "tikicpulib.h"
 
 extern "C" __global__ __aicore__ void rotary_position_embedding_kernel(GM_ADDR x, GM_ADDR cos, GM_ADDR sin,
@@ -181,10 +182,5 @@ int main() {
       }
   int failed = 0;
   for (const Case& c : cases) failed += !RunCase(c, rng);
-  if (failed) {
-    std::printf("FAILED %d of %zu cases\n", failed, cases.size());
-    return 1;
-  }
-  std::printf("PASS %zu\n", cases.size());
-  return 0;
+  return tot_test::Finish(failed, int(cases.size()), "cases");
 }

@@ -1,26 +1,19 @@
 // Unit tests of the rotary position embedding host tiling (torch-free): UB budget, core split, tiles and tails,
 // the cos/sin rows a tile can touch, the broadcast pattern, and the errors for impossible input.
-// Prints "PASS <checks>" and exits 0, or prints every failed check and exits 1.
+// Reports through test_main.h.
 #include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "rope/rotary_position_embedding_tiling.h"
+#include "test_main.h"
 
 using namespace tot_ascendc;
 
 namespace {
 
-int g_checks = 0, g_failures = 0;
-
-void Check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_failures;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
+using tot_test::Check;
 
 std::string Name(const RopeProblem& p) {
   return std::string(p.is_grad ? "grad " : "") + "rows=" + std::to_string(p.rows) + " D=" + std::to_string(p.d) + " mode=" + std::to_string(p.mode) +
@@ -183,10 +176,5 @@ int main() {
   TestBroadcastPattern();
   TestErrors();
   TestTilings();
-  if (g_failures) {
-    std::printf("FAILED %d of %d checks\n", g_failures, g_checks);
-    return 1;
-  }
-  std::printf("PASS %d\n", g_checks);
-  return 0;
+  return tot_test::FinishChecks();
 }

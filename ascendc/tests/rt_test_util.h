@@ -1,6 +1,7 @@
 // A minimal harness for the CPU runtime's own test programs (ascendc/tests/rt_*.cpp), run from
 // test/test_ascendc_runtime.py. Each RT_TEST(name) is one pytest case: the program prints "PASS name" or
-// "FAIL name: why" per case (all cases, or those named on the command line).
+// "FAIL name: why" per case (all cases, or those named on the command line), then ends like every program here
+// (test_main.h).
 //
 // Kernels here are host lambdas run by one generic kernel entry, so a test states its kernel next to its
 // checks; the runtime cannot tell the difference (it sees an ordinary ICPU_RUN_KF launch).
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "test_main.h"
 #include "tikicpulib.h"
 
 namespace rtt {
@@ -98,11 +100,12 @@ struct Rng {
 };
 
 inline int RunAll(int argc, char** argv) {
-  int failed = 0;
+  int failed = 0, ran = 0;
   for (const Case& c : Cases()) {
     bool wanted = argc <= 1;
     for (int i = 1; i < argc; ++i) wanted |= std::strcmp(argv[i], c.name) == 0;
     if (!wanted) continue;
+    ++ran;
     try {
       c.fn();
       std::printf("PASS %s\n", c.name);
@@ -114,7 +117,7 @@ inline int RunAll(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
-  return failed ? 1 : 0;
+  return tot_test::Finish(failed, ran, "cases");
 }
 
 }  // namespace rtt

@@ -41,3 +41,17 @@ def build(name, sources, flags=()):
 def run(exe, *args, timeout=300):
     """Run a built program; returns CompletedProcess (text)."""
     return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+# The last line of a test program under ascendc/tests that passed (ascendc/tests/test_main.h), with exit status 0.
+PASSED = "ALL TESTS PASSED"
+
+
+def passed(res):
+    lines = res.stdout.strip().splitlines()
+    return res.returncode == 0 and lines[-1:] == [PASSED]
+
+
+def assert_passed(res):
+    """Fails with the program's output unless it exited 0 with PASSED as its last line."""
+    assert passed(res), f"exit {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"

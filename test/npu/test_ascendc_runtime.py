@@ -30,7 +30,8 @@ def _build_and_run(program):
         name, _, why = rest.partition(":")
         if status in ("PASS", "FAIL"):
             results[name.strip()] = "ok" if status == "PASS" else why.strip()
-    if proc.returncode not in (0, 1):  # 1 = some case failed (reported per case); anything else is a crash
+    # A clean run ends with the PASSED line; exit 1 = some case failed (reported per case); anything else is a crash.
+    if not ascendc_programs.passed(proc) and proc.returncode != 1:
         results["__crash__"] = f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return results
 
@@ -54,4 +55,5 @@ def test_runtime_case(results, program, case):
 
 def test_every_case_is_collected(results):
     for program in PROGRAMS:
+        assert "__crash__" not in results[program], results[program]["__crash__"]
         assert set(results[program]) - {"__crash__"} == set(_case_names(program)), program

@@ -14,7 +14,7 @@ KERNEL = "ascendc/kernels/inference/incre_flash_attention_kernel.cpp"
 def _run_program(name, sources):
     exe = ascendc_programs.build(name, sources)
     res = ascendc_programs.run(exe)
-    assert res.returncode == 0 and "PASS" in res.stdout, f"{name}:\n{res.stdout[-4000:]}\n{res.stderr[-2000:]}"
+    ascendc_programs.assert_passed(res)
     return res.stdout
 
 

@@ -14,14 +14,14 @@ def test_tiling_budget_tails_and_split():
     exe = ascendc_programs.build("flash_attention_grad_tiling_test",
                                  ["ascendc/tests/flash_attention_grad_tiling_test.cpp", TILING])
     res = ascendc_programs.run(exe)
-    assert res.returncode == 0 and res.stdout.startswith("ok"), res.stdout + res.stderr
+    ascendc_programs.assert_passed(res)
 
 
 def test_kernel_host_program_vs_float64():
     exe = ascendc_programs.build("flash_attention_grad_kernel_test",
                                  ["ascendc/tests/flash_attention_grad_kernel_test.cpp", KERNEL, TILING])
     res = ascendc_programs.run(exe)
-    assert res.returncode == 0 and "ALL OK" in res.stdout, res.stdout + res.stderr
+    ascendc_programs.assert_passed(res)
 
 
 @pytest.mark.parametrize("case", case_names(WORKER))

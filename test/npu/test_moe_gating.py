@@ -4,7 +4,7 @@
 import pytest
 
 from test.npu import moe_gating_worker as WORKER
-from test.npu.ascendc_programs import build, run
+from test.npu.ascendc_programs import assert_passed, build, run
 from test.npu.runner import case_names
 
 TILING = "ascendc/kernels/moe/moe_gating_top_k_softmax_tiling.cpp"
@@ -12,8 +12,7 @@ KERNEL = "ascendc/kernels/moe/moe_gating_top_k_softmax_kernel.cpp"
 
 
 def _passes(name, sources):
-    res = run(build(name, sources))
-    assert res.returncode == 0 and res.stdout.startswith("PASS"), res.stdout[-4000:] + res.stderr[-4000:]
+    assert_passed(run(build(name, sources)))
 
 
 def test_tiling_budget_split_and_tails():

@@ -3,7 +3,7 @@ C++ programs of the rope kernel: tiling unit tests and the tikicpulib-style kern
 import pytest
 
 from test.npu import rope_worker as WORKER
-from test.npu.ascendc_programs import build, run
+from test.npu.ascendc_programs import assert_passed, build, run
 from test.npu.runner import case_names
 
 TILING = ["ascendc/kernels/rope/rotary_position_embedding_tiling.cpp"]
@@ -16,8 +16,7 @@ def test_rope_on_npu(results, case):
 
 
 def _run_program(name, sources):
-    res = run(build(name, sources))
-    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1].startswith("PASS"), res.stdout + res.stderr
+    assert_passed(run(build(name, sources)))
 
 
 def test_rope_tiling_program():

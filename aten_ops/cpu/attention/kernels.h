@@ -1,10 +1,12 @@
-// The CPU FlashAttention kernels, compiled once per instruction set (see kernels_isa.cpp) and picked at run time
-// by ops.cpp from at::get_cpu_capability(), like ATen's own DispatchStub kernels.
+// The CPU FlashAttention kernels (forward.h, backward.h), compiled once per instruction set by
+// cpu/attention/kernels_isa.cpp and called through the stubs below by cpu/attention/ops.cpp (training) and
+// cpu/inference/prefill.cpp (prefill reuses the forward).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include "common/attention/params.h"
+#include "cpu/isa_dispatch.h"
 
 namespace npu_fa::cpu {
 
@@ -12,7 +14,7 @@ using attention::AttentionInputs;
 using attention::AttentionParams;
 using attention::RowMap;
 
-// Outputs of the forward, allocated by ops.cpp: out in q's layout with vD (contiguous, rows at params.out),
+// Outputs of the forward, allocated by the caller: out in q's layout with vD (contiguous, rows at params.out),
 // softmax_max/softmax_sum fp32 contiguous (rows at params.stats, 8 equal values per row).
 struct ForwardOutputs {
   at::Tensor out, softmax_max, softmax_sum;
@@ -28,14 +30,9 @@ struct BackwardTensors {
   RowMap dq_rows, dk_rows, dv_rows;
 };
 
-#define NPU_FA_DECLARE_ATTENTION_KERNELS(ISA)                                                                  \
-  namespace ISA {                                                                                              \
-  void attention_forward(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o);              \
-  void attention_backward(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t);            \
-  }
-
-NPU_FA_DECLARE_ATTENTION_KERNELS(DEFAULT)
-NPU_FA_DECLARE_ATTENTION_KERNELS(AVX2)
-NPU_FA_DECLARE_ATTENTION_KERNELS(AVX512)
+NPU_FA_DECLARE_ISA_STUB(attention_forward_stub, void (*)(const AttentionParams&, const AttentionInputs&,
+                                                          ForwardOutputs&));
+NPU_FA_DECLARE_ISA_STUB(attention_backward_stub, void (*)(const AttentionParams&, const AttentionInputs&,
+                                                           BackwardTensors&));
 
 }  // namespace npu_fa::cpu

@@ -1,5 +1,6 @@
-// Compiled three times by setup.py, once per instruction set, with -DCPU_CAPABILITY=<ISA> and that ISA's flags
-// (the flags ATen uses for its own per-ISA kernels), so at::vec::Vectorized has the right width in each copy.
+// The FlashAttention forward and backward kernels, compiled three times by setup.py, once per instruction set, with
+// -DCPU_CAPABILITY=<ISA> and that ISA's flags (the flags ATen uses for its own per-ISA kernels), so
+// at::vec::Vectorized has the right width in each copy.
 #include "cpu/attention/kernels.h"
 
 #ifndef CPU_CAPABILITY
@@ -8,3 +9,8 @@
 
 #include "cpu/attention/forward.h"
 #include "cpu/attention/backward.h"
+
+namespace npu_fa::cpu::CPU_CAPABILITY {
+NPU_FA_REGISTER_ISA_KERNEL(attention_forward_stub, attention_forward);
+NPU_FA_REGISTER_ISA_KERNEL(attention_backward_stub, attention_backward);
+}  // namespace npu_fa::cpu::CPU_CAPABILITY

@@ -1,8 +1,7 @@
 // CPU entry points of the attention ops declared in native_functions.yaml: validate (shared parser), allocate the
-// outputs, and run the kernel compiled for the best instruction set this CPU has.
+// outputs, and run the kernel compiled for the best instruction set this CPU has (cpu/isa_dispatch.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 
 #include "common/attention/params.h"
 #include "cpu/attention/kernels.h"
@@ -14,35 +13,6 @@ namespace {
 using namespace npu_fa::cpu;
 using attention::AttentionInputs;
 using attention::AttentionParams;
-
-enum class Isa { DEFAULT, AVX2, AVX512 };
-
-// Honours ATEN_CPU_CAPABILITY like ATen's own kernels do.
-Isa best_isa() {
-  static const Isa isa = [] {
-    const std::string c = at::get_cpu_capability();
-    if (c == "AVX512") return Isa::AVX512;
-    if (c == "AVX2") return Isa::AVX2;
-    return Isa::DEFAULT;
-  }();
-  return isa;
-}
-
-void run_forward(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
-  switch (best_isa()) {
-    case Isa::AVX512: return AVX512::attention_forward(p, in, o);
-    case Isa::AVX2: return AVX2::attention_forward(p, in, o);
-    default: return DEFAULT::attention_forward(p, in, o);
-  }
-}
-
-void run_backward(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t) {
-  switch (best_isa()) {
-    case Isa::AVX512: return AVX512::attention_backward(p, in, t);
-    case Isa::AVX2: return AVX2::attention_backward(p, in, t);
-    default: return DEFAULT::attention_backward(p, in, t);
-  }
-}
 
 at::Tensor scalar_long(uint64_t v) { return at::scalar_tensor(static_cast<int64_t>(v), at::kLong); }
 
@@ -65,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   o.out = at::empty(attention::output_shape(p, query), query.options());
   o.softmax_max = at::empty(attention::stats_shape(p, query), query.options().dtype(at::kFloat));
   o.softmax_sum = at::empty_like(o.softmax_max);
-  if (has_work(p)) run_forward(p, in, o);
+  if (has_work(p)) attention_forward_stub(p, in, o);
   return {o.out, o.softmax_max, o.softmax_sum, at::empty({0}, query.options()), scalar_long(p.seed),
           scalar_long(p.offset)};
 }
@@ -98,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   t.dv_rows = attention::row_map(p, t.dv, false, p.v_head_dim);
   if (pse.has_value()) t.dpse = at::empty(pse->sizes(), pse->options());
   if (has_work(p)) {
-    run_backward(p, in, t);
+    attention_backward_stub(p, in, t);
   } else {
     t.dq.zero_();
     t.dk.zero_();

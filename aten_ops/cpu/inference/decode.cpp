@@ -1,25 +1,14 @@
 // CPU entry point of incre_flash_attention (decode attention, CANN IncreFlashAttention): validate every argument,
-// build DecodeParams, and run the kernel compiled for the best instruction set this CPU has.
+// build DecodeParams, and run the kernel compiled for the best instruction set this CPU has (cpu/isa_dispatch.h).
 #include <ATen/ATen.h>
-
-#include <string>
 
 #include "common/inference/decode_params.h"
 #include "cpu/inference/decode_kernels.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
-namespace {
 
 using cpu::DecodeParams;
-void run_decode(const DecodeParams& p, const at::Tensor& q32, const at::Tensor& k, const at::Tensor& v, at::Tensor& out) {
-  static const std::string isa = at::get_cpu_capability();
-  if (isa == "AVX512") return cpu::AVX512::decode_attention(p, q32, k, v, out);
-  if (isa == "AVX2") return cpu::AVX2::decode_attention(p, q32, k, v, out);
-  return cpu::DEFAULT::decode_attention(p, q32, k, v, out);
-}
-
-}  // namespace
 
 at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                      const std::optional<at::Tensor>& atten_mask,
@@ -36,7 +25,7 @@ at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& 
   const int64_t B = p.batch, N1 = p.q_heads;
   const at::Tensor q32 = query.to(at::kFloat).contiguous();  // [B, N1, D] in every layout (Sq = 1), exact
   at::Tensor out = at::empty(query.sizes(), query.options().memory_format(at::MemoryFormat::Contiguous));
-  if (B > 0 && N1 > 0) run_decode(p, q32, in.key, in.value, out);
+  if (B > 0 && N1 > 0) cpu::decode_attention_stub(p, q32, in.key, in.value, out);
   return out;
 }
 

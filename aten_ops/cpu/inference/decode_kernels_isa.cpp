@@ -486,4 +486,6 @@ void decode_attention(const DecodeParams& p, const at::Tensor& q32, const at::Te
   }
 }
 
+NPU_FA_REGISTER_ISA_KERNEL(decode_attention_stub, decode_attention);
+
 }  // namespace npu_fa::cpu::CPU_CAPABILITY

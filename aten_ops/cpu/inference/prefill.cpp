@@ -1,6 +1,6 @@
 // CPU entry points of the inference attention ops: prompt_flash_attention (prefill), fused_infer_attention_score
 // (prefill here, paged decode forwarded to incre_flash_attention) and attention_update (merging partial results).
-// Prefill reuses the FlashAttention forward kernel through the shared AttentionParams.
+// Prefill reuses the FlashAttention forward kernel (cpu/attention/kernels.h) through the shared AttentionParams.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -21,13 +21,6 @@ using namespace npu_fa::cpu;
 using attention::AttentionInputs;
 using attention::PromptArgs;
 using attention::PromptParams;
-
-void run_forward(const attention::AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
-  static const std::string isa = at::get_cpu_capability();
-  if (isa == "AVX512") return AVX512::attention_forward(p, in, o);
-  if (isa == "AVX2") return AVX2::attention_forward(p, in, o);
-  return DEFAULT::attention_forward(p, in, o);
-}
 
 struct Prefill {
   at::Tensor out, softmax_max, softmax_sum;
@@ -52,7 +45,7 @@ Prefill run_prefill(const char* op, const at::Tensor& query, const at::Tensor& k
     o.softmax_max = at::empty(stats, f32);
     o.softmax_sum = at::empty(stats, f32);
   }
-  if (p.batch > 0 && p.q_heads > 0 && p.max_q_len > 0) run_forward(p, in, o);
+  if (p.batch > 0 && p.q_heads > 0 && p.max_q_len > 0) attention_forward_stub(p, in, o);
   return {o.out, o.softmax_max, o.softmax_sum};
 }
 

@@ -8,18 +8,12 @@
 
 #include <cmath>
 #include <limits>
-#include <string>
 
 #include "common/moe/routing.h"
+#include "cpu/moe/gating_kernels.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
-namespace cpu {  // gating_kernels_isa.cpp, one copy per instruction set
-namespace DEFAULT { void moe_softmax_row(float* v, int64_t n); }
-namespace AVX2 { void moe_softmax_row(float* v, int64_t n); }
-namespace AVX512 { void moe_softmax_row(float* v, int64_t n); }
-}  // namespace cpu
-
 namespace {
 
 using moe::acc_t;
@@ -64,7 +58,7 @@ void top_k(const T* v, int64_t E, int64_t k, std::vector<int64_t>& idx, std::vec
   idx.assign(scratch.begin(), scratch.begin() + k);
 }
 
-// fp64 rows (gradcheck) stay scalar; fp32 rows use the vectorised copy for this CPU (gating_kernels_isa.cpp).
+// fp64 rows (gradcheck) stay scalar; fp32 rows use the vectorised copy for this CPU (cpu/moe/gating_kernels.h).
 void softmax_inplace(double* v, int64_t n) {
   double m = -std::numeric_limits<double>::infinity();
   for (int64_t i = 0; i < n; ++i) m = std::max(m, v[i]);
@@ -73,12 +67,7 @@ void softmax_inplace(double* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) v[i] /= s;
 }
 
-void softmax_inplace(float* v, int64_t n) {
-  static const std::string isa = at::get_cpu_capability();
-  if (isa == "AVX512") return cpu::AVX512::moe_softmax_row(v, n);
-  if (isa == "AVX2") return cpu::AVX2::moe_softmax_row(v, n);
-  return cpu::DEFAULT::moe_softmax_row(v, n);
-}
+void softmax_inplace(float* v, int64_t n) { cpu::moe_softmax_row_stub(v, n); }
 
 // Rows per parallel task: ~64K scores, so small gatings (a few thousand rows of 8 experts) run on the calling
 // thread instead of paying a fork/join that costs more than the work.

@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #include "cpu/moe/grouped_matmul_kernels.h"
@@ -26,23 +25,6 @@ namespace npu_fa {
 namespace {
 
 using cpu::Block;
-
-// ---- Element-wise kernels of the running CPU's instruction set. ----
-
-void epilogue(c10::ScalarType dtype, Block pre, Block out, const void* bias, int64_t rows, int64_t cols,
-              int64_t act) {
-  static const std::string isa = at::get_cpu_capability();
-  if (isa == "AVX512") return cpu::AVX512::gmm_epilogue(dtype, pre, out, bias, rows, cols, act);
-  if (isa == "AVX2") return cpu::AVX2::gmm_epilogue(dtype, pre, out, bias, rows, cols, act);
-  return cpu::DEFAULT::gmm_epilogue(dtype, pre, out, bias, rows, cols, act);
-}
-
-void act_backward(c10::ScalarType dtype, const void* grad, const void* pre, void* dst, int64_t n, int64_t act) {
-  static const std::string isa = at::get_cpu_capability();
-  if (isa == "AVX512") return cpu::AVX512::gmm_act_backward(dtype, grad, pre, dst, n, act);
-  if (isa == "AVX2") return cpu::AVX2::gmm_act_backward(dtype, grad, pre, dst, n, act);
-  return cpu::DEFAULT::gmm_act_backward(dtype, grad, pre, dst, n, act);
-}
 
 // ---- Products and their parallel execution. ----
 
@@ -101,8 +83,8 @@ void run_task(const Product& p, const Task& t, int64_t act) {
   }
   if (p.bias == nullptr && act == cpu::kActNone) return;
   at::Tensor out = p.out.narrow(0, t.m0, mt).narrow(1, t.n0, nt);
-  epilogue(pre.scalar_type(), {pre.data_ptr(), pre.stride(0)}, {out.data_ptr(), out.stride(0)},
-           p.bias ? p.bias + t.n0 * (pre.scalar_type() == at::kDouble ? 8 : 4) : nullptr, mt, nt, act);
+  cpu::gmm_epilogue_stub(pre.scalar_type(), {pre.data_ptr(), pre.stride(0)}, {out.data_ptr(), out.stride(0)},
+                         p.bias ? p.bias + t.n0 * (pre.scalar_type() == at::kDouble ? 8 : 4) : nullptr, mt, nt, act);
 }
 
 // Runs every product. One big enough to keep every core busy inside ATen's threaded GEMM runs whole, like a loop of
@@ -352,7 +334,7 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
       TORCH_CHECK(pre.sizes() == go.sizes() && pre.scalar_type() == dtype, op, ": act_input[", i,
                   "] must match grad_out[", i, "] (", go.sizes(), ", ", dtype, "); got ", pre.sizes());
       at::Tensor d = at::empty_like(go);
-      act_backward(dtype, go.data_ptr(), pre.data_ptr(), d.data_ptr(), go.numel(), act_type);
+      cpu::gmm_act_backward_stub(dtype, go.data_ptr(), pre.data_ptr(), d.data_ptr(), go.numel(), act_type);
       go = d;
     }
     g[i] = go;

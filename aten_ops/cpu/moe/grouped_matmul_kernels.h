@@ -1,11 +1,13 @@
 // Element-wise parts of grouped_matmul (bias + activation epilogue, activation gradient), compiled once per
-// instruction set by grouped_matmul_kernels_isa.cpp and picked at run time by grouped_matmul.cpp. The matrix products themselves run on
-// ATen's CPU GEMM (MKL / oneDNN) in grouped_matmul.cpp.
+// instruction set by cpu/moe/grouped_matmul_kernels_isa.cpp and called through the stubs below by
+// cpu/moe/grouped_matmul.cpp. The matrix products themselves run on ATen's CPU GEMM (MKL / oneDNN) there.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+
+#include "cpu/isa_dispatch.h"
 
 namespace npu_fa::cpu {
 
@@ -18,19 +20,12 @@ struct Block {
   int64_t ld = 0;
 };
 
-#define NPU_FA_DECLARE_GMM_KERNELS(ISA)                                                                          \
-  namespace ISA {                                                                                                \
-  /* pre = pre + bias (bias [cols] fp32, fp64 for float64 data, or null); with act != 0 also out = act(pre).    \
-     pre and out may alias only when act == 0. Runs on the calling thread. */                                    \
-  void gmm_epilogue(c10::ScalarType dtype, Block pre, Block out, const void* bias, int64_t rows, int64_t cols,   \
-                    int64_t act);                                                                                \
-  /* dst = grad * act'(pre), all contiguous [n] of `dtype`; parallel over chunks. */                            \
-  void gmm_act_backward(c10::ScalarType dtype, const void* grad, const void* pre, void* dst, int64_t n,           \
-                        int64_t act);                                                                            \
-  }
-
-NPU_FA_DECLARE_GMM_KERNELS(DEFAULT)
-NPU_FA_DECLARE_GMM_KERNELS(AVX2)
-NPU_FA_DECLARE_GMM_KERNELS(AVX512)
+// pre = pre + bias (bias [cols] fp32, fp64 for float64 data, or null); with act != 0 also out = act(pre).
+// pre and out may alias only when act == 0. Runs on the calling thread.
+NPU_FA_DECLARE_ISA_STUB(gmm_epilogue_stub, void (*)(c10::ScalarType dtype, Block pre, Block out, const void* bias,
+                                                     int64_t rows, int64_t cols, int64_t act));
+// dst = grad * act'(pre), all contiguous [n] of `dtype`; parallel over chunks.
+NPU_FA_DECLARE_ISA_STUB(gmm_act_backward_stub, void (*)(c10::ScalarType dtype, const void* grad, const void* pre,
+                                                         void* dst, int64_t n, int64_t act));
 
 }  // namespace npu_fa::cpu

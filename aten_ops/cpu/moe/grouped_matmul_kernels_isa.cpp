@@ -191,4 +191,7 @@ void gmm_act_backward(c10::ScalarType dtype, const void* grad, const void* pre, 
   }
 }
 
+NPU_FA_REGISTER_ISA_KERNEL(gmm_epilogue_stub, gmm_epilogue);
+NPU_FA_REGISTER_ISA_KERNEL(gmm_act_backward_stub, gmm_act_backward);
+
 }  // namespace npu_fa::cpu::CPU_CAPABILITY
