@@ -76,7 +76,7 @@ struct IsaStub<R (*)(Args...)> {
 // (an inline variable), whichever translation units include the header.
 #define NPU_FA_DECLARE_ISA_STUB(stub, fn_ptr_type) inline ::npu_fa::cpu::IsaStub<fn_ptr_type> stub{#stub}
 
-// Once in each *_isa.cpp, at namespace scope (any namespace). The registration is a plain store run by this
+// Once in each *_isa.cpp, in fn's namespace (npu_fa::cpu::CPU_CAPABILITY). The registration is a plain store run by this
 // object's static initialiser: no shared inline code is compiled with this ISA's flags, so nothing built for
 // AVX-512 can run on a CPU without it. The objects are passed to the linker as objects (not an archive), so the
 // initialiser is always kept.
