@@ -58,16 +58,15 @@ def _device_module() -> types.ModuleType:
 
 
 def _install_cpp() -> None:
-    from ._generated.registrations import SIMULATED_NPU_CPU_KERNEL_OPS
+    """Flips the C++ switch: the device, hooks and the npu_fa registrations (the list of ops served by their CPU
+    kernel is generated into the library) are installed by tot_npu_sim_enable."""
     from ._ops_loader import extension_cdll
 
-    lib = extension_cdll()
-    names = (ctypes.c_char_p * len(SIMULATED_NPU_CPU_KERNEL_OPS))(*[n.encode() for n in SIMULATED_NPU_CPU_KERNEL_OPS])
     error = ctypes.create_string_buffer(2048)
-    fn = lib.tot_npu_sim_enable
-    fn.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    fn = extension_cdll().tot_npu_sim_enable
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
     fn.restype = ctypes.c_int
-    if fn(names, len(SIMULATED_NPU_CPU_KERNEL_OPS), error, len(error)) != 0:
+    if fn(error, len(error)) != 0:
         raise RuntimeError(f"npu_sim.enable(): {error.value.decode(errors='replace')}")
 
 

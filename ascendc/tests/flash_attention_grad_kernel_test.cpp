@@ -11,12 +11,8 @@
 #include "tikicpulib.h"
 #include "attention/flash_attention_score_grad_tiling.h"
 #include "test_main.h"
+#include "attention/flash_attention_score_grad_kernel.h"
 
-extern "C" __global__ __aicore__ void flash_attention_score_grad(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR dy,
-                                                                 GM_ADDR atten_mask, GM_ADDR softmax_max,
-                                                                 GM_ADDR softmax_sum, GM_ADDR attention_in,
-                                                                 GM_ADDR dq, GM_ADDR dk, GM_ADDR dv,
-                                                                 GM_ADDR workspace, GM_ADDR tiling);
 
 using namespace tot_ascendc;
 

@@ -12,11 +12,8 @@
 #include "tikicpulib.h"
 #include "attention/flash_attention_score_tiling.h"
 #include "test_main.h"
+#include "attention/flash_attention_score_kernel.h"
 
-extern "C" __global__ __aicore__ void flash_attention_score(GM_ADDR query, GM_ADDR key, GM_ADDR value,
-                                                            GM_ADDR atten_mask, GM_ADDR attention_out,
-                                                            GM_ADDR softmax_max, GM_ADDR softmax_sum,
-                                                            GM_ADDR workspace, GM_ADDR tiling);
 
 using namespace tot_ascendc;
 

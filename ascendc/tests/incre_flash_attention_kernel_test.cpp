@@ -13,9 +13,7 @@
 #include "tikicpulib.h"
 #include "inference/incre_flash_attention_tiling.h"
 #include "test_main.h"
-
-extern "C" void incre_flash_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR block_table,
-                                      GM_ADDR seq_info, GM_ADDR out, GM_ADDR workspace, GM_ADDR tiling);
+#include "inference/incre_flash_attention_kernel.h"
 
 using namespace tot_ascendc;
 

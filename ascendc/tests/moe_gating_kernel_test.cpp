@@ -12,11 +12,8 @@
 #include "tikicpulib.h"
 #include "moe/moe_gating_top_k_softmax_tiling.h"
 #include "test_main.h"
+#include "moe/moe_gating_top_k_softmax_kernel.h"
 
-extern "C" __global__ __aicore__ void moe_gating_top_k_softmax_kernel(GM_ADDR x, GM_ADDR finished, GM_ADDR y,
-                                                                      GM_ADDR expertIdx, GM_ADDR rowIdx,
-                                                                      GM_ADDR softmaxOut, GM_ADDR workspace,
-                                                                      GM_ADDR tiling);
 
 using tot_ascendc::GatingDtype;
 

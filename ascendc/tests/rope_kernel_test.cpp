@@ -13,14 +13,8 @@
 #include "rope/rotary_position_embedding_tiling.h"
 #include "test_main.h"
 #include "tikicpulib.h"
+#include "rope/rotary_position_embedding_kernel.h"
 
-extern "C" __global__ __aicore__ void rotary_position_embedding_kernel(GM_ADDR x, GM_ADDR cos, GM_ADDR sin,
-                                                                       GM_ADDR out, GM_ADDR workspace,
-                                                                       GM_ADDR tiling);
-extern "C" __global__ __aicore__ void rotary_position_embedding_grad_kernel(GM_ADDR grad, GM_ADDR cos, GM_ADDR sin,
-                                                                            GM_ADDR x, GM_ADDR dx, GM_ADDR dcos,
-                                                                            GM_ADDR dsin, GM_ADDR workspace,
-                                                                            GM_ADDR tiling);
 
 using namespace tot_ascendc;
 

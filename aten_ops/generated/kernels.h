@@ -7,112 +7,116 @@
 #include <tuple>
 #include <vector>
 
+#include "op_args.h"
+
 // Kernels named in native_functions.yaml; each backend folder of aten_ops/ defines its own.
 namespace npu_fa {
 // flash_attention_score [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_cpu(const FlashAttentionScoreArgs& args);
 // flash_attention_score [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_npu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_npu(const FlashAttentionScoreArgs& args);
 // flash_attention_score_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu(const FlashAttentionScoreGradArgs& args);
 // flash_attention_score_grad [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(const FlashAttentionScoreGradArgs& args);
 // dropout_gen_mask [CPU]
-at::Tensor dropout_gen_mask_cpu(const at::Tensor& seed, const at::Tensor& offset, int64_t rows, int64_t cols, double keep_prob);
+at::Tensor dropout_gen_mask_cpu(const DropoutGenMaskArgs& args);
 // attention_tile_config [CatchAll]
 std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv);
+// npu_attention_tile_config [CatchAll]
+std::vector<int64_t> npu_attention_tile_config(int64_t s1_block, int64_t s2_block);
 // rotary_position_embedding [CPU]
-at::Tensor rotary_position_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode);
+at::Tensor rotary_position_embedding_cpu(const RotaryPositionEmbeddingArgs& args);
 // rotary_position_embedding [PrivateUse1]
-at::Tensor rotary_position_embedding_npu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode);
+at::Tensor rotary_position_embedding_npu(const RotaryPositionEmbeddingArgs& args);
 // rotary_position_embedding_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu(const RotaryPositionEmbeddingGradArgs& args);
 // rotary_position_embedding_grad [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu(const RotaryPositionEmbeddingGradArgs& args);
 // apply_rotary_pos_emb [CPU]
-void apply_rotary_pos_emb_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode);
+void apply_rotary_pos_emb_cpu(const ApplyRotaryPosEmbArgs& args);
 // rope_with_sin_cos_cache [CPU]
-std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox_style);
+std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const RopeWithSinCosCacheArgs& args);
 // scatter_pa_kv_cache [CPU]
-void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping, c10::string_view cache_layout);
+void scatter_pa_kv_cache_cpu(const ScatterPaKvCacheArgs& args);
 // gather_pa_kv_cache [CPU]
-std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_table, const at::Tensor& seq_lens, c10::string_view cache_layout);
+std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const GatherPaKvCacheArgs& args);
 // prompt_flash_attention [CPU]
-at::Tensor prompt_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& padding_mask, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, int64_t num_heads, double scale_value, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise);
+at::Tensor prompt_flash_attention_cpu(const PromptFlashAttentionArgs& args);
 // fused_infer_attention_score [CPU]
-std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table, int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size, bool softmax_lse_flag);
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedInferAttentionScoreArgs& args);
 // attention_update [CPU]
-std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const at::Tensor& lse, const at::Tensor& out);
+std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const AttentionUpdateArgs& args);
 // attention_update_grad [CPU]
-std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const at::Tensor& lse, const at::Tensor& out, const at::Tensor& softmax_lse, const at::Tensor& attention_out, const at::Tensor& grad_attention_out, const at::Tensor& grad_softmax_lse);
+std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const AttentionUpdateGradArgs& args);
 // incre_flash_attention [CPU]
-at::Tensor incre_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise);
+at::Tensor incre_flash_attention_cpu(const IncreFlashAttentionArgs& args);
 // incre_flash_attention [PrivateUse1]
-at::Tensor incre_flash_attention_npu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise);
+at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args);
 // all_gather_matmul [CPU]
-std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks);
+std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const AllGatherMatmulArgs& args);
 // all_gather_matmul [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks);
+std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const AllGatherMatmulArgs& args);
 // all_gather_matmul_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(const AllGatherMatmulGradArgs& args);
 // all_gather_matmul_grad [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(const AllGatherMatmulGradArgs& args);
 // matmul_reduce_scatter [CPU]
-at::Tensor matmul_reduce_scatter_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks);
+at::Tensor matmul_reduce_scatter_mc2(const MatmulReduceScatterArgs& args);
 // matmul_reduce_scatter [PrivateUse1]
-at::Tensor matmul_reduce_scatter_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks);
+at::Tensor matmul_reduce_scatter_mc2(const MatmulReduceScatterArgs& args);
 // matmul_reduce_scatter_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(const MatmulReduceScatterGradArgs& args);
 // matmul_reduce_scatter_grad [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(const MatmulReduceScatterGradArgs& args);
 // matmul_all_reduce [CPU]
-at::Tensor matmul_all_reduce_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks);
+at::Tensor matmul_all_reduce_mc2(const MatmulAllReduceArgs& args);
 // matmul_all_reduce [PrivateUse1]
-at::Tensor matmul_all_reduce_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks);
+at::Tensor matmul_all_reduce_mc2(const MatmulAllReduceArgs& args);
 // matmul_all_reduce_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const MatmulAllReduceGradArgs& args);
 // matmul_all_reduce_grad [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const MatmulAllReduceGradArgs& args);
 // matmul_all_reduce_add_rms_norm [CPU]
-std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks);
+std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const MatmulAllReduceAddRmsNormArgs& args);
 // matmul_all_reduce_add_rms_norm [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks);
+std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const MatmulAllReduceAddRmsNormArgs& args);
 // mc2_validation [CatchAll]
 bool mc2_validation(int64_t enable);
 // grouped_matmul [CPU]
-std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type);
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(const GroupedMatmulArgs& args);
 // grouped_matmul_grad [CPU]
-std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type, int64_t group_list_type, int64_t act_type);
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(const GroupedMatmulGradArgs& args);
 // moe_gating_top_k_softmax [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const MoeGatingTopKSoftmaxArgs& args);
 // moe_gating_top_k_softmax [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_npu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_npu(const MoeGatingTopKSoftmaxArgs& args);
 // moe_gating_top_k_softmax_v2 [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu(const MoeGatingTopKSoftmaxV2Args& args);
 // moe_gating_top_k_softmax_v2 [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu(const MoeGatingTopKSoftmaxV2Args& args);
 // moe_gating_top_k_softmax_grad [CPU]
-at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at::Tensor& x, int64_t k, int64_t renorm);
+at::Tensor moe_gating_top_k_softmax_grad_cpu(const MoeGatingTopKSoftmaxGradArgs& args);
 // moe_gating_top_k [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const at::Tensor& x, int64_t k, const std::optional<at::Tensor>& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode, int64_t renorm, int64_t norm_type, bool out_flag, double routed_scaling_factor, double eps);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const MoeGatingTopKArgs& args);
 // moe_init_routing [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu(const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& expert_idx, int64_t active_num);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu(const MoeInitRoutingArgs& args);
 // moe_init_routing_v2 [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& offset, int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode, int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode, at::IntArrayRef active_expert_range, int64_t row_idx_type);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(const MoeInitRoutingV2Args& args);
 // moe_init_routing_v2_grad [CPU]
-at::Tensor moe_init_routing_v2_grad_cpu(const at::Tensor& grad_expanded_x, const at::Tensor& expanded_row_idx, const at::Tensor& x, const at::Tensor& expert_idx, int64_t row_idx_type);
+at::Tensor moe_init_routing_v2_grad_cpu(const MoeInitRoutingV2GradArgs& args);
 // moe_compute_expert_tokens [CPU]
-at::Tensor moe_compute_expert_tokens_cpu(const at::Tensor& sorted_expert_for_source_row, int64_t num_expert);
+at::Tensor moe_compute_expert_tokens_cpu(const MoeComputeExpertTokensArgs& args);
 // moe_finalize_routing [CPU]
-at::Tensor moe_finalize_routing_cpu(const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& skip2, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode);
+at::Tensor moe_finalize_routing_cpu(const MoeFinalizeRoutingArgs& args);
 // moe_finalize_routing_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_grad_cpu(const at::Tensor& grad_out, const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_grad_cpu(const MoeFinalizeRoutingGradArgs& args);
 // moe_token_permute [CPU]
-std::tuple<at::Tensor, at::Tensor> moe_token_permute_cpu(const at::Tensor& tokens, const at::Tensor& indices, std::optional<int64_t> num_out_tokens, bool padded_mode);
+std::tuple<at::Tensor, at::Tensor> moe_token_permute_cpu(const MoeTokenPermuteArgs& args);
 // moe_token_permute_grad [CPU]
-at::Tensor moe_token_permute_grad_cpu(const at::Tensor& grad_permuted_tokens, const at::Tensor& sorted_indices, const at::Tensor& indices);
+at::Tensor moe_token_permute_grad_cpu(const MoeTokenPermuteGradArgs& args);
 // moe_token_unpermute [CPU]
-at::Tensor moe_token_unpermute_cpu(const at::Tensor& permuted_tokens, const at::Tensor& sorted_indices, const std::optional<at::Tensor>& probs, bool padded_mode, at::OptionalIntArrayRef restore_shape);
+at::Tensor moe_token_unpermute_cpu(const MoeTokenUnpermuteArgs& args);
 // moe_token_unpermute_grad [CPU]
-std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu(const at::Tensor& permuted_tokens, const at::Tensor& grad_unpermuted_tokens, const at::Tensor& sorted_indices, const std::optional<at::Tensor>& probs, bool padded_mode, at::OptionalIntArrayRef restore_shape);
+std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu(const MoeTokenUnpermuteGradArgs& args);
 }  // namespace npu_fa

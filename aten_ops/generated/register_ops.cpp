@@ -13,6 +13,10 @@ namespace {
               " like the op's first tensor; got a tensor on ", t.device());
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  return npu_fa::flash_attention_score_cpu(npu_fa::FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
   const c10::Device device = query.device();
   check_same_device("flash_attention_score", "key", key, device);
@@ -24,7 +28,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   if (seed.has_value()) check_same_device("flash_attention_score", "seed", *seed, device);
   if (offset.has_value()) check_same_device("flash_attention_score", "offset", *offset, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::flash_attention_score_npu(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset);
+  return npu_fa::flash_attention_score_npu(npu_fa::FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  return npu_fa::flash_attention_score_grad_cpu(npu_fa::FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
@@ -42,7 +50,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   if (seed.has_value()) check_same_device("flash_attention_score_grad", "seed", *seed, device);
   if (offset.has_value()) check_same_device("flash_attention_score_grad", "offset", *offset, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::flash_attention_score_grad_npu(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset);
+  return npu_fa::flash_attention_score_grad_npu(npu_fa::FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
+}
+
+at::Tensor dropout_gen_mask_cpu_unboxed(const at::Tensor& seed, const at::Tensor& offset, int64_t rows, int64_t cols, double keep_prob) {
+  return npu_fa::dropout_gen_mask_cpu(npu_fa::DropoutGenMaskArgs{seed, offset, rows, cols, keep_prob});
+}
+
+at::Tensor rotary_position_embedding_cpu_unboxed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
+  return npu_fa::rotary_position_embedding_cpu(npu_fa::RotaryPositionEmbeddingArgs{x, cos, sin, mode});
 }
 
 at::Tensor rotary_position_embedding_npu_privateuse1(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
@@ -50,7 +66,11 @@ at::Tensor rotary_position_embedding_npu_privateuse1(const at::Tensor& x, const 
   check_same_device("rotary_position_embedding", "cos", cos, device);
   check_same_device("rotary_position_embedding", "sin", sin, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::rotary_position_embedding_npu(x, cos, sin, mode);
+  return npu_fa::rotary_position_embedding_npu(npu_fa::RotaryPositionEmbeddingArgs{x, cos, sin, mode});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu_unboxed(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
+  return npu_fa::rotary_position_embedding_grad_cpu(npu_fa::RotaryPositionEmbeddingGradArgs{grad, cos, sin, x, mode});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu_privateuse1(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
@@ -59,7 +79,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_np
   check_same_device("rotary_position_embedding_grad", "sin", sin, device);
   check_same_device("rotary_position_embedding_grad", "x", x, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::rotary_position_embedding_grad_npu(grad, cos, sin, x, mode);
+  return npu_fa::rotary_position_embedding_grad_npu(npu_fa::RotaryPositionEmbeddingGradArgs{grad, cos, sin, x, mode});
+}
+
+void apply_rotary_pos_emb_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode) {
+  return npu_fa::apply_rotary_pos_emb_cpu(npu_fa::ApplyRotaryPosEmbArgs{query, key, cos, sin, layout, rotary_mode});
+}
+
+std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu_unboxed(const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox_style) {
+  return npu_fa::rope_with_sin_cos_cache_cpu(npu_fa::RopeWithSinCosCacheArgs{positions, query, key, cos_sin_cache, head_size, is_neox_style});
+}
+
+void scatter_pa_kv_cache_cpu_unboxed(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping, c10::string_view cache_layout) {
+  return npu_fa::scatter_pa_kv_cache_cpu(npu_fa::ScatterPaKvCacheArgs{key, value, key_cache, value_cache, slot_mapping, cache_layout});
+}
+
+std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu_unboxed(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_table, const at::Tensor& seq_lens, c10::string_view cache_layout) {
+  return npu_fa::gather_pa_kv_cache_cpu(npu_fa::GatherPaKvCacheArgs{key_cache, value_cache, block_table, seq_lens, cache_layout});
+}
+
+at::Tensor prompt_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& padding_mask, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, int64_t num_heads, double scale_value, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise) {
+  return npu_fa::prompt_flash_attention_cpu(npu_fa::PromptFlashAttentionArgs{query, key, value, padding_mask, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise});
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table, int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size, bool softmax_lse_flag) {
+  return npu_fa::fused_infer_attention_score_cpu(npu_fa::FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag});
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_update_cpu_unboxed(const at::Tensor& lse, const at::Tensor& out) {
+  return npu_fa::attention_update_cpu(npu_fa::AttentionUpdateArgs{lse, out});
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu_unboxed(const at::Tensor& lse, const at::Tensor& out, const at::Tensor& softmax_lse, const at::Tensor& attention_out, const at::Tensor& grad_attention_out, const at::Tensor& grad_softmax_lse) {
+  return npu_fa::attention_update_grad_cpu(npu_fa::AttentionUpdateGradArgs{lse, out, softmax_lse, attention_out, grad_attention_out, grad_softmax_lse});
+}
+
+at::Tensor incre_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise) {
+  return npu_fa::incre_flash_attention_cpu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
 }
 
 at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise) {
@@ -72,7 +128,11 @@ at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const 
   if (block_table.has_value()) check_same_device("incre_flash_attention", "block_table", *block_table, device);
   if (kv_padding_size.has_value()) check_same_device("incre_flash_attention", "kv_padding_size", *kv_padding_size, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::incre_flash_attention_npu(query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise);
+  return npu_fa::incre_flash_attention_npu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
+}
+
+std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
+  return npu_fa::all_gather_matmul_mc2(npu_fa::AllGatherMatmulArgs{x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
@@ -80,7 +140,11 @@ std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_privateuse1(const at::T
   check_same_device("all_gather_matmul", "x2", x2, device);
   if (bias.has_value()) check_same_device("all_gather_matmul", "bias", *bias, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::all_gather_matmul_mc2(x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks);
+  return npu_fa::all_gather_matmul_mc2(npu_fa::AllGatherMatmulArgs{x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2_unboxed(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  return npu_fa::all_gather_matmul_grad_mc2(npu_fa::AllGatherMatmulGradArgs{grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
@@ -90,7 +154,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2_privat
   check_same_device("all_gather_matmul_grad", "gather_out", gather_out, device);
   if (bias.has_value()) check_same_device("all_gather_matmul_grad", "bias", *bias, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::all_gather_matmul_grad_mc2(grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks);
+  return npu_fa::all_gather_matmul_grad_mc2(npu_fa::AllGatherMatmulGradArgs{grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks});
+}
+
+at::Tensor matmul_reduce_scatter_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  return npu_fa::matmul_reduce_scatter_mc2(npu_fa::MatmulReduceScatterArgs{x1, x2, group_name, world_size, bias, chunks});
 }
 
 at::Tensor matmul_reduce_scatter_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
@@ -98,7 +166,11 @@ at::Tensor matmul_reduce_scatter_mc2_privateuse1(const at::Tensor& x1, const at:
   check_same_device("matmul_reduce_scatter", "x2", x2, device);
   if (bias.has_value()) check_same_device("matmul_reduce_scatter", "bias", *bias, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::matmul_reduce_scatter_mc2(x1, x2, group_name, world_size, bias, chunks);
+  return npu_fa::matmul_reduce_scatter_mc2(npu_fa::MatmulReduceScatterArgs{x1, x2, group_name, world_size, bias, chunks});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2_unboxed(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  return npu_fa::matmul_reduce_scatter_grad_mc2(npu_fa::MatmulReduceScatterGradArgs{grad_out, x1, x2, group_name, world_size, bias, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
@@ -107,7 +179,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2_pr
   check_same_device("matmul_reduce_scatter_grad", "x2", x2, device);
   if (bias.has_value()) check_same_device("matmul_reduce_scatter_grad", "bias", *bias, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::matmul_reduce_scatter_grad_mc2(grad_out, x1, x2, group_name, world_size, bias, chunks);
+  return npu_fa::matmul_reduce_scatter_grad_mc2(npu_fa::MatmulReduceScatterGradArgs{grad_out, x1, x2, group_name, world_size, bias, chunks});
+}
+
+at::Tensor matmul_all_reduce_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  return npu_fa::matmul_all_reduce_mc2(npu_fa::MatmulAllReduceArgs{x1, x2, group_name, bias, chunks});
 }
 
 at::Tensor matmul_all_reduce_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks) {
@@ -115,7 +191,11 @@ at::Tensor matmul_all_reduce_mc2_privateuse1(const at::Tensor& x1, const at::Ten
   check_same_device("matmul_all_reduce", "x2", x2, device);
   if (bias.has_value()) check_same_device("matmul_all_reduce", "bias", *bias, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::matmul_all_reduce_mc2(x1, x2, group_name, bias, chunks);
+  return npu_fa::matmul_all_reduce_mc2(npu_fa::MatmulAllReduceArgs{x1, x2, group_name, bias, chunks});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_unboxed(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias) {
+  return npu_fa::matmul_all_reduce_grad_mc2(npu_fa::MatmulAllReduceGradArgs{grad_out, x1, x2, bias});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias) {
@@ -124,7 +204,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_privat
   check_same_device("matmul_all_reduce_grad", "x2", x2, device);
   if (bias.has_value()) check_same_device("matmul_all_reduce_grad", "bias", *bias, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::matmul_all_reduce_grad_mc2(grad_out, x1, x2, bias);
+  return npu_fa::matmul_all_reduce_grad_mc2(npu_fa::MatmulAllReduceGradArgs{grad_out, x1, x2, bias});
+}
+
+std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
+  return npu_fa::matmul_all_reduce_add_rms_norm_mc2(npu_fa::MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
@@ -134,21 +218,85 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_privateuse
   check_same_device("matmul_all_reduce_add_rms_norm", "gamma", gamma, device);
   if (bias.has_value()) check_same_device("matmul_all_reduce_add_rms_norm", "bias", *bias, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::matmul_all_reduce_add_rms_norm_mc2(x1, x2, residual, gamma, group_name, bias, epsilon, chunks);
+  return npu_fa::matmul_all_reduce_add_rms_norm_mc2(npu_fa::MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks});
+}
+
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu_unboxed(at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type) {
+  return npu_fa::grouped_matmul_cpu(npu_fa::GroupedMatmulArgs{x, weight, bias, group_list, group_type, group_list_type, act_type});
+}
+
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu_unboxed(at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type, int64_t group_list_type, int64_t act_type) {
+  return npu_fa::grouped_matmul_grad_cpu(npu_fa::GroupedMatmulGradArgs{grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k) {
+  return npu_fa::moe_gating_top_k_softmax_cpu(npu_fa::MoeGatingTopKSoftmaxArgs{x, finished, k});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_npu_privateuse1(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k) {
   const c10::Device device = x.device();
   if (finished.has_value()) check_same_device("moe_gating_top_k_softmax", "finished", *finished, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::moe_gating_top_k_softmax_npu(x, finished, k);
+  return npu_fa::moe_gating_top_k_softmax_npu(npu_fa::MoeGatingTopKSoftmaxArgs{x, finished, k});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag) {
+  return npu_fa::moe_gating_top_k_softmax_v2_cpu(npu_fa::MoeGatingTopKSoftmaxV2Args{x, finished, k, renorm, output_softmax_result_flag});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu_privateuse1(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag) {
   const c10::Device device = x.device();
   if (finished.has_value()) check_same_device("moe_gating_top_k_softmax_v2", "finished", *finished, device);
   const c10::DeviceGuard guard(device);
-  return npu_fa::moe_gating_top_k_softmax_v2_npu(x, finished, k, renorm, output_softmax_result_flag);
+  return npu_fa::moe_gating_top_k_softmax_v2_npu(npu_fa::MoeGatingTopKSoftmaxV2Args{x, finished, k, renorm, output_softmax_result_flag});
+}
+
+at::Tensor moe_gating_top_k_softmax_grad_cpu_unboxed(const at::Tensor& grad_y, const at::Tensor& x, int64_t k, int64_t renorm) {
+  return npu_fa::moe_gating_top_k_softmax_grad_cpu(npu_fa::MoeGatingTopKSoftmaxGradArgs{grad_y, x, k, renorm});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu_unboxed(const at::Tensor& x, int64_t k, const std::optional<at::Tensor>& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode, int64_t renorm, int64_t norm_type, bool out_flag, double routed_scaling_factor, double eps) {
+  return npu_fa::moe_gating_top_k_cpu(npu_fa::MoeGatingTopKArgs{x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu_unboxed(const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& expert_idx, int64_t active_num) {
+  return npu_fa::moe_init_routing_cpu(npu_fa::MoeInitRoutingArgs{x, row_idx, expert_idx, active_num});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu_unboxed(const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& offset, int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode, int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode, at::IntArrayRef active_expert_range, int64_t row_idx_type) {
+  return npu_fa::moe_init_routing_v2_cpu(npu_fa::MoeInitRoutingV2Args{x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type});
+}
+
+at::Tensor moe_init_routing_v2_grad_cpu_unboxed(const at::Tensor& grad_expanded_x, const at::Tensor& expanded_row_idx, const at::Tensor& x, const at::Tensor& expert_idx, int64_t row_idx_type) {
+  return npu_fa::moe_init_routing_v2_grad_cpu(npu_fa::MoeInitRoutingV2GradArgs{grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type});
+}
+
+at::Tensor moe_compute_expert_tokens_cpu_unboxed(const at::Tensor& sorted_expert_for_source_row, int64_t num_expert) {
+  return npu_fa::moe_compute_expert_tokens_cpu(npu_fa::MoeComputeExpertTokensArgs{sorted_expert_for_source_row, num_expert});
+}
+
+at::Tensor moe_finalize_routing_cpu_unboxed(const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& skip2, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode) {
+  return npu_fa::moe_finalize_routing_cpu(npu_fa::MoeFinalizeRoutingArgs{expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_grad_cpu_unboxed(const at::Tensor& grad_out, const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode) {
+  return npu_fa::moe_finalize_routing_grad_cpu(npu_fa::MoeFinalizeRoutingGradArgs{grad_out, expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode});
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_token_permute_cpu_unboxed(const at::Tensor& tokens, const at::Tensor& indices, std::optional<int64_t> num_out_tokens, bool padded_mode) {
+  return npu_fa::moe_token_permute_cpu(npu_fa::MoeTokenPermuteArgs{tokens, indices, num_out_tokens, padded_mode});
+}
+
+at::Tensor moe_token_permute_grad_cpu_unboxed(const at::Tensor& grad_permuted_tokens, const at::Tensor& sorted_indices, const at::Tensor& indices) {
+  return npu_fa::moe_token_permute_grad_cpu(npu_fa::MoeTokenPermuteGradArgs{grad_permuted_tokens, sorted_indices, indices});
+}
+
+at::Tensor moe_token_unpermute_cpu_unboxed(const at::Tensor& permuted_tokens, const at::Tensor& sorted_indices, const std::optional<at::Tensor>& probs, bool padded_mode, at::OptionalIntArrayRef restore_shape) {
+  return npu_fa::moe_token_unpermute_cpu(npu_fa::MoeTokenUnpermuteArgs{permuted_tokens, sorted_indices, probs, padded_mode, restore_shape});
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu_unboxed(const at::Tensor& permuted_tokens, const at::Tensor& grad_unpermuted_tokens, const at::Tensor& sorted_indices, const std::optional<at::Tensor>& probs, bool padded_mode, at::OptionalIntArrayRef restore_shape) {
+  return npu_fa::moe_token_unpermute_grad_cpu(npu_fa::MoeTokenUnpermuteGradArgs{permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape});
 }
 
 }  // namespace
@@ -158,6 +306,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("flash_attention_score_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, str input_layout, *, Tensor? pse=None, Tensor? atten_mask=None, Tensor softmax_max, Tensor softmax_sum, Tensor attention_in, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dpse)", {at::Tag::pt2_compliant_tag});
   m.def("dropout_gen_mask(Tensor seed, Tensor offset, SymInt rows, SymInt cols, float keep_prob) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("attention_tile_config(int block_q=0, int block_kv=0) -> int[]", TORCH_FN(npu_fa::attention_tile_config));
+  m.def("npu_attention_tile_config(int s1_block=0, int s2_block=0) -> int[]", TORCH_FN(npu_fa::npu_attention_tile_config));
   m.def("rotary_position_embedding(Tensor x, Tensor cos, Tensor sin, int mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("rotary_position_embedding_grad(Tensor grad, Tensor cos, Tensor sin, Tensor x, int mode=0) -> (Tensor dx, Tensor dcos, Tensor dsin)", {at::Tag::pt2_compliant_tag});
   m.def("apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout=\"BSND\", str rotary_mode=\"half\") -> ()", {at::Tag::pt2_compliant_tag});
@@ -196,43 +345,43 @@ TORCH_LIBRARY(npu_fa, m) {
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
-  m.impl("flash_attention_score", TORCH_FN(npu_fa::flash_attention_score_cpu));
-  m.impl("flash_attention_score_grad", TORCH_FN(npu_fa::flash_attention_score_grad_cpu));
-  m.impl("dropout_gen_mask", TORCH_FN(npu_fa::dropout_gen_mask_cpu));
-  m.impl("rotary_position_embedding", TORCH_FN(npu_fa::rotary_position_embedding_cpu));
-  m.impl("rotary_position_embedding_grad", TORCH_FN(npu_fa::rotary_position_embedding_grad_cpu));
-  m.impl("apply_rotary_pos_emb", TORCH_FN(npu_fa::apply_rotary_pos_emb_cpu));
-  m.impl("rope_with_sin_cos_cache", TORCH_FN(npu_fa::rope_with_sin_cos_cache_cpu));
-  m.impl("scatter_pa_kv_cache", TORCH_FN(npu_fa::scatter_pa_kv_cache_cpu));
-  m.impl("gather_pa_kv_cache", TORCH_FN(npu_fa::gather_pa_kv_cache_cpu));
-  m.impl("prompt_flash_attention", TORCH_FN(npu_fa::prompt_flash_attention_cpu));
-  m.impl("fused_infer_attention_score", TORCH_FN(npu_fa::fused_infer_attention_score_cpu));
-  m.impl("attention_update", TORCH_FN(npu_fa::attention_update_cpu));
-  m.impl("attention_update_grad", TORCH_FN(npu_fa::attention_update_grad_cpu));
-  m.impl("incre_flash_attention", TORCH_FN(npu_fa::incre_flash_attention_cpu));
-  m.impl("all_gather_matmul", TORCH_FN(npu_fa::all_gather_matmul_mc2));
-  m.impl("all_gather_matmul_grad", TORCH_FN(npu_fa::all_gather_matmul_grad_mc2));
-  m.impl("matmul_reduce_scatter", TORCH_FN(npu_fa::matmul_reduce_scatter_mc2));
-  m.impl("matmul_reduce_scatter_grad", TORCH_FN(npu_fa::matmul_reduce_scatter_grad_mc2));
-  m.impl("matmul_all_reduce", TORCH_FN(npu_fa::matmul_all_reduce_mc2));
-  m.impl("matmul_all_reduce_grad", TORCH_FN(npu_fa::matmul_all_reduce_grad_mc2));
-  m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(npu_fa::matmul_all_reduce_add_rms_norm_mc2));
-  m.impl("grouped_matmul", TORCH_FN(npu_fa::grouped_matmul_cpu));
-  m.impl("grouped_matmul_grad", TORCH_FN(npu_fa::grouped_matmul_grad_cpu));
-  m.impl("moe_gating_top_k_softmax", TORCH_FN(npu_fa::moe_gating_top_k_softmax_cpu));
-  m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(npu_fa::moe_gating_top_k_softmax_v2_cpu));
-  m.impl("moe_gating_top_k_softmax_grad", TORCH_FN(npu_fa::moe_gating_top_k_softmax_grad_cpu));
-  m.impl("moe_gating_top_k", TORCH_FN(npu_fa::moe_gating_top_k_cpu));
-  m.impl("moe_init_routing", TORCH_FN(npu_fa::moe_init_routing_cpu));
-  m.impl("moe_init_routing_v2", TORCH_FN(npu_fa::moe_init_routing_v2_cpu));
-  m.impl("moe_init_routing_v2_grad", TORCH_FN(npu_fa::moe_init_routing_v2_grad_cpu));
-  m.impl("moe_compute_expert_tokens", TORCH_FN(npu_fa::moe_compute_expert_tokens_cpu));
-  m.impl("moe_finalize_routing", TORCH_FN(npu_fa::moe_finalize_routing_cpu));
-  m.impl("moe_finalize_routing_grad", TORCH_FN(npu_fa::moe_finalize_routing_grad_cpu));
-  m.impl("moe_token_permute", TORCH_FN(npu_fa::moe_token_permute_cpu));
-  m.impl("moe_token_permute_grad", TORCH_FN(npu_fa::moe_token_permute_grad_cpu));
-  m.impl("moe_token_unpermute", TORCH_FN(npu_fa::moe_token_unpermute_cpu));
-  m.impl("moe_token_unpermute_grad", TORCH_FN(npu_fa::moe_token_unpermute_grad_cpu));
+  m.impl("flash_attention_score", TORCH_FN(flash_attention_score_cpu_unboxed));
+  m.impl("flash_attention_score_grad", TORCH_FN(flash_attention_score_grad_cpu_unboxed));
+  m.impl("dropout_gen_mask", TORCH_FN(dropout_gen_mask_cpu_unboxed));
+  m.impl("rotary_position_embedding", TORCH_FN(rotary_position_embedding_cpu_unboxed));
+  m.impl("rotary_position_embedding_grad", TORCH_FN(rotary_position_embedding_grad_cpu_unboxed));
+  m.impl("apply_rotary_pos_emb", TORCH_FN(apply_rotary_pos_emb_cpu_unboxed));
+  m.impl("rope_with_sin_cos_cache", TORCH_FN(rope_with_sin_cos_cache_cpu_unboxed));
+  m.impl("scatter_pa_kv_cache", TORCH_FN(scatter_pa_kv_cache_cpu_unboxed));
+  m.impl("gather_pa_kv_cache", TORCH_FN(gather_pa_kv_cache_cpu_unboxed));
+  m.impl("prompt_flash_attention", TORCH_FN(prompt_flash_attention_cpu_unboxed));
+  m.impl("fused_infer_attention_score", TORCH_FN(fused_infer_attention_score_cpu_unboxed));
+  m.impl("attention_update", TORCH_FN(attention_update_cpu_unboxed));
+  m.impl("attention_update_grad", TORCH_FN(attention_update_grad_cpu_unboxed));
+  m.impl("incre_flash_attention", TORCH_FN(incre_flash_attention_cpu_unboxed));
+  m.impl("all_gather_matmul", TORCH_FN(all_gather_matmul_mc2_unboxed));
+  m.impl("all_gather_matmul_grad", TORCH_FN(all_gather_matmul_grad_mc2_unboxed));
+  m.impl("matmul_reduce_scatter", TORCH_FN(matmul_reduce_scatter_mc2_unboxed));
+  m.impl("matmul_reduce_scatter_grad", TORCH_FN(matmul_reduce_scatter_grad_mc2_unboxed));
+  m.impl("matmul_all_reduce", TORCH_FN(matmul_all_reduce_mc2_unboxed));
+  m.impl("matmul_all_reduce_grad", TORCH_FN(matmul_all_reduce_grad_mc2_unboxed));
+  m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(matmul_all_reduce_add_rms_norm_mc2_unboxed));
+  m.impl("grouped_matmul", TORCH_FN(grouped_matmul_cpu_unboxed));
+  m.impl("grouped_matmul_grad", TORCH_FN(grouped_matmul_grad_cpu_unboxed));
+  m.impl("moe_gating_top_k_softmax", TORCH_FN(moe_gating_top_k_softmax_cpu_unboxed));
+  m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_cpu_unboxed));
+  m.impl("moe_gating_top_k_softmax_grad", TORCH_FN(moe_gating_top_k_softmax_grad_cpu_unboxed));
+  m.impl("moe_gating_top_k", TORCH_FN(moe_gating_top_k_cpu_unboxed));
+  m.impl("moe_init_routing", TORCH_FN(moe_init_routing_cpu_unboxed));
+  m.impl("moe_init_routing_v2", TORCH_FN(moe_init_routing_v2_cpu_unboxed));
+  m.impl("moe_init_routing_v2_grad", TORCH_FN(moe_init_routing_v2_grad_cpu_unboxed));
+  m.impl("moe_compute_expert_tokens", TORCH_FN(moe_compute_expert_tokens_cpu_unboxed));
+  m.impl("moe_finalize_routing", TORCH_FN(moe_finalize_routing_cpu_unboxed));
+  m.impl("moe_finalize_routing_grad", TORCH_FN(moe_finalize_routing_grad_cpu_unboxed));
+  m.impl("moe_token_permute", TORCH_FN(moe_token_permute_cpu_unboxed));
+  m.impl("moe_token_permute_grad", TORCH_FN(moe_token_permute_grad_cpu_unboxed));
+  m.impl("moe_token_unpermute", TORCH_FN(moe_token_unpermute_cpu_unboxed));
+  m.impl("moe_token_unpermute_grad", TORCH_FN(moe_token_unpermute_grad_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

@@ -1,7 +1,13 @@
-// C entry points for the performance model (ctypes on torch_ops_transformer/_C*.so): force FlashAttention tile
-// sizes, switch the CPU runtime to count-only launches, and read the per-core counters of the last launch.
-// No torch includes: these are plain C symbols.
+// Process-wide knobs of the Ascend C path: the FlashAttention tile override (the op npu_attention_tile_config of
+// native_functions.yaml) and, for the performance model, C entry points (ctypes on torch_ops_transformer/_C*.so)
+// that switch the CPU runtime to count-only launches and read the per-core counters of the last launch.
 #include "npu/ascendc_control.h"
+
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "generated/kernels.h"
 
 #include <atomic>
 
@@ -22,11 +28,20 @@ void FlashAttentionBlocks(uint32_t* s1_block, uint32_t* s2_block) {
 }
 }  // namespace npu_fa::ascendc
 
-// 0 = automatic. Invalid values surface as the tiling's error at the next flash_attention_score call.
-TOT_EXPORT void tot_ascendc_set_flash_attention_blocks(int s1_block, int s2_block) {
-  g_fa_s1_block = s1_block > 0 ? uint32_t(s1_block) : 0u;
-  g_fa_s2_block = s2_block > 0 ? uint32_t(s2_block) : 0u;
+namespace npu_fa {
+// > 0 sets, 0 keeps, -1 returns to the automatic choice. Invalid sizes surface as the tiling's error at the next
+// flash_attention_score call.
+std::vector<int64_t> npu_attention_tile_config(int64_t s1_block, int64_t s2_block) {
+  constexpr int64_t kMax = 65535;
+  TORCH_CHECK_VALUE(s1_block >= -1 && s1_block <= kMax, "npu_attention_tile_config: argument 's1_block' must be in "
+                    "[-1, ", kMax, "] (0 keeps the current value, -1 restores the automatic choice); got ", s1_block);
+  TORCH_CHECK_VALUE(s2_block >= -1 && s2_block <= kMax, "npu_attention_tile_config: argument 's2_block' must be in "
+                    "[-1, ", kMax, "] (0 keeps the current value, -1 restores the automatic choice); got ", s2_block);
+  if (s1_block != 0) g_fa_s1_block = s1_block > 0 ? uint32_t(s1_block) : 0u;
+  if (s2_block != 0) g_fa_s2_block = s2_block > 0 ? uint32_t(s2_block) : 0u;
+  return {int64_t(g_fa_s1_block.load()), int64_t(g_fa_s2_block.load())};
 }
+}  // namespace npu_fa
 
 #ifndef TOT_WITH_CANN
 TOT_EXPORT void tot_ascendc_set_count_only(int on) { AscendC::cpu::SetCountOnly(on != 0); }

@@ -17,10 +17,7 @@
 #include "npu/host_alias.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
-extern "C" __global__ __aicore__ void flash_attention_score(GM_ADDR query, GM_ADDR key, GM_ADDR value,
-                                                            GM_ADDR atten_mask, GM_ADDR attention_out,
-                                                            GM_ADDR softmax_max, GM_ADDR softmax_sum,
-                                                            GM_ADDR workspace, GM_ADDR tiling);
+#include "attention/flash_attention_score_kernel.h"
 #endif
 
 namespace npu_fa {
@@ -31,7 +28,6 @@ using attention::Layout;
 using npu_host::from_bnsd;
 using npu_host::to_bnsd;
 #ifndef TOT_WITH_CANN
-using npu_host::cpu_alias;
 using npu_host::device_alias;
 #endif
 using ScoreOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -54,23 +50,13 @@ const char* unsupported_after_parsing(const AttentionParams& p) {
   return nullptr;
 }
 
-ScoreOutputs run_cpu_kernel(const char* reason, const at::Tensor& query, const at::Tensor& key,
-                            const at::Tensor& value, int64_t head_num, c10::string_view input_layout,
-                            const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
-                            const std::optional<at::Tensor>& actual_seq_qlen,
-                            const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob,
-                            int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
-                            int64_t pse_type, const std::optional<at::Tensor>& seed,
-                            const std::optional<at::Tensor>& offset) {
+ScoreOutputs run_cpu_kernel(const char* reason, const FlashAttentionScoreArgs& args) {
 #ifdef TOT_WITH_CANN
   TORCH_CHECK(false, kOp, ": the Ascend C kernel does not support ", reason, " yet");
 #else
   (void)reason;
-  auto r = flash_attention_score_cpu(cpu_alias(query), cpu_alias(key), cpu_alias(value), head_num, input_layout,
-                                     cpu_alias(pse), cpu_alias(atten_mask), cpu_alias(actual_seq_qlen),
-                                     cpu_alias(actual_seq_kvlen), scale, keep_prob, pre_tokens, next_tokens,
-                                     inner_precise, sparse_mode, pse_type, cpu_alias(seed), cpu_alias(offset));
-  const c10::Device d = query.device();
+  auto r = npu_host::call_with_cpu_aliases(args, flash_attention_score_cpu);
+  const c10::Device d = args.query.device();
   return {device_alias(std::get<0>(r), d), device_alias(std::get<1>(r), d), device_alias(std::get<2>(r), d),
           device_alias(std::get<3>(r), d), device_alias(std::get<4>(r), d), device_alias(std::get<5>(r), d)};
 #endif
@@ -98,28 +84,20 @@ at::Tensor host_long(uint64_t v, const c10::Device& device) {
 
 }  // namespace
 
-ScoreOutputs flash_attention_score_npu(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
-    c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
-    const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
-    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
-    int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+ScoreOutputs flash_attention_score_npu(const FlashAttentionScoreArgs& args) {
   auto fallback = [&](const char* reason) {
-    return run_cpu_kernel(reason, query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen,
-                          actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode,
-                          pse_type, seed, offset);
+    return run_cpu_kernel(reason, args);
   };
-  if (const char* reason = unsupported_before_parsing(input_layout, pse, keep_prob)) return fallback(reason);
+  if (const char* reason = unsupported_before_parsing(args.input_layout, args.pse,
+                                                      args.keep_prob)) return fallback(reason);
   attention::AttentionInputs parsed;
-  const AttentionParams p = attention::parse_attention_params(
-      kOp, query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale,
-      keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, parsed);
-  const auto opts = query.options();
-  at::Tensor smax = at::empty(attention::stats_shape(p, query), opts.dtype(at::kFloat));
+  const AttentionParams p = attention::parse_attention_params(kOp, args, parsed);
+  const auto opts = args.query.options();
+  at::Tensor smax = at::empty(attention::stats_shape(p, args.query), opts.dtype(at::kFloat));
   at::Tensor ssum = at::empty_like(smax);
-  const c10::Device device = query.device();
+  const c10::Device device = args.query.device();
   if (p.batch == 0 || p.max_q_len == 0) {  // nothing to compute; shapes as the CPU op returns them
-    return {at::empty(attention::output_shape(p, query), opts), smax, ssum, at::empty({0}, opts),
+    return {at::empty(attention::output_shape(p, args.query), opts), smax, ssum, at::empty({0}, opts),
             host_long(p.seed, device), host_long(p.offset, device)};
   }
   if (const char* reason = unsupported_after_parsing(p)) return fallback(reason);
@@ -132,22 +110,22 @@ ScoreOutputs flash_attention_score_npu(
   in.s2 = uint32_t(p.max_kv_len);
   in.head_dim = uint32_t(p.head_dim);
   in.v_head_dim = uint32_t(p.v_head_dim);
-  in.dtype = kernel_dtype(query.scalar_type());
+  in.dtype = kernel_dtype(args.query.scalar_type());
   in.scale = p.scale;
   const attention::Band band = p.band(0);  // dense layouts: every sequence has the same lengths
   in.band_lo = band.lo;
   in.band_hi = band.hi;
   at::Tensor mask;
-  if (p.mask) mask = kernel_mask(*atten_mask, in);
+  if (p.mask) mask = kernel_mask(*args.atten_mask, in);
   tot_ascendc::FlashAttentionTilingOptions options;
   ascendc::FlashAttentionBlocks(&options.s1_block, &options.s2_block);
   tot_ascendc::FlashAttentionScoreTilingData tiling;
   const std::string err = tot_ascendc::FlashAttentionScoreTiling(in, options, tot_ascendc::Ascend910B(), &tiling);
   TORCH_CHECK(err.empty(), kOp, ": ", err);
 
-  const at::Tensor q = to_bnsd(query, p.layout, p.q_heads);
-  const at::Tensor k = to_bnsd(key, p.layout, p.kv_heads);
-  const at::Tensor v = to_bnsd(value, p.layout, p.kv_heads);
+  const at::Tensor q = to_bnsd(args.query, p.layout, p.q_heads);
+  const at::Tensor k = to_bnsd(args.key, p.layout, p.kv_heads);
+  const at::Tensor v = to_bnsd(args.value, p.layout, p.kv_heads);
   at::Tensor out = at::empty({p.batch, p.q_heads, p.max_q_len, p.v_head_dim}, opts);
   ascendc::Launch launch(kOp);
   uint8_t* mask_gm = mask.defined() ? launch.Gm(mask) : nullptr;

@@ -15,11 +15,7 @@
 #include "npu/host_alias.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
-extern "C" __global__ __aicore__ void flash_attention_score_grad(GM_ADDR query, GM_ADDR key, GM_ADDR value, GM_ADDR dy,
-                                                                 GM_ADDR atten_mask, GM_ADDR softmax_max,
-                                                                 GM_ADDR softmax_sum, GM_ADDR attention_in,
-                                                                 GM_ADDR dq, GM_ADDR dk, GM_ADDR dv,
-                                                                 GM_ADDR workspace, GM_ADDR tiling);
+#include "attention/flash_attention_score_grad_kernel.h"
 #endif
 
 namespace npu_fa {
@@ -43,35 +39,24 @@ bool kernel_supports(const AttentionParams& p, const at::Tensor& query, const at
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num,
-    c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
-    const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in,
-    const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
-    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
-    int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
-  TORCH_CHECK_VALUE(keep_prob >= 1.0 || seed.has_value(), kOp, ": argument 'seed' is required when keep_prob < 1 (pass "
+    const FlashAttentionScoreGradArgs& args) {
+  TORCH_CHECK_VALUE(args.keep_prob >= 1.0 || args.seed.has_value(), kOp,
+                    ": argument 'seed' is required when keep_prob < 1 (pass "
                     "the seed_out/offset_out of the forward so the same dropout mask is regenerated)");
   AttentionInputs in;
-  const AttentionParams p = attention::parse_attention_params(
-      kOp, query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale,
-      keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, in);
-  attention::check_backward_inputs(kOp, p, query, dy, softmax_max, softmax_sum, attention_in);
+  const AttentionParams p = attention::parse_attention_params(kOp, args, in);
+  attention::check_backward_inputs(kOp, p, args.query, args.dy, args.softmax_max, args.softmax_sum, args.attention_in);
 
-  if (!kernel_supports(p, query, key)) {
+  if (!kernel_supports(p, args.query, args.key)) {
 #ifndef TOT_WITH_CANN
     // Simulated device: the CPU kernel on CPU aliases of the npu tensors, results aliased back.
-    using npu_host::cpu_alias;
-    auto [dq, dk, dv, dpse] = flash_attention_score_grad_cpu(
-        cpu_alias(query), cpu_alias(key), cpu_alias(value), cpu_alias(dy), head_num, input_layout, cpu_alias(pse),
-        cpu_alias(atten_mask), cpu_alias(softmax_max), cpu_alias(softmax_sum), cpu_alias(attention_in),
-        cpu_alias(actual_seq_qlen), cpu_alias(actual_seq_kvlen), scale, keep_prob, pre_tokens, next_tokens,
-        inner_precise, sparse_mode, pse_type, cpu_alias(seed), cpu_alias(offset));
-    const c10::Device dev = query.device();
+    auto [dq, dk, dv, dpse] = npu_host::call_with_cpu_aliases(args, flash_attention_score_grad_cpu);
+    const c10::Device dev = args.query.device();
     return {npu_host::device_alias(dq, dev), npu_host::device_alias(dk, dev), npu_host::device_alias(dv, dev),
             npu_host::device_alias(dpse, dev)};
 #else
     TORCH_CHECK(false, kOp, ": the Ascend C kernel supports dense layouts without pse and dropout; got layout ",
-                input_layout, p.pse.has_value() ? " with pse" : "", p.has_dropout() ? " with dropout" : "");
+                args.input_layout, p.pse.has_value() ? " with pse" : "", p.has_dropout() ? " with dropout" : "");
 #endif
   }
 
@@ -79,9 +64,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   const int64_t D = p.head_dim, Dv = p.v_head_dim;
   using npu_host::from_bnsd;
   using npu_host::to_bnsd;
-  const at::Tensor q = to_bnsd(query, p.layout, N1), k = to_bnsd(key, p.layout, N2), v = to_bnsd(value, p.layout, N2),
-                   g = to_bnsd(dy, p.layout, N1), o = to_bnsd(attention_in, p.layout, N1);
-  const at::Tensor smax = softmax_max.contiguous(), ssum = softmax_sum.contiguous();
+  const at::Tensor q = to_bnsd(args.query, p.layout, N1), k = to_bnsd(args.key, p.layout, N2), v = to_bnsd(args.value, p.layout, N2),
+                   g = to_bnsd(args.dy, p.layout, N1), o = to_bnsd(args.attention_in, p.layout, N1);
+  const at::Tensor smax = args.softmax_max.contiguous(), ssum = args.softmax_sum.contiguous();
 
   tot_ascendc::FlashAttentionScoreGradShape shape;
   shape.batch = B;
@@ -91,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   shape.s2 = S2;
   shape.d = D;
   shape.dv = Dv;
-  shape.dtype = kernel_dtype(query.scalar_type());
+  shape.dtype = kernel_dtype(args.query.scalar_type());
   shape.scale = p.scale;
   const attention::Band band = p.band(0);  // dense layouts: one band for every batch
   shape.band_lo = band.lo;
@@ -116,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
                   launch.Gm(q), launch.Gm(k), launch.Gm(v), launch.Gm(g), launch.Gm(mask), launch.Gm(smax),
                   launch.Gm(ssum), launch.Gm(o), launch.Gm(dq), launch.Gm(dk), launch.Gm(dv),
                   launch.Workspace(int64_t(tiling.workspace_bytes), q.options()), launch.Tiling(tiling, q.options()));
-  return {from_bnsd(dq, p.layout), from_bnsd(dk, p.layout), from_bnsd(dv, p.layout), at::empty({0}, query.options())};
+  return {from_bnsd(dq, p.layout), from_bnsd(dk, p.layout), from_bnsd(dv, p.layout), at::empty({0}, args.query.options())};
 }
 
 }  // namespace npu_fa

@@ -15,9 +15,7 @@
 #include "npu/host_alias.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
-extern "C" __global__ __aicore__ void incre_flash_attention(GM_ADDR query, GM_ADDR key, GM_ADDR value,
-                                                            GM_ADDR block_table, GM_ADDR seq_info, GM_ADDR out,
-                                                            GM_ADDR workspace, GM_ADDR tiling);
+#include "inference/incre_flash_attention_kernel.h"
 #endif
 
 namespace npu_fa {
@@ -71,39 +69,26 @@ std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, 
 }  // namespace
 
 #ifndef TOT_WITH_CANN
-using npu_host::cpu_alias;
 using npu_host::device_alias;
 #endif
 
-at::Tensor incre_flash_attention_npu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                     const std::optional<at::Tensor>& atten_mask,
-                                     const std::optional<at::Tensor>& pse_shift,
-                                     const std::optional<at::Tensor>& actual_seq_lengths,
-                                     const std::optional<at::Tensor>& block_table,
-                                     const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads,
-                                     double scale_value, c10::string_view input_layout, int64_t num_key_value_heads,
-                                     int64_t block_size, int64_t inner_precise) {
-  const attention::DecodeInputs in = attention::validate_decode(
-      query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads,
-      scale_value, input_layout, num_key_value_heads, block_size, inner_precise);
+at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args) {
+  const attention::DecodeInputs in = attention::validate_decode(args);
   const auto& p = in.params;
-  at::Tensor out = at::empty(query.sizes(), query.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = at::empty(args.query.sizes(), args.query.options().memory_format(at::MemoryFormat::Contiguous));
   if (p.batch == 0 || p.q_heads == 0) return out;
 
-  const std::string layout(input_layout);
+  const std::string layout(args.input_layout);
   const at::Tensor k = in.key.contiguous(), v = in.value.contiguous();
   tot_ascendc::IncreFlashAttentionTiling tiling;
-  const std::string unsupported = plan_kernel(in, k, layout, atten_mask.has_value(), pse_shift.has_value(),
-                                              query.scalar_type(), tiling);
+  const std::string unsupported = plan_kernel(in, k, layout, args.atten_mask.has_value(), args.pse_shift.has_value(),
+                                              args.query.scalar_type(), tiling);
   if (!unsupported.empty()) {
 #ifdef TOT_WITH_CANN
     TORCH_CHECK(false, kOp, ": the NPU kernel does not support ", unsupported);
 #else
-    const at::Tensor cpu_out = incre_flash_attention_cpu(
-        cpu_alias(query), cpu_alias(key), cpu_alias(value), cpu_alias(atten_mask), cpu_alias(pse_shift),
-        cpu_alias(actual_seq_lengths), cpu_alias(block_table), cpu_alias(kv_padding_size), num_heads, scale_value,
-        input_layout, num_key_value_heads, block_size, inner_precise);
-    return device_alias(cpu_out, query.device());
+    const at::Tensor cpu_out = npu_host::call_with_cpu_aliases(args, incre_flash_attention_cpu);
+    return device_alias(cpu_out, args.query.device());
 #endif
   }
 
@@ -114,16 +99,16 @@ at::Tensor incre_flash_attention_npu(const at::Tensor& query, const at::Tensor& 
     seq[2 * b] = int32_t(p.kv_start[b]);
     seq[2 * b + 1] = int32_t(p.kv_len[b]);
   }
-  const at::Tensor seq_info = seq_host.to(query.device());
-  const at::Tensor q = query.contiguous();  // [B, N1, D] in memory for every layout (Sq = 1)
+  const at::Tensor seq_info = seq_host.to(args.query.device());
+  const at::Tensor q = args.query.contiguous();  // [B, N1, D] in memory for every layout (Sq = 1)
   std::optional<at::Tensor> table;
-  if (p.paged) table = block_table->to(at::kInt).contiguous();
+  if (p.paged) table = args.block_table->to(at::kInt).contiguous();
 
   npu_fa::ascendc::Launch launch(kOp);
   TOT_ASCENDC_RUN(launch, incre_flash_attention, tiling.block_dim, AscendC::KernelMode::AIV_MODE, launch.Gm(q),
                   launch.Gm(k), launch.Gm(v), launch.Gm(table), launch.Gm(seq_info), launch.Gm(out),
-                  launch.Workspace(int64_t(tiling.workspace_bytes), query.options()),
-                  launch.Tiling(tiling, query.options()));
+                  launch.Workspace(int64_t(tiling.workspace_bytes), args.query.options()),
+                  launch.Tiling(tiling, args.query.options()));
   return out;
 }
 

@@ -21,10 +21,7 @@
 #include "npu/host_alias.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
-extern "C" __global__ __aicore__ void moe_gating_top_k_softmax_kernel(GM_ADDR x, GM_ADDR finished, GM_ADDR y,
-                                                                      GM_ADDR expertIdx, GM_ADDR rowIdx,
-                                                                      GM_ADDR softmaxOut, GM_ADDR workspace,
-                                                                      GM_ADDR tiling);
+#include "moe/moe_gating_top_k_softmax_kernel.h"
 #endif
 
 namespace npu_fa {
@@ -62,7 +59,6 @@ std::string kernel_refusal(const at::Tensor& x, const moe::GatingShape& g, const
 }
 
 #ifndef TOT_WITH_CANN
-using npu_host::cpu_alias;
 using npu_host::device_alias;
 
 Outputs on_device(const Outputs& out, const c10::Device& device) {
@@ -102,9 +98,12 @@ void launch_gating(const at::Tensor& x, const std::optional<at::Tensor>& finishe
 }
 
 // Both versions: validation identical to the CPU op, then the kernel or (simulated device only) the CPU kernel.
-template <typename CpuFn>
-Outputs gating_npu(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k,
-                   int64_t renorm, bool want_softmax, bool want_row_idx, CpuFn&& cpu_kernel) {
+template <class Args, class CpuKernel>
+Outputs gating_npu(const char* op, const Args& args, int64_t renorm, bool want_softmax, bool want_row_idx,
+                   CpuKernel&& cpu_kernel) {
+  const at::Tensor& x = args.x;
+  const std::optional<at::Tensor>& finished = args.finished;
+  const int64_t k = args.k;
   moe::check_gating_renorm(op, renorm);
   const moe::GatingShape g = moe::check_gating(op, x, finished, k);
   tot_ascendc::MoeGatingTopKSoftmaxTiling tiling;
@@ -118,28 +117,19 @@ Outputs gating_npu(const char* op, const at::Tensor& x, const std::optional<at::
 #ifdef TOT_WITH_CANN
   TORCH_CHECK(false, op, ": not supported by the Ascend C kernel: ", refusal);
 #else
-  return on_device(cpu_kernel(cpu_alias(x), cpu_alias(finished)), x.device());
+  return on_device(npu_host::call_with_cpu_aliases(args, cpu_kernel), x.device());
 #endif
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_npu(const at::Tensor& x,
-                                                                            const std::optional<at::Tensor>& finished,
-                                                                            int64_t k) {
-  return gating_npu("moe_gating_top_k_softmax", x, finished, k, 0, false, true,
-                    [&](const at::Tensor& xc, const std::optional<at::Tensor>& fc) {
-                      return moe_gating_top_k_softmax_cpu(xc, fc, k);
-                    });
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_npu(const MoeGatingTopKSoftmaxArgs& args) {
+  return gating_npu("moe_gating_top_k_softmax", args, /*renorm=*/0, false, true, moe_gating_top_k_softmax_cpu);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu(
-    const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm,
-    bool output_softmax_result_flag) {
-  return gating_npu("moe_gating_top_k_softmax_v2", x, finished, k, renorm, output_softmax_result_flag, false,
-                    [&](const at::Tensor& xc, const std::optional<at::Tensor>& fc) {
-                      return moe_gating_top_k_softmax_v2_cpu(xc, fc, k, renorm, output_softmax_result_flag);
-                    });
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu(const MoeGatingTopKSoftmaxV2Args& args) {
+  return gating_npu("moe_gating_top_k_softmax_v2", args, args.renorm, args.output_softmax_result_flag, false,
+                    moe_gating_top_k_softmax_v2_cpu);
 }
 
 }  // namespace npu_fa

@@ -20,13 +20,7 @@
 #include "rope/rotary_position_embedding_tiling.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
-extern "C" __global__ __aicore__ void rotary_position_embedding_kernel(GM_ADDR x, GM_ADDR cos, GM_ADDR sin,
-                                                                       GM_ADDR out, GM_ADDR workspace,
-                                                                       GM_ADDR tiling);
-extern "C" __global__ __aicore__ void rotary_position_embedding_grad_kernel(GM_ADDR grad, GM_ADDR cos, GM_ADDR sin,
-                                                                            GM_ADDR x, GM_ADDR dx, GM_ADDR dcos,
-                                                                            GM_ADDR dsin, GM_ADDR workspace,
-                                                                            GM_ADDR tiling);
+#include "rope/rotary_position_embedding_kernel.h"
 #endif
 
 namespace npu_fa {
@@ -130,47 +124,45 @@ void check_fallback_allowed(const char* op, const std::string& why_not) {
               " (TOT_NPU_SIM_NO_FALLBACK=1 forbids the CPU kernel fallback)");
 }
 
-using npu_host::cpu_alias;
 using npu_host::device_alias;
 #endif
 
 }  // namespace
 
-at::Tensor rotary_position_embedding_npu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                         int64_t mode) {
+at::Tensor rotary_position_embedding_npu(const RotaryPositionEmbeddingArgs& args) {
   const char* op = "rotary_position_embedding";
-  rope::check_mode_and_dim(op, mode, x.dim() ? x.size(-1) : 0);
-  rope::check_tables(op, x, cos, sin);
-  if (x.numel() == 0) return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  const Plan p = plan(x, cos, sin, mode, /*grad=*/false);
-  if (p.why_not.empty()) return forward_kernel(p, x, cos, sin);
+  rope::check_mode_and_dim(op, args.mode, args.x.dim() ? args.x.size(-1) : 0);
+  rope::check_tables(op, args.x, args.cos, args.sin);
+  if (args.x.numel() == 0) return at::empty(args.x.sizes(),
+                                            args.x.options().memory_format(at::MemoryFormat::Contiguous));
+  const Plan p = plan(args.x, args.cos, args.sin, args.mode, /*grad=*/false);
+  if (p.why_not.empty()) return forward_kernel(p, args.x, args.cos, args.sin);
 #ifndef TOT_WITH_CANN
   check_fallback_allowed(op, p.why_not);
-  return device_alias(rotary_position_embedding_cpu(cpu_alias(x), cpu_alias(cos), cpu_alias(sin), mode), x.device());
+  return device_alias(npu_host::call_with_cpu_aliases(args, rotary_position_embedding_cpu), args.x.device());
 #else
   TORCH_CHECK(false, op, ": the Ascend C kernel does not handle ", p.why_not);
 #endif
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu(
-    const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
+    const RotaryPositionEmbeddingGradArgs& args) {
   const char* op = "rotary_position_embedding_grad";
-  rope::check_grad(op, grad, x);
-  rope::check_mode_and_dim(op, mode, x.dim() ? x.size(-1) : 0);
-  rope::check_tables(op, x, cos, sin);
-  const Plan p = x.numel() ? plan(x, cos, sin, mode, /*grad=*/true) : Plan{"empty x"};
+  rope::check_grad(op, args.grad, args.x);
+  rope::check_mode_and_dim(op, args.mode, args.x.dim() ? args.x.size(-1) : 0);
+  rope::check_tables(op, args.x, args.cos, args.sin);
+  const Plan p = args.x.numel() ? plan(args.x, args.cos, args.sin, args.mode, /*grad=*/true) : Plan{"empty x"};
   if (!p.why_not.empty()) {
 #ifndef TOT_WITH_CANN
     check_fallback_allowed(op, p.why_not);
-    auto [dx, dcos, dsin] =
-        rotary_position_embedding_grad_cpu(cpu_alias(grad), cpu_alias(cos), cpu_alias(sin), cpu_alias(x), mode);
-    return {device_alias(dx, x.device()), device_alias(dcos, x.device()), device_alias(dsin, x.device())};
+    auto [dx, dcos, dsin] = npu_host::call_with_cpu_aliases(args, rotary_position_embedding_grad_cpu);
+    return {device_alias(dx, args.x.device()), device_alias(dcos, args.x.device()), device_alias(dsin, args.x.device())};
 #else
-    TORCH_CHECK(x.numel() != 0, op, ": empty x is not supported on the NPU");
+    TORCH_CHECK(args.x.numel() != 0, op, ": empty x is not supported on the NPU");
     TORCH_CHECK(false, op, ": the Ascend C kernel does not handle ", p.why_not);
 #endif
   }
-  return grad_kernel(p, grad, cos, sin, x);
+  return grad_kernel(p, args.grad, args.cos, args.sin, args.x);
 }
 
 }  // namespace npu_fa

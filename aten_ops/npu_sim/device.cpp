@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "generated/simulated_npu_ops.h"
+
 namespace {
 
 constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
@@ -235,7 +237,7 @@ void run_cpu_kernel_on_sim(const c10::OperatorHandle& op, torch::jit::Stack* sta
 
 // ---- installation (once per process; the libraries are leaked on purpose so they stay registered) ----
 
-void install(const std::vector<std::string>& cpu_kernel_ops) {
+void install() {
   TORCH_CHECK(!c10::impl::hasDeviceGuardImpl(kSim),
               "npu_sim: a PrivateUse1 device guard is already registered (is torch_npu or another backend loaded?)");
   TORCH_CHECK(!at::isPrivateUse1HooksRegistered(),
@@ -261,18 +263,18 @@ void install(const std::vector<std::string>& cpu_kernel_ops) {
   fallback->fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback>());
 
   auto* ops = new torch::Library(torch::Library::IMPL, "npu_fa", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  for (const std::string& name : cpu_kernel_ops) {
-    ops->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&run_cpu_kernel_on_sim>());
+  for (const char* name : npu_fa::kSimulatedNpuCpuKernelOps) {
+    ops->impl(name, torch::CppFunction::makeFromBoxedFunction<&run_cpu_kernel_on_sim>());
   }
 }
 
 }  // namespace
 
-// Called from Python (ctypes) by npu_sim.enable(); returns 0 on success, else writes the error into `error`.
-extern "C" __attribute__((visibility("default"))) int tot_npu_sim_enable(const char** cpu_kernel_ops, int n_ops,
-                                                                          char* error, int error_len) {
+// Called from Python (ctypes) by npu_sim.enable(); returns 0 on success, else writes the error into `error`. The ops
+// served by their CPU kernel come from the generated list (native_functions.yaml: a CPU kernel, no PrivateUse1 one).
+extern "C" __attribute__((visibility("default"))) int tot_npu_sim_enable(char* error, int error_len) {
   try {
-    install(std::vector<std::string>(cpu_kernel_ops, cpu_kernel_ops + n_ops));
+    install();
     return 0;
   } catch (const std::exception& e) {
     std::snprintf(error, static_cast<size_t>(error_len), "%s", e.what());

@@ -31,12 +31,11 @@ def _run_both(case, blocks=(0, 0)):
     """(args, cpu outputs, npu outputs moved to cpu), the npu run with forced kernel tile sizes."""
     args = make_inputs(case)
     cpu = OPS.flash_attention_score(**args)
-    lib = _lib()
-    lib.tot_ascendc_set_flash_attention_blocks(*blocks)
+    OPS.npu_attention_tile_config(*blocks)
     try:
         npu = OPS.flash_attention_score(**_on_npu(args))
     finally:
-        lib.tot_ascendc_set_flash_attention_blocks(0, 0)
+        OPS.npu_attention_tile_config(-1, -1)
     assert all(t.device.type == "npu" for t in npu), [t.device for t in npu]
     return args, cpu, [t.cpu() for t in npu]
 
@@ -229,7 +228,7 @@ def case_control_functions_count_only_and_stats():
         lib.tot_ascendc_set_count_only(0)
     n2 = lib.tot_ascendc_last_stats(stats, 80)
     assert n2 == n and sum(stats[8 * i + 4] for i in range(n2)) == 2 * 20 * 40 * 32
-    lib.tot_ascendc_set_flash_attention_blocks(12, 64)
+    OPS.npu_attention_tile_config(12, 64)
     try:
         OPS.flash_attention_score(**args)
     except RuntimeError as e:
@@ -237,7 +236,7 @@ def case_control_functions_count_only_and_stats():
     else:
         raise AssertionError("an invalid forced s1_block was accepted")
     finally:
-        lib.tot_ascendc_set_flash_attention_blocks(0, 0)
+        OPS.npu_attention_tile_config(-1, -1)
 
 
 

@@ -14,7 +14,7 @@ class FakeHooks:
     def __init__(self):
         self.blocks, self.count_only, self.calls = (0, 0), 0, []
 
-    def tot_ascendc_set_flash_attention_blocks(self, s1, s2):
+    def npu_attention_tile_config(self, s1, s2):
         self.blocks = (s1, s2)
         self.calls.append(("blocks", s1, s2))
 
@@ -39,7 +39,7 @@ def case_simulated_path_parses_and_scales():
     preds = npu_model.predict_blocks(full, pm.Ascend910B(), fake, sim_shape=fake.shape)
     # the hooks were driven in order and reset afterwards
     assert fake.calls[:2] == [("blocks", 64, 64), ("count_only", 1)] and fake.calls[-2:] == [
-        ("count_only", 0), ("blocks", 0, 0)]
+        ("count_only", 0), ("blocks", -1, -1)]
     analytic = npu_model.predict_blocks(full, pm.Ascend910B())
     for b, res in preds.items():
         waves = pm.fa_tasks_per_aiv(full, b) / pm.fa_tasks_per_aiv(fake.shape, b)

@@ -91,13 +91,14 @@ def test_privateuse1_wrapper_checks_devices(tmp_path):
     assert 'if (b.has_value()) check_same_device("dev_op", "b", *b, device);' in text
     assert 'check_same_device("dev_op", "c", c, device);' in text
     assert "const c10::DeviceGuard guard(device);" in text
-    assert "return npu_fa::dev_op_npu(a, b, c, k);" in text
+    assert "return npu_fa::dev_op_npu(npu_fa::DevOpArgs{a, b, c, k});" in text
     assert "TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m)" in text
     assert 'm.impl("dev_op", TORCH_FN(dev_op_npu_privateuse1));' in text
-    assert 'm.impl("dev_op", TORCH_FN(npu_fa::dev_op_cpu));' in text
+    assert 'm.impl("dev_op", TORCH_FN(dev_op_cpu_unboxed));' in text
     assert 'm.def("dev_op(Tensor a, Tensor? b, Tensor c, int k=0) -> Tensor", {at::Tag::pt2_compliant_tag});' in text
     header = gen_cpp.render(load(_write(tmp_path, PRIVATEUSE1)))["aten_ops/generated/kernels.h"]
-    assert "at::Tensor dev_op_npu(" in header and "at::Tensor dev_op_cpu(" in header
+    assert "at::Tensor dev_op_npu(const DevOpArgs& args);" in header
+    assert "at::Tensor dev_op_cpu(const DevOpArgs& args);" in header
 
 
 def test_cpu_only_yaml_has_no_privateuse1_block(tmp_path):
@@ -108,7 +109,8 @@ def test_cpu_only_yaml_has_no_privateuse1_block(tmp_path):
 
 def test_python_registrations_follow_the_yaml(tmp_path):
     text = gen_python.render(load(_write(tmp_path, VALID)))["torch_ops_transformer/_generated/registrations.py"]
-    assert 'torch.library.register_fake("npu_fa::my_op", modules[\'pkg.fake\'].my_op)' in text
+    assert 'torch.library.register_fake("npu_fa::my_op", _fake_my_op)' in text
+    assert "return _fake_kernel('pkg.fake', 'my_op')(MyOpArgs(x, y, n))" in text
     assert 'torch.library.register_autograd("npu_fa::my_op", _backward_my_op, setup_context=_setup_my_op)' in text
     assert "ctx.mark_non_differentiable(aux)" in text
     assert "grads[0] if _needs_grad(ctx, 0) else None,  # x" in text

@@ -52,15 +52,50 @@ def params(spec: OpSpec) -> str:
     return ", ".join(f"{_arg_type(spec.name, a)} {a.name}" for a in spec.arguments)
 
 
+def args_struct(spec: OpSpec) -> str:
+    """Name of the op's generated argument struct: flash_attention_score -> FlashAttentionScoreArgs."""
+    return "".join(part[:1].upper() + part[1:] for part in spec.name.split("_") if part) + "Args"
+
+
+def kernel_params(spec: OpSpec, key: str) -> str:
+    """CPU and PrivateUse1 kernels take the op's argument struct; CatchAll kernels (no tensors) the unboxed list."""
+    return params(spec) if key == "CatchAll" else f"const {args_struct(spec)}& args"
+
+
+def _build_args(spec: OpSpec) -> str:
+    return f"{args_struct(spec)}{{{', '.join(a.name for a in spec.arguments)}}}"
+
+
+def _args_header(specs: List[OpSpec]) -> str:
+    lines = [HEADER, "#pragma once", "#include <ATen/core/Tensor.h>", "#include <c10/util/string_view.h>",
+             "#include <optional>", "",
+             "// One struct per op with tensors: its schema arguments, in schema order, with the kernel parameter types.",
+             "// The generated registration wrappers build it from the unboxed arguments and pass it to the CPU and",
+             "// PrivateUse1 kernels; it only lives for the call (its members are references and views).",
+             f"namespace {NAMESPACE} {{", ""]
+    for s in specs:
+        if "CatchAll" in s.dispatch:
+            continue
+        lines.append(f"// {s.name}")
+        lines.append(f"struct {args_struct(s)} {{")
+        lines += [f"  {_arg_type(s.name, a)} {a.name};" for a in s.arguments]
+        lines += ["};", "// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).",
+                  f"template <class F>",
+                  f"decltype(auto) apply_args(const {args_struct(s)}& a, F&& f) {{",
+                  f"  return f({', '.join('a.' + a.name for a in s.arguments)});", "}", ""]
+    lines += [f"}}  // namespace {NAMESPACE}", ""]
+    return "\n".join(lines)
+
+
 def _declarations(specs: List[OpSpec]) -> str:
     lines = [HEADER, "#pragma once", "#include <ATen/core/Tensor.h>", "#include <c10/util/string_view.h>",
-             "#include <optional>", "#include <tuple>", "#include <vector>", "",
+             "#include <optional>", "#include <tuple>", "#include <vector>", "", '#include "op_args.h"', "",
              f"// Kernels named in native_functions.yaml; each backend folder of aten_ops/ defines its own.",
              f"namespace {NAMESPACE} {{"]
     for s in specs:
         for key, fn in s.dispatch.items():
             lines.append(f"// {s.name} [{key}]")
-            lines.append(f"{return_type(s.schema)} {fn}({params(s)});")
+            lines.append(f"{return_type(s.schema)} {fn}({kernel_params(s, key)});")
     lines += [f"}}  // namespace {NAMESPACE}", ""]
     return "\n".join(lines)
 
@@ -78,8 +113,14 @@ def _device_checked_wrapper(spec: OpSpec, fn: str) -> List[str]:
         else:
             out.append(f'  if ({a.name}.has_value()) check_same_device("{spec.name}", "{a.name}", *{a.name}, device);')
     out += ["  const c10::DeviceGuard guard(device);",
-            f"  return {NAMESPACE}::{fn}({', '.join(a.name for a in spec.arguments)});", "}", ""]
+            f"  return {NAMESPACE}::{fn}({NAMESPACE}::{_build_args(spec)});", "}", ""]
     return out
+
+
+def _cpu_wrapper(spec: OpSpec, fn: str) -> List[str]:
+    """CPU kernels get the argument struct built from the unboxed arguments."""
+    return [f"{return_type(spec.schema)} {fn}_unboxed({params(spec)}) {{",
+            f"  return {NAMESPACE}::{fn}({NAMESPACE}::{_build_args(spec)});", "}", ""]
 
 
 def _registrations(specs: List[OpSpec]) -> str:
@@ -91,6 +132,8 @@ def _registrations(specs: List[OpSpec]) -> str:
              "              \" like the op's first tensor; got a tensor on \", t.device());",
              "}", ""]
     for s in specs:
+        if "CPU" in s.dispatch:
+            lines += _cpu_wrapper(s, s.dispatch["CPU"])
         if "PrivateUse1" in s.dispatch:
             lines += _device_checked_wrapper(s, s.dispatch["PrivateUse1"])
     lines += ["}  // namespace", "", f"TORCH_LIBRARY({NAMESPACE}, m) {{"]
@@ -107,12 +150,32 @@ def _registrations(specs: List[OpSpec]) -> str:
             continue
         lines.append(f"TORCH_LIBRARY_IMPL({NAMESPACE}, {key}, m) {{")
         for s in ops:
-            fn = f"{NAMESPACE}::{s.dispatch[key]}" if key == "CPU" else f"{s.dispatch[key]}_privateuse1"
+            fn = f"{s.dispatch[key]}_unboxed" if key == "CPU" else f"{s.dispatch[key]}_privateuse1"
             lines.append(f'  m.impl("{s.name}", TORCH_FN({fn}));')
         lines += ["}", ""]
     return "\n".join(lines)
 
 
+def simulated_npu_cpu_kernel_ops(specs: List[OpSpec]) -> List[str]:
+    """Ops whose CPU kernel also serves the simulated npu device: a CPU kernel and no PrivateUse1 kernel."""
+    return [s.name for s in specs if "CPU" in s.dispatch and "PrivateUse1" not in s.dispatch]
+
+
+def _simulated_ops_header(specs: List[OpSpec]) -> str:
+    names = simulated_npu_cpu_kernel_ops(specs)
+    lines = [HEADER, "#pragma once", "#include <array>", "",
+             f"namespace {NAMESPACE} {{", "",
+             "// Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel",
+             "// and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On",
+             "// CANN builds these have no npu kernel yet.",
+             f"inline constexpr std::array<const char*, {len(names)}> kSimulatedNpuCpuKernelOps = {{"]
+    lines += [f'    "{n}",' for n in names]
+    lines += ["};", "", f"}}  // namespace {NAMESPACE}", ""]
+    return "\n".join(lines)
+
+
 def render(specs: List[OpSpec]) -> dict:
-    return {"aten_ops/generated/kernels.h": _declarations(specs),
-            "aten_ops/generated/register_ops.cpp": _registrations(specs)}
+    return {"aten_ops/generated/op_args.h": _args_header(specs),
+            "aten_ops/generated/kernels.h": _declarations(specs),
+            "aten_ops/generated/register_ops.cpp": _registrations(specs),
+            "aten_ops/generated/simulated_npu_ops.h": _simulated_ops_header(specs)}

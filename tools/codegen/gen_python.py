@@ -75,20 +75,45 @@ def _autograd_block(spec: OpSpec, by_name: Dict[str, OpSpec]) -> List[str]:
     return out
 
 
+def args_class(spec: OpSpec) -> str:
+    """The Python twin of the C++ argument struct: flash_attention_score -> FlashAttentionScoreArgs."""
+    return "".join(part[:1].upper() + part[1:] for part in spec.name.split("_") if part) + "Args"
+
+
+def _py_default(default: str) -> str:
+    """Schema defaults are Python literals already, except lists (kept immutable here)."""
+    return "()" if default == "[]" else default
+
+
+def _fake_binding(spec: OpSpec, module: str, fn: str) -> List[str]:
+    """A namedtuple of the op's arguments and the fake kernel the dispatcher calls: it binds the arguments as the
+    schema declares them (defaults filled) and hands the fake kernel one object, `a.query`, `a.pse_type`..."""
+    names = [a.name for a in spec.arguments]
+    sig = []
+    for a in spec.schema.arguments.flat_positional:
+        sig.append(a.name if a.default is None else f"{a.name}={_py_default(a.default)}")
+    kwonly = list(spec.schema.arguments.flat_kwarg_only)
+    if kwonly:
+        sig.append("*")
+        sig += [a.name if a.default is None else f"{a.name}={_py_default(a.default)}" for a in kwonly]
+    cls = args_class(spec)
+    return [f"{cls} = collections.namedtuple({cls!r}, {names!r})", "", "",
+            f"def _fake_{spec.name}({', '.join(sig)}):",
+            f"    return _fake_kernel({module!r}, {fn!r})({cls}({', '.join(names)}))", "", ""]
+
+
 def render(specs: List[OpSpec]) -> dict:
     by_name = {s.name: s for s in specs}
     modules = sorted({s.fake.split(":")[0] for s in specs if s.fake})
     lines = [HEADER + '"""Fake kernels and autograd formulas of every op, wired from native_functions.yaml."""',
-             "import importlib", "", "import torch", "", "",
-             "# name -> (doc, dispatch keys, has autograd, opcheck-tested)", "OPS = {"]
+             "import collections", "import importlib", "", "import torch", "", "",
+             "OpInfo = collections.namedtuple(\"OpInfo\", [\"doc\", \"dispatch_keys\", \"differentiable\", \"opcheck\"])",
+             "OpInfo.__doc__ = (\"One op of native_functions.yaml: its user doc, the dispatch keys it has kernels for, whether \"",
+             "                  \"it has an autograd formula, and whether test/test_opcheck.py opchecks it.\")",
+             "", "# Every op of torch.ops.npu_fa, by name.", "OPS = {"]
     for s in specs:
-        lines.append(f"    {s.name!r}: ({s.doc!r}, {tuple(s.dispatch)!r}, {s.autograd is not None}, {s.opcheck}),")
-    lines += ["}", "",
-              "# Ops whose CPU kernel also serves the simulated NPU device (npu_sim.enable()): every op with a CPU",
-              "# kernel and no PrivateUse1 kernel of its own. On CANN builds these have no npu kernel yet.",
-              "SIMULATED_NPU_CPU_KERNEL_OPS = ("]
-    lines += [f"    {s.name!r}," for s in specs if "CPU" in s.dispatch and "PrivateUse1" not in s.dispatch]
-    lines += [")", "", "",
+        lines.append(f"    {s.name!r}: OpInfo({s.doc!r}, {tuple(s.dispatch)!r}, {s.autograd is not None}, {s.opcheck}),")
+    lines += ["}", "", "",
               "def _needs_grad(ctx, index):",
               '    """The dispatcher drops trailing default arguments, so needs_input_grad may be shorter than the schema."""',
               "    return index < len(ctx.needs_input_grad) and ctx.needs_input_grad[index]",
@@ -109,16 +134,23 @@ def render(specs: List[OpSpec]) -> dict:
               "    for n in ctx.saved_layout:",
               "        out.append(flat.pop(0) if n < 0 else [flat.pop(0) for _ in range(n)])",
               "    return out",
+              "", "",
+              "def _fake_kernel(module, fn):",
+              '    """The fake kernel named in the YAML (imported on first use)."""',
+              "    return getattr(importlib.import_module(module), fn)",
               "", ""]
+    for s in specs:
+        if s.fake:
+            lines += _fake_binding(s, *s.fake.split(":"))
     for s in specs:
         if s.autograd:
             lines += _autograd_block(s, by_name)
     lines += ["def register():", '    """Register fake kernels and autograd formulas; called once at import."""']
-    lines.append(f"    modules = {{m: importlib.import_module(m) for m in {modules!r}}}")
+    lines.append(f"    for m in {modules!r}:")
+    lines.append("        importlib.import_module(m)  # fail at import, not at the first trace, if one is missing")
     for s in specs:
         if s.fake:
-            mod, fn = s.fake.split(":")
-            lines.append(f'    torch.library.register_fake("{NAMESPACE}::{s.name}", modules[{mod!r}].{fn})')
+            lines.append(f'    torch.library.register_fake("{NAMESPACE}::{s.name}", _fake_{s.name})')
         if s.autograd:
             lines.append(f'    torch.library.register_autograd("{NAMESPACE}::{s.name}", _backward_{s.name}, '
                          f"setup_context=_setup_{s.name})")

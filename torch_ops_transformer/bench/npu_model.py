@@ -23,7 +23,7 @@ BLOCKS = (64, 128, 256)
 SEED_BLOCK_MS = {64: 85.0, 128: 52.0, 256: 68.0}
 SEED_BLOCK_WHY = {64: "small blocks: low L2 use", 128: "balanced", 256: "L2 cannot hold the blocks"}
 QUICK_SHAPE = pm.AttentionShape(batch=1, heads=2, seq=512, head_dim=128)
-HOOKS = ("tot_ascendc_set_flash_attention_blocks", "tot_ascendc_set_count_only", "tot_ascendc_last_stats")
+HOOKS = ("tot_ascendc_set_count_only", "tot_ascendc_last_stats")
 MAX_CORES = 128
 
 
@@ -40,7 +40,6 @@ def runtime_hooks() -> Tuple[Optional[ctypes.CDLL], str]:
     if missing:
         return None, (f"the extension does not export {', '.join(missing)} "
                       "(the FlashAttention Ascend C kernel is not built in)")
-    lib.tot_ascendc_set_flash_attention_blocks.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.tot_ascendc_set_count_only.argtypes = [ctypes.c_int]
     lib.tot_ascendc_last_stats.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
     lib.tot_ascendc_last_stats.restype = ctypes.c_int
@@ -48,16 +47,18 @@ def runtime_hooks() -> Tuple[Optional[ctypes.CDLL], str]:
 
 
 def simulated_fa_counts(lib, shape: pm.AttentionShape, s1_block: int, s2_block: int) -> List[pm.CoreCounts]:
-    """Run our FlashAttention forward on the simulated npu in count-only mode; the per-core counters."""
+    """Run our FlashAttention forward on the simulated npu in count-only mode; the per-core counters. The kernel's
+    tiles are forced with the op npu_attention_tile_config (or the stand-in of a test's hooks object)."""
     import torch
 
     from .. import npu_sim
 
+    tile_config = getattr(lib, "npu_attention_tile_config", None) or torch.ops.npu_fa.npu_attention_tile_config
     npu_sim.enable()
     dtype = {2: torch.float16, 4: torch.float32}[shape.dtype_bytes]
     size = (shape.batch, shape.heads, shape.seq, shape.head_dim)
     q, k, v = (torch.zeros(size, dtype=dtype).to("npu") for _ in range(3))
-    lib.tot_ascendc_set_flash_attention_blocks(s1_block, s2_block)
+    tile_config(s1_block, s2_block)
     lib.tot_ascendc_set_count_only(1)
     try:
         with torch.no_grad():
@@ -66,7 +67,7 @@ def simulated_fa_counts(lib, shape: pm.AttentionShape, s1_block: int, s2_block: 
         cores = lib.tot_ascendc_last_stats(buf, MAX_CORES)
     finally:
         lib.tot_ascendc_set_count_only(0)
-        lib.tot_ascendc_set_flash_attention_blocks(0, 0)
+        tile_config(-1, -1)
     if cores <= 0:
         raise RuntimeError(f"tot_ascendc_last_stats returned {cores}: the launch recorded no cores")
     return pm.records_from_flat(list(buf), min(cores, MAX_CORES))

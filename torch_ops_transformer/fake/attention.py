@@ -8,25 +8,19 @@ import torch
 from ..layout import attention_dims
 
 
-def flash_attention_score(query, key, value, head_num, input_layout, pse=None, atten_mask=None,
-                          actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0,
-                          pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0,
-                          pse_type=1, seed=None, offset=None):
-    d = attention_dims("flash_attention_score", query, key, value, head_num, input_layout)
-    out = query.new_empty(d.out_shape)
-    stats = query.new_empty(d.stats_shape, dtype=torch.float32)
-    scalar = query.new_empty((), dtype=torch.int64)
-    return out, stats, stats.new_empty(d.stats_shape), query.new_empty((0,)), scalar, scalar.new_empty(())
+def flash_attention_score(a):
+    d = attention_dims("flash_attention_score", a.query, a.key, a.value, a.head_num, a.input_layout)
+    out = a.query.new_empty(d.out_shape)
+    stats = a.query.new_empty(d.stats_shape, dtype=torch.float32)
+    scalar = a.query.new_empty((), dtype=torch.int64)
+    return out, stats, stats.new_empty(d.stats_shape), a.query.new_empty((0,)), scalar, scalar.new_empty(())
 
 
-def flash_attention_score_grad(query, key, value, dy, head_num, input_layout, *, pse=None, atten_mask=None,
-                               softmax_max, softmax_sum, attention_in, actual_seq_qlen=None, actual_seq_kvlen=None,
-                               scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647,
-                               inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None):
-    attention_dims("flash_attention_score_grad", query, key, value, head_num, input_layout)
-    dpse = query.new_empty(pse.shape, dtype=pse.dtype) if pse is not None else query.new_empty((0,))
-    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dpse
+def flash_attention_score_grad(a):
+    attention_dims("flash_attention_score_grad", a.query, a.key, a.value, a.head_num, a.input_layout)
+    dpse = a.query.new_empty(a.pse.shape, dtype=a.pse.dtype) if a.pse is not None else a.query.new_empty((0,))
+    return a.query.new_empty(a.query.shape), a.key.new_empty(a.key.shape), a.value.new_empty(a.value.shape), dpse
 
 
-def dropout_gen_mask(seed, offset, rows, cols, keep_prob):
-    return seed.new_empty((rows, cols), dtype=torch.bool)
+def dropout_gen_mask(a):
+    return a.seed.new_empty((a.rows, a.cols), dtype=torch.bool)

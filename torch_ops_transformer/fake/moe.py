@@ -13,76 +13,73 @@ def _gating_shape(op, x, k):
     return (*x.shape[:-1], k)
 
 
-def moe_gating_top_k_softmax(x, finished=None, k=1):
-    shape = _gating_shape("moe_gating_top_k_softmax", x, k)
-    return x.new_empty(shape), x.new_empty(shape, dtype=torch.int32), x.new_empty(shape, dtype=torch.int32)
+def moe_gating_top_k_softmax(a):
+    shape = _gating_shape("moe_gating_top_k_softmax", a.x, a.k)
+    return a.x.new_empty(shape), a.x.new_empty(shape, dtype=torch.int32), a.x.new_empty(shape, dtype=torch.int32)
 
 
 def _acc(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def moe_gating_top_k_softmax_v2(x, finished=None, k=1, renorm=0, output_softmax_result_flag=False):
-    shape = _gating_shape("moe_gating_top_k_softmax_v2", x, k)
-    sm = x.new_empty(x.shape, dtype=_acc(x)) if (output_softmax_result_flag and renorm == 0) \
-        else x.new_empty((0,), dtype=_acc(x))
-    return x.new_empty(shape), x.new_empty(shape, dtype=torch.int32), sm
+def moe_gating_top_k_softmax_v2(a):
+    shape = _gating_shape("moe_gating_top_k_softmax_v2", a.x, a.k)
+    sm = a.x.new_empty(a.x.shape, dtype=_acc(a.x)) if (a.output_softmax_result_flag and a.renorm == 0) \
+        else a.x.new_empty((0,), dtype=_acc(a.x))
+    return a.x.new_empty(shape), a.x.new_empty(shape, dtype=torch.int32), sm
 
 
-def moe_gating_top_k_softmax_grad(grad_y, x, k, renorm=0):
-    _gating_shape("moe_gating_top_k_softmax_grad", x, k)
-    return x.new_empty(x.shape)
+def moe_gating_top_k_softmax_grad(a):
+    _gating_shape("moe_gating_top_k_softmax_grad", a.x, a.k)
+    return a.x.new_empty(a.x.shape)
 
 
-def moe_gating_top_k(x, k, bias=None, k_group=1, group_count=1, group_select_mode=0, renorm=0, norm_type=0,
-                     out_flag=False, routed_scaling_factor=1.0, eps=1e-20):
+def moe_gating_top_k(a):
     op = "moe_gating_top_k"
-    torch._check(x.dim() == 2, lambda: f"{op}: argument 'x' must be 2-D [N, E]")
-    n, e = x.shape
-    torch._check(renorm == 0, lambda: f"{op}: argument 'renorm' must be 0; got {renorm}")
-    torch._check(1 <= k <= 1024, lambda: f"{op}: argument 'k' must be in [1, 1024]; got {k}")
-    out = x.new_empty((n, e), dtype=torch.float32) if out_flag else x.new_empty((0,), dtype=torch.float32)
-    return x.new_empty((n, k)), x.new_empty((n, k), dtype=torch.int32), out
+    torch._check(a.x.dim() == 2, lambda: f"{op}: argument 'x' must be 2-D [N, E]")
+    n, e = a.x.shape
+    torch._check(a.renorm == 0, lambda: f"{op}: argument 'renorm' must be 0; got {a.renorm}")
+    torch._check(1 <= a.k <= 1024, lambda: f"{op}: argument 'k' must be in [1, 1024]; got {a.k}")
+    out = a.x.new_empty((n, e), dtype=torch.float32) if a.out_flag else a.x.new_empty((0,), dtype=torch.float32)
+    return a.x.new_empty((n, a.k)), a.x.new_empty((n, a.k), dtype=torch.int32), out
 
 
-def moe_init_routing(x, row_idx, expert_idx, active_num):
-    n, k = expert_idx.shape
-    kept = torch.sym_min(n, active_num) * k
-    return (x.new_empty((kept, x.shape[1])), x.new_empty((n * k,), dtype=torch.int32),
-            x.new_empty((n * k,), dtype=torch.int32))
+def moe_init_routing(a):
+    n, k = a.expert_idx.shape
+    kept = torch.sym_min(n, a.active_num) * k
+    return (a.x.new_empty((kept, a.x.shape[1])), a.x.new_empty((n * k,), dtype=torch.int32),
+            a.x.new_empty((n * k,), dtype=torch.int32))
 
 
-def moe_init_routing_v2(x, expert_idx, scale=None, offset=None, active_num=-1, expert_capacity=-1, expert_num=-1,
-                        drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=-1,
-                        active_expert_range=(), row_idx_type=0):
+def moe_init_routing_v2(a):
     op = "moe_init_routing_v2"
-    torch._check(quant_mode == -1, lambda: f"{op}: argument 'quant_mode' must be -1; got {quant_mode}")
-    torch._check(drop_pad_mode in (0, 1), lambda: f"{op}: argument 'drop_pad_mode' must be 0 or 1")
-    n_pairs = expert_idx.numel()
-    h = x.shape[1]
-    if drop_pad_mode == 1:
-        torch._check(expert_num > 0 and expert_capacity > 0,
+    torch._check(a.quant_mode == -1, lambda: f"{op}: argument 'quant_mode' must be -1; got {a.quant_mode}")
+    torch._check(a.drop_pad_mode in (0, 1), lambda: f"{op}: argument 'drop_pad_mode' must be 0 or 1")
+    n_pairs = a.expert_idx.numel()
+    h = a.x.shape[1]
+    if a.drop_pad_mode == 1:
+        torch._check(a.expert_num > 0 and a.expert_capacity > 0,
                      lambda: f"{op}: capacity mode needs expert_num > 0 and expert_capacity > 0")
-        expanded = x.new_empty((expert_num, expert_capacity, h))
-        rows = expert_num * expert_capacity
+        expanded = a.x.new_empty((a.expert_num, a.expert_capacity, h))
+        rows = a.expert_num * a.expert_capacity
     else:
-        rows = torch.sym_min(active_num, n_pairs) if active_num > 0 else n_pairs
-        expanded = x.new_empty((rows, h))
+        rows = torch.sym_min(a.active_num, n_pairs) if a.active_num > 0 else n_pairs
+        expanded = a.x.new_empty((rows, h))
     counted = 0
-    if expert_tokens_num_flag:
-        counted = active_expert_range[1] - active_expert_range[0] if len(active_expert_range) else expert_num
-    tokens = x.new_empty((counted,), dtype=torch.int64)
-    expanded_scale = x.new_empty((rows,) if scale is not None else (0,), dtype=torch.float32)
-    return expanded, x.new_empty((n_pairs,), dtype=torch.int32), tokens, expanded_scale
+    if a.expert_tokens_num_flag:
+        counted = a.active_expert_range[1] - a.active_expert_range[0] if len(a.active_expert_range) else a.expert_num
+    tokens = a.x.new_empty((counted,), dtype=torch.int64)
+    expanded_scale = a.x.new_empty((rows,) if a.scale is not None else (0,), dtype=torch.float32)
+    return expanded, a.x.new_empty((n_pairs,), dtype=torch.int32), tokens, expanded_scale
 
 
-def moe_init_routing_v2_grad(grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type=0):
-    return x.new_empty(x.shape)
+def moe_init_routing_v2_grad(a):
+    return a.x.new_empty(a.x.shape)
 
 
-def moe_compute_expert_tokens(sorted_expert_for_source_row, num_expert):
-    torch._check(num_expert > 0, lambda: f"moe_compute_expert_tokens: argument 'num_expert' must be > 0")
-    return sorted_expert_for_source_row.new_empty((num_expert,), dtype=torch.int32)
+def moe_compute_expert_tokens(a):
+    torch._check(a.num_expert > 0, lambda: f"moe_compute_expert_tokens: argument 'num_expert' must be > 0")
+    return a.sorted_expert_for_source_row.new_empty((a.num_expert,), dtype=torch.int32)
 
 
 def _finalize_tokens(skip1, scales, export_for_source_row):
@@ -92,18 +89,16 @@ def _finalize_tokens(skip1, scales, export_for_source_row):
     torch._check(False, lambda: "moe_finalize_routing: one of 'skip1', 'scales' or 'export_for_source_row' is needed")
 
 
-def moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
-                         export_for_source_row, drop_pad_mode=0):
-    n = _finalize_tokens(skip1, scales, export_for_source_row)
-    return expanded_permuted_rows.new_empty((n, expanded_permuted_rows.shape[-1]))
+def moe_finalize_routing(a):
+    n = _finalize_tokens(a.skip1, a.scales, a.export_for_source_row)
+    return a.expanded_permuted_rows.new_empty((n, a.expanded_permuted_rows.shape[-1]))
 
 
-def moe_finalize_routing_grad(grad_out, expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row,
-                              export_for_source_row, drop_pad_mode=0):
-    d_rows = expanded_permuted_rows.new_empty(expanded_permuted_rows.shape)
-    d_skip = grad_out.new_empty(grad_out.shape, dtype=expanded_permuted_rows.dtype)
-    d_scales = scales.new_empty(scales.shape) if scales is not None else d_skip.new_empty((0,))
-    d_bias = bias.new_empty(bias.shape) if bias is not None else d_skip.new_empty((0,))
+def moe_finalize_routing_grad(a):
+    d_rows = a.expanded_permuted_rows.new_empty(a.expanded_permuted_rows.shape)
+    d_skip = a.grad_out.new_empty(a.grad_out.shape, dtype=a.expanded_permuted_rows.dtype)
+    d_scales = a.scales.new_empty(a.scales.shape) if a.scales is not None else d_skip.new_empty((0,))
+    d_bias = a.bias.new_empty(a.bias.shape) if a.bias is not None else d_skip.new_empty((0,))
     return d_rows, d_skip, d_scales, d_bias
 
 
@@ -114,27 +109,26 @@ def _kept_rows(n, num_out_tokens):
     return torch.sym_min(v, n) if v > 0 else torch.sym_max(n + v, 0)
 
 
-def moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
-    torch._check(not padded_mode, lambda: "moe_token_permute: argument 'padded_mode' must be False")
-    n = indices.numel()
-    rows = _kept_rows(n, num_out_tokens)
-    return tokens.new_empty((rows, tokens.shape[1])), indices.new_empty((n,), dtype=torch.int32)
+def moe_token_permute(a):
+    torch._check(not a.padded_mode, lambda: "moe_token_permute: argument 'padded_mode' must be False")
+    n = a.indices.numel()
+    rows = _kept_rows(n, a.num_out_tokens)
+    return a.tokens.new_empty((rows, a.tokens.shape[1])), a.indices.new_empty((n,), dtype=torch.int32)
 
 
-def moe_token_permute_grad(grad_permuted_tokens, sorted_indices, indices):
-    return grad_permuted_tokens.new_empty((indices.shape[0], grad_permuted_tokens.shape[1]))
+def moe_token_permute_grad(a):
+    return a.grad_permuted_tokens.new_empty((a.indices.shape[0], a.grad_permuted_tokens.shape[1]))
 
 
-def moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_shape=None):
-    torch._check(not padded_mode, lambda: "moe_token_unpermute: argument 'padded_mode' must be False")
-    topk = probs.shape[-1] if probs is not None else 1
-    return permuted_tokens.new_empty((sorted_indices.numel() // topk, permuted_tokens.shape[1]))
+def moe_token_unpermute(a):
+    torch._check(not a.padded_mode, lambda: "moe_token_unpermute: argument 'padded_mode' must be False")
+    topk = a.probs.shape[-1] if a.probs is not None else 1
+    return a.permuted_tokens.new_empty((a.sorted_indices.numel() // topk, a.permuted_tokens.shape[1]))
 
 
-def moe_token_unpermute_grad(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs=None, padded_mode=False,
-                             restore_shape=None):
-    d_probs = probs.new_empty(probs.shape) if probs is not None else permuted_tokens.new_empty((0,))
-    return permuted_tokens.new_empty(permuted_tokens.shape), d_probs
+def moe_token_unpermute_grad(a):
+    d_probs = a.probs.new_empty(a.probs.shape) if a.probs is not None else a.permuted_tokens.new_empty((0,))
+    return a.permuted_tokens.new_empty(a.permuted_tokens.shape), d_probs
 
 
 # grouped_matmul and its backward: output shapes follow from the input shapes alone (never from group_list's
@@ -165,16 +159,15 @@ def _out_shapes(x, weight, group_list, group_type):
     return [(group_list.shape[0], x[0].shape[0], n)]
 
 
-def grouped_matmul(x, weight, bias, group_list=None, group_type=0, group_list_type=0, act_type=0):
-    _check_grouped("grouped_matmul", x, weight, group_type, group_list_type, act_type)
-    shapes = _out_shapes(x, weight, group_list, group_type)
-    outs = [x[0].new_empty(s) for s in shapes]
-    pres = [x[0].new_empty(s if act_type else (0,)) for s in shapes]
+def grouped_matmul(a):
+    _check_grouped("grouped_matmul", a.x, a.weight, a.group_type, a.group_list_type, a.act_type)
+    shapes = _out_shapes(a.x, a.weight, a.group_list, a.group_type)
+    outs = [a.x[0].new_empty(s) for s in shapes]
+    pres = [a.x[0].new_empty(s if a.act_type else (0,)) for s in shapes]
     return outs, pres
 
 
-def grouped_matmul_grad(grad_out, x, weight, bias, group_list, act_input, group_type=0, group_list_type=0,
-                        act_type=0):
-    _check_grouped("grouped_matmul_grad", x, weight, group_type, group_list_type, act_type)
-    return ([t.new_empty(t.shape) for t in x], [t.new_empty(t.shape) for t in weight],
-            [t.new_empty(t.shape) for t in bias])
+def grouped_matmul_grad(a):
+    _check_grouped("grouped_matmul_grad", a.x, a.weight, a.group_type, a.group_list_type, a.act_type)
+    return ([t.new_empty(t.shape) for t in a.x], [t.new_empty(t.shape) for t in a.weight],
+            [t.new_empty(t.shape) for t in a.bias])

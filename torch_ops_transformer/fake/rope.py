@@ -16,29 +16,29 @@ def _check(op, x, cos, sin, mode):
                      lambda: f"{op}: {name} of shape {tuple(t.shape)} must end in the head dimension D={d}")
 
 
-def rotary_position_embedding(x, cos, sin, mode=0):
-    _check("rotary_position_embedding", x, cos, sin, mode)
-    return x.new_empty(x.shape)
+def rotary_position_embedding(a):
+    _check("rotary_position_embedding", a.x, a.cos, a.sin, a.mode)
+    return a.x.new_empty(a.x.shape)
 
 
-def rotary_position_embedding_grad(grad, cos, sin, x, mode=0):
-    _check("rotary_position_embedding_grad", x, cos, sin, mode)
-    return x.new_empty(x.shape), cos.new_empty(cos.shape), sin.new_empty(sin.shape)
+def rotary_position_embedding_grad(a):
+    _check("rotary_position_embedding_grad", a.x, a.cos, a.sin, a.mode)
+    return a.x.new_empty(a.x.shape), a.cos.new_empty(a.cos.shape), a.sin.new_empty(a.sin.shape)
 
 
-def apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
+def apply_rotary_pos_emb(a):
     op = "apply_rotary_pos_emb"
-    torch._check(layout in ("BSND", "BSH", "BNSD", "SBND", "TND"),
-                 lambda: f"{op}: unknown layout '{layout}'; expected BSND (or BSH), BNSD, SBND or TND")
-    torch._check(rotary_mode in _MODES, lambda: f"{op}: unknown rotary_mode '{rotary_mode}'; expected 'half', "
+    torch._check(a.layout in ("BSND", "BSH", "BNSD", "SBND", "TND"),
+                 lambda: f"{op}: unknown layout '{a.layout}'; expected BSND (or BSH), BNSD, SBND or TND")
+    torch._check(a.rotary_mode in _MODES, lambda: f"{op}: unknown rotary_mode '{a.rotary_mode}'; expected 'half', "
                                                 f"'interleave', 'quarter' or 'interleave-half'")
     return None
 
 
-def rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, is_neox_style=True):
+def rope_with_sin_cos_cache(a):
     op = "rope_with_sin_cos_cache"
-    rot = cos_sin_cache.shape[-1]
-    torch._check(cos_sin_cache.dim() == 2, lambda: f"{op}: cos_sin_cache must be 2-D [max_position, rot_dim]")
-    torch._check(rot % 2 == 0 and rot <= head_size,
-                 lambda: f"{op}: rot_dim ({rot}) must be even, positive and at most head_size={head_size}")
-    return query.new_empty(query.shape), key.new_empty(key.shape)
+    rot = a.cos_sin_cache.shape[-1]
+    torch._check(a.cos_sin_cache.dim() == 2, lambda: f"{op}: cos_sin_cache must be 2-D [max_position, rot_dim]")
+    torch._check(rot % 2 == 0 and rot <= a.head_size,
+                 lambda: f"{op}: rot_dim ({rot}) must be even, positive and at most head_size={a.head_size}")
+    return a.query.new_empty(a.query.shape), a.key.new_empty(a.key.shape)

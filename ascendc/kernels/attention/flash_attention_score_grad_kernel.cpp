@@ -15,6 +15,7 @@
 // P and dS are rounded to the input dtype before their matmuls, as FlashAttention-2 does on the cube.
 #include "kernel_operator.h"
 #include "attention/flash_attention_score_grad_tiling.h"
+#include "attention/flash_attention_score_grad_kernel.h"
 
 using namespace AscendC;
 using tot_ascendc::FlashAttentionScoreGradTiling;

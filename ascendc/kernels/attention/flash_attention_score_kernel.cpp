@@ -14,6 +14,7 @@
 #include "kernel_operator.h"
 
 #include "attention/flash_attention_score_tiling.h"
+#include "attention/flash_attention_score_kernel.h"
 
 using namespace AscendC;
 using tot_ascendc::FlashAttentionScoreTilingData;

@@ -17,6 +17,7 @@
 #include "kernel_operator.h"
 
 #include "inference/incre_flash_attention_tiling.h"
+#include "inference/incre_flash_attention_kernel.h"
 
 using namespace AscendC;
 

@@ -16,6 +16,7 @@
 // the CPU kernel for them on the simulated device (docs/ascendc_moe.md).
 #include "kernel_operator.h"
 #include "moe/moe_gating_top_k_softmax_tiling.h"
+#include "moe/moe_gating_top_k_softmax_kernel.h"
 
 using namespace AscendC;
 

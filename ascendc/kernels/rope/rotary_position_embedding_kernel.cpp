@@ -18,6 +18,7 @@
 // use (x row r uses table row (r / repeat) % table_rows) once, then multiplies every x row by its table row.
 #include "kernel_operator.h"
 #include "rope/rotary_position_embedding_tiling.h"
+#include "rope/rotary_position_embedding_kernel.h"
 
 using namespace AscendC;
 using tot_ascendc::RotaryPositionEmbeddingTiling;

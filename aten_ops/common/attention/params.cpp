@@ -208,80 +208,80 @@ bool AttentionParams::visible(int64_t b, int64_t n, int64_t i, int64_t j) const 
   return !(mask.has_value() && mask->masked(layout == Layout::TND ? 0 : b, n, i, j));
 }
 
-AttentionParams parse_attention_params(
-    const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
-    c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
-    const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
-    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
-    int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
-    AttentionInputs& in, const ArgNames& names) {
+template <class Args>
+AttentionParams parse_attention_params(const char* op, const Args& args, AttentionInputs& in, const ArgNames& names) {
   AttentionParams p;
   p.op = op;
-  p.layout = parse_layout(op, input_layout);
-  check_qkv_dtypes(op, query, key, value);
-  const auto dt = query.scalar_type();
-  TORCH_CHECK_VALUE(key.device() == query.device() && value.device() == query.device(), op,
-                    ": arguments 'query', 'key', 'value' must be on one device; got ", query.device(), ", ",
-                    key.device(), ", ", value.device());
-  TORCH_CHECK_VALUE(head_num > 0, op, ": argument '", names.head_num, "' must be positive; got ", head_num);
-  TORCH_CHECK_VALUE(sparse_mode >= 0 && sparse_mode <= 4, op, ": argument 'sparse_mode' must be 0 (default), "
-                    "1 (all-mask), 2 (top-left causal), 3 (bottom-right causal) or 4 (band); got ", sparse_mode,
-                    sparse_mode >= 5 && sparse_mode <= 8 ? " (prefix / context-parallel modes 5-8 are not implemented)" : "");
-  TORCH_CHECK_VALUE(keep_prob > 0.0 && keep_prob <= 1.0, op, ": argument 'keep_prob' must be in (0, 1]; got ", keep_prob);
-  TORCH_CHECK_VALUE(pse_type == 0 || pse_type == 1, op, ": argument 'pse_type' must be 0 (pse added after scaling) or 1 "
-                    "(before); got ", pse_type, pse_type == 2 || pse_type == 3 ? " (in-kernel ALiBi is not implemented)" : "");
-  TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 4, op, ": argument 'inner_precise' must be in [0, 4]; got ",
-                    inner_precise);
-  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": argument '", names.scale, "' must be finite; got ", scale);
+  p.layout = parse_layout(op, args.input_layout);
+  check_qkv_dtypes(op, args.query, args.key, args.value);
+  const auto dt = args.query.scalar_type();
+  TORCH_CHECK_VALUE(args.key.device() == args.query.device() && args.value.device() == args.query.device(), op,
+                    ": arguments 'query', 'key', 'value' must be on one device; got ", args.query.device(), ", ",
+                    args.key.device(), ", ", args.value.device());
+  TORCH_CHECK_VALUE(args.head_num > 0, op, ": argument '", names.head_num, "' must be positive; got ", args.head_num);
+  TORCH_CHECK_VALUE(args.sparse_mode >= 0 && args.sparse_mode <= 4, op, ": argument 'sparse_mode' must be 0 (default), "
+                    "1 (all-mask), 2 (top-left causal), 3 (bottom-right causal) or 4 (band); got ", args.sparse_mode,
+                    args.sparse_mode >= 5 && args.sparse_mode <= 8 ? " (prefix / context-parallel modes 5-8 are not implemented)" : "");
+  TORCH_CHECK_VALUE(args.keep_prob > 0.0 && args.keep_prob <= 1.0, op,
+                    ": argument 'keep_prob' must be in (0, 1]; got ", args.keep_prob);
+  TORCH_CHECK_VALUE(args.pse_type == 0 || args.pse_type == 1, op,
+                    ": argument 'pse_type' must be 0 (pse added after scaling) or 1 "
+                    "(before); got ", args.pse_type, args.pse_type == 2 || args.pse_type == 3 ? " (in-kernel ALiBi is not implemented)" : "");
+  TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 4, op,
+                    ": argument 'inner_precise' must be in [0, 4]; got ",
+                    args.inner_precise);
+  TORCH_CHECK_VALUE(std::isfinite(args.scale), op, ": argument '", names.scale, "' must be finite; got ", args.scale);
 
-  const Dims qd = read_dims(op, "query", query, p.layout, p.layout == Layout::TND ? 0 : head_num, 0);
-  TORCH_CHECK_VALUE(p.layout == Layout::BSH || p.layout == Layout::SBH || qd.heads == head_num, op,
-                    ": argument '", names.head_num, "'=", head_num, " does not match the ", qd.heads, " heads of 'query' (",
-                    layout_name(p.layout), " shape ", shape_str(query.sizes()), ")");
-  const Dims kd = read_dims(op, "key", key, p.layout, 0, qd.dim);
+  const Dims qd = read_dims(op, "query", args.query, p.layout, p.layout == Layout::TND ? 0 : args.head_num, 0);
+  TORCH_CHECK_VALUE(p.layout == Layout::BSH || p.layout == Layout::SBH || qd.heads == args.head_num, op,
+                    ": argument '", names.head_num, "'=", args.head_num, " does not match the ", qd.heads, " heads of 'query' (",
+                    layout_name(p.layout), " shape ", shape_str(args.query.sizes()), ")");
+  const Dims kd = read_dims(op, "key", args.key, p.layout, 0, qd.dim);
   TORCH_CHECK_VALUE(kd.dim == qd.dim, op, ": arguments 'query' and 'key' must have the same head dim; got ", qd.dim,
                     " and ", kd.dim);
-  TORCH_CHECK_VALUE(qd.dim > 0, op, ": argument 'query' must have a non-zero head dim; got shape ", shape_str(query.sizes()));
-  TORCH_CHECK_VALUE(kd.heads > 0 && head_num % kd.heads == 0, op, ": key/value heads N2=", kd.heads,
-                    " must divide the query heads N1=", head_num, " (GQA/MQA)");
+  TORCH_CHECK_VALUE(qd.dim > 0, op, ": argument 'query' must have a non-zero head dim; got shape ",
+                    shape_str(args.query.sizes()));
+  TORCH_CHECK_VALUE(kd.heads > 0 && args.head_num % kd.heads == 0, op, ": key/value heads N2=", kd.heads,
+                    " must divide the query heads N1=", args.head_num, " (GQA/MQA)");
   Dims vd;
   if (p.layout == Layout::BSH || p.layout == Layout::SBH) {
-    TORCH_CHECK_VALUE(value.dim() == 3 && value.size(2) % kd.heads == 0, op, ": argument 'value' must be 3-D with a hidden size ",
-                      "divisible by the ", kd.heads, " key/value heads; got shape ", shape_str(value.sizes()));
-    vd = read_dims(op, "value", value, p.layout, kd.heads, 0);
+    TORCH_CHECK_VALUE(args.value.dim() == 3 && args.value.size(2) % kd.heads == 0, op,
+                      ": argument 'value' must be 3-D with a hidden size ",
+                      "divisible by the ", kd.heads, " key/value heads; got shape ", shape_str(args.value.sizes()));
+    vd = read_dims(op, "value", args.value, p.layout, kd.heads, 0);
   } else {
-    vd = read_dims(op, "value", value, p.layout, 0, 0);
+    vd = read_dims(op, "value", args.value, p.layout, 0, 0);
   }
   TORCH_CHECK_VALUE(vd.batch == kd.batch && vd.seq == kd.seq && vd.heads == kd.heads, op,
                     ": arguments 'key' and 'value' must agree in batch, sequence and heads; got shapes ",
-                    shape_str(key.sizes()), " and ", shape_str(value.sizes()));
+                    shape_str(args.key.sizes()), " and ", shape_str(args.value.sizes()));
   TORCH_CHECK_VALUE(vd.dim > 0 && vd.dim <= qd.dim, op, ": the value head dim must satisfy 0 < vD <= qD=", qd.dim,
                     "; got ", vd.dim);
   TORCH_CHECK_VALUE(kd.batch == qd.batch, op, ": arguments 'query' and 'key' must have the same batch size; got ",
                     qd.batch, " and ", kd.batch);
 
-  p.q_heads = head_num;
+  p.q_heads = args.head_num;
   p.kv_heads = kd.heads;
-  p.group = head_num / kd.heads;
+  p.group = args.head_num / kd.heads;
   p.head_dim = qd.dim;
   p.v_head_dim = vd.dim;
-  p.scale = static_cast<float>(scale);
-  p.keep_prob = static_cast<float>(keep_prob);
-  p.pre_tokens = pre_tokens;
-  p.next_tokens = next_tokens;
-  p.sparse_mode = sparse_mode;
-  p.pse_type = pse_type;
+  p.scale = static_cast<float>(args.scale);
+  p.keep_prob = static_cast<float>(args.keep_prob);
+  p.pre_tokens = args.pre_tokens;
+  p.next_tokens = args.next_tokens;
+  p.sparse_mode = args.sparse_mode;
+  p.pse_type = args.pse_type;
 
   std::vector<int64_t>& q_start = p.q_start;
   std::vector<int64_t>& kv_start = p.kv_start;
   if (p.layout == Layout::TND) {
-    read_cumulative(op, names.q_lens, actual_seq_qlen, qd.seq, p.q_len, q_start);
-    read_cumulative(op, names.kv_lens, actual_seq_kvlen, kd.seq, p.kv_len, kv_start);
+    read_cumulative(op, names.q_lens, args.actual_seq_qlen, qd.seq, p.q_len, q_start);
+    read_cumulative(op, names.kv_lens, args.actual_seq_kvlen, kd.seq, p.kv_len, kv_start);
     TORCH_CHECK_VALUE(p.q_len.size() == p.kv_len.size(), op, ": arguments '", names.q_lens, "' and '", names.kv_lens, "' must "
                       "describe the same number of sequences; got ", p.q_len.size(), " and ", p.kv_len.size());
     p.batch = static_cast<int64_t>(p.q_len.size());
   } else {
-    TORCH_CHECK_VALUE(!actual_seq_qlen.has_value() && !actual_seq_kvlen.has_value(), op,
+    TORCH_CHECK_VALUE(!args.actual_seq_qlen.has_value() && !args.actual_seq_kvlen.has_value(), op,
                       ": arguments '", names.q_lens, "'/'", names.kv_lens, "' are only used with input_layout TND; got them with ",
                       layout_name(p.layout), ". Pack the batch as TND for variable lengths, or pass an atten_mask");
     p.batch = qd.batch;
@@ -295,56 +295,65 @@ AttentionParams parse_attention_params(
   p.max_q_len = !tnd ? qd.seq : p.q_len.empty() ? 0 : *std::max_element(p.q_len.begin(), p.q_len.end());
   p.max_kv_len = !tnd ? kd.seq : p.kv_len.empty() ? 0 : *std::max_element(p.kv_len.begin(), p.kv_len.end());
 
-  in.query = dim_contiguous(query);
-  in.key = dim_contiguous(key);
-  in.value = dim_contiguous(value);
+  in.query = dim_contiguous(args.query);
+  in.key = dim_contiguous(args.key);
+  in.value = dim_contiguous(args.value);
   p.q = row_map(p, in.query, true, p.head_dim);
   p.k = row_map(p, in.key, false, p.head_dim);
   p.v = row_map(p, in.value, false, p.v_head_dim);
-  p.out = row_map(p, at::empty(output_shape(p, query), at::TensorOptions().dtype(dt).device(at::kMeta)), true, p.v_head_dim);
+  p.out = row_map(p, at::empty(output_shape(p, args.query), at::TensorOptions().dtype(dt).device(at::kMeta)), true,
+                  p.v_head_dim);
 
   // softmax stats: [B, N1, Sq, 8] or [T, N1, 8], contiguous; dropout row ids: ((b*N1 + n)*Sq + i) or t*N1 + n.
   p.stats.batch_offset.resize(p.batch);
   p.dropout_row.batch_offset.resize(p.batch);
   for (int64_t b = 0; b < p.batch; ++b) {
-    p.dropout_row.batch_offset[b] = tnd ? q_start[b] * head_num : b * head_num * qd.seq;
+    p.dropout_row.batch_offset[b] = tnd ? q_start[b] * args.head_num : b * args.head_num * qd.seq;
     p.stats.batch_offset[b] = p.dropout_row.batch_offset[b] * 8;
   }
   p.dropout_row.head_stride = p.layout == Layout::TND ? 1 : qd.seq;
-  p.dropout_row.seq_stride = p.layout == Layout::TND ? head_num : 1;
+  p.dropout_row.seq_stride = p.layout == Layout::TND ? args.head_num : 1;
   p.stats.head_stride = p.dropout_row.head_stride * 8;
   p.stats.seq_stride = p.dropout_row.seq_stride * 8;
 
-  if (atten_mask.has_value()) {
-    const at::Tensor& m = *atten_mask;
+  if (args.atten_mask.has_value()) {
+    const at::Tensor& m = *args.atten_mask;
     TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == at::kByte, op,
                      ": argument 'atten_mask' must be bool or uint8 (True/1 = masked out); got ", m.scalar_type(),
                      ". Convert an additive float mask with `mask < 0` or pass it as pse");
-    TORCH_CHECK_VALUE(m.device() == query.device(), op, ": argument 'atten_mask' must be on ", query.device(), "; got ", m.device());
-    if (sparse_mode >= 2) {
-      check_compressed_mask(op, m, sparse_mode);
+    TORCH_CHECK_VALUE(m.device() == args.query.device(), op, ": argument 'atten_mask' must be on ",
+                      args.query.device(), "; got ", m.device());
+    if (args.sparse_mode >= 2) {
+      check_compressed_mask(op, m, args.sparse_mode);
     } else {
       in.mask_u8 = m.scalar_type() == at::kBool ? m.view(at::kByte) : m;
       p.mask = mask_view(op, in.mask_u8, p);
     }
   }
-  if (pse.has_value()) {
-    TORCH_CHECK_TYPE(at::isFloatingType(pse->scalar_type()), op, ": argument '", names.pse, "' must be a floating tensor; got ",
-                     pse->scalar_type());
-    TORCH_CHECK_VALUE(pse->device() == query.device(), op, ": argument '", names.pse, "' must be on ", query.device(), "; got ", pse->device());
-    in.pse_f32 = pse->to(at::kFloat);
+  if (args.pse.has_value()) {
+    TORCH_CHECK_TYPE(at::isFloatingType(args.pse->scalar_type()), op, ": argument '", names.pse,
+                     "' must be a floating tensor; got ",
+                     args.pse->scalar_type());
+    TORCH_CHECK_VALUE(args.pse->device() == args.query.device(), op, ": argument '", names.pse, "' must be on ",
+                      args.query.device(), "; got ", args.pse->device());
+    in.pse_f32 = args.pse->to(at::kFloat);
     p.pse = pse_view(op, names.pse, in.pse_f32, p);
   }
   if (p.has_dropout()) {
-    if (seed.has_value()) {
-      p.seed = read_scalar(op, "seed", *seed);
+    if (args.seed.has_value()) {
+      p.seed = read_scalar(op, "seed", *args.seed);
     } else {
       p.seed = static_cast<uint64_t>(at::randint(std::numeric_limits<int64_t>::max(), {}, at::kLong).item<int64_t>());
     }
-    p.offset = offset.has_value() ? read_scalar(op, "offset", *offset) : 0;
+    p.offset = args.offset.has_value() ? read_scalar(op, "offset", *args.offset) : 0;
   }
   return p;
 }
+
+template AttentionParams parse_attention_params(const char*, const FlashAttentionScoreArgs&, AttentionInputs&,
+                                                const ArgNames&);
+template AttentionParams parse_attention_params(const char*, const FlashAttentionScoreGradArgs&, AttentionInputs&,
+                                                const ArgNames&);
 
 RowMap row_map(const AttentionParams& p, const at::Tensor& t, bool is_query, int64_t dim) {
   TORCH_CHECK(t.stride(-1) == 1 || t.size(-1) <= 1, p.op, ": internal error: row_map needs a contiguous head dim");

@@ -121,15 +121,12 @@ struct ArgNames {
   const char* kv_lens = "actual_seq_kvlen";
 };
 
-// Validates every argument of flash_attention_score(_grad) and builds the parameters. Errors name the argument,
-// the expectation and what was given. `inputs` receives the tensors the views point into.
-AttentionParams parse_attention_params(
-    const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num,
-    c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask,
-    const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale,
-    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode,
-    int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
-    AttentionInputs& inputs, const ArgNames& names = ArgNames{});
+// Validates the arguments of flash_attention_score(_grad) and builds the parameters. `Args` is the generated argument
+// struct of either op (FlashAttentionScoreArgs, FlashAttentionScoreGradArgs: the fields they share are read). Errors
+// name the argument, the expectation and what was given. `inputs` receives the tensors the views point into.
+template <class Args>
+AttentionParams parse_attention_params(const char* op, const Args& args, AttentionInputs& inputs,
+                                       const ArgNames& names = ArgNames{});
 
 // Row addresses of a tensor laid out like the query (is_query) or like key/value, head dim `dim`, any strides
 // with a contiguous head dim (e.g. the contiguous gradients dq/dk/dv of the backward).

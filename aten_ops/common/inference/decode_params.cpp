@@ -24,51 +24,50 @@ std::vector<int64_t> int_values(const char* arg, const at::Tensor& t) {
 
 }  // namespace
 
-DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                             const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift,
-                             const std::optional<at::Tensor>& actual_seq_lengths,
-                             const std::optional<at::Tensor>& block_table,
-                             const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads,
-                             double scale_value, c10::string_view input_layout, int64_t num_key_value_heads,
-                             int64_t block_size, int64_t inner_precise) {
-  const std::string layout(input_layout);
+DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
+  const std::string layout(args.input_layout);
   TORCH_CHECK_VALUE(layout == "BSH" || layout == "BSND" || layout == "BNSD", kOp,
                     ": argument 'input_layout' must be one of BSH, BSND, BNSD; got '", layout, "'");
-  TORCH_CHECK_VALUE(num_heads > 0, kOp, ": argument 'num_heads' must be positive; got ", num_heads);
-  TORCH_CHECK_VALUE(num_key_value_heads >= 0, kOp, ": argument 'num_key_value_heads' must be >= 0; got ",
-                    num_key_value_heads);
-  TORCH_CHECK_VALUE(inner_precise == 0 || inner_precise == 1, kOp, ": argument 'inner_precise' must be 0 or 1; got ",
-                    inner_precise);
-  attention::check_qkv_dtypes(kOp, query, key, value);
+  TORCH_CHECK_VALUE(args.num_heads > 0, kOp, ": argument 'num_heads' must be positive; got ", args.num_heads);
+  TORCH_CHECK_VALUE(args.num_key_value_heads >= 0, kOp, ": argument 'num_key_value_heads' must be >= 0; got ",
+                    args.num_key_value_heads);
+  TORCH_CHECK_VALUE(args.inner_precise == 0 || args.inner_precise == 1, kOp,
+                    ": argument 'inner_precise' must be 0 or 1; got ",
+                    args.inner_precise);
+  attention::check_qkv_dtypes(kOp, args.query, args.key, args.value);
   const bool bsh = layout == "BSH";
   const int64_t q_rank = bsh ? 3 : 4;
-  TORCH_CHECK_VALUE(query.dim() == q_rank, kOp, ": argument 'query' must be a ", q_rank, "-D tensor for input_layout ",
-                    layout, "; got shape ", query.sizes());
-  const int64_t N1 = num_heads;
-  const int64_t N2 = num_key_value_heads == 0 ? N1 : num_key_value_heads;
+  TORCH_CHECK_VALUE(args.query.dim() == q_rank, kOp, ": argument 'query' must be a ", q_rank,
+                    "-D tensor for input_layout ",
+                    layout, "; got shape ", args.query.sizes());
+  const int64_t N1 = args.num_heads;
+  const int64_t N2 = args.num_key_value_heads == 0 ? N1 : args.num_key_value_heads;
   TORCH_CHECK_VALUE(N1 % N2 == 0, kOp, ": argument 'num_heads' (", N1, ") must be a multiple of 'num_key_value_heads' (",
                     N2, ")");
-  const int64_t B = query.size(0);
+  const int64_t B = args.query.size(0);
   int64_t sq, D;
   if (bsh) {
-    sq = query.size(1);
-    TORCH_CHECK_VALUE(query.size(2) % N1 == 0, kOp, ": argument 'query' hidden size ", query.size(2),
+    sq = args.query.size(1);
+    TORCH_CHECK_VALUE(args.query.size(2) % N1 == 0, kOp, ": argument 'query' hidden size ", args.query.size(2),
                       " is not a multiple of num_heads ", N1);
-    D = query.size(2) / N1;
+    D = args.query.size(2) / N1;
   } else if (layout == "BSND") {
-    sq = query.size(1);
-    TORCH_CHECK_VALUE(query.size(2) == N1, kOp, ": argument 'query' has ", query.size(2), " heads; num_heads is ", N1);
-    D = query.size(3);
+    sq = args.query.size(1);
+    TORCH_CHECK_VALUE(args.query.size(2) == N1, kOp, ": argument 'query' has ", args.query.size(2),
+                      " heads; num_heads is ", N1);
+    D = args.query.size(3);
   } else {
-    sq = query.size(2);
-    TORCH_CHECK_VALUE(query.size(1) == N1, kOp, ": argument 'query' has ", query.size(1), " heads; num_heads is ", N1);
-    D = query.size(3);
+    sq = args.query.size(2);
+    TORCH_CHECK_VALUE(args.query.size(1) == N1, kOp, ": argument 'query' has ", args.query.size(1),
+                      " heads; num_heads is ", N1);
+    D = args.query.size(3);
   }
   TORCH_CHECK_VALUE(sq == 1, kOp, ": argument 'query' must have query length 1 (one decode token per sequence); got ",
-                    sq, " (shape ", query.sizes(), ", input_layout ", layout, ")");
+                    sq, " (shape ", args.query.sizes(), ", input_layout ", layout, ")");
   TORCH_CHECK_VALUE(D > 0, kOp, ": argument 'query' has head dim 0");
-  TORCH_CHECK_VALUE(key.sizes() == value.sizes(), kOp, ": arguments 'key' and 'value' must have the same shape; got ",
-                    key.sizes(), " and ", value.sizes());
+  TORCH_CHECK_VALUE(args.key.sizes() == args.value.sizes(), kOp,
+                    ": arguments 'key' and 'value' must have the same shape; got ",
+                    args.key.sizes(), " and ", args.value.sizes());
 
   DecodeInputs in;
   DecodeParams& p = in.params;
@@ -78,28 +77,28 @@ DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, con
   p.group = N1 / N2;
   p.head_dim = D;
   // KV cache: keep the caller's memory when the head dim is contiguous (a copy would cost more than the attention).
-  in.key = key.stride(-1) == 1 ? key : key.contiguous();
-  in.value = value.stride(-1) == 1 ? value : value.contiguous();
+  in.key = args.key.stride(-1) == 1 ? args.key : args.key.contiguous();
+  in.value = args.value.stride(-1) == 1 ? args.value : args.value.contiguous();
   const at::Tensor& k = in.key;
   const at::Tensor& v = in.value;
-  p.paged = block_table.has_value();
+  p.paged = args.block_table.has_value();
   int64_t capacity = 0;  // valid positions on the cache's seq axis per sequence
   if (p.paged) {
-    const at::Tensor& bt = *block_table;
+    const at::Tensor& bt = *args.block_table;
     TORCH_CHECK_TYPE(bt.scalar_type() == at::kInt || bt.scalar_type() == at::kLong, kOp,
                      ": argument 'block_table' must be an int32 tensor; got ", bt.scalar_type());
     TORCH_CHECK_VALUE(bt.dim() == 2 && bt.size(0) == B, kOp, ": argument 'block_table' must have shape [B=", B,
                       ", max_blocks_per_seq]; got ", bt.sizes());
-    TORCH_CHECK_VALUE(block_size > 0 && block_size % 16 == 0 && block_size <= 512, kOp,
+    TORCH_CHECK_VALUE(args.block_size > 0 && args.block_size % 16 == 0 && args.block_size <= 512, kOp,
                       ": argument 'block_size' must be a positive multiple of 16 and <= 512 with a paged cache; got ",
-                      block_size);
-    TORCH_CHECK_VALUE(!kv_padding_size.has_value(), kOp,
+                      args.block_size);
+    TORCH_CHECK_VALUE(!args.kv_padding_size.has_value(), kOp,
                       ": argument 'kv_padding_size' is only supported with a contiguous cache (block_table is set)");
-    TORCH_CHECK_VALUE(actual_seq_lengths.has_value(), kOp,
+    TORCH_CHECK_VALUE(args.actual_seq_lengths.has_value(), kOp,
                       ": argument 'actual_seq_lengths' is required with a paged cache (block_table is set)");
     if (k.dim() == 3) {  // (num_blocks, block_size, N2*D)
-      TORCH_CHECK_VALUE(k.size(1) == block_size && k.size(2) == N2 * D, kOp,
-                        ": argument 'key' of a paged cache must have shape (num_blocks, block_size=", block_size,
+      TORCH_CHECK_VALUE(k.size(1) == args.block_size && k.size(2) == N2 * D, kOp,
+                        ": argument 'key' of a paged cache must have shape (num_blocks, block_size=", args.block_size,
                         ", N2*D=", N2 * D, "); got ", k.sizes());
       p.k_blk = k.stride(0); p.k_seq = k.stride(1); p.k_head = D;
       p.v_blk = v.stride(0); p.v_seq = v.stride(1); p.v_head = D;
@@ -109,16 +108,16 @@ DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, con
                         ": argument 'key' of a paged cache must be (num_blocks, block_size, N2*D), or "
                         "(num_blocks, N2, block_size, D) with input_layout BNSD; got shape ", k.sizes(),
                         " with input_layout ", layout);
-      TORCH_CHECK_VALUE(k.size(1) == N2 && k.size(2) == block_size && k.size(3) == D, kOp,
+      TORCH_CHECK_VALUE(k.size(1) == N2 && k.size(2) == args.block_size && k.size(3) == D, kOp,
                         ": argument 'key' of a paged cache must have shape (num_blocks, N2=", N2, ", block_size=",
-                        block_size, ", D=", D, "); got ", k.sizes());
+                        args.block_size, ", D=", D, "); got ", k.sizes());
       p.k_blk = k.stride(0); p.k_head = k.stride(1); p.k_seq = k.stride(2);
       p.v_blk = v.stride(0); p.v_head = v.stride(1); p.v_seq = v.stride(2);
     }
-    p.block_size = block_size;
+    p.block_size = args.block_size;
     p.max_blocks = bt.size(1);
     p.block_table = int_values("block_table", bt);
-    capacity = p.max_blocks * block_size;
+    capacity = p.max_blocks * args.block_size;
   } else {
     const int64_t k_rank = bsh ? 3 : 4;
     TORCH_CHECK_VALUE(k.dim() == k_rank && k.size(0) == B, kOp, ": argument 'key' must be a ", k_rank,
@@ -144,17 +143,17 @@ DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, con
       p.v_blk = v.stride(0); p.v_head = v.stride(1); p.v_seq = v.stride(2);
       capacity = k.size(2);
     }
-    TORCH_CHECK_VALUE(block_size == 0 || block_size % 16 == 0, kOp,
-                      ": argument 'block_size' must be a multiple of 16 and <= 512; got ", block_size);
+    TORCH_CHECK_VALUE(args.block_size == 0 || args.block_size % 16 == 0, kOp,
+                      ": argument 'block_size' must be a multiple of 16 and <= 512; got ", args.block_size);
   }
 
   // Per-sequence lengths and where they start on the cache's seq axis.
   p.kv_len.assign(B, capacity);
-  if (actual_seq_lengths.has_value()) {
-    const auto lens = int_values("actual_seq_lengths", *actual_seq_lengths);
-    TORCH_CHECK_VALUE(actual_seq_lengths->dim() <= 1 && (static_cast<int64_t>(lens.size()) == B || lens.size() == 1),
+  if (args.actual_seq_lengths.has_value()) {
+    const auto lens = int_values("actual_seq_lengths", *args.actual_seq_lengths);
+    TORCH_CHECK_VALUE(args.actual_seq_lengths->dim() <= 1 && (static_cast<int64_t>(lens.size()) == B || lens.size() == 1),
                       kOp, ": argument 'actual_seq_lengths' must have B=", B, " (or 1) entries; got shape ",
-                      actual_seq_lengths->sizes());
+                      args.actual_seq_lengths->sizes());
     for (int64_t b = 0; b < B; ++b) {
       const int64_t len = lens[lens.size() == 1 ? 0 : b];
       TORCH_CHECK_VALUE(len >= 0 && len <= capacity, kOp, ": argument 'actual_seq_lengths'[", b, "] = ", len,
@@ -164,10 +163,10 @@ DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, con
     }
   }
   p.kv_start.assign(B, 0);
-  if (kv_padding_size.has_value()) {
-    const auto pad = int_values("kv_padding_size", *kv_padding_size);
+  if (args.kv_padding_size.has_value()) {
+    const auto pad = int_values("kv_padding_size", *args.kv_padding_size);
     TORCH_CHECK_VALUE(pad.size() == 1, kOp, ": argument 'kv_padding_size' must be a one-element tensor; got shape ",
-                      kv_padding_size->sizes());
+                      args.kv_padding_size->sizes());
     for (int64_t b = 0; b < B; ++b) {
       TORCH_CHECK_VALUE(pad[0] >= 0 && pad[0] + p.kv_len[b] <= capacity, kOp, ": argument 'kv_padding_size' = ", pad[0],
                         " with actual_seq_lengths[", b, "] = ", p.kv_len[b], " does not fit the cache of ", capacity,
@@ -179,7 +178,7 @@ DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, con
     const int64_t num_blocks = k.size(0);
     std::vector<int64_t> owner(num_blocks, -1);
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t used = (p.kv_len[b] + block_size - 1) / block_size;
+      const int64_t used = (p.kv_len[b] + args.block_size - 1) / args.block_size;
       for (int64_t i = 0; i < used; ++i) {
         const int64_t blk = p.block_table[b * p.max_blocks + i];
         TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, kOp, ": argument 'block_table'[", b, "][", i, "] = ", blk,
@@ -196,8 +195,8 @@ DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, con
 
   at::Tensor& mask_u8 = in.mask_u8;
   at::Tensor& pse32 = in.pse32;
-  if (atten_mask.has_value()) {
-    const at::Tensor& m = *atten_mask;
+  if (args.atten_mask.has_value()) {
+    const at::Tensor& m = *args.atten_mask;
     TORCH_CHECK_TYPE(m.scalar_type() == at::kBool || m.scalar_type() == at::kByte, kOp,
                      ": argument 'atten_mask' must be bool or uint8 (True/1 = masked out); got ", m.scalar_type());
     bool ok = m.dim() >= 2 && m.dim() <= 4 && (m.size(0) == B || m.size(0) == 1) && m.size(-1) >= need;
@@ -208,8 +207,8 @@ DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, con
     p.mask = mask_u8.data_ptr<uint8_t>();
     p.mask_sb = m.size(0) == 1 ? 0 : mask_u8.size(1);
   }
-  if (pse_shift.has_value()) {
-    const at::Tensor& ps = *pse_shift;
+  if (args.pse_shift.has_value()) {
+    const at::Tensor& ps = *args.pse_shift;
     TORCH_CHECK_TYPE(at::isFloatingType(ps.scalar_type()), kOp, ": argument 'pse_shift' must be floating point; got ",
                      ps.scalar_type());
     TORCH_CHECK_VALUE(ps.dim() == 4 && (ps.size(0) == B || ps.size(0) == 1) && ps.size(1) == N1 && ps.size(2) == 1 &&
@@ -222,7 +221,7 @@ DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, con
     p.pse_sb = ps.size(0) == 1 ? 0 : N1 * ps.size(3);
   }
 
-  p.scale = static_cast<float>(scale_value);
+  p.scale = static_cast<float>(args.scale_value);
   return in;
 }
 

@@ -8,6 +8,8 @@
 #include <optional>
 #include <vector>
 
+#include "generated/op_args.h"
+
 namespace npu_fa::attention {
 
 // Validated description of one decode call. Query rows are fp32 (the query converted exactly, not scaled),
@@ -41,12 +43,6 @@ struct DecodeInputs {
 };
 
 // Every check of the op, in order; throws the op's error messages. params.scale = scale_value.
-DecodeInputs validate_decode(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                             const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift,
-                             const std::optional<at::Tensor>& actual_seq_lengths,
-                             const std::optional<at::Tensor>& block_table,
-                             const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads,
-                             double scale_value, c10::string_view input_layout, int64_t num_key_value_heads,
-                             int64_t block_size, int64_t inner_precise);
+DecodeInputs validate_decode(const IncreFlashAttentionArgs& args);
 
 }  // namespace npu_fa::attention

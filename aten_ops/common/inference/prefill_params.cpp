@@ -27,8 +27,9 @@ void read_per_batch_lengths(const char* op, const char* arg, const at::Tensor& t
   }
 }
 
+template <class Args>
 PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const at::Tensor& key,
-                                 const at::Tensor& value, const PromptArgs& a, AttentionInputs& in) {
+                                 const at::Tensor& value, const Args& a, AttentionInputs& in) {
   PromptParams r;
   const c10::string_view lay = a.input_layout;
   const bool known = lay == "BSH" || lay == "BSND" || lay == "BNSD" || lay == "BNSD_BSND" || lay == "TND";
@@ -43,7 +44,7 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   TORCH_CHECK_VALUE(a.num_key_value_heads == 0 || a.num_heads % a.num_key_value_heads == 0, op,
                     ": argument 'num_key_value_heads'=", a.num_key_value_heads, " must divide num_heads=", a.num_heads);
 
-  std::optional<at::Tensor> mask = *a.atten_mask;
+  std::optional<at::Tensor> mask = a.atten_mask;
   if (mask.has_value() && mask->dim() == 3) mask = mask->unsqueeze(1);  // [B, Sq, Skv] -> [B, 1, Sq, Skv]
   // CANN: in sparse_mode 0 without a mask, pre_tokens/next_tokens are ignored (full attention).
   int64_t pre = a.pre_tokens, next = a.next_tokens;
@@ -51,22 +52,25 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   const std::optional<at::Tensor> none;
   ArgNames names;
   names.head_num = "num_heads";
-  names.scale = a.scale_name;
+  names.scale = prompt_scale_name(a);
   names.pse = "pse_shift";
   names.q_lens = "actual_seq_lengths";
   names.kv_lens = "actual_seq_lengths_kv";
-  r.p = parse_attention_params(op, query, key, value, a.num_heads, base, *a.pse_shift, mask,
-                               tnd ? *a.actual_seq_lengths : none, tnd ? *a.actual_seq_lengths_kv : none, a.scale,
-                               1.0, pre, next, a.inner_precise, a.sparse_mode, /*pse_type=*/0, none, none, in, names);
+  // The shared parser sees a flash_attention_score call: no dropout, pse added after scaling, lengths only for TND.
+  const FlashAttentionScoreArgs fa{query, key, value, a.num_heads, base, a.pse_shift, mask,
+                                   tnd ? a.actual_seq_lengths : none, tnd ? a.actual_seq_lengths_kv : none,
+                                   prompt_scale(a), /*keep_prob=*/1.0, pre, next, a.inner_precise, a.sparse_mode,
+                                   /*pse_type=*/0, /*seed=*/none, /*offset=*/none};
+  r.p = parse_attention_params(op, fa, in, names);
   AttentionParams& p = r.p;
   TORCH_CHECK_VALUE(a.num_key_value_heads == 0 || a.num_key_value_heads == p.kv_heads, op,
                     ": argument 'num_key_value_heads'=", a.num_key_value_heads, " does not match the ", p.kv_heads,
                     " heads of 'key' (shape ", key.sizes(), ")");
   if (!tnd) {
-    if (a.actual_seq_lengths->has_value())
-      read_per_batch_lengths(op, "actual_seq_lengths", **a.actual_seq_lengths, p.batch, p.max_q_len, p.q_len);
-    if (a.actual_seq_lengths_kv->has_value())
-      read_per_batch_lengths(op, "actual_seq_lengths_kv", **a.actual_seq_lengths_kv, p.batch, p.max_kv_len, p.kv_len);
+    if (a.actual_seq_lengths.has_value())
+      read_per_batch_lengths(op, "actual_seq_lengths", *a.actual_seq_lengths, p.batch, p.max_q_len, p.q_len);
+    if (a.actual_seq_lengths_kv.has_value())
+      read_per_batch_lengths(op, "actual_seq_lengths_kv", *a.actual_seq_lengths_kv, p.batch, p.max_kv_len, p.kv_len);
     for (int64_t b = 0; b < p.batch; ++b) r.padded = r.padded || p.q_len[b] < p.max_q_len;
   }
   if (r.bsnd_out) {
@@ -80,5 +84,10 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   }
   return r;
 }
+
+template PromptParams parse_prompt_params(const char*, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const PromptFlashAttentionArgs&, AttentionInputs&);
+template PromptParams parse_prompt_params(const char*, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const FusedInferAttentionScoreArgs&, AttentionInputs&);
 
 }  // namespace npu_fa::attention

@@ -4,23 +4,15 @@
 #pragma once
 
 #include "common/attention/params.h"
+#include "generated/op_args.h"
 
 namespace npu_fa::attention {
 
-struct PromptArgs {
-  const std::optional<at::Tensor>* pse_shift = nullptr;
-  const std::optional<at::Tensor>* atten_mask = nullptr;
-  const std::optional<at::Tensor>* actual_seq_lengths = nullptr;
-  const std::optional<at::Tensor>* actual_seq_lengths_kv = nullptr;
-  int64_t num_heads = 1;
-  double scale = 1.0;
-  const char* scale_name = "scale";  // prompt_flash_attention calls it scale_value
-  int64_t pre_tokens = 0, next_tokens = 0;
-  c10::string_view input_layout;
-  int64_t num_key_value_heads = 0;
-  int64_t sparse_mode = 0;
-  int64_t inner_precise = 0;
-};
+// The two ops sharing this parser name their scale differently.
+inline double prompt_scale(const PromptFlashAttentionArgs& a) { return a.scale_value; }
+inline double prompt_scale(const FusedInferAttentionScoreArgs& a) { return a.scale; }
+inline const char* prompt_scale_name(const PromptFlashAttentionArgs&) { return "scale_value"; }
+inline const char* prompt_scale_name(const FusedInferAttentionScoreArgs&) { return "scale"; }
 
 struct PromptParams {
   AttentionParams p;
@@ -35,8 +27,11 @@ void read_per_batch_lengths(const char* op, const char* arg, const at::Tensor& t
                             std::vector<int64_t>& len);
 
 // Validates and builds the parameters of a prefill call; the output tensor must be allocated with
-// `out_shape` (contiguous) — its rows are already in p.out.
+// `out_shape` (contiguous) — its rows are already in p.out. `Args` is the generated argument struct of
+// prompt_flash_attention or fused_infer_attention_score; query/key/value are passed apart (the paged path of the
+// fused op hands in gathered caches).
+template <class Args>
 PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const at::Tensor& key,
-                                 const at::Tensor& value, const PromptArgs& a, AttentionInputs& in);
+                                 const at::Tensor& value, const Args& a, AttentionInputs& in);
 
 }  // namespace npu_fa::attention

@@ -1,21 +1,14 @@
-// Shared pieces of the MoE routing kernels: argument checks, the stable counting sort by expert, and row helpers.
+// Argument checks of the MoE ops shared by every backend (the CPU kernels in aten_ops/cpu/moe, the npu kernels in
+// aten_ops/npu/moe.cpp), so all raise the same errors. The CPU-only helpers live in aten_ops/cpu/moe/routing_helpers.h.
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <cstring>
-#include <numeric>
-#include <type_traits>
 #include <vector>
 
 namespace npu_fa {
 namespace moe {
-
-// Accumulation type: fp32 for fp32/fp16/bf16, fp64 for fp64 (so gradcheck can run in float64).
-template <typename scalar_t>
-using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
 inline void check_float(const char* op, const char* name, const at::Tensor& t) {
   const auto s = t.scalar_type();
@@ -69,73 +62,6 @@ inline void check_gating_renorm(const char* op, int64_t renorm) {
                     "then softmax over the k); got ", renorm);
 }
 
-// Index tensors are read as a contiguous int64 copy: simple, and their size (N*k) is small next to the rows.
-inline std::vector<int64_t> read_index(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kLong).contiguous();
-  const int64_t* p = c.data_ptr<int64_t>();
-  return std::vector<int64_t>(p, p + c.numel());
-}
-
-// Stable sort of n keys in [0, buckets) by key: a counting sort (linear), parallel over chunks of the input whose
-// per-chunk histograms are laid out (key, chunk) so that chunk order — hence input order — is kept within a key.
-// Returns order[p] = the input position at sorted position p, and the per-key counts.
-struct KeySort {
-  std::vector<int64_t> order;
-  std::vector<int64_t> counts;
-};
-
-inline KeySort counting_sort(const std::vector<int64_t>& keys, int64_t buckets) {
-  const int64_t n = static_cast<int64_t>(keys.size());
-  KeySort s;
-  s.order.resize(n);
-  s.counts.assign(buckets, 0);
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / 16384));
-  std::vector<int64_t> hist(chunks * buckets, 0);  // [chunk][key]
-  auto bounds = [&](int64_t c) { return std::make_pair(n * c / chunks, n * (c + 1) / chunks); };
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      auto [b, e] = bounds(c);
-      int64_t* h = hist.data() + c * buckets;
-      for (int64_t i = b; i < e; ++i) ++h[keys[i]];
-    }
-  });
-  int64_t run = 0;  // exclusive prefix over (key, chunk)
-  for (int64_t k = 0; k < buckets; ++k) {
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t v = hist[c * buckets + k];
-      hist[c * buckets + k] = run;
-      run += v;
-      s.counts[k] += v;
-    }
-  }
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      auto [b, e] = bounds(c);
-      int64_t* h = hist.data() + c * buckets;
-      for (int64_t i = b; i < e; ++i) s.order[h[keys[i]]++] = i;
-    }
-  });
-  return s;
-}
-
-// Copies whole rows (any dtype, byte-wise): dst row p <- src row src_row[p], or zeros when src_row[p] < 0.
-inline void gather_rows(const at::Tensor& src, at::Tensor& dst, const std::vector<int64_t>& src_row) {
-  const int64_t rows = static_cast<int64_t>(src_row.size());
-  if (rows == 0) return;
-  const size_t bytes = static_cast<size_t>(dst.numel() / std::max<int64_t>(rows, 1)) * dst.element_size();
-  const char* s = static_cast<const char*>(src.data_ptr());
-  char* d = static_cast<char*>(dst.data_ptr());
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<size_t>(bytes, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      if (src_row[p] >= 0)
-        std::memcpy(d + p * bytes, s + src_row[p] * bytes, bytes);
-      else
-        std::memset(d + p * bytes, 0, bytes);
-    }
-  });
-}
-
 // Every value in [0, limit) or -1 (when allowed), and no value twice: the rows written through it must be distinct.
 inline void check_destinations(const char* op, const char* name, const std::vector<int64_t>& v, int64_t limit,
                                bool allow_minus_one) {
@@ -149,6 +75,11 @@ inline void check_destinations(const char* op, const char* name, const std::vect
                       " more than once; every (token, slot) pair needs its own row");
     seen[r] = 1;
   }
+}
+
+// The 2-D [N, H] view checks shared by the ops that take token rows.
+inline void check_rows2d(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.dim() == 2, op, ": argument '", name, "' must be 2-D [num_tokens, H]; got shape ", t.sizes());
 }
 
 }  // namespace moe

@@ -19,7 +19,6 @@ namespace {
 
 using namespace npu_fa::cpu;
 using attention::AttentionInputs;
-using attention::PromptArgs;
 using attention::PromptParams;
 
 struct Prefill {
@@ -28,8 +27,9 @@ struct Prefill {
 
 // Runs the FlashAttention forward for a prefill call. Query rows beyond a sequence's actual length (dense layouts)
 // are zeros with max = -inf, sum = 0 (lse = -inf), like rows that see no key.
+template <class Args>
 Prefill run_prefill(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                    const PromptArgs& a) {
+                    const Args& a) {
   AttentionInputs in;
   const PromptParams pp = attention::parse_prompt_params(op, query, key, value, a, in);
   const auto& p = pp.p;
@@ -47,27 +47,6 @@ Prefill run_prefill(const char* op, const at::Tensor& query, const at::Tensor& k
   }
   if (p.batch > 0 && p.q_heads > 0 && p.max_q_len > 0) attention_forward_stub(p, in, o);
   return {o.out, o.softmax_max, o.softmax_sum};
-}
-
-PromptArgs prompt_args(const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask,
-                       const std::optional<at::Tensor>& q_lens, const std::optional<at::Tensor>& kv_lens,
-                       int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens,
-                       c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode,
-                       int64_t inner_precise) {
-  PromptArgs a;
-  a.pse_shift = &pse_shift;
-  a.atten_mask = &atten_mask;
-  a.actual_seq_lengths = &q_lens;
-  a.actual_seq_lengths_kv = &kv_lens;
-  a.num_heads = num_heads;
-  a.scale = scale;
-  a.pre_tokens = pre_tokens;
-  a.next_tokens = next_tokens;
-  a.input_layout = input_layout;
-  a.num_key_value_heads = num_key_value_heads;
-  a.sparse_mode = sparse_mode;
-  a.inner_precise = inner_precise;
-  return a;
 }
 
 // A paged cache (num_blocks, block_size, N2*D) or (num_blocks, N2, block_size, D) as a contiguous cache in the
@@ -126,50 +105,34 @@ at::Tensor gather_paged(const char* op, const at::Tensor& cache, const at::Tenso
 
 }  // namespace
 
-at::Tensor prompt_flash_attention_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                                      const std::optional<at::Tensor>& padding_mask,
-                                      const std::optional<at::Tensor>& atten_mask,
-                                      const std::optional<at::Tensor>& pse_shift,
-                                      const std::optional<at::Tensor>& actual_seq_lengths,
-                                      const std::optional<at::Tensor>& actual_seq_lengths_kv, int64_t num_heads,
-                                      double scale_value, int64_t pre_tokens, int64_t next_tokens,
-                                      c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode,
-                                      int64_t inner_precise) {
+at::Tensor prompt_flash_attention_cpu(const PromptFlashAttentionArgs& args) {
   static constexpr const char* op = "prompt_flash_attention";
-  TORCH_CHECK_VALUE(!padding_mask.has_value(), op, ": argument 'padding_mask' is reserved upstream and not supported; "
+  TORCH_CHECK_VALUE(!args.padding_mask.has_value(), op,
+                    ": argument 'padding_mask' is reserved upstream and not supported; "
                     "pass atten_mask (True = masked out) or actual_seq_lengths");
-  TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
-                    inner_precise);
-  PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
-                             scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
-                             inner_precise);
-  a.scale_name = "scale_value";
-  return run_prefill(op, query, key, value, a).out;
+  TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 3, op,
+                    ": argument 'inner_precise' must be in [0, 3]; got ",
+                    args.inner_precise);
+  return run_prefill(op, args.query, args.key, args.value, args).out;
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift,
-    const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths,
-    const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table,
-    int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout,
-    int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size,
-    bool softmax_lse_flag) {
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedInferAttentionScoreArgs& args) {
   static constexpr const char* op = "fused_infer_attention_score";
-  TORCH_CHECK_VALUE(inner_precise >= 0 && inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
-                    inner_precise);
-  if (block_table.has_value() && softmax_lse_flag) {
+  TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 3, op,
+                    ": argument 'inner_precise' must be in [0, 3]; got ",
+                    args.inner_precise);
+  if (args.block_table.has_value() && args.softmax_lse_flag) {
     // The decode op returns no log-sum-exp: gather the used blocks into a contiguous cache and run the prefill path.
-    const at::Tensor k = gather_paged(op, key, *block_table, actual_seq_lengths_kv, query, input_layout, block_size,
-                                      atten_mask, pse_shift);
-    const at::Tensor v = gather_paged(op, value, *block_table, actual_seq_lengths_kv, query, input_layout, block_size,
-                                      atten_mask, pse_shift);
-    const PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads,
-                                     scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
-                                     inner_precise);
-    Prefill r = run_prefill(op, query, k, v, a);
+    const at::Tensor k = gather_paged(op, args.key, *args.block_table, args.actual_seq_lengths_kv, args.query,
+                                      args.input_layout, args.block_size,
+                                      args.atten_mask, args.pse_shift);
+    const at::Tensor v = gather_paged(op, args.value, *args.block_table, args.actual_seq_lengths_kv, args.query,
+                                      args.input_layout, args.block_size,
+                                      args.atten_mask, args.pse_shift);
+    Prefill r = run_prefill(op, args.query, k, v, args);
     return {r.out, at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1))};
   }
-  if (block_table.has_value()) {
+  if (args.block_table.has_value()) {
     // Paged KV cache (decode): forwarded to incre_flash_attention through the dispatcher.
     // The per-batch KV lengths (actual_seq_lengths_kv) become the decode op's actual_seq_lengths.
     auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName("npu_fa::incre_flash_attention", ""));
@@ -180,18 +143,16 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
                            c10::string_view, int64_t, int64_t,
                            int64_t);
-    at::Tensor out = handle->typed<Sig>().call(query, key, value, atten_mask, pse_shift, actual_seq_lengths_kv,
-                                               block_table, std::nullopt, num_heads, scale, input_layout,
-                                               num_key_value_heads, block_size, inner_precise);
-    return {out, at::empty({0}, query.options().dtype(at::kFloat))};
+    at::Tensor out = handle->typed<Sig>().call(args.query, args.key, args.value, args.atten_mask, args.pse_shift,
+                                               args.actual_seq_lengths_kv,
+                                               args.block_table, std::nullopt, args.num_heads, args.scale, args.input_layout,
+                                               args.num_key_value_heads, args.block_size, args.inner_precise);
+    return {out, at::empty({0}, args.query.options().dtype(at::kFloat))};
   }
-  TORCH_CHECK_VALUE(block_size == 0, op, ": argument 'block_size' is only used with block_table (paged KV); got ",
-                    block_size);
-  const PromptArgs a = prompt_args(pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale,
-                                   pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode,
-                                   inner_precise);
-  Prefill r = run_prefill(op, query, key, value, a);
-  if (!softmax_lse_flag) return {r.out, at::empty({0}, query.options().dtype(at::kFloat))};
+  TORCH_CHECK_VALUE(args.block_size == 0, op, ": argument 'block_size' is only used with block_table (paged KV); got ",
+                    args.block_size);
+  Prefill r = run_prefill(op, args.query, args.key, args.value, args);
+  if (!args.softmax_lse_flag) return {r.out, at::empty({0}, args.query.options().dtype(at::kFloat))};
   // lse = max + log(sum); rows that saw no key: -inf + log(0) = -inf.
   at::Tensor lse = at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1));
   return {r.out, lse};
@@ -280,16 +241,16 @@ void update_grad_kernel(const lse_t* lse, const scalar_t* out, const lse_t* L, c
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const at::Tensor& lse, const at::Tensor& out) {
+std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const AttentionUpdateArgs& args) {
   static constexpr const char* op = "attention_update";
-  check_update_inputs(op, lse, out);
-  const int64_t K = lse.size(0), R = lse[0].numel(), D = out.size(-1);
-  const at::Tensor l = lse.contiguous(), o = out.contiguous();
-  at::Tensor res = at::empty(out.sizes().slice(1), out.options());
-  at::Tensor res_lse = at::empty(lse.sizes().slice(1), lse.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), op, [&] {
+  check_update_inputs(op, args.lse, args.out);
+  const int64_t K = args.lse.size(0), R = args.lse[0].numel(), D = args.out.size(-1);
+  const at::Tensor l = args.lse.contiguous(), o = args.out.contiguous();
+  at::Tensor res = at::empty(args.out.sizes().slice(1), args.out.options());
+  at::Tensor res_lse = at::empty(args.lse.sizes().slice(1), args.lse.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.out.scalar_type(), op, [&] {
     using out_t = scalar_t;
-    AT_DISPATCH_FLOATING_TYPES(lse.scalar_type(), op, [&] {
+    AT_DISPATCH_FLOATING_TYPES(args.lse.scalar_type(), op, [&] {
       update_kernel<out_t, scalar_t>(l.const_data_ptr<scalar_t>(), o.const_data_ptr<out_t>(), K, R, D,
                                      res.data_ptr<out_t>(), res_lse.data_ptr<scalar_t>());
     });
@@ -297,33 +258,29 @@ std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const at::Tensor& lse, c
   return {res, res_lse};
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const at::Tensor& lse, const at::Tensor& out,
-                                                             const at::Tensor& softmax_lse,
-                                                             const at::Tensor& attention_out,
-                                                             const at::Tensor& grad_attention_out,
-                                                             const at::Tensor& grad_softmax_lse) {
+std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const AttentionUpdateGradArgs& args) {
   static constexpr const char* op = "attention_update_grad";
-  check_update_inputs(op, lse, out);
-  const auto rows = lse.sizes().slice(1);
-  const auto outs = out.sizes().slice(1);
-  TORCH_CHECK_VALUE(softmax_lse.sizes() == rows && grad_softmax_lse.sizes() == rows, op,
+  check_update_inputs(op, args.lse, args.out);
+  const auto rows = args.lse.sizes().slice(1);
+  const auto outs = args.out.sizes().slice(1);
+  TORCH_CHECK_VALUE(args.softmax_lse.sizes() == rows && args.grad_softmax_lse.sizes() == rows, op,
                     ": arguments 'softmax_lse' and 'grad_softmax_lse' must have shape ", rows, "; got ",
-                    softmax_lse.sizes(), " and ", grad_softmax_lse.sizes());
-  TORCH_CHECK_VALUE(attention_out.sizes() == outs && grad_attention_out.sizes() == outs, op,
+                    args.softmax_lse.sizes(), " and ", args.grad_softmax_lse.sizes());
+  TORCH_CHECK_VALUE(args.attention_out.sizes() == outs && args.grad_attention_out.sizes() == outs, op,
                     ": arguments 'attention_out' and 'grad_attention_out' must have shape ", outs, "; got ",
-                    attention_out.sizes(), " and ", grad_attention_out.sizes());
-  TORCH_CHECK_TYPE(softmax_lse.scalar_type() == lse.scalar_type() && grad_softmax_lse.scalar_type() == lse.scalar_type() &&
-                       attention_out.scalar_type() == out.scalar_type() &&
-                       grad_attention_out.scalar_type() == out.scalar_type(),
+                    args.attention_out.sizes(), " and ", args.grad_attention_out.sizes());
+  TORCH_CHECK_TYPE(args.softmax_lse.scalar_type() == args.lse.scalar_type() && args.grad_softmax_lse.scalar_type() == args.lse.scalar_type() &&
+                       args.attention_out.scalar_type() == args.out.scalar_type() &&
+                       args.grad_attention_out.scalar_type() == args.out.scalar_type(),
                    op, ": the lse arguments must share lse's dtype and the output arguments out's dtype");
-  const int64_t K = lse.size(0), R = lse[0].numel(), D = out.size(-1);
-  const at::Tensor l = lse.contiguous(), o = out.contiguous(), L = softmax_lse.contiguous(),
-                   m = attention_out.contiguous(), g = grad_attention_out.contiguous(), gl = grad_softmax_lse.contiguous();
-  at::Tensor dlse = at::empty(lse.sizes(), lse.options());
-  at::Tensor dout = at::empty(out.sizes(), out.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), op, [&] {
+  const int64_t K = args.lse.size(0), R = args.lse[0].numel(), D = args.out.size(-1);
+  const at::Tensor l = args.lse.contiguous(), o = args.out.contiguous(), L = args.softmax_lse.contiguous(),
+                   m = args.attention_out.contiguous(), g = args.grad_attention_out.contiguous(), gl = args.grad_softmax_lse.contiguous();
+  at::Tensor dlse = at::empty(args.lse.sizes(), args.lse.options());
+  at::Tensor dout = at::empty(args.out.sizes(), args.out.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.out.scalar_type(), op, [&] {
     using out_t = scalar_t;
-    AT_DISPATCH_FLOATING_TYPES(lse.scalar_type(), op, [&] {
+    AT_DISPATCH_FLOATING_TYPES(args.lse.scalar_type(), op, [&] {
       update_grad_kernel<out_t, scalar_t>(l.const_data_ptr<scalar_t>(), o.const_data_ptr<out_t>(),
                                           L.const_data_ptr<scalar_t>(), m.const_data_ptr<out_t>(),
                                           g.const_data_ptr<out_t>(), gl.const_data_ptr<scalar_t>(), K, R, D,

@@ -99,18 +99,17 @@ std::pair<CacheGeom, CacheGeom> cache_pair(const char* op, const at::Tensor& key
 
 }  // namespace
 
-void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache,
-                             const at::Tensor& value_cache, const at::Tensor& slot_mapping,
-                             c10::string_view cache_layout) {
+void scatter_pa_kv_cache_cpu(const ScatterPaKvCacheArgs& args) {
   const char* op = "scatter_pa_kv_cache";
-  const auto [kg, vg] = cache_pair(op, key_cache, value_cache, cache_layout);
-  TORCH_CHECK(!key_cache.is_same(value_cache), op, ": key_cache and value_cache must be different tensors");
-  check_index_dtype(op, "slot_mapping", slot_mapping);
-  TORCH_CHECK(slot_mapping.dim() == 1, op, ": slot_mapping must be 1-D [T]; got shape ", slot_mapping.sizes());
-  const int64_t T = slot_mapping.numel();
-  check_rows(op, "key", key, key_cache, T, kg.row, kg.head_major);
-  check_rows(op, "value", value, value_cache, T, vg.row, vg.head_major);
-  const at::Tensor slots = as_long(slot_mapping);
+  const auto [kg, vg] = cache_pair(op, args.key_cache, args.value_cache, args.cache_layout);
+  TORCH_CHECK(!args.key_cache.is_same(args.value_cache), op, ": key_cache and value_cache must be different tensors");
+  check_index_dtype(op, "slot_mapping", args.slot_mapping);
+  TORCH_CHECK(args.slot_mapping.dim() == 1, op, ": slot_mapping must be 1-D [T]; got shape ",
+              args.slot_mapping.sizes());
+  const int64_t T = args.slot_mapping.numel();
+  check_rows(op, "key", args.key, args.key_cache, T, kg.row, kg.head_major);
+  check_rows(op, "value", args.value, args.value_cache, T, vg.row, vg.head_major);
+  const at::Tensor slots = as_long(args.slot_mapping);
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t n_slots = kg.num_blocks * kg.block_size;
   for (int64_t t = 0; t < T; ++t)
@@ -127,34 +126,32 @@ void scatter_pa_kv_cache_cpu(const at::Tensor& key, const at::Tensor& value, con
                 " appears more than once in slot_mapping; every token needs its own slot");
   }
   if (T == 0) return;
-  const at::Tensor kc = key.contiguous(), vc = value.contiguous();
-  const size_t kbytes = kg.row * key.element_size(), vbytes = vg.row * value.element_size();
+  const at::Tensor kc = args.key.contiguous(), vc = args.value.contiguous();
+  const size_t kbytes = kg.row * args.key.element_size(), vbytes = vg.row * args.value.element_size();
   char* ks = static_cast<char*>(kc.data_ptr());
   char* vs = static_cast<char*>(vc.data_ptr());
-  char* kd = static_cast<char*>(key_cache.data_ptr());
-  char* vd = static_cast<char*>(value_cache.data_ptr());
+  char* kd = static_cast<char*>(args.key_cache.data_ptr());
+  char* vd = static_cast<char*>(args.value_cache.data_ptr());
   at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       if (sp[t] < 0) continue;
-      copy_token(kg, key.element_size(), kd, sp[t], ks + t * kbytes, true);
-      copy_token(vg, value.element_size(), vd, sp[t], vs + t * vbytes, true);
+      copy_token(kg, args.key.element_size(), kd, sp[t], ks + t * kbytes, true);
+      copy_token(vg, args.value.element_size(), vd, sp[t], vs + t * vbytes, true);
     }
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                                          const at::Tensor& block_table, const at::Tensor& seq_lens,
-                                                          c10::string_view cache_layout) {
+std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const GatherPaKvCacheArgs& args) {
   const char* op = "gather_pa_kv_cache";
-  const auto [kg, vg] = cache_pair(op, key_cache, value_cache, cache_layout);
-  check_index_dtype(op, "block_table", block_table);
-  check_index_dtype(op, "seq_lens", seq_lens);
-  TORCH_CHECK(block_table.dim() == 2, op, ": block_table must be 2-D [B, max_blocks]; got shape ",
-              block_table.sizes());
-  TORCH_CHECK(seq_lens.dim() == 1 && seq_lens.size(0) == block_table.size(0), op, ": seq_lens of shape ",
-              seq_lens.sizes(), " must be [B] with B = block_table.size(0) = ", block_table.size(0));
-  const int64_t B = block_table.size(0), M = block_table.size(1), bs = kg.block_size;
-  const at::Tensor bt = as_long(block_table), lens = as_long(seq_lens);
+  const auto [kg, vg] = cache_pair(op, args.key_cache, args.value_cache, args.cache_layout);
+  check_index_dtype(op, "block_table", args.block_table);
+  check_index_dtype(op, "seq_lens", args.seq_lens);
+  TORCH_CHECK(args.block_table.dim() == 2, op, ": block_table must be 2-D [B, max_blocks]; got shape ",
+              args.block_table.sizes());
+  TORCH_CHECK(args.seq_lens.dim() == 1 && args.seq_lens.size(0) == args.block_table.size(0), op, ": seq_lens of shape ",
+              args.seq_lens.sizes(), " must be [B] with B = block_table.size(0) = ", args.block_table.size(0));
+  const int64_t B = args.block_table.size(0), M = args.block_table.size(1), bs = kg.block_size;
+  const at::Tensor bt = as_long(args.block_table), lens = as_long(args.seq_lens);
   const int64_t* btp = bt.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   std::vector<int64_t> start(B + 1, 0);
@@ -174,15 +171,15 @@ std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_
     ks.insert(ks.end(), {kg.heads, kg.dim});
     vs.insert(vs.end(), {vg.heads, vg.dim});
   } else {
-    for (int64_t d = 2; d < key_cache.dim(); ++d) ks.push_back(key_cache.size(d));
-    for (int64_t d = 2; d < value_cache.dim(); ++d) vs.push_back(value_cache.size(d));
+    for (int64_t d = 2; d < args.key_cache.dim(); ++d) ks.push_back(args.key_cache.size(d));
+    for (int64_t d = 2; d < args.value_cache.dim(); ++d) vs.push_back(args.value_cache.size(d));
   }
-  at::Tensor k = at::empty(ks, key_cache.options());
-  at::Tensor v = at::empty(vs, value_cache.options());
+  at::Tensor k = at::empty(ks, args.key_cache.options());
+  at::Tensor v = at::empty(vs, args.value_cache.options());
   if (total == 0) return {k, v};
-  const size_t kbytes = kg.row * key_cache.element_size(), vbytes = vg.row * value_cache.element_size();
-  char* ksrc = static_cast<char*>(key_cache.data_ptr());
-  char* vsrc = static_cast<char*>(value_cache.data_ptr());
+  const size_t kbytes = kg.row * args.key_cache.element_size(), vbytes = vg.row * args.value_cache.element_size();
+  char* ksrc = static_cast<char*>(args.key_cache.data_ptr());
+  char* vsrc = static_cast<char*>(args.value_cache.data_ptr());
   char* kd = static_cast<char*>(k.data_ptr());
   char* vd = static_cast<char*>(v.data_ptr());
   // One work item per (sequence, logical block).
@@ -195,8 +192,8 @@ std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const at::Tensor& key_
       const int64_t blk = btp[b * M + j];
       for (int64_t p = 0; p < n; ++p) {
         const int64_t row = start[b] + first + p;
-        copy_token(kg, key_cache.element_size(), ksrc, blk * bs + p, kd + row * kbytes, false);
-        copy_token(vg, value_cache.element_size(), vsrc, blk * bs + p, vd + row * vbytes, false);
+        copy_token(kg, args.key_cache.element_size(), ksrc, blk * bs + p, kd + row * kbytes, false);
+        copy_token(vg, args.value_cache.element_size(), vsrc, blk * bs + p, vd + row * vbytes, false);
       }
     }
   });

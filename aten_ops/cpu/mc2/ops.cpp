@@ -151,126 +151,115 @@ std::vector<int64_t> output_shape(const at::Tensor& x1, int64_t n) {
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const at::Tensor& x1, const at::Tensor& x2,
-                                                         c10::string_view group_name, int64_t world_size,
-                                                         const std::optional<at::Tensor>& bias, int64_t gather_index,
-                                                         bool gather_output, int64_t chunks) {
+std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const AllGatherMatmulArgs& args) {
   const char* op = "all_gather_matmul";
-  check_matmul_args(op, x1, x2, bias, false);
-  TORCH_CHECK_VALUE(gather_index == 0, op, ": argument 'gather_index' must be 0 (gather x1, as torch_npu supports); got ",
-                    gather_index);
-  const Group g = mc2::resolve_group(op, group_name, world_size);
-  return all_gather_matmul_impl(op, x1, x2, g, bias, gather_output, chunks);
+  check_matmul_args(op, args.x1, args.x2, args.bias, false);
+  TORCH_CHECK_VALUE(args.gather_index == 0, op,
+                    ": argument 'gather_index' must be 0 (gather x1, as torch_npu supports); got ",
+                    args.gather_index);
+  const Group g = mc2::resolve_group(op, args.group_name, args.world_size);
+  return all_gather_matmul_impl(op, args.x1, args.x2, g, args.bias, args.gather_output, args.chunks);
 }
 
-at::Tensor matmul_reduce_scatter_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name,
-                                     int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+at::Tensor matmul_reduce_scatter_mc2(const MatmulReduceScatterArgs& args) {
   const char* op = "matmul_reduce_scatter";
-  check_matmul_args(op, x1, x2, bias, false);
-  const Group g = mc2::resolve_group(op, group_name, world_size);
-  return matmul_reduce_scatter_impl(op, x1, x2, g, bias, chunks);
+  check_matmul_args(op, args.x1, args.x2, args.bias, false);
+  const Group g = mc2::resolve_group(op, args.group_name, args.world_size);
+  return matmul_reduce_scatter_impl(op, args.x1, args.x2, g, args.bias, args.chunks);
 }
 
-at::Tensor matmul_all_reduce_mc2(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name,
-                                 const std::optional<at::Tensor>& bias, int64_t chunks) {
+at::Tensor matmul_all_reduce_mc2(const MatmulAllReduceArgs& args) {
   const char* op = "matmul_all_reduce";
-  check_matmul_args(op, x1, x2, bias, true);
-  const Group g = mc2::resolve_group(op, group_name, -1);
-  const at::Tensor a = x1.reshape({-1, x1.size(-1)});
-  at::Tensor out = at::empty({a.size(0), x2.size(1)}, x1.options());
-  matmul_all_reduce_chunks(op, a, x2, g, bias.has_value(), chunks, [&](int64_t b, int64_t e, const at::Tensor& s) {
+  check_matmul_args(op, args.x1, args.x2, args.bias, true);
+  const Group g = mc2::resolve_group(op, args.group_name, -1);
+  const at::Tensor a = args.x1.reshape({-1, args.x1.size(-1)});
+  at::Tensor out = at::empty({a.size(0), args.x2.size(1)}, args.x1.options());
+  matmul_all_reduce_chunks(op, a, args.x2, g, args.bias.has_value(), args.chunks, [&](int64_t b, int64_t e, const at::Tensor& s) {
     at::Tensor dst = out.slice(0, b, e);
-    if (bias.has_value()) at::add_out(dst, s, *bias);
+    if (args.bias.has_value()) at::add_out(dst, s, *args.bias);
     else dst.copy_(s);
   });
-  return out.view(output_shape(x1, x2.size(1)));
+  return out.view(output_shape(args.x1, args.x2.size(1)));
 }
 
-std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(
-    const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma,
-    c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
+std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const MatmulAllReduceAddRmsNormArgs& args) {
   const char* op = "matmul_all_reduce_add_rms_norm";
-  check_matmul_args(op, x1, x2, bias, true);
-  const std::vector<int64_t> shape = output_shape(x1, x2.size(1));
-  TORCH_CHECK_VALUE(residual.sizes() == at::IntArrayRef(shape), op, ": residual must have the output's shape ",
-                    at::IntArrayRef(shape), " (x1's leading dims, x2's last dim); got ", residual.sizes());
-  TORCH_CHECK_VALUE(gamma.dim() == 1 && gamma.size(0) == x2.size(1), op, ": gamma must be 1-D of size n = ",
-                    x2.size(1), "; got shape ", gamma.sizes());
-  TORCH_CHECK_VALUE(residual.scalar_type() == x1.scalar_type() && gamma.scalar_type() == x1.scalar_type(), op,
-                    ": residual (", residual.scalar_type(), ") and gamma (", gamma.scalar_type(),
-                    ") must have x1's dtype (", x1.scalar_type(), ")");
-  TORCH_CHECK_VALUE(epsilon > 0, op, ": argument 'epsilon' must be > 0; got ", epsilon);
-  const Group g = mc2::resolve_group(op, group_name, -1);
-  const at::Tensor a = x1.reshape({-1, x1.size(-1)});
-  const at::Tensor res = residual.reshape({-1, x2.size(1)});
-  at::Tensor y = at::empty({a.size(0), x2.size(1)}, x1.options());
+  check_matmul_args(op, args.x1, args.x2, args.bias, true);
+  const std::vector<int64_t> shape = output_shape(args.x1, args.x2.size(1));
+  TORCH_CHECK_VALUE(args.residual.sizes() == at::IntArrayRef(shape), op, ": residual must have the output's shape ",
+                    at::IntArrayRef(shape), " (x1's leading dims, x2's last dim); got ", args.residual.sizes());
+  TORCH_CHECK_VALUE(args.gamma.dim() == 1 && args.gamma.size(0) == args.x2.size(1), op,
+                    ": gamma must be 1-D of size n = ",
+                    args.x2.size(1), "; got shape ", args.gamma.sizes());
+  TORCH_CHECK_VALUE(args.residual.scalar_type() == args.x1.scalar_type() && args.gamma.scalar_type() == args.x1.scalar_type(), op,
+                    ": residual (", args.residual.scalar_type(), ") and gamma (", args.gamma.scalar_type(),
+                    ") must have x1's dtype (", args.x1.scalar_type(), ")");
+  TORCH_CHECK_VALUE(args.epsilon > 0, op, ": argument 'epsilon' must be > 0; got ", args.epsilon);
+  const Group g = mc2::resolve_group(op, args.group_name, -1);
+  const at::Tensor a = args.x1.reshape({-1, args.x1.size(-1)});
+  const at::Tensor res = args.residual.reshape({-1, args.x2.size(1)});
+  at::Tensor y = at::empty({a.size(0), args.x2.size(1)}, args.x1.options());
   at::Tensor normed = at::empty_like(y);
-  const at::ScalarType acc = x1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor gamma_acc = gamma.to(acc);
+  const at::ScalarType acc = args.x1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor gamma_acc = args.gamma.to(acc);
   // Residual add and RMSNorm of chunk c run while the all-reduces of later chunks are still in flight.
-  matmul_all_reduce_chunks(op, a, x2, g, bias.has_value(), chunks, [&](int64_t b, int64_t e, const at::Tensor& s) {
+  matmul_all_reduce_chunks(op, a, args.x2, g, args.bias.has_value(), args.chunks, [&](int64_t b, int64_t e, const at::Tensor& s) {
     at::Tensor h = s.to(acc) + res.slice(0, b, e).to(acc);
-    if (bias.has_value()) h.add_(bias->to(acc));
+    if (args.bias.has_value()) h.add_(args.bias->to(acc));
     y.slice(0, b, e).copy_(h);
-    const at::Tensor inv_rms = at::rsqrt(h.square().mean(-1, true) + epsilon);
+    const at::Tensor inv_rms = at::rsqrt(h.square().mean(-1, true) + args.epsilon);
     normed.slice(0, b, e).copy_(h * inv_rms * gamma_acc);
   });
   return {y.view(shape), normed.view(shape)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(
-    const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out,
-    c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(const AllGatherMatmulGradArgs& args) {
   const char* op = "all_gather_matmul_grad";
-  check_matmul_args(op, x1, x2, bias, false);
-  const Group g = mc2::resolve_group(op, group_name, world_size);
-  TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.size(0) == g.size * x1.size(0) && grad_out.size(1) == x2.size(1),
-                    op, ": grad_out must be [world_size * m, n] = [", g.size * x1.size(0), ", ", x2.size(1),
-                    "]; got shape ", grad_out.sizes());
-  const bool regather = gather_out.numel() == 0 && x1.numel() != 0;
+  check_matmul_args(op, args.x1, args.x2, args.bias, false);
+  const Group g = mc2::resolve_group(op, args.group_name, args.world_size);
+  TORCH_CHECK_VALUE(args.grad_out.dim() == 2 && args.grad_out.size(0) == g.size * args.x1.size(0) && args.grad_out.size(1) == args.x2.size(1),
+                    op, ": grad_out must be [world_size * m, n] = [", g.size * args.x1.size(0), ", ", args.x2.size(1),
+                    "]; got shape ", args.grad_out.sizes());
+  const bool regather = args.gather_out.numel() == 0 && args.x1.numel() != 0;
   if (regather) {
-    mc2::validate_across_ranks(op, g, signature(kGatherForGrad, x1.scalar_type(), "x1.shape[0]", x1.size(0),
-                                                "x1.shape[1]", x1.size(1), 1, false), x1.device());
+    mc2::validate_across_ranks(op, g, signature(kGatherForGrad, args.x1.scalar_type(), "x1.shape[0]", args.x1.size(0),
+                                                "x1.shape[1]", args.x1.size(1), 1, false), args.x1.device());
   }
   // The forward did not keep the gathered x1: gather it again, overlapped with the reduce-scatter below.
-  const at::Tensor pending = regather ? mc2::all_gather_async(x1, g) : at::Tensor();
-  const at::Tensor dx1 = matmul_reduce_scatter_impl(op, grad_out, x2.t(), g, std::nullopt, chunks);
-  const at::Tensor gathered = regather ? mc2::wait(pending) : gather_out;
-  const at::Tensor dx2 = at::mm(gathered.t(), grad_out);
-  const at::Tensor dbias = bias.has_value() ? grad_out.sum(0) : at::empty({0}, x1.options());
+  const at::Tensor pending = regather ? mc2::all_gather_async(args.x1, g) : at::Tensor();
+  const at::Tensor dx1 = matmul_reduce_scatter_impl(op, args.grad_out, args.x2.t(), g, std::nullopt, args.chunks);
+  const at::Tensor gathered = regather ? mc2::wait(pending) : args.gather_out;
+  const at::Tensor dx2 = at::mm(gathered.t(), args.grad_out);
+  const at::Tensor dbias = args.bias.has_value() ? args.grad_out.sum(0) : at::empty({0}, args.x1.options());
   return {dx1, dx2, dbias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(
-    const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name,
-    int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(const MatmulReduceScatterGradArgs& args) {
   const char* op = "matmul_reduce_scatter_grad";
-  check_matmul_args(op, x1, x2, bias, false);
-  const Group g = mc2::resolve_group(op, group_name, world_size);
-  TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.size(0) * g.size == x1.size(0) && grad_out.size(1) == x2.size(1),
-                    op, ": grad_out must be [m / world_size, n] = [", x1.size(0) / g.size, ", ", x2.size(1),
-                    "]; got shape ", grad_out.sizes());
+  check_matmul_args(op, args.x1, args.x2, args.bias, false);
+  const Group g = mc2::resolve_group(op, args.group_name, args.world_size);
+  TORCH_CHECK_VALUE(args.grad_out.dim() == 2 && args.grad_out.size(0) * g.size == args.x1.size(0) && args.grad_out.size(1) == args.x2.size(1),
+                    op, ": grad_out must be [m / world_size, n] = [", args.x1.size(0) / g.size, ", ", args.x2.size(1),
+                    "]; got shape ", args.grad_out.sizes());
   // The dual op: all-gather the output gradient while multiplying it by x2ᵀ chunk by chunk.
-  auto [dx1, full_grad] = all_gather_matmul_impl(op, grad_out, x2.t(), g, std::nullopt, true, chunks);
-  const at::Tensor dx2 = at::mm(x1.t(), full_grad);
+  auto [dx1, full_grad] = all_gather_matmul_impl(op, args.grad_out, args.x2.t(), g, std::nullopt, true, args.chunks);
+  const at::Tensor dx2 = at::mm(args.x1.t(), full_grad);
   // The bias is one parameter shared by the group: its gradient is the group total, identical on every rank.
-  const at::Tensor dbias = bias.has_value() ? full_grad.sum(0) : at::empty({0}, x1.options());
+  const at::Tensor dbias = args.bias.has_value() ? full_grad.sum(0) : at::empty({0}, args.x1.options());
   return {dx1, dx2, dbias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const at::Tensor& grad_out,
-                                                                          const at::Tensor& x1, const at::Tensor& x2,
-                                                                          const std::optional<at::Tensor>& bias) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const MatmulAllReduceGradArgs& args) {
   const char* op = "matmul_all_reduce_grad";
-  check_matmul_args(op, x1, x2, bias, true);
-  const std::vector<int64_t> shape = output_shape(x1, x2.size(1));
-  TORCH_CHECK_VALUE(grad_out.sizes() == at::IntArrayRef(shape), op, ": grad_out must have the output's shape ",
-                    at::IntArrayRef(shape), "; got ", grad_out.sizes());
+  check_matmul_args(op, args.x1, args.x2, args.bias, true);
+  const std::vector<int64_t> shape = output_shape(args.x1, args.x2.size(1));
+  TORCH_CHECK_VALUE(args.grad_out.sizes() == at::IntArrayRef(shape), op, ": grad_out must have the output's shape ",
+                    at::IntArrayRef(shape), "; got ", args.grad_out.sizes());
   // Local: the all-reduce's backward is the identity on a loss every rank computes alike.
-  const at::Tensor g = grad_out.reshape({-1, x2.size(1)});
-  const at::Tensor dx1 = at::mm(g, x2.t()).view(x1.sizes());
-  const at::Tensor dx2 = at::mm(x1.reshape({-1, x1.size(-1)}).t(), g);
-  const at::Tensor dbias = bias.has_value() ? g.sum(0) : at::empty({0}, x1.options());
+  const at::Tensor g = args.grad_out.reshape({-1, args.x2.size(1)});
+  const at::Tensor dx1 = at::mm(g, args.x2.t()).view(args.x1.sizes());
+  const at::Tensor dx2 = at::mm(args.x1.reshape({-1, args.x1.size(-1)}).t(), g);
+  const at::Tensor dbias = args.bias.has_value() ? g.sum(0) : at::empty({0}, args.x1.options());
   return {dx1, dx2, dbias};
 }
 

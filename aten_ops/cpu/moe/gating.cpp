@@ -9,8 +9,8 @@
 #include <cmath>
 #include <limits>
 
-#include "common/moe/routing.h"
 #include "cpu/moe/gating_kernels.h"
+#include "cpu/moe/routing_helpers.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -129,32 +129,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gating_forward(const char* op, co
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const at::Tensor& x,
-                                                                            const std::optional<at::Tensor>& finished,
-                                                                            int64_t k) {
-  return gating_forward("moe_gating_top_k_softmax", x, finished, k, 0, false, true);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const MoeGatingTopKSoftmaxArgs& args) {
+  return gating_forward("moe_gating_top_k_softmax", args.x, args.finished, args.k, 0, false, true);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu(
-    const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm,
-    bool output_softmax_result_flag) {
-  return gating_forward("moe_gating_top_k_softmax_v2", x, finished, k, renorm, output_softmax_result_flag, false);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu(const MoeGatingTopKSoftmaxV2Args& args) {
+  return gating_forward("moe_gating_top_k_softmax_v2", args.x, args.finished, args.k, args.renorm,
+                        args.output_softmax_result_flag, false);
 }
 
-at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at::Tensor& x, int64_t k,
-                                             int64_t renorm) {
+at::Tensor moe_gating_top_k_softmax_grad_cpu(const MoeGatingTopKSoftmaxGradArgs& args) {
   const char* op = "moe_gating_top_k_softmax_grad";
-  TORCH_CHECK_VALUE(renorm == 0 || renorm == 1, op, ": argument 'renorm' must be 0 or 1; got ", renorm);
-  const moe::GatingShape g = moe::check_gating(op, x, std::nullopt, k);
-  moe::check_float(op, "grad_y", grad_y);
-  TORCH_CHECK_VALUE(grad_y.sizes() == at::IntArrayRef(g.out_sizes), op, ": argument 'grad_y' of shape ",
-                    grad_y.sizes(), " must be ", at::IntArrayRef(g.out_sizes));
-  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (x.numel() == 0) return dx;
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor gc = grad_y.to(x.scalar_type()).contiguous();
+  TORCH_CHECK_VALUE(args.renorm == 0 || args.renorm == 1, op, ": argument 'renorm' must be 0 or 1; got ", args.renorm);
+  const moe::GatingShape g = moe::check_gating(op, args.x, std::nullopt, args.k);
+  moe::check_float(op, "grad_y", args.grad_y);
+  TORCH_CHECK_VALUE(args.grad_y.sizes() == at::IntArrayRef(g.out_sizes), op, ": argument 'grad_y' of shape ",
+                    args.grad_y.sizes(), " must be ", at::IntArrayRef(g.out_sizes));
+  at::Tensor dx = at::empty(args.x.sizes(), args.x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (args.x.numel() == 0) return dx;
+  const at::Tensor xc = args.x.contiguous();
+  const at::Tensor gc = args.grad_y.to(args.x.scalar_type()).contiguous();
   const int64_t N = g.rows, E = g.E;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gating_top_k_softmax_grad", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.x.scalar_type(), "moe_gating_top_k_softmax_grad", [&] {
     using A = acc_t<scalar_t>;
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     const scalar_t* gp = gc.data_ptr<scalar_t>();
@@ -164,24 +160,24 @@ at::Tensor moe_gating_top_k_softmax_grad_cpu(const at::Tensor& grad_y, const at:
       std::vector<int64_t> idx, scratch;
       for (int64_t i = r0; i < r1; ++i) {
         for (int64_t e = 0; e < E; ++e) v[e] = static_cast<A>(xp[i * E + e]);
-        top_k(v.data(), E, k, idx, scratch);
+        top_k(v.data(), E, args.k, idx, scratch);
         std::fill(d.begin(), d.end(), A(0));
-        if (renorm == 0) {  // y_j = p[idx_j]: dx = p * (g_full - sum_j g_j p[idx_j])
+        if (args.renorm == 0) {  // y_j = p[idx_j]: dx = p * (g_full - sum_j g_j p[idx_j])
           softmax_inplace(v.data(), E);
           A dot = 0;
-          for (int64_t j = 0; j < k; ++j) {
-            const A gj = static_cast<A>(gp[i * k + j]);
+          for (int64_t j = 0; j < args.k; ++j) {
+            const A gj = static_cast<A>(gp[i * args.k + j]);
             d[idx[j]] += gj;
             dot += gj * v[idx[j]];
           }
           for (int64_t e = 0; e < E; ++e) d[e] = v[e] * (d[e] - dot);
         } else {  // y = softmax(v[idx]): dv[idx_j] = y_j (g_j - sum g.y)
-          std::vector<A> sel(k);
-          for (int64_t j = 0; j < k; ++j) sel[j] = v[idx[j]];
-          softmax_inplace(sel.data(), k);
+          std::vector<A> sel(args.k);
+          for (int64_t j = 0; j < args.k; ++j) sel[j] = v[idx[j]];
+          softmax_inplace(sel.data(), args.k);
           A dot = 0;
-          for (int64_t j = 0; j < k; ++j) dot += static_cast<A>(gp[i * k + j]) * sel[j];
-          for (int64_t j = 0; j < k; ++j) d[idx[j]] = sel[j] * (static_cast<A>(gp[i * k + j]) - dot);
+          for (int64_t j = 0; j < args.k; ++j) dot += static_cast<A>(gp[i * args.k + j]) * sel[j];
+          for (int64_t j = 0; j < args.k; ++j) d[idx[j]] = sel[j] * (static_cast<A>(gp[i * args.k + j]) - dot);
         }
         for (int64_t e = 0; e < E; ++e) dp[i * E + e] = static_cast<scalar_t>(d[e]);
       }
@@ -228,34 +224,30 @@ GroupParams check_group_gating(const char* op, const at::Tensor& x, const std::o
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const at::Tensor& x, int64_t k,
-                                                                    const std::optional<at::Tensor>& bias,
-                                                                    int64_t k_group, int64_t group_count,
-                                                                    int64_t group_select_mode, int64_t renorm,
-                                                                    int64_t norm_type, bool out_flag,
-                                                                    double routed_scaling_factor, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const MoeGatingTopKArgs& args) {
   const char* op = "moe_gating_top_k";
-  const GroupParams gp = check_group_gating(op, x, bias, k, k_group, group_count, group_select_mode, renorm, norm_type);
-  const int64_t N = x.size(0), E = x.size(1);
-  at::Tensor y = at::empty({N, k}, x.options());
-  at::Tensor expert = at::empty({N, k}, x.options().dtype(at::kInt));
-  at::Tensor out = out_flag ? at::empty({N, E}, x.options().dtype(at::kFloat)) : at::empty({0}, x.options().dtype(at::kFloat));
+  const GroupParams gp = check_group_gating(op, args.x, args.bias, args.k, args.k_group, args.group_count,
+                                            args.group_select_mode, args.renorm, args.norm_type);
+  const int64_t N = args.x.size(0), E = args.x.size(1);
+  at::Tensor y = at::empty({N, args.k}, args.x.options());
+  at::Tensor expert = at::empty({N, args.k}, args.x.options().dtype(at::kInt));
+  at::Tensor out = args.out_flag ? at::empty({N, E}, args.x.options().dtype(at::kFloat)) : at::empty({0}, args.x.options().dtype(at::kFloat));
   if (N == 0) return {y, expert, out};
-  const at::Tensor xc = x.contiguous().to(at::kFloat);
-  const at::Tensor bc = bias.has_value() ? bias->contiguous().to(at::kFloat) : at::Tensor();
+  const at::Tensor xc = args.x.contiguous().to(at::kFloat);
+  const at::Tensor bc = args.bias.has_value() ? args.bias->contiguous().to(at::kFloat) : at::Tensor();
   const float* xp = xc.data_ptr<float>();
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
-  float* op_ = out_flag ? out.data_ptr<float>() : nullptr;
+  float* op_ = args.out_flag ? out.data_ptr<float>() : nullptr;
   int32_t* ep = expert.data_ptr<int32_t>();
   const float ninf = -std::numeric_limits<float>::infinity();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "moe_gating_top_k", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.x.scalar_type(), "moe_gating_top_k", [&] {
     scalar_t* yp = y.data_ptr<scalar_t>();
     at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
       std::vector<float> s(E), sel(E), gscore(gp.group_count), two(2);
       std::vector<int64_t> idx, gidx, scratch;
       for (int64_t i = r0; i < r1; ++i) {
         for (int64_t e = 0; e < E; ++e) s[e] = xp[i * E + e];
-        if (norm_type == 0) {
+        if (args.norm_type == 0) {
           softmax_inplace(s.data(), E);
         } else {
           for (int64_t e = 0; e < E; ++e) s[e] = 1.f / (1.f + std::exp(-s[e]));
@@ -277,13 +269,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const at::Te
           for (int64_t e = 0; e < E; ++e)
             if (!keep[e / gp.group_size]) sel[e] = ninf;
         }
-        top_k(sel.data(), E, k, idx, scratch);
+        top_k(sel.data(), E, args.k, idx, scratch);
         float sum = 0;
-        for (int64_t j = 0; j < k; ++j) sum += s[idx[j]];
-        const float scale = static_cast<float>(routed_scaling_factor) / (sum + static_cast<float>(eps));
-        for (int64_t j = 0; j < k; ++j) {
-          yp[i * k + j] = static_cast<scalar_t>(s[idx[j]] * scale);
-          ep[i * k + j] = static_cast<int32_t>(idx[j]);
+        for (int64_t j = 0; j < args.k; ++j) sum += s[idx[j]];
+        const float scale = static_cast<float>(args.routed_scaling_factor) / (sum + static_cast<float>(args.eps));
+        for (int64_t j = 0; j < args.k; ++j) {
+          yp[i * args.k + j] = static_cast<scalar_t>(s[idx[j]] * scale);
+          ep[i * args.k + j] = static_cast<int32_t>(idx[j]);
         }
         if (op_) std::copy(s.begin(), s.end(), op_ + i * E);
       }

@@ -237,57 +237,59 @@ std::vector<at::Tensor> bias_rows(const char* op, at::TensorList bias, int64_t c
 
 }  // namespace
 
-std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(
-    at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list,
-    int64_t group_type, int64_t group_list_type, int64_t act_type) {
-  check_modes(kOp, group_type, group_list_type, act_type);
-  const auto dtype = check_dtypes(kOp, x, weight);
-  const bool has_act = act_type != cpu::kActNone;
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(const GroupedMatmulArgs& args) {
+  check_modes(kOp, args.group_type, args.group_list_type, args.act_type);
+  const auto dtype = check_dtypes(kOp, args.x, args.weight);
+  const bool has_act = args.act_type != cpu::kActNone;
   std::vector<at::Tensor> outs, pres;
   std::vector<at::Tensor> bs;  // fp32 bias rows the products point into: alive until run_products returns
   std::vector<Product> ps;
   auto make = [&](at::IntArrayRef shape) {
-    outs.push_back(at::empty(shape, x[0].options()));
-    pres.push_back(has_act ? at::empty(shape, x[0].options()) : at::empty({0}, x[0].options()));
+    outs.push_back(at::empty(shape, args.x[0].options()));
+    pres.push_back(has_act ? at::empty(shape, args.x[0].options()) : at::empty({0}, args.x[0].options()));
   };
 
-  if (group_type == -1) {
-    TORCH_CHECK(x.size() == weight.size(), kOp, ": group_type -1 multiplies x[i] by weight[i]; got ", x.size(),
-                " x and ", weight.size(), " weight tensors");
-    TORCH_CHECK(!group_list.has_value(), kOp, ": group_type -1 takes no group_list");
+  if (args.group_type == -1) {
+    TORCH_CHECK(args.x.size() == args.weight.size(), kOp, ": group_type -1 multiplies x[i] by weight[i]; got ",
+                args.x.size(),
+                " x and ", args.weight.size(), " weight tensors");
+    TORCH_CHECK(!args.group_list.has_value(), kOp, ": group_type -1 takes no group_list");
     std::vector<int64_t> n;
-    for (size_t i = 0; i < x.size(); ++i) {
-      TORCH_CHECK(x[i].dim() >= 2 && weight[i].dim() == 2, kOp, ": group_type -1 needs x[i] [..., K] (>= 2-D) and "
-                  "weight[i] [K, N]; got x[", i, "] ", x[i].sizes(), " and weight[", i, "] ", weight[i].sizes());
-      TORCH_CHECK(x[i].size(-1) == weight[i].size(0), kOp, ": x[", i, "] has K=", x[i].size(-1), " but weight[", i,
-                  "] has K=", weight[i].size(0));
-      n.push_back(weight[i].size(1));
+    for (size_t i = 0; i < args.x.size(); ++i) {
+      TORCH_CHECK(args.x[i].dim() >= 2 && args.weight[i].dim() == 2, kOp,
+                  ": group_type -1 needs x[i] [..., K] (>= 2-D) and "
+                  "weight[i] [K, N]; got x[", i, "] ", args.x[i].sizes(), " and weight[", i, "] ", args.weight[i].sizes());
+      TORCH_CHECK(args.x[i].size(-1) == args.weight[i].size(0), kOp, ": x[", i, "] has K=", args.x[i].size(-1),
+                  " but weight[", i,
+                  "] has K=", args.weight[i].size(0));
+      n.push_back(args.weight[i].size(1));
     }
-    bs = bias_rows(kOp, bias, int64_t(x.size()), n, dtype);
-    for (size_t i = 0; i < x.size(); ++i) {
-      std::vector<int64_t> shape(x[i].sizes().begin(), x[i].sizes().end());
+    bs = bias_rows(kOp, args.bias, int64_t(args.x.size()), n, dtype);
+    for (size_t i = 0; i < args.x.size(); ++i) {
+      std::vector<int64_t> shape(args.x[i].sizes().begin(), args.x[i].sizes().end());
       shape.back() = n[i];
       make(shape);
-      const at::Tensor a = x[i].reshape({-1, x[i].size(-1)});
-      ps.push_back({a, weight[i], (has_act ? pres : outs).back().view({-1, n[i]}), outs.back().view({-1, n[i]}),
+      const at::Tensor a = args.x[i].reshape({-1, args.x[i].size(-1)});
+      ps.push_back({a, args.weight[i], (has_act ? pres : outs).back().view({-1, n[i]}), outs.back().view({-1, n[i]}),
                     bias_ptr(bs[i])});
     }
-    run_products(ps, act_type);
+    run_products(ps, args.act_type);
     return {outs, pres};
   }
 
-  TORCH_CHECK(x.size() == 1 && x[0].dim() == 2, kOp, ": group_type ", group_type, " takes x as a list of one 2-D "
-              "tensor; got ", x.size(), " tensors, the first of shape ", x[0].sizes());
-  const at::Tensor& x0 = x[0];
-  if (group_type == 0) {
-    const auto w = expert_weights(kOp, weight);
+  TORCH_CHECK(args.x.size() == 1 && args.x[0].dim() == 2, kOp, ": group_type ", args.group_type,
+              " takes x as a list of one 2-D "
+              "tensor; got ", args.x.size(), " tensors, the first of shape ", args.x[0].sizes());
+  const at::Tensor& x0 = args.x[0];
+  if (args.group_type == 0) {
+    const auto w = expert_weights(kOp, args.weight);
     const int64_t E = w.groups(), K = x0.size(1), N = w[0].size(1);
     for (int64_t e = 0; e < E; ++e) {
       TORCH_CHECK(w[e].size(0) == K && w[e].size(1) == N, kOp, ": expert ", e, "'s weight must be [K=", K,
                   ", N=", N, "]; got ", w[e].sizes());
     }
-    const auto off = group_offsets(kOp, group_list, group_list_type, E, x0.size(0), "M (rows)");
-    bs = bias_rows(kOp, bias, E, std::vector<int64_t>(E, N), dtype);
+    const auto off = group_offsets(kOp, args.group_list, args.group_list_type, E, x0.size(0), "M (rows)");
+    bs = bias_rows(kOp, args.bias, E, std::vector<int64_t>(E, N), dtype);
     make({x0.size(0), N});
     for (int64_t e = 0; e < E; ++e) {
       const int64_t r0 = off[e], m = off[e + 1] - off[e];
@@ -295,54 +297,54 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(
                     outs[0].narrow(0, r0, m), bias_ptr(bs[e])});
     }
   } else {  // group_type 2
-    TORCH_CHECK(weight.size() == 1 && weight[0].dim() == 2 && weight[0].size(0) == x0.size(1), kOp,
+    TORCH_CHECK(args.weight.size() == 1 && args.weight[0].dim() == 2 && args.weight[0].size(0) == x0.size(1), kOp,
                 ": group_type 2 takes weight as a list of one [K, N] tensor with x's K=", x0.size(1), "; got ",
-                weight.size(), " tensors, the first of shape ", weight[0].sizes());
-    TORCH_CHECK(bias.empty(), kOp, ": group_type 2 (split along K) takes no bias");
-    TORCH_CHECK(group_list.has_value() && group_list->dim() == 1, kOp,
+                args.weight.size(), " tensors, the first of shape ", args.weight[0].sizes());
+    TORCH_CHECK(args.bias.empty(), kOp, ": group_type 2 (split along K) takes no bias");
+    TORCH_CHECK(args.group_list.has_value() && args.group_list->dim() == 1, kOp,
                 ": group_type 2 needs group_list, a 1-D tensor with one entry per group");
-    const int64_t E = group_list->numel(), M = x0.size(0), N = weight[0].size(1);
-    const auto off = group_offsets(kOp, group_list, group_list_type, E, x0.size(1), "K (columns)");
+    const int64_t E = args.group_list->numel(), M = x0.size(0), N = args.weight[0].size(1);
+    const auto off = group_offsets(kOp, args.group_list, args.group_list_type, E, x0.size(1), "K (columns)");
     make({E, M, N});
     for (int64_t e = 0; e < E; ++e) {
       const int64_t k0 = off[e], k = off[e + 1] - off[e];
-      ps.push_back({x0.narrow(1, k0, k), weight[0].narrow(0, k0, k), outs[0][e], outs[0][e], nullptr});
+      ps.push_back({x0.narrow(1, k0, k), args.weight[0].narrow(0, k0, k), outs[0][e], outs[0][e], nullptr});
     }
   }
-  run_products(ps, act_type);
+  run_products(ps, args.act_type);
   return {outs, pres};
 }
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(
-    at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias,
-    const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type,
-    int64_t group_list_type, int64_t act_type) {
+    const GroupedMatmulGradArgs& args) {
   constexpr const char* op = "grouped_matmul_grad";
-  check_modes(op, group_type, group_list_type, act_type);
-  const auto dtype = check_dtypes(op, x, weight);
-  const size_t outputs = group_type == -1 ? x.size() : 1;
-  TORCH_CHECK(grad_out.size() == outputs, op, ": expected ", outputs, " gradients of out; got ", grad_out.size());
-  TORCH_CHECK(act_type == cpu::kActNone || act_input.size() == outputs, op, ": act_input must hold the ", outputs,
-              " pre-activation tensors of the forward; got ", act_input.size());
+  check_modes(op, args.group_type, args.group_list_type, args.act_type);
+  const auto dtype = check_dtypes(op, args.x, args.weight);
+  const size_t outputs = args.group_type == -1 ? args.x.size() : 1;
+  TORCH_CHECK(args.grad_out.size() == outputs, op, ": expected ", outputs, " gradients of out; got ",
+              args.grad_out.size());
+  TORCH_CHECK(args.act_type == cpu::kActNone || args.act_input.size() == outputs, op, ": act_input must hold the ",
+              outputs,
+              " pre-activation tensors of the forward; got ", args.act_input.size());
 
   // g = grad_out * act'(pre-activation): the gradient of the product.
   std::vector<at::Tensor> g(outputs);
   for (size_t i = 0; i < outputs; ++i) {
-    at::Tensor go = grad_out[i].to(dtype).contiguous();
-    if (act_type != cpu::kActNone) {
-      const at::Tensor pre = act_input[i].contiguous();
+    at::Tensor go = args.grad_out[i].to(dtype).contiguous();
+    if (args.act_type != cpu::kActNone) {
+      const at::Tensor pre = args.act_input[i].contiguous();
       TORCH_CHECK(pre.sizes() == go.sizes() && pre.scalar_type() == dtype, op, ": act_input[", i,
                   "] must match grad_out[", i, "] (", go.sizes(), ", ", dtype, "); got ", pre.sizes());
       at::Tensor d = at::empty_like(go);
-      cpu::gmm_act_backward_stub(dtype, go.data_ptr(), pre.data_ptr(), d.data_ptr(), go.numel(), act_type);
+      cpu::gmm_act_backward_stub(dtype, go.data_ptr(), pre.data_ptr(), d.data_ptr(), go.numel(), args.act_type);
       go = d;
     }
     g[i] = go;
   }
 
   std::vector<at::Tensor> dx, dw, db;
-  for (const auto& t : x) dx.push_back(at::empty(t.sizes(), t.options()));
-  for (const auto& t : weight) dw.push_back(at::empty(t.sizes(), t.options()));
+  for (const auto& t : args.x) dx.push_back(at::empty(t.sizes(), t.options()));
+  for (const auto& t : args.weight) dw.push_back(at::empty(t.sizes(), t.options()));
   std::vector<Product> ps;
   auto product = [&](const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
     ps.push_back({a, b, out, out, nullptr});
@@ -352,31 +354,32 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
     dst.copy_(rows.sum(0, /*keepdim=*/false, dtype == at::kDouble ? at::kDouble : at::kFloat));
   };
 
-  if (group_type == -1) {
-    for (size_t i = 0; i < x.size(); ++i) {
-      const int64_t K = x[i].size(-1), N = weight[i].size(1);
-      const at::Tensor a = x[i].reshape({-1, K}), gi = g[i].view({-1, N});
-      product(gi, weight[i].t(), dx[i].view({-1, K}));
+  if (args.group_type == -1) {
+    for (size_t i = 0; i < args.x.size(); ++i) {
+      const int64_t K = args.x[i].size(-1), N = args.weight[i].size(1);
+      const at::Tensor a = args.x[i].reshape({-1, K}), gi = g[i].view({-1, N});
+      product(gi, args.weight[i].t(), dx[i].view({-1, K}));
       product(a.t(), gi, dw[i]);
     }
     run_products(ps, cpu::kActNone);
-    if (!bias.empty()) {
-      const bool stacked = bias.size() == 1 && bias[0].dim() == 2;
-      db.push_back(at::empty(bias[0].sizes(), bias[0].options()));
-      for (size_t i = 1; i < bias.size(); ++i) db.push_back(at::empty(bias[i].sizes(), bias[i].options()));
-      for (size_t i = 0; i < x.size(); ++i) {
-        bias_grad(g[i].view({-1, weight[i].size(1)}), stacked ? db[0][i] : db[i]);
+    if (!args.bias.empty()) {
+      const bool stacked = args.bias.size() == 1 && args.bias[0].dim() == 2;
+      db.push_back(at::empty(args.bias[0].sizes(), args.bias[0].options()));
+      for (size_t i = 1; i < args.bias.size(); ++i) db.push_back(at::empty(args.bias[i].sizes(),
+                                                                           args.bias[i].options()));
+      for (size_t i = 0; i < args.x.size(); ++i) {
+        bias_grad(g[i].view({-1, args.weight[i].size(1)}), stacked ? db[0][i] : db[i]);
       }
     }
     return {dx, dw, db};
   }
 
-  const at::Tensor& x0 = x[0];
-  if (group_type == 0) {
-    const auto w = expert_weights(op, weight);
+  const at::Tensor& x0 = args.x[0];
+  if (args.group_type == 0) {
+    const auto w = expert_weights(op, args.weight);
     const ExpertWeights dws{dw, w.stacked};
     const int64_t E = w.groups();
-    const auto off = group_offsets(op, group_list, group_list_type, E, x0.size(0), "M (rows)");
+    const auto off = group_offsets(op, args.group_list, args.group_list_type, E, x0.size(0), "M (rows)");
     for (int64_t e = 0; e < E; ++e) {
       const int64_t r0 = off[e], m = off[e + 1] - off[e];
       const at::Tensor ge = g[0].narrow(0, r0, m);
@@ -384,9 +387,9 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
       product(x0.narrow(0, r0, m).t(), ge, dws[e]);
     }
     run_products(ps, cpu::kActNone);
-    if (!bias.empty()) {
-      const bool stacked = bias.size() == 1 && bias[0].dim() == 2;
-      for (const auto& b : bias) db.push_back(at::empty(b.sizes(), b.options()));
+    if (!args.bias.empty()) {
+      const bool stacked = args.bias.size() == 1 && args.bias[0].dim() == 2;
+      for (const auto& b : args.bias) db.push_back(at::empty(b.sizes(), b.options()));
       for (int64_t e = 0; e < E; ++e) {
         bias_grad(g[0].narrow(0, off[e], off[e + 1] - off[e]), stacked ? db[0][e] : db[e]);
       }
@@ -395,11 +398,11 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
   }
 
   // group_type 2: out[e] = x[:, K_e] · weight[K_e, :].
-  const int64_t E = group_list.has_value() ? group_list->numel() : 0;
-  const auto off = group_offsets(op, group_list, group_list_type, E, x0.size(1), "K (columns)");
+  const int64_t E = args.group_list.has_value() ? args.group_list->numel() : 0;
+  const auto off = group_offsets(op, args.group_list, args.group_list_type, E, x0.size(1), "K (columns)");
   for (int64_t e = 0; e < E; ++e) {
     const int64_t k0 = off[e], k = off[e + 1] - off[e];
-    product(g[0][e], weight[0].narrow(0, k0, k).t(), dx[0].narrow(1, k0, k));
+    product(g[0][e], args.weight[0].narrow(0, k0, k).t(), dx[0].narrow(1, k0, k));
     product(x0.narrow(1, k0, k).t(), g[0][e], dw[0].narrow(0, k0, k));
   }
   run_products(ps, cpu::kActNone);

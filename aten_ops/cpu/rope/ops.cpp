@@ -169,16 +169,15 @@ at::Tensor align_table(const char* op, const at::Tensor& table, const std::strin
 
 }  // namespace
 
-at::Tensor rotary_position_embedding_cpu(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                         int64_t mode) {
+at::Tensor rotary_position_embedding_cpu(const RotaryPositionEmbeddingArgs& args) {
   const char* op = "rotary_position_embedding";
-  const RotaryMap m = make_map(op, mode, x.dim() ? x.size(-1) : 0);
-  const TableRows t = prepare_tables(op, x, cos, sin, acc_type(x));
-  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (x.numel() == 0) return out;
-  const at::Tensor xc = x.contiguous();
-  const int64_t D = x.size(-1), rows = x.numel() / D;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_forward", [&] {
+  const RotaryMap m = make_map(op, args.mode, args.x.dim() ? args.x.size(-1) : 0);
+  const TableRows t = prepare_tables(op, args.x, args.cos, args.sin, acc_type(args.x));
+  at::Tensor out = at::empty(args.x.sizes(), args.x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (args.x.numel() == 0) return out;
+  const at::Tensor xc = args.x.contiguous();
+  const int64_t D = args.x.size(-1), rows = args.x.numel() / D;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.x.scalar_type(), "rope_forward", [&] {
     using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
     forward_rows<scalar_t, acc_t>(xc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, D, m, t);
   });
@@ -186,28 +185,28 @@ at::Tensor rotary_position_embedding_cpu(const at::Tensor& x, const at::Tensor& 
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu(
-    const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
+    const RotaryPositionEmbeddingGradArgs& args) {
   const char* op = "rotary_position_embedding_grad";
-  rope::check_grad(op, grad, x);
-  const RotaryMap m = make_map(op, mode, x.dim() ? x.size(-1) : 0);
-  const at::ScalarType acc = acc_type(x);
-  const TableRows t = prepare_tables(op, x, cos, sin, acc);
-  at::Tensor dx = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  const int64_t D = x.dim() ? x.size(-1) : 0, rows = D ? x.numel() / D : 0;
+  rope::check_grad(op, args.grad, args.x);
+  const RotaryMap m = make_map(op, args.mode, args.x.dim() ? args.x.size(-1) : 0);
+  const at::ScalarType acc = acc_type(args.x);
+  const TableRows t = prepare_tables(op, args.x, args.cos, args.sin, acc);
+  at::Tensor dx = at::empty(args.x.sizes(), args.x.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t D = args.x.dim() ? args.x.size(-1) : 0, rows = D ? args.x.numel() / D : 0;
   const int64_t cn = t.cos.numel(), sn = t.sin.numel();
   // dcos/dsin: when cos/sin are broadcast, each of `chunks` row ranges accumulates into its own cos/sin-sized
   // partial buffer (summed in a fixed order afterwards: deterministic for a given thread count); when that would
   // cost more memory than x itself (or nothing is broadcast), per-element products at x's shape are reduced instead.
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
-  const bool partial = (cn < x.numel() || sn < x.numel()) && chunks * (cn + sn) <= 2 * x.numel();
-  at::Tensor dc_buf = partial ? at::zeros({chunks, cn}, x.options().dtype(acc))
-                              : at::zeros(x.sizes(), x.options().dtype(acc));
-  at::Tensor ds_buf = partial ? at::zeros({chunks, sn}, x.options().dtype(acc))
-                              : at::zeros(x.sizes(), x.options().dtype(acc));
+  const bool partial = (cn < args.x.numel() || sn < args.x.numel()) && chunks * (cn + sn) <= 2 * args.x.numel();
+  at::Tensor dc_buf = partial ? at::zeros({chunks, cn}, args.x.options().dtype(acc))
+                              : at::zeros(args.x.sizes(), args.x.options().dtype(acc));
+  at::Tensor ds_buf = partial ? at::zeros({chunks, sn}, args.x.options().dtype(acc))
+                              : at::zeros(args.x.sizes(), args.x.options().dtype(acc));
   if (rows > 0) {
-    const at::Tensor xc = x.contiguous();
-    const at::Tensor gc = grad.to(x.scalar_type()).contiguous();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_backward", [&] {
+    const at::Tensor xc = args.x.contiguous();
+    const at::Tensor gc = args.grad.to(args.x.scalar_type()).contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.x.scalar_type(), "rope_backward", [&] {
       using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
       const scalar_t* xp = xc.data_ptr<scalar_t>();
       const scalar_t* gp = gc.data_ptr<scalar_t>();
@@ -252,25 +251,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cp
     dcos = dc_buf.sum(0).view(t.cos.sizes());
     dsin = ds_buf.sum(0).view(t.sin.sizes());
   } else {
-    dcos = at::sum_to(dc_buf, cos.sizes());
-    dsin = at::sum_to(ds_buf, sin.sizes());
+    dcos = at::sum_to(dc_buf, args.cos.sizes());
+    dsin = at::sum_to(ds_buf, args.sin.sizes());
   }
-  return {dx, dcos.to(cos.scalar_type()).contiguous(), dsin.to(sin.scalar_type()).contiguous()};
+  return {dx, dcos.to(args.cos.scalar_type()).contiguous(), dsin.to(args.sin.scalar_type()).contiguous()};
 }
 
-void apply_rotary_pos_emb_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos,
-                              const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode) {
+void apply_rotary_pos_emb_cpu(const ApplyRotaryPosEmbArgs& args) {
   const char* op = "apply_rotary_pos_emb";
-  std::string lay(layout);
+  std::string lay(args.layout);
   if (lay == "BSH") lay = "BSND";  // torch_npu's name for the same 4-D layout
   TORCH_CHECK(lay == "BSND" || lay == "BNSD" || lay == "SBND" || lay == "TND", op, ": unknown layout '", lay,
               "'; expected BSND (or BSH), BNSD, SBND or TND");
-  const int64_t mode = parse_rotary_mode(op, rotary_mode);
-  TORCH_CHECK(query.size(-1) == key.size(-1), op, ": query and key must share the head dimension; got ",
-              query.size(-1), " and ", key.size(-1));
-  TORCH_CHECK(!query.is_same(key), op, ": query and key must be different tensors");
-  rope_inplace(op, query, align_table(op, cos, lay, query), align_table(op, sin, lay, query), mode);
-  rope_inplace(op, key, align_table(op, cos, lay, key), align_table(op, sin, lay, key), mode);
+  const int64_t mode = parse_rotary_mode(op, args.rotary_mode);
+  TORCH_CHECK(args.query.size(-1) == args.key.size(-1), op, ": query and key must share the head dimension; got ",
+              args.query.size(-1), " and ", args.key.size(-1));
+  TORCH_CHECK(!args.query.is_same(args.key), op, ": query and key must be different tensors");
+  rope_inplace(op, args.query, align_table(op, args.cos, lay, args.query), align_table(op, args.sin, lay, args.query),
+               mode);
+  rope_inplace(op, args.key, align_table(op, args.cos, lay, args.key), align_table(op, args.sin, lay, args.key), mode);
 }
 
 namespace {
@@ -321,27 +320,25 @@ at::Tensor rope_cache_one(const char* op, const char* name, const at::Tensor& po
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const at::Tensor& positions, const at::Tensor& query,
-                                                               const at::Tensor& key, const at::Tensor& cos_sin_cache,
-                                                               int64_t head_size, bool is_neox_style) {
+std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const RopeWithSinCosCacheArgs& args) {
   const char* op = "rope_with_sin_cos_cache";
-  TORCH_CHECK(positions.scalar_type() == at::kLong || positions.scalar_type() == at::kInt, op,
-              ": positions must be int64 (or int32); got ", positions.scalar_type());
-  check_float(op, "cos_sin_cache", cos_sin_cache);
-  TORCH_CHECK(cos_sin_cache.dim() == 2, op, ": cos_sin_cache must be 2-D [max_position, rot_dim]; got shape ",
-              cos_sin_cache.sizes());
-  const int64_t rot = cos_sin_cache.size(1), max_pos = cos_sin_cache.size(0);
-  TORCH_CHECK(head_size > 0, op, ": head_size must be positive; got ", head_size);
-  TORCH_CHECK(rot > 0 && rot % 2 == 0 && rot <= head_size, op, ": rot_dim (cos_sin_cache.size(1)=", rot,
-              ") must be even, positive and at most head_size=", head_size);
-  const at::Tensor pos = positions.to(at::kLong).contiguous();
+  TORCH_CHECK(args.positions.scalar_type() == at::kLong || args.positions.scalar_type() == at::kInt, op,
+              ": positions must be int64 (or int32); got ", args.positions.scalar_type());
+  check_float(op, "cos_sin_cache", args.cos_sin_cache);
+  TORCH_CHECK(args.cos_sin_cache.dim() == 2, op, ": cos_sin_cache must be 2-D [max_position, rot_dim]; got shape ",
+              args.cos_sin_cache.sizes());
+  const int64_t rot = args.cos_sin_cache.size(1), max_pos = args.cos_sin_cache.size(0);
+  TORCH_CHECK(args.head_size > 0, op, ": head_size must be positive; got ", args.head_size);
+  TORCH_CHECK(rot > 0 && rot % 2 == 0 && rot <= args.head_size, op, ": rot_dim (cos_sin_cache.size(1)=", rot,
+              ") must be even, positive and at most head_size=", args.head_size);
+  const at::Tensor pos = args.positions.to(at::kLong).contiguous();
   if (pos.numel() > 0) {
     const int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
     TORCH_CHECK(lo >= 0 && hi < max_pos, op, ": positions must lie in [0, ", max_pos,
                 ") (cos_sin_cache rows); got values in [", lo, ", ", hi, "]");
   }
-  return {rope_cache_one(op, "query", pos, query, cos_sin_cache, head_size, is_neox_style),
-          rope_cache_one(op, "key", pos, key, cos_sin_cache, head_size, is_neox_style)};
+  return {rope_cache_one(op, "query", pos, args.query, args.cos_sin_cache, args.head_size, args.is_neox_style),
+          rope_cache_one(op, "key", pos, args.key, args.cos_sin_cache, args.head_size, args.is_neox_style)};
 }
 
 }  // namespace npu_fa

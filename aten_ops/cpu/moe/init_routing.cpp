@@ -1,0 +1,268 @@
+// CPU kernels of the MoE dispatch side: moe_init_routing (v1), moe_init_routing_v2 and its backward, and
+// moe_compute_expert_tokens.
+#include <limits>
+
+#include "cpu/moe/routing_helpers.h"
+#include "generated/kernels.h"
+
+namespace npu_fa {
+
+using moe::expert_buckets;
+using moe::weighted_row_sum;
+using moe::check_rows2d;
+
+// ---------------------------------------------------------------------------------------------------------------
+// moe_init_routing (v1)
+// ---------------------------------------------------------------------------------------------------------------
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu(const MoeInitRoutingArgs& args) {
+  const char* op = "moe_init_routing";
+  check_rows2d(op, "x", args.x);
+  moe::check_index(op, "row_idx", args.row_idx);
+  moe::check_index(op, "expert_idx", args.expert_idx);
+  TORCH_CHECK_VALUE(args.expert_idx.dim() == 2 && args.expert_idx.size(0) == args.x.size(0), op,
+                    ": argument 'expert_idx' of shape ",
+                    args.expert_idx.sizes(), " must be [N, k] with N = x.size(0) = ", args.x.size(0));
+  TORCH_CHECK_VALUE(args.row_idx.sizes() == args.expert_idx.sizes(), op, ": argument 'row_idx' of shape ",
+                    args.row_idx.sizes(),
+                    " must match expert_idx's ", args.expert_idx.sizes());
+  TORCH_CHECK_VALUE(args.active_num >= 0, op, ": argument 'active_num' must be >= 0; got ", args.active_num);
+  const int64_t N = args.x.size(0), k = args.expert_idx.size(1), n = N * k;
+  const int64_t kept = std::min(N, args.active_num) * k;
+  const std::vector<int64_t> experts = moe::read_index(args.expert_idx);
+  const std::vector<int64_t> rows = moe::read_index(args.row_idx);
+  moe::check_destinations(op, "row_idx", rows, n, false);
+  const moe::KeySort s = moe::counting_sort(experts, expert_buckets(op, "expert_idx", experts));
+  at::Tensor expanded_row = at::empty({n}, args.x.options().dtype(at::kInt));
+  at::Tensor expanded_expert = at::empty({n}, args.x.options().dtype(at::kInt));
+  int32_t* erp = expanded_row.data_ptr<int32_t>();
+  int32_t* eep = expanded_expert.data_ptr<int32_t>();
+  std::vector<int64_t> src(kept);
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t f = s.order[p];
+    erp[rows[f]] = static_cast<int32_t>(p);
+    eep[p] = static_cast<int32_t>(experts[f]);
+    if (p < kept) src[p] = rows[f] % N;
+  }
+  at::Tensor expanded_x = at::empty({kept, args.x.size(1)}, args.x.options());
+  moe::gather_rows(args.x.contiguous(), expanded_x, src);
+  return {expanded_x, expanded_row, expanded_expert};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// moe_init_routing_v2
+// ---------------------------------------------------------------------------------------------------------------
+namespace {
+
+struct V2Plan {
+  int64_t N, k, H;
+  bool capacity;
+  int64_t rows_out;                  // rows of expanded_x (flattened E*C in capacity mode)
+  int64_t first_expert, num_counted; // experts [first, first + num_counted) in the counts output
+  std::vector<int64_t> dest;         // per pair f: destination row or -1
+  std::vector<int64_t> src;          // per output row: source pair f or -1
+  std::vector<int64_t> counts;       // per counted expert
+};
+
+V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx, int64_t active_num,
+               int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode, at::IntArrayRef range) {
+  check_rows2d(op, "x", x);
+  moe::check_index(op, "expert_idx", expert_idx);
+  TORCH_CHECK_VALUE((expert_idx.dim() == 2 || expert_idx.dim() == 1) && expert_idx.size(0) == x.size(0), op,
+                    ": argument 'expert_idx' of shape ", expert_idx.sizes(), " must be [N, k] or [N] with N = ",
+                    "x.size(0) = ", x.size(0));
+  TORCH_CHECK_VALUE(drop_pad_mode == 0 || drop_pad_mode == 1, op, ": argument 'drop_pad_mode' must be 0 (dropless) ",
+                    "or 1 (capacity drop/pad); got ", drop_pad_mode);
+  V2Plan pl;
+  pl.N = x.size(0);
+  pl.k = expert_idx.dim() == 2 ? expert_idx.size(1) : 1;
+  pl.H = x.size(1);
+  pl.capacity = drop_pad_mode == 1;
+  const int64_t n = pl.N * pl.k;
+  const std::vector<int64_t> experts = moe::read_index(expert_idx);
+  int64_t lo = 0, hi = -1;  // the experts routed: [lo, hi); hi = -1 means "any >= 0"
+  bool drop_outside = false;
+  if (!range.empty()) {
+    TORCH_CHECK_VALUE(range.size() == 2 && range[0] >= 0 && range[0] < range[1], op, ": argument ",
+                      "'active_expert_range' must be [start, end) with 0 <= start < end; got ", range);
+    TORCH_CHECK_VALUE(!pl.capacity, op, ": argument 'active_expert_range' is supported in dropless mode ",
+                      "(drop_pad_mode 0) only");
+    lo = range[0];
+    hi = range[1];
+    drop_outside = true;
+  } else if (expert_num > 0) {
+    hi = expert_num;
+  }
+  if (pl.capacity) {
+    TORCH_CHECK_VALUE(expert_num > 0, op, ": argument 'expert_num' must be > 0 in capacity mode (drop_pad_mode 1); ",
+                      "got ", expert_num);
+    TORCH_CHECK_VALUE(expert_capacity > 0, op, ": argument 'expert_capacity' must be > 0 in capacity mode ",
+                      "(drop_pad_mode 1); got ", expert_capacity);
+  }
+  std::vector<int64_t> keys(n);
+  int64_t buckets;
+  if (hi >= 0) {  // keys relative to lo; experts outside the range go to the last bucket (sorted last, dropped)
+    const int64_t width = hi - lo;
+    for (int64_t f = 0; f < n; ++f) {
+      const int64_t e = experts[f];
+      const bool inside = e >= lo && e < hi;
+      TORCH_CHECK_VALUE(inside || (drop_outside && e >= 0), op, ": argument 'expert_idx'[", f, "] = ", e,
+                        " is out of range; expected an expert in [", lo, ", ", hi, ")",
+                        drop_outside ? " or another non-negative expert (dropped)" : " (expert_num)");
+      keys[f] = inside ? e - lo : width;
+    }
+    buckets = width + 1;
+  } else {
+    buckets = expert_buckets(op, "expert_idx", experts);
+    keys = experts;
+  }
+  const moe::KeySort s = moe::counting_sort(keys, buckets);
+  const int64_t width = hi >= 0 ? hi - lo : buckets;
+  const int64_t routed = n - (hi >= 0 ? s.counts[buckets - 1] : 0);  // pairs inside the range
+  pl.first_expert = lo;
+  pl.num_counted = hi >= 0 ? width : 0;
+  pl.dest.assign(n, -1);
+  pl.counts.assign(pl.num_counted, 0);
+  if (!pl.capacity) {
+    pl.rows_out = active_num > 0 ? std::min(active_num, n) : n;
+    pl.src.assign(pl.rows_out, -1);
+    const int64_t kept = std::min(routed, pl.rows_out);
+    for (int64_t p = 0; p < kept; ++p) {
+      const int64_t f = s.order[p];
+      pl.dest[f] = p;
+      pl.src[p] = f;
+      if (pl.num_counted) ++pl.counts[keys[f]];
+    }
+  } else {
+    const int64_t C = expert_capacity;
+    pl.rows_out = expert_num * C;
+    pl.src.assign(pl.rows_out, -1);
+    int64_t p = 0;
+    for (int64_t e = 0; e < width; ++e) {
+      for (int64_t pos = 0; pos < s.counts[e]; ++pos, ++p) {
+        if (pos >= C) continue;
+        const int64_t f = s.order[p];
+        pl.dest[f] = e * C + pos;
+        pl.src[e * C + pos] = f;
+      }
+      pl.counts[e] = s.counts[e];  // before dropping
+    }
+  }
+  return pl;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(const MoeInitRoutingV2Args& args) {
+  const char* op = "moe_init_routing_v2";
+  TORCH_CHECK_VALUE(args.quant_mode == -1, op,
+                    ": argument 'quant_mode' must be -1 (no quantization; the quantized modes ",
+                    "are not implemented on CPU); got ", args.quant_mode);
+  TORCH_CHECK_VALUE(!args.offset.has_value(), op, ": argument 'offset' is only used by the quantized modes; pass None");
+  TORCH_CHECK_VALUE(args.row_idx_type == 0 || args.row_idx_type == 1, op,
+                    ": argument 'row_idx_type' must be 0 (gather index: ",
+                    "destination row per pair) or 1 (scatter index: pair per sorted row); got ", args.row_idx_type);
+  TORCH_CHECK_VALUE(args.row_idx_type == 0 || args.drop_pad_mode == 0, op,
+                    ": argument 'row_idx_type' 1 is supported in ",
+                    "dropless mode (drop_pad_mode 0) only");
+  TORCH_CHECK_VALUE(args.expert_tokens_num_type == 0 || args.expert_tokens_num_type == 1, op, ": argument ",
+                    "'expert_tokens_num_type' must be 0 (cumsum) or 1 (count); got ", args.expert_tokens_num_type);
+  V2Plan pl = plan_v2(op, args.x, args.expert_idx, args.active_num, args.expert_capacity, args.expert_num,
+                      args.drop_pad_mode, args.active_expert_range);
+  if (args.expert_tokens_num_flag) {
+    TORCH_CHECK_VALUE(pl.num_counted > 0, op, ": expert_tokens_num_flag needs 'expert_num' > 0 or an ",
+                      "'active_expert_range' (the experts to count)");
+    TORCH_CHECK_VALUE(!pl.capacity || args.expert_tokens_num_type == 1, op, ": in capacity mode (drop_pad_mode 1) the ",
+                      "expert token numbers are counts: 'expert_tokens_num_type' must be 1; got ",
+                      args.expert_tokens_num_type);
+  }
+  const int64_t n = pl.N * pl.k;
+  at::Tensor expanded_x = pl.capacity ? at::empty({args.expert_num, args.expert_capacity, pl.H}, args.x.options())
+                                      : at::empty({pl.rows_out, pl.H}, args.x.options());
+  std::vector<int64_t> src_token(pl.rows_out);
+  for (int64_t p = 0; p < pl.rows_out; ++p) src_token[p] = pl.src[p] < 0 ? -1 : pl.src[p] / pl.k;
+  moe::gather_rows(args.x.contiguous(), expanded_x, src_token);
+  at::Tensor row_out = at::empty({n}, args.x.options().dtype(at::kInt));
+  int32_t* rp = row_out.data_ptr<int32_t>();
+  if (args.row_idx_type == 0) {
+    for (int64_t f = 0; f < n; ++f) rp[f] = static_cast<int32_t>(pl.dest[f]);
+  } else {
+    for (int64_t p = 0; p < n; ++p) rp[p] = p < pl.rows_out ? static_cast<int32_t>(pl.src[p]) : -1;
+  }
+  at::Tensor tokens = at::empty({args.expert_tokens_num_flag ? pl.num_counted : 0}, args.x.options().dtype(at::kLong));
+  if (args.expert_tokens_num_flag) {
+    int64_t* tp = tokens.data_ptr<int64_t>();
+    int64_t run = 0;
+    for (int64_t e = 0; e < pl.num_counted; ++e) {
+      run += pl.counts[e];
+      tp[e] = args.expert_tokens_num_type == 0 ? run : pl.counts[e];
+    }
+  }
+  at::Tensor expanded_scale = at::empty({0}, args.x.options().dtype(at::kFloat));
+  if (args.scale.has_value()) {
+    TORCH_CHECK_TYPE(args.scale->scalar_type() == at::kFloat, op, ": argument 'scale' must be float32; got ",
+                     args.scale->scalar_type());
+    TORCH_CHECK_VALUE(args.scale->dim() == 1 && args.scale->size(0) == pl.N, op, ": argument 'scale' of shape ",
+                      args.scale->sizes(),
+                      " must be [N] = [", pl.N, "] (one scale per token) in the unquantized mode");
+    const at::Tensor sc = args.scale->contiguous();
+    const float* sp = sc.data_ptr<float>();
+    expanded_scale = at::empty({pl.rows_out}, args.x.options().dtype(at::kFloat));
+    float* ep = expanded_scale.data_ptr<float>();
+    for (int64_t p = 0; p < pl.rows_out; ++p) ep[p] = src_token[p] < 0 ? 0.f : sp[src_token[p]];
+  }
+  return {expanded_x, row_out, tokens, expanded_scale};
+}
+
+at::Tensor moe_init_routing_v2_grad_cpu(const MoeInitRoutingV2GradArgs& args) {
+  const char* op = "moe_init_routing_v2_grad";
+  moe::check_float(op, "grad_expanded_x", args.grad_expanded_x);
+  moe::check_index(op, "expanded_row_idx", args.expanded_row_idx);
+  const int64_t N = args.x.size(0), H = args.x.size(1), k = args.expert_idx.dim() == 2 ? args.expert_idx.size(1) : 1, n = N * k;
+  TORCH_CHECK_VALUE(args.expanded_row_idx.numel() == n, op, ": argument 'expanded_row_idx' must have N*k = ", n,
+                    " entries; got ", args.expanded_row_idx.numel());
+  TORCH_CHECK_VALUE(args.grad_expanded_x.dim() >= 2 && args.grad_expanded_x.size(-1) == H, op,
+                    ": argument 'grad_expanded_x' of shape ", args.grad_expanded_x.sizes(), " must end in H = ", H);
+  const int64_t R = args.grad_expanded_x.numel() / std::max<int64_t>(H, 1);
+  const std::vector<int64_t> idx = moe::read_index(args.expanded_row_idx);
+  std::vector<int64_t> dest(n, -1);  // the gather form: destination row per pair
+  if (args.row_idx_type == 0) {
+    dest = idx;
+  } else {
+    for (int64_t p = 0; p < n; ++p)
+      if (idx[p] >= 0 && idx[p] < n && p < R) dest[idx[p]] = p;
+  }
+  moe::check_destinations(op, "expanded_row_idx", dest, R, true);
+  const at::Tensor g = args.grad_expanded_x.to(args.x.scalar_type()).contiguous();
+  at::Tensor dx = at::empty({N, H}, args.x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.x.scalar_type(), "moe_init_routing_v2_grad", [&] {
+    weighted_row_sum<scalar_t, float>(g.data_ptr<scalar_t>(), H, dest, nullptr, N, k, dx.data_ptr<scalar_t>(), nullptr,
+                                      nullptr, nullptr, nullptr);
+  });
+  return dx;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// moe_compute_expert_tokens
+// ---------------------------------------------------------------------------------------------------------------
+at::Tensor moe_compute_expert_tokens_cpu(const MoeComputeExpertTokensArgs& args) {
+  const char* op = "moe_compute_expert_tokens";
+  moe::check_index(op, "sorted_expert_for_source_row", args.sorted_expert_for_source_row);
+  TORCH_CHECK_VALUE(args.sorted_expert_for_source_row.dim() == 1, op,
+                    ": argument 'sorted_expert_for_source_row' must be ",
+                    "1-D; got shape ", args.sorted_expert_for_source_row.sizes());
+  TORCH_CHECK_VALUE(args.num_expert > 0, op, ": argument 'num_expert' must be > 0; got ", args.num_expert);
+  const std::vector<int64_t> v = moe::read_index(args.sorted_expert_for_source_row);
+  std::vector<int64_t> hist(args.num_expert, 0);
+  for (size_t i = 0; i < v.size(); ++i) {
+    TORCH_CHECK_VALUE(v[i] >= 0 && v[i] < args.num_expert, op, ": argument 'sorted_expert_for_source_row'[", i, "] = ",
+                      v[i], " is out of range [0, num_expert = ", args.num_expert, ")");
+    ++hist[v[i]];
+  }
+  at::Tensor out = at::empty({args.num_expert}, args.sorted_expert_for_source_row.options().dtype(at::kInt));
+  int32_t* op_ = out.data_ptr<int32_t>();
+  int64_t run = 0;
+  for (int64_t e = 0; e < args.num_expert; ++e) op_[e] = static_cast<int32_t>(run += hist[e]);
+  return out;
+}
+
+}  // namespace npu_fa
