@@ -1,4 +1,4 @@
-// Counter source for the performance model's tests (test/test_npu_perf_model.py): a MIX GEMM kernel (each AIV asks
+// Counter source for the performance model's tests (test/npu/test_perf_model.py): a MIX GEMM kernel (each AIV asks
 // its group's cube for a [rows x N] = [rows x K] x [K x N] slice) and a vector add kernel, launched through the CPU
 // runtime. Prints one line per core: `core <AIC|AIV> <block_idx> <gm_read> <gm_write> <cube_macs> <vector_elements>
 // <vector_repeats> <copies>`, after a `launch <name>` line. Usage: npu_model_counts [count-only (0/1)]

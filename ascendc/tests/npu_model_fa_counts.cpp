@@ -1,5 +1,5 @@
 // Counters of the FlashAttention forward kernel (ascendc/kernels/flash_attention) for the performance model's
-// cross-check (test/test_npu_perf_model.py): one count-only launch of an fp16 BNSD problem without mask, forced
+// cross-check (test/npu/test_perf_model.py): one count-only launch of an fp16 BNSD problem without mask, forced
 // square blocks. Usage: npu_model_fa_counts B N S D block. Prints `tiling <s1_block> <s2_block> <vec_rows>
 // <block_dim> <tasks>` and one `core ...` line per core (same format as npu_model_counts).
 #include <cstdio>

@@ -1,5 +1,5 @@
 // A minimal harness for the CPU runtime's own test programs (ascendc/tests/rt_*.cpp), run from
-// test/test_ascendc_runtime.py. Each RT_TEST(name) is one pytest case: the program prints "PASS name" or
+// test/npu/test_ascendc_runtime.py. Each RT_TEST(name) is one pytest case: the program prints "PASS name" or
 // "FAIL name: why" per case (all cases, or those named on the command line), then ends like every program here
 // (test_main.h).
 //

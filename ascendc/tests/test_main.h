@@ -1,6 +1,6 @@
 // How every test program under ascendc/tests reports (torch-free, no runtime needed): failures are printed as they
 // are found ("FAIL ..." lines) and main ends with tot_test::Finish, whose last line is "ALL TESTS PASSED" with exit
-// status 0, or "FAILED: <n> of <m> ..." with exit status 1. test/ascendc_programs.py checks exactly that line.
+// status 0, or "FAILED: <n> of <m> ..." with exit status 1. test/npu/ascendc_programs.py checks exactly that line.
 #pragma once
 
 #include <cstdarg>

@@ -109,7 +109,7 @@ def render(specs: List[OpSpec]) -> dict:
              "import collections", "import importlib", "", "import torch", "", "",
              "OpInfo = collections.namedtuple(\"OpInfo\", [\"doc\", \"dispatch_keys\", \"differentiable\", \"opcheck\"])",
              "OpInfo.__doc__ = (\"One op of native_functions.yaml: its user doc, the dispatch keys it has kernels for, whether \"",
-             "                  \"it has an autograd formula, and whether test/test_opcheck.py opchecks it.\")",
+             "                  \"it has an autograd formula, and whether test/ops/test_opcheck.py opchecks it.\")",
              "", "# Every op of torch.ops.npu_fa, by name.", "OPS = {"]
     for s in specs:
         lines.append(f"    {s.name!r}: OpInfo({s.doc!r}, {tuple(s.dispatch)!r}, {s.autograd is not None}, {s.opcheck}),")

@@ -8,7 +8,7 @@ import torch
 
 OpInfo = collections.namedtuple("OpInfo", ["doc", "dispatch_keys", "differentiable", "opcheck"])
 OpInfo.__doc__ = ("One op of native_functions.yaml: its user doc, the dispatch keys it has kernels for, whether "
-                  "it has an autograd formula, and whether test/test_opcheck.py opchecks it.")
+                  "it has an autograd formula, and whether test/ops/test_opcheck.py opchecks it.")
 
 # Every op of torch.ops.npu_fa, by name.
 OPS = {

@@ -1,7 +1,7 @@
 """flash_attention_score on the simulated npu device — the Ascend C kernel (ascendc/kernels/flash_attention) run by
 the CPU runtime — against the CPU backend of the same op and a float64 reference.
 
-Each `case_*` runs in a child process with the npu device enabled (test_flash_attention.py via runner).
+Each `case_*` runs in a child process with the npu device enabled (test_attention.py via runner).
 Rule for attention_out: max|npu - ref64| <= 2 * max(max|cpu_op - ref64|, max|torch_same_dtype - ref64|) + 1e-5;
 softmax_max / softmax_sum must equal the CPU op's up to fp32 rounding (-inf / 0 for rows that see no key).
 Sizes are tiny: the runtime executes every vector lane as scalar C++.

@@ -1,5 +1,5 @@
 """moe_gating_top_k_softmax(_v2) on the simulated npu device (the Ascend C kernel through the CPU runtime) against the
-CPU backend of the same op and the float64 reference of moe_reference.py. Run by test_moe_gating.py through
+CPU backend of the same op and the float64 reference of moe_reference.py. Run by test_moe.py through
 runner_worker.py (the device is already enabled here).
 
 Expert indices and row_idx must equal the CPU backend's exactly (ties -> lower expert, finished rows -> E); y follows

@@ -1,7 +1,7 @@
-"""incre_flash_attention on the simulated npu device (Ascend C decode kernel), run by test_decode_attention.py
+"""incre_flash_attention on the simulated npu device (Ascend C decode kernel), run by test_inference.py
 through runner_worker (sim enabled; tensors `.to("npu")`).
 
-Each case builds inputs with incre_cases.build, runs the op on npu and on CPU, and checks the npu result against
+Each case builds inputs with decode_cases.build, runs the op on npu and on CPU, and checks the npu result against
 the float64 reference with the project's rule twice: against plain PyTorch in the same dtype and against the CPU
 backend of the op. Sizes are small: the CPU runtime executes the kernel's vector instructions element by element.
 Most cases have few (batch, KV head) pairs and so run the split-KV path (partials + SyncAll + merge);
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from test.inference.incre_cases import DTYPES, OPS, Case, build, reference
+from test.inference.decode_cases import DTYPES, OPS, Case, build, reference
 from test.common.reference import check_tolerance
 
 

@@ -1,10 +1,10 @@
 """The Ascend C decode-attention kernel (incre_flash_attention on the npu device): its host tiling unit test and
 its tikicpulib-style host program (both torch-free C++ under ascendc/tests), and npu-vs-CPU cases on the
-simulated device (decode_attention_worker.py, run in a child process)."""
+simulated device (inference_worker.py, run in a child process)."""
 import pytest
 
 from test.npu import ascendc_programs
-from test.npu import decode_attention_worker as WORKER
+from test.npu import inference_worker as WORKER
 from test.npu.runner import case_names
 
 TILING = "ascendc/kernels/inference/incre_flash_attention_tiling.cpp"

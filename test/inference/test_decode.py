@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from test.inference.incre_cases import DTYPES, OPS, Case, build, kv_layout, q_layout, reference, run
+from test.inference.decode_cases import DTYPES, OPS, Case, build, kv_layout, q_layout, reference, run
 from test.common.reference import check_tolerance
 from torch_ops_transformer import npu_incre_flash_attention
 

@@ -1,8 +1,8 @@
 """flash_attention_score's Ascend C kernel on the simulated npu device vs the CPU op (cases in
-flash_attention_worker.py, run in one child process)."""
+attention_worker.py, run in one child process)."""
 import pytest
 
-from test.npu import flash_attention_worker as WORKER
+from test.npu import attention_worker as WORKER
 from test.npu.runner import case_names
 
 

@@ -1,9 +1,9 @@
 """MoE gating top-k softmax on the NPU backend: the host tiling unit test and the tikicpulib-style kernel program
 (torch-free C++, ascendc/tests/), and the op on the simulated npu device against the CPU backend
-(moe_gating_worker.py, run in a child process)."""
+(moe_worker.py, run in a child process)."""
 import pytest
 
-from test.npu import moe_gating_worker as WORKER
+from test.npu import moe_worker as WORKER
 from test.npu.ascendc_programs import assert_passed, build, run
 from test.npu.runner import case_names
 

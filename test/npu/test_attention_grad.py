@@ -1,9 +1,9 @@
 """flash_attention_score_grad's Ascend C backward kernel: tiling unit tests and the kernel host program (C++, against
-the CPU runtime), and the npu op on the simulated device (cases in flash_attention_grad_worker.py)."""
+the CPU runtime), and the npu op on the simulated device (cases in attention_grad_worker.py)."""
 import pytest
 
 from test.npu import ascendc_programs
-from test.npu import flash_attention_grad_worker as WORKER
+from test.npu import attention_grad_worker as WORKER
 from test.npu.runner import case_names
 
 TILING = "ascendc/kernels/attention/flash_attention_score_grad_tiling.cpp"
