@@ -20,8 +20,8 @@ from .common import format_table
 
 BLOCKS = (64, 128, 256)
 # Published FlashAttention forward times per block size ("M=N=K=4096, Ascend 910") and the reasons given for them.
-SEED_BLOCK_MS = {64: 85.0, 128: 52.0, 256: 68.0}
-SEED_BLOCK_WHY = {64: "small blocks: low L2 use", 128: "balanced", 256: "L2 cannot hold the blocks"}
+PUBLISHED_BLOCK_MS = {64: 85.0, 128: 52.0, 256: 68.0}
+PUBLISHED_BLOCK_WHY = {64: "small blocks: low L2 use", 128: "balanced", 256: "L2 cannot hold the blocks"}
 QUICK_SHAPE = pm.AttentionShape(batch=1, heads=2, seq=512, head_dim=128)
 HOOKS = ("tot_ascendc_set_count_only", "tot_ascendc_last_stats")
 MAX_CORES = 128
@@ -109,7 +109,7 @@ def predict_blocks(shape: pm.AttentionShape, hw: pm.Ascend910B, lib=None,
 
 def block_table(shape: pm.AttentionShape, preds) -> str:
     ranked = sorted(preds, key=lambda b: preds[b].pred.time_s)
-    seed_rank = sorted(SEED_BLOCK_MS, key=SEED_BLOCK_MS.get)
+    published_rank = sorted(PUBLISHED_BLOCK_MS, key=PUBLISHED_BLOCK_MS.get)
     rows = []
     for b in BLOCKS:
         pred, source = preds[b].pred, preds[b].source
@@ -121,7 +121,7 @@ def block_table(shape: pm.AttentionShape, preds) -> str:
         vec_rows = pm.fa_vec_rows(b, b, shape.head_dim, shape.dtype_bytes)
         ub = pm.fa_ub_bytes(b, b, vec_rows or 8, shape.head_dim, shape.dtype_bytes)
         rows.append([
-            f"{b} x {b}", f"{SEED_BLOCK_MS[b]:.0f} (#{seed_rank.index(b) + 1})",
+            f"{b} x {b}", f"{PUBLISHED_BLOCK_MS[b]:.0f} (#{published_rank.index(b) + 1})",
             f"{pred.time_s * 1e3:.2f} (#{ranked.index(b) + 1})",
             f"{cube * factor * 1e3:.2f}", f"{vec * factor * 1e3:.2f}", f"{mem * factor * 1e3:.2f}",
             f"{(pred.slowest.sync_s + pred.slowest.bubble_s) * factor * 1e3:.2f}",
@@ -177,8 +177,8 @@ def memory_table(shape: pm.AttentionShape) -> str:
     gib = 2 ** 30
     rows = []
     for r in pm.attention_memory(shape):
-        seed = "≈ 8 GB (4x32x4096x4096x4 B)" if r.item.startswith("scores") else ""
-        rows.append([r.item, f"{r.standard_bytes / gib:.3f}", f"{r.flash_bytes / gib:.3f}", seed])
+        published = "≈ 8 GB (4x32x4096x4096x4 B)" if r.item.startswith("scores") else ""
+        rows.append([r.item, f"{r.standard_bytes / gib:.3f}", f"{r.flash_bytes / gib:.3f}", published])
     mem = pm.attention_memory(shape)
     std = sum(r.standard_bytes for r in mem)
     flash = sum(r.flash_bytes for r in mem)
