@@ -84,21 +84,44 @@ class PagedKVCache:
 
         key/value are [B, N2, D] (one token per sequence of `seq_ids`; ids may repeat, tokens are appended in
         order) or [B, S, N2, D] (S tokens per sequence). With layout "BSH" the trailing (N2, D) may be N2*D.
-        Raises RuntimeError, without changing the cache, when the free list cannot hold the new tokens."""
+        The call is atomic: every check (ids, shapes, dtypes, devices, free blocks) runs before any state changes,
+        so a call that raises leaves the sequence lengths, the block tables and the free list as they were.
+        Raises KeyError for an unknown id, TypeError for a non-tensor or a non-floating key/value (unless it has
+        the cache's dtype), ValueError for a bad shape or device, and RuntimeError when the free list cannot hold
+        the new tokens."""
         seq_ids = [int(s) for s in (seq_ids.tolist() if isinstance(seq_ids, Tensor) else seq_ids)]
         self._check_ids(seq_ids)
+        for name, t, cache in (("key", key, self.key_cache), ("value", value, self.value_cache)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"PagedKVCache.append: {name} must be a Tensor; got {type(t).__name__}")
+            if t.dtype != cache.dtype and not t.dtype.is_floating_point:
+                raise TypeError(f"PagedKVCache.append: {name} must be a floating-point tensor or have the cache's "
+                                f"dtype {cache.dtype}; got {t.dtype}")
+            if t.device != cache.device:
+                raise ValueError(f"PagedKVCache.append: {name} is on {t.device} but the cache is on {cache.device}")
         row = self.num_kv_heads * self.head_dim  # values of one token row
+        vrow = self.num_kv_heads * self.v_head_dim
         if key.dim() >= 3 and key.shape[0] > 0 and key[0].numel() != row:  # [B, S, ...]
             if key.shape[0] != len(seq_ids):
                 raise ValueError(f"PagedKVCache.append: key has batch {key.shape[0]} but {len(seq_ids)} seq_ids")
+            if value.dim() < 3 or value.shape[:2] != key.shape[:2]:
+                raise ValueError(f"PagedKVCache.append: value of shape {list(value.shape)} does not match key of "
+                                 f"shape {list(key.shape)} in its leading (B, S) dimensions")
             s = key.shape[1]
             owners = [sid for sid in seq_ids for _ in range(s)]
             key, value = key.reshape(-1, *key.shape[2:]), value.reshape(-1, *value.shape[2:])
         else:
             owners = seq_ids
+        if key.dim() < 2 or value.dim() < 2:
+            raise ValueError(f"PagedKVCache.append: key/value need a token dimension and a row; got shapes "
+                             f"{list(key.shape)}/{list(value.shape)}")
         if key.shape[0] != len(owners) or value.shape[0] != len(owners):
             raise ValueError(f"PagedKVCache.append: {len(owners)} tokens expected, key/value have "
                              f"{key.shape[0]}/{value.shape[0]}")
+        for name, t, n in (("key", key, row), ("value", value, vrow)):
+            if len(owners) and t[0].numel() != n:
+                raise ValueError(f"PagedKVCache.append: {name} has {t[0].numel()} values per token (shape "
+                                 f"{list(t.shape[1:])}) but the cache holds {n} (num_kv_heads * head_dim)")
         # Plan the slots first so that running out of blocks leaves the cache untouched.
         lens = {sid: self._lens[sid] for sid in set(owners)}
         need = 0
