@@ -17,9 +17,11 @@ _ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "fast_gelu")
 def load_balancing_loss(probs: torch.Tensor, expert_idx: torch.Tensor) -> torch.Tensor:
     """Switch-Transformer / GShard auxiliary loss E * sum_e f_e * P_e: f_e the fraction of the T*k assignments
     routed to expert e (before any capacity drop, not differentiable), P_e the mean router probability of e.
-    It is 1 for perfectly uniform routing and grows as routing concentrates."""
+    It is 1 for perfectly uniform routing and grows as routing concentrates; 0 for an empty batch."""
     experts = probs.shape[-1]
     flat = expert_idx.reshape(-1).long()
+    if flat.numel() == 0:  # an empty batch: no assignments, no imbalance (and a zero gradient for the router)
+        return probs.sum() * 0
     f = torch.zeros(experts, dtype=probs.dtype, device=probs.device).index_add_(
         0, flat, torch.ones(flat.numel(), dtype=probs.dtype, device=probs.device)) / flat.numel()
     return experts * torch.sum(f * probs.mean(0))
@@ -37,7 +39,8 @@ class MOELayer(nn.Module):
     renorm=1). Routing is moe_init_routing_v2 (CANN's token-major pair order); combining is moe_finalize_routing.
     expert_capacity=None is dropless; an int C keeps at most C rows per expert, in token order (drop/pad mode: a
     dropped assignment contributes nothing; add the residual outside). Inputs of another dtype than the parameters
-    are computed in the parameters' dtype and returned in the input's dtype.
+    are computed in the parameters' dtype and returned in the input's dtype. An empty batch (0 tokens) returns an
+empty result (aux_loss 0) and backward gives zero gradients; expert-parallel, a rank may have 0 tokens.
 
     Expert parallel: with process_group, the group's W ranks each hold num_experts / W experts (rank r: experts
     [r*E/W, (r+1)*E/W)), route their own tokens and exchange the routed rows with all_to_all_single (autograd-aware)
@@ -107,7 +110,13 @@ class MOELayer(nn.Module):
             y, row_idx, mode = self._experts_local(x2, expert_idx)
         else:
             y, row_idx, mode = self._experts_parallel(x2, expert_idx)
-        out = _OPS.moe_finalize_routing(y, None, None, None, weights.to(y.dtype), row_idx, expert_idx, mode)
+        if x2.shape[0] == 0:
+            # An empty batch: nothing to combine (moe_finalize_routing cannot infer k from zero rows). The empty
+            # output still depends on every expert output, so backward gives zero gradients and, expert-parallel,
+            # still runs this rank's side of the reverse exchange that the other ranks' backward waits for.
+            out = x2 * 0 + (y.sum().to(x2.dtype) + weights.sum().to(x2.dtype)) * 0
+        else:
+            out = _OPS.moe_finalize_routing(y, None, None, None, weights.to(y.dtype), row_idx, expert_idx, mode)
         return out.reshape(shape).to(in_dtype)
 
     def _experts_local(self, x2: torch.Tensor, expert_idx: torch.Tensor):
