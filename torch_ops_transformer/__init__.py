@@ -13,8 +13,8 @@ generated from native_functions.yaml. Public Python API:
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
 - `scaled_dot_product_attention`, `sdpa_supported`, `try_scaled_dot_product_attention` —
   F.scaled_dot_product_attention with PyTorch's semantics on our ops (PyTorch fallback otherwise);
-  `sdpa_override()`, `enable_sdpa_override()`, `disable_sdpa_override()` route every
-  F.scaled_dot_product_attention call there (docs/sdpa_and_compile.md).
+  `sdpa_override()` (this thread) and `enable_sdpa_override()`, `disable_sdpa_override()` (every thread) route
+  F.scaled_dot_product_attention calls there (docs/sdpa_and_compile.md).
 - `enable_compile_lowering()`, `disable_compile_lowering()`, `compile_lowering()` — Inductor passes that rewrite
   attention in torch.compile'd graphs to our ops (module `inductor_lowering`, imported on first use: it loads Inductor).
 - `npu_all_gather_base_mm`, `npu_mm_reduce_scatter_base`, `npu_mm_all_reduce_base`, `npu_mm_all_reduce_add_rms_norm`

@@ -1,5 +1,7 @@
-"""`F.scaled_dot_product_attention` as a drop-in: a router with PyTorch's exact semantics that runs our ops, and a
-TorchFunctionMode that sends every `F.scaled_dot_product_attention` call to it.
+"""`F.scaled_dot_product_attention` as a drop-in: a router with PyTorch's exact semantics that runs our ops, a
+TorchFunctionMode that sends every `F.scaled_dot_product_attention` call of a thread to it (`sdpa_override()`,
+thread-local), and a process-wide switch for all threads (`enable_sdpa_override()`, a flag read by a wrapper
+installed as `torch.nn.functional.scaled_dot_product_attention`).
 
 Routing (see docs/sdpa_and_compile.md):
   - prefill / training  -> npu_fa::flash_attention_score (BNSD, differentiable, Philox dropout);
@@ -15,9 +17,11 @@ import collections
 import contextlib
 import logging
 import math
+import threading
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
@@ -231,30 +235,61 @@ class SdpaOverrideMode(TorchFunctionMode):
 
 @contextlib.contextmanager
 def sdpa_override():
-    """Within the block every `F.scaled_dot_product_attention` call runs on our ops (eager, and torch.compile
-    when the block encloses the compiled call)."""
+    """Within the block every `F.scaled_dot_product_attention` call **of this thread** runs on our ops (eager, and
+    torch.compile when the block encloses the compiled call). Thread-local: a TorchFunctionMode lives on the
+    calling thread's mode stack; other threads are not affected (use `enable_sdpa_override()` for all threads)."""
     with SdpaOverrideMode():
         yield
 
 
-_global_mode: Optional[SdpaOverrideMode] = None
+# The process-wide override: a flag read by a wrapper installed as `torch.nn.functional.scaled_dot_product_attention`.
+# A TorchFunctionMode would not do: the mode stack is thread-local, so a mode entered in one thread never reaches
+# another. The flag is a plain module global, so every thread sees it, and Dynamo guards on it (a function compiled
+# with the override on recompiles when it is turned off, and vice versa).
+_global_lock = threading.Lock()
+_global_enabled = False
+_installed_sdpa = None  # the F.scaled_dot_product_attention our wrapper replaced (None: wrapper not installed)
+
+
+def _global_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """`F.scaled_dot_product_attention` while the process-wide override is installed: our router when it is on,
+    PyTorch's SDPA otherwise (a thread that looked the wrapper up just before `disable_sdpa_override()`)."""
+    if _global_enabled:
+        return scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return PYTORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
 
 
 def enable_sdpa_override() -> None:
-    """Turns the override on for the whole process (until `disable_sdpa_override`). Idempotent."""
-    global _global_mode
-    if _global_mode is None:
-        _global_mode = SdpaOverrideMode()
-        _global_mode.__enter__()
+    """Turns the override on for the whole process, every thread included (until `disable_sdpa_override`).
+
+    Idempotent (not counted): enabling twice and disabling once turns it off. Thread-safe: enable and disable hold
+    one lock, so concurrent calls from several threads leave the override either fully on or fully off. It installs
+    a wrapper as `torch.nn.functional.scaled_dot_product_attention`, so it reaches calls that look the function up
+    on the module (`F.scaled_dot_product_attention(...)`, as PyTorch's own modules and Hugging Face do), not a
+    reference bound before enabling (`from torch.nn.functional import scaled_dot_product_attention`) nor direct
+    `torch._C._nn` calls; `sdpa_override()` reaches those, in its own thread."""
+    global _global_enabled, _installed_sdpa
+    with _global_lock:
+        if F.scaled_dot_product_attention is not _global_sdpa:
+            _installed_sdpa = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = _global_sdpa
+        _global_enabled = True
 
 
 def disable_sdpa_override() -> None:
-    """Turns the global override off. Modes entered after `enable_sdpa_override` must have been exited first."""
-    global _global_mode
-    if _global_mode is not None:
-        mode, _global_mode = _global_mode, None
-        mode.__exit__(None, None, None)
+    """Turns the process-wide override off, in every thread; may be called from any thread. Idempotent: a no-op
+    when it is off. Restores the `F.scaled_dot_product_attention` it replaced (unless someone replaced ours since).
+    Leaves `sdpa_override()` blocks alone (they are per thread)."""
+    global _global_enabled, _installed_sdpa
+    with _global_lock:
+        _global_enabled = False
+        if _installed_sdpa is not None and F.scaled_dot_product_attention is _global_sdpa:
+            F.scaled_dot_product_attention = _installed_sdpa
+        _installed_sdpa = None
 
 
 def sdpa_override_enabled() -> bool:
-    return _global_mode is not None
+    """True while the process-wide override is on (says nothing about this thread's `sdpa_override()` blocks)."""
+    return _global_enabled
