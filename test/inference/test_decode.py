@@ -254,3 +254,15 @@ def test_bad_dtypes():
     bad[3] = torch.zeros(3, 40, dtype=torch.float32)
     with pytest.raises(TypeError, match="atten_mask"):
         _call(bad)
+
+
+def test_kv_padding_size_overflow_is_an_error():
+    # pad + length past int64 used to wrap, pass the capacity check and read outside the cache.
+    q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 8, 16)
+    for pad in (2**63 - 2, 2**63 - 1, 2**62):
+        with pytest.raises(ValueError, match="kv_padding_size"):
+            OPS.incre_flash_attention(q, k, k, num_heads=2, input_layout="BNSD", actual_seq_lengths=torch.tensor([4]),
+                                      kv_padding_size=torch.tensor([pad]))
+    with pytest.raises(ValueError, match="kv_padding_size.*>= 0"):
+        OPS.incre_flash_attention(q, k, k, num_heads=2, input_layout="BNSD", actual_seq_lengths=torch.tensor([4]),
+                                  kv_padding_size=torch.tensor([-1]))

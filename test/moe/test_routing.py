@@ -359,6 +359,41 @@ def test_bad_routing_inputs():
         OPS.moe_compute_expert_tokens(torch.tensor([0]), 0)
 
 
+def test_init_routing_v2_rejects_huge_sizes_before_allocating():
+    # A span of experts or a capacity that no memory holds is a ValueError naming the argument, raised before the
+    # per-expert counters or the [expert_num, expert_capacity, H] output are allocated.
+    x, expert = routing_inputs(6, 2, 4)
+    for hi in (2**40, 2**42):
+        with expect(ValueError, "'active_expert_range'", "bytes"):
+            tot.npu_moe_init_routing_v2(x, expert, active_expert_range=[0, hi])
+    with expect(ValueError, "'active_expert_range'", "overflows int64"):
+        tot.npu_moe_init_routing_v2(x, expert, active_expert_range=[0, 2**63 - 1])
+    with expect(ValueError, "'expert_num'", "bytes"):
+        tot.npu_moe_init_routing_v2(x, expert, expert_num=2**42)
+    with expect(ValueError, "expert_capacity", "bytes"):
+        tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=4, expert_capacity=2**40)
+    with expect(ValueError, "expert_num", "expected at most"):
+        tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=2**40, expert_capacity=2**40)
+    with expect(ValueError, "expert_num * expert_capacity", "overflows int64"):
+        tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=2**20, expert_capacity=2**62)
+
+
+def test_init_routing_v2_grad_rejects_bad_scatter_indices():
+    # row_idx_type 1: expanded_row_idx[r] is the (token, slot) pair copied to row r, a permutation of the pairs.
+    x, expert = routing_inputs(3, 2, 4)
+    grad = torch.randn(6, x.shape[1])
+    good = torch.tensor([5, 0, 3, 1, 4, 2], dtype=torch.int32)
+    OPS.moe_init_routing_v2_grad(grad, good, x, expert, row_idx_type=1)
+    for bad in ([5, 0, 3, 1, 4, 6], [5, 0, 3, 1, 4, -2]):
+        with expect(ValueError, "'expanded_row_idx'", "out of range", "[0, N*k = 6)"):
+            OPS.moe_init_routing_v2_grad(grad, torch.tensor(bad, dtype=torch.int32), x, expert, row_idx_type=1)
+    with expect(ValueError, "'expanded_row_idx'", "pair 3", "at most once"):
+        OPS.moe_init_routing_v2_grad(grad, torch.tensor([5, 0, 3, 1, 3, 2], dtype=torch.int32), x, expert,
+                                     row_idx_type=1)
+    with expect(ValueError, "'expanded_row_idx'", "grad_expanded_x"):
+        OPS.moe_init_routing_v2_grad(grad[:4], good, x, expert, row_idx_type=1)
+
+
 def test_bad_finalize_and_permute_inputs():
     x, expert, rows, dst = v1_routing()
     skip = torch.randn(10, 6)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/attention/params.h"
+#include "common/checked_math.h"
 
 namespace npu_fa::attention {
 namespace {
@@ -168,7 +169,11 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
     TORCH_CHECK_VALUE(pad.size() == 1, kOp, ": argument 'kv_padding_size' must be a one-element tensor; got shape ",
                       args.kv_padding_size->sizes());
     for (int64_t b = 0; b < B; ++b) {
-      TORCH_CHECK_VALUE(pad[0] >= 0 && pad[0] + p.kv_len[b] <= capacity, kOp, ": argument 'kv_padding_size' = ", pad[0],
+      // pad + length is checked for overflow first: a wrapped sum would pass the capacity test and start the
+      // keys outside the cache.
+      TORCH_CHECK_VALUE(pad[0] >= 0, kOp, ": argument 'kv_padding_size' must be >= 0; got ", pad[0]);
+      const int64_t end = checked_add(kOp, "argument 'kv_padding_size' + actual_seq_lengths", pad[0], p.kv_len[b]);
+      TORCH_CHECK_VALUE(end <= capacity, kOp, ": argument 'kv_padding_size' = ", pad[0],
                         " with actual_seq_lengths[", b, "] = ", p.kv_len[b], " does not fit the cache of ", capacity,
                         " positions");
       p.kv_start[b] = capacity - pad[0] - p.kv_len[b];

@@ -665,6 +665,8 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
   const int64_t threads = at::get_num_threads();
   const int64_t n_items = static_cast<int64_t>(plan.items.size());
   const int64_t n_groups = static_cast<int64_t>(plan.groups.size());
+  // No query row anywhere (every length 0): nothing to compute, and the work split below divides by the item count.
+  if (n_items == 0) return;
   std::atomic<int64_t> next{0};
   // Each worker takes the next unit from a shared counter, so uneven units balance out.
   auto workers = [&](int64_t units, const auto& body) {

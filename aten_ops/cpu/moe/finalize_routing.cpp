@@ -45,6 +45,9 @@ Finalize plan_finalize(const char* op, const at::Tensor& expanded, const std::op
   TORCH_CHECK_VALUE(dst_row.dim() == 1 && (fz.N == 0 ? n == 0 : n % fz.N == 0), op, ": argument ",
                     "'expanded_src_to_dst_row' of shape ", dst_row.sizes(), " must be 1-D [N*k] with N = ", fz.N);
   fz.k = fz.N ? n / fz.N : 0;
+  // With no tokens, k is read from the [N, k] arguments so an empty batch gives an empty result.
+  if (fz.N == 0 && scales.has_value() && scales->dim() == 2) fz.k = scales->size(1);
+  else if (fz.N == 0 && experts.has_value() && experts->dim() == 2) fz.k = experts->size(1);
   for (const auto& [name, t] : {std::pair<const char*, const std::optional<at::Tensor>*>{"skip1", &skip1},
                                 {"skip2", &skip2}}) {
     if (!t->has_value()) continue;

@@ -1,5 +1,6 @@
 // CPU kernels of the MoE dispatch side: moe_init_routing (v1), moe_init_routing_v2 and its backward, and
 // moe_compute_expert_tokens.
+#include "common/checked_math.h"
 #include <limits>
 
 #include "cpu/moe/routing_helpers.h"
@@ -100,6 +101,20 @@ V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx
   }
   std::vector<int64_t> keys(n);
   int64_t buckets;
+  if (hi >= 0) {
+    // One counter per expert of the span (plus the dropped bucket) is allocated below: a span given by the user is
+    // bounded before that allocation.
+    const char* what = range.empty() ? "argument 'expert_num' (one counter per expert)"
+                                     : "argument 'active_expert_range' (one counter per expert of end - start)";
+    check_alloc(op, what, checked_add(op, what, hi - lo, 1), static_cast<int64_t>(sizeof(int64_t)));
+  }
+  if (pl.capacity) {
+    // The output is [expert_num, expert_capacity, H]: bounded before it and the slot table are allocated.
+    const int64_t slots = checked_mul(op, "expert_num * expert_capacity", expert_num, expert_capacity);
+    check_alloc(op, "the output [expert_num, expert_capacity, H]", checked_mul(op, "the output size", slots, pl.H),
+                static_cast<int64_t>(x.element_size()));
+    check_alloc(op, "the slot table of expert_num * expert_capacity rows", slots, static_cast<int64_t>(sizeof(int64_t)));
+  }
   if (hi >= 0) {  // keys relative to lo; experts outside the range go to the last bucket (sorted last, dropped)
     const int64_t width = hi - lo;
     for (int64_t f = 0; f < n; ++f) {
@@ -228,8 +243,20 @@ at::Tensor moe_init_routing_v2_grad_cpu(const MoeInitRoutingV2GradArgs& args) {
   if (args.row_idx_type == 0) {
     dest = idx;
   } else {
-    for (int64_t p = 0; p < n; ++p)
-      if (idx[p] >= 0 && idx[p] < n && p < R) dest[idx[p]] = p;
+    // The scatter form lists, per gradient row, the (token, slot) pair copied there (-1: an empty row). It must be
+    // a partial permutation of the pairs: an entry outside [0, N*k) or a pair named twice has no meaning, and
+    // skipping or overwriting it would return a wrong gradient silently.
+    for (int64_t p = 0; p < n; ++p) {
+      const int64_t v = idx[p];
+      if (v == -1) continue;
+      TORCH_CHECK_VALUE(v >= 0 && v < n, op, ": argument 'expanded_row_idx'[", p, "] = ", v,
+                        " is out of range; expected -1 (empty row) or a (token, slot) pair in [0, N*k = ", n, ")");
+      TORCH_CHECK_VALUE(p < R, op, ": argument 'expanded_row_idx'[", p, "] = ", v, " names gradient row ", p,
+                        "; expected a row of grad_expanded_x, which has ", R);
+      TORCH_CHECK_VALUE(dest[v] == -1, op, ": argument 'expanded_row_idx' names pair ", v, " at rows ", dest[v],
+                        " and ", p, "; expected every pair at most once (a permutation)");
+      dest[v] = p;
+    }
   }
   moe::check_destinations(op, "expanded_row_idx", dest, R, true);
   const at::Tensor g = args.grad_expanded_x.to(args.x.scalar_type()).contiguous();

@@ -1,0 +1,161 @@
+"""Zero-size calls of every op with tensor arguments, for test_zero_size.py: CASES maps an op to named cases, each a
+function returning (args, kwargs) and the shapes the op documents for that call (None for an op returning nothing);
+NO_CASE lists the ops without a meaningful zero-size call and why. `python -m test.ops.zero_size_cases <op> <case>`
+runs one case and prints its result shapes as JSON (`--all`: every case), so a crash ends that process only."""
+import json
+import sys
+
+import torch
+
+OPS = torch.ops.npu_fa
+F = torch.float32
+I32 = torch.int32
+I64 = torch.int64
+
+
+def _z(*shape, dtype=F):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+def _r(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+def _fa_grad():
+    q, k = _r(1, 2, 0, 16), _r(1, 2, 4, 16)
+    out, smax, ssum, *_ = OPS.flash_attention_score(q, k, k, 2, "BNSD")
+    return (q, k, k, torch.zeros_like(out), 2, "BNSD"), dict(softmax_max=smax, softmax_sum=ssum, attention_in=out)
+
+
+def _gmm_grad():
+    x, w = [_r(0, 8)], [_r(8, 4)]
+    out, act = OPS.grouped_matmul(x, w, [], torch.tensor([0]))
+    return ([torch.zeros_like(out[0])], x, w, [], torch.tensor([0]), act), {}
+
+
+CASES = {
+    "flash_attention_score": {
+        "bnsd_sq0": (lambda: ((_r(1, 2, 0, 16), _r(1, 2, 4, 16), _r(1, 2, 4, 16), 2, "BNSD"), {}),
+                     [(1, 2, 0, 16), (1, 2, 0, 8), (1, 2, 0, 8), (0,), (), ()]),
+        "bnsd_b0": (lambda: ((_r(0, 2, 4, 16), _r(0, 2, 4, 16), _r(0, 2, 4, 16), 2, "BNSD"), {}),
+                    [(0, 2, 4, 16), (0, 2, 4, 8), (0, 2, 4, 8), (0,), (), ()]),
+        "tnd_all_zero": (lambda: ((_r(0, 2, 16), _r(0, 2, 16), _r(0, 2, 16), 2, "TND"),
+                                  dict(actual_seq_qlen=torch.tensor([0, 0]), actual_seq_kvlen=torch.tensor([0, 0]))),
+                         [(0, 2, 16), (0, 2, 8), (0, 2, 8), (0,), (), ()]),
+    },
+    "flash_attention_score_grad": {"bnsd_sq0": (_fa_grad, [(1, 2, 0, 16), (1, 2, 4, 16), (1, 2, 4, 16), (0,)])},
+    "dropout_gen_mask": {"rows0": (lambda: ((torch.tensor(1, dtype=I64), torch.tensor(0, dtype=I64), 0, 16, 0.9),
+                                            {}), [(0, 16)])},
+    "rotary_position_embedding": {"s0": (lambda: ((_r(1, 0, 2, 16), _r(1, 0, 1, 16), _r(1, 0, 1, 16)), {}),
+                                         [(1, 0, 2, 16)])},
+    "rotary_position_embedding_grad": {
+        "s0": (lambda: ((_r(1, 0, 2, 16), _r(1, 0, 1, 16), _r(1, 0, 1, 16), _r(1, 0, 2, 16)), {}),
+               [(1, 0, 2, 16), (1, 0, 1, 16), (1, 0, 1, 16)])},
+    "apply_rotary_pos_emb": {"s0": (lambda: ((_r(1, 0, 2, 16), _r(1, 0, 2, 16), _r(1, 0, 1, 16), _r(1, 0, 1, 16)),
+                                             {}), None)},
+    "rope_with_sin_cos_cache": {"t0": (lambda: ((_z(0, dtype=I64), _r(0, 32), _r(0, 32), _r(8, 16), 16), {}),
+                                       [(0, 32), (0, 32)])},
+    "scatter_pa_kv_cache": {"t0": (lambda: ((_r(0, 2, 16), _r(0, 2, 16), _z(4, 8, 2, 16), _z(4, 8, 2, 16),
+                                             _z(0, dtype=I32)), {}), None)},
+    "gather_pa_kv_cache": {"len0": (lambda: ((_r(4, 8, 2, 16), _r(4, 8, 2, 16), _z(1, 2, dtype=I32),
+                                              _z(1, dtype=I32)), {}), [(0, 2, 16), (0, 2, 16)])},
+    "prompt_flash_attention": {
+        "bnsd_sq0": (lambda: ((_r(2, 2, 0, 16), _r(2, 2, 4, 16), _r(2, 2, 4, 16)),
+                              dict(num_heads=2, input_layout="BNSD")), [(2, 2, 0, 16)]),
+        "lengths0": (lambda: ((_r(2, 8, 32), _r(2, 4, 32), _r(2, 4, 32)),
+                              dict(num_heads=2, input_layout="BSH", actual_seq_lengths=torch.tensor([0, 0]))),
+                     [(2, 8, 32)]),
+        "tnd_t0": (lambda: ((_r(0, 2, 16), _r(0, 2, 16), _r(0, 2, 16)),
+                            dict(num_heads=2, input_layout="TND", actual_seq_lengths=torch.tensor([0, 0]),
+                                 actual_seq_lengths_kv=torch.tensor([0, 0]))), [(0, 2, 16)]),
+    },
+    "fused_infer_attention_score": {
+        "lengths0": (lambda: ((_r(2, 8, 32), _r(2, 4, 32), _r(2, 4, 32)),
+                              dict(num_heads=2, input_layout="BSH", actual_seq_lengths=torch.tensor([0, 0]))),
+                     [(2, 8, 32), (0,)]),
+        "bnsd_sq0": (lambda: ((_r(2, 2, 0, 16), _r(2, 2, 4, 16), _r(2, 2, 4, 16)),
+                              dict(num_heads=2, input_layout="BNSD")), [(2, 2, 0, 16), (0,)]),
+    },
+    "attention_update": {"rows0": (lambda: ((_r(2, 0), _r(2, 0, 16)), {}), [(0, 16), (0,)])},
+    "attention_update_grad": {"rows0": (lambda: ((_r(2, 0), _r(2, 0, 16), _r(0), _r(0, 16), _r(0, 16), _r(0)), {}),
+                                        [(2, 0), (2, 0, 16)])},
+    "incre_flash_attention": {"b0": (lambda: ((_r(0, 1, 32), _r(0, 4, 32), _r(0, 4, 32)), dict(num_heads=2)),
+                                     [(0, 1, 32)])},
+    "matmul_all_reduce_grad": {"m0": (lambda: ((_r(0, 4), _r(0, 8), _r(8, 4)), {}), [(0, 8), (8, 4), (0,)])},
+    "grouped_matmul": {"m0": (lambda: (([_r(0, 8)], [_r(8, 4)], [], torch.tensor([0])), {}), [[(0, 4)], [(0,)]])},
+    "grouped_matmul_grad": {"m0": (_gmm_grad, [[(0, 8)], [(8, 4)], []])},
+    "moe_gating_top_k_softmax": {"n0": (lambda: ((_r(0, 8),), dict(k=2)), [(0, 2), (0, 2), (0, 2)])},
+    "moe_gating_top_k_softmax_v2": {"n0": (lambda: ((_r(0, 8),), dict(k=2)), [(0, 2), (0, 2), (0,)])},
+    "moe_gating_top_k_softmax_grad": {"n0": (lambda: ((_r(0, 2), _r(0, 8), 2), {}), [(0, 8)])},
+    "moe_gating_top_k": {"n0": (lambda: ((_r(0, 8), 2), {}), [(0, 2), (0, 2), (0,)])},
+    "moe_init_routing": {"n0": (lambda: ((_r(0, 8), _z(0, 2, dtype=I32), _z(0, 2, dtype=I32), 0), {}),
+                                [(0, 8), (0,), (0,)])},
+    "moe_init_routing_v2": {"n0": (lambda: ((_r(0, 8), _z(0, 2, dtype=I32)), dict(expert_num=4)),
+                                   [(0, 8), (0,), (0,), (0,)])},
+    "moe_init_routing_v2_grad": {"n0": (lambda: ((_r(0, 8), _z(0, dtype=I32), _r(0, 8), _z(0, 2, dtype=I32)), {}),
+                                        [(0, 8)])},
+    "moe_compute_expert_tokens": {"n0": (lambda: ((_z(0, dtype=I32), 4), {}), [(4,)])},
+    "moe_finalize_routing": {"n0": (lambda: ((_r(0, 8), None, None, None, _r(0, 2), _z(0, dtype=I32),
+                                              _z(0, 2, dtype=I32)), {}), [(0, 8)])},
+    "moe_finalize_routing_grad": {"n0": (lambda: ((_r(0, 8), _r(0, 8), None, None, _r(0, 2), _z(0, dtype=I32),
+                                                   _z(0, 2, dtype=I32)), {}), [(0, 8), (0, 8), (0, 2), (0,)])},
+    "moe_token_permute": {"n0": (lambda: ((_r(0, 8), _z(0, 2, dtype=I64)), {}), [(0, 8), (0,)])},
+    "moe_token_permute_grad": {"n0": (lambda: ((_r(0, 8), _z(0, dtype=I64), _z(0, 2, dtype=I64)), {}), [(0, 8)])},
+    "moe_token_unpermute": {"n0": (lambda: ((_r(0, 8), _z(0, dtype=I64), _r(0, 2)), {}), [(0, 8)])},
+    "moe_token_unpermute_grad": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _z(0, dtype=I64), _r(0, 2)), {}),
+                                        [(0, 8), (0, 2)])},
+}
+
+_PROCESS_GROUP = "needs an initialised torch.distributed process group (group_name); test/mc2 covers it"
+NO_CASE = {
+    "all_gather_matmul": _PROCESS_GROUP,
+    "all_gather_matmul_grad": _PROCESS_GROUP,
+    "matmul_reduce_scatter": _PROCESS_GROUP,
+    "matmul_reduce_scatter_grad": _PROCESS_GROUP,
+    "matmul_all_reduce": _PROCESS_GROUP,
+    "matmul_all_reduce_add_rms_norm": _PROCESS_GROUP,
+}
+
+
+def _shapes(result):
+    if result is None:
+        return None
+    if isinstance(result, torch.Tensor):
+        return [list(result.shape)]
+    return [[list(t.shape) for t in r] if isinstance(r, (list, tuple)) else list(r.shape) for r in result]
+
+
+def run(op: str, case: str):
+    """Calls one case; returns the result's shapes (lists)."""
+    import torch_ops_transformer  # noqa: F401  (registers the ops)
+
+    build, _ = CASES[op][case]
+    args, kwargs = build()
+    result = getattr(OPS, op)(*args, **kwargs)
+    return _shapes(result)
+
+
+def expected(op: str, case: str):
+    shapes = CASES[op][case][1]
+    if shapes is None:
+        return None
+    return [[list(s) for s in e] if isinstance(e, list) else list(e) for e in shapes]
+
+
+def main(argv):
+    """`<op> <case>` runs one case; `--all` runs every case, one JSON line {op, case, shapes | error} each, flushed
+    as it goes so the lines before a crash survive it."""
+    if argv[0] != "--all":
+        print(json.dumps(run(argv[0], argv[1])))
+        return
+    for op, cases in CASES.items():
+        for case in cases:
+            try:
+                line = {"op": op, "case": case, "shapes": run(op, case)}
+            except Exception as e:  # reported per case by the test
+                line = {"op": op, "case": case, "error": f"{type(e).__name__}: {e}"}
+            print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
