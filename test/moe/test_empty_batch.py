@@ -1,13 +1,12 @@
 """MOELayer on an empty batch (0 tokens): an empty result, aux_loss 0, zero gradients; expert-parallel with a rank
 that has no tokens matches the single-process layer on the other ranks' tokens."""
 import os
-import time
 
 import pytest
 import torch
 
 from test.moe.test_layer import _layer
-from torch_ops_transformer._spawn import free_port
+from test.common.ranks import run_ranks
 
 
 @pytest.mark.parametrize("top_k,capacity", [(2, None), (1, None), (2, 3)])
@@ -83,18 +82,5 @@ def _ep_check(rank, world, capacity):
 
 
 def test_expert_parallel_with_a_rank_without_tokens(tmp_path):
-    import torch.multiprocessing as mp
-
     world = 2
-    ctx = mp.start_processes(_ep_worker, args=(world, free_port(), str(tmp_path)), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"expert-parallel run with {world} ranks did not finish in 120 s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    assert sorted(os.listdir(tmp_path)) == [f"ok{r}" for r in range(world)]
+    run_ranks(_ep_worker, world, tmp_path)

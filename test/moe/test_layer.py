@@ -3,7 +3,6 @@ and k = E, activations), its load-balancing loss, torch.compile(fullgraph) forwa
 over gloo with 2 and 4 ranks (same outputs and gradients as one process) and bad configurations."""
 import os
 import sys
-import time
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ import torch.nn.functional as F
 
 from test.common.moe_reference import act_ref
 from torch_ops_transformer import MOELayer
-from torch_ops_transformer._spawn import free_port
+from test.common.ranks import run_ranks
 
 ACT = {"gelu": 2, "relu": 1, "silu": 5, "fast_gelu": 4}
 
@@ -211,17 +210,4 @@ def _ep_check(rank, world, capacity):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_expert_parallel_matches_single_process(world, tmp_path):
-    import torch.multiprocessing as mp
-
-    ctx = mp.start_processes(_ep_worker, args=(world, free_port(), str(tmp_path)), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"expert-parallel run with {world} ranks did not finish in 120 s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    assert sorted(os.listdir(tmp_path)) == [f"ok{r}" for r in range(world)]
+    run_ranks(_ep_worker, world, tmp_path)
