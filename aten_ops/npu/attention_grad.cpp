@@ -40,12 +40,8 @@ bool kernel_supports(const AttentionParams& p, const at::Tensor& query, const at
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(
     const FlashAttentionScoreGradArgs& args) {
-  TORCH_CHECK_VALUE(args.keep_prob >= 1.0 || args.seed.has_value(), kOp,
-                    ": argument 'seed' is required when keep_prob < 1 (pass "
-                    "the seed_out/offset_out of the forward so the same dropout mask is regenerated)");
   AttentionInputs in;
-  const AttentionParams p = attention::parse_attention_params(kOp, args, in);
-  attention::check_backward_inputs(kOp, p, args.query, args.dy, args.softmax_max, args.softmax_sum, args.attention_in);
+  const AttentionParams p = attention::parse_backward_params(kOp, args, in);
 
   if (!kernel_supports(p, args.query, args.key)) {
 #ifndef TOT_WITH_CANN

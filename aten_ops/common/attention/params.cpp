@@ -393,21 +393,24 @@ void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntAr
                     shape_str(t.sizes()));
 }
 
-void check_backward_inputs(const char* op, const AttentionParams& p, const at::Tensor& query, const at::Tensor& dy,
-                           const at::Tensor& softmax_max, const at::Tensor& softmax_sum,
-                           const at::Tensor& attention_in) {
-  const auto out_shape = output_shape(p, query);
-  const auto stats = stats_shape(p, query);
-  check_shape(op, "dy", dy, out_shape);
-  check_shape(op, "attention_in", attention_in, out_shape);
-  check_shape(op, "softmax_max", softmax_max, stats);
-  check_shape(op, "softmax_sum", softmax_sum, stats);
-  TORCH_CHECK_TYPE(dy.scalar_type() == query.scalar_type() && attention_in.scalar_type() == query.scalar_type(), op,
-                   ": arguments 'dy' and 'attention_in' must have query's dtype ", query.scalar_type(), "; got ",
-                   dy.scalar_type(), " and ", attention_in.scalar_type());
-  TORCH_CHECK_TYPE(softmax_max.scalar_type() == at::kFloat && softmax_sum.scalar_type() == at::kFloat, op,
-                   ": arguments 'softmax_max' and 'softmax_sum' must be float32; got ", softmax_max.scalar_type(),
-                   " and ", softmax_sum.scalar_type());
+AttentionParams parse_backward_params(const char* op, const FlashAttentionScoreGradArgs& args, AttentionInputs& inputs) {
+  TORCH_CHECK_VALUE(args.keep_prob >= 1.0 || args.seed.has_value(), op, ": argument 'seed' is required when keep_prob "
+                    "< 1 (pass the seed_out/offset_out of the forward so the same dropout mask is regenerated)");
+  const AttentionParams p = parse_attention_params(op, args, inputs);
+  const auto out_shape = output_shape(p, args.query);
+  const auto stats = stats_shape(p, args.query);
+  check_shape(op, "dy", args.dy, out_shape);
+  check_shape(op, "attention_in", args.attention_in, out_shape);
+  check_shape(op, "softmax_max", args.softmax_max, stats);
+  check_shape(op, "softmax_sum", args.softmax_sum, stats);
+  const at::ScalarType q_dtype = args.query.scalar_type();
+  TORCH_CHECK_TYPE(args.dy.scalar_type() == q_dtype && args.attention_in.scalar_type() == q_dtype, op,
+                   ": arguments 'dy' and 'attention_in' must have query's dtype ", q_dtype, "; got ",
+                   args.dy.scalar_type(), " and ", args.attention_in.scalar_type());
+  TORCH_CHECK_TYPE(args.softmax_max.scalar_type() == at::kFloat && args.softmax_sum.scalar_type() == at::kFloat, op,
+                   ": arguments 'softmax_max' and 'softmax_sum' must be float32; got ", args.softmax_max.scalar_type(),
+                   " and ", args.softmax_sum.scalar_type());
+  return p;
 }
 
 void dropout_keep_row(uint64_t seed, uint64_t row, float keep_prob, int64_t j0, int64_t n, uint8_t* keep) {

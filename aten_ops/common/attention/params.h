@@ -14,6 +14,10 @@
 #include <optional>
 #include <vector>
 
+namespace npu_fa {
+struct FlashAttentionScoreGradArgs;  // generated/op_args.h
+}  // namespace npu_fa
+
 namespace npu_fa::attention {
 
 enum class Layout { BSH, SBH, BSND, BNSD, TND };
@@ -142,11 +146,10 @@ void check_qkv_dtypes(const char* op, const at::Tensor& query, const at::Tensor&
 // Checks a tensor that must have exactly the given shape (dy, attention_in, softmax_max/sum in the backward).
 void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected);
 
-// The backward's tensors beyond q/k/v: shapes from the forward's and dtypes (dy, attention_in like query;
-// softmax_max/sum float32). Shared by every backend of flash_attention_score_grad.
-void check_backward_inputs(const char* op, const AttentionParams& p, const at::Tensor& query, const at::Tensor& dy,
-                           const at::Tensor& softmax_max, const at::Tensor& softmax_sum,
-                           const at::Tensor& attention_in);
+// Every check of flash_attention_score_grad, for every backend: a seed whenever keep_prob < 1, the forward's
+// arguments (parse_attention_params), and the backward's tensors beyond q/k/v (dy, attention_in like query's output;
+// softmax_max/sum float32 statistics).
+AttentionParams parse_backward_params(const char* op, const FlashAttentionScoreGradArgs& args, AttentionInputs& inputs);
 
 // ---- Dropout: a counter-based Philox4x32-10 stream, so masks do not depend on tiling or threads. ----
 struct Philox {

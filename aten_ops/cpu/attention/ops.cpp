@@ -36,12 +36,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu(
     const FlashAttentionScoreGradArgs& args) {
   static constexpr const char* op = "flash_attention_score_grad";
-  TORCH_CHECK_VALUE(args.keep_prob >= 1.0 || args.seed.has_value(), op,
-                    ": argument 'seed' is required when keep_prob < 1 (pass "
-                    "the seed_out/offset_out of the forward so the same dropout mask is regenerated)");
   AttentionInputs in;
-  const AttentionParams p = attention::parse_attention_params(op, args, in);
-  attention::check_backward_inputs(op, p, args.query, args.dy, args.softmax_max, args.softmax_sum, args.attention_in);
+  const AttentionParams p = attention::parse_backward_params(op, args, in);
   BackwardTensors t;
   t.dy = args.dy.contiguous();
   t.attention_in = args.attention_in.contiguous();
