@@ -83,3 +83,35 @@ def single_tensor(op: str, name: str, value):
                                       f"implemented; pass one tensor")
         return value[0]
     return value
+
+
+def _named_tensors(name: str, value):
+    if isinstance(value, Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for i, t in enumerate(value):
+            if isinstance(t, Tensor):
+                yield f"{name}[{i}]", t
+
+
+def check_devices(op: str, arguments, host: Tuple[str, ...] = ()) -> None:
+    """The device rule of native_functions.yaml, as the generated C++ wrappers apply it, for the fake kernels: every
+    tensor on the device of the first non-host tensor; host tensors (lengths read on the host) there or on the CPU.
+
+    It matters because a tensor on `meta` next to CPU tensors dispatches to the fake kernel, which would otherwise
+    return uninitialised memory for a real call. `arguments` are (name, value) pairs in schema order."""
+    device = first = None
+    hosted = []
+    for name, value in arguments:
+        for n, t in _named_tensors(name, value):
+            if name in host:
+                hosted.append((n, t))
+            elif device is None:
+                device, first = t.device, n
+            elif t.device != device:
+                raise ValueError(f"{op}: argument '{n}' must be on device {device} like argument "
+                                 f"'{first}'; got a tensor on device {t.device}")
+    for n, t in hosted:
+        if device is not None and t.device.type != "cpu" and t.device != device:
+            raise ValueError(f"{op}: argument '{n}' must be on device {device} like argument '{first}' "
+                             f"or on the host (cpu); got a tensor on device {t.device}")

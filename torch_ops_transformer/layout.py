@@ -36,10 +36,6 @@ def _bsnd(t, layout):
 def attention_dims(op, query, key, value, head_num, input_layout) -> AttentionDims:
     if input_layout not in LAYOUTS:
         raise ValueError(f"{op}: argument 'input_layout' must be one of {', '.join(LAYOUTS)}; got '{input_layout}'")
-    devices = {t.device for t in (query, key, value)}
-    if len(devices) > 1:
-        raise ValueError(f"{op}: arguments 'query', 'key', 'value' must be on one device; got "
-                         f"{query.device}, {key.device}, {value.device}")
     rank = _RANK[input_layout]
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != rank:

@@ -2,300 +2,526 @@
 
 #include "kernels.h"
 
+#include "common/argument_rules.h"
+
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 namespace {
 
-[[maybe_unused]] void check_same_device(const char* op, const char* arg, const at::Tensor& t,
-                                        const c10::Device& device) {
-  TORCH_CHECK(t.device() == device, op, ": argument '", arg, "' must be on ", device,
-              " like the op's first tensor; got a tensor on ", t.device());
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  npu_fa::DeviceRule rule("flash_attention_score");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("pse", pse);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
+  rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
+  rule.host_tensor("seed", seed);
+  rule.host_tensor("offset", offset);
   return npu_fa::flash_attention_score_cpu(npu_fa::FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
-  const c10::Device device = query.device();
-  check_same_device("flash_attention_score", "key", key, device);
-  check_same_device("flash_attention_score", "value", value, device);
-  if (pse.has_value()) check_same_device("flash_attention_score", "pse", *pse, device);
-  if (atten_mask.has_value()) check_same_device("flash_attention_score", "atten_mask", *atten_mask, device);
-  if (actual_seq_qlen.has_value()) check_same_device("flash_attention_score", "actual_seq_qlen", *actual_seq_qlen, device);
-  if (actual_seq_kvlen.has_value()) check_same_device("flash_attention_score", "actual_seq_kvlen", *actual_seq_kvlen, device);
-  if (seed.has_value()) check_same_device("flash_attention_score", "seed", *seed, device);
-  if (offset.has_value()) check_same_device("flash_attention_score", "offset", *offset, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("flash_attention_score");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("pse", pse);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
+  rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
+  rule.host_tensor("seed", seed);
+  rule.host_tensor("offset", offset);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::flash_attention_score_npu(npu_fa::FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+  npu_fa::DeviceRule rule("flash_attention_score_grad");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("dy", dy);
+  rule.device_tensor("pse", pse);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("softmax_max", softmax_max);
+  rule.device_tensor("softmax_sum", softmax_sum);
+  rule.device_tensor("attention_in", attention_in);
+  rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
+  rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
+  rule.host_tensor("seed", seed);
+  rule.host_tensor("offset", offset);
   return npu_fa::flash_attention_score_grad_cpu(npu_fa::FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
-  const c10::Device device = query.device();
-  check_same_device("flash_attention_score_grad", "key", key, device);
-  check_same_device("flash_attention_score_grad", "value", value, device);
-  check_same_device("flash_attention_score_grad", "dy", dy, device);
-  if (pse.has_value()) check_same_device("flash_attention_score_grad", "pse", *pse, device);
-  if (atten_mask.has_value()) check_same_device("flash_attention_score_grad", "atten_mask", *atten_mask, device);
-  check_same_device("flash_attention_score_grad", "softmax_max", softmax_max, device);
-  check_same_device("flash_attention_score_grad", "softmax_sum", softmax_sum, device);
-  check_same_device("flash_attention_score_grad", "attention_in", attention_in, device);
-  if (actual_seq_qlen.has_value()) check_same_device("flash_attention_score_grad", "actual_seq_qlen", *actual_seq_qlen, device);
-  if (actual_seq_kvlen.has_value()) check_same_device("flash_attention_score_grad", "actual_seq_kvlen", *actual_seq_kvlen, device);
-  if (seed.has_value()) check_same_device("flash_attention_score_grad", "seed", *seed, device);
-  if (offset.has_value()) check_same_device("flash_attention_score_grad", "offset", *offset, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("flash_attention_score_grad");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("dy", dy);
+  rule.device_tensor("pse", pse);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("softmax_max", softmax_max);
+  rule.device_tensor("softmax_sum", softmax_sum);
+  rule.device_tensor("attention_in", attention_in);
+  rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
+  rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
+  rule.host_tensor("seed", seed);
+  rule.host_tensor("offset", offset);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::flash_attention_score_grad_npu(npu_fa::FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
 }
 
 at::Tensor dropout_gen_mask_cpu_unboxed(const at::Tensor& seed, const at::Tensor& offset, int64_t rows, int64_t cols, double keep_prob) {
+  npu_fa::DeviceRule rule("dropout_gen_mask");
+  rule.device_tensor("seed", seed);
+  rule.device_tensor("offset", offset);
   return npu_fa::dropout_gen_mask_cpu(npu_fa::DropoutGenMaskArgs{seed, offset, rows, cols, keep_prob});
 }
 
 at::Tensor rotary_position_embedding_cpu_unboxed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
+  npu_fa::DeviceRule rule("rotary_position_embedding");
+  rule.device_tensor("x", x);
+  rule.device_tensor("cos", cos);
+  rule.device_tensor("sin", sin);
   return npu_fa::rotary_position_embedding_cpu(npu_fa::RotaryPositionEmbeddingArgs{x, cos, sin, mode});
 }
 
 at::Tensor rotary_position_embedding_npu_privateuse1(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
-  const c10::Device device = x.device();
-  check_same_device("rotary_position_embedding", "cos", cos, device);
-  check_same_device("rotary_position_embedding", "sin", sin, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("rotary_position_embedding");
+  rule.device_tensor("x", x);
+  rule.device_tensor("cos", cos);
+  rule.device_tensor("sin", sin);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::rotary_position_embedding_npu(npu_fa::RotaryPositionEmbeddingArgs{x, cos, sin, mode});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_cpu_unboxed(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
+  npu_fa::DeviceRule rule("rotary_position_embedding_grad");
+  rule.device_tensor("grad", grad);
+  rule.device_tensor("cos", cos);
+  rule.device_tensor("sin", sin);
+  rule.device_tensor("x", x);
   return npu_fa::rotary_position_embedding_grad_cpu(npu_fa::RotaryPositionEmbeddingGradArgs{grad, cos, sin, x, mode});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu_privateuse1(const at::Tensor& grad, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& x, int64_t mode) {
-  const c10::Device device = grad.device();
-  check_same_device("rotary_position_embedding_grad", "cos", cos, device);
-  check_same_device("rotary_position_embedding_grad", "sin", sin, device);
-  check_same_device("rotary_position_embedding_grad", "x", x, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("rotary_position_embedding_grad");
+  rule.device_tensor("grad", grad);
+  rule.device_tensor("cos", cos);
+  rule.device_tensor("sin", sin);
+  rule.device_tensor("x", x);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::rotary_position_embedding_grad_npu(npu_fa::RotaryPositionEmbeddingGradArgs{grad, cos, sin, x, mode});
 }
 
 void apply_rotary_pos_emb_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin, c10::string_view layout, c10::string_view rotary_mode) {
+  npu_fa::DeviceRule rule("apply_rotary_pos_emb");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("cos", cos);
+  rule.device_tensor("sin", sin);
+  npu_fa::check_no_self_overlap("apply_rotary_pos_emb", "query", query);
+  npu_fa::check_no_overlap("apply_rotary_pos_emb", "query", query, "key", key);
+  npu_fa::check_no_overlap("apply_rotary_pos_emb", "query", query, "cos", cos);
+  npu_fa::check_no_overlap("apply_rotary_pos_emb", "query", query, "sin", sin);
+  npu_fa::check_no_self_overlap("apply_rotary_pos_emb", "key", key);
+  npu_fa::check_no_overlap("apply_rotary_pos_emb", "key", key, "cos", cos);
+  npu_fa::check_no_overlap("apply_rotary_pos_emb", "key", key, "sin", sin);
   return npu_fa::apply_rotary_pos_emb_cpu(npu_fa::ApplyRotaryPosEmbArgs{query, key, cos, sin, layout, rotary_mode});
 }
 
 std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu_unboxed(const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox_style) {
+  npu_fa::DeviceRule rule("rope_with_sin_cos_cache");
+  rule.device_tensor("positions", positions);
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("cos_sin_cache", cos_sin_cache);
   return npu_fa::rope_with_sin_cos_cache_cpu(npu_fa::RopeWithSinCosCacheArgs{positions, query, key, cos_sin_cache, head_size, is_neox_style});
 }
 
 void scatter_pa_kv_cache_cpu_unboxed(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping, c10::string_view cache_layout) {
+  npu_fa::DeviceRule rule("scatter_pa_kv_cache");
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("key_cache", key_cache);
+  rule.device_tensor("value_cache", value_cache);
+  rule.device_tensor("slot_mapping", slot_mapping);
+  npu_fa::check_no_self_overlap("scatter_pa_kv_cache", "key_cache", key_cache);
+  npu_fa::check_no_overlap("scatter_pa_kv_cache", "key_cache", key_cache, "key", key);
+  npu_fa::check_no_overlap("scatter_pa_kv_cache", "key_cache", key_cache, "value", value);
+  npu_fa::check_no_overlap("scatter_pa_kv_cache", "key_cache", key_cache, "value_cache", value_cache);
+  npu_fa::check_no_overlap("scatter_pa_kv_cache", "key_cache", key_cache, "slot_mapping", slot_mapping);
+  npu_fa::check_no_self_overlap("scatter_pa_kv_cache", "value_cache", value_cache);
+  npu_fa::check_no_overlap("scatter_pa_kv_cache", "value_cache", value_cache, "key", key);
+  npu_fa::check_no_overlap("scatter_pa_kv_cache", "value_cache", value_cache, "value", value);
+  npu_fa::check_no_overlap("scatter_pa_kv_cache", "value_cache", value_cache, "slot_mapping", slot_mapping);
   return npu_fa::scatter_pa_kv_cache_cpu(npu_fa::ScatterPaKvCacheArgs{key, value, key_cache, value_cache, slot_mapping, cache_layout});
 }
 
 std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu_unboxed(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_table, const at::Tensor& seq_lens, c10::string_view cache_layout) {
+  npu_fa::DeviceRule rule("gather_pa_kv_cache");
+  rule.device_tensor("key_cache", key_cache);
+  rule.device_tensor("value_cache", value_cache);
+  rule.device_tensor("block_table", block_table);
+  rule.device_tensor("seq_lens", seq_lens);
   return npu_fa::gather_pa_kv_cache_cpu(npu_fa::GatherPaKvCacheArgs{key_cache, value_cache, block_table, seq_lens, cache_layout});
 }
 
 at::Tensor prompt_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& padding_mask, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, int64_t num_heads, double scale_value, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise) {
+  npu_fa::DeviceRule rule("prompt_flash_attention");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("padding_mask", padding_mask);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("pse_shift", pse_shift);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
   return npu_fa::prompt_flash_attention_cpu(npu_fa::PromptFlashAttentionArgs{query, key, value, padding_mask, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise});
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table, int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size, bool softmax_lse_flag) {
+  npu_fa::DeviceRule rule("fused_infer_attention_score");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("pse_shift", pse_shift);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("block_table", block_table);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
   return npu_fa::fused_infer_attention_score_cpu(npu_fa::FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag});
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_update_cpu_unboxed(const at::Tensor& lse, const at::Tensor& out) {
+  npu_fa::DeviceRule rule("attention_update");
+  rule.device_tensor("lse", lse);
+  rule.device_tensor("out", out);
   return npu_fa::attention_update_cpu(npu_fa::AttentionUpdateArgs{lse, out});
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu_unboxed(const at::Tensor& lse, const at::Tensor& out, const at::Tensor& softmax_lse, const at::Tensor& attention_out, const at::Tensor& grad_attention_out, const at::Tensor& grad_softmax_lse) {
+  npu_fa::DeviceRule rule("attention_update_grad");
+  rule.device_tensor("lse", lse);
+  rule.device_tensor("out", out);
+  rule.device_tensor("softmax_lse", softmax_lse);
+  rule.device_tensor("attention_out", attention_out);
+  rule.device_tensor("grad_attention_out", grad_attention_out);
+  rule.device_tensor("grad_softmax_lse", grad_softmax_lse);
   return npu_fa::attention_update_grad_cpu(npu_fa::AttentionUpdateGradArgs{lse, out, softmax_lse, attention_out, grad_attention_out, grad_softmax_lse});
 }
 
 at::Tensor incre_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise) {
+  npu_fa::DeviceRule rule("incre_flash_attention");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("pse_shift", pse_shift);
+  rule.device_tensor("block_table", block_table);
+  rule.device_tensor("kv_padding_size", kv_padding_size);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
   return npu_fa::incre_flash_attention_cpu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
 }
 
 at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise) {
-  const c10::Device device = query.device();
-  check_same_device("incre_flash_attention", "key", key, device);
-  check_same_device("incre_flash_attention", "value", value, device);
-  if (atten_mask.has_value()) check_same_device("incre_flash_attention", "atten_mask", *atten_mask, device);
-  if (pse_shift.has_value()) check_same_device("incre_flash_attention", "pse_shift", *pse_shift, device);
-  if (actual_seq_lengths.has_value()) check_same_device("incre_flash_attention", "actual_seq_lengths", *actual_seq_lengths, device);
-  if (block_table.has_value()) check_same_device("incre_flash_attention", "block_table", *block_table, device);
-  if (kv_padding_size.has_value()) check_same_device("incre_flash_attention", "kv_padding_size", *kv_padding_size, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("incre_flash_attention");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("pse_shift", pse_shift);
+  rule.device_tensor("block_table", block_table);
+  rule.device_tensor("kv_padding_size", kv_padding_size);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::incre_flash_attention_npu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
 }
 
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
+  npu_fa::DeviceRule rule("all_gather_matmul");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
   return npu_fa::all_gather_matmul_mc2(npu_fa::AllGatherMatmulArgs{x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
-  const c10::Device device = x1.device();
-  check_same_device("all_gather_matmul", "x2", x2, device);
-  if (bias.has_value()) check_same_device("all_gather_matmul", "bias", *bias, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("all_gather_matmul");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::all_gather_matmul_mc2(npu_fa::AllGatherMatmulArgs{x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2_unboxed(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  npu_fa::DeviceRule rule("all_gather_matmul_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("gather_out", gather_out);
+  rule.device_tensor("bias", bias);
   return npu_fa::all_gather_matmul_grad_mc2(npu_fa::AllGatherMatmulGradArgs{grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gather_out, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
-  const c10::Device device = grad_out.device();
-  check_same_device("all_gather_matmul_grad", "x1", x1, device);
-  check_same_device("all_gather_matmul_grad", "x2", x2, device);
-  check_same_device("all_gather_matmul_grad", "gather_out", gather_out, device);
-  if (bias.has_value()) check_same_device("all_gather_matmul_grad", "bias", *bias, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("all_gather_matmul_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("gather_out", gather_out);
+  rule.device_tensor("bias", bias);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::all_gather_matmul_grad_mc2(npu_fa::AllGatherMatmulGradArgs{grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks});
 }
 
 at::Tensor matmul_reduce_scatter_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  npu_fa::DeviceRule rule("matmul_reduce_scatter");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
   return npu_fa::matmul_reduce_scatter_mc2(npu_fa::MatmulReduceScatterArgs{x1, x2, group_name, world_size, bias, chunks});
 }
 
 at::Tensor matmul_reduce_scatter_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
-  const c10::Device device = x1.device();
-  check_same_device("matmul_reduce_scatter", "x2", x2, device);
-  if (bias.has_value()) check_same_device("matmul_reduce_scatter", "bias", *bias, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("matmul_reduce_scatter");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::matmul_reduce_scatter_mc2(npu_fa::MatmulReduceScatterArgs{x1, x2, group_name, world_size, bias, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2_unboxed(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  npu_fa::DeviceRule rule("matmul_reduce_scatter_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
   return npu_fa::matmul_reduce_scatter_grad_mc2(npu_fa::MatmulReduceScatterGradArgs{grad_out, x1, x2, group_name, world_size, bias, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t chunks) {
-  const c10::Device device = grad_out.device();
-  check_same_device("matmul_reduce_scatter_grad", "x1", x1, device);
-  check_same_device("matmul_reduce_scatter_grad", "x2", x2, device);
-  if (bias.has_value()) check_same_device("matmul_reduce_scatter_grad", "bias", *bias, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("matmul_reduce_scatter_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::matmul_reduce_scatter_grad_mc2(npu_fa::MatmulReduceScatterGradArgs{grad_out, x1, x2, group_name, world_size, bias, chunks});
 }
 
 at::Tensor matmul_all_reduce_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks) {
+  npu_fa::DeviceRule rule("matmul_all_reduce");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
   return npu_fa::matmul_all_reduce_mc2(npu_fa::MatmulAllReduceArgs{x1, x2, group_name, bias, chunks});
 }
 
 at::Tensor matmul_all_reduce_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks) {
-  const c10::Device device = x1.device();
-  check_same_device("matmul_all_reduce", "x2", x2, device);
-  if (bias.has_value()) check_same_device("matmul_all_reduce", "bias", *bias, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("matmul_all_reduce");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::matmul_all_reduce_mc2(npu_fa::MatmulAllReduceArgs{x1, x2, group_name, bias, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_unboxed(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias) {
+  npu_fa::DeviceRule rule("matmul_all_reduce_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
   return npu_fa::matmul_all_reduce_grad_mc2(npu_fa::MatmulAllReduceGradArgs{grad_out, x1, x2, bias});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias) {
-  const c10::Device device = grad_out.device();
-  check_same_device("matmul_all_reduce_grad", "x1", x1, device);
-  check_same_device("matmul_all_reduce_grad", "x2", x2, device);
-  if (bias.has_value()) check_same_device("matmul_all_reduce_grad", "bias", *bias, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("matmul_all_reduce_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("bias", bias);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::matmul_all_reduce_grad_mc2(npu_fa::MatmulAllReduceGradArgs{grad_out, x1, x2, bias});
 }
 
 std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
+  npu_fa::DeviceRule rule("matmul_all_reduce_add_rms_norm");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("residual", residual);
+  rule.device_tensor("gamma", gamma);
+  rule.device_tensor("bias", bias);
   return npu_fa::matmul_all_reduce_add_rms_norm_mc2(npu_fa::MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks});
 }
 
 std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
-  const c10::Device device = x1.device();
-  check_same_device("matmul_all_reduce_add_rms_norm", "x2", x2, device);
-  check_same_device("matmul_all_reduce_add_rms_norm", "residual", residual, device);
-  check_same_device("matmul_all_reduce_add_rms_norm", "gamma", gamma, device);
-  if (bias.has_value()) check_same_device("matmul_all_reduce_add_rms_norm", "bias", *bias, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("matmul_all_reduce_add_rms_norm");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("residual", residual);
+  rule.device_tensor("gamma", gamma);
+  rule.device_tensor("bias", bias);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::matmul_all_reduce_add_rms_norm_mc2(npu_fa::MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks});
 }
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu_unboxed(at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type) {
+  npu_fa::DeviceRule rule("grouped_matmul");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("bias", bias);
+  rule.host_tensor("group_list", group_list);
   return npu_fa::grouped_matmul_cpu(npu_fa::GroupedMatmulArgs{x, weight, bias, group_list, group_type, group_list_type, act_type});
 }
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu_unboxed(at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type, int64_t group_list_type, int64_t act_type) {
+  npu_fa::DeviceRule rule("grouped_matmul_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("act_input", act_input);
+  rule.host_tensor("group_list", group_list);
   return npu_fa::grouped_matmul_grad_cpu(npu_fa::GroupedMatmulGradArgs{grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k) {
+  npu_fa::DeviceRule rule("moe_gating_top_k_softmax");
+  rule.device_tensor("x", x);
+  rule.device_tensor("finished", finished);
   return npu_fa::moe_gating_top_k_softmax_cpu(npu_fa::MoeGatingTopKSoftmaxArgs{x, finished, k});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_npu_privateuse1(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k) {
-  const c10::Device device = x.device();
-  if (finished.has_value()) check_same_device("moe_gating_top_k_softmax", "finished", *finished, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("moe_gating_top_k_softmax");
+  rule.device_tensor("x", x);
+  rule.device_tensor("finished", finished);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::moe_gating_top_k_softmax_npu(npu_fa::MoeGatingTopKSoftmaxArgs{x, finished, k});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag) {
+  npu_fa::DeviceRule rule("moe_gating_top_k_softmax_v2");
+  rule.device_tensor("x", x);
+  rule.device_tensor("finished", finished);
   return npu_fa::moe_gating_top_k_softmax_v2_cpu(npu_fa::MoeGatingTopKSoftmaxV2Args{x, finished, k, renorm, output_softmax_result_flag});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu_privateuse1(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k, int64_t renorm, bool output_softmax_result_flag) {
-  const c10::Device device = x.device();
-  if (finished.has_value()) check_same_device("moe_gating_top_k_softmax_v2", "finished", *finished, device);
-  const c10::DeviceGuard guard(device);
+  npu_fa::DeviceRule rule("moe_gating_top_k_softmax_v2");
+  rule.device_tensor("x", x);
+  rule.device_tensor("finished", finished);
+  const c10::DeviceGuard guard(rule.device());
   return npu_fa::moe_gating_top_k_softmax_v2_npu(npu_fa::MoeGatingTopKSoftmaxV2Args{x, finished, k, renorm, output_softmax_result_flag});
 }
 
 at::Tensor moe_gating_top_k_softmax_grad_cpu_unboxed(const at::Tensor& grad_y, const at::Tensor& x, int64_t k, int64_t renorm) {
+  npu_fa::DeviceRule rule("moe_gating_top_k_softmax_grad");
+  rule.device_tensor("grad_y", grad_y);
+  rule.device_tensor("x", x);
   return npu_fa::moe_gating_top_k_softmax_grad_cpu(npu_fa::MoeGatingTopKSoftmaxGradArgs{grad_y, x, k, renorm});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu_unboxed(const at::Tensor& x, int64_t k, const std::optional<at::Tensor>& bias, int64_t k_group, int64_t group_count, int64_t group_select_mode, int64_t renorm, int64_t norm_type, bool out_flag, double routed_scaling_factor, double eps) {
+  npu_fa::DeviceRule rule("moe_gating_top_k");
+  rule.device_tensor("x", x);
+  rule.device_tensor("bias", bias);
   return npu_fa::moe_gating_top_k_cpu(npu_fa::MoeGatingTopKArgs{x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu_unboxed(const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& expert_idx, int64_t active_num) {
+  npu_fa::DeviceRule rule("moe_init_routing");
+  rule.device_tensor("x", x);
+  rule.device_tensor("row_idx", row_idx);
+  rule.device_tensor("expert_idx", expert_idx);
   return npu_fa::moe_init_routing_cpu(npu_fa::MoeInitRoutingArgs{x, row_idx, expert_idx, active_num});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu_unboxed(const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& offset, int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode, int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode, at::IntArrayRef active_expert_range, int64_t row_idx_type) {
+  npu_fa::DeviceRule rule("moe_init_routing_v2");
+  rule.device_tensor("x", x);
+  rule.device_tensor("expert_idx", expert_idx);
+  rule.device_tensor("scale", scale);
+  rule.device_tensor("offset", offset);
   return npu_fa::moe_init_routing_v2_cpu(npu_fa::MoeInitRoutingV2Args{x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type});
 }
 
 at::Tensor moe_init_routing_v2_grad_cpu_unboxed(const at::Tensor& grad_expanded_x, const at::Tensor& expanded_row_idx, const at::Tensor& x, const at::Tensor& expert_idx, int64_t row_idx_type) {
+  npu_fa::DeviceRule rule("moe_init_routing_v2_grad");
+  rule.device_tensor("grad_expanded_x", grad_expanded_x);
+  rule.device_tensor("expanded_row_idx", expanded_row_idx);
+  rule.device_tensor("x", x);
+  rule.device_tensor("expert_idx", expert_idx);
   return npu_fa::moe_init_routing_v2_grad_cpu(npu_fa::MoeInitRoutingV2GradArgs{grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type});
 }
 
 at::Tensor moe_compute_expert_tokens_cpu_unboxed(const at::Tensor& sorted_expert_for_source_row, int64_t num_expert) {
+  npu_fa::DeviceRule rule("moe_compute_expert_tokens");
+  rule.device_tensor("sorted_expert_for_source_row", sorted_expert_for_source_row);
   return npu_fa::moe_compute_expert_tokens_cpu(npu_fa::MoeComputeExpertTokensArgs{sorted_expert_for_source_row, num_expert});
 }
 
 at::Tensor moe_finalize_routing_cpu_unboxed(const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& skip2, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode) {
+  npu_fa::DeviceRule rule("moe_finalize_routing");
+  rule.device_tensor("expanded_permuted_rows", expanded_permuted_rows);
+  rule.device_tensor("skip1", skip1);
+  rule.device_tensor("skip2", skip2);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("scales", scales);
+  rule.device_tensor("expanded_src_to_dst_row", expanded_src_to_dst_row);
+  rule.device_tensor("export_for_source_row", export_for_source_row);
   return npu_fa::moe_finalize_routing_cpu(npu_fa::MoeFinalizeRoutingArgs{expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode});
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_grad_cpu_unboxed(const at::Tensor& grad_out, const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode) {
+  npu_fa::DeviceRule rule("moe_finalize_routing_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("expanded_permuted_rows", expanded_permuted_rows);
+  rule.device_tensor("skip1", skip1);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("scales", scales);
+  rule.device_tensor("expanded_src_to_dst_row", expanded_src_to_dst_row);
+  rule.device_tensor("export_for_source_row", export_for_source_row);
   return npu_fa::moe_finalize_routing_grad_cpu(npu_fa::MoeFinalizeRoutingGradArgs{grad_out, expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode});
 }
 
 std::tuple<at::Tensor, at::Tensor> moe_token_permute_cpu_unboxed(const at::Tensor& tokens, const at::Tensor& indices, std::optional<int64_t> num_out_tokens, bool padded_mode) {
+  npu_fa::DeviceRule rule("moe_token_permute");
+  rule.device_tensor("tokens", tokens);
+  rule.device_tensor("indices", indices);
   return npu_fa::moe_token_permute_cpu(npu_fa::MoeTokenPermuteArgs{tokens, indices, num_out_tokens, padded_mode});
 }
 
 at::Tensor moe_token_permute_grad_cpu_unboxed(const at::Tensor& grad_permuted_tokens, const at::Tensor& sorted_indices, const at::Tensor& indices) {
+  npu_fa::DeviceRule rule("moe_token_permute_grad");
+  rule.device_tensor("grad_permuted_tokens", grad_permuted_tokens);
+  rule.device_tensor("sorted_indices", sorted_indices);
+  rule.device_tensor("indices", indices);
   return npu_fa::moe_token_permute_grad_cpu(npu_fa::MoeTokenPermuteGradArgs{grad_permuted_tokens, sorted_indices, indices});
 }
 
 at::Tensor moe_token_unpermute_cpu_unboxed(const at::Tensor& permuted_tokens, const at::Tensor& sorted_indices, const std::optional<at::Tensor>& probs, bool padded_mode, at::OptionalIntArrayRef restore_shape) {
+  npu_fa::DeviceRule rule("moe_token_unpermute");
+  rule.device_tensor("permuted_tokens", permuted_tokens);
+  rule.device_tensor("sorted_indices", sorted_indices);
+  rule.device_tensor("probs", probs);
   return npu_fa::moe_token_unpermute_cpu(npu_fa::MoeTokenUnpermuteArgs{permuted_tokens, sorted_indices, probs, padded_mode, restore_shape});
 }
 
 std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu_unboxed(const at::Tensor& permuted_tokens, const at::Tensor& grad_unpermuted_tokens, const at::Tensor& sorted_indices, const std::optional<at::Tensor>& probs, bool padded_mode, at::OptionalIntArrayRef restore_shape) {
+  npu_fa::DeviceRule rule("moe_token_unpermute_grad");
+  rule.device_tensor("permuted_tokens", permuted_tokens);
+  rule.device_tensor("grad_unpermuted_tokens", grad_unpermuted_tokens);
+  rule.device_tensor("sorted_indices", sorted_indices);
+  rule.device_tensor("probs", probs);
   return npu_fa::moe_token_unpermute_grad_cpu(npu_fa::MoeTokenUnpermuteGradArgs{permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape});
 }
 

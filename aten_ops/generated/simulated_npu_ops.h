@@ -2,6 +2,7 @@
 
 #pragma once
 #include <array>
+#include <string_view>
 
 namespace npu_fa {
 
@@ -33,5 +34,15 @@ inline constexpr std::array<const char*, 23> kSimulatedNpuCpuKernelOps = {
     "moe_token_unpermute",
     "moe_token_unpermute_grad",
 };
+
+// native_functions.yaml's host_tensors: arguments that may stay on the CPU next to npu tensors
+// (`op` as the schema names it, "npu_fa::<name>").
+inline bool is_host_tensor(std::string_view op, std::string_view arg) {
+  if (op == "npu_fa::prompt_flash_attention") return arg == "actual_seq_lengths" || arg == "actual_seq_lengths_kv";
+  if (op == "npu_fa::fused_infer_attention_score") return arg == "actual_seq_lengths" || arg == "actual_seq_lengths_kv";
+  if (op == "npu_fa::grouped_matmul") return arg == "group_list";
+  if (op == "npu_fa::grouped_matmul_grad") return arg == "group_list";
+  return false;
+}
 
 }  // namespace npu_fa

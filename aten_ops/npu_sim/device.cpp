@@ -175,11 +175,11 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { at:
 
 void check_device(const c10::OperatorHandle& op, const c10::Argument& arg, const at::Tensor& t,
                   std::optional<c10::Device>& device) {
-  // 0-dim CPU tensors are host scalars (seed, offset), accepted next to device tensors as PyTorch does.
-  if (!t.defined() || (t.dim() == 0 && t.device().is_cpu())) return;
+  // The op's host_tensors (native_functions.yaml: lengths read on the host) may stay on the CPU.
+  if (!t.defined() || (t.device().is_cpu() && npu_fa::is_host_tensor(op.schema().name(), arg.name()))) return;
   if (!device) device = t.device();
-  TORCH_CHECK(t.device() == *device, op.schema().name(), ": argument '", arg.name(), "' must be on ", *device,
-              " like the op's first tensor; got a tensor on ", t.device());
+  TORCH_CHECK_VALUE(t.device() == *device, op.schema().name(), ": argument '", arg.name(), "' must be on device ",
+                    *device, " like the op's first tensor; got a tensor on device ", t.device());
 }
 
 void run_cpu_kernel_on_sim(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

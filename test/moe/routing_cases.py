@@ -15,9 +15,10 @@ def _gating(shape, k, finished=False, grad=True, dtype=torch.float32):
     return make
 
 
-def _gating_v2(renorm, flag):
+def _gating_v2(renorm, flag, finished=False):
     def make():
-        return (torch.randn(6, 8, requires_grad=True), None, 3, renorm, flag), {}
+        done = torch.tensor([False, True, False, False, True, False]) if finished else None
+        return (torch.randn(6, 8, requires_grad=True), done, 3, renorm, flag), {}
     return make
 
 
@@ -115,7 +116,8 @@ def _unpermute(with_probs, grad=False):
 OPCHECK_CASES = {
     "moe_gating_top_k_softmax": {"2d_k1": _gating((7, 5), 1), "3d_finished": _gating((2, 3, 6), 3, True),
                                  "bf16_k_eq_e": _gating((4, 4), 4, dtype=torch.bfloat16)},
-    "moe_gating_top_k_softmax_v2": {"renorm0_softmax": _gating_v2(0, True), "renorm1": _gating_v2(1, False)},
+    "moe_gating_top_k_softmax_v2": {"renorm0_softmax": _gating_v2(0, True), "renorm1": _gating_v2(1, False),
+                                    "finished": _gating_v2(0, False, finished=True)},
     "moe_gating_top_k_softmax_grad": {"renorm0": _gating_grad(0), "renorm1": _gating_grad(1)},
     "moe_gating_top_k": {"sigmoid_top2sum": _group(1, 1, 4, 2, True), "softmax_max": _group(0, 0, 4, 1, False),
                          "no_groups": _group(1, 0, 1, 1, False)},

@@ -179,10 +179,30 @@ def case_mixed_devices_rejected():
     q, k, v = (t.detach() for t in _fa_inputs("npu"))
     try:
         torch.ops.npu_fa.flash_attention_score(q, k.cpu(), v, 4, "BSND")
-    except RuntimeError as e:
-        assert "argument 'key' must be on npu:0" in str(e), str(e)
+    except ValueError as e:
+        assert "argument 'key' must be on device npu:0" in str(e), str(e)
     else:
         raise AssertionError("a cpu key with an npu query was accepted")
+
+
+def case_host_lengths_may_stay_on_the_cpu():
+    """actual_seq_lengths is a host tensor of prompt_flash_attention (native_functions.yaml host_tensors): a CPU
+    tensor next to npu inputs is accepted; a CPU mask (not a host tensor) is not."""
+    _sim()
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(2, 6, 32, generator=g) for _ in range(3))
+    lens = torch.tensor([3, 6])
+    kw = dict(actual_seq_lengths=lens, num_heads=2, scale_value=0.25, input_layout="BSH")
+    ref = torch.ops.npu_fa.prompt_flash_attention(q, k, v, **kw)
+    got = torch.ops.npu_fa.prompt_flash_attention(q.npu(), k.npu(), v.npu(), **kw)
+    assert got.device.type == "npu" and torch.equal(got.cpu(), ref)
+    try:
+        torch.ops.npu_fa.prompt_flash_attention(q.npu(), k.npu(), v.npu(), atten_mask=torch.ones(6, 6, dtype=torch.bool),
+                                                sparse_mode=1, num_heads=2, input_layout="BSH")
+    except ValueError as e:
+        assert "argument 'atten_mask' must be on device npu:0" in str(e), str(e)
+    else:
+        raise AssertionError("a cpu atten_mask with npu inputs was accepted")
 
 
 def case_enable_is_idempotent():

@@ -1,7 +1,8 @@
 """The zero-size rule for every op of native_functions.yaml with tensor arguments: a call with an empty batch, an
 empty sequence or all-zero lengths returns the documented empty (or zero) result and never raises or crashes. The
 ops come from the YAML; the calls from zero_size_cases.py, each run in its own process so a crash (SIGFPE, SIGSEGV)
-fails that case instead of ending pytest."""
+fails that case instead of ending pytest. Ops with an npu kernel of their own run the same calls on the simulated
+npu too."""
 import json
 import subprocess
 import sys
@@ -36,12 +37,31 @@ def batch():
     return {(d["op"], d["case"]): d for d in map(json.loads, r.stdout.splitlines()) if d}
 
 
-@pytest.mark.parametrize("op,case", PARAMS)
-def test_zero_size(op, case, batch):
+def _check(op, case, batch, *device):
     got = batch.get((op, case))
     if got is None:  # the batch process died at or before this case: run it alone to see how
-        r = _run(op, case)
+        r = _run(*device, op, case)
         assert r.returncode == 0, f"{op} ({case}) failed with exit code {r.returncode}:\n{r.stderr[-2000:]}"
         got = {"shapes": json.loads(r.stdout.strip().splitlines()[-1])}
     assert "error" not in got, f"{op} ({case}) raised {got.get('error')}"
     assert got["shapes"] == zero_size_cases.expected(op, case)
+
+
+@pytest.mark.parametrize("op,case", PARAMS)
+def test_zero_size(op, case, batch):
+    _check(op, case, batch)
+
+
+@pytest.fixture(scope="module")
+def npu_batch():
+    r = _run("--device", "npu", "--all")
+    return {(d["op"], d["case"]): d for d in map(json.loads, r.stdout.splitlines()) if d}
+
+
+NPU_PARAMS = [p for p in PARAMS if "PrivateUse1" in next(op.dispatch for op in YAML_OPS if op.name == p.values[0])]
+
+
+@pytest.mark.parametrize("op,case", NPU_PARAMS)
+def test_zero_size_on_the_npu_kernels(op, case, npu_batch):
+    """The same calls on the simulated npu, for the ops with an npu kernel of their own (Ascend C)."""
+    _check(op, case, npu_batch, "--device", "npu")

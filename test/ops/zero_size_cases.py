@@ -125,13 +125,26 @@ def _shapes(result):
     return [[list(t.shape) for t in r] if isinstance(r, (list, tuple)) else list(r.shape) for r in result]
 
 
-def run(op: str, case: str):
-    """Calls one case; returns the result's shapes (lists)."""
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def run(op: str, case: str, device: str = "cpu"):
+    """Calls one case with its tensors on `device` ("npu": the simulated npu, where ops with an npu kernel run their
+    Ascend C kernel); returns the result's shapes (lists)."""
     import torch_ops_transformer  # noqa: F401  (registers the ops)
 
+    if device == "npu":
+        torch_ops_transformer.npu_sim.enable()
     build, _ = CASES[op][case]
     args, kwargs = build()
-    result = getattr(OPS, op)(*args, **kwargs)
+    result = getattr(OPS, op)(*_to(args, device), **_to(kwargs, device))
     return _shapes(result)
 
 
@@ -144,14 +157,17 @@ def expected(op: str, case: str):
 
 def main(argv):
     """`<op> <case>` runs one case; `--all` runs every case, one JSON line {op, case, shapes | error} each, flushed
-    as it goes so the lines before a crash survive it."""
+    as it goes so the lines before a crash survive it. `--device npu` first: the same on the simulated npu."""
+    device = "cpu"
+    if argv[0] == "--device":
+        device, argv = argv[1], argv[2:]
     if argv[0] != "--all":
-        print(json.dumps(run(argv[0], argv[1])))
+        print(json.dumps(run(argv[0], argv[1], device)))
         return
     for op, cases in CASES.items():
         for case in cases:
             try:
-                line = {"op": op, "case": case, "shapes": run(op, case)}
+                line = {"op": op, "case": case, "shapes": run(op, case, device)}
             except Exception as e:  # reported per case by the test
                 line = {"op": op, "case": case, "error": f"{type(e).__name__}: {e}"}
             print(json.dumps(line), flush=True)

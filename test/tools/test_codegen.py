@@ -1,5 +1,5 @@
-"""The generator (tools/codegen): checked-in files are fresh, the YAML model rejects bad entries, and the C++
-emitter writes device-checked PrivateUse1 wrappers."""
+"""The generator (tools/codegen): checked-in files are fresh, the YAML model rejects bad entries, and every wrapper
+it writes applies the device rule (host_tensors excepted) and, for written tensors, the overlap rule."""
 import textwrap
 
 import pytest
@@ -87,10 +87,10 @@ def test_privateuse1_wrapper_checks_devices(tmp_path):
     text = gen_cpp.render(load(_write(tmp_path, PRIVATEUSE1)))["aten_ops/generated/register_ops.cpp"]
     assert ("at::Tensor dev_op_npu_privateuse1(const at::Tensor& a, const std::optional<at::Tensor>& b, "
             "const at::Tensor& c, int64_t k)") in text
-    assert "const c10::Device device = a.device();" in text
-    assert 'if (b.has_value()) check_same_device("dev_op", "b", *b, device);' in text
-    assert 'check_same_device("dev_op", "c", c, device);' in text
-    assert "const c10::DeviceGuard guard(device);" in text
+    assert 'npu_fa::DeviceRule rule("dev_op");' in text
+    for arg in "abc":
+        assert f'rule.device_tensor("{arg}", {arg});' in text
+    assert "const c10::DeviceGuard guard(rule.device());" in text
     assert "return npu_fa::dev_op_npu(npu_fa::DevOpArgs{a, b, c, k});" in text
     assert "TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m)" in text
     assert 'm.impl("dev_op", TORCH_FN(dev_op_npu_privateuse1));' in text
@@ -99,6 +99,49 @@ def test_privateuse1_wrapper_checks_devices(tmp_path):
     header = gen_cpp.render(load(_write(tmp_path, PRIVATEUSE1)))["aten_ops/generated/kernels.h"]
     assert "at::Tensor dev_op_npu(const DevOpArgs& args);" in header
     assert "at::Tensor dev_op_cpu(const DevOpArgs& args);" in header
+
+
+RULES = """
+- func: write_op(Tensor(a!) w1, Tensor(b!) w2, Tensor r, Tensor? lens=None) -> ()
+  dispatch:
+    CPU: write_op_cpu
+  fake: pkg.fake:write_op
+  host_tensors: [lens]
+"""
+
+
+def _cpu_wrapper_body(text: str, name: str) -> str:
+    start = text.index(f"void {name}_cpu_unboxed(")
+    return text[start:text.index("\n}\n", start)]
+
+
+def test_every_wrapper_applies_the_device_and_overlap_rules(tmp_path):
+    """Device rule for every tensor (host_tensors may stay on the CPU), in the CPU wrapper and the fake binding;
+    self-overlap for every written tensor and overlap for every (written, other) pair, each pair once."""
+    specs = load(_write(tmp_path, RULES))
+    body = _cpu_wrapper_body(gen_cpp.render(specs)["aten_ops/generated/register_ops.cpp"], "write_op")
+    assert [line.strip() for line in body.splitlines()[1:]] == [
+        'npu_fa::DeviceRule rule("write_op");',
+        'rule.device_tensor("w1", w1);', 'rule.device_tensor("w2", w2);', 'rule.device_tensor("r", r);',
+        'rule.host_tensor("lens", lens);',
+        'npu_fa::check_no_self_overlap("write_op", "w1", w1);',
+        'npu_fa::check_no_overlap("write_op", "w1", w1, "w2", w2);',
+        'npu_fa::check_no_overlap("write_op", "w1", w1, "r", r);',
+        'npu_fa::check_no_overlap("write_op", "w1", w1, "lens", lens);',
+        'npu_fa::check_no_self_overlap("write_op", "w2", w2);',
+        'npu_fa::check_no_overlap("write_op", "w2", w2, "r", r);',
+        'npu_fa::check_no_overlap("write_op", "w2", w2, "lens", lens);',
+        "return npu_fa::write_op_cpu(npu_fa::WriteOpArgs{w1, w2, r, lens});"]
+    py = gen_python.render(specs)["torch_ops_transformer/_generated/registrations.py"]
+    assert "check_devices('write_op', a._asdict().items(), host=('lens',))" in py
+
+
+@pytest.mark.parametrize("host,message", [("[nope]", "'nope', which is not a tensor argument"),
+                                          ("[w1]", "cannot name 'w1', a tensor the op writes"),
+                                          ("[w1, w2, r, lens]", "cannot name 'w1'")])
+def test_model_rejects_bad_host_tensors(tmp_path, host, message):
+    with pytest.raises(SpecError, match=message):
+        load(_write(tmp_path, RULES.replace("[lens]", host)))
 
 
 def test_cpu_only_yaml_has_no_privateuse1_block(tmp_path):
@@ -110,7 +153,7 @@ def test_cpu_only_yaml_has_no_privateuse1_block(tmp_path):
 def test_python_registrations_follow_the_yaml(tmp_path):
     text = gen_python.render(load(_write(tmp_path, VALID)))["torch_ops_transformer/_generated/registrations.py"]
     assert 'torch.library.register_fake("npu_fa::my_op", _fake_my_op)' in text
-    assert "return _fake_kernel('pkg.fake', 'my_op')(MyOpArgs(x, y, n))" in text
+    assert "a = MyOpArgs(x, y, n)" in text and "return _fake_kernel('pkg.fake', 'my_op')(a)" in text
     assert 'torch.library.register_autograd("npu_fa::my_op", _backward_my_op, setup_context=_setup_my_op)' in text
     assert "ctx.mark_non_differentiable(aux)" in text
     assert "grads[0] if _needs_grad(ctx, 0) else None,  # x" in text

@@ -53,7 +53,7 @@ def test_new_optional_argument_reaches_struct_wrappers_and_fake_binding(tmp_path
                for a in added)
     assert any(a.startswith("def _fake_flash_attention_score(") and a.endswith("offset=None, window=0):")
                for a in added)
-    assert any("(FlashAttentionScoreArgs(" in a and a.endswith("offset, window))") for a in added)
+    assert any("= FlashAttentionScoreArgs(" in a and a.endswith("offset, window)") for a in added)
     # autograd: setup_context unpacks every input; the new argument gets no gradient
     assert any(a.endswith("offset, window,) = inputs") for a in added)
     assert "        None,  # window" in added

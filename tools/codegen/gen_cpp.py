@@ -100,37 +100,40 @@ def _declarations(specs: List[OpSpec]) -> str:
     return "\n".join(lines)
 
 
-def _device_checked_wrapper(spec: OpSpec, fn: str) -> List[str]:
-    """PrivateUse1 wrappers pin the device of the first tensor and reject tensors on other devices."""
-    tensors = [a for a in spec.arguments if str(a.type) in ("Tensor", "Tensor?")]
-    first = tensors[0]
-    dev = f"{first.name}.device()" if str(first.type) == "Tensor" else f"{first.name}->device()"
-    out = [f"{return_type(spec.schema)} {fn}_privateuse1({params(spec)}) {{",
-           f"  const c10::Device device = {dev};"]
-    for a in tensors[1:]:
-        if str(a.type) == "Tensor":
-            out.append(f'  check_same_device("{spec.name}", "{a.name}", {a.name}, device);')
-        else:
-            out.append(f'  if ({a.name}.has_value()) check_same_device("{spec.name}", "{a.name}", *{a.name}, device);')
-    out += ["  const c10::DeviceGuard guard(device);",
-            f"  return {NAMESPACE}::{fn}({NAMESPACE}::{_build_args(spec)});", "}", ""]
+def _argument_checks(spec: OpSpec) -> List[str]:
+    """The device rule (host_tensors may stay on the CPU) and the overlap rule for written tensors, as C++ lines;
+    `rule` pins the op's device (aten_ops/common/argument_rules.h)."""
+    op = spec.name
+    tensors = spec.tensor_arguments
+    out = [f'  {NAMESPACE}::DeviceRule rule("{op}");']
+    out += [f'  rule.device_tensor("{a.name}", {a.name});' for a in tensors if a.name not in spec.host_tensors]
+    out += [f'  rule.host_tensor("{a.name}", {a.name});' for a in tensors if a.name in spec.host_tensors]
+    written = spec.written_arguments
+    for i, w in enumerate(written):
+        out.append(f'  {NAMESPACE}::check_no_self_overlap("{op}", "{w.name}", {w.name});')
+        for o in tensors:
+            if o.name == w.name or o in written[:i]:
+                continue  # a pair of written tensors is checked once
+            out.append(f'  {NAMESPACE}::check_no_overlap("{op}", "{w.name}", {w.name}, "{o.name}", {o.name});')
     return out
 
 
+def _device_checked_wrapper(spec: OpSpec, fn: str) -> List[str]:
+    """PrivateUse1 wrappers apply the argument rules and make the op's device current."""
+    return [f"{return_type(spec.schema)} {fn}_privateuse1({params(spec)}) {{", *_argument_checks(spec),
+            "  const c10::DeviceGuard guard(rule.device());",
+            f"  return {NAMESPACE}::{fn}({NAMESPACE}::{_build_args(spec)});", "}", ""]
+
+
 def _cpu_wrapper(spec: OpSpec, fn: str) -> List[str]:
-    """CPU kernels get the argument struct built from the unboxed arguments."""
-    return [f"{return_type(spec.schema)} {fn}_unboxed({params(spec)}) {{",
+    """CPU wrappers apply the argument rules and pass the kernel the argument struct."""
+    return [f"{return_type(spec.schema)} {fn}_unboxed({params(spec)}) {{", *_argument_checks(spec),
             f"  return {NAMESPACE}::{fn}({NAMESPACE}::{_build_args(spec)});", "}", ""]
 
 
 def _registrations(specs: List[OpSpec]) -> str:
-    lines = [HEADER, '#include "kernels.h"', "", "#include <c10/core/DeviceGuard.h>", "#include <torch/library.h>", "",
-             "namespace {", "",
-             "[[maybe_unused]] void check_same_device(const char* op, const char* arg, const at::Tensor& t,",
-             "                                        const c10::Device& device) {",
-             "  TORCH_CHECK(t.device() == device, op, \": argument '\", arg, \"' must be on \", device,",
-             "              \" like the op's first tensor; got a tensor on \", t.device());",
-             "}", ""]
+    lines = [HEADER, '#include "kernels.h"', "", '#include "common/argument_rules.h"', "",
+             "#include <c10/core/DeviceGuard.h>", "#include <torch/library.h>", "", "namespace {", ""]
     for s in specs:
         if "CPU" in s.dispatch:
             lines += _cpu_wrapper(s, s.dispatch["CPU"])
@@ -163,14 +166,22 @@ def simulated_npu_cpu_kernel_ops(specs: List[OpSpec]) -> List[str]:
 
 def _simulated_ops_header(specs: List[OpSpec]) -> str:
     names = simulated_npu_cpu_kernel_ops(specs)
-    lines = [HEADER, "#pragma once", "#include <array>", "",
+    lines = [HEADER, "#pragma once", "#include <array>", "#include <string_view>", "",
              f"namespace {NAMESPACE} {{", "",
              "// Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel",
              "// and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On",
              "// CANN builds these have no npu kernel yet.",
              f"inline constexpr std::array<const char*, {len(names)}> kSimulatedNpuCpuKernelOps = {{"]
     lines += [f'    "{n}",' for n in names]
-    lines += ["};", "", f"}}  // namespace {NAMESPACE}", ""]
+    lines += ["};", "",
+              "// native_functions.yaml's host_tensors: arguments that may stay on the CPU next to npu tensors",
+              f"// (`op` as the schema names it, \"{NAMESPACE}::<name>\").",
+              "inline bool is_host_tensor(std::string_view op, std::string_view arg) {"]
+    for s in specs:
+        if s.name in names and s.host_tensors:
+            cond = " || ".join(f'arg == "{h}"' for h in s.host_tensors)
+            lines.append(f'  if (op == "{NAMESPACE}::{s.name}") return {cond};')
+    lines += ["  return false;", "}", "", f"}}  // namespace {NAMESPACE}", ""]
     return "\n".join(lines)
 
 

@@ -99,14 +99,17 @@ def _fake_binding(spec: OpSpec, module: str, fn: str) -> List[str]:
     cls = args_class(spec)
     return [f"{cls} = collections.namedtuple({cls!r}, {names!r})", "", "",
             f"def _fake_{spec.name}({', '.join(sig)}):",
-            f"    return _fake_kernel({module!r}, {fn!r})({cls}({', '.join(names)}))", "", ""]
+            f"    a = {cls}({', '.join(names)})",
+            f"    check_devices({spec.name!r}, a._asdict().items(), host={tuple(spec.host_tensors)!r})",
+            f"    return _fake_kernel({module!r}, {fn!r})(a)", "", ""]
 
 
 def render(specs: List[OpSpec]) -> dict:
     by_name = {s.name: s for s in specs}
     modules = sorted({s.fake.split(":")[0] for s in specs if s.fake})
     lines = [HEADER + '"""Fake kernels and autograd formulas of every op, wired from native_functions.yaml."""',
-             "import collections", "import importlib", "", "import torch", "", "",
+             "import collections", "import importlib", "", "import torch", "",
+             "from torch_ops_transformer._args import check_devices", "", "",
              "OpInfo = collections.namedtuple(\"OpInfo\", [\"doc\", \"dispatch_keys\", \"differentiable\", \"opcheck\"])",
              "OpInfo.__doc__ = (\"One op of native_functions.yaml: its user doc, the dispatch keys it has kernels for, whether \"",
              "                  \"it has an autograd formula, and whether test/ops/test_opcheck.py opchecks it.\")",

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import yaml
 from torchgen.model import Argument, FunctionSchema
 
 NAMESPACE = "npu_fa"
 DISPATCH_KEYS = ("CPU", "PrivateUse1", "CatchAll")
-ENTRY_KEYS = {"func", "doc", "dispatch", "fake", "autograd", "opcheck"}
+ENTRY_KEYS = {"func", "doc", "dispatch", "fake", "autograd", "opcheck", "host_tensors"}
 AUTOGRAD_KEYS = {"backward", "differentiable_outputs", "gradients"}
 
 
@@ -45,6 +45,17 @@ class OpSpec:
     fake: Optional[str]
     autograd: Optional[Autograd]
     opcheck: bool
+    host_tensors: Tuple[str, ...] = ()   # tensor arguments that may stay on the host (CPU) on any device
+
+    @property
+    def tensor_arguments(self) -> List[Argument]:
+        """Arguments of type Tensor, Tensor? or Tensor[] (the ones the device rule applies to)."""
+        return [a for a in self.arguments if a.type.is_tensor_like()]
+
+    @property
+    def written_arguments(self) -> List[Argument]:
+        """Tensors the op writes in place (annotated Tensor(a!) in the schema)."""
+        return [a for a in self.arguments if a.annotation is not None and a.annotation.is_write]
 
     @property
     def name(self) -> str:
@@ -137,7 +148,20 @@ def _parse_entry(index: int, entry: dict) -> OpSpec:
             gradients={str(k): int(v) for k, v in (ag.get("gradients") or {}).items()},
         )
     return OpSpec(schema, entry["func"], " ".join(str(entry.get("doc", "")).split()), dispatch, fake,
-                  autograd, bool(entry.get("opcheck", True)))
+                  autograd, bool(entry.get("opcheck", True)), _host_tensors(name, schema, entry))
+
+
+def _host_tensors(name: str, schema: FunctionSchema, entry: dict) -> Tuple[str, ...]:
+    host = entry.get("host_tensors") or []
+    tensors = {a.name: a for a in schema.arguments.flat_all if a.type.is_tensor_like()}
+    for h in host:
+        if h not in tensors:
+            raise SpecError(f"{name}: host_tensors names {h!r}, which is not a tensor argument of the op")
+        if tensors[h].annotation is not None and tensors[h].annotation.is_write:
+            raise SpecError(f"{name}: host_tensors cannot name {h!r}, a tensor the op writes")
+    if host and len(host) == len(tensors):
+        raise SpecError(f"{name}: host_tensors cannot name every tensor argument (the op needs one on its device)")
+    return tuple(host)
 
 
 def _check_autograd(spec: OpSpec, by_name: Dict[str, OpSpec]) -> None:

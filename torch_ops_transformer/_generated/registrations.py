@@ -5,6 +5,8 @@ import importlib
 
 import torch
 
+from torch_ops_transformer._args import check_devices
+
 
 OpInfo = collections.namedtuple("OpInfo", ["doc", "dispatch_keys", "differentiable", "opcheck"])
 OpInfo.__doc__ = ("One op of native_functions.yaml: its user doc, the dispatch keys it has kernels for, whether "
@@ -89,259 +91,333 @@ FlashAttentionScoreArgs = collections.namedtuple('FlashAttentionScoreArgs', ['qu
 
 
 def _fake_flash_attention_score(query, key, value, head_num, input_layout, pse=None, atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None):
-    return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score')(FlashAttentionScoreArgs(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset))
+    a = FlashAttentionScoreArgs(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset)
+    check_devices('flash_attention_score', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen', 'seed', 'offset'))
+    return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score')(a)
 
 
 FlashAttentionScoreGradArgs = collections.namedtuple('FlashAttentionScoreGradArgs', ['query', 'key', 'value', 'dy', 'head_num', 'input_layout', 'pse', 'atten_mask', 'softmax_max', 'softmax_sum', 'attention_in', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset'])
 
 
 def _fake_flash_attention_score_grad(query, key, value, dy, head_num, input_layout, *, pse=None, atten_mask=None, softmax_max, softmax_sum, attention_in, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None):
-    return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score_grad')(FlashAttentionScoreGradArgs(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset))
+    a = FlashAttentionScoreGradArgs(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset)
+    check_devices('flash_attention_score_grad', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen', 'seed', 'offset'))
+    return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score_grad')(a)
 
 
 DropoutGenMaskArgs = collections.namedtuple('DropoutGenMaskArgs', ['seed', 'offset', 'rows', 'cols', 'keep_prob'])
 
 
 def _fake_dropout_gen_mask(seed, offset, rows, cols, keep_prob):
-    return _fake_kernel('torch_ops_transformer.fake.attention', 'dropout_gen_mask')(DropoutGenMaskArgs(seed, offset, rows, cols, keep_prob))
+    a = DropoutGenMaskArgs(seed, offset, rows, cols, keep_prob)
+    check_devices('dropout_gen_mask', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.attention', 'dropout_gen_mask')(a)
 
 
 RotaryPositionEmbeddingArgs = collections.namedtuple('RotaryPositionEmbeddingArgs', ['x', 'cos', 'sin', 'mode'])
 
 
 def _fake_rotary_position_embedding(x, cos, sin, mode=0):
-    return _fake_kernel('torch_ops_transformer.fake.rope', 'rotary_position_embedding')(RotaryPositionEmbeddingArgs(x, cos, sin, mode))
+    a = RotaryPositionEmbeddingArgs(x, cos, sin, mode)
+    check_devices('rotary_position_embedding', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.rope', 'rotary_position_embedding')(a)
 
 
 RotaryPositionEmbeddingGradArgs = collections.namedtuple('RotaryPositionEmbeddingGradArgs', ['grad', 'cos', 'sin', 'x', 'mode'])
 
 
 def _fake_rotary_position_embedding_grad(grad, cos, sin, x, mode=0):
-    return _fake_kernel('torch_ops_transformer.fake.rope', 'rotary_position_embedding_grad')(RotaryPositionEmbeddingGradArgs(grad, cos, sin, x, mode))
+    a = RotaryPositionEmbeddingGradArgs(grad, cos, sin, x, mode)
+    check_devices('rotary_position_embedding_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.rope', 'rotary_position_embedding_grad')(a)
 
 
 ApplyRotaryPosEmbArgs = collections.namedtuple('ApplyRotaryPosEmbArgs', ['query', 'key', 'cos', 'sin', 'layout', 'rotary_mode'])
 
 
 def _fake_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
-    return _fake_kernel('torch_ops_transformer.fake.rope', 'apply_rotary_pos_emb')(ApplyRotaryPosEmbArgs(query, key, cos, sin, layout, rotary_mode))
+    a = ApplyRotaryPosEmbArgs(query, key, cos, sin, layout, rotary_mode)
+    check_devices('apply_rotary_pos_emb', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.rope', 'apply_rotary_pos_emb')(a)
 
 
 RopeWithSinCosCacheArgs = collections.namedtuple('RopeWithSinCosCacheArgs', ['positions', 'query', 'key', 'cos_sin_cache', 'head_size', 'is_neox_style'])
 
 
 def _fake_rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, is_neox_style=True):
-    return _fake_kernel('torch_ops_transformer.fake.rope', 'rope_with_sin_cos_cache')(RopeWithSinCosCacheArgs(positions, query, key, cos_sin_cache, head_size, is_neox_style))
+    a = RopeWithSinCosCacheArgs(positions, query, key, cos_sin_cache, head_size, is_neox_style)
+    check_devices('rope_with_sin_cos_cache', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.rope', 'rope_with_sin_cos_cache')(a)
 
 
 ScatterPaKvCacheArgs = collections.namedtuple('ScatterPaKvCacheArgs', ['key', 'value', 'key_cache', 'value_cache', 'slot_mapping', 'cache_layout'])
 
 
 def _fake_scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_layout="BSND"):
-    return _fake_kernel('torch_ops_transformer.fake.kv_cache', 'scatter_pa_kv_cache')(ScatterPaKvCacheArgs(key, value, key_cache, value_cache, slot_mapping, cache_layout))
+    a = ScatterPaKvCacheArgs(key, value, key_cache, value_cache, slot_mapping, cache_layout)
+    check_devices('scatter_pa_kv_cache', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.kv_cache', 'scatter_pa_kv_cache')(a)
 
 
 GatherPaKvCacheArgs = collections.namedtuple('GatherPaKvCacheArgs', ['key_cache', 'value_cache', 'block_table', 'seq_lens', 'cache_layout'])
 
 
 def _fake_gather_pa_kv_cache(key_cache, value_cache, block_table, seq_lens, cache_layout="BSND"):
-    return _fake_kernel('torch_ops_transformer.fake.kv_cache', 'gather_pa_kv_cache')(GatherPaKvCacheArgs(key_cache, value_cache, block_table, seq_lens, cache_layout))
+    a = GatherPaKvCacheArgs(key_cache, value_cache, block_table, seq_lens, cache_layout)
+    check_devices('gather_pa_kv_cache', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.kv_cache', 'gather_pa_kv_cache')(a)
 
 
 PromptFlashAttentionArgs = collections.namedtuple('PromptFlashAttentionArgs', ['query', 'key', 'value', 'padding_mask', 'atten_mask', 'pse_shift', 'actual_seq_lengths', 'actual_seq_lengths_kv', 'num_heads', 'scale_value', 'pre_tokens', 'next_tokens', 'input_layout', 'num_key_value_heads', 'sparse_mode', 'inner_precise'])
 
 
 def _fake_prompt_flash_attention(query, key, value, padding_mask=None, atten_mask=None, pse_shift=None, actual_seq_lengths=None, actual_seq_lengths_kv=None, num_heads=1, scale_value=1.0, pre_tokens=2147483647, next_tokens=0, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=1):
-    return _fake_kernel('torch_ops_transformer.fake.inference', 'prompt_flash_attention')(PromptFlashAttentionArgs(query, key, value, padding_mask, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise))
+    a = PromptFlashAttentionArgs(query, key, value, padding_mask, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise)
+    check_devices('prompt_flash_attention', a._asdict().items(), host=('actual_seq_lengths', 'actual_seq_lengths_kv'))
+    return _fake_kernel('torch_ops_transformer.fake.inference', 'prompt_flash_attention')(a)
 
 
 FusedInferAttentionScoreArgs = collections.namedtuple('FusedInferAttentionScoreArgs', ['query', 'key', 'value', 'pse_shift', 'atten_mask', 'actual_seq_lengths', 'actual_seq_lengths_kv', 'block_table', 'num_heads', 'scale', 'pre_tokens', 'next_tokens', 'input_layout', 'num_key_value_heads', 'sparse_mode', 'inner_precise', 'block_size', 'softmax_lse_flag'])
 
 
 def _fake_fused_infer_attention_score(query, key, value, pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0, softmax_lse_flag=False):
-    return _fake_kernel('torch_ops_transformer.fake.inference', 'fused_infer_attention_score')(FusedInferAttentionScoreArgs(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag))
+    a = FusedInferAttentionScoreArgs(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag)
+    check_devices('fused_infer_attention_score', a._asdict().items(), host=('actual_seq_lengths', 'actual_seq_lengths_kv'))
+    return _fake_kernel('torch_ops_transformer.fake.inference', 'fused_infer_attention_score')(a)
 
 
 AttentionUpdateArgs = collections.namedtuple('AttentionUpdateArgs', ['lse', 'out'])
 
 
 def _fake_attention_update(lse, out):
-    return _fake_kernel('torch_ops_transformer.fake.inference', 'attention_update')(AttentionUpdateArgs(lse, out))
+    a = AttentionUpdateArgs(lse, out)
+    check_devices('attention_update', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.inference', 'attention_update')(a)
 
 
 AttentionUpdateGradArgs = collections.namedtuple('AttentionUpdateGradArgs', ['lse', 'out', 'softmax_lse', 'attention_out', 'grad_attention_out', 'grad_softmax_lse'])
 
 
 def _fake_attention_update_grad(lse, out, softmax_lse, attention_out, grad_attention_out, grad_softmax_lse):
-    return _fake_kernel('torch_ops_transformer.fake.inference', 'attention_update_grad')(AttentionUpdateGradArgs(lse, out, softmax_lse, attention_out, grad_attention_out, grad_softmax_lse))
+    a = AttentionUpdateGradArgs(lse, out, softmax_lse, attention_out, grad_attention_out, grad_softmax_lse)
+    check_devices('attention_update_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.inference', 'attention_update_grad')(a)
 
 
 IncreFlashAttentionArgs = collections.namedtuple('IncreFlashAttentionArgs', ['query', 'key', 'value', 'atten_mask', 'pse_shift', 'actual_seq_lengths', 'block_table', 'kv_padding_size', 'num_heads', 'scale_value', 'input_layout', 'num_key_value_heads', 'block_size', 'inner_precise'])
 
 
 def _fake_incre_flash_attention(query, key, value, atten_mask=None, pse_shift=None, actual_seq_lengths=None, block_table=None, kv_padding_size=None, num_heads=1, scale_value=1.0, input_layout="BSH", num_key_value_heads=0, block_size=0, inner_precise=1):
-    return _fake_kernel('torch_ops_transformer.fake.inference', 'incre_flash_attention')(IncreFlashAttentionArgs(query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise))
+    a = IncreFlashAttentionArgs(query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise)
+    check_devices('incre_flash_attention', a._asdict().items(), host=('actual_seq_lengths',))
+    return _fake_kernel('torch_ops_transformer.fake.inference', 'incre_flash_attention')(a)
 
 
 AllGatherMatmulArgs = collections.namedtuple('AllGatherMatmulArgs', ['x1', 'x2', 'group_name', 'world_size', 'bias', 'gather_index', 'gather_output', 'chunks'])
 
 
 def _fake_all_gather_matmul(x1, x2, group_name, world_size, bias=None, gather_index=0, gather_output=True, chunks=0):
-    return _fake_kernel('torch_ops_transformer.fake.mc2', 'all_gather_matmul')(AllGatherMatmulArgs(x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks))
+    a = AllGatherMatmulArgs(x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks)
+    check_devices('all_gather_matmul', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.mc2', 'all_gather_matmul')(a)
 
 
 AllGatherMatmulGradArgs = collections.namedtuple('AllGatherMatmulGradArgs', ['grad_out', 'x1', 'x2', 'gather_out', 'group_name', 'world_size', 'bias', 'chunks'])
 
 
 def _fake_all_gather_matmul_grad(grad_out, x1, x2, gather_out, group_name, world_size, bias=None, chunks=0):
-    return _fake_kernel('torch_ops_transformer.fake.mc2', 'all_gather_matmul_grad')(AllGatherMatmulGradArgs(grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks))
+    a = AllGatherMatmulGradArgs(grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks)
+    check_devices('all_gather_matmul_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.mc2', 'all_gather_matmul_grad')(a)
 
 
 MatmulReduceScatterArgs = collections.namedtuple('MatmulReduceScatterArgs', ['x1', 'x2', 'group_name', 'world_size', 'bias', 'chunks'])
 
 
 def _fake_matmul_reduce_scatter(x1, x2, group_name, world_size, bias=None, chunks=0):
-    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_reduce_scatter')(MatmulReduceScatterArgs(x1, x2, group_name, world_size, bias, chunks))
+    a = MatmulReduceScatterArgs(x1, x2, group_name, world_size, bias, chunks)
+    check_devices('matmul_reduce_scatter', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_reduce_scatter')(a)
 
 
 MatmulReduceScatterGradArgs = collections.namedtuple('MatmulReduceScatterGradArgs', ['grad_out', 'x1', 'x2', 'group_name', 'world_size', 'bias', 'chunks'])
 
 
 def _fake_matmul_reduce_scatter_grad(grad_out, x1, x2, group_name, world_size, bias=None, chunks=0):
-    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_reduce_scatter_grad')(MatmulReduceScatterGradArgs(grad_out, x1, x2, group_name, world_size, bias, chunks))
+    a = MatmulReduceScatterGradArgs(grad_out, x1, x2, group_name, world_size, bias, chunks)
+    check_devices('matmul_reduce_scatter_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_reduce_scatter_grad')(a)
 
 
 MatmulAllReduceArgs = collections.namedtuple('MatmulAllReduceArgs', ['x1', 'x2', 'group_name', 'bias', 'chunks'])
 
 
 def _fake_matmul_all_reduce(x1, x2, group_name, bias=None, chunks=0):
-    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce')(MatmulAllReduceArgs(x1, x2, group_name, bias, chunks))
+    a = MatmulAllReduceArgs(x1, x2, group_name, bias, chunks)
+    check_devices('matmul_all_reduce', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce')(a)
 
 
 MatmulAllReduceGradArgs = collections.namedtuple('MatmulAllReduceGradArgs', ['grad_out', 'x1', 'x2', 'bias'])
 
 
 def _fake_matmul_all_reduce_grad(grad_out, x1, x2, bias=None):
-    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce_grad')(MatmulAllReduceGradArgs(grad_out, x1, x2, bias))
+    a = MatmulAllReduceGradArgs(grad_out, x1, x2, bias)
+    check_devices('matmul_all_reduce_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce_grad')(a)
 
 
 MatmulAllReduceAddRmsNormArgs = collections.namedtuple('MatmulAllReduceAddRmsNormArgs', ['x1', 'x2', 'residual', 'gamma', 'group_name', 'bias', 'epsilon', 'chunks'])
 
 
 def _fake_matmul_all_reduce_add_rms_norm(x1, x2, residual, gamma, group_name, bias=None, epsilon=1e-06, chunks=0):
-    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce_add_rms_norm')(MatmulAllReduceAddRmsNormArgs(x1, x2, residual, gamma, group_name, bias, epsilon, chunks))
+    a = MatmulAllReduceAddRmsNormArgs(x1, x2, residual, gamma, group_name, bias, epsilon, chunks)
+    check_devices('matmul_all_reduce_add_rms_norm', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce_add_rms_norm')(a)
 
 
 GroupedMatmulArgs = collections.namedtuple('GroupedMatmulArgs', ['x', 'weight', 'bias', 'group_list', 'group_type', 'group_list_type', 'act_type'])
 
 
 def _fake_grouped_matmul(x, weight, bias, group_list=None, group_type=0, group_list_type=0, act_type=0):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'grouped_matmul')(GroupedMatmulArgs(x, weight, bias, group_list, group_type, group_list_type, act_type))
+    a = GroupedMatmulArgs(x, weight, bias, group_list, group_type, group_list_type, act_type)
+    check_devices('grouped_matmul', a._asdict().items(), host=('group_list',))
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'grouped_matmul')(a)
 
 
 GroupedMatmulGradArgs = collections.namedtuple('GroupedMatmulGradArgs', ['grad_out', 'x', 'weight', 'bias', 'group_list', 'act_input', 'group_type', 'group_list_type', 'act_type'])
 
 
 def _fake_grouped_matmul_grad(grad_out, x, weight, bias, group_list, act_input, group_type=0, group_list_type=0, act_type=0):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'grouped_matmul_grad')(GroupedMatmulGradArgs(grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type))
+    a = GroupedMatmulGradArgs(grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type)
+    check_devices('grouped_matmul_grad', a._asdict().items(), host=('group_list',))
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'grouped_matmul_grad')(a)
 
 
 MoeGatingTopKSoftmaxArgs = collections.namedtuple('MoeGatingTopKSoftmaxArgs', ['x', 'finished', 'k'])
 
 
 def _fake_moe_gating_top_k_softmax(x, finished=None, k=1):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k_softmax')(MoeGatingTopKSoftmaxArgs(x, finished, k))
+    a = MoeGatingTopKSoftmaxArgs(x, finished, k)
+    check_devices('moe_gating_top_k_softmax', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k_softmax')(a)
 
 
 MoeGatingTopKSoftmaxV2Args = collections.namedtuple('MoeGatingTopKSoftmaxV2Args', ['x', 'finished', 'k', 'renorm', 'output_softmax_result_flag'])
 
 
 def _fake_moe_gating_top_k_softmax_v2(x, finished=None, k=1, renorm=0, output_softmax_result_flag=False):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k_softmax_v2')(MoeGatingTopKSoftmaxV2Args(x, finished, k, renorm, output_softmax_result_flag))
+    a = MoeGatingTopKSoftmaxV2Args(x, finished, k, renorm, output_softmax_result_flag)
+    check_devices('moe_gating_top_k_softmax_v2', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k_softmax_v2')(a)
 
 
 MoeGatingTopKSoftmaxGradArgs = collections.namedtuple('MoeGatingTopKSoftmaxGradArgs', ['grad_y', 'x', 'k', 'renorm'])
 
 
 def _fake_moe_gating_top_k_softmax_grad(grad_y, x, k, renorm=0):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k_softmax_grad')(MoeGatingTopKSoftmaxGradArgs(grad_y, x, k, renorm))
+    a = MoeGatingTopKSoftmaxGradArgs(grad_y, x, k, renorm)
+    check_devices('moe_gating_top_k_softmax_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k_softmax_grad')(a)
 
 
 MoeGatingTopKArgs = collections.namedtuple('MoeGatingTopKArgs', ['x', 'k', 'bias', 'k_group', 'group_count', 'group_select_mode', 'renorm', 'norm_type', 'out_flag', 'routed_scaling_factor', 'eps'])
 
 
 def _fake_moe_gating_top_k(x, k, bias=None, k_group=1, group_count=1, group_select_mode=0, renorm=0, norm_type=0, out_flag=False, routed_scaling_factor=1.0, eps=1e-20):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k')(MoeGatingTopKArgs(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps))
+    a = MoeGatingTopKArgs(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps)
+    check_devices('moe_gating_top_k', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k')(a)
 
 
 MoeInitRoutingArgs = collections.namedtuple('MoeInitRoutingArgs', ['x', 'row_idx', 'expert_idx', 'active_num'])
 
 
 def _fake_moe_init_routing(x, row_idx, expert_idx, active_num):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_init_routing')(MoeInitRoutingArgs(x, row_idx, expert_idx, active_num))
+    a = MoeInitRoutingArgs(x, row_idx, expert_idx, active_num)
+    check_devices('moe_init_routing', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_init_routing')(a)
 
 
 MoeInitRoutingV2Args = collections.namedtuple('MoeInitRoutingV2Args', ['x', 'expert_idx', 'scale', 'offset', 'active_num', 'expert_capacity', 'expert_num', 'drop_pad_mode', 'expert_tokens_num_type', 'expert_tokens_num_flag', 'quant_mode', 'active_expert_range', 'row_idx_type'])
 
 
 def _fake_moe_init_routing_v2(x, expert_idx, scale=None, offset=None, active_num=-1, expert_capacity=-1, expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=-1, active_expert_range=(), row_idx_type=0):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_init_routing_v2')(MoeInitRoutingV2Args(x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type))
+    a = MoeInitRoutingV2Args(x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type)
+    check_devices('moe_init_routing_v2', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_init_routing_v2')(a)
 
 
 MoeInitRoutingV2GradArgs = collections.namedtuple('MoeInitRoutingV2GradArgs', ['grad_expanded_x', 'expanded_row_idx', 'x', 'expert_idx', 'row_idx_type'])
 
 
 def _fake_moe_init_routing_v2_grad(grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type=0):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_init_routing_v2_grad')(MoeInitRoutingV2GradArgs(grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type))
+    a = MoeInitRoutingV2GradArgs(grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type)
+    check_devices('moe_init_routing_v2_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_init_routing_v2_grad')(a)
 
 
 MoeComputeExpertTokensArgs = collections.namedtuple('MoeComputeExpertTokensArgs', ['sorted_expert_for_source_row', 'num_expert'])
 
 
 def _fake_moe_compute_expert_tokens(sorted_expert_for_source_row, num_expert):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_compute_expert_tokens')(MoeComputeExpertTokensArgs(sorted_expert_for_source_row, num_expert))
+    a = MoeComputeExpertTokensArgs(sorted_expert_for_source_row, num_expert)
+    check_devices('moe_compute_expert_tokens', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_compute_expert_tokens')(a)
 
 
 MoeFinalizeRoutingArgs = collections.namedtuple('MoeFinalizeRoutingArgs', ['expanded_permuted_rows', 'skip1', 'skip2', 'bias', 'scales', 'expanded_src_to_dst_row', 'export_for_source_row', 'drop_pad_mode'])
 
 
 def _fake_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode=0):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_finalize_routing')(MoeFinalizeRoutingArgs(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode))
+    a = MoeFinalizeRoutingArgs(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode)
+    check_devices('moe_finalize_routing', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_finalize_routing')(a)
 
 
 MoeFinalizeRoutingGradArgs = collections.namedtuple('MoeFinalizeRoutingGradArgs', ['grad_out', 'expanded_permuted_rows', 'skip1', 'bias', 'scales', 'expanded_src_to_dst_row', 'export_for_source_row', 'drop_pad_mode'])
 
 
 def _fake_moe_finalize_routing_grad(grad_out, expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode=0):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_finalize_routing_grad')(MoeFinalizeRoutingGradArgs(grad_out, expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode))
+    a = MoeFinalizeRoutingGradArgs(grad_out, expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode)
+    check_devices('moe_finalize_routing_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_finalize_routing_grad')(a)
 
 
 MoeTokenPermuteArgs = collections.namedtuple('MoeTokenPermuteArgs', ['tokens', 'indices', 'num_out_tokens', 'padded_mode'])
 
 
 def _fake_moe_token_permute(tokens, indices, num_out_tokens=None, padded_mode=False):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_permute')(MoeTokenPermuteArgs(tokens, indices, num_out_tokens, padded_mode))
+    a = MoeTokenPermuteArgs(tokens, indices, num_out_tokens, padded_mode)
+    check_devices('moe_token_permute', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_permute')(a)
 
 
 MoeTokenPermuteGradArgs = collections.namedtuple('MoeTokenPermuteGradArgs', ['grad_permuted_tokens', 'sorted_indices', 'indices'])
 
 
 def _fake_moe_token_permute_grad(grad_permuted_tokens, sorted_indices, indices):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_permute_grad')(MoeTokenPermuteGradArgs(grad_permuted_tokens, sorted_indices, indices))
+    a = MoeTokenPermuteGradArgs(grad_permuted_tokens, sorted_indices, indices)
+    check_devices('moe_token_permute_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_permute_grad')(a)
 
 
 MoeTokenUnpermuteArgs = collections.namedtuple('MoeTokenUnpermuteArgs', ['permuted_tokens', 'sorted_indices', 'probs', 'padded_mode', 'restore_shape'])
 
 
 def _fake_moe_token_unpermute(permuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_shape=None):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_unpermute')(MoeTokenUnpermuteArgs(permuted_tokens, sorted_indices, probs, padded_mode, restore_shape))
+    a = MoeTokenUnpermuteArgs(permuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
+    check_devices('moe_token_unpermute', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_unpermute')(a)
 
 
 MoeTokenUnpermuteGradArgs = collections.namedtuple('MoeTokenUnpermuteGradArgs', ['permuted_tokens', 'grad_unpermuted_tokens', 'sorted_indices', 'probs', 'padded_mode', 'restore_shape'])
 
 
 def _fake_moe_token_unpermute_grad(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs=None, padded_mode=False, restore_shape=None):
-    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_unpermute_grad')(MoeTokenUnpermuteGradArgs(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape))
+    a = MoeTokenUnpermuteGradArgs(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
+    check_devices('moe_token_unpermute_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_unpermute_grad')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):

@@ -176,12 +176,15 @@ uint64_t read_scalar(const char* op, const char* arg, const at::Tensor& t) {
 
 Band AttentionParams::band(int64_t b) const {
   const int64_t diag = kv_len[b] - q_len[b];  // bottom-right alignment
+  // Windows beyond +-kNone are unbounded; clamping both ends keeps -pre and diag +- window from overflowing.
+  const int64_t pre = std::clamp(pre_tokens, -Band::kNone, Band::kNone);
+  const int64_t next = std::clamp(next_tokens, -Band::kNone, Band::kNone);
   Band r;
   switch (sparse_mode) {
-    case 0: r.lo = -std::min(pre_tokens, Band::kNone); r.hi = std::min(next_tokens, Band::kNone); break;
+    case 0: r.lo = -pre; r.hi = next; break;
     case 2: r.hi = 0; break;
     case 3: r.hi = diag; break;
-    case 4: r.lo = diag - std::min(pre_tokens, Band::kNone); r.hi = diag + std::min(next_tokens, Band::kNone); break;
+    case 4: r.lo = diag - pre; r.hi = diag + next; break;
     default: break;  // 1: the explicit mask alone
   }
   return r;

@@ -102,7 +102,6 @@ std::pair<CacheGeom, CacheGeom> cache_pair(const char* op, const at::Tensor& key
 void scatter_pa_kv_cache_cpu(const ScatterPaKvCacheArgs& args) {
   const char* op = "scatter_pa_kv_cache";
   const auto [kg, vg] = cache_pair(op, args.key_cache, args.value_cache, args.cache_layout);
-  TORCH_CHECK(!args.key_cache.is_same(args.value_cache), op, ": key_cache and value_cache must be different tensors");
   check_index_dtype(op, "slot_mapping", args.slot_mapping);
   TORCH_CHECK(args.slot_mapping.dim() == 1, op, ": slot_mapping must be 1-D [T]; got shape ",
               args.slot_mapping.sizes());

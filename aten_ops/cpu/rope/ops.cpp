@@ -266,7 +266,6 @@ void apply_rotary_pos_emb_cpu(const ApplyRotaryPosEmbArgs& args) {
   const int64_t mode = parse_rotary_mode(op, args.rotary_mode);
   TORCH_CHECK(args.query.size(-1) == args.key.size(-1), op, ": query and key must share the head dimension; got ",
               args.query.size(-1), " and ", args.key.size(-1));
-  TORCH_CHECK(!args.query.is_same(args.key), op, ": query and key must be different tensors");
   rope_inplace(op, args.query, align_table(op, args.cos, lay, args.query), align_table(op, args.sin, lay, args.query),
                mode);
   rope_inplace(op, args.key, align_table(op, args.cos, lay, args.key), align_table(op, args.sin, lay, args.key), mode);
