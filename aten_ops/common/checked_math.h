@@ -26,16 +26,16 @@ inline int64_t checked_mul(const char* op, const char* what, int64_t a, int64_t 
   return r;
 }
 
-// The most an op allocates from user-given sizes: the machine's physical memory (at most 2^40 bytes). A request
-// beyond it is a wrong argument rather than a workload, and handing it to the allocator kills the process (or makes
-// it swap to death) instead of raising.
+// The most an op allocates for one buffer sized by user-given integers: half the machine's physical memory (at most
+// 2^40 bytes). A request beyond it is a wrong argument rather than a workload, and handing it to the allocator kills
+// the process (or makes it swap to death) instead of raising; half leaves room for the op's other buffers.
 inline int64_t max_alloc_bytes() {
   static const int64_t limit = [] {
     constexpr int64_t kCap = int64_t{1} << 40;
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || page <= 0) return kCap;
-    const int64_t phys = static_cast<int64_t>(pages) * static_cast<int64_t>(page);
-    return phys < kCap ? phys : kCap;
+    const int64_t half = static_cast<int64_t>(pages) * static_cast<int64_t>(page) / 2;
+    return half < kCap ? half : kCap;
   }();
   return limit;
 }
@@ -44,7 +44,7 @@ inline int64_t max_alloc_bytes() {
 inline int64_t check_alloc(const char* op, const char* what, int64_t elements, int64_t element_size) {
   const int64_t bytes = checked_mul(op, what, elements, element_size);
   TORCH_CHECK_VALUE(bytes <= max_alloc_bytes(), op, ": ", what, " needs ", bytes, " bytes (", elements,
-                    " elements); expected at most ", max_alloc_bytes(), " bytes (the physical memory)");
+                    " elements); expected at most ", max_alloc_bytes(), " bytes (half the physical memory)");
   return bytes;
 }
 

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include "common/attention/params.h"
+#include "common/checked_math.h"
 #include "cpu/attention/kernels.h"
 #include "generated/kernels.h"
 
@@ -70,6 +71,7 @@ at::Tensor dropout_gen_mask_cpu(const DropoutGenMaskArgs& args) {
   TORCH_CHECK_VALUE(args.seed.numel() == 1 && args.offset.numel() == 1 && !at::isFloatingType(args.seed.scalar_type()) &&
                         !at::isFloatingType(args.offset.scalar_type()),
                     op, ": arguments 'seed' and 'offset' must be one-element integer tensors");
+  check_alloc(op, "the mask of rows * cols", checked_mul(op, "rows * cols", args.rows, args.cols), 1);
   const uint64_t s = static_cast<uint64_t>(args.seed.item<int64_t>());
   const uint64_t off = static_cast<uint64_t>(args.offset.item<int64_t>());
   at::Tensor keep = at::empty({args.rows, args.cols}, args.seed.options().dtype(at::kBool));

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "cpu/mc2/collectives.h"
 #include "generated/kernels.h"
@@ -194,7 +195,8 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const Matm
   TORCH_CHECK_VALUE(args.residual.scalar_type() == args.x1.scalar_type() && args.gamma.scalar_type() == args.x1.scalar_type(), op,
                     ": residual (", args.residual.scalar_type(), ") and gamma (", args.gamma.scalar_type(),
                     ") must have x1's dtype (", args.x1.scalar_type(), ")");
-  TORCH_CHECK_VALUE(args.epsilon > 0, op, ": argument 'epsilon' must be > 0; got ", args.epsilon);
+  TORCH_CHECK_VALUE(args.epsilon > 0 && std::isfinite(args.epsilon), op, ": argument 'epsilon' must be finite and > 0; got ",
+                    args.epsilon);
   const Group g = mc2::resolve_group(op, args.group_name, -1);
   const at::Tensor a = args.x1.reshape({-1, args.x1.size(-1)});
   const at::Tensor res = args.residual.reshape({-1, args.x2.size(1)});

@@ -228,6 +228,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const MoeGat
   const char* op = "moe_gating_top_k";
   const GroupParams gp = check_group_gating(op, args.x, args.bias, args.k, args.k_group, args.group_count,
                                             args.group_select_mode, args.renorm, args.norm_type);
+  // Non-finite factors would turn every weight into NaN or inf without an error.
+  TORCH_CHECK_VALUE(std::isfinite(args.routed_scaling_factor), op, ": argument 'routed_scaling_factor' must be ",
+                    "finite; got ", args.routed_scaling_factor);
+  TORCH_CHECK_VALUE(std::isfinite(args.eps) && args.eps >= 0, op, ": argument 'eps' must be finite and >= 0; got ",
+                    args.eps);
   const int64_t N = args.x.size(0), E = args.x.size(1);
   at::Tensor y = at::empty({N, args.k}, args.x.options());
   at::Tensor expert = at::empty({N, args.k}, args.x.options().dtype(at::kInt));

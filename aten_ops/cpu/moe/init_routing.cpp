@@ -102,11 +102,11 @@ V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx
   std::vector<int64_t> keys(n);
   int64_t buckets;
   if (hi >= 0) {
-    // One counter per expert of the span (plus the dropped bucket) is allocated below: a span given by the user is
-    // bounded before that allocation.
-    const char* what = range.empty() ? "argument 'expert_num' (one counter per expert)"
-                                     : "argument 'active_expert_range' (one counter per expert of end - start)";
-    check_alloc(op, what, checked_add(op, what, hi - lo, 1), static_cast<int64_t>(sizeof(int64_t)));
+    // Three counters per expert of the span (plus the dropped bucket) are allocated below (the sort's buckets, the
+    // counts, the token numbers): a span given by the user is bounded before those allocations.
+    const char* what = range.empty() ? "argument 'expert_num' (three counters per expert)"
+                                     : "argument 'active_expert_range' (three counters per expert of end - start)";
+    check_alloc(op, what, checked_add(op, what, hi - lo, 1), 3 * static_cast<int64_t>(sizeof(int64_t)));
   }
   if (pl.capacity) {
     // The output is [expert_num, expert_capacity, H]: bounded before it and the slot table are allocated.
@@ -238,6 +238,8 @@ at::Tensor moe_init_routing_v2_grad_cpu(const MoeInitRoutingV2GradArgs& args) {
   TORCH_CHECK_VALUE(args.grad_expanded_x.dim() >= 2 && args.grad_expanded_x.size(-1) == H, op,
                     ": argument 'grad_expanded_x' of shape ", args.grad_expanded_x.sizes(), " must end in H = ", H);
   const int64_t R = args.grad_expanded_x.numel() / std::max<int64_t>(H, 1);
+  TORCH_CHECK_VALUE(args.row_idx_type == 0 || args.row_idx_type == 1, op,
+                    ": argument 'row_idx_type' must be 0 (gather index) or 1 (scatter index); got ", args.row_idx_type);
   const std::vector<int64_t> idx = moe::read_index(args.expanded_row_idx);
   std::vector<int64_t> dest(n, -1);  // the gather form: destination row per pair
   if (args.row_idx_type == 0) {
@@ -278,6 +280,8 @@ at::Tensor moe_compute_expert_tokens_cpu(const MoeComputeExpertTokensArgs& args)
                     ": argument 'sorted_expert_for_source_row' must be ",
                     "1-D; got shape ", args.sorted_expert_for_source_row.sizes());
   TORCH_CHECK_VALUE(args.num_expert > 0, op, ": argument 'num_expert' must be > 0; got ", args.num_expert);
+  // A histogram (int64) and the output (int32) per expert.
+  check_alloc(op, "argument 'num_expert' (a counter per expert)", args.num_expert, 12);
   const std::vector<int64_t> v = moe::read_index(args.sorted_expert_for_source_row);
   std::vector<int64_t> hist(args.num_expert, 0);
   for (size_t i = 0; i < v.size(); ++i) {
