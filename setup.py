@@ -6,6 +6,12 @@ CPU build (always), as in README "Setup":
 this file imports torch, setuptools and (through tools/codegen) yaml, so those must be installed first.
 The NPU backend (Ascend C kernels via torch_npu + CANN) is detected by tools/cann_build.py and is optional; its
 absence never breaks a CPU install (TOT_CANN=0 skips it, TOT_CANN=1 requires it; docs/ascendc_cann_build.md).
+
+AddressSanitizer build (docs/sanitizers.md; `python -m tools.asan` builds it and runs the tests against it):
+    TOT_SANITIZE=address python setup.py build_ext --force
+compiles every translation unit with -fsanitize=address into build/asan/ (objects, per-ISA objects and
+build/asan/lib/torch_ops_transformer/_C*.so); the package's own _C*.so and build/isa_objects are not touched. The
+package loads that library instead of its own when TOT_EXTENSION names it.
 """
 import concurrent.futures
 import glob
@@ -24,6 +30,16 @@ sys.path.insert(0, ROOT)
 from tools import cann_build as cann  # noqa: E402  (build helpers live in the repo, not in the package)
 from tools.codegen import generate  # noqa: E402
 
+# TOT_SANITIZE=address: the AddressSanitizer build, in its own directory (module docstring).
+SANITIZE = os.environ.get("TOT_SANITIZE", "")
+SANITIZER_DIR = os.path.join(ROOT, "build", "asan")
+if SANITIZE not in ("", "address"):
+    sys.exit(f"setup.py: TOT_SANITIZE={SANITIZE!r} is not supported (only 'address')")
+if SANITIZE and "build_ext" not in sys.argv[1:]:
+    # pip (install, -e, wheel) would put the instrumented library into the package or a wheel.
+    sys.exit("setup.py: TOT_SANITIZE is set; the sanitizer build is `TOT_SANITIZE=address python setup.py build_ext "
+             "--force` (or `python -m tools.asan`). Unset TOT_SANITIZE for pip install.")
+
 for rel in generate(ROOT):
     print(f"codegen: wrote {rel}")
 
@@ -38,13 +54,24 @@ ISA_FLAGS = {
 }
 
 
+def isa_variants():
+    """The ISAs to compile the *_isa.cpp for. Release: all of them (the library runs on any x86-64 CPU). Sanitizer
+    build: DEFAULT and the one this CPU selects (torch.backends.cpu.get_cpu_capability(), which honours
+    ATEN_CPU_CAPABILITY) — the instrumented library only runs here, and a stub falls back to the next lower copy that
+    is registered, so e.g. ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine runs the DEFAULT copy."""
+    if not SANITIZE:
+        return dict(ISA_FLAGS)
+    best = torch.backends.cpu.get_cpu_capability()
+    return {isa: flags for isa, flags in ISA_FLAGS.items() if isa in ("DEFAULT", best)}
+
+
 def extension_kwargs():
     """Sources and flags of _C. One translation unit per op family and backend (CPU kernels, the simulated npu device,
     the PrivateUse1 glue, host tiling) plus the generated registrations. The Ascend C kernels are compiled by g++
     against the CPU runtime, or, when tools/cann_build.py detects CANN + torch_npu, by CANN's toolchain into a
     kernel library launched on the NPU stream (docs/ascendc_cann_build.md). Detection failures print one line and
     leave the CPU build as it is."""
-    build = cann.detect()
+    build = None if SANITIZE else cann.detect()  # the sanitizer build is of the CPU backend
     if build is None:
         return cann.extension_kwargs(ROOT)
     kernels = cann.build_kernels(build, ROOT, os.path.join(ROOT, "build", "cann"))
@@ -58,7 +85,18 @@ def cxx_flags():
     flags = ["-O3", "-std=c++17", "-fvisibility-inlines-hidden", "-Wno-unused-parameter", "-fopenmp"]
     if os.environ.get("TOT_DEBUG"):
         flags = ["-O0", "-g", "-std=c++17", "-fopenmp"]
+    if SANITIZE:
+        # -O1: ASan's recommended level; -O0 compiles a third faster but leaves at::vec's inline intrinsics as
+        # calls, and the kernels run several times slower. -g1: line tables, enough for file:line in the reports,
+        # at 60% of the compile time of -g (which adds variable info).
+        flags = ["-O1", "-g1", f"-fsanitize={SANITIZE}", "-fno-omit-frame-pointer", "-std=c++17",
+                 "-fvisibility-inlines-hidden", "-Wno-unused-parameter", "-fopenmp"]
     return flags
+
+
+def link_flags():
+    # -fopenmp resolves to the libgomp.so.1 torch already loaded.
+    return ["-fopenmp"] + ([f"-fsanitize={SANITIZE}"] if SANITIZE else [])
 
 
 def _headers_digest():
@@ -77,7 +115,7 @@ def build_isa_objects():
     """Compile each *_isa.cpp once per ISA (in parallel); returns the object paths. An object is named by a hash of
     its command (relative paths) and of the source and header contents, so it is reused whenever nothing changed —
     also when build/isa_objects is copied into another checkout."""
-    out_dir = os.path.join(ROOT, "build", "isa_objects")
+    out_dir = os.path.join(SANITIZER_DIR if SANITIZE else os.path.join(ROOT, "build"), "isa_objects")
     os.makedirs(out_dir, exist_ok=True)
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     base = [os.environ.get("CXX", "c++"), "-c", "-fPIC", abi, *cxx_flags(), "-Iaten_ops"]
@@ -89,7 +127,7 @@ def build_isa_objects():
         stem = os.path.splitext(rel)[0].replace(os.sep, "_")
         with open(src, "rb") as fh:
             content = fh.read()
-        for isa, flags in ISA_FLAGS.items():
+        for isa, flags in isa_variants().items():
             cmd = base + flags + [f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}", rel]
             tag = hashlib.sha1(" ".join(cmd).encode() + content + headers.encode()).hexdigest()[:12]
             obj = os.path.join(out_dir, f"{stem}.{isa}.{tag}.o")
@@ -104,6 +142,17 @@ def build_isa_objects():
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         return list(pool.map(run, jobs))
+
+
+class BuildExt(BuildExtension.with_options(use_ninja=True)):
+    """torch's ninja build; with TOT_SANITIZE, into build/asan/ and never in place."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if SANITIZE:
+            self.inplace = False
+            self.build_lib = os.path.join(SANITIZER_DIR, "lib")
+            self.build_temp = os.path.join(SANITIZER_DIR, "temp")
 
 
 EXT = extension_kwargs()
@@ -138,10 +187,9 @@ setup(
             libraries=EXT["libraries"],
             extra_compile_args={"cxx": cxx_flags()},
             extra_objects=build_isa_objects(),
-            # -fopenmp resolves to the libgomp.so.1 torch already loaded.
-            extra_link_args=["-fopenmp"] + EXT["extra_link_args"],
+            extra_link_args=link_flags() + EXT["extra_link_args"],
             py_limited_api=False,
         )
     ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt},
 )

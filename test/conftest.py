@@ -15,6 +15,8 @@ assert os.path.dirname(os.path.dirname(os.path.abspath(torch_ops_transformer.__f
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: compiles with Inductor or runs larger shapes (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "asan: index, stride and zero-size tests that `python -m tools.asan` also runs "
+                                       "against the AddressSanitizer build (docs/sanitizers.md)")
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,12 @@ _loaded = False
 
 
 def _library_path() -> str:
+    # TOT_EXTENSION: another build of _C to load instead, e.g. the AddressSanitizer one (docs/sanitizers.md).
+    override = os.environ.get("TOT_EXTENSION")
+    if override:
+        if not os.path.isfile(override):
+            raise ImportError(f"torch_ops_transformer: TOT_EXTENSION={override!r} is not a file")
+        return os.path.abspath(override)
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = sorted(glob.glob(os.path.join(here, "_C*.so")) + glob.glob(os.path.join(here, "_C*.pyd")))
     if not candidates:

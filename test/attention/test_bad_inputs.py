@@ -38,6 +38,7 @@ def test_unknown_layout():
         forward(input_layout="BSNDX")
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("layout,arg,shape", [("BSND", "query", (B, SQ, N1 * D)), ("TND", "key", (1, SKV, N2, D)),
                                               ("BSH", "value", (B, SKV, N2, D))])
 def test_rank_must_match_layout(layout, arg, shape):
@@ -70,6 +71,7 @@ def test_value_head_dim_must_not_exceed_query_head_dim():
         forward(value=_t(B, SKV, N2, D + 1))
 
 
+@pytest.mark.asan
 def test_key_and_value_must_agree():
     with expect(ValueError, "'key'", "'value'"):
         forward(value=_t(B, SKV + 1, N2, D))
@@ -93,12 +95,14 @@ def test_mixed_devices():
         forward(key=_t(B, SKV, N2, D, device="meta"))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("shape", [(1, 1, 1, SKV), (SQ, SKV + 1), (B, N1, SQ), (3, 1, SQ, SKV), (B, 2, SQ, SKV)])
 def test_mask_shape(shape):
     with expect(ValueError, "'atten_mask'", str(list(shape)).replace(" ", "")[1:-1].replace(",", ", ")):
         forward(atten_mask=torch.zeros(shape, dtype=torch.bool))
 
 
+@pytest.mark.asan
 def test_tnd_mask_must_be_two_dimensional():
     with expect(ValueError, "'atten_mask'", "TND"):
         forward("TND", atten_mask=torch.zeros(1, 1, SQ, SKV, dtype=torch.bool))
@@ -109,26 +113,31 @@ def test_mask_dtype():
         forward(atten_mask=torch.zeros(SQ, SKV))
 
 
+@pytest.mark.asan
 def test_sequence_lengths_must_be_cumulative():
     with expect(ValueError, "'actual_seq_qlen'", "cumulative"):
         forward("TND", actual_seq_qlen=torch.tensor([3, 2]))  # per-sequence lengths instead of ends
 
 
+@pytest.mark.asan
 def test_sequence_lengths_must_end_at_token_count():
     with expect(ValueError, "'actual_seq_kvlen'", f"T={SKV}"):
         forward("TND", actual_seq_kvlen=torch.tensor([3, SKV - 1]))
 
 
+@pytest.mark.asan
 def test_sequence_lengths_need_same_batch():
     with expect(ValueError, "'actual_seq_qlen'", "'actual_seq_kvlen'"):
         forward("TND", actual_seq_kvlen=torch.tensor([1, 3, SKV]))
 
 
+@pytest.mark.asan
 def test_tnd_requires_sequence_lengths():
     with expect(ValueError, "'actual_seq_qlen'", "TND"):
         forward("TND", actual_seq_qlen=None)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("arg", ["actual_seq_qlen", "actual_seq_kvlen"])
 def test_sequence_lengths_only_with_tnd(arg):
     with expect(ValueError, f"'{arg}'", "TND"):
@@ -153,17 +162,20 @@ def test_pse_type(pse_type):
         forward(pse=_t(B, N1, SQ, SKV), pse_type=pse_type)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("shape", [(B, N1, SQ, SKV + 1), (1, N1, 1, SKV), (B, 1, SQ, SKV), (N1, SQ, SKV)])
 def test_pse_shape(shape):
     with expect(ValueError, "'pse'"):
         forward(pse=_t(*shape))
 
 
+@pytest.mark.asan
 def test_pse_with_tnd():
     with expect(ValueError, "'pse'", "TND"):
         forward("TND", pse=_t(2, N1, 3, 3))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("mode", [2, 3, 4])
 @pytest.mark.parametrize("mask", ["full", "wrong_content"])
 def test_causal_modes_need_compressed_mask(mode, mask):
@@ -205,6 +217,7 @@ def test_grad_with_dropout_needs_seed():
         OPS.flash_attention_score_grad(**grad_args(keep_prob=0.9))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("arg,shape", [("dy", (B, SQ, N1, D + 1)), ("attention_in", (B, SQ, N1)),
                                        ("softmax_max", (B, N1, SQ, 1)), ("softmax_sum", (B, N1, SQ + 1, 8))])
 def test_grad_tensor_shapes(arg, shape):
@@ -219,12 +232,14 @@ def test_grad_dtypes():
         OPS.flash_attention_score_grad(**grad_args(softmax_max=torch.zeros(B, N1, SQ, 8, dtype=torch.float16)))
 
 
+@pytest.mark.asan
 def test_grad_validates_like_forward():
     with expect(ValueError, "flash_attention_score_grad", "'input_layout'"):
         OPS.flash_attention_score_grad(**grad_args(input_layout="NSD"))
 
 
 # ---------------------------------------------------------------- empty tensors
+@pytest.mark.asan
 @pytest.mark.parametrize("layout", ["BSND", "BNSD", "BSH", "SBH"])
 def test_empty_batch(layout):
     args = base_args(layout)
@@ -238,6 +253,7 @@ def test_empty_batch(layout):
     assert [g.shape for g in grads] == [args[n].shape for n in ("query", "key", "value")]
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
 def test_empty_keys_give_zeros(layout):
     args = base_args(layout)
@@ -254,6 +270,7 @@ def test_empty_keys_give_zeros(layout):
     assert dq.abs().max() == 0 and dk.numel() == 0 and dv.numel() == 0
 
 
+@pytest.mark.asan
 def test_empty_query_sequence():
     args = base_args()
     args["query"] = args["query"][:, :0]

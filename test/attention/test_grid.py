@@ -38,6 +38,7 @@ def test_layouts_by_sparse_modes(layout, mode, dtype):
     compare_with_reference(_case(layout, dtype=dtype, **MODES[mode]))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("mask_dtype", ["bool", "uint8"])
 @pytest.mark.parametrize("mode", ["mode0_window", "mode1_mask"])
 @pytest.mark.parametrize("mask", ["BNSS", "B1SS", "11SS", "SS"])
@@ -47,6 +48,7 @@ def test_mask_shapes(layout, mask, mode, mask_dtype):
     compare_with_reference(_case(layout, **kw))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("mask_dtype", ["bool", "uint8"])
 @pytest.mark.parametrize("mode", ["mode0", "mode0_window", "mode1_mask"])
 def test_mask_tnd(mode, mask_dtype):
@@ -54,12 +56,14 @@ def test_mask_tnd(mode, mask_dtype):
     compare_with_reference(_case("TND", **kw))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("mode", ["mode2", "mode3", "mode4"])
 @pytest.mark.parametrize("layout", ["BSND", "TND"])
 def test_compressed_mask_is_accepted(layout, mode):
     compare_with_reference(_case(layout, **MODES[mode], mask="compressed"))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pse_type", [0, 1])
 @pytest.mark.parametrize("pse", ["BNSS", "BN1S", "1NSS"])
@@ -74,6 +78,7 @@ def test_pse_with_masking(mode, pse_type):
     compare_with_reference(_case("BSND", pse="BNSS", pse_type=pse_type, **MODES[mode]))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -81,6 +86,7 @@ def test_gqa_mqa(layout, kv_heads, dtype):
     compare_with_reference(_case(layout, q_heads=4, kv_heads=kv_heads, dtype=dtype, sparse_mode=3))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 @pytest.mark.parametrize("mode", ["mode0", "mode0_window", "mode1_mask", "mode2", "mode3", "mode4"])
 @pytest.mark.parametrize("seqlens", [VARLEN, VARLEN_EQUAL], ids=["ragged", "equal"])
@@ -88,6 +94,7 @@ def test_varlen_tnd(seqlens, mode, dtype):
     compare_with_reference(_case("TND", seqlens=seqlens, dtype=dtype, **MODES[mode]))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_value_head_dim_smaller(layout, dtype):
@@ -110,6 +117,7 @@ SHAPES = {
 }
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_shapes(shape, dtype):
@@ -135,6 +143,7 @@ def test_long_sequences_default_tiles(shape, dtype):
 TILES = [(1, 1), (16, 32), (7, 5), (64, 16)]
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("tiles", TILES, ids=[f"{q}x{k}" for q, k in TILES])
 @pytest.mark.parametrize("case", [
     Case(layout="BSND", q_len=37, kv_len=45, sparse_mode=0, pre_tokens=9, next_tokens=3, mask="B1SS"),
@@ -146,6 +155,7 @@ def test_tile_sizes(case, tiles):
         compare_with_reference(case)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_non_contiguous_inputs(layout):
     compare_with_reference(_case(layout, strided=True, pse="BNSS" if layout != "TND" else None, sparse_mode=3))

@@ -53,6 +53,7 @@ def _id(c: Case) -> str:
         f"-{e}" for e in extra)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("case", GRID, ids=_id)
 def test_reference(case):
     inp = build(case)
@@ -67,6 +68,7 @@ def test_reference(case):
             assert (ours[b] == 0).all()
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("layout,four_d", [("BSH", False), ("BSND", False), ("BNSD", True)])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_paged_equals_contiguous(layout, four_d, dtype):
@@ -170,6 +172,7 @@ def _call(args):
     return OPS.incre_flash_attention(*args)
 
 
+@pytest.mark.asan
 def test_bad_block_table_out_of_range():
     args, _ = _paged_args()
     table = args[6].clone()
@@ -182,6 +185,7 @@ def test_bad_block_table_out_of_range():
         _call(args)
 
 
+@pytest.mark.asan
 def test_bad_block_table_shared_block():
     args, _ = _paged_args()
     table = args[6].clone()
@@ -191,6 +195,7 @@ def test_bad_block_table_shared_block():
         _call(args)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("bs", [8, 24, 1024])
 def test_bad_block_size(bs):
     args, _ = _paged_args()
@@ -199,6 +204,7 @@ def test_bad_block_size(bs):
         _call(args)
 
 
+@pytest.mark.asan
 def test_bad_lengths_beyond_capacity():
     args, _ = _paged_args()
     args[5] = torch.tensor([65, 1, 1])
@@ -209,6 +215,7 @@ def test_bad_lengths_beyond_capacity():
         run(build(c))
 
 
+@pytest.mark.asan
 def test_bad_query_length():
     inp = build(Case(layout="BSND"))
     args = list(inp.args)
@@ -217,6 +224,7 @@ def test_bad_query_length():
         _call(args)
 
 
+@pytest.mark.asan
 def test_bad_layout_and_shapes():
     args = list(build(Case(layout="BSH")).args)
     bad = list(args)
@@ -256,6 +264,7 @@ def test_bad_dtypes():
         _call(bad)
 
 
+@pytest.mark.asan
 def test_kv_padding_size_overflow_is_an_error():
     # pad + length past int64 used to wrap, pass the capacity check and read outside the cache.
     q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 8, 16)

@@ -25,6 +25,7 @@ def _close(out, ref, dtype):
     torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", [0, 3])
@@ -38,6 +39,7 @@ def test_layouts_gqa_ragged(layout, dtype, mode):
     _close(out, ref, dt)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("layout", ["BSND", "BNSD_BSND", "BSH"])
 def test_padded_rows_are_zeros(layout):
     args, bnsd, lens = make_inputs(layout, q_lens=[4, 0, 1], kv_lens=[11, 3, 2])
@@ -124,6 +126,7 @@ def test_fia_prefill_equals_pfa_and_lse(layout):
     assert empty.numel() == 0
 
 
+@pytest.mark.asan
 def test_fia_paged_lse_equals_contiguous_and_rejects_mask():
     """softmax_lse with block_table: the used blocks are gathered and the prefill path gives out and lse."""
     B, N1, N2, D, bs = 2, 4, 2, 16, 16
@@ -163,6 +166,7 @@ def test_fia_paged_lse_equals_contiguous_and_rejects_mask():
                                             input_layout="BNSD", softmax_lse_flag=True)
 
 
+@pytest.mark.asan
 @pytest.mark.skipif(not hasattr(torch.ops.npu_fa, "incre_flash_attention"), reason="decode op not in this build")
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_fia_paged_decode_equals_contiguous_prefill(dtype):
@@ -220,6 +224,7 @@ def test_attention_update_gradcheck_float64():
     assert torch.autograd.gradcheck(OPS.attention_update, (lse, out))
 
 
+@pytest.mark.asan
 def test_attention_update_all_empty_row_has_zero_grads():
     # finite differences cannot see through lse = -inf - (-inf); check the analytic result: exact zeros, no NaN
     lse = torch.full((2, 3), -math.inf)
@@ -298,12 +303,14 @@ def test_bad_layout_name():
         OPS.prompt_flash_attention(q, k, v, num_heads=4, input_layout="SBH")
 
 
+@pytest.mark.asan
 def test_bad_layout_shape_mismatch():
     q, k, v = _ok()
     with pytest.raises(ValueError, match="4-D"):
         OPS.prompt_flash_attention(q.flatten(2), k, v, num_heads=4, input_layout="BSND")
 
 
+@pytest.mark.asan
 def test_bad_lengths_beyond_padded():
     q, k, v = _ok()
     with pytest.raises(ValueError, match=r"\[0, 9\]"):
@@ -311,6 +318,7 @@ def test_bad_lengths_beyond_padded():
                                    input_layout="BSND")
 
 
+@pytest.mark.asan
 def test_bad_negative_lengths():
     q, k, v = _ok()
     with pytest.raises(ValueError, match="actual_seq_lengths_kv"):
@@ -318,6 +326,7 @@ def test_bad_negative_lengths():
                                    input_layout="BSND")
 
 
+@pytest.mark.asan
 def test_bad_lengths_count():
     q, k, v = _ok()
     with pytest.raises(ValueError, match="one length per batch"):
@@ -367,6 +376,7 @@ def test_bad_padding_mask_and_quant_args():
         tot.npu_prompt_flash_attention(q, k, v, quant_scale1=torch.ones(1), num_heads=4, input_layout="BSND")
 
 
+@pytest.mark.asan
 def test_bad_attention_update_shapes():
     with pytest.raises(ValueError, match="out"):
         OPS.attention_update(torch.randn(2, 3), torch.randn(2, 4, 8))

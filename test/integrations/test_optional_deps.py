@@ -1,7 +1,8 @@
 """Optional dependencies and the newcomer's path: a missing transformers / matplotlib is one line naming the package
 and its pip command with exit status 2 (also when the demo's worker process is the one that misses it);
 attn_implementation="npu_fa" works right after `import torch_ops_transformer` without that import loading
-transformers; README's setup and test commands are the ones .ci/run runs; no NumPy warning at import.
+transformers; README's setup and test commands are the ones .ci/run runs (followed by the ASan step); no NumPy
+warning at import.
 
 Missing packages are simulated with a stub package on sys.path whose import raises ModuleNotFoundError, exactly as
 an absent package does. Everything runs in subprocesses (the stubs must not leak into this process)."""
@@ -159,6 +160,8 @@ def test_ci_runs_exactly_the_readme_commands():
     assert setup[0] in ci and test[0] in ci, (setup, test)
     assert ci.index(setup[0]) < ci.index(test[0])
     assert "--no-build-isolation" in setup[0] and ".[all]" in setup[0] and "pyyaml" in setup[0]
+    # Then the AddressSanitizer step (README "Test" names it; docs/sanitizers.md).
+    assert ci.index(test[0]) < ci.index("python -m tools.asan")
 
 
 def test_no_numpy_warning_at_import():

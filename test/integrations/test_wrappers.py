@@ -40,6 +40,7 @@ def test_npu_fusion_attention_returns_torch_npu_tuple():
     assert numels == 2 * 4 * 9 * 14
 
 
+@pytest.mark.asan
 def test_npu_fusion_attention_accepts_sequence_lengths_as_lists():
     q, k, v = _randn(12, 4, 8), _randn(10, 2, 8, seed=1), _randn(10, 2, 8, seed=2)
     as_list = npu_fusion_attention(q, k, v, 4, "TND", scale=0.3, actual_seq_qlen=[5, 12], actual_seq_kvlen=[3, 10],
@@ -121,6 +122,7 @@ def test_flash_attn_func_rejects_bad_arguments():
 
 
 # ---------------------------------------------------------------- flash_attn_varlen_func
+@pytest.mark.asan
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attn_varlen_equals_per_sequence_flash_attn_func(causal):
     qlens, kvlens = [5, 1, 0, 67], [3, 4, 2, 70]
@@ -141,6 +143,7 @@ def test_flash_attn_varlen_equals_per_sequence_flash_attn_func(causal):
         torch.testing.assert_close(lse[:, qs][finite], want_lse[0][finite])
 
 
+@pytest.mark.asan
 def test_flash_attn_varlen_requires_leading_zero():
     q, k, v = _randn(6, 2, 8), _randn(6, 2, 8), _randn(6, 2, 8)
     cu = torch.tensor([0, 2, 6])

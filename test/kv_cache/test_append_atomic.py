@@ -5,6 +5,8 @@ import torch
 
 from torch_ops_transformer.kv_cache import PagedKVCache
 
+pytestmark = pytest.mark.asan  # the whole module runs in the AddressSanitizer subset
+
 
 def _state(cache, ids):
     return (cache.seq_lens(ids).tolist(), cache.block_table(ids).tolist(), list(cache._free),

@@ -38,6 +38,7 @@ def paged_from_dense(k, v, lens, block_size, num_blocks, flat=False, dtype=None)
     return kc, vc, table
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("flat", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_scatter_gather_roundtrip(flat, dtype):
@@ -52,6 +53,7 @@ def test_scatter_gather_roundtrip(flat, dtype):
     assert torch.equal(K.reshape(ref_k.shape), ref_k) and torch.equal(V.reshape(ref_v.shape), ref_v)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_head_major_cache_layout(dtype):
     """cache_layout "BNSD" stores (num_blocks, N2, block_size, D): the same slots as the token-major cache with the
@@ -77,12 +79,14 @@ def test_head_major_cache_layout(dtype):
     torch.testing.assert_close(head_major.transpose(1, 2), token_major)
 
 
+@pytest.mark.asan
 def test_unknown_cache_layout_is_rejected():
     with pytest.raises(ValueError, match="cache_layout"):
         OPS.gather_pa_kv_cache(torch.zeros(2, 16, 2, 8), torch.zeros(2, 16, 2, 8), torch.zeros(1, 1, dtype=torch.int32),
                                torch.tensor([3]), cache_layout="NBSD")
 
 
+@pytest.mark.asan
 def test_scatter_skips_padding_and_touches_only_its_slots():
     kc, vc = torch.zeros(4, 16, 2, 8), torch.zeros(4, 16, 2, 8)
     key, value = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
@@ -92,6 +96,7 @@ def test_scatter_skips_padding_and_touches_only_its_slots():
     assert int((kc != 0).any(-1).any(-1).sum()) == 2  # exactly two token rows written
 
 
+@pytest.mark.asan
 def test_gather_ignores_table_padding_and_int32_lens():
     kc, vc = torch.randn(4, 16, 2, 8), torch.randn(4, 16, 2, 8)
     table = torch.tensor([[3, 99, -5]], dtype=torch.int32)  # entries past the sequence's blocks are ignored
@@ -99,6 +104,7 @@ def test_gather_ignores_table_padding_and_int32_lens():
     assert torch.equal(K, kc[3, :10]) and torch.equal(V, vc[3, :10])
 
 
+@pytest.mark.asan
 def test_gather_empty():
     kc, vc = torch.randn(2, 16, 2, 8), torch.randn(2, 16, 2, 8)
     K, V = OPS.gather_pa_kv_cache(kc, vc, torch.zeros(2, 1, dtype=torch.int32), torch.tensor([0, 0]))
@@ -106,6 +112,7 @@ def test_gather_empty():
 
 
 # ---- PagedKVCache -----------------------------------------------------------------------------------------------
+@pytest.mark.asan
 @pytest.mark.parametrize("layout", ["BSND", "BSH"])
 def test_paged_cache_append_gather(layout):
     cache = tot.PagedKVCache(num_blocks=8, block_size=16, num_kv_heads=2, head_dim=8, layout=layout)
@@ -136,6 +143,7 @@ def test_paged_cache_append_gather(layout):
     assert torch.equal(K.reshape(ref_k.shape), ref_k) and torch.equal(V.reshape(ref_v.shape), ref_v)
 
 
+@pytest.mark.asan
 def test_paged_cache_free_reuses_blocks_and_pads_with_zero():
     cache = tot.PagedKVCache(num_blocks=4, block_size=16, num_kv_heads=1, head_dim=4)
     a, b = cache.add_sequence(), cache.add_sequence()
@@ -157,6 +165,7 @@ def test_paged_cache_free_reuses_blocks_and_pads_with_zero():
         cache.seq_lens([a])
 
 
+@pytest.mark.asan
 def test_paged_cache_out_of_blocks_leaves_cache_unchanged():
     cache = tot.PagedKVCache(num_blocks=2, block_size=16, num_kv_heads=1, head_dim=4)
     a = cache.add_sequence()
@@ -172,6 +181,7 @@ def _caches(shape=(4, 16, 2, 8), dtype=torch.float32):
     return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
 
 
+@pytest.mark.asan
 def test_bad_slot_out_of_range():
     kc, vc = _caches()
     with pytest.raises(RuntimeError, match=r"slot_mapping\[1\] = 64 is out of range"):
@@ -180,12 +190,14 @@ def test_bad_slot_out_of_range():
         OPS.scatter_pa_kv_cache(torch.randn(2, 2, 8), torch.randn(2, 2, 8), kc, vc, torch.tensor([0, -2]))
 
 
+@pytest.mark.asan
 def test_bad_scatter_dtype_mismatch():
     kc, vc = _caches()
     with pytest.raises(RuntimeError, match="must have the same dtype"):
         OPS.scatter_pa_kv_cache(torch.randn(2, 2, 8).half(), torch.randn(2, 2, 8), kc, vc, torch.tensor([0, 1]))
 
 
+@pytest.mark.asan
 def test_bad_scatter_shape_mismatch():
     kc, vc = _caches()
     with pytest.raises(RuntimeError, match="values per token"):
@@ -194,30 +206,35 @@ def test_bad_scatter_shape_mismatch():
         OPS.scatter_pa_kv_cache(torch.randn(3, 2, 8), torch.randn(3, 2, 8), kc, vc, torch.tensor([0, 1]))
 
 
+@pytest.mark.asan
 def test_bad_slot_mapping_dtype():
     kc, vc = _caches()
     with pytest.raises(RuntimeError, match="slot_mapping must be int64 or int32"):
         OPS.scatter_pa_kv_cache(torch.randn(2, 2, 8), torch.randn(2, 2, 8), kc, vc, torch.tensor([0.0, 1.0]))
 
 
+@pytest.mark.asan
 def test_bad_block_table_entry_out_of_range():
     kc, vc = _caches()
     with pytest.raises(RuntimeError, match=r"block_table\[0, 1\] = 4 is out of range"):
         OPS.gather_pa_kv_cache(kc, vc, torch.tensor([[0, 4]], dtype=torch.int32), torch.tensor([20]))
 
 
+@pytest.mark.asan
 def test_bad_seq_lens_beyond_table():
     kc, vc = _caches()
     with pytest.raises(RuntimeError, match=r"seq_lens\[0\] = 33 must lie in \[0, max_blocks\*block_size = 32\]"):
         OPS.gather_pa_kv_cache(kc, vc, torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([33]))
 
 
+@pytest.mark.asan
 def test_bad_cache_rank():
     with pytest.raises(RuntimeError, match="must be \\(num_blocks, block_size, N2, D\\)"):
         OPS.gather_pa_kv_cache(torch.zeros(4, 16), torch.zeros(4, 16), torch.zeros(1, 1, dtype=torch.int32),
                                torch.tensor([1]))
 
 
+@pytest.mark.asan
 def test_bad_cache_geometry_mismatch():
     with pytest.raises(RuntimeError, match="must share \\(num_blocks, block_size\\)"):
         OPS.gather_pa_kv_cache(torch.zeros(4, 16, 2, 8), torch.zeros(4, 32, 2, 8),
@@ -254,6 +271,7 @@ def test_compile_fullgraph_gather(dynamo_reset, monkeypatch):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.asan
 def test_bad_duplicate_slot():
     kc, vc = _caches()
     with pytest.raises(RuntimeError, match="slot 5 appears more than once"):

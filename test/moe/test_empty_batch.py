@@ -9,6 +9,7 @@ from test.moe.test_layer import _layer
 from test.common.ranks import run_ranks
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("top_k,capacity", [(2, None), (1, None), (2, 3)])
 @pytest.mark.parametrize("shape", [(0, 16), (0, 5, 16), (4, 0, 16)])
 def test_empty_batch_forward_backward(top_k, capacity, shape):
@@ -24,6 +25,7 @@ def test_empty_batch_forward_backward(top_k, capacity, shape):
         assert torch.equal(p.grad, torch.zeros_like(p)), name
 
 
+@pytest.mark.asan
 def test_empty_batch_fp16_input():
     layer = _layer(input_dim=8, num_experts=2, top_k=1)
     y = layer(torch.randn(0, 8, dtype=torch.float16))

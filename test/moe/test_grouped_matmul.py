@@ -45,6 +45,7 @@ def _run(fn, tensors, dy):
     return out.detach(), grads
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", [0, 1, 2, 4, 5])
 @pytest.mark.parametrize("list_type", [0, 1])
@@ -77,6 +78,7 @@ def test_split_m_weight_list_and_fp32_bias_with_bf16():
     check_tolerance("out", stacked, ref, split_m_ref(x, w, b32, counts, 2, torch.bfloat16))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("act", [0, 2])
 def test_lists_independent_products(act):
     g = torch.Generator().manual_seed(1)
@@ -97,6 +99,7 @@ def test_lists_independent_products(act):
         torch.testing.assert_close(gr.double(), rr, rtol=1e-5, atol=1e-5, msg=lambda m: f"grad {i}: {m}")
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_k(dtype):
     counts = [4, 0, 9, 3]                                            # K groups; group 1 is empty -> zeros
@@ -218,6 +221,7 @@ def _bad(group_list=None, **over):
     return args
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("over,message", [
     (dict(group_list=torch.tensor([3, 2])), "non-decreasing"),
     (dict(group_list=torch.tensor([2, 4])), "sum to 4 but x has 5"),
@@ -241,6 +245,7 @@ def test_bad_input(over, message):
             args["group_list_type"], args["act_type"])
 
 
+@pytest.mark.asan
 def test_bad_input_missing_group_list_and_list_lengths():
     x, w, b = _inputs([2, 3], 4, 5, torch.float32)
     with pytest.raises(RuntimeError, match="group_list is required"):

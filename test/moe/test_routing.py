@@ -87,6 +87,7 @@ def test_gating_gradients_fp32_vs_reference(renorm):
 
 
 # ---- gating: DeepSeek-V3 group-limited ---------------------------------------------------------------------------
+@pytest.mark.asan
 @pytest.mark.parametrize("norm_type,mode,groups,k_group,k", [(1, 1, 4, 2, 4), (0, 0, 4, 1, 2), (1, 0, 1, 1, 16),
                                                              (0, 1, 8, 3, 1)])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -114,6 +115,7 @@ def test_gating_top_k_bias_selects_but_does_not_weigh():
 
 
 # ---- init routing ---------------------------------------------------------------------------------------------
+@pytest.mark.asan
 @pytest.mark.parametrize("n,k,e,active", [(12, 2, 5, 12), (9, 1, 3, 4), (6, 4, 4, 6), (5, 3, 8, 0)])
 def test_init_routing_v1(n, k, e, active):
     x, expert = routing_inputs(n, k, e)
@@ -137,6 +139,7 @@ V2_CASES = {
 }
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("case", list(V2_CASES))
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_init_routing_v2(case, k):
@@ -151,6 +154,7 @@ def test_init_routing_v2(case, k):
         assert g.shape == w.shape and torch.equal(g, w.to(g.dtype)), name
 
 
+@pytest.mark.asan
 def test_init_routing_v2_empty_experts_and_capacity_padding():
     x = torch.arange(8.0).view(4, 2)
     expert = torch.tensor([[3, 0], [3, 0], [3, 0], [0, 3]], dtype=torch.int32)  # experts 1, 2 empty
@@ -163,6 +167,7 @@ def test_init_routing_v2_empty_experts_and_capacity_padding():
     assert counts.tolist() == [4, 4, 4, 8]                     # cumsum: empty experts repeat the end
 
 
+@pytest.mark.asan
 def test_compute_expert_tokens():
     sorted_experts = torch.tensor([0, 0, 2, 2, 2, 5], dtype=torch.int32)
     got = OPS.moe_compute_expert_tokens(sorted_experts, 7)
@@ -178,6 +183,7 @@ def v1_routing(n=10, k=2, e=4, h=6, dtype=torch.float32):
     return x, expert, ex, ex_row
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("dtype", list(LOW) + ["fp64"])
 @pytest.mark.parametrize("mode", [0, 1, 2, 3])
 @pytest.mark.parametrize("optional", ["all", "none"])
@@ -233,6 +239,7 @@ def test_init_routing_v2_gradcheck():
 
 
 # ---- token permute / unpermute ----------------------------------------------------------------------------------
+@pytest.mark.asan
 @pytest.mark.parametrize("num_out", [None, 7, -5, 100])
 @pytest.mark.parametrize("topk", [1, 3])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -253,6 +260,7 @@ def test_token_permute_unpermute(num_out, topk, dtype):
         assert torch.equal(back, tokens.repeat_interleave(topk, 0))
 
 
+@pytest.mark.asan
 def test_token_permute_example_from_the_docs():
     indices = torch.tensor([[0, 4], [4, 3], [4, 2], [1, 1]])
     tokens = torch.arange(4.0)[:, None].repeat(1, 3)
@@ -298,6 +306,7 @@ def test_compile_fullgraph_routing_pipeline():
 
 
 # ---- bad input -------------------------------------------------------------------------------------------------
+@pytest.mark.asan
 def test_bad_gating_inputs():
     x = torch.randn(4, 6)
     with expect(ValueError, "'k'", "num_experts", "k=7"):
@@ -329,6 +338,7 @@ def test_bad_gating_inputs():
         OPS.moe_gating_top_k(x16, 2, None, 1, 1, 0, 1, 0, False, 1.0, 1e-20)
 
 
+@pytest.mark.asan
 def test_bad_routing_inputs():
     x, expert = routing_inputs(6, 2, 4)
     with expect(ValueError, "'expert_idx'", "out of range", "[0, 4)"):
@@ -359,6 +369,7 @@ def test_bad_routing_inputs():
         OPS.moe_compute_expert_tokens(torch.tensor([0]), 0)
 
 
+@pytest.mark.asan
 def test_init_routing_v2_rejects_huge_sizes_before_allocating():
     # A span of experts or a capacity that no memory holds is a ValueError naming the argument, raised before the
     # per-expert counters or the [expert_num, expert_capacity, H] output are allocated.
@@ -378,6 +389,7 @@ def test_init_routing_v2_rejects_huge_sizes_before_allocating():
         tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=2**20, expert_capacity=2**62)
 
 
+@pytest.mark.asan
 def test_init_routing_v2_grad_rejects_bad_scatter_indices():
     # row_idx_type 1: expanded_row_idx[r] is the (token, slot) pair copied to row r, a permutation of the pairs.
     x, expert = routing_inputs(3, 2, 4)
@@ -394,6 +406,7 @@ def test_init_routing_v2_grad_rejects_bad_scatter_indices():
         OPS.moe_init_routing_v2_grad(grad[:4], good, x, expert, row_idx_type=1)
 
 
+@pytest.mark.asan
 def test_bad_finalize_and_permute_inputs():
     x, expert, rows, dst = v1_routing()
     skip = torch.randn(10, 6)
@@ -468,6 +481,7 @@ def test_routed_moe_matches_dense_mixture(mode):
         torch.testing.assert_close(a, b, msg=lambda m: f"d{name}: {m}")
 
 
+@pytest.mark.asan
 def test_empty_inputs():
     x, expert = torch.randn(0, 4), torch.zeros(0, 2, dtype=torch.int32)
     ex, row, counts, _ = tot.npu_moe_init_routing_v2(x, expert, expert_num=3, expert_tokens_num_flag=True)
@@ -488,6 +502,7 @@ def test_wrapper_keywords():
     assert ends[-1] == 24
 
 
+@pytest.mark.asan
 def test_counting_sort_multi_chunk_path_is_stable():
     """Enough pairs (> 2 * 16384) that the counting sort splits them into per-thread chunks: still stable."""
     tokens, indices = routing_inputs(20000, 2, 16, 2)

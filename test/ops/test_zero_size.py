@@ -12,6 +12,8 @@ import pytest
 from test.ops import zero_size_cases
 from tools.codegen import model
 
+pytestmark = pytest.mark.asan  # the whole module runs in the AddressSanitizer subset
+
 YAML_OPS = [op for op in model.load("native_functions.yaml") if op.has_tensor_arguments]
 PARAMS = [pytest.param(op.name, case, id=f"{op.name}-{case}")
           for op in YAML_OPS for case in zero_size_cases.CASES.get(op.name, {})]

@@ -74,6 +74,7 @@ GRID = [(lay, cs, mode, dt) for lay, (_, shapes) in LAYOUTS.items() for cs in sh
         for dt in DTYPES]
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("layout,cshape,mode,dtype", GRID)
 def test_forward_vs_reference(layout, cshape, mode, dtype):
     dt = DTYPES[dtype]
@@ -125,6 +126,7 @@ def test_mixed_table_dtype():
     torch.testing.assert_close(out.double(), ref_rope(x.double(), cos.double(), sin.double(), 0), atol=3e-2, rtol=2e-2)
 
 
+@pytest.mark.asan
 def test_non_contiguous_input():
     x = torch.randn(B, N, S, D).transpose(1, 2)  # BSND view of BNSD memory
     cos, sin = tables((1, S, 1, D), torch.float32)
@@ -146,6 +148,7 @@ APPLY = {"BSND": ((B, S, 4, D), (B, S, 2, D), (B, S, 1, D), (1, S, 1, D)),
          "TND": ((7, 4, D), (7, 2, D), (7, 1, D), (7, 1, D))}
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("layout,mode,two_d", [(lay, m, t) for lay in APPLY
                                                  for m in ("half", "interleave", "quarter", "interleave-half")
                                                  for t in (False, True)])
@@ -167,6 +170,7 @@ def test_apply_rotary_pos_emb_in_place(layout, mode, two_d):
     torch.testing.assert_close(k.double(), rk, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.asan
 def test_npu_apply_rotary_pos_emb_wrapper_and_strided():
     base = torch.randn(B, 4, S, D)
     q = base.transpose(1, 2)  # non-contiguous BSND view: the op must write through it
@@ -181,6 +185,7 @@ def test_npu_apply_rotary_pos_emb_wrapper_and_strided():
 
 
 # ---- rope_with_sin_cos_cache --------------------------------------------------------------------------------------
+@pytest.mark.asan
 @pytest.mark.parametrize("neox,rot,three_d,dtype", list(itertools.product((True, False), (32, 16), (False, True),
                                                                           ("fp32", "bf16"))))
 def test_rope_with_sin_cos_cache(neox, rot, three_d, dtype):
@@ -229,11 +234,13 @@ def test_bad_quarter_needs_multiple_of_4():
         OPS.rotary_position_embedding(torch.randn(2, 3, 6), torch.randn(6), torch.randn(6), 2)
 
 
+@pytest.mark.asan
 def test_bad_not_broadcastable():
     with pytest.raises(RuntimeError, match="not broadcastable"):
         OPS.rotary_position_embedding(torch.randn(2, 5, 3, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8), 0)
 
 
+@pytest.mark.asan
 def test_bad_table_head_dim():
     with pytest.raises(RuntimeError, match="must end in the head dimension"):
         OPS.rotary_position_embedding(torch.randn(2, 5, 3, 8), torch.randn(1, 5, 1, 4), torch.randn(1, 5, 1, 4), 0)
@@ -258,12 +265,14 @@ def test_bad_unknown_layout():
                                  "BHSD", "half")
 
 
+@pytest.mark.asan
 def test_bad_layout_rank():
     with pytest.raises(RuntimeError, match="layout TND expects 3-D"):
         OPS.apply_rotary_pos_emb(torch.randn(2, 3, 4, 8), torch.randn(2, 3, 4, 8), torch.randn(8), torch.randn(8),
                                  "TND", "half")
 
 
+@pytest.mark.asan
 def test_bad_positions_out_of_range():
     cache = torch.randn(16, 8)
     with pytest.raises(RuntimeError, match=r"positions must lie in \[0, 16\)"):
@@ -272,12 +281,14 @@ def test_bad_positions_out_of_range():
         OPS.rope_with_sin_cos_cache(torch.tensor([-1, 3]), torch.randn(2, 16), torch.randn(2, 16), cache, 8, True)
 
 
+@pytest.mark.asan
 def test_bad_rot_dim():
     with pytest.raises(RuntimeError, match="rot_dim"):
         OPS.rope_with_sin_cos_cache(torch.tensor([0, 1]), torch.randn(2, 16), torch.randn(2, 16),
                                     torch.randn(16, 10), 8, True)
 
 
+@pytest.mark.asan
 def test_bad_head_size_multiple():
     with pytest.raises(RuntimeError, match="not a multiple of head_size"):
         OPS.rope_with_sin_cos_cache(torch.tensor([0, 1]), torch.randn(2, 20), torch.randn(2, 16),
