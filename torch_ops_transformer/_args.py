@@ -17,6 +17,15 @@ import torch
 from torch import Tensor
 
 IntList = Optional[Union[int, Sequence[int], Tensor]]
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def _check_int64(op: str, name: str, values: Sequence[int]) -> None:
+    """A Python int is unbounded; one beyond int64 would make torch.tensor raise an overflow error that does not say
+    which argument it came from."""
+    for v in values:
+        if not INT64_MIN <= v <= INT64_MAX:
+            raise ValueError(f"{op}: argument '{name}' must hold int64 values; got {v}")
 
 
 def int_tensor(op: str, name: str, value: IntList, device) -> Optional[Tensor]:
@@ -31,7 +40,19 @@ def int_tensor(op: str, name: str, value: IntList, device) -> Optional[Tensor]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool)
                                                        for v in value):
         raise TypeError(f"{op}: argument '{name}' must be a list of ints or an integer tensor; got {value!r}")
+    _check_int64(op, name, value)
     return torch.tensor(list(value), dtype=torch.int64, device=device)
+
+
+def int_scalar_tensor(op: str, name: str, value: Union[int, Tensor, None], device) -> Optional[Tensor]:
+    """One int as a 0-d int64 tensor on `device` (an argument the op takes as a one-element tensor, such as a
+    padding or a dropout seed); None and tensors pass through unchanged."""
+    if value is None or isinstance(value, Tensor):
+        return value
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{op}: argument '{name}' must be an int or a one-element integer tensor; got {value!r}")
+    _check_int64(op, name, [value])
+    return torch.tensor(value, dtype=torch.int64, device=device)
 
 
 def window(op: str, name: str, value) -> Tuple[int, int]:

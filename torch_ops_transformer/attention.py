@@ -158,19 +158,32 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     """
     op = "flash_attn_varlen_func"
     _check_fa_args(op, alibi_slopes, dropout_p)
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+    cumulative = (("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_k", cu_seqlens_k, k))
+    for name, cu, _ in cumulative:
         if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.numel() < 2:
             raise ValueError(f"{op}: argument '{name}' must be a 1-D tensor [batch+1] of cumulative lengths "
                              f"starting at 0")
+        if cu.dtype not in (torch.int32, torch.int64):  # a float or bool tensor would be truncated silently
+            raise TypeError(f"{op}: argument '{name}' must be an int32 or int64 tensor; got {cu.dtype}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"{op}: arguments 'cu_seqlens_q' and 'cu_seqlens_k' must describe the same batch; got "
+                         f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1} sequences")
     mode, pre, nxt = _window_mode(op, causal, window_size)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
     if not torch.compiler.is_compiling():
-        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-            if int(cu[0]) != 0:
+        # The op checks the ends too, but under its own argument names (actual_seq_qlen/kvlen, without the 0).
+        for name, cu, packed in cumulative:
+            ends = cu.tolist()
+            if ends[0] != 0:
                 raise ValueError(f"{op}: argument '{name}' must start at 0 (FlashAttention convention); "
-                                 f"got {int(cu[0])}")
+                                 f"got {ends[0]}")
+            if any(b < a for a, b in zip(ends, ends[1:])):
+                raise ValueError(f"{op}: argument '{name}' must be non-decreasing (cumulative lengths); got {ends}")
+            if ends[-1] != packed.shape[0]:
+                raise ValueError(f"{op}: argument '{name}' must end at the {packed.shape[0]} tokens of the packed "
+                                 f"tensor; got {ends[-1]}")
     out, smax, ssum, _, _, _ = _OPS.flash_attention_score(
         q, k, v, q.shape[1], "TND", actual_seq_qlen=cu_seqlens_q[1:].to(torch.int64),
         actual_seq_kvlen=cu_seqlens_k[1:].to(torch.int64), scale=scale, keep_prob=keep, pre_tokens=pre,

@@ -152,8 +152,7 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
     if block_table is not None and input_layout != "BNSD":
         # PagedKVCache's default (num_blocks, block_size, N2, D) is the kernel's (num_blocks, block_size, N2*D).
         key, value = (t.flatten(2) if t.dim() == 4 and t.shape[1] == block_size else t for t in (key, value))
-    if isinstance(kv_padding_size, int):
-        kv_padding_size = torch.tensor(kv_padding_size, dtype=torch.int64, device=query.device)
+    kv_padding_size = _args.int_scalar_tensor(op, "kv_padding_size", kv_padding_size, query.device)
     return _OPS.incre_flash_attention(query, key, value, atten_mask, pse_shift, lengths, block_table,
                                       kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads,
                                       block_size, inner_precise)

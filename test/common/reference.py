@@ -170,6 +170,8 @@ def _sequence_keep(keep: Optional[Tensor], heads: Heads, b: int, tnd: bool) -> O
     if keep is None:
         return None
     n1, sq, skv = heads.q_heads, heads.q_lens[b], heads.kv_lens[b]
+    if sq == 0 or skv == 0:  # nothing to drop (and with every key length 0 the matrix has no columns to view)
+        return None
     cols = keep.shape[1]
     if tnd:
         start = heads.q_starts[b]

@@ -56,15 +56,16 @@ def make_inputs(layout="BSND", B=3, N1=4, N2=2, Sq=9, Skv=11, D=16, dtype=torch.
     return args, (q, k, v), (q_lens or [Sq] * B, kv_lens or [Skv] * B)
 
 
-def reference(bnsd, lens, layout, scale, mask=None, pse=None, pre=MAX, nxt=0, mode=0):
-    """float64 (out in the op's output layout, lse [B, N1, Sq]) of prefill attention."""
-    q, k, v = (t.double() for t in bnsd)
+def reference(bnsd, lens, layout, scale, mask=None, pse=None, pre=MAX, nxt=0, mode=0, dtype=torch.float64):
+    """(out in the op's output layout, lse [B, N1, Sq]) of prefill attention, computed in `dtype` (float64: ref64;
+    the inputs' dtype: what plain PyTorch gets in that precision)."""
+    q, k, v = (t.to(dtype) for t in bnsd)
     B, N1, Sq, D = q.shape
     N2, Skv = k.shape[1], k.shape[2]
     k = k.repeat_interleave(N1 // N2, 1)
     v = v.repeat_interleave(N1 // N2, 1)
-    out = torch.zeros(B, N1, Sq, v.shape[-1], dtype=torch.float64)
-    lse = torch.full((B, N1, Sq), -math.inf, dtype=torch.float64)
+    out = torch.zeros(B, N1, Sq, v.shape[-1], dtype=dtype)
+    lse = torch.full((B, N1, Sq), -math.inf, dtype=dtype)
     if mode == 0 and mask is None:
         pre = nxt = MAX
     for b in range(B):
@@ -83,7 +84,7 @@ def reference(bnsd, lens, layout, scale, mask=None, pse=None, pre=MAX, nxt=0, mo
             vis = vis & ~m
         s = scale * q[b, :, :Lq] @ k[b, :, :Lk].transpose(-1, -2)
         if pse is not None:
-            p = pse.double()[b if pse.shape[0] > 1 else 0]
+            p = pse.to(dtype)[b if pse.shape[0] > 1 else 0]
             s = s + (p[:, :Lq, :Lk] if p.shape[1] > 1 else p[:, :, :Lk])
         s = s.masked_fill(~vis, -math.inf)
         l = torch.logsumexp(s, -1)

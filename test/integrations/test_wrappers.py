@@ -257,6 +257,30 @@ def _policy_cases():
          lambda: tot.npu_incre_flash_attention(q[:, :1], k, v, actual_seq_lengths=["14"], num_heads=4,
                                                num_key_value_heads=2, input_layout="BSND")),
         (TypeError, ("grouped_matmul", "'group_list'"), lambda: tot.grouped_matmul(x, w, [3.0, 6.0])),
+        # Python ints beyond int64 (torch.tensor's own overflow error would not name the argument)
+        (ValueError, ("npu_fusion_attention", "'actual_seq_qlen'", "int64"),
+         lambda: tot.npu_fusion_attention(q[0], k[0], v[0], 4, "TND", actual_seq_qlen=[2**64],
+                                          actual_seq_kvlen=[14])),
+        (ValueError, ("grouped_matmul", "'group_list'", "int64"), lambda: tot.grouped_matmul(x, w, [2**63, 6])),
+        (ValueError, ("npu_incre_flash_attention", "'kv_padding_size'", "int64"),
+         lambda: tot.npu_incre_flash_attention(q[:, :1], k, v, kv_padding_size=2**63, num_heads=4,
+                                               num_key_value_heads=2, input_layout="BSND")),
+        (TypeError, ("npu_incre_flash_attention", "'kv_padding_size'"),
+         lambda: tot.npu_incre_flash_attention(q[:, :1], k, v, kv_padding_size=True, num_heads=4,
+                                               num_key_value_heads=2, input_layout="BSND")),
+        # cu_seqlens: a float tensor used to be truncated to ints silently; bad ends are reported under the
+        # wrapper's argument names
+        (TypeError, ("flash_attn_varlen_func", "'cu_seqlens_q'", "int32 or int64"),
+         lambda: tot.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0.0, 4.5, 9.0]), torch.tensor([0, 14]),
+                                            9, 14)),
+        (ValueError, ("flash_attn_varlen_func", "'cu_seqlens_k'", "non-decreasing"),
+         lambda: tot.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 4, 9]), torch.tensor([0, 15, 14]), 9,
+                                            14)),
+        (ValueError, ("flash_attn_varlen_func", "'cu_seqlens_q'", "9 tokens"),
+         lambda: tot.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 4, 8]), torch.tensor([0, 7, 14]), 9,
+                                            14)),
+        (ValueError, ("flash_attn_varlen_func", "'cu_seqlens_q'", "'cu_seqlens_k'", "same batch"),
+         lambda: tot.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 9]), torch.tensor([0, 7, 14]), 9, 14)),
     ]
 
 

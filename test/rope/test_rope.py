@@ -40,11 +40,11 @@ def ref_rope(x, cos, sin, mode):
     return y * cos + rotate_half(y) * sin
 
 
-def ref_cache_rope(positions, x, cache, head_size, neox):
+def ref_cache_rope(positions, x, cache, head_size, neox, dtype=torch.float64):
     t = positions.shape[0]
-    x = x.double().reshape(t, -1, head_size)
+    x = x.to(dtype).reshape(t, -1, head_size)
     rot = cache.shape[1]
-    cos, sin = cache.double()[positions].chunk(2, dim=-1)  # [T, rot/2]
+    cos, sin = cache.to(dtype)[positions].chunk(2, dim=-1)  # [T, rot/2]
     cos, sin = cos[:, None], sin[:, None]
     xr, rest = x[..., :rot], x[..., rot:]
     if neox:
