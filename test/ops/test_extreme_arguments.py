@@ -81,3 +81,21 @@ def test_band_windows_below_minus_the_sequence_mask_everything(pre, nxt):
     mask = torch.zeros(5, 7, dtype=torch.bool)  # sparse_mode 0 applies pre/next_tokens when a mask is given
     got = OPS.flash_attention_score(q, k, v, 2, "BNSD", atten_mask=mask, pre_tokens=pre, next_tokens=nxt)[0]
     assert torch.equal(got, torch.zeros_like(got))
+
+
+def test_gather_pa_kv_cache_with_block_size_zero_is_an_error_not_a_division_by_zero():
+    cache = torch.zeros(2, 0, 2, 8)
+    with pytest.raises(ValueError, match="block_size 0"):
+        OPS.gather_pa_kv_cache(cache, cache, torch.zeros(1, 1, dtype=torch.int32), torch.tensor([0]))
+
+
+def test_grouped_matmul_counts_that_wrap_int64_are_rejected():
+    """Counts [2^63-1, 2^63-1, 4] summed to 2 after wrapping and passed the coverage check for an x of 2 rows."""
+    with pytest.raises(ValueError, match="group_list.*overflows int64"):
+        OPS.grouped_matmul([torch.randn(2, 4)], [torch.randn(3, 4, 5)], [], torch.tensor([I64_MAX, I64_MAX, 4]), 0, 1, 0)
+
+
+def test_moe_init_routing_v2_capacity_overflow_names_the_arguments():
+    with pytest.raises(ValueError, match="'expert_num'.*'expert_capacity'"):
+        OPS.moe_init_routing_v2(torch.randn(0, 4), torch.zeros(0, 1, dtype=torch.int32), drop_pad_mode=1, expert_num=1,
+                                expert_capacity=2**62)

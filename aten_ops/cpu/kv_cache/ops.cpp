@@ -94,6 +94,9 @@ std::pair<CacheGeom, CacheGeom> cache_pair(const char* op, const at::Tensor& key
   TORCH_CHECK(kg.num_blocks == vg.num_blocks && kg.block_size == vg.block_size, op,
               ": key_cache ", key_cache.sizes(), " and value_cache ", value_cache.sizes(),
               " must share (num_blocks, block_size)");
+  // Slots and sequence positions are divided by block_size.
+  TORCH_CHECK_VALUE(kg.block_size > 0, op, ": key_cache ", key_cache.sizes(), " has block_size 0; expected >= 1 ",
+                    "token rows per block");
   return {kg, vg};
 }
 

@@ -58,7 +58,8 @@ Finalize plan_finalize(const char* op, const at::Tensor& expanded, const std::op
   if (scales.has_value()) {
     moe::check_float(op, "scales", *scales);
     TORCH_CHECK_VALUE(scales->dim() == 2 && scales->size(0) == fz.N && scales->size(1) == fz.k, op,
-                      ": argument 'scales' of shape ", scales->sizes(), " must be [N, k] = [", fz.N, ", ", fz.k, "]");
+                      ": argument 'scales' of shape ", scales->sizes(), " must be [N, k] = [", fz.N, ", ", fz.k,
+                      "] (k = the length ", n, " of 'expanded_src_to_dst_row' / N)");
   }
   const std::vector<int64_t> raw = moe::read_index(dst_row);
   moe::check_destinations(op, "expanded_src_to_dst_row", raw, fz.R, true);

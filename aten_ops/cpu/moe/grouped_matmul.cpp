@@ -18,6 +18,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/checked_math.h"
 #include "cpu/moe/grouped_matmul_kernels.h"
 #include "generated/kernels.h"
 
@@ -182,7 +183,8 @@ std::vector<int64_t> group_offsets(const char* op, const std::optional<at::Tenso
     } else {
       TORCH_CHECK(p[e] >= 0, op, ": group_list (group_list_type 1, counts) must be >= 0; group_list[", e, "] = ",
                   p[e]);
-      off[e + 1] = off[e] + p[e];
+      // A sum that wraps int64 could come back to `total` and pass the coverage check below.
+      off[e + 1] = checked_add(op, "the sum of group_list (group_list_type 1, counts)", off[e], p[e]);
     }
   }
   TORCH_CHECK(off[groups] == total, op, ": group_list must cover the ", axis, " axis of x exactly: the groups sum to ",

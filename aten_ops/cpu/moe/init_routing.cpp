@@ -110,8 +110,9 @@ V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx
   }
   if (pl.capacity) {
     // The output is [expert_num, expert_capacity, H]: bounded before it and the slot table are allocated.
-    const int64_t slots = checked_mul(op, "expert_num * expert_capacity", expert_num, expert_capacity);
-    check_alloc(op, "the output [expert_num, expert_capacity, H]", checked_mul(op, "the output size", slots, pl.H),
+    const int64_t slots = checked_mul(op, "arguments 'expert_num' * 'expert_capacity'", expert_num, expert_capacity);
+    const char* what = "the output [expert_num, expert_capacity, H] (arguments 'expert_num', 'expert_capacity')";
+    check_alloc(op, what, checked_mul(op, what, slots, pl.H),
                 static_cast<int64_t>(x.element_size()));
     check_alloc(op, "the slot table of expert_num * expert_capacity rows", slots, static_cast<int64_t>(sizeof(int64_t)));
   }
