@@ -180,17 +180,15 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
     }
   }
   if (p.paged) {
+    // Only the range is checked: attention only reads the cache, so one physical block may back several logical
+    // blocks, of different sequences (a shared prompt prefix) or even of one sequence (docs/inference.md).
     const int64_t num_blocks = k.size(0);
-    std::vector<int64_t> owner(num_blocks, -1);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t used = (p.kv_len[b] + args.block_size - 1) / args.block_size;
       for (int64_t i = 0; i < used; ++i) {
         const int64_t blk = p.block_table[b * p.max_blocks + i];
         TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, kOp, ": argument 'block_table'[", b, "][", i, "] = ", blk,
                           " is out of range [0, ", num_blocks, ") (num_blocks of the cache)");
-        TORCH_CHECK_VALUE(owner[blk] < 0, kOp, ": argument 'block_table' maps physical block ", blk,
-                          " to two live positions (sequence ", owner[blk], " and sequence ", b, ", logical block ", i, ")");
-        owner[blk] = b;
       }
     }
   }
