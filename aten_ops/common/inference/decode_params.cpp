@@ -36,6 +36,7 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
                     ": argument 'inner_precise' must be 0 or 1; got ",
                     args.inner_precise);
   attention::check_qkv_dtypes(kOp, args.query, args.key, args.value);
+  attention::check_scale(kOp, "scale_value", args.scale_value);
   const bool bsh = layout == "BSH";
   const int64_t q_rank = bsh ? 3 : 4;
   TORCH_CHECK_VALUE(args.query.dim() == q_rank, kOp, ": argument 'query' must be a ", q_rank,

@@ -247,7 +247,10 @@ void update_kernel(const lse_t* lse, const scalar_t* out, int64_t K, int64_t R, 
     std::vector<acc_t> acc(D);
     for (int64_t r = r0; r < r1; ++r) {
       acc_t m = ninf;
-      for (int64_t k = 0; k < K; ++k) m = std::max<acc_t>(m, lse[k * R + r]);
+      for (int64_t k = 0; k < K; ++k) {  // a NaN part (a NaN attention row) makes the merged row NaN
+        const acc_t li = lse[k * R + r];
+        m = (m < li || li != li) ? li : m;
+      }
       scalar_t* o = res + r * D;
       if (m == ninf) {  // every partial result is empty
         std::fill_n(o, D, scalar_t(0));
