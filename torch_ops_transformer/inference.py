@@ -75,8 +75,11 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
 
     Without `block_table`: the prefill path of `npu_prompt_flash_attention` (same layouts, per-batch lengths,
     masks, sparse modes, pse_shift; any Sq), but `next_tokens` defaults to 2147483647 here, as upstream.
-    With `block_table` (paged KV cache, decode): forwarded to `npu_fa::incre_flash_attention` with
-    `actual_seq_lengths_kv` as the per-batch KV lengths and `block_size`; softmax_lse is not available there.
+    With `block_table` (paged KV cache): the same result as the keys laid out contiguously, for every sparse mode,
+    band, mask, pse_shift, query length and softmax_lse_flag. One-token calls whose band hides no key run
+    `npu_fa::incre_flash_attention` on the cache in place (`actual_seq_lengths_kv` as its per-batch KV lengths); the
+    others gather the used blocks and run the prefill path (docs/inference.md). Blocks may be shared between
+    sequences (read-only).
     `softmax_lse_flag=True` returns the fp32 log-sum-exp [B,N,Sq,1] ([T,N,1] for TND; -inf for rows that see no
     key); otherwise softmax_lse is an empty tensor. Quantisation, shared-prefix, rope and padding-size arguments raise NotImplementedError.
     """

@@ -316,7 +316,7 @@ def fa_forward_counts(shape: AttentionShape, s1_block: int, s2_block: int,
     passes (scale, fold for the row max, subtract, exp, fold for the row sum, cast), reduces the folded rows and
     updates the [rows, 8] statistics, writes P; asks for P V (reads P and V, writes the fp32 product); reads it per
     chunk and rescales/accumulates O in UB (two passes). Per task it finally normalises and casts O and writes it
-    with the two statistics. Checked against the kernel's simulated counters (docs/ascendc_npu_model.md)."""
+    with the two statistics (softmax_max as max + 0·sum, so a NaN row's max is NaN too). Checked against the kernel's simulated counters (docs/ascendc_npu_model.md)."""
     b, d = shape.dtype_bytes, shape.head_dim
     vec_rows = fa_vec_rows(s1_block, s2_block, d, b, hw) or 8
     out: List[CoreCounts] = []
@@ -343,7 +343,7 @@ def fa_forward_counts(shape: AttentionShape, s1_block: int, s2_block: int,
                 tc = n_tasks * n_chunks
                 v["w"] += tc * (cr * d * b + 2 * cr * 8 * 4)
                 v["cp"] += tc * 3
-                _vector(v, 2 * cr * d + cr * 8, 4, tc)  # acc / sum, cast
+                _vector(v, 2 * cr * d + 3 * cr * 8, 4, tc)  # softmax_max + 0·sum (NaN rows), acc / sum, cast
         out.append(CoreCounts(AIV, a, v["r"], v["w"], 0, v["el"], v["rep"], v["cp"]))
         if a % 2 == 1:  # the group's AIC served both of its AIVs
             out.append(CoreCounts(AIC, a // 2, aic["r"], aic["w"], aic["macs"], 0, 0, 0))

@@ -11,8 +11,9 @@ Routing (see docs/sdpa_and_compile.md):
 Semantics reproduced: bool attn_mask True = *keep* (ours: True = masked out, so it is inverted); a float attn_mask is
 added to the scaled scores (our pse with pse_type 0); masks broadcast from any shape PyTorch accepts; `is_causal` is
 aligned to the top-left corner (sparse_mode 2) when Sq != Skv; scale defaults to 1/sqrt(E); enable_gqa; Ev <= E;
-rows whose keys are all masked give 0, as PyTorch 2.13's CPU SDPA does. In eager mode, non-finite q/k/v and a NaN or
-+inf in a float mask fall back to PyTorch (its NaN propagation); under torch.compile values are not inspected.
+rows whose keys are all masked give 0, as PyTorch 2.13's CPU SDPA does. NaN and infinities follow the attention ops'
+policy (docs/attention.md, "NaN and infinities"), which is PyTorch's math: values are never inspected, in eager mode
+or under torch.compile.
 """
 import collections
 import contextlib
@@ -32,6 +33,7 @@ _OPS = torch.ops.npu_fa
 # F.scaled_dot_product_attention is this builtin; keep a handle so a fallback never re-enters our router.
 PYTORCH_SDPA = torch._C._nn.scaled_dot_product_attention
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FP32_MAX = torch.finfo(torch.float32).max  # `abs(scale) <= _FP32_MAX` is also False for NaN and inf
 
 log = logging.getLogger(__name__)
 # How often each route ran in eager mode ("prefill", "decode", "fallback: <reason>"); tests and users read it.
@@ -96,8 +98,7 @@ def _mask_reason(query, key, attn_mask, is_causal, device_type) -> Optional[str]
 
 def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                        enable_gqa=False, device_type: str = "cpu") -> Optional[str]:
-    """Why our ops cannot take this call (None: they can). Shape checks only; never reads tensor data (the eager
-    router also sends non-finite values to PyTorch: `_data_reason`).
+    """Why our ops cannot take this call (None: they can). Shape checks only; never reads tensor data.
     `device_type`: where the tensors must live ("npu" for the PrivateUse1 route of torch_ops_transformer.npu_sdpa)."""
     reason = _tensor_reason(query, key, value, device_type)
     if reason is None:
@@ -106,8 +107,8 @@ def unsupported_reason(query, key, value, attn_mask=None, dropout_p=0.0, is_caus
         reason = _mask_reason(query, key, attn_mask, is_causal, device_type)
     if reason is None and not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
         reason = f"dropout_p={dropout_p!r} outside [0, 1)"
-    if reason is None and scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        reason = f"scale={scale!r} is not a finite number"
+    if reason is None and scale is not None and not (isinstance(scale, (int, float)) and abs(scale) <= _FP32_MAX):
+        reason = f"scale={scale!r} is not a finite float32 number (the kernels compute in float32)"
     return reason
 
 
@@ -199,43 +200,11 @@ def _run(query, key, value, attn_mask, dropout_p, is_causal, scale) -> Tensor:
     return out.squeeze(1) if three_d else out
 
 
-def _has_nonfinite(t: Tensor) -> bool:
-    """Whether t holds a NaN or an inf. A NaN or inf makes the sum NaN or inf, so one sum (a vectorised reduction
-    without a temporary, a few hundredths of the attention's time) clears the usual case; only a non-finite sum
-    (a real NaN/inf, or a float16 sum beyond 65504) pays for the exact `isfinite` pass."""
-    return not bool(torch.isfinite(t.sum())) and not bool(torch.isfinite(t).all())
-
-
-def _mask_has_nan_or_posinf(m: Tensor) -> bool:
-    """Whether a float mask holds a NaN or +inf (-inf, the usual "masked" value, is fine): the sum is then NaN or
-    +inf, otherwise it is finite or -inf; the exact pass runs only for a NaN or +inf sum."""
-    total = float(m.sum())
-    return (math.isnan(total) or total == math.inf) and bool((torch.isnan(m) | torch.isposinf(m)).any())
-
-
-def _data_reason(query, key, value, attn_mask) -> Optional[str]:
-    """Values our kernels would answer differently from PyTorch (eager only; None under torch.compile, where a
-    data-dependent branch would break the graph): a NaN or +-inf in query/key/value (our kernels give 0 where PyTorch
-    gives NaN), a NaN or +inf in a float attn_mask (-inf, the usual "masked" value, is fine)."""
-    if torch.compiler.is_compiling():
-        return None
-    with torch.no_grad():  # no autograd nodes for the checks
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if _has_nonfinite(t):
-                return f"non-finite values in {name} (PyTorch's NaN propagation is reproduced by PyTorch only)"
-        if attn_mask is not None and attn_mask.dtype != torch.bool and _mask_has_nan_or_posinf(attn_mask):
-            return "NaN or +inf in the float attn_mask (PyTorch's NaN propagation is reproduced by PyTorch only)"
-    return None
-
-
 def try_scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                      dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                                      enable_gqa: bool = False) -> Optional[Tensor]:
-    """Our result for an SDPA call, or None when it is not supported (nothing is logged): unsupported arguments, or
-    (eager) values whose NaN/inf propagation only PyTorch reproduces (see `scaled_dot_product_attention`)."""
+    """Our result for an SDPA call, or None when its arguments are not supported (nothing is logged)."""
     if unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) is not None:
-        return None
-    if _data_reason(query, key, value, attn_mask) is not None:
         return None
     return _run(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
@@ -246,13 +215,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     """`torch.nn.functional.scaled_dot_product_attention` with PyTorch's semantics, computed by our ops where
     supported and by PyTorch otherwise (see the module docstring).
 
-    Non-finite values: in eager mode a NaN or +-inf in query/key/value, or a NaN or +inf in a float attn_mask, goes
-    to PyTorch's SDPA (one `sum()` per tensor, an exact pass only when that sum is not finite), so results with NaN
-    match PyTorch's bit for bit. Under torch.compile no value is inspected (the graph would break): such inputs run
-    our kernels, which give 0 where PyTorch gives NaN."""
+    NaN and infinities (in query/key/value or a float attn_mask) run our kernels like any value: a row is NaN
+    exactly when PyTorch's math gives NaN there (a NaN score, a NaN value it attends to, +inf in the mask), and a
+    row whose keys are all masked (False or -inf) is 0 (docs/attention.md, "NaN and infinities")."""
     reason = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    if reason is None:
-        reason = _data_reason(query, key, value, attn_mask)
     if reason is not None:
         _fallback_note(reason)
         return PYTORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,

@@ -186,16 +186,6 @@ def test_bad_block_table_out_of_range():
 
 
 @pytest.mark.asan
-def test_bad_block_table_shared_block():
-    args, _ = _paged_args()
-    table = args[6].clone()
-    table[1, 0] = table[0, 2]
-    args[6] = table
-    with pytest.raises(ValueError, match=r"block_table.*two live"):
-        _call(args)
-
-
-@pytest.mark.asan
 @pytest.mark.parametrize("bs", [8, 24, 1024])
 def test_bad_block_size(bs):
     args, _ = _paged_args()

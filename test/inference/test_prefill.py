@@ -127,8 +127,9 @@ def test_fia_prefill_equals_pfa_and_lse(layout):
 
 
 @pytest.mark.asan
-def test_fia_paged_lse_equals_contiguous_and_rejects_mask():
-    """softmax_lse with block_table: the used blocks are gathered and the prefill path gives out and lse."""
+def test_fia_paged_lse_equals_contiguous():
+    """softmax_lse with block_table: the used blocks are gathered and the prefill path gives out and lse (masks,
+    bands and sparse modes with block_table: test_fia_paged.py)."""
     B, N1, N2, D, bs = 2, 4, 2, 16, 16
     g = torch.Generator().manual_seed(6)
     for layout in ("BSH", "BNSD"):
@@ -160,10 +161,6 @@ def test_fia_paged_lse_equals_contiguous_and_rejects_mask():
                                                          actual_seq_lengths_kv=lens, num_heads=N1, scale=0.3,
                                                          num_key_value_heads=N2, input_layout=layout)
             torch.testing.assert_close(dec, out, atol=2e-5, rtol=2e-5)
-    with pytest.raises(ValueError, match="atten_mask"):
-        tot.npu_fused_infer_attention_score(q, cache, cache, block_table=bt, block_size=bs, actual_seq_lengths_kv=lens,
-                                            num_heads=N1, atten_mask=torch.zeros(B, 1, 1, 48, dtype=torch.bool),
-                                            input_layout="BNSD", softmax_lse_flag=True)
 
 
 @pytest.mark.asan

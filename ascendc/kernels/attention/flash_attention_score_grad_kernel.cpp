@@ -326,13 +326,15 @@ class FlashAttentionGrad {
         LocalTensor<float> srow = s[r * kp], dprow = dp[r * kp];
         const float m = mx.GetValue(r * 8), total = sm.GetValue(r * 8), dsum = di.GetValue(r * 8);
         const int64_t lo = Clamp(i + t_.band_lo - j0, 0, nkv), hi = Clamp(i + t_.band_hi + 1 - j0, lo, nkv);
-        if (!(total > 0.0f) || m == kNegInf || hi <= lo) {  // nothing visible: P = dS = 0
+        // A NaN forward row (NaN statistics) is not a row without keys: it gets NaN gradients below.
+        const bool nan_row = m != m || total != total;
+        if (hi <= lo || (!nan_row && (!(total > 0.0f) || m == kNegInf))) {  // nothing visible: P = dS = 0
           Duplicate(srow, 0.0f, int32_t(nkv));
           Duplicate(dprow, 0.0f, int32_t(nkv));
           continue;
         }
         Muls(srow, srow, t_.scale, int32_t(nkv));
-        Adds(srow, srow, -m, int32_t(nkv));
+        Adds(srow, srow, nan_row ? __builtin_nanf("") : -m, int32_t(nkv));  // a NaN row: NaN for every key
         if (lo > 0) {
           CompareScalar(bits, col_, float(lo), CMPMODE::GE, tot_ascendc::FaGradComparePitch(nkv));
           Select(srow, bits, srow, kNegInf, SELMODE::VSEL_TENSOR_SCALAR_MODE, nkv);
@@ -347,6 +349,10 @@ class FlashAttentionGrad {
           Select(srow, bits, srow, kNegInf, SELMODE::VSEL_TENSOR_SCALAR_MODE, nkv);
         }
         Exp(srow, srow, int32_t(nkv));
+        if (nan_row) {  // exp(NaN) where the row sees the key, exp(-inf) = 0 where it does not: P = dS = that
+          Adds(dprow, srow, 0.0f, int32_t(nkv));
+          continue;
+        }
         Muls(srow, srow, 1.0f / total, int32_t(nkv));
         Adds(dprow, dprow, -dsum, int32_t(nkv));
         Mul(dprow, dprow, srow, int32_t(nkv));

@@ -313,6 +313,11 @@ class FlashAttentionScoreKernel {
     const uint32_t w = t_.v_dim_pad, real = RealRows(c0, cr);
     if (real == 0) return;
     LocalTensor<float> l8 = sum8_.Get<float>()[c0 * kFp32PerBlock], safe8 = tmpA_.Get<float>();
+    // softmax_max = max + 0·sum: NaN for a NaN row (its sum is NaN; the vector Max may have dropped the NaN score),
+    // unchanged otherwise (the sum is finite, 0 for a row that saw no key).
+    LocalTensor<float> max8 = tmpB_.Get<float>();
+    Muls(max8, l8, 0.0f, int32_t(cr * kFp32PerBlock));
+    Add(max8, max8, max8_.Get<float>()[c0 * kFp32PerBlock], int32_t(cr * kFp32PerBlock));
     Maxs(safe8, l8, kTinySum, int32_t(cr * kFp32PerBlock));
     LocalTensor<float> acc = acc_.Get<float>()[c0 * w];
     RowBroadcast<DivOp<float>>(acc, acc, safe8, cr, w);
@@ -332,7 +337,7 @@ class FlashAttentionScoreKernel {
       oOut_.FreeTensor(out);
       WaitPipe<HardEvent::V_MTE3>();
     }
-    DataCopy(maxGm_[row0 * kFp32PerBlock], max8_.Get<float>()[c0 * kFp32PerBlock], real * kFp32PerBlock);
+    DataCopy(maxGm_[row0 * kFp32PerBlock], max8, real * kFp32PerBlock);
     DataCopy(sumGm_[row0 * kFp32PerBlock], l8, real * kFp32PerBlock);
   }
 

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "generated/kernels.h"
@@ -233,7 +235,7 @@ AttentionParams parse_attention_params(const char* op, const Args& args, Attenti
   TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 4, op,
                     ": argument 'inner_precise' must be in [0, 4]; got ",
                     args.inner_precise);
-  TORCH_CHECK_VALUE(std::isfinite(args.scale), op, ": argument '", names.scale, "' must be finite; got ", args.scale);
+  check_scale(op, names.scale, args.scale);
 
   const Dims qd = read_dims(op, "query", args.query, p.layout, p.layout == Layout::TND ? 0 : args.head_num, 0);
   TORCH_CHECK_VALUE(p.layout == Layout::BSH || p.layout == Layout::SBH || qd.heads == args.head_num, op,
@@ -389,6 +391,13 @@ void check_qkv_dtypes(const char* op, const at::Tensor& query, const at::Tensor&
   TORCH_CHECK_TYPE(key.scalar_type() == dt && value.scalar_type() == dt, op,
                    ": arguments 'query', 'key', 'value' must share one dtype; got ", dt, ", ", key.scalar_type(), ", ",
                    value.scalar_type());
+}
+
+void check_scale(const char* op, const char* arg, double scale) {
+  // The kernels compute in fp32: a double beyond FLT_MAX would become inf there.
+  const bool ok = std::isfinite(scale) && std::abs(scale) <= std::numeric_limits<float>::max();
+  TORCH_CHECK_VALUE(ok, op, ": argument '", arg, "' must be finite (and within float32 range, |scale| <= ",
+                    std::numeric_limits<float>::max(), "); got ", scale);
 }
 
 void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected) {

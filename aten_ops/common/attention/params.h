@@ -143,6 +143,10 @@ std::vector<int64_t> stats_shape(const AttentionParams& p, const at::Tensor& que
 // q/k/v must be float32, float16 or bfloat16, all alike (every attention op's first check).
 void check_qkv_dtypes(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value);
 
+// The softmax scale of every attention op (flash_attention_score, prompt/fused inference, decode): finite and
+// representable in fp32, the kernels' compute type. `arg` is the name the op gives it (scale, scale_value).
+void check_scale(const char* op, const char* arg, double scale);
+
 // Checks a tensor that must have exactly the given shape (dy, attention_in, softmax_max/sum in the backward).
 void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef expected);
 

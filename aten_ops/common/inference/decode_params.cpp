@@ -36,6 +36,7 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
                     ": argument 'inner_precise' must be 0 or 1; got ",
                     args.inner_precise);
   attention::check_qkv_dtypes(kOp, args.query, args.key, args.value);
+  attention::check_scale(kOp, "scale_value", args.scale_value);
   const bool bsh = layout == "BSH";
   const int64_t q_rank = bsh ? 3 : 4;
   TORCH_CHECK_VALUE(args.query.dim() == q_rank, kOp, ": argument 'query' must be a ", q_rank,
@@ -180,17 +181,15 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
     }
   }
   if (p.paged) {
+    // Only the range is checked: attention only reads the cache, so one physical block may back several logical
+    // blocks, of different sequences (a shared prompt prefix) or even of one sequence (docs/inference.md).
     const int64_t num_blocks = k.size(0);
-    std::vector<int64_t> owner(num_blocks, -1);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t used = (p.kv_len[b] + args.block_size - 1) / args.block_size;
       for (int64_t i = 0; i < used; ++i) {
         const int64_t blk = p.block_table[b * p.max_blocks + i];
         TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, kOp, ": argument 'block_table'[", b, "][", i, "] = ", blk,
                           " is out of range [0, ", num_blocks, ") (num_blocks of the cache)");
-        TORCH_CHECK_VALUE(owner[blk] < 0, kOp, ": argument 'block_table' maps physical block ", blk,
-                          " to two live positions (sequence ", owner[blk], " and sequence ", b, ", logical block ", i, ")");
-        owner[blk] = b;
       }
     }
   }

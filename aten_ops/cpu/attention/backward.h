@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -145,8 +146,9 @@ struct Item {
 
 // Per-row softmax statistics and Di, indexed by the dense row id p.dropout_row.at(b, n, i).
 struct RowStats {
-  const float* max;  // +inf for fully masked rows, so exp(s - max) is 0 there
-  const float* inv;  // 1 / sum, 0 for fully masked rows
+  const float* max;  // +inf for fully masked rows, so exp(s - max) is 0 there; NaN for NaN rows
+  const float* inv;  // 1 / sum, 0 for fully masked rows; NaN for NaN rows (exp_u20 clamps a NaN argument, the
+                     // product with inv keeps it)
   const float* di;   // rowsum(dY * O)
 };
 
@@ -335,6 +337,10 @@ class Worker {
         for (int64_t j = 0; j < nkv; ++j) row_[j] = keep_[j] ? inv_keep : 0.f;
       }
       float* g = c_.dpse ? c_.dpse + b * c_.dpse_sb + n * c_.dpse_sn + i * c_.dpse_si + j0 : nullptr;
+      if (std::isnan(c_.rows.max[id])) {  // rare: keeps the loop below free of per-element tests
+        nan_row(s, d, g, nkv);
+        continue;
+      }
       const Vec vmax(c_.rows.max[id]), vinv(c_.rows.inv[id]), vdi(c_.rows.di[id]), vscale(scale), vpg(pse_grad);
       for (int64_t j = 0; j < nkv; j += Vec::size()) {
         const int64_t cnt = std::min<int64_t>(Vec::size(), nkv - j);
@@ -350,6 +356,18 @@ class Worker {
         pd.store(s + j, cnt);
         (ds * vscale).store(d + j, cnt);
       }
+    }
+  }
+
+  // A row whose forward is NaN (NaN softmax statistics): P and dS are NaN for every key the row sees and exactly 0
+  // for the keys it does not (masked: -inf logits), so only gradients of what the row depends on become NaN (the
+  // vector loop would give exp(-inf - NaN) = NaN for masked keys too).
+  static void nan_row(float* s, float* d, float* g, int64_t nkv) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t j = 0; j < nkv; ++j) {
+      const bool seen = s[j] != -kInf;
+      s[j] = d[j] = seen ? nan : 0.f;
+      if (g && seen) g[j] = nan;
     }
   }
 
@@ -418,9 +436,13 @@ void prepare_rows(const AttentionParams& p, const BackwardTensors& t, float* mx,
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t id = p.dropout_row.at(b, n, i), st = p.stats.at(b, n, i);
       const float m = smax[st], s = ssum[st];
-      const bool dead = !(s > 0.f) || m == -kInf;
-      mx[id] = dead ? kInf : m;
-      inv[id] = dead ? 0.f : 1.f / s;
+      if (std::isnan(m) || std::isnan(s)) {  // the forward row is NaN: so are its probabilities and gradients
+        mx[id] = inv[id] = std::numeric_limits<float>::quiet_NaN();
+      } else {
+        const bool dead = !(s > 0.f) || m == -kInf;
+        mx[id] = dead ? kInf : m;
+        inv[id] = dead ? 0.f : 1.f / s;
+      }
       convert_row(dy + p.out.at(b, n, i), a.data(), vD);
       convert_row(o + p.out.at(b, n, i), c.data(), vD);
       Vec acc(0.f);

@@ -31,12 +31,15 @@
 #include <vector>
 
 #include "cpu/attention/kernels.h"
+#include "cpu/online_softmax.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
 namespace fa_fwd {
 
 using Vec = at::vec::Vectorized<float>;
 using at::BFloat16;
+using online_softmax::nan_max;
+using online_softmax::RowKind;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -88,7 +91,7 @@ inline bool bf16_brgemm_usable() {
 inline float scale_bias_max(float* s, int64_t n, float scale, const float* bias, int64_t bias_stride, float c) {
   if (bias && bias_stride != 1) {
     float mx = kNegInf;
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j] = s[j] * scale + c * bias[j * bias_stride]);
+    for (int64_t j = 0; j < n; ++j) mx = nan_max(mx, s[j] = s[j] * scale + c * bias[j * bias_stride]);
     return mx;
   }
   const Vec vs(scale), vc(c);
@@ -456,7 +459,7 @@ class ForwardKernel {
     const int64_t mq = it.i1 - it.i0, R = (it.h1 - it.h0) * mq, w = vD_ + 2;
     for (int64_t r = 0; r < R; ++r) {
       float m = kNegInf;
-      for (int64_t x = 0; x < splits; ++x) m = std::max(m, partial[x * stride + r * w]);
+      for (int64_t x = 0; x < splits; ++x) m = nan_max(m, partial[x * stride + r * w]);  // a NaN part: NaN row
       float l = 0.f;
       float* a = acc_.data();
       std::fill_n(a, vD_, 0.f);
@@ -595,12 +598,24 @@ class ForwardKernel {
   void softmax_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s, float row_mx, float s_scale,
                    int64_t r) {
     const float m_old = m_[r];
-    const float m_new = std::max(m_old, row_mx);
+    const float m_new = nan_max(m_old, row_mx);
     C* pl = kVnni ? reinterpret_cast<C*>(p_lowp_.data() + r * lds_) : nullptr;
-    if (m_new == kNegInf) {  // nothing visible yet: P = 0, state unchanged
-      std::fill_n(s, nk, 0.f);
-      if constexpr (kVnni) std::fill_n(pl, round_up(nk, 2), C(0.f));
-      return;
+    if (!(std::abs(m_new) < online_softmax::kHugeMax)) {  // one compare per row and tile; the rare rows below
+      switch (online_softmax::row_kind(m_new)) {
+        case RowKind::Unseen:  // nothing visible yet: P = 0, state unchanged
+          zero_p(s, pl, nk);
+          return;
+        case RowKind::NaN:  // a NaN score (or +inf): the row is NaN from here on, P = 0 adds nothing
+          zero_p(s, pl, nk);
+          m_[r] = l_[r] = online_softmax::kNaN;
+          std::fill_n(acc_.data() + r * vD_, vD_, online_softmax::kNaN);
+          return;
+        default:  // huge finite scores: the exponent of the row max must be exactly 0 (see kHugeMax)
+          if (s_scale != 1.f) {
+            for (int64_t j = 0; j < nk; ++j) s[j] *= s_scale;
+            s_scale = 1.f;
+          }
+      }
     }
     const float alpha = std::exp(m_old - m_new);  // 0 on the first visible tile
     float sum;
@@ -620,6 +635,12 @@ class ForwardKernel {
     l_[r] = l_[r] * alpha + sum;  // the sum uses probabilities before dropout
     m_[r] = m_new;
     if (alpha != 1.f) scale_row(acc_.data() + r * vD_, vD_, alpha);
+  }
+
+  // P = 0 for the nk keys of a row (and its low-precision copy for P·V).
+  void zero_p(float* s, C* pl, int64_t nk) {
+    std::fill_n(s, nk, 0.f);
+    if constexpr (kVnni) std::fill_n(pl, round_up(nk, 2), C(0.f));
   }
 
   void apply_dropout(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) {

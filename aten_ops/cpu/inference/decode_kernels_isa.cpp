@@ -12,6 +12,7 @@
 // rows per register block (one shuffle tree sums 4 dot products), P·V walks the V rows in memory order with the
 // accumulators in registers, and the next tile's K/V rows are prefetched while the current tile is computed.
 #include "cpu/inference/decode_kernels.h"
+#include "cpu/online_softmax.h"
 
 #ifndef CPU_CAPABILITY
 #error "this *_isa.cpp must be compiled with -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 (setup.py does this)"
@@ -37,6 +38,7 @@ namespace npu_fa::cpu::CPU_CAPABILITY {
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+using online_softmax::nan_max;
 constexpr int64_t kTile = 32;                         // keys per online-softmax step
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -385,10 +387,19 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
           Vec vmax(kNegInf);
           for (int64_t t = 0; t < kTile; t += Vec::size()) vmax = at::vec::maximum(vmax, Vec::loadu(sr + t));
           const float mt = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, vmax);
-          const float mnew = std::max(m[r], mt);
-          if (mnew == kNegInf) {  // nothing visible yet for this row
-            std::fill(sr, sr + kTile, 0.f);
-            continue;
+          const float mnew = nan_max(m[r], mt);
+          // Scores are rounded fp32 values, so exp(s - mnew) is exactly 1 for the max even when it is huge: only
+          // rows with no visible key yet (-inf) and NaN rows (a NaN or +inf score) leave the fast path.
+          if (!(std::abs(mnew) < online_softmax::kHugeMax)) {
+            const online_softmax::RowKind kind = online_softmax::row_kind(mnew);
+            if (kind != online_softmax::RowKind::Huge) {
+              std::fill(sr, sr + kTile, 0.f);  // P = 0
+              if (kind == online_softmax::RowKind::NaN) {  // NaN from here on (P·V adds 0 to a NaN accumulator)
+                m[r] = l[r] = online_softmax::kNaN;
+                std::fill(acc + r * Dp, acc + (r + 1) * Dp, online_softmax::kNaN);
+              }
+              continue;
+            }
           }
           any = true;
           const float alpha = m[r] == kNegInf ? 0.f : std::exp(m[r] - mnew);
@@ -446,7 +457,7 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
       const int64_t b = i / (N2 / HT), h0 = (i % (N2 / HT)) * HT;
       for (int64_t r = 0; r < R; ++r) {
         float M = kNegInf;
-        for (int64_t t = first[i]; t < first[i + 1]; ++t) M = std::max(M, part[t * part_stride + R * Dp + r]);
+        for (int64_t t = first[i]; t < first[i + 1]; ++t) M = nan_max(M, part[t * part_stride + R * Dp + r]);
         std::fill(o.begin(), o.end(), 0.f);
         float L = 0.f;
         if (M != kNegInf) {
@@ -461,7 +472,7 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
           }
         }
         T* dst = out + (b * N1 + h0 * G + r) * D;
-        const float inv = L > 0.f ? 1.f / L : 0.f;
+        const float inv = L == 0.f ? 0.f : 1.f / L;  // 0: no visible key; a NaN L (NaN row) stays NaN
         for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(o[d] * inv);
       }
     }

@@ -50,14 +50,11 @@ Prefill run_prefill(const char* op, const at::Tensor& query, const at::Tensor& k
 }
 
 // A paged cache (num_blocks, block_size, N2*D) or (num_blocks, N2, block_size, D) as a contiguous cache in the
-// query's layout holding each sequence's first ceil(max_len / block_size) logical blocks (unused entries read block 0
-// and lie beyond the sequence's length, so they are never visible).
+// query's layout holding each sequence's first `kv_used` keys, kv_used = the longest actual_seq_lengths_kv entry
+// (positions past a sequence's own length read block 0 or the tail of its last block and are never visible).
 at::Tensor gather_paged(const char* op, const at::Tensor& cache, const at::Tensor& block_table,
                         const std::optional<at::Tensor>& kv_lens, const at::Tensor& query, c10::string_view layout,
-                        int64_t block_size, const std::optional<at::Tensor>& atten_mask,
-                        const std::optional<at::Tensor>& pse_shift) {
-  TORCH_CHECK_VALUE(!atten_mask.has_value() && !pse_shift.has_value(), op, ": softmax_lse_flag=True with block_table "
-                    "supports neither atten_mask nor pse_shift (the lse path gathers the paged cache)");
+                        int64_t block_size, int64_t& kv_used) {
   TORCH_CHECK_VALUE(layout == "BSH" || layout == "BSND" || layout == "BNSD", op, ": with block_table, input_layout "
                     "must be BSH, BSND or BNSD; got '", std::string(layout.data(), layout.size()), "'");
   TORCH_CHECK_VALUE(kv_lens.has_value(), op, ": argument 'actual_seq_lengths_kv' is required with block_table");
@@ -74,33 +71,119 @@ at::Tensor gather_paged(const char* op, const at::Tensor& cache, const at::Tenso
   std::vector<int64_t> lens;
   attention::read_per_batch_lengths(op, "actual_seq_lengths_kv", *kv_lens, B,
                                     block_table.size(1) * block_size, lens);
-  const int64_t max_len = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
-  const int64_t nb = (max_len + block_size - 1) / block_size, num_blocks = cache.size(0);
+  kv_used = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+  const int64_t nb = (kv_used + block_size - 1) / block_size, num_blocks = cache.size(0);
   const at::Tensor bt = block_table.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* btp = bt.const_data_ptr<int64_t>();
+  // A block id may repeat (shared prefix blocks): attention only reads the cache.
   at::Tensor idx = at::zeros({B, nb}, at::kLong);
+  int64_t* ip = idx.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i * block_size < lens[b]; ++i) {
-      const int64_t blk = bt[b][i].item<int64_t>();
+      const int64_t blk = btp[b * bt.size(1) + i];
       TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, op, ": argument 'block_table'[", b, "][", i, "] = ", blk,
                         " is out of range [0, ", num_blocks, ")");
-      idx[b][i] = blk;
+      ip[b * nb + i] = blk;
     }
   const int64_t S = nb * block_size;
   at::Tensor g = cache.index_select(0, idx.flatten().to(cache.device()));
-  if (bnsd_cache) {  // -> [B, N2, S, D]
+  if (bnsd_cache) {  // -> [B, N2, kv_used, D]
     const int64_t N2 = cache.size(1), D = cache.size(3);
-    g = g.view({B, nb, N2, block_size, D}).permute({0, 2, 1, 3, 4}).reshape({B, N2, S, D});
+    g = g.view({B, nb, N2, block_size, D}).permute({0, 2, 1, 3, 4}).reshape({B, N2, S, D}).narrow(2, 0, kv_used);
     if (layout == "BNSD") return g;
     g = g.transpose(1, 2);
-    return layout == "BSND" ? g.contiguous() : g.reshape({B, S, N2 * D});
+    return layout == "BSND" ? g.contiguous() : g.reshape({B, kv_used, N2 * D});
   }
-  g = g.view({B, S, cache.size(2)});  // [B, S, N2*D]
+  g = g.view({B, S, cache.size(2)}).narrow(1, 0, kv_used);  // [B, kv_used, N2*D]
   if (layout == "BSH") return g;
   const int64_t D = query.size(3);
   TORCH_CHECK_VALUE(D > 0 && cache.size(2) % D == 0, op, ": the paged cache's last dim ", cache.size(2),
                     " must be a multiple of the head dim ", D);
-  g = g.view({B, S, cache.size(2) / D, D});
+  g = g.view({B, kv_used, cache.size(2) / D, D});
   return layout == "BSND" ? g : g.transpose(1, 2);
+}
+
+// The query length of a paged fused call (BSH/BSND: dim 1, BNSD: dim 2), or -1 for shapes the parser rejects.
+int64_t paged_query_len(const at::Tensor& q, c10::string_view layout) {
+  if (layout == "BNSD") return q.dim() == 4 ? q.size(2) : -1;
+  return q.dim() >= 3 ? q.size(1) : -1;
+}
+
+// Whether the decode op (which reads the paged cache in place) computes exactly what the prefill path computes on
+// the same keys made contiguous: one query token per sequence, no lse, a band hiding none of its keys, a mask in the
+// per-batch forms the decode op takes, and no query row beyond its sequence (actual_seq_lengths 0).
+bool decode_route_fits(const char* op, const FusedInferAttentionScoreArgs& a) {
+  const c10::string_view lay = a.input_layout;
+  if (a.softmax_lse_flag || !(lay == "BSH" || lay == "BSND" || lay == "BNSD")) return false;
+  if (paged_query_len(a.query, lay) != 1) return false;
+  const std::optional<at::Tensor>& m = a.atten_mask;
+  // The band of query row 0 against keys [0, len): mode 0 with a mask keeps -pre <= j <= next (without one CANN
+  // ignores pre/next), 1 is the mask alone, 3 (bottom-right causal) keeps j <= len - 1; 2 and 4 hide keys.
+  const int64_t capacity = a.block_table->dim() == 2 ? a.block_table->size(1) * a.block_size : 0;
+  switch (a.sparse_mode) {
+    case 0: if (m.has_value() && (a.pre_tokens < 0 || a.next_tokens < capacity - 1)) return false; break;
+    case 1: break;
+    case 3: if (m.has_value()) return false; break;  // the compressed mask is checked on the prefill route
+    default: return false;
+  }
+  if (a.sparse_mode <= 1 && m.has_value()) {  // the decode op takes (B, S), (B, 1, S), (B, 1, 1, S): no head dim
+    bool per_batch = m->dim() >= 2 && m->dim() <= 4;
+    for (int64_t d = 1; per_batch && d + 1 < m->dim(); ++d) per_batch = m->size(d) == 1;
+    if (!per_batch) return false;
+  }
+  if (a.actual_seq_lengths.has_value()) {  // a query length of 0 makes a padded (zero) row
+    std::vector<int64_t> q_lens;
+    attention::read_per_batch_lengths(op, "actual_seq_lengths", *a.actual_seq_lengths, a.query.size(0), 1, q_lens);
+    if (std::find(q_lens.begin(), q_lens.end(), 0) != q_lens.end()) return false;
+  }
+  return true;
+}
+
+// A mask or pse_shift of a paged call, indexed by key position: a paged cache has no padded length, so (as in the
+// decode op) the last dim must cover the longest sequence, and it is cut to the gathered keys. A 2-D mask of a
+// one-token query is the decode op's per-batch (B, S) form.
+at::Tensor fit_to_keys(const char* op, const char* arg, at::Tensor t, int64_t kv_used, bool one_token) {
+  if (one_token && t.dim() == 2) t = t.reshape({t.size(0), 1, 1, t.size(1)});
+  TORCH_CHECK_VALUE(t.dim() >= 2 && t.size(-1) >= kv_used, op, ": argument '", arg, "' with block_table must cover "
+                    "the longest sequence in its last dim (>= max(actual_seq_lengths_kv) = ", kv_used, "); got shape ",
+                    t.sizes());
+  return t.narrow(-1, 0, kv_used);
+}
+
+// Paged fused call through the decode op, through the dispatcher (the npu device runs its Ascend C kernel).
+at::Tensor paged_decode(const char* op, const FusedInferAttentionScoreArgs& a) {
+  auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName("npu_fa::incre_flash_attention", ""));
+  TORCH_CHECK_VALUE(handle.has_value() && handle->hasSchema(), op, ": block_table (paged KV) needs the decode op "
+                    "npu_fa::incre_flash_attention, which this build does not have");
+  using Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
+                         c10::string_view, int64_t, int64_t, int64_t);
+  // The decode op's inner_precise has the precision bit only (FIA's 2/3 add a fix for invalid rows, which it has).
+  return handle->typed<Sig>().call(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths_kv,
+                                   a.block_table, std::nullopt, a.num_heads, a.scale, a.input_layout,
+                                   a.num_key_value_heads, a.block_size, a.inner_precise % 2);
+}
+
+// Paged fused call through the prefill path: the used keys are gathered into a contiguous cache (an extra copy of
+// it), so every sparse mode, band, mask, pse_shift, query length and the lse mean what they mean without block_table.
+std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInferAttentionScoreArgs& a) {
+  int64_t kv_used = 0;
+  const at::Tensor k = gather_paged(op, a.key, *a.block_table, a.actual_seq_lengths_kv, a.query, a.input_layout,
+                                    a.block_size, kv_used);
+  const at::Tensor v = gather_paged(op, a.value, *a.block_table, a.actual_seq_lengths_kv, a.query, a.input_layout,
+                                    a.block_size, kv_used);
+  const bool one_token = paged_query_len(a.query, a.input_layout) == 1;
+  std::optional<at::Tensor> mask = a.atten_mask, pse = a.pse_shift;
+  if (mask.has_value() && a.sparse_mode <= 1) mask = fit_to_keys(op, "atten_mask", *mask, kv_used, one_token);
+  if (pse.has_value()) pse = fit_to_keys(op, "pse_shift", *pse, kv_used, false);
+  const FusedInferAttentionScoreArgs g{a.query, k, v, pse, mask, a.actual_seq_lengths, a.actual_seq_lengths_kv,
+                                       a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens,
+                                       a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise,
+                                       a.block_size, a.softmax_lse_flag};
+  Prefill r = run_prefill(op, a.query, k, v, g);
+  if (!a.softmax_lse_flag) return {r.out, at::empty({0}, a.query.options().dtype(at::kFloat))};
+  return {r.out, at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1))};
 }
 
 }  // namespace
@@ -121,33 +204,10 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedIn
   TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 3, op,
                     ": argument 'inner_precise' must be in [0, 3]; got ",
                     args.inner_precise);
-  if (args.block_table.has_value() && args.softmax_lse_flag) {
-    // The decode op returns no log-sum-exp: gather the used blocks into a contiguous cache and run the prefill path.
-    const at::Tensor k = gather_paged(op, args.key, *args.block_table, args.actual_seq_lengths_kv, args.query,
-                                      args.input_layout, args.block_size,
-                                      args.atten_mask, args.pse_shift);
-    const at::Tensor v = gather_paged(op, args.value, *args.block_table, args.actual_seq_lengths_kv, args.query,
-                                      args.input_layout, args.block_size,
-                                      args.atten_mask, args.pse_shift);
-    Prefill r = run_prefill(op, args.query, k, v, args);
-    return {r.out, at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1))};
-  }
   if (args.block_table.has_value()) {
-    // Paged KV cache (decode): forwarded to incre_flash_attention through the dispatcher.
-    // The per-batch KV lengths (actual_seq_lengths_kv) become the decode op's actual_seq_lengths.
-    auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName("npu_fa::incre_flash_attention", ""));
-    TORCH_CHECK_VALUE(handle.has_value() && handle->hasSchema(), op, ": block_table (paged KV) needs the decode op "
-                      "npu_fa::incre_flash_attention, which this build does not have");
-    using Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
-                           c10::string_view, int64_t, int64_t,
-                           int64_t);
-    at::Tensor out = handle->typed<Sig>().call(args.query, args.key, args.value, args.atten_mask, args.pse_shift,
-                                               args.actual_seq_lengths_kv,
-                                               args.block_table, std::nullopt, args.num_heads, args.scale, args.input_layout,
-                                               args.num_key_value_heads, args.block_size, args.inner_precise);
-    return {out, at::empty({0}, args.query.options().dtype(at::kFloat))};
+    // Paged KV cache: the decode op where it computes the same thing, else the prefill path on gathered keys.
+    if (decode_route_fits(op, args)) return {paged_decode(op, args), at::empty({0}, args.query.options().dtype(at::kFloat))};
+    return paged_prefill(op, args);
   }
   TORCH_CHECK_VALUE(args.block_size == 0, op, ": argument 'block_size' is only used with block_table (paged KV); got ",
                     args.block_size);
@@ -187,7 +247,10 @@ void update_kernel(const lse_t* lse, const scalar_t* out, int64_t K, int64_t R, 
     std::vector<acc_t> acc(D);
     for (int64_t r = r0; r < r1; ++r) {
       acc_t m = ninf;
-      for (int64_t k = 0; k < K; ++k) m = std::max<acc_t>(m, lse[k * R + r]);
+      for (int64_t k = 0; k < K; ++k) {  // a NaN part (a NaN attention row) makes the merged row NaN
+        const acc_t li = lse[k * R + r];
+        m = (m < li || li != li) ? li : m;
+      }
       scalar_t* o = res + r * D;
       if (m == ninf) {  // every partial result is empty
         std::fill_n(o, D, scalar_t(0));
