@@ -385,7 +385,7 @@ def test_init_routing_v2_rejects_huge_sizes_before_allocating():
         tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=4, expert_capacity=2**40)
     with expect(ValueError, "expert_num", "expected at most"):
         tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=2**40, expert_capacity=2**40)
-    with expect(ValueError, "expert_num * expert_capacity", "overflows int64"):
+    with expect(ValueError, "'expert_num' * 'expert_capacity'", "overflows int64"):
         tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=2**20, expert_capacity=2**62)
 
 

@@ -175,9 +175,9 @@ def test_decode_matches_reference(c, seed):
 
 
 # ---- fused_infer_attention_score with block_table --------------------------------------------------------------
-# Without softmax_lse_flag the paged call is forwarded to incre_flash_attention, which ignores sparse_mode and the
-# pre/next band (sparse_mode=4 and pre_tokens are dropped on that path): the strategy keeps sparse_mode 0 and the
-# default band there.
+# Without softmax_lse_flag a one-token paged call whose band hides no key runs the decode kernel on the cache in
+# place: this property draws those calls (sparse_mode 0, default band); sparse modes and bands with block_table are
+# drawn by the lse property below and checked case by case in test/inference/test_fia_paged.py.
 @settings(max_examples=examples(45))
 @given(c=decode_calls(paged=True), seed=seeds)
 def test_fused_paged_decode_matches_reference(c, seed):
