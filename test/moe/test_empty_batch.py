@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from test.moe.test_layer import _layer
+from test.moe.test_layer import _layer, _sharded_layers
 from test.common.ranks import run_ranks
 
 
@@ -53,17 +53,8 @@ def _ep_worker(rank, world, port, result_dir):
 def _ep_check(rank, world, capacity):
     """Rank 0 has 0 tokens, the others 10: outputs and gradients equal the single-process layer's on the
     concatenated batch."""
-    import torch.distributed as dist
-    from torch_ops_transformer import MOELayer
-
-    cfg = dict(input_dim=12, num_experts=4, top_k=2, hidden_dim=16, expert_capacity=capacity)
-    full = _layer(**cfg)
-    ep = MOELayer(**cfg, process_group=dist.group.WORLD)
-    local = cfg["num_experts"] // world
-    with torch.no_grad():
-        ep.gate.weight.copy_(full.gate.weight)
-        for name in ("w1", "b1", "w2", "b2"):
-            getattr(ep, name).copy_(getattr(full, name)[rank * local:(rank + 1) * local])
+    full, ep, shard = _sharded_layers(rank, world, input_dim=12, num_experts=4, top_k=2, hidden_dim=16,
+                                      expert_capacity=capacity)
     g = torch.Generator().manual_seed(7)
     sizes = [0] + [10] * (world - 1)
     xs = [torch.randn(n, 12, generator=g) for n in sizes]
@@ -79,7 +70,7 @@ def _ep_check(rank, world, capacity):
     torch.testing.assert_close(y.detach(), want.detach()[start:start + sizes[rank]], rtol=1e-5, atol=1e-5,
                                msg=lambda m: f"{tag}: {m}")
     for name in ("w1", "b1", "w2", "b2"):
-        torch.testing.assert_close(getattr(ep, name).grad, getattr(full, name).grad[rank * local:(rank + 1) * local],
+        torch.testing.assert_close(getattr(ep, name).grad, getattr(full, name).grad[shard],
                                    rtol=1e-4, atol=1e-5, msg=lambda m: f"{tag} {name}: {m}")
 
 

@@ -46,6 +46,22 @@ def _layer(**kw):
     return layer
 
 
+def _sharded_layers(rank, world, **cfg):
+    """(the single-process layer, this rank's expert-parallel shard of it over the default group, the slice of the
+    expert axis that shard holds)."""
+    import torch.distributed as dist
+
+    full = _layer(**cfg)
+    ep = MOELayer(**cfg, process_group=dist.group.WORLD)
+    local = cfg["num_experts"] // world
+    shard = slice(rank * local, (rank + 1) * local)
+    with torch.no_grad():
+        ep.gate.weight.copy_(full.gate.weight)
+        for name in ("w1", "b1", "w2", "b2"):
+            getattr(ep, name).copy_(getattr(full, name)[shard])
+    return full, ep, shard
+
+
 @pytest.mark.parametrize("top_k,capacity,activation", [
     (2, None, "gelu"), (1, None, "relu"), (4, None, "silu"),    # k = E
     (2, 3, "fast_gelu"),                                        # overflow: most experts drop rows
@@ -182,14 +198,9 @@ def _ep_check(rank, world, capacity):
     """This rank's shard of an expert-parallel layer against the single-process layer on the global batch."""
     import torch.distributed as dist
 
-    cfg = dict(input_dim=12, num_experts=8, top_k=2, hidden_dim=16, expert_capacity=capacity)
-    full = _layer(**cfg)                                     # the single-process layer, same on every rank
-    ep = MOELayer(**cfg, process_group=dist.group.WORLD)
-    local = cfg["num_experts"] // world
-    with torch.no_grad():
-        ep.gate.weight.copy_(full.gate.weight)
-        for name in ("w1", "b1", "w2", "b2"):
-            getattr(ep, name).copy_(getattr(full, name)[rank * local:(rank + 1) * local])
+    # the single-process layer (the same on every rank) and this rank's shard of it
+    full, ep, shard = _sharded_layers(rank, world, input_dim=12, num_experts=8, top_k=2, hidden_dim=16,
+                                      expert_capacity=capacity)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(world, 10, 12, generator=g)              # every rank knows the global batch
     dy = torch.randn(world, 10, 12, generator=g)
@@ -201,7 +212,7 @@ def _ep_check(rank, world, capacity):
     tag = f"rank {rank}/{world} capacity {capacity}"
     torch.testing.assert_close(y.detach(), want.detach()[rank], rtol=1e-5, atol=1e-5, msg=lambda m: f"{tag}: {m}")
     for name in ("w1", "b1", "w2", "b2"):
-        torch.testing.assert_close(getattr(ep, name).grad, getattr(full, name).grad[rank * local:(rank + 1) * local],
+        torch.testing.assert_close(getattr(ep, name).grad, getattr(full, name).grad[shard],
                                    rtol=1e-4, atol=1e-5, msg=lambda m: f"{tag} {name}: {m}")
     gate_grad = ep.gate.weight.grad.clone()
     dist.all_reduce(gate_grad)                               # the data-parallel gradient of the replicated gate
