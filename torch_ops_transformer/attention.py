@@ -36,6 +36,7 @@ def _check_fusion_args(op: str, padding_mask, prefix) -> None:
     _args.not_implemented(op, "sparse_mode 5 (prefix)", prefix=prefix)
 
 
+@_args.torch_npu_api
 def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: int, input_layout: str,
                          pse: Optional[Tensor] = None, padding_mask: Optional[Tensor] = None,
                          atten_mask: Optional[Tensor] = None, scale: float = 1., keep_prob: float = 1.,
@@ -69,6 +70,7 @@ def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: in
     return out, smax, ssum, sout, _as_int(seed_t), _as_int(offset_t), numels
 
 
+@_args.torch_npu_api
 def npu_fusion_attention_grad(query: Tensor, key: Tensor, value: Tensor, dy: Tensor, head_num: int,
                               input_layout: str, *, pse: Optional[Tensor] = None,
                               padding_mask: Optional[Tensor] = None, atten_mask: Optional[Tensor] = None,
