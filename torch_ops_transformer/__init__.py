@@ -7,7 +7,8 @@ generated from native_functions.yaml. Public Python API:
 - `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention;
 - `FlashAttention` — an nn.Module: FlashAttention(head_dim, num_heads, causal);
 - `attention_tiles` — read or override the CPU tile sizes;
-- `npu_rotary_mul`, `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`, `rope_with_sin_cos_cache` — RoPE;
+- `npu_rotary_mul` (+`_backward`), `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`,
+  `rope_with_sin_cos_cache` — RoPE;
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
@@ -24,7 +25,7 @@ generated from native_functions.yaml. Public Python API:
   modeling code is imported (before or after this package); `register_hf_attention()` does it by hand.
 - `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
 - `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
-- `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
+- `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
@@ -50,6 +51,7 @@ from .kv_cache import PagedKVCache  # noqa: E402
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
     npu_rotary_mul,
+    npu_rotary_mul_backward,
     npu_rotary_position_embedding,
     rope_with_sin_cos_cache,
 )
@@ -101,6 +103,7 @@ from .moe import (  # noqa: E402
     npu_moe_compute_expert_tokens,
     npu_moe_finalize_routing,
     npu_moe_gating_top_k,
+    npu_moe_gating_top_k_backward,
     npu_moe_gating_top_k_softmax,
     npu_moe_gating_top_k_softmax_v2,
     npu_moe_init_routing,
@@ -121,6 +124,7 @@ __all__ = [
     "PagedKVCache",
     "npu_apply_rotary_pos_emb",
     "npu_rotary_mul",
+    "npu_rotary_mul_backward",
     "npu_rotary_position_embedding",
     "rope_with_sin_cos_cache",
     "attention_update",
@@ -150,6 +154,7 @@ __all__ = [
     "npu_moe_compute_expert_tokens",
     "npu_moe_finalize_routing",
     "npu_moe_gating_top_k",
+    "npu_moe_gating_top_k_backward",
     "npu_moe_gating_top_k_softmax",
     "npu_moe_gating_top_k_softmax_v2",
     "npu_moe_init_routing",

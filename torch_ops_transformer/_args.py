@@ -167,3 +167,35 @@ def check_devices(op: str, arguments, host: Tuple[str, ...] = ()) -> None:
         if device is not None and t.device.type != "cpu" and t.device != device:
             raise ValueError(f"{op}: argument '{n}' must be on device {device} like argument '{first}' "
                              f"or on the host (cpu); got a tensor on device {t.device}")
+
+
+# torch_npu's `int?` dtype arguments (output_dtype, x_dtype...) take a torch.dtype or its ScalarType code; the codes
+# of the dtypes torch itself lacks (hifloat8, float4, float8_e8m0...) and the 8-bit float and int8 formats are
+# quantised data, which this package does not implement.
+_SCALAR_TYPE_CODES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
+                      5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
+
+
+def same_dtype_or_none(op: str, name: str, value, dtype: Optional[torch.dtype], feature: str) -> None:
+    """`value` — None, a torch.dtype or torch_npu's integer dtype code — must be None or name `dtype` (the dtype the
+    tensor already has; None when there is no such tensor). Anything else selects `feature` (a quantised format):
+    NotImplementedError naming the argument."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, torch.dtype)):
+        raise TypeError(f"{op}: argument '{name}' must be None, a torch.dtype or a torch_npu dtype code (int); "
+                        f"got {value!r}")
+    resolved = _SCALAR_TYPE_CODES.get(value) if isinstance(value, int) else value
+    if dtype is None or resolved != dtype:
+        expected = "None" if dtype is None else f"None or {dtype}"
+        raise NotImplementedError(f"{op}: {feature} is not implemented; argument '{name}' must be {expected}; "
+                                  f"got {value!r}")
+
+
+def optional_int(op: str, name: str, value, default: int) -> int:
+    """An `int?` argument of torch_npu: None means the default."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: argument '{name}' must be an int or None; got {value!r}")
+    return value

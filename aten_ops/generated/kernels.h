@@ -99,6 +99,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_v2_npu(c
 at::Tensor moe_gating_top_k_softmax_grad_cpu(const MoeGatingTopKSoftmaxGradArgs& args);
 // moe_gating_top_k [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const MoeGatingTopKArgs& args);
+// moe_gating_top_k_grad [CPU]
+at::Tensor moe_gating_top_k_grad_cpu(const MoeGatingTopKGradArgs& args);
 // moe_init_routing [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu(const MoeInitRoutingArgs& args);
 // moe_init_routing_v2 [CPU]

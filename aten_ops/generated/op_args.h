@@ -471,6 +471,23 @@ decltype(auto) apply_args(const MoeGatingTopKArgs& a, F&& f) {
   return f(a.x, a.k, a.bias, a.k_group, a.group_count, a.group_select_mode, a.renorm, a.norm_type, a.out_flag, a.routed_scaling_factor, a.eps);
 }
 
+// moe_gating_top_k_grad
+struct MoeGatingTopKGradArgs {
+  const at::Tensor& x_norm;
+  const at::Tensor& grad_y;
+  const at::Tensor& expert_idx;
+  int64_t renorm;
+  int64_t norm_type;
+  double routed_scaling_factor;
+  double eps;
+  const std::optional<at::Tensor>& x;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MoeGatingTopKGradArgs& a, F&& f) {
+  return f(a.x_norm, a.grad_y, a.expert_idx, a.renorm, a.norm_type, a.routed_scaling_factor, a.eps, a.x);
+}
+
 // moe_init_routing
 struct MoeInitRoutingArgs {
   const at::Tensor& x;

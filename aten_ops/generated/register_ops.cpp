@@ -437,6 +437,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu_unboxed(cons
   return npu_fa::moe_gating_top_k_cpu(npu_fa::MoeGatingTopKArgs{x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps});
 }
 
+at::Tensor moe_gating_top_k_grad_cpu_unboxed(const at::Tensor& x_norm, const at::Tensor& grad_y, const at::Tensor& expert_idx, int64_t renorm, int64_t norm_type, double routed_scaling_factor, double eps, const std::optional<at::Tensor>& x) {
+  npu_fa::DeviceRule rule("moe_gating_top_k_grad");
+  rule.device_tensor("x_norm", x_norm);
+  rule.device_tensor("grad_y", grad_y);
+  rule.device_tensor("expert_idx", expert_idx);
+  rule.device_tensor("x", x);
+  return npu_fa::moe_gating_top_k_grad_cpu(npu_fa::MoeGatingTopKGradArgs{x_norm, grad_y, expert_idx, renorm, norm_type, routed_scaling_factor, eps, x});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu_unboxed(const at::Tensor& x, const at::Tensor& row_idx, const at::Tensor& expert_idx, int64_t active_num) {
   npu_fa::DeviceRule rule("moe_init_routing");
   rule.device_tensor("x", x);
@@ -558,6 +567,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("moe_gating_top_k_softmax_v2(Tensor x, Tensor? finished=None, int k=1, int renorm=0, bool output_softmax_result_flag=False) -> (Tensor y, Tensor expert_idx, Tensor softmax_result)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax_grad(Tensor grad_y, Tensor x, int k, int renorm=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k(Tensor x, int k, Tensor? bias=None, int k_group=1, int group_count=1, int group_select_mode=0, int renorm=0, int norm_type=0, bool out_flag=False, float routed_scaling_factor=1.0, float eps=1e-20) -> (Tensor y, Tensor expert_idx, Tensor out)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_gating_top_k_grad(Tensor x_norm, Tensor grad_y, Tensor expert_idx, int renorm=0, int norm_type=0, float routed_scaling_factor=1.0, float eps=1e-20, Tensor? x=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) -> (Tensor expanded_x, Tensor expanded_row_idx, Tensor expanded_expert_idx)", {at::Tag::pt2_compliant_tag});
   m.def("moe_init_routing_v2(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=-1, int[] active_expert_range=[], int row_idx_type=0) -> (Tensor expanded_x, Tensor expanded_row_idx, Tensor expert_tokens_count_or_cumsum, Tensor expanded_scale)", {at::Tag::pt2_compliant_tag});
   m.def("moe_init_routing_v2_grad(Tensor grad_expanded_x, Tensor expanded_row_idx, Tensor x, Tensor expert_idx, int row_idx_type=0) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -598,6 +608,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_cpu_unboxed));
   m.impl("moe_gating_top_k_softmax_grad", TORCH_FN(moe_gating_top_k_softmax_grad_cpu_unboxed));
   m.impl("moe_gating_top_k", TORCH_FN(moe_gating_top_k_cpu_unboxed));
+  m.impl("moe_gating_top_k_grad", TORCH_FN(moe_gating_top_k_grad_cpu_unboxed));
   m.impl("moe_init_routing", TORCH_FN(moe_init_routing_cpu_unboxed));
   m.impl("moe_init_routing_v2", TORCH_FN(moe_init_routing_v2_cpu_unboxed));
   m.impl("moe_init_routing_v2_grad", TORCH_FN(moe_init_routing_v2_grad_cpu_unboxed));

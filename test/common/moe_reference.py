@@ -66,8 +66,9 @@ def gating_group(x: Tensor, k: int, bias=None, k_group=1, group_count=1, group_s
     idx = top_k_stable(sel, k)
     s = torch.softmax(x.to(dtype), -1) if norm_type == 0 else torch.sigmoid(x.to(dtype))
     y = s.gather(-1, idx)
-    y = y / (y.sum(-1, keepdim=True) + eps) * routed_scaling_factor
-    return y, idx.int(), s
+    if norm_type == 1:  # sigmoid scores are normalised over the k selected; softmax probabilities are not
+        y = y / (y.sum(-1, keepdim=True) + eps)
+    return y * routed_scaling_factor, idx.int(), s
 
 
 def init_routing_v1(x: Tensor, row_idx: Tensor, expert_idx: Tensor, active_num: int):

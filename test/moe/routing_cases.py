@@ -28,10 +28,21 @@ def _gating_grad(renorm):
     return make
 
 
-def _group(norm_type, mode, groups, k_group, out_flag):
+def _group(norm_type, mode, groups, k_group, out_flag, grad=False):
     def make():
-        return (torch.randn(5, 16), 4, torch.randn(16) * 0.1, k_group, groups, mode, 0, norm_type, out_flag, 2.0,
-                1e-20), {}
+        return (torch.randn(5, 16, requires_grad=grad), 4, torch.randn(16) * 0.1, k_group, groups, mode, 0, norm_type,
+                out_flag, 2.0, 1e-20), {}
+    return make
+
+
+def _group_grad(norm_type, from_x):
+    def make():
+        x = torch.randn(5, 16)
+        scores = torch.softmax(x, -1) if norm_type == 0 else torch.sigmoid(x)
+        experts = _experts(5, 4, 16)
+        if from_x:  # the autograd path without out_flag: scores recomputed from x
+            return (torch.empty(0), torch.randn(5, 4), experts, 0, norm_type, 2.0, 1e-20, x), {}
+        return (scores, torch.randn(5, 4), experts), dict(norm_type=norm_type, routed_scaling_factor=2.0)
     return make
 
 
@@ -120,7 +131,10 @@ OPCHECK_CASES = {
                                     "finished": _gating_v2(0, False, finished=True)},
     "moe_gating_top_k_softmax_grad": {"renorm0": _gating_grad(0), "renorm1": _gating_grad(1)},
     "moe_gating_top_k": {"sigmoid_top2sum": _group(1, 1, 4, 2, True), "softmax_max": _group(0, 0, 4, 1, False),
-                         "no_groups": _group(1, 0, 1, 1, False)},
+                         "no_groups": _group(1, 0, 1, 1, False), "grad_sigmoid": _group(1, 1, 4, 2, False, True),
+                         "grad_softmax_out": _group(0, 0, 4, 1, True, True)},
+    "moe_gating_top_k_grad": {"sigmoid_scores": _group_grad(1, False), "softmax_scores": _group_grad(0, False),
+                              "sigmoid_from_x": _group_grad(1, True), "softmax_from_x": _group_grad(0, True)},
     "moe_init_routing": {"all_rows": _init_v1(6), "active_num": _init_v1(3)},
     "moe_init_routing_v2": {
         "dropless_count": _init_v2(expert_num=4, expert_tokens_num_flag=True, expert_tokens_num_type=1),

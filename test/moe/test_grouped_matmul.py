@@ -169,8 +169,10 @@ def test_npu_grouped_matmul_signature():
     per_group = npu_grouped_matmul([x], [w], bias=[b], group_list=gl.tolist(), split_item=0, group_type=0)
     assert [t.shape[0] for t in per_group] == counts
     torch.testing.assert_close(torch.cat(per_group), single[0])
-    lists = npu_grouped_matmul([x[:2], x[2:5]], [w[0], w[1]], bias=[b[0], b[1]])      # group_type None -> -1
+    lists = npu_grouped_matmul([x[:2], x[2:5]], [w[0], w[1]], bias=[b[0], b[1]], group_type=-1)
     torch.testing.assert_close(torch.cat(lists), single[0][:5])
+    with pytest.raises(ValueError, match="'group_type' is required"):  # torch_npu has no default either
+        npu_grouped_matmul([x[:2], x[2:5]], [w[0], w[1]])
     with pytest.raises(NotImplementedError, match="antiquant_scale"):
         npu_grouped_matmul([x], [w], group_list=gl, group_type=0, antiquant_scale=[torch.ones(5)])
 
@@ -256,3 +258,51 @@ def test_bad_input_missing_group_list_and_list_lengths():
         GMM([x, x[:, :3]], [w[0], w[1]], [], None, -1, 0, 0)
     with pytest.raises(RuntimeError, match="group_type 2 .* takes no activation"):
         GMM([x.t()], [torch.randn(5, 2)], [], torch.tensor([5]), 2, 0, 1)
+
+
+def test_npu_grouped_matmul_torch_npu_argument_rules():
+    counts = [2, 3, 4]
+    x, w, b = _inputs(counts, 6, 5, torch.float32)
+    gl = torch.cumsum(torch.tensor(counts), 0)
+    base = npu_grouped_matmul([x], [w], group_list=gl, split_item=3, group_type=0)[0]
+    # int? arguments: None means the default
+    got = npu_grouped_matmul([x], [w], group_list=gl, split_item=None, group_type=0, group_list_type=None,
+                             act_type=None)
+    assert len(got) == 3 and torch.equal(torch.cat(got), base)
+    # a tiling hint and the "same dtype" values of the dtype arguments change nothing
+    same = npu_grouped_matmul([x], [w], group_list=gl, split_item=3, group_type=0, tuning_config=[3],
+                              output_dtype=6, x_dtype=torch.float32, weight_dtype=6)[0]
+    assert torch.equal(same, base)
+    with pytest.raises(ValueError, match="'tuning_config'"):
+        npu_grouped_matmul([x], [w], group_list=gl, group_type=0, tuning_config=[-1])
+    with pytest.raises(TypeError, match="'tuning_config'"):
+        npu_grouped_matmul([x], [w], group_list=gl, group_type=0, tuning_config=["16"])
+    with pytest.raises(NotImplementedError, match="'group_list_type' 2"):
+        npu_grouped_matmul([x], [w], group_list=gl, group_type=0, group_list_type=2)
+    with pytest.raises(ValueError, match="'group_list' must be None with group_type -1"):
+        npu_grouped_matmul([x[:2], x[2:]], [w[0], w[1]], group_list=gl[:2], group_type=-1)
+    with pytest.raises(ValueError, match="'group_list' is required"):
+        npu_grouped_matmul([x], [w], group_type=0, split_item=3)
+    # several x with group_type 0 (one group each): a group_list must match their rows
+    pieces = list(x.split(counts))
+    lists = npu_grouped_matmul(pieces, list(w), group_list=gl, split_item=2, group_type=0)
+    torch.testing.assert_close(lists[0], base)
+    with pytest.raises(ValueError, match="cumulative row counts"):
+        npu_grouped_matmul(pieces, list(w), group_list=torch.tensor([2, 4, 9]), split_item=2, group_type=0)
+
+
+def test_npu_grouped_matmul_list_group_list():
+    """torch_npu's .List overload: a list group_list is cumulative, splits along M and takes no group settings."""
+    counts = [2, 3, 4]
+    x, w, _ = _inputs(counts, 6, 5, torch.float32)
+    ends = torch.cumsum(torch.tensor(counts), 0).tolist()
+    want = npu_grouped_matmul([x], [w], group_list=torch.tensor(ends), split_item=3, group_type=0)[0]
+    torch.testing.assert_close(npu_grouped_matmul([x], [w], group_list=ends, split_item=3)[0], want)
+    with pytest.raises(ValueError, match="'group_list_type'"):
+        npu_grouped_matmul([x], [w], group_list=counts, group_list_type=1)
+    with pytest.raises(ValueError, match="'act_type'"):
+        npu_grouped_matmul([x], [w], group_list=ends, act_type=1)
+    with pytest.raises(ValueError, match="'group_type'"):
+        npu_grouped_matmul([x], [w], group_list=ends, group_type=2)
+    with pytest.raises(ValueError, match="length 1"):
+        npu_grouped_matmul([x], [w[:1]], group_list=[9])

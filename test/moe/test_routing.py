@@ -353,8 +353,10 @@ def test_bad_routing_inputs():
         tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_capacity=2)
     with expect(ValueError, "'drop_pad_mode'"):
         tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=2)
-    with expect(ValueError, "'quant_mode'"):
+    with expect(NotImplementedError, "'quant_mode'"):  # a quantised mode
         tot.npu_moe_init_routing_v2(x, expert, quant_mode=1)
+    with expect(ValueError, "'quant_mode'"):  # no mode at all
+        tot.npu_moe_init_routing_v2(x, expert, quant_mode=10)
     with expect(ValueError, "'expert_idx'", "[N, k]"):
         tot.npu_moe_init_routing_v2(x, expert[:5])
     with expect(ValueError, "'x'", "2-D"):
@@ -364,7 +366,9 @@ def test_bad_routing_inputs():
     with expect(ValueError, "'active_num'"):
         OPS.moe_init_routing(x, torch.arange(12, dtype=torch.int32).view(6, 2), expert, -1)
     with expect(ValueError, "'sorted_expert_for_source_row'", "out of range"):
-        OPS.moe_compute_expert_tokens(torch.tensor([0, 1, 5]), 4)
+        OPS.moe_compute_expert_tokens(torch.tensor([-1, 1, 2]), 4)
+    # indices >= num_expert (finished rows' index E) end the list and count for no expert
+    assert OPS.moe_compute_expert_tokens(torch.tensor([0, 1, 4, 5]), 4).tolist() == [1, 2, 2, 2]
     with expect(ValueError, "'num_expert'"):
         OPS.moe_compute_expert_tokens(torch.tensor([0]), 0)
 
@@ -512,3 +516,128 @@ def test_counting_sort_multi_chunk_path_is_stable():
     got = tot.npu_moe_init_routing_v2(tokens, indices, expert_num=16, expert_tokens_num_flag=True)
     for g, w in zip(got, ref.init_routing_v2(tokens, indices, expert_num=16, expert_tokens_num_flag=True)):
         assert torch.equal(g, w.to(g.dtype))
+
+
+# ---- torch_npu's argument surface (the schema lines of compat/torch_npu_functions.yaml) -------------------------
+def test_gating_v2_keyword_only_and_none_defaults():
+    x = torch.randn(5, 8)
+    with pytest.raises(TypeError):
+        tot.npu_moe_gating_top_k_softmax_v2(x, None, 2)  # k, finished, renorm, output_softmax are keyword-only
+    got = tot.npu_moe_gating_top_k_softmax_v2(x, k=2, renorm=None, output_softmax=None)
+    for g, w in zip(got, OPS.moe_gating_top_k_softmax_v2(x, None, 2, 0, False)):
+        assert torch.equal(g, w)
+    assert tot.npu_moe_gating_top_k_softmax_v2(x, k=2, output_softmax=True)[2].shape == x.shape
+
+
+def test_gating_top_k_softmax_scores_are_not_renormalised():
+    x = torch.randn(4, 8)
+    y, idx, _ = tot.npu_moe_gating_top_k(x, 3, routed_scaling_factor=2.0)
+    want = torch.softmax(x.double(), -1).gather(1, idx.long()) * 2
+    torch.testing.assert_close(y.double(), want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_type", [0, 1])
+def test_gating_top_k_hash_routing(norm_type):
+    x = torch.randn(6, 16)
+    tid2eid = torch.randint(0, 16, (10, 3), dtype=torch.int32)
+    ids = torch.randint(0, 10, (6,))
+    y, expert, out = tot.npu_moe_gating_top_k(x, 3, bias=torch.randn(16), input_ids=ids, tid2eid=tid2eid,
+                                              norm_type=norm_type, out_flag=True, routed_scaling_factor=1.5)
+    s = torch.softmax(x.double(), -1) if norm_type == 0 else torch.sigmoid(x.double())
+    want = s.gather(1, tid2eid[ids].long())
+    if norm_type == 1:
+        want = want / (want.sum(-1, keepdim=True) + 1e-20)
+    assert torch.equal(expert, tid2eid[ids]) and expert.dtype == torch.int32
+    torch.testing.assert_close(y.double(), want * 1.5, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.double(), s, atol=1e-6, rtol=1e-5)
+
+
+def test_gating_top_k_hash_routing_bad_input():
+    x, ids, table = torch.randn(4, 16), torch.tensor([0, 1, 2, 3]), torch.randint(0, 16, (5, 2))
+    with expect(ValueError, "'input_ids'", "'tid2eid'", "together"):
+        tot.npu_moe_gating_top_k(x, 2, input_ids=ids)
+    with expect(ValueError, "'tid2eid'", "k = 3"):
+        tot.npu_moe_gating_top_k(x, 3, input_ids=ids, tid2eid=table)
+    with expect(ValueError, "'input_ids'", "[0, 5)"):
+        tot.npu_moe_gating_top_k(x, 2, input_ids=torch.tensor([0, 1, 2, 5]), tid2eid=table)
+    with expect(ValueError, "'tid2eid'", "experts outside"):
+        tot.npu_moe_gating_top_k(x, 2, input_ids=ids, tid2eid=torch.full((5, 2), 16))
+    with expect(ValueError, "'k_group'", "'group_count'"):
+        tot.npu_moe_gating_top_k(x, 2, input_ids=ids, tid2eid=table, k_group=1, group_count=4)
+    with expect(TypeError, "'input_ids'", "int32 or int64"):
+        tot.npu_moe_gating_top_k(x, 2, input_ids=ids.float(), tid2eid=table)
+    with expect(TypeError, "'bias'", "dtype"):
+        tot.npu_moe_gating_top_k(x, 2, bias=torch.zeros(16, dtype=torch.float64))
+
+
+def test_finalize_routing_k_and_skip2_rules():
+    n, k, h = 6, 3, 4
+    x, expert = routing_inputs(n, k, 5, h)
+    rows, dst, _, _ = tot.npu_moe_init_routing_v2(x, expert, expert_num=5)
+    # without scales the token count is the pairs / k: every token sums its k copies
+    torch.testing.assert_close(tot.npu_moe_finalize_routing(rows, None, None, None, None, dst, None, 2, k=k), x * k)
+    skip = torch.randn(n, h)
+    torch.testing.assert_close(tot.npu_moe_finalize_routing(rows, skip, None, None, None, dst, expert, 2, k),
+                               skip + x * k)
+    with expect(ValueError, "'skip1'", "k"):  # k = 1 (the default) would mean n * k tokens
+        tot.npu_moe_finalize_routing(rows, skip, None, None, None, dst, None, 2)
+    with expect(ValueError, "'skip2'", "'skip1'"):
+        tot.npu_moe_finalize_routing(rows, None, skip, None, torch.ones(n, k), dst, None, 2)
+    with expect(ValueError, "'k'"):
+        tot.npu_moe_finalize_routing(rows, None, None, None, None, dst, None, 2, k=0)
+    ones = torch.ones(n, k)  # None for the int? arguments means their defaults (drop_pad_mode 0, k 1)
+    assert torch.equal(tot.npu_moe_finalize_routing(rows, None, None, None, ones, dst, None, None, None),
+                       tot.npu_moe_finalize_routing(rows, None, None, None, ones, dst, None))
+
+
+def test_init_routing_v2_key_value_token_numbers():
+    x, expert = routing_inputs(12, 2, 5)
+    for expert_range, lo, hi in (((), 0, 8), ((1, 4), 1, 4)):
+        _, _, kv, _ = tot.npu_moe_init_routing_v2(x, expert, expert_num=8, expert_tokens_num_type=2,
+                                                  expert_tokens_num_flag=True, active_expert_range=expert_range)
+        counts = torch.bincount(expert.flatten().long(), minlength=8)[lo:hi]
+        ids = torch.nonzero(counts).flatten()
+        assert kv.shape == (8, 2) and kv.dtype == torch.int64
+        assert torch.equal(kv[:ids.numel()], torch.stack([ids + lo, counts[ids]], 1))
+        assert not kv[ids.numel():].any()
+    with expect(ValueError, "'expert_tokens_num_type' 2", "'expert_num'"):
+        tot.npu_moe_init_routing_v2(x, expert, expert_tokens_num_type=2, expert_tokens_num_flag=True,
+                                    active_expert_range=[0, 5])
+
+
+def test_init_routing_v2_x_dtype_quant_mode_and_full_range_in_capacity_mode():
+    x, expert = routing_inputs(8, 2, 4)
+    base = tot.npu_moe_init_routing_v2(x, expert, expert_num=4)
+    for x_dtype in (None, torch.float32, 6):  # 6: torch_npu's code of float32
+        assert torch.equal(tot.npu_moe_init_routing_v2(x, expert, expert_num=4, x_dtype=x_dtype)[0], base[0])
+    with expect(NotImplementedError, "'x_dtype'"):
+        tot.npu_moe_init_routing_v2(x, expert, expert_num=4, x_dtype=torch.float16)
+    with expect(NotImplementedError, "'quant_mode'"):
+        tot.npu_moe_init_routing_v2(x, expert, expert_num=4, quant_mode=1)
+    capacity = dict(drop_pad_mode=1, expert_num=4, expert_capacity=3)
+    with_range = tot.npu_moe_init_routing_v2(x, expert, active_expert_range=[0, 4], **capacity)
+    for g, w in zip(with_range, tot.npu_moe_init_routing_v2(x, expert, **capacity)):
+        assert torch.equal(g, w)
+    with expect(ValueError, "'active_expert_range'", "capacity"):
+        tot.npu_moe_init_routing_v2(x, expert, active_expert_range=[1, 4], **capacity)
+
+
+@pytest.mark.parametrize("norm_type,out_flag", [(1, False), (1, True), (0, False), (0, True)])
+def test_gating_top_k_gradients_vs_reference(norm_type, out_flag):
+    """moe_gating_top_k is differentiable in x through y (the scores of the selected experts; selection and bias get
+    no gradient): fp32 against float64 autograd of the reference with the same selection."""
+    x = torch.randn(9, 16, requires_grad=True)
+    bias = torch.randn(16) * 0.1
+    kw = dict(k_group=2, group_count=4, group_select_mode=1, norm_type=norm_type, routed_scaling_factor=2.5, eps=1e-20)
+    y, expert, _ = tot.npu_moe_gating_top_k(x, 4, bias=bias, out_flag=out_flag, **kw)
+    dy = torch.randn(9, 4)
+    y.backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    y64, e64, _ = ref.gating_group(x64, 4, bias, **kw)
+    assert torch.equal(expert, e64)
+    y64.backward(dy.double())
+    torch.testing.assert_close(x.grad.double(), x64.grad, atol=1e-6, rtol=1e-5)
+    # torch_npu's npu_moe_gating_top_k_backward from the scores gives the same gradient
+    scores = torch.softmax(x.detach(), -1) if norm_type == 0 else torch.sigmoid(x.detach())
+    direct = tot.npu_moe_gating_top_k_backward(scores, dy, expert, norm_type=norm_type, routed_scaling_factor=2.5)
+    torch.testing.assert_close(direct, x.grad, atol=1e-6, rtol=1e-5)

@@ -88,6 +88,7 @@ CASES = {
     "moe_gating_top_k_softmax_v2": {"n0": (lambda: ((_r(0, 8),), dict(k=2)), [(0, 2), (0, 2), (0,)])},
     "moe_gating_top_k_softmax_grad": {"n0": (lambda: ((_r(0, 2), _r(0, 8), 2), {}), [(0, 8)])},
     "moe_gating_top_k": {"n0": (lambda: ((_r(0, 8), 2), {}), [(0, 2), (0, 2), (0,)])},
+    "moe_gating_top_k_grad": {"n0": (lambda: ((_r(0, 8), _r(0, 2), _z(0, 2, dtype=I32)), {}), [(0, 8)])},
     "moe_init_routing": {"n0": (lambda: ((_r(0, 8), _z(0, 2, dtype=I32), _z(0, 2, dtype=I32), 0), {}),
                                 [(0, 8), (0,), (0,)])},
     "moe_init_routing_v2": {"n0": (lambda: ((_r(0, 8), _z(0, 2, dtype=I32)), dict(expert_num=4)),

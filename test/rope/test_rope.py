@@ -174,14 +174,38 @@ def test_apply_rotary_pos_emb_in_place(layout, mode, two_d):
 def test_npu_apply_rotary_pos_emb_wrapper_and_strided():
     base = torch.randn(B, 4, S, D)
     q = base.transpose(1, 2)  # non-contiguous BSND view: the op must write through it
-    k = torch.randn(B, S, 2, D, dtype=torch.float16)
+    k = torch.randn(B, S, 2, D)
     cos, sin = tables((B, S, 1, D), torch.float32)
     rq = ref_rope(q.double(), cos.double(), sin.double(), 0)
     rk = ref_rope(k.double(), cos.double(), sin.double(), 0)
     q2, k2 = tot.npu_apply_rotary_pos_emb(q, k, cos, sin, layout="BSND")
     assert q2 is q and k2 is k
     torch.testing.assert_close(base.transpose(1, 2).double(), rq, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k.double(), rk, atol=1e-5, rtol=1e-5)
+
+
+def test_apply_rotary_pos_emb_mixed_dtypes_op_only():
+    """torch_npu requires one dtype for query, key, cos and sin; the op itself takes fp32 tables next to fp16 keys."""
+    q, k = torch.randn(B, S, 4, D), torch.randn(B, S, 2, D, dtype=torch.float16)
+    cos, sin = tables((B, S, 1, D), torch.float32)
+    with pytest.raises(TypeError, match="npu_apply_rotary_pos_emb.*'key'"):
+        tot.npu_apply_rotary_pos_emb(q, k, cos, sin)
+    rk = ref_rope(k.double(), cos.double(), sin.double(), 0)
+    OPS.apply_rotary_pos_emb(q, k, cos, sin, "BSND", "half")
     torch.testing.assert_close(k.double(), rk, atol=4e-3, rtol=2e-3)
+
+
+def test_npu_apply_rotary_pos_emb_modes():
+    q, k = torch.randn(B, S, 4, D), torch.randn(B, S, 2, D)
+    cos, sin = tables((1, S, 1, D), torch.float32)
+    for name in ("half", "interleave", "quarter"):
+        q1, k1 = q.clone(), k.clone()
+        tot.npu_apply_rotary_pos_emb(q1, k1, cos, sin, "BSND", name)
+        mode = tot.rope.ROTARY_MODES[name]
+        torch.testing.assert_close(q1.double(), ref_rope(q.double(), cos.double(), sin.double(), mode),
+                                   atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="'rotary_mode'"):  # torch_npu has no interleave-half here
+        tot.npu_apply_rotary_pos_emb(q.clone(), k.clone(), cos, sin, "BSND", "interleave-half")
 
 
 # ---- rope_with_sin_cos_cache --------------------------------------------------------------------------------------
@@ -249,8 +273,36 @@ def test_bad_table_head_dim():
 def test_bad_unknown_mode():
     with pytest.raises(RuntimeError, match="unknown rotary mode 4"):
         OPS.rotary_position_embedding(torch.randn(2, 3, 8), torch.randn(8), torch.randn(8), 4)
-    with pytest.raises(ValueError, match="unknown rotary_mode"):
+    with pytest.raises(ValueError, match="'rotary_mode' must be 'half' or 'interleave'"):
         tot.npu_rotary_mul(torch.randn(2, 3, 8), torch.randn(8), torch.randn(8), rotary_mode="spiral")
+    with pytest.raises(RuntimeError, match="'rotary_mode'.*'quarter'"):  # torch_npu rejects it too
+        tot.npu_rotary_mul(torch.randn(2, 3, 8), torch.randn(8), torch.randn(8), rotary_mode="quarter")
+
+
+def test_npu_rotary_mul_rotate_matrix():
+    x = torch.randn(B, S, N, D, requires_grad=True)
+    cos, sin = tables((1, S, 1, D), torch.float32)
+    half = torch.zeros(D, D)
+    half[:D // 2, D // 2:] = torch.eye(D // 2)
+    half[D // 2:, :D // 2] = -torch.eye(D // 2)
+    out = tot.npu_rotary_mul(x, cos, sin, rotate=half)
+    torch.testing.assert_close(out, ref_rope(x.detach(), cos, sin, 0))
+    out.sum().backward()  # differentiable through PyTorch's ops
+    x2 = x.detach().requires_grad_()
+    OPS.rotary_position_embedding(x2, cos, sin, 0).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    with pytest.raises(ValueError, match="'rotate'.*\\[D, D\\]"):
+        tot.npu_rotary_mul(x, cos, sin, rotate=torch.zeros(D, D + 1))
+
+
+def test_npu_rotary_mul_backward_matches_autograd():
+    x = torch.randn(B, S, N, D, requires_grad=True)
+    cos, sin = (t.requires_grad_() for t in tables((1, S, 1, D), torch.float32))
+    g = torch.randn(B, S, N, D)
+    tot.npu_rotary_mul(x, cos, sin, "interleave").backward(g)
+    dx, dcos, dsin = tot.npu_rotary_mul_backward(g, x.detach(), cos.detach(), sin.detach(), "interleave")
+    for a, b in ((dx, x.grad), (dcos, cos.grad), (dsin, sin.grad)):
+        torch.testing.assert_close(a, b)
 
 
 def test_bad_unknown_rotary_mode_string():

@@ -61,12 +61,29 @@ def test_valid_yaml_loads(tmp_path):
     ("differentiable_outputs: [out]", "differentiable_outputs: [nope]", "'nope'"),
     ("CatchAll: knob_impl", "CPU: knob_impl", "CatchAll"),
     ("  doc: test op\n", "  doc: test op\n  colour: red\n", "unknown keys"),
+    ("gradients: {x: 0}", "gradients: {x: 0}\n    saved_only_with: {x: n}", "not an optional tensor input"),
+    ("gradients: {x: 0}", "gradients: {x: 0}\n    saved_only_with: {y: x}", "'y', which is not a tensor input the"),
 ], ids=["bad_schema", "unknown_dispatch_key", "missing_fake", "backward_unknown_argument",
         "backward_unknown_keyword", "unknown_backward_op", "gradient_for_non_tensor", "unknown_output",
-        "no_tensors_without_catchall", "unknown_entry_key"])
+        "no_tensors_without_catchall", "unknown_entry_key", "saved_only_with_non_optional_condition",
+        "saved_only_with_unsaved_tensor"])
 def test_model_rejects(tmp_path, old, new, message):
     with pytest.raises(SpecError, match=message):
         _load_with(tmp_path, old, new)
+
+
+def test_saved_only_with_saves_a_stand_in_without_the_condition(tmp_path):
+    """autograd.saved_only_with {x: y}: x is saved when y is given, else a storage-free stand-in of its shape."""
+    import torch
+
+    from torch_ops_transformer._generated.registrations import _stand_in
+
+    specs = _load_with(tmp_path, "gradients: {x: 0}", "gradients: {x: 0}\n    saved_only_with: {x: y}")
+    text = gen_python.render(specs)["torch_ops_transformer/_generated/registrations.py"]
+    assert "ctx.save_for_backward(x if y is not None else _stand_in(x))" in text
+    t = torch.randn(3, 4, dtype=torch.float64)
+    stand_in = _stand_in(t)
+    assert stand_in.shape == t.shape and stand_in.dtype == t.dtype and stand_in.untyped_storage().nbytes() == 8
 
 
 def test_model_rejects_duplicates(tmp_path):

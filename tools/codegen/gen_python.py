@@ -36,8 +36,10 @@ def _autograd_block(spec: OpSpec, by_name: Dict[str, OpSpec]) -> List[str]:
     lists = {a.name for a in spec.arguments if _is_tensor_list(a.type)}
     lists |= {n for n, r in zip(outputs, spec.schema.returns) if _is_tensor_list(r.type)}
     fn = spec.name
-    save = (f"    _save_flat(ctx, {', '.join(saved)})" if lists & set(saved)
-            else f"    ctx.save_for_backward({', '.join(saved)})")
+    stored = [f"{u} if {ag.saved_only_with[u]} is not None else _stand_in({u})" if u in ag.saved_only_with else u
+              for u in saved]
+    save = (f"    _save_flat(ctx, {', '.join(stored)})" if lists & set(saved)
+            else f"    ctx.save_for_backward({', '.join(stored)})")
     restore = "_restore_flat(ctx)" if lists & set(saved) else "ctx.saved_tensors"
     out = [f"def _setup_{fn}(ctx, inputs, output):",
            f"    ({', '.join(inputs)},) = inputs",
@@ -137,6 +139,11 @@ def render(specs: List[OpSpec]) -> dict:
               "    for n in ctx.saved_layout:",
               "        out.append(flat.pop(0) if n < 0 else [flat.pop(0) for _ in range(n)])",
               "    return out",
+              "", "",
+              "def _stand_in(t):",
+              '    """A tensor with t\'s shape, dtype and device but one element of storage (zero strides): what backward',
+              '    receives in place of an input it needs only the metadata of (autograd.saved_only_with)."""',
+              "    return torch.empty_strided(t.shape, (0,) * t.dim(), dtype=t.dtype, device=t.device)",
               "", "",
               "def _fake_kernel(module, fn):",
               '    """The fake kernel named in the YAML (imported on first use)."""',

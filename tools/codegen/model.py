@@ -15,7 +15,7 @@ from torchgen.model import Argument, FunctionSchema
 NAMESPACE = "npu_fa"
 DISPATCH_KEYS = ("CPU", "PrivateUse1", "CatchAll")
 ENTRY_KEYS = {"func", "doc", "dispatch", "fake", "autograd", "opcheck", "host_tensors"}
-AUTOGRAD_KEYS = {"backward", "differentiable_outputs", "gradients"}
+AUTOGRAD_KEYS = {"backward", "differentiable_outputs", "gradients", "saved_only_with"}
 
 
 class SpecError(ValueError):
@@ -34,6 +34,9 @@ class Autograd:
     backward: BackwardCall
     differentiable_outputs: List[str]
     gradients: Dict[str, int]    # forward input -> index into the backward op's results
+    # tensor input -> optional tensor input: the first is saved only when the second is given; otherwise backward
+    # gets a stand-in of its shape, dtype and device without its data (so autograd does not keep it alive)
+    saved_only_with: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +149,7 @@ def _parse_entry(index: int, entry: dict) -> OpSpec:
             backward=_parse_backward_call(name, ag["backward"]),
             differentiable_outputs=list(ag.get("differentiable_outputs") or []),
             gradients={str(k): int(v) for k, v in (ag.get("gradients") or {}).items()},
+            saved_only_with={str(k): str(v) for k, v in (ag.get("saved_only_with") or {}).items()},
         )
     return OpSpec(schema, entry["func"], " ".join(str(entry.get("doc", "")).split()), dispatch, fake,
                   autograd, bool(entry.get("opcheck", True)), _host_tensors(name, schema, entry))
@@ -193,6 +197,14 @@ def _check_autograd(spec: OpSpec, by_name: Dict[str, OpSpec]) -> None:
     for o in ag.differentiable_outputs:
         if o not in outputs:
             raise SpecError(f"{spec.name}: differentiable output {o!r} is not an output ({outputs})")
+    for name, cond in ag.saved_only_with.items():
+        if name not in inputs or not inputs[name].type.is_tensor_like() or name not in ag.backward.positional + \
+                list(ag.backward.keyword.values()):
+            raise SpecError(f"{spec.name}: saved_only_with names {name!r}, which is not a tensor input the "
+                            f"backward uses")
+        if cond not in inputs or str(inputs[cond].type) != "Tensor?":
+            raise SpecError(f"{spec.name}: saved_only_with conditions {name!r} on {cond!r}, which is not an "
+                            f"optional tensor input (Tensor?)")
     for inp, idx in ag.gradients.items():
         if inp not in inputs or not inputs[inp].type.is_tensor_like():
             raise SpecError(f"{spec.name}: gradient given for {inp!r}, which is not a tensor input")

@@ -43,17 +43,18 @@ OPS = {
     'moe_gating_top_k_softmax': OpInfo("MoE gating (CANN MoeGatingTopKSoftmax): softmax over the last dim E of x ([N, E] or [B, S, E]; computed in fp32, fp64 for fp64), then the k largest probabilities per row. Returns y (x's dtype, [..., k], descending), expert_idx (int32, the experts) and row_idx (int32, row_idx[i, j] = j*N + i over the N flattened rows, the column-major source-row index moe_init_routing expects). Ties go to the lower expert index. Rows with finished[i] = True (bool, shape x.shape[:-1]) get expert index E (no expert) and their normal y. 1 <= k <= min(E, 1024). Differentiable in x.", ('CPU', 'PrivateUse1'), True, True),
     'moe_gating_top_k_softmax_v2': OpInfo('MoE gating V2 (CANN MoeGatingTopKSoftmaxV2). renorm=0: as moe_gating_top_k_softmax (softmax over E, then top-k); renorm=1: top-k of the logits, then softmax over the k selected (Mixtral / DBRX style, y sums to 1). softmax_result is the fp32 (fp64 for fp64) softmax over all E, [..., E], when output_softmax_result_flag and renorm=0, else an empty tensor. finished rows get expert index E. Ties go to the lower expert index. Differentiable in x.', ('CPU', 'PrivateUse1'), True, True),
     'moe_gating_top_k_softmax_grad': OpInfo('Backward of moe_gating_top_k_softmax(_v2) w.r.t. x: recomputes the selection from x (deterministic), then renorm=0: dx = p * (g - sum_j g_j p_j) with g scattered to the selected experts (p = softmax over E); renorm=1: the softmax-over-k Jacobian on the selected experts, zero elsewhere.', ('CPU',), False, True),
-    'moe_gating_top_k': OpInfo("DeepSeek-V3 group-limited gating (CANN MoeGatingTopK) of x [N, E]: s = softmax(x) (norm_type 0) or sigmoid(x) (norm_type 1), computed in fp32; selection scores s + bias (bias [E] affects the selection only); the E experts form group_count equal groups, each scored by its max (group_select_mode 0) or the sum of its top two (mode 1); the best k_group groups stay, then the top k experts inside them (ties: lower index). y = s[expert] / (sum of the k selected s + eps) * routed_scaling_factor (x's dtype), expert_idx int32 [N, k], out = s (fp32 [N, E]) when out_flag else empty. renorm must be 0 (normalise before top-k, as CANN). Not differentiable.", ('CPU',), False, True),
+    'moe_gating_top_k': OpInfo("DeepSeek-V3 group-limited gating (CANN MoeGatingTopK) of x [N, E]: s = softmax(x) (norm_type 0) or sigmoid(x) (norm_type 1), computed in fp32; selection scores s + bias (bias [E] affects the selection only); the E experts form group_count equal groups, each scored by its max (group_select_mode 0) or the sum of its top two (mode 1); the best k_group groups stay, then the top k experts inside them (ties: lower index). y = s[expert] * routed_scaling_factor for softmax, s[expert] / (sum of the k selected s + eps) * routed_scaling_factor for sigmoid (x's dtype), expert_idx int32 [N, k], out = s (fp32 [N, E]) when out_flag else empty. renorm must be 0 (normalise before top-k, as CANN). Differentiable in x (through y).", ('CPU',), True, True),
+    'moe_gating_top_k_grad': OpInfo("Backward of moe_gating_top_k w.r.t. x (torch_npu npu_moe_gating_top_k_backward): x_norm [N, E] the scores s = softmax(x) or sigmoid(x) (fp32; or empty with x given, then recomputed from x as the forward does), grad_y [N, k], expert_idx [N, k] the selected experts. With g = s[expert]: sigmoid dg = rsf * (grad_y / D - sum(grad_y g) / D^2), D = sum g + eps; softmax dg = rsf * grad_y; dx = ds * s * (1 - s) or s * (ds - sum ds s) with ds = dg scattered to the experts (the bias and the selection get no gradient). [N, E] in x's dtype (grad_y's without x), computed in fp32.", ('CPU',), False, True),
     'moe_init_routing': OpInfo("MoE routing V1 (CANN MoeInitRouting): a stable counting sort of the N*k (expert, row) pairs of expert_idx [N, k] (token-major order) by expert. sorted_row = row_idx values in that order; expanded_x[p] = x[sorted_row[p] % N] for p < min(N, active_num)*k; expanded_row_idx[sorted_row[p]] = p (int32 [N*k]); expanded_expert_idx = the sorted experts (int32 [N*k]). row_idx is usually moe_gating_top_k_softmax's (j*N + i) and must be a permutation of [0, N*k). Not differentiable.", ('CPU',), False, True),
-    'moe_init_routing_v2': OpInfo("MoE routing V2 (torch_npu npu_moe_init_routing_v2, CANN MoeInitRoutingV2/V3): stable counting sort of the N*k pairs of expert_idx ([N, k] or [N], flattened token-major: f = i*k + j) by expert. drop_pad_mode 0 (dropless): expanded_x [R, H] with R = N*k, or min(active_num, N*k) when active_num > 0; rows are the tokens in expert order, rows past the routed count are zero. drop_pad_mode 1 (capacity): expanded_x [expert_num, expert_capacity, H]; an expert's tokens beyond expert_capacity are dropped, empty slots are zero. expanded_row_idx int32 [N*k]: row_idx_type 0 = the destination row of pair f (-1 when dropped), 1 = the pair at sorted position p (-1 past the end; dropless only). active_expert_range [start, end) (dropless only) keeps experts in the range, the others are dropped. expert_tokens_count_or_cumsum (int64, when expert_tokens_num_flag): per expert of the range ([0, expert_num) by default) the routed (kept) token count (expert_tokens_num_type 1) or its cumsum (0); in capacity mode the count before dropping (type 1 only). expanded_scale: scale [N] (float32) gathered like the rows when given, else empty. Only the unquantized path: quant_mode must be -1 and offset None. Differentiable in x.", ('CPU',), True, True),
+    'moe_init_routing_v2': OpInfo("MoE routing V2 (torch_npu npu_moe_init_routing_v2, CANN MoeInitRoutingV2/V3): stable counting sort of the N*k pairs of expert_idx ([N, k] or [N], flattened token-major: f = i*k + j) by expert. drop_pad_mode 0 (dropless): expanded_x [R, H] with R = N*k, or min(active_num, N*k) when active_num > 0; rows are the tokens in expert order, rows past the routed count are zero. drop_pad_mode 1 (capacity): expanded_x [expert_num, expert_capacity, H]; an expert's tokens beyond expert_capacity are dropped, empty slots are zero. expanded_row_idx int32 [N*k]: row_idx_type 0 = the destination row of pair f (-1 when dropped), 1 = the pair at sorted position p (-1 past the end; dropless only). active_expert_range [start, end) (dropless only) keeps experts in the range, the others are dropped. expert_tokens_count_or_cumsum (int64, when expert_tokens_num_flag): per expert of the range ([0, expert_num) by default) the routed (kept) token count (expert_tokens_num_type 1) or its cumsum (0), or (type 2, key_value) [expert_num, 2] rows (expert, count) for the experts with tokens, in expert order, then zero rows; in capacity mode the count before dropping (type 1 only). expanded_scale: scale [N] (float32) gathered like the rows when given, else empty. Only the unquantized path: quant_mode must be -1 and offset None. Differentiable in x.", ('CPU',), True, True),
     'moe_init_routing_v2_grad': OpInfo('Backward of moe_init_routing_v2 w.r.t. x: grad_x[i] = sum over the k pairs of token i of the gradient row they were copied to (dropped pairs contribute nothing). x and expert_idx give the shapes only.', ('CPU',), False, True),
-    'moe_compute_expert_tokens': OpInfo('For each expert e in [0, num_expert), the end position of its run in the expert-sorted list sorted_expert_for_source_row (1-D int32/int64, values in [0, num_expert)): the number of entries <= e, int32 [num_expert] (the cumsum of the per-expert counts). Linear (a histogram). Not differentiable.', ('CPU',), False, True),
+    'moe_compute_expert_tokens': OpInfo('For each expert e in [0, num_expert), the end position of its run in the expert-sorted list sorted_expert_for_source_row (1-D int32/int64, values >= 0; values >= num_expert, such as the index E of finished rows, end the list and are counted by no expert): the number of entries <= e, int32 [num_expert] (the cumsum of the per-expert counts). Linear (a histogram). Not differentiable.', ('CPU',), False, True),
     'moe_finalize_routing': OpInfo("MoE combine (CANN MoeFinalizeRouting(V2)): out[i] = skip1[i] + skip2[i] + sum_j scales[i, j] * (expanded_permuted_rows[r] + bias[export_for_source_row[i, j]]) with r = expanded_src_to_dst_row[f] (int32/int64 [N*k]); f = j*N + i for drop_pad_mode 0/1 (moe_init_routing's column-major order), f = i*k + j for 2/3 (moe_init_routing_v2's token-major order). Modes 1/3 take the capacity layout [E, C, H] (any leading shape is flattened to rows). r = -1 (a dropped pair) contributes nothing. skip1, skip2, bias ([E, H]) are optional; scales [N, k] defaults to 1. Computed in fp32 (fp64 for fp64); out has expanded_permuted_rows' dtype, [N, H]. Differentiable in expanded_permuted_rows, skip1, skip2, bias and scales.", ('CPU',), True, True),
     'moe_finalize_routing_grad': OpInfo('Backward of moe_finalize_routing: grad_expanded_permuted_rows[r] = scales[i, j] * grad_out[i] (zero for rows no pair reads), grad_skip = grad_out (for skip1 and skip2), grad_scales[i, j] = grad_out[i] . (row r + bias), grad_bias[e] = sum of scales[i, j] * grad_out[i] over the pairs routed to e (empty tensors for absent inputs). Deterministic.', ('CPU',), False, True),
     'moe_token_permute': OpInfo('Megatron-style permute (CANN MoeTokenPermute): tokens [N, H], indices [N, topk] or [N] (int32/int64 experts >= 0). The N*topk (token, slot) pairs (token-major f = t*topk + j) are stably sorted by expert; sorted_indices (int32 [N*topk]) is the destination row of pair f (argsort of the argsort) and permuted_tokens[sorted_indices[f]] = tokens[f // topk]. num_out_tokens None/0 keeps all N*topk rows, > 0 keeps the first min(num_out_tokens, N*topk), < 0 drops that many from the end. padded_mode must be False. Differentiable in tokens.', ('CPU',), True, True),
     'moe_token_permute_grad': OpInfo('Backward of moe_token_permute: grad_tokens[t] = sum_j grad_permuted_tokens[sorted_indices[t*topk + j]] (destinations past the kept rows contribute nothing).', ('CPU',), False, True),
     'moe_token_unpermute': OpInfo("Megatron-style unpermute (CANN MoeTokenUnpermute), the inverse of moe_token_permute: with topk = probs.size(1) (1 without probs) and N = sorted_indices.numel() / topk, out[t] = sum_j probs[t, j] * permuted_tokens[sorted_indices[t*topk + j]] ([N, H], permuted_tokens' dtype, fp32 accumulation); indices >= permuted_tokens.size(0) (dropped by num_out_tokens) contribute nothing. padded_mode must be False (restore_shape is only used in padded mode). Differentiable in permuted_tokens and probs.", ('CPU',), True, True),
-    'moe_token_unpermute_grad': OpInfo('Backward of moe_token_unpermute: grad_permuted_tokens[sorted_indices[t*topk + j]] = probs[t, j] * grad[t] (zero rows elsewhere), grad_probs[t, j] = grad[t] . permuted_tokens[sorted_indices[t*topk + j]] (empty without probs).', ('CPU',), False, True),
+    'moe_token_unpermute_grad': OpInfo("Backward of moe_token_unpermute: grad_permuted_tokens[sorted_indices[t*topk + j]] = probs[t, j] * grad[t] (zero rows elsewhere), grad_probs[t, j] = grad[t] . permuted_tokens[sorted_indices[t*topk + j]] (empty without probs). Without probs only permuted_tokens' shape, dtype and device are used (its values are not read).", ('CPU',), False, True),
 }
 
 
@@ -80,6 +81,12 @@ def _restore_flat(ctx):
     for n in ctx.saved_layout:
         out.append(flat.pop(0) if n < 0 else [flat.pop(0) for _ in range(n)])
     return out
+
+
+def _stand_in(t):
+    """A tensor with t's shape, dtype and device but one element of storage (zero strides): what backward
+    receives in place of an input it needs only the metadata of (autograd.saved_only_with)."""
+    return torch.empty_strided(t.shape, (0,) * t.dim(), dtype=t.dtype, device=t.device)
 
 
 def _fake_kernel(module, fn):
@@ -328,6 +335,15 @@ def _fake_moe_gating_top_k(x, k, bias=None, k_group=1, group_count=1, group_sele
     a = MoeGatingTopKArgs(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps)
     check_devices('moe_gating_top_k', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k')(a)
+
+
+MoeGatingTopKGradArgs = collections.namedtuple('MoeGatingTopKGradArgs', ['x_norm', 'grad_y', 'expert_idx', 'renorm', 'norm_type', 'routed_scaling_factor', 'eps', 'x'])
+
+
+def _fake_moe_gating_top_k_grad(x_norm, grad_y, expert_idx, renorm=0, norm_type=0, routed_scaling_factor=1.0, eps=1e-20, x=None):
+    a = MoeGatingTopKGradArgs(x_norm, grad_y, expert_idx, renorm, norm_type, routed_scaling_factor, eps, x)
+    check_devices('moe_gating_top_k_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_gating_top_k_grad')(a)
 
 
 MoeInitRoutingArgs = collections.namedtuple('MoeInitRoutingArgs', ['x', 'row_idx', 'expert_idx', 'active_num'])
@@ -699,6 +715,44 @@ def _backward_moe_gating_top_k_softmax_v2(ctx, grad_y, grad_expert_idx, grad_sof
     )
 
 
+def _setup_moe_gating_top_k(ctx, inputs, output):
+    (x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps,) = inputs
+    (y, expert_idx, out,) = output
+    ctx.save_for_backward(out, expert_idx, x)
+    ctx.renorm = renorm
+    ctx.norm_type = norm_type
+    ctx.routed_scaling_factor = routed_scaling_factor
+    ctx.eps = eps
+    ctx.mark_non_differentiable(expert_idx, out)
+
+
+def _backward_moe_gating_top_k(ctx, grad_y, grad_expert_idx, grad_out):
+    (out, expert_idx, x,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.moe_gating_top_k_grad.default(
+        out,
+        grad_y,
+        expert_idx,
+        renorm=ctx.renorm,
+        norm_type=ctx.norm_type,
+        routed_scaling_factor=ctx.routed_scaling_factor,
+        eps=ctx.eps,
+        x=x,
+    ),)
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        None,  # k
+        None,  # bias
+        None,  # k_group
+        None,  # group_count
+        None,  # group_select_mode
+        None,  # renorm
+        None,  # norm_type
+        None,  # out_flag
+        None,  # routed_scaling_factor
+        None,  # eps
+    )
+
+
 def _setup_moe_init_routing_v2(ctx, inputs, output):
     (x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type,) = inputs
     (expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum, expanded_scale,) = output
@@ -789,7 +843,7 @@ def _backward_moe_token_permute(ctx, grad_permuted_tokens, grad_sorted_indices):
 def _setup_moe_token_unpermute(ctx, inputs, output):
     (permuted_tokens, sorted_indices, probs, padded_mode, restore_shape,) = inputs
     result0 = output
-    ctx.save_for_backward(permuted_tokens, sorted_indices, probs)
+    ctx.save_for_backward(permuted_tokens if probs is not None else _stand_in(permuted_tokens), sorted_indices, probs)
     ctx.padded_mode = padded_mode
     ctx.restore_shape = restore_shape
 
@@ -853,6 +907,8 @@ def register():
     torch.library.register_autograd("npu_fa::moe_gating_top_k_softmax_v2", _backward_moe_gating_top_k_softmax_v2, setup_context=_setup_moe_gating_top_k_softmax_v2)
     torch.library.register_fake("npu_fa::moe_gating_top_k_softmax_grad", _fake_moe_gating_top_k_softmax_grad)
     torch.library.register_fake("npu_fa::moe_gating_top_k", _fake_moe_gating_top_k)
+    torch.library.register_autograd("npu_fa::moe_gating_top_k", _backward_moe_gating_top_k, setup_context=_setup_moe_gating_top_k)
+    torch.library.register_fake("npu_fa::moe_gating_top_k_grad", _fake_moe_gating_top_k_grad)
     torch.library.register_fake("npu_fa::moe_init_routing", _fake_moe_init_routing)
     torch.library.register_fake("npu_fa::moe_init_routing_v2", _fake_moe_init_routing_v2)
     torch.library.register_autograd("npu_fa::moe_init_routing_v2", _backward_moe_init_routing_v2, setup_context=_setup_moe_init_routing_v2)

@@ -44,6 +44,15 @@ def moe_gating_top_k(a):
     return a.x.new_empty((n, a.k)), a.x.new_empty((n, a.k), dtype=torch.int32), out
 
 
+def moe_gating_top_k_grad(a):
+    op = "moe_gating_top_k_grad"
+    torch._check(a.grad_y.dim() == 2, lambda: f"{op}: argument 'grad_y' must be 2-D [N, k]")
+    src = a.x if (a.x is not None and a.x_norm.numel() == 0) else a.x_norm
+    torch._check(src.dim() == 2, lambda: f"{op}: argument 'x_norm' must be [N, E] (or empty with 'x' given)")
+    dtype = a.x.dtype if src is a.x else a.grad_y.dtype
+    return a.grad_y.new_empty((a.grad_y.shape[0], src.shape[1]), dtype=dtype)
+
+
 def moe_init_routing(a):
     n, k = a.expert_idx.shape
     kept = torch.sym_min(n, a.active_num) * k
@@ -68,7 +77,10 @@ def moe_init_routing_v2(a):
     counted = 0
     if a.expert_tokens_num_flag:
         counted = a.active_expert_range[1] - a.active_expert_range[0] if len(a.active_expert_range) else a.expert_num
-    tokens = a.x.new_empty((counted,), dtype=torch.int64)
+    if a.expert_tokens_num_flag and a.expert_tokens_num_type == 2:  # (expert, count) rows
+        tokens = a.x.new_empty((a.expert_num, 2), dtype=torch.int64)
+    else:
+        tokens = a.x.new_empty((counted,), dtype=torch.int64)
     expanded_scale = a.x.new_empty((rows,) if a.scale is not None else (0,), dtype=torch.float32)
     return expanded, a.x.new_empty((n_pairs,), dtype=torch.int32), tokens, expanded_scale
 

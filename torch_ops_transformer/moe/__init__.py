@@ -1,7 +1,8 @@
 """Mixture of Experts (docs/moe.md): gating and routing ops, grouped matmul, and MOELayer.
 
-- `routing` — `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k`, `npu_moe_init_routing(_v2)`,
-  `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute`.
+- `routing` — `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`),
+  `npu_moe_init_routing(_v2)`, `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`,
+  `npu_moe_token_permute` / `_unpermute`.
 - `grouped_matmul` — `npu_grouped_matmul`, `grouped_matmul`: per-expert matmul with fused bias and activation.
 - `layer` — `MOELayer`, single-process or expert-parallel.
 """
@@ -11,6 +12,7 @@ from .routing import (
     npu_moe_compute_expert_tokens,
     npu_moe_finalize_routing,
     npu_moe_gating_top_k,
+    npu_moe_gating_top_k_backward,
     npu_moe_gating_top_k_softmax,
     npu_moe_gating_top_k_softmax_v2,
     npu_moe_init_routing,
@@ -20,6 +22,7 @@ from .routing import (
 )
 
 __all__ = ["MOELayer", "grouped_matmul", "npu_grouped_matmul", "npu_moe_compute_expert_tokens",
-           "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax",
+           "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_backward",
+           "npu_moe_gating_top_k_softmax",
            "npu_moe_gating_top_k_softmax_v2", "npu_moe_init_routing", "npu_moe_init_routing_v2",
            "npu_moe_token_permute", "npu_moe_token_unpermute"]

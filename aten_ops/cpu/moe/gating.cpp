@@ -275,9 +275,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const MoeGat
             if (!keep[e / gp.group_size]) sel[e] = ninf;
         }
         top_k(sel.data(), E, args.k, idx, scratch);
+        // Sigmoid scores are normalised over the k selected; softmax probabilities are used as they are (CANN).
         float sum = 0;
         for (int64_t j = 0; j < args.k; ++j) sum += s[idx[j]];
-        const float scale = static_cast<float>(args.routed_scaling_factor) / (sum + static_cast<float>(args.eps));
+        const float scale = args.norm_type == 1
+                                ? static_cast<float>(args.routed_scaling_factor) / (sum + static_cast<float>(args.eps))
+                                : static_cast<float>(args.routed_scaling_factor);
         for (int64_t j = 0; j < args.k; ++j) {
           yp[i * args.k + j] = static_cast<scalar_t>(s[idx[j]] * scale);
           ep[i * args.k + j] = static_cast<int32_t>(idx[j]);
@@ -287,6 +290,83 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_cpu(const MoeGat
     });
   });
   return {y, expert, out};
+}
+
+// Backward of moe_gating_top_k (and torch_npu's npu_moe_gating_top_k_backward): the weights y depend on the scores s
+// of the selected experts only (the selection itself is piecewise constant). With g = s[expert]:
+//   sigmoid: y_j = rsf * g_j / (sum g + eps)  ->  dg_j = rsf * (gy_j / D - sum_i gy_i g_i / D^2),  D = sum g + eps
+//   softmax: y_j = rsf * g_j                  ->  dg_j = rsf * gy_j
+// then ds = dg scattered to the experts, and dx = ds * s(1 - s) (sigmoid) or s * (ds - sum ds s) (softmax).
+at::Tensor moe_gating_top_k_grad_cpu(const MoeGatingTopKGradArgs& args) {
+  const char* op = "moe_gating_top_k_grad";
+  moe::check_float(op, "grad_y", args.grad_y);
+  moe::check_index(op, "expert_idx", args.expert_idx);
+  TORCH_CHECK_VALUE(args.grad_y.dim() == 2, op, ": argument 'grad_y' must be 2-D [N, k]; got shape ",
+                    args.grad_y.sizes());
+  TORCH_CHECK_VALUE(args.expert_idx.sizes() == args.grad_y.sizes(), op, ": argument 'expert_idx' of shape ",
+                    args.expert_idx.sizes(), " must match grad_y's ", args.grad_y.sizes());
+  TORCH_CHECK_VALUE(args.renorm == 0, op, ": argument 'renorm' must be 0; got ", args.renorm);
+  TORCH_CHECK_VALUE(args.norm_type == 0 || args.norm_type == 1, op, ": argument 'norm_type' must be 0 (softmax) ",
+                    "or 1 (sigmoid); got ", args.norm_type);
+  TORCH_CHECK_VALUE(std::isfinite(args.routed_scaling_factor), op, ": argument 'routed_scaling_factor' must be ",
+                    "finite; got ", args.routed_scaling_factor);
+  TORCH_CHECK_VALUE(std::isfinite(args.eps) && args.eps >= 0, op, ": argument 'eps' must be finite and >= 0; got ",
+                    args.eps);
+  const int64_t N = args.grad_y.size(0), k = args.grad_y.size(1);
+  // The scores: x_norm as given, or (x_norm empty, the forward without out_flag) recomputed from x like the forward.
+  const bool recompute = args.x_norm.numel() == 0 && args.x.has_value();
+  const at::Tensor& src = recompute ? *args.x : args.x_norm;
+  const char* src_name = recompute ? "x" : "x_norm";
+  moe::check_float(op, src_name, src);
+  TORCH_CHECK_VALUE(src.dim() == 2 && src.size(0) == N, op, ": argument '", src_name, "' of shape ", src.sizes(),
+                    " must be [N, E] with N = grad_y.size(0) = ", N,
+                    recompute ? "" : " (or empty, with the forward's input 'x' given)");
+  const int64_t E = src.size(1);
+  const std::vector<int64_t> experts = moe::read_index(args.expert_idx);
+  for (size_t f = 0; f < experts.size(); ++f)
+    TORCH_CHECK_VALUE(experts[f] >= 0 && experts[f] < E, op, ": argument 'expert_idx'[", f, "] = ", experts[f],
+                      " is out of range [0, E = ", E, ")");
+  const at::ScalarType out_dtype = recompute ? args.x->scalar_type() : args.grad_y.scalar_type();
+  at::Tensor dx = at::empty({N, E}, args.grad_y.options().dtype(out_dtype));
+  if (dx.numel() == 0) return dx;
+  const at::Tensor sc = src.to(at::kFloat).contiguous();
+  const at::Tensor gc = args.grad_y.to(at::kFloat).contiguous();
+  const float* sp = sc.data_ptr<float>();
+  const float* gp = gc.data_ptr<float>();
+  const float rsf = static_cast<float>(args.routed_scaling_factor), eps = static_cast<float>(args.eps);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out_dtype, "moe_gating_top_k_grad", [&] {
+    scalar_t* dp = dx.data_ptr<scalar_t>();
+    at::parallel_for(0, N, gating_grain(E), [&](int64_t r0, int64_t r1) {
+      std::vector<float> s(E), ds(E);
+      for (int64_t i = r0; i < r1; ++i) {
+        std::copy(sp + i * E, sp + (i + 1) * E, s.begin());
+        if (recompute && args.norm_type == 0) {
+          softmax_inplace(s.data(), E);
+        } else if (recompute) {
+          for (int64_t e = 0; e < E; ++e) s[e] = 1.f / (1.f + std::exp(-s[e]));
+        }
+        std::fill(ds.begin(), ds.end(), 0.f);
+        const int64_t* ex = experts.data() + i * k;
+        const float* gy = gp + i * k;
+        if (args.norm_type == 1) {
+          float sum = 0, dot = 0;
+          for (int64_t j = 0; j < k; ++j) {
+            sum += s[ex[j]];
+            dot += gy[j] * s[ex[j]];
+          }
+          const float d = sum + eps;
+          for (int64_t j = 0; j < k; ++j) ds[ex[j]] += rsf * (gy[j] / d - dot / (d * d));
+          for (int64_t e = 0; e < E; ++e) dp[i * E + e] = static_cast<scalar_t>(ds[e] * s[e] * (1.f - s[e]));
+        } else {
+          for (int64_t j = 0; j < k; ++j) ds[ex[j]] += rsf * gy[j];
+          float t = 0;  // ds is zero outside the selected experts
+          for (int64_t e = 0; e < E; ++e) t += ds[e] * s[e];
+          for (int64_t e = 0; e < E; ++e) dp[i * E + e] = static_cast<scalar_t>(s[e] * (ds[e] - t));
+        }
+      }
+    });
+  });
+  return dx;
 }
 
 }  // namespace npu_fa

@@ -82,11 +82,13 @@ V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx
   const std::vector<int64_t> experts = moe::read_index(expert_idx);
   int64_t lo = 0, hi = -1;  // the experts routed: [lo, hi); hi = -1 means "any >= 0"
   bool drop_outside = false;
+  // In capacity mode the range can only be every expert, [0, expert_num) (as torch_npu documents): no range then.
+  if (!range.empty() && pl.capacity && range.size() == 2 && range[0] == 0 && range[1] == expert_num) range = {};
   if (!range.empty()) {
     TORCH_CHECK_VALUE(range.size() == 2 && range[0] >= 0 && range[0] < range[1], op, ": argument ",
                       "'active_expert_range' must be [start, end) with 0 <= start < end; got ", range);
-    TORCH_CHECK_VALUE(!pl.capacity, op, ": argument 'active_expert_range' is supported in dropless mode ",
-                      "(drop_pad_mode 0) only");
+    TORCH_CHECK_VALUE(!pl.capacity, op, ": argument 'active_expert_range' must be empty or [0, expert_num) in ",
+                      "capacity mode (drop_pad_mode 1); got ", range);
     lo = range[0];
     hi = range[1];
     drop_outside = true;
@@ -180,8 +182,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
   TORCH_CHECK_VALUE(args.row_idx_type == 0 || args.drop_pad_mode == 0, op,
                     ": argument 'row_idx_type' 1 is supported in ",
                     "dropless mode (drop_pad_mode 0) only");
-  TORCH_CHECK_VALUE(args.expert_tokens_num_type == 0 || args.expert_tokens_num_type == 1, op, ": argument ",
-                    "'expert_tokens_num_type' must be 0 (cumsum) or 1 (count); got ", args.expert_tokens_num_type);
+  TORCH_CHECK_VALUE(args.expert_tokens_num_type >= 0 && args.expert_tokens_num_type <= 2, op, ": argument ",
+                    "'expert_tokens_num_type' must be 0 (cumsum), 1 (count) or 2 ((expert, count) pairs); got ",
+                    args.expert_tokens_num_type);
   V2Plan pl = plan_v2(op, args.x, args.expert_idx, args.active_num, args.expert_capacity, args.expert_num,
                       args.drop_pad_mode, args.active_expert_range);
   if (args.expert_tokens_num_flag) {
@@ -190,6 +193,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
     TORCH_CHECK_VALUE(!pl.capacity || args.expert_tokens_num_type == 1, op, ": in capacity mode (drop_pad_mode 1) the ",
                       "expert token numbers are counts: 'expert_tokens_num_type' must be 1; got ",
                       args.expert_tokens_num_type);
+    // key_value: one (expert, count) row per expert of the range, in a [expert_num, 2] output.
+    TORCH_CHECK_VALUE(args.expert_tokens_num_type != 2 ||
+                          (args.expert_num > 0 && pl.first_expert + pl.num_counted <= args.expert_num),
+                      op, ": 'expert_tokens_num_type' 2 needs 'expert_num' > 0 and the counted experts [",
+                      pl.first_expert, ", ", pl.first_expert + pl.num_counted, ") inside [0, expert_num = ",
+                      args.expert_num, ")");
   }
   const int64_t n = pl.N * pl.k;
   at::Tensor expanded_x = pl.capacity ? at::empty({args.expert_num, args.expert_capacity, pl.H}, args.x.options())
@@ -205,7 +214,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
     for (int64_t p = 0; p < n; ++p) rp[p] = p < pl.rows_out ? static_cast<int32_t>(pl.src[p]) : -1;
   }
   at::Tensor tokens = at::empty({args.expert_tokens_num_flag ? pl.num_counted : 0}, args.x.options().dtype(at::kLong));
-  if (args.expert_tokens_num_flag) {
+  if (args.expert_tokens_num_flag && args.expert_tokens_num_type == 2) {
+    // The experts that received tokens, in expert order, with their counts; the rows after them are zero.
+    tokens = at::zeros({args.expert_num, 2}, args.x.options().dtype(at::kLong));
+    int64_t* tp = tokens.data_ptr<int64_t>();
+    int64_t row = 0;
+    for (int64_t e = 0; e < pl.num_counted; ++e) {
+      if (pl.counts[e] == 0) continue;
+      tp[2 * row] = pl.first_expert + e;
+      tp[2 * row + 1] = pl.counts[e];
+      ++row;
+    }
+  } else if (args.expert_tokens_num_flag) {
     int64_t* tp = tokens.data_ptr<int64_t>();
     int64_t run = 0;
     for (int64_t e = 0; e < pl.num_counted; ++e) {
@@ -286,9 +306,10 @@ at::Tensor moe_compute_expert_tokens_cpu(const MoeComputeExpertTokensArgs& args)
   const std::vector<int64_t> v = moe::read_index(args.sorted_expert_for_source_row);
   std::vector<int64_t> hist(args.num_expert, 0);
   for (size_t i = 0; i < v.size(); ++i) {
-    TORCH_CHECK_VALUE(v[i] >= 0 && v[i] < args.num_expert, op, ": argument 'sorted_expert_for_source_row'[", i, "] = ",
-                      v[i], " is out of range [0, num_expert = ", args.num_expert, ")");
-    ++hist[v[i]];
+    TORCH_CHECK_VALUE(v[i] >= 0, op, ": argument 'sorted_expert_for_source_row'[", i, "] = ", v[i],
+                      " is out of range; expert indices must be >= 0");
+    // Indices >= num_expert (e.g. the index E of finished rows) sort after every expert: counted by none.
+    if (v[i] < args.num_expert) ++hist[v[i]];
   }
   at::Tensor out = at::empty({args.num_expert}, args.sorted_expert_for_source_row.options().dtype(at::kInt));
   int32_t* op_ = out.data_ptr<int32_t>();

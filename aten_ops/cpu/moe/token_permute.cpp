@@ -139,7 +139,10 @@ std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu(const MoeTokenUn
                     " must be [N, H] = [", u.N, ", ", u.H, "]");
   const auto dt = args.permuted_tokens.scalar_type();
   const at::Tensor g = args.grad_unpermuted_tokens.to(dt).contiguous();
-  const at::Tensor pc = args.permuted_tokens.contiguous();
+  // The rows are read only for grad_probs: without probs, permuted_tokens may be a storage-free stand-in of the
+  // right shape (autograd does not keep the rows alive then).
+  const bool with_probs = args.probs.has_value();
+  const at::Tensor pc = with_probs ? args.permuted_tokens.contiguous() : at::Tensor();
   at::Tensor d_perm = at::zeros({u.R, u.H}, args.permuted_tokens.options());
   at::Tensor d_probs = args.probs.has_value() ? at::empty(args.probs->sizes(), args.probs->options()) : at::empty({0}, g.options());
   if (u.N == 0 || u.H == 0) {
@@ -153,7 +156,7 @@ std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu(const MoeTokenUn
     at::Tensor dpr = at::zeros({u.N, u.topk}, g.options().dtype(c10::CppTypeToScalarType<A>::value));
     A* dpp = dpr.data_ptr<A>();
     const scalar_t* gp = g.data_ptr<scalar_t>();
-    const scalar_t* rp = pc.data_ptr<scalar_t>();
+    const scalar_t* rp = with_probs ? pc.data_ptr<scalar_t>() : nullptr;
     scalar_t* dp = d_perm.data_ptr<scalar_t>();
     const int64_t H = u.H, k = u.topk;
     at::parallel_for(0, u.N, row_grain(H * k), [&](int64_t t0, int64_t t1) {
@@ -166,7 +169,7 @@ std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu(const MoeTokenUn
           for (int64_t h = 0; h < H; ++h) {
             const A gv = static_cast<A>(gp[t * H + h]);
             dp[r * H + h] = static_cast<scalar_t>(s * gv);
-            dot += gv * static_cast<A>(rp[r * H + h]);
+            if (rp) dot += gv * static_cast<A>(rp[r * H + h]);
           }
           dpp[t * k + j] = dot;
         }
