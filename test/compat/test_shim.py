@@ -103,3 +103,28 @@ def test_an_installed_torch_npu_without_cann_falls_back_to_the_shim(tmp_path):
         assert compat.installed() and torch.randn(2).npu().is_npu
         """, extra_path=[site])
     assert "cannot be imported" in out.stderr and "libhccl" in out.stderr
+
+
+def test_mixed_precision_training_loop_on_the_simulated_device():
+    """torch.npu.amp.autocast / torch.autocast("npu") follow CUDA's policy; GradScaler steps the optimizer."""
+    _run("""
+        import torch, torch_npu
+        torch.npu.set_compile_mode(jit_compile=False)
+        torch.npu.config.allow_internal_format = False
+        x = torch.randn(8, 4).npu()
+        with torch.autocast("npu", dtype=torch.bfloat16):
+            y = x @ x.t()
+            assert y.dtype == torch.bfloat16 and torch.softmax(y, -1).dtype == torch.float32 and (y + 1).dtype == y.dtype
+        m = torch.nn.Linear(4, 2).npu()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        scaler = torch.npu.amp.GradScaler()
+        before = m.weight.detach().clone()
+        with torch.npu.amp.autocast():
+            out = m(x)
+            assert out.dtype == torch.float16
+            loss = out.float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        assert m.weight.grad.dtype == torch.float32 and not torch.equal(before, m.weight.detach())
+        """)
