@@ -128,3 +128,30 @@ def test_mixed_precision_training_loop_on_the_simulated_device():
         scaler.update()
         assert m.weight.grad.dtype == torch.float32 and not torch.equal(before, m.weight.detach())
         """)
+
+
+def test_transformers_npu_flash_attention_path_runs_on_the_shim():
+    """transformers detects torch_npu and sends attn_implementation="flash_attention_2" on npu tensors to its own
+    NPU integration, which calls torch_npu.npu_fusion_attention: our kernel, same logits as eager attention."""
+    pytest.importorskip("transformers")
+    out = _run("""
+        import torch, torch_npu
+        from torch.profiler import profile
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2)
+        torch.manual_seed(0)
+        eager = LlamaForCausalLM(cfg).eval()
+        ids = torch.randint(0, 128, (2, 12))
+        with torch.no_grad():
+            want = eager(ids).logits
+        fa = LlamaForCausalLM(cfg)
+        fa.load_state_dict(eager.state_dict())
+        fa.config._attn_implementation = "flash_attention_2"
+        fa = fa.npu().eval()
+        with torch.no_grad(), profile() as prof:
+            got = fa(ids.npu()).logits.cpu()
+        assert any("npu_fa::flash_attention_score" in e.key for e in prof.key_averages())
+        print("maxdiff", (got - want).abs().max().item())
+        """)
+    assert float(out.stdout.split("maxdiff")[1]) < 1e-5
