@@ -132,6 +132,9 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     mod = _fill(placeholder if placeholder is not None else types.ModuleType("torch_npu"))
     sys.modules["torch_npu"] = mod
     sys.modules["torch_npu.npu"] = mod.npu
+    utils = types.ModuleType("torch_npu.npu.utils")  # torch_npu's device utilities: the device module's functions
+    utils.__dict__.update({k: v for k, v in vars(mod.npu).items() if not k.startswith("__")})
+    mod.npu.utils = sys.modules["torch_npu.npu.utils"] = utils
     from . import testing
 
     for name, sub in testing.modules().items():  # torch_npu.testing: what torch_npu's own tests import
