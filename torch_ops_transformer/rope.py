@@ -41,8 +41,10 @@ _ROTARY_MUL_MODES = ("half", "interleave")
 
 def _rotary_mul_mode(op: str, rotary_mode) -> int:
     if rotary_mode not in _ROTARY_MUL_MODES:
-        raise ValueError(f"{op}: argument 'rotary_mode' must be 'half' or 'interleave'; got {rotary_mode!r} "
-                         f"('quarter' and 'interleave-half' are modes of npu_rotary_position_embedding)")
+        # torch_npu's wording, which code written for it may match
+        raise ValueError(f"{op}: The rotary_mode of npu_rotary_mul should be half or interleave, but got "
+                         f"{rotary_mode!r} (argument 'rotary_mode'; 'quarter' and 'interleave-half' are modes of "
+                         f"npu_rotary_position_embedding)")
     return ROTARY_MODES[rotary_mode]
 
 

@@ -34,6 +34,8 @@ def test_module_holds_every_implemented_function_and_stubs_for_the_rest():
     with pytest.raises(AttributeError):
         shim.npu_no_such_function  # noqa: B018  (not an upstream name either)
     assert shim.npu.is_available() is False  # no simulated device in this process
+    # torch_npu's constants of its own dtypes (integer codes), which code and tests name
+    assert (shim.hifloat8, shim.float8_e8m0fnu, shim.float4_e2m1fn_x2, shim.float4_e1m2fn_x2) == (290, 293, 296, 297)
 
 
 def test_argument_error_is_both_conventions():

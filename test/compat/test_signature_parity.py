@@ -33,9 +33,7 @@ SCHEMAS = _schemas()
 
 # Functions still being brought to upstream's signature (their tests are expected to fail until then). Must end empty.
 PENDING = {"_npu_dropout_gen_mask", "npu_attention_update", "npu_fusion_attention",
-           "npu_fusion_attention_grad", "npu_grouped_matmul",
-           "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax_v2",
-           "npu_moe_init_routing_v2", "npu_rotary_mul", "npu_scatter_pa_kv_cache"}
+           "npu_fusion_attention_grad", "npu_scatter_pa_kv_cache"}
 
 
 def _names(names):
@@ -182,6 +180,8 @@ SAMPLES = {
                                      {}),
     "npu_scatter_pa_kv_cache": _scatter,
     "npu_rotary_mul": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {}),
+    "npu_rotary_mul_backward": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
+                                         torch.randn(1, 3, 1, 8)), {"rotary_mode": "interleave"}),
     "npu_rotary_position_embedding": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
                                                torch.randn(1, 3, 1, 8)), {}),
     "npu_apply_rotary_pos_emb": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
@@ -191,6 +191,9 @@ SAMPLES = {
     "npu_moe_gating_top_k_softmax": lambda: ((torch.randn(5, 4),), {"k": 2}),
     "npu_moe_gating_top_k_softmax_v2": lambda: ((torch.randn(5, 4),), {"k": 2}),
     "npu_moe_gating_top_k": lambda: ((torch.randn(5, 8), 2), {}),
+    "npu_moe_gating_top_k_backward": lambda: ((torch.rand(5, 8), torch.randn(5, 2),
+                                               torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7], [1, 0]],
+                                                            dtype=torch.int32)), {"norm_type": 1}),
     "npu_moe_init_routing": lambda: (_routing_v1() + (3,), {}),
     "npu_moe_init_routing_v2": lambda: ((torch.randn(3, 4), torch.tensor([[0, 2], [1, 3], [2, 0]], dtype=torch.int32)),
                                         dict(active_num=6, expert_num=4)),

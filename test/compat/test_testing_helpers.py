@@ -37,6 +37,8 @@ def test_rtol_equal_criterion():
     assert not _passes(x, torch.ones(5))              # shapes must match
     assert not _passes(torch.tensor([float("nan"), 1.0]), torch.tensor([1.0, 1.0]))  # NaN positions
     assert _passes([x, x], [x, x])
+    assert _passes(x.bfloat16(), x.bfloat16())        # bfloat16 (no numpy dtype) compared in float32
+    assert not _passes(x.bfloat16(), (x * 2).bfloat16())
 
 
 def test_format_cast_plain_formats_only():

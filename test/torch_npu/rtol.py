@@ -1,24 +1,17 @@
-"""The comparison of torch_npu's TestCase.assertRtolEqual, which op-plugin's ported tests use, as a function.
-
-An element passes when |expected - actual| <= prec or |expected - actual| / (max(|expected|, |actual|) + tiny) <= prec;
-the comparison fails only when more than size * prec elements fail each criterion. Shapes and dtypes must match and
-NaNs must sit at the same positions. float16 and bfloat16 use prec16 (bfloat16 values are compared in float32);
-booleans must be equal."""
+"""torch_npu's TestCase.assertRtolEqual(expected, actual, prec, prec16), the comparison op-plugin's tests use, as a
+function over tensors (on any device), numpy arrays and lists of them. The criterion is the shim's implementation
+(torch_ops_transformer.compat.testing): NaNs in the same places, then every element within `prec` absolutely, or
+every element within `prec` relatively, or at most size * prec elements outside both; float16 uses prec16. numpy has
+no bfloat16: bfloat16 values are compared in float32 (which holds them exactly) with prec16, bfloat16 being a
+16-bit format too."""
 from typing import Sequence, Union
 
 import numpy as np
 import torch
 
+from torch_ops_transformer.compat.testing import TestCase
+
 Array = Union[torch.Tensor, np.ndarray]
-
-
-def _numpy(t: Array):
-    if isinstance(t, torch.Tensor):
-        t = t.detach().cpu()
-        half = t.dtype in (torch.float16, torch.bfloat16)
-        return (t.float() if t.dtype == torch.bfloat16 else t).numpy(), half, t.dtype
-    a = np.asarray(t)
-    return a, a.dtype == np.float16, a.dtype
 
 
 def assert_rtol_equal(expected: Union[Array, Sequence[Array]], actual: Union[Array, Sequence[Array]],
@@ -28,21 +21,12 @@ def assert_rtol_equal(expected: Union[Array, Sequence[Array]], actual: Union[Arr
         for e, a in zip(expected, actual):
             assert_rtol_equal(e, a, prec, prec16)
         return
-    x, half, x_dtype = _numpy(expected)
-    y, _, y_dtype = _numpy(actual)
-    assert x.shape == y.shape, f"shape error: expected {x.shape}, got {y.shape}"
-    assert str(x_dtype).split(".")[-1] == str(y_dtype).split(".")[-1], f"dtype error: {x_dtype} vs {y_dtype}"
-    if x.dtype == np.bool_:
-        assert np.array_equal(x, y), "result error (bool)"
-        return
-    p, tiny = (prec16, 6e-8) if half else (prec, 1e-9)
-    x64, y64 = x.astype(np.float64), y.astype(np.float64)
-    nan = np.isnan(x64)
-    assert np.array_equal(nan, np.isnan(y64)), "NaN positions differ"
-    diff = np.abs(np.where(nan, 0.0, y64 - x64))
-    atol_fail = int(np.sum(~(diff <= p)))
-    rtol_fail = int(np.sum(~(diff / (np.maximum(np.abs(x64), np.abs(y64)) + tiny) <= p)))
-    limit = x.size * p
-    assert not (atol_fail > limit and rtol_fail > limit), (
-        f"result error: {atol_fail} elements beyond atol {p} and {rtol_fail} beyond rtol {p} of {x.size} "
-        f"(allowed {limit:g}); max abs diff {diff.max() if diff.size else 0:g}")
+    if isinstance(expected, torch.Tensor):
+        expected = expected.detach().cpu()
+    if isinstance(actual, torch.Tensor):
+        actual = actual.detach().cpu()
+    bf16 = [isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in (expected, actual)]
+    assert bf16[0] == bf16[1], f"dtype error: {expected.dtype} vs {actual.dtype}"
+    if bf16[0]:
+        expected, actual, prec = expected.float(), actual.float(), prec16
+    TestCase().assertRtolEqual(expected, actual, prec, prec16)

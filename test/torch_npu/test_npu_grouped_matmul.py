@@ -22,9 +22,10 @@ Upstream cases, ported:
   group_list the cumulative [256, 256, 512, 768] -> y [4, 1024, 256].
 - test_npu_grouped_matmul_no_quant_case_1: one group, x [64, 256], weight [1, 256, 1024].
 - test_npu_grouped_matmul_0_empty_x_w: empty x and weight lists raise a RuntimeError.
-- test_npu_grouped_matmul_group_list_none: without group_type a RuntimeError (torch_npu: "Requires manual passing
-  group_type"; ours names 'group_type').
-- test_npu_grouped_matmul_invalid_group_type: group_type 1, 3, 100 raise a RuntimeError naming the allowed values.
+- test_npu_grouped_matmul_group_list_none: without group_type a RuntimeError, with torch_npu's words "Requires
+  manual passing group_type".
+- test_npu_grouped_matmul_invalid_group_type: group_type 1, 3, 100 raise a RuntimeError, with torch_npu's words
+  "The group type must be".
 Not applicable (quantised or anti-quantised matmul, NZ weight format, NPU-only dtypes; scale / antiquant_scale /
 per_token_scale and the float4 / float8 dtype codes raise NotImplementedError naming the argument, checked in
 test_quantised_arguments_are_not_implemented): test_npu_grouped_matmul_antiquant_0, _quant_3, _quant_3_nz,
@@ -161,7 +162,7 @@ def test_npu_grouped_matmul_group_list_none():
     gen = torch.Generator().manual_seed(0)
     x = [to_device(_normal(gen, 256, 256)), to_device(_normal(gen, 1024, 256))]
     w = [to_device(_normal(gen, 256, 256)), to_device(_normal(gen, 256, 1024))]
-    with pytest.raises(RuntimeError, match="'group_type' is required"):
+    with pytest.raises(RuntimeError, match="Requires manual passing group_type.*'group_type' is required"):
         torch_npu.npu_grouped_matmul(x, w, group_list=None, split_item=0)
 
 
@@ -171,7 +172,7 @@ def test_npu_grouped_matmul_invalid_group_type():
     w = [to_device(_normal(gen, 1792, 256))]
     group_list = to_device(torch.tensor([256, 512, 1024, 1792]))
     for invalid in (1, 3, 100):
-        with pytest.raises(RuntimeError, match="'group_type' must be -1, 0 or 2"):
+        with pytest.raises(RuntimeError, match="The group type must be -1, 0 or 2 \\(argument 'group_type'\\)"):
             torch_npu.npu_grouped_matmul(x, w, group_list=group_list, split_item=3, group_type=invalid)
 
 
@@ -183,7 +184,8 @@ def test_quantised_arguments_are_not_implemented():
     kw = dict(group_list=group_list, split_item=3, group_type=0)
     one = to_device(torch.ones(2, 8))
     for name, value in (("scale", [one]), ("antiquant_scale", [one]), ("per_token_scale", [one]),
-                        ("x_dtype", 296), ("weight_dtype", 296), ("scale_dtype", 293),
-                        ("per_token_scale_dtype", 293), ("output_dtype", torch.int8)):
+                        ("x_dtype", torch_npu.float4_e2m1fn_x2), ("weight_dtype", torch_npu.float4_e1m2fn_x2),
+                        ("scale_dtype", torch_npu.float8_e8m0fnu), ("per_token_scale_dtype", torch_npu.float8_e8m0fnu),
+                        ("output_dtype", torch.int8)):
         with pytest.raises(NotImplementedError, match=f"'{name}'"):
             torch_npu.npu_grouped_matmul(x, w, **kw, **{name: value})

@@ -169,7 +169,8 @@ def test_npu_moe_init_routing_mxfp_no_quant(dtype):
         x = torch.randn(bs, h, generator=gen).to(dtype)
         expert_idx = torch.randint(0, EXPERT_NUM, (bs, k), generator=gen, dtype=torch.int32)
         _run_and_compare(x, expert_idx, None, [0, 16], row_idx_type, True, tokens_type, 0, bs * k, -1)
-    with pytest.raises(NotImplementedError, match="'x_dtype'"):  # torch_npu's float4_e2m1fn_x2 dtype code
-        torch_npu.npu_moe_init_routing_v2(to_device(torch.zeros(4, 8, dtype=torch.uint8)),
-                                          to_device(torch.zeros(4, 2, dtype=torch.int32)), expert_num=EXPERT_NUM,
-                                          x_dtype=296)
+    for x_dtype in (torch_npu.float4_e2m1fn_x2, torch_npu.hifloat8):  # torch_npu's codes of its own dtypes
+        with pytest.raises(NotImplementedError, match="'x_dtype'"):
+            torch_npu.npu_moe_init_routing_v2(to_device(torch.zeros(4, 8, dtype=torch.uint8)),
+                                              to_device(torch.zeros(4, 2, dtype=torch.int32)), expert_num=EXPERT_NUM,
+                                              x_dtype=x_dtype)

@@ -15,8 +15,8 @@ Upstream cases:
   interleave matrix and a block-diagonal matrix rotating two sub-vectors of D.
 - test_rotary_mul_dim3, test_rotary_mul_mode_dim3 (skipped upstream: CANN version): 3-D x, 'half' / 'interleave',
   float16 / float32, shapes down to D = 2 and D = 894. Ported.
-- test_rotary_mul_error_param: rotary_mode 'quarter' raises a RuntimeError. Ported (ArgumentError, a RuntimeError,
-  naming 'rotary_mode').
+- test_rotary_mul_error_param: rotary_mode 'quarter' raises a RuntimeError with torch_npu's message "The
+  rotary_mode of npu_rotary_mul should be half or interleave, but got ". Ported (ArgumentError, a RuntimeError).
 """
 import pytest
 import torch
@@ -70,8 +70,8 @@ INTERLEAVE = [([2, 2, 5, 128], [1, 2, 1, 128], [1, 2, 1, 128]),
 HALF_3D = [((2, 2, 4), (2, 2, 4), (2, 2, 4)), ((4, 8, 8), (4, 8, 8), (4, 8, 8)), ((5, 10, 32), (1, 1, 32), (1, 1, 32)),
            ((8, 4, 64), (1, 1, 64), (1, 1, 64)), ((16, 8, 256), (1, 1, 256), (1, 1, 256)),
            ((1, 128, 894), (1, 1, 894), (1, 1, 894)), ((1, 256, 512), (1, 1, 512), (1, 1, 512))]
-INTERLEAVE_3D = [((1, 1, 2), (1, 1, 2), (1, 1, 2)), ((1, 1, 4), (1, 1, 4), (1, 1, 4)), ((1, 8, 2), (1, 1, 2), (1, 1, 2)),
-                 ((1, 8, 4), (1, 8, 4), (1, 8, 4)), ((16, 1, 2), (1, 1, 2), (1, 1, 2)),
+INTERLEAVE_3D = [((1, 1, 2), (1, 1, 2), (1, 1, 2)), ((1, 1, 4), (1, 1, 4), (1, 1, 4)),
+                 ((1, 8, 2), (1, 1, 2), (1, 1, 2)), ((1, 8, 4), (1, 8, 4), (1, 8, 4)), ((16, 1, 2), (1, 1, 2), (1, 1, 2)),
                  ((8, 1, 4), (8, 1, 4), (8, 1, 4)), ((16, 8, 2), (1, 1, 2), (1, 1, 2))]
 
 
@@ -123,5 +123,5 @@ def test_rotary_mul_mode_dim3(dtype):
 
 def test_rotary_mul_error_param():
     x, r1, r2 = to_device(torch.rand(2, 2, 5, 128), torch.rand(1, 2, 1, 128), torch.rand(1, 2, 1, 128))
-    with pytest.raises(RuntimeError, match="'rotary_mode'.*'quarter'"):
+    with pytest.raises(RuntimeError, match="The rotary_mode of npu_rotary_mul should be half or interleave, but got "):
         torch_npu.npu_rotary_mul(x, r1, r2, "quarter")

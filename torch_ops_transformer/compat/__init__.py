@@ -69,6 +69,8 @@ def _fill(mod: types.ModuleType) -> types.ModuleType:
         setattr(mod, name, _not_implemented_stub(name))
     for name, fn in _args.TORCH_NPU_API.items():
         setattr(mod, name, fn)
+    for name, code in _args.TORCH_NPU_DTYPE_CODES.items():  # torch_npu.hifloat8, float4_e2m1fn_x2, ...
+        setattr(mod, name, code)
     from . import testing
 
     mod.npu_format_cast, mod.get_npu_format = testing.npu_format_cast, testing.get_npu_format

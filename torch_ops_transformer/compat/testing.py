@@ -32,6 +32,11 @@ def get_npu_format(self: torch.Tensor) -> int:
     return 2  # ND
 
 
+def _numpy(t: torch.Tensor):
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
 def _rtol_equal(case: unittest.TestCase, x, y, prec: float, prec16: float) -> None:
     """torch_npu's criterion: NaNs in the same places, then every element within `prec` absolutely, or every element
     within `prec` relatively, or at most size*prec elements outside both (prec16 for float16)."""
@@ -43,8 +48,9 @@ def _rtol_equal(case: unittest.TestCase, x, y, prec: float, prec16: float) -> No
         y = torch.as_tensor(y, dtype=x.dtype)
     if isinstance(y, torch.Tensor) and not isinstance(x, torch.Tensor):
         x = torch.as_tensor(x, dtype=y.dtype)
-    x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-    y = y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+    # numpy has no bfloat16: its values are compared in float32, which holds them exactly
+    x = _numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x)
+    y = _numpy(y) if isinstance(y, torch.Tensor) else np.asarray(y)
     case.assertEqual(x.shape, y.shape, "shape error")
     case.assertEqual(x.dtype, y.dtype, "dtype error")
     if x.dtype == np.bool_:

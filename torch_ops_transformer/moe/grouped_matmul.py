@@ -127,11 +127,12 @@ def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor]
         out, _ = torch.ops.npu_fa.grouped_matmul(x, weight, bias, ends, 0, 0, 0)
         return out if single else _split_rows(out[0], ends, 0)
 
+    # The messages keep torch_npu's wording, which code written for it may match.
     if group_type is None:
-        raise ValueError(f"{op}: argument 'group_type' is required (torch_npu requires passing it): -1 (no "
+        raise ValueError(f"{op}: Requires manual passing group_type: argument 'group_type' is required, -1 (no "
                          f"grouping), 0 (split along M) or 2 (split along K); got None")
     if group_type not in (-1, 0, 2):
-        raise ValueError(f"{op}: argument 'group_type' must be -1, 0 or 2; got {group_type}")
+        raise ValueError(f"{op}: The group type must be -1, 0 or 2 (argument 'group_type'); got {group_type}")
     if group_list_type == 2:
         raise NotImplementedError(f"{op}: argument 'group_list_type' 2 ([E, 2] group index / size pairs) is defined "
                                   f"for int8 (quantised) inputs only, which are not implemented; pass 0 or 1")
