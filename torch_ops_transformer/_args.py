@@ -167,3 +167,14 @@ def check_devices(op: str, arguments, host: Tuple[str, ...] = ()) -> None:
         if device is not None and t.device.type != "cpu" and t.device != device:
             raise ValueError(f"{op}: argument '{n}' must be on device {device} like argument '{first}' "
                              f"or on the host (cpu); got a tensor on device {t.device}")
+
+
+def host_int_tensor(op: str, name: str, value: IntList, device) -> Optional[Tensor]:
+    """Like `int_tensor`, for integer arguments the kernels read on the host (sequence lengths, a padding size; the
+    `host_tensors` of native_functions.yaml): a list becomes an int64 tensor on `device`, a CPU tensor passes, and a
+    tensor on another accelerator than `device` (npu lengths next to CPU inputs) comes to the host, where every op
+    takes it. torch_npu reads these on the host too (its schema has int[] for most of them)."""
+    t = int_tensor(op, name, value, device)
+    if isinstance(t, Tensor) and t.device.type != "cpu" and t.device != torch.device(device):
+        t = t.cpu()
+    return t

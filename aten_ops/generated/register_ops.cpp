@@ -223,8 +223,8 @@ at::Tensor incre_flash_attention_cpu_unboxed(const at::Tensor& query, const at::
   rule.device_tensor("atten_mask", atten_mask);
   rule.device_tensor("pse_shift", pse_shift);
   rule.device_tensor("block_table", block_table);
-  rule.device_tensor("kv_padding_size", kv_padding_size);
   rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("kv_padding_size", kv_padding_size);
   return npu_fa::incre_flash_attention_cpu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
 }
 
@@ -236,8 +236,8 @@ at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const 
   rule.device_tensor("atten_mask", atten_mask);
   rule.device_tensor("pse_shift", pse_shift);
   rule.device_tensor("block_table", block_table);
-  rule.device_tensor("kv_padding_size", kv_padding_size);
   rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("kv_padding_size", kv_padding_size);
   const c10::DeviceGuard guard(rule.device());
   return npu_fa::incre_flash_attention_npu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
 }
