@@ -31,6 +31,22 @@ def _lengths(op: str, name: str, value: SeqLens, device, batch: Optional[int] = 
     return t
 
 
+_COMPRESSED_MASK_SHAPES = ((2048, 2048), (1, 2048, 2048), (1, 1, 2048, 2048))
+
+
+def _optimised_mask(op: str, sparse_mode: int, atten_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """torch_npu's rule for sparse_mode 2-4 (prefill): the optimised 2048x2048 mask is required, as (2048, 2048),
+    (1, 2048, 2048) or (1, 1, 2048, 2048); the op takes it 2-D."""
+    if sparse_mode not in (2, 3, 4):
+        return atten_mask
+    if atten_mask is None or tuple(atten_mask.shape) not in _COMPRESSED_MASK_SHAPES:
+        got = "None" if atten_mask is None else f"shape {list(atten_mask.shape)}"
+        raise ValueError(f"{op}: sparse_mode={sparse_mode} needs argument 'atten_mask' to be the optimised causal mask "
+                         f"of shape (2048, 2048), (1, 2048, 2048) or (1, 1, 2048, 2048) (True / 1 strictly above the "
+                         f"diagonal), as torch_npu; got {got}")
+    return atten_mask.reshape(2048, 2048)
+
+
 @_args.torch_npu_api
 def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padding_mask: Optional[Tensor] = None,
                                atten_mask: Optional[Tensor] = None, pse_shift: Optional[Tensor] = None,
@@ -48,7 +64,8 @@ def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, pad
     int tensor or an int tensor on the inputs' device; one entry applies to every batch, a longer list is cut to B
     (as torch_npu); each ≤ the padded S. Query rows past a sequence's length come out as zeros, keys past it are
     ignored. Cumulative ends for TND. `num_key_value_heads` (0 = num_heads) for GQA/MQA.
-    `sparse_mode` 0–4 as in CANN. **next_tokens defaults to 0, as in torch_npu**: in sparse_mode 0 *with* an
+    `sparse_mode` 0–4 as in CANN; modes 2–4 need the optimised 2048×2048 causal mask (2-D, 3-D or 4-D), as in
+    torch_npu (ValueError without it). **next_tokens defaults to 0, as in torch_npu**: in sparse_mode 0 *with* an
     atten_mask the visible band is i − pre_tokens ≤ j ≤ i + next_tokens, i.e. the default is top-left causal on top
     of the mask (pass next_tokens=2147483647 for a mask-only call); *without* a mask CANN ignores pre/next_tokens in
     mode 0, so the default call is full (non-causal) attention — use sparse_mode 2/3 for causal without a mask.
@@ -60,6 +77,7 @@ def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, pad
     _args.not_implemented(op, "quantised attention", deq_scale1=deq_scale1, quant_scale1=quant_scale1,
                           deq_scale2=deq_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
     batch = None if input_layout == "TND" else (query.shape[0] if query.dim() else None)
+    atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
     return _OPS.prompt_flash_attention(
         query, key, value, atten_mask=atten_mask, pse_shift=pse_shift,
         actual_seq_lengths=_lengths(op, "actual_seq_lengths", actual_seq_lengths, query.device, batch),
@@ -159,6 +177,7 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         q_lens, pre_tokens, next_tokens = None, MAX_TOKENS, MAX_TOKENS
         if sparse_mode in (2, 3, 4):
             sparse_mode, atten_mask = 0, None
+    atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
     if paged and tnd:
         key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
                                                 num_key_value_heads or num_heads)
@@ -214,7 +233,8 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD, NTD_TND. Lengths: a list, a CPU int tensor or an int tensor on the
     inputs' device; one entry applies to every batch, a longer list is cut to B; cumulative ends for TND/NTD.
     As upstream, a one-token query outside TND (the decode branch) ignores actual_seq_lengths, pre_tokens,
-    next_tokens and sparse_mode (the 2048x2048 mask of modes 2-4 with it).
+    next_tokens and sparse_mode (the 2048x2048 mask of modes 2-4 with it); otherwise sparse_mode 2-4 need that
+    optimised mask (ValueError without it).
     With `block_table` (paged KV cache): the same result as the keys laid out contiguously, for every sparse mode,
     band, mask, pse_shift, query length and softmax_lse_flag; `actual_seq_lengths_kv` (required) holds each
     sequence's KV length, also for TND. One-token calls whose band hides no key run `npu_fa::incre_flash_attention`

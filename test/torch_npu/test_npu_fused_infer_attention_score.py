@@ -34,8 +34,9 @@ The S = 2048 prefill cases run with S = 256 (the plain-PyTorch golden takes minu
 the float64 rule (see test_prompt_flash_attention.py for why).
 
 Not in upstream's file: the layouts the doc lists (BSH_BNSD, BSND_BNSD, BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD, NTD,
-NSD) against the plain ones, length forms (list / CPU / device tensor, longer list cut to B), the decode branch
-ignoring pre/next_tokens and sparse_mode, and the shape of softmax_lse without the flag.
+NSD) against the plain ones, length forms (list / CPU / device tensor, longer list cut to B; paged TND), the decode
+branch ignoring pre/next_tokens and sparse_mode, sparse_mode 2-4 requiring the optimised 2048x2048 mask, and the
+shape of softmax_lse without the flag.
 """
 import math
 
@@ -291,7 +292,7 @@ def test_ntd_and_tnd_ntd_layouts_match_tnd():
     q, k, v = _randn(12, 4, 16, dtype=torch.float32), _randn(10, 2, 16, dtype=torch.float32, seed=1), \
         _randn(10, 2, 8, dtype=torch.float32, seed=2)
     kw = dict(num_heads=4, scale=0.3, actual_seq_lengths=[5, 12], actual_seq_lengths_kv=[4, 10], sparse_mode=3,
-              softmax_lse_flag=True)
+              atten_mask=to_device(torch.ones(2048, 2048, dtype=torch.bool).triu(1)), softmax_lse_flag=True)
     ref, ref_lse = (on_cpu(t) for t in torch_npu.npu_fused_infer_attention_score(*to_device(q, k, v),
                                                                                    input_layout="TND", **kw))
     ntd = [t.transpose(0, 1).contiguous() for t in (q, k, v)]
@@ -359,6 +360,23 @@ def test_decode_branch_ignores_band_sparse_mode_and_query_lengths():
                   dict(pre_tokens=0, next_tokens=0), dict(actual_seq_lengths=[0, 0])):
         out = torch_npu.npu_fused_infer_attention_score(*to_device(q, k, v), **kw, **extra)[0]
         assert torch.equal(on_cpu(out), want), extra
+
+
+def test_sparse_modes_2_to_4_need_the_optimised_mask():
+    # Upstream: modes 2-4 take the optimised (2048, 2048) mask, also as (1, 2048, 2048) or (1, 1, 2048, 2048);
+    # none, or another shape, is an error.
+    q, k, v = _bsnd_inputs(seed=19)
+    kw = dict(num_heads=4, num_key_value_heads=2, scale=0.3, input_layout="BSND", sparse_mode=3)
+    causal = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    outs = [on_cpu(torch_npu.npu_fused_infer_attention_score(*to_device(q, k, v), atten_mask=to_device(m), **kw)[0])
+            for m in (causal, causal[None], causal[None, None])]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    for bad in (None, to_device(causal[:5, :9])):
+        with pytest.raises(ValueError, match="sparse_mode=3.*atten_mask"):
+            torch_npu.npu_fused_infer_attention_score(*to_device(q, k, v), atten_mask=bad, **kw)
+        with pytest.raises(RuntimeError, match="sparse_mode=3.*atten_mask"):
+            torch_npu.npu_prompt_flash_attention(*to_device(q, k, v), atten_mask=bad, num_heads=4,
+                                                 num_key_value_heads=2, input_layout="BSND", sparse_mode=3)
 
 
 def test_bad_layout_is_an_argument_error():
