@@ -70,7 +70,18 @@ def _device_module() -> types.ModuleType:
     mod.max_memory_allocated = lambda device=None: 0
     mod.reset_peak_memory_stats = lambda device=None: None
     _add_streams(mod)
+    mod.set_compile_mode = _set_compile_mode
+    mod.config = types.SimpleNamespace(allow_internal_format=False)  # torch_npu's private formats (NZ): none here
+    from .npu_amp import amp_module
+
+    mod.amp = amp_module()
     return mod
+
+
+def _set_compile_mode(jit_compile: bool = False) -> None:
+    """torch.npu.set_compile_mode: chooses online kernel compilation on Ascend; nothing to choose here."""
+    if not isinstance(jit_compile, bool):
+        raise TypeError(f"torch.npu.set_compile_mode: argument 'jit_compile' must be a bool; got {jit_compile!r}")
 
 
 class _Stream:
@@ -188,6 +199,9 @@ def enable(installed_torch_npu_failed: bool = False) -> None:
     torch.utils.rename_privateuse1_backend(_BACKEND)
     torch._register_device_module(_BACKEND, _device_module())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    from . import npu_amp
+
+    npu_amp.install()
     _enabled = True
     # F.scaled_dot_product_attention on npu tensors -> our flash attention (PyTorch's overrideable SDPA hook).
     from . import npu_sdpa

@@ -69,6 +69,9 @@ def _fill(mod: types.ModuleType) -> types.ModuleType:
         setattr(mod, name, _not_implemented_stub(name))
     for name, fn in _args.TORCH_NPU_API.items():
         setattr(mod, name, fn)
+    from . import testing
+
+    mod.npu_format_cast, mod.get_npu_format = testing.npu_format_cast, testing.get_npu_format
     setattr(mod, SHIM_MARK, True)
     mod.__version__ = f"0+torch_ops_transformer.{torch_ops_transformer.__version__}"
     mod.__doc__ = __doc__
@@ -129,6 +132,17 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     mod = _fill(placeholder if placeholder is not None else types.ModuleType("torch_npu"))
     sys.modules["torch_npu"] = mod
     sys.modules["torch_npu.npu"] = mod.npu
+    utils = types.ModuleType("torch_npu.npu.utils")  # torch_npu's device utilities: the device module's functions
+    utils.__dict__.update({k: v for k, v in vars(mod.npu).items() if not k.startswith("__")})
+    mod.npu.utils = sys.modules["torch_npu.npu.utils"] = utils
+    from . import testing
+
+    for name, sub in testing.modules().items():  # torch_npu.testing: what torch_npu's own tests import
+        sys.modules[name] = sub
+    mod.testing = sys.modules["torch_npu.testing"]
+    # torch_npu adds these Tensor methods; plain formats only here
+    import torch
+    torch.Tensor.npu_format_cast = testing.npu_format_cast
     return mod
 
 
