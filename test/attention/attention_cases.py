@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from test.common.reference import DTYPES, GRAD_NAMES, MAX_TOKENS, check_tolerance, dropout_rows, reference_with_grads
+from test.common.reference import DTYPES, GRAD_NAMES, MAX_TOKENS, check_tolerance, dropout_numel, reference_with_grads
 
 OPS = torch.ops.npu_fa
 
@@ -37,6 +37,8 @@ class Case:
     scale_mult: float = 1.0                 # scale = scale_mult / sqrt(D); large values make the softmax peaky
     strided: bool = False                   # q/k/v as non-contiguous views (padded rows, permuted, strided D)
     seed: int = 0
+    sink: Optional[str] = None              # "random" (float32 [N1] around the scores' scale), "-inf", "large"
+    softmax_layout: str = ""                # "" or "TND" (TND statistics order)
 
     def replace(self, **kw) -> "Case":
         return dataclasses.replace(self, **kw)
@@ -114,6 +116,15 @@ def make_inputs(case: Case) -> Dict[str, object]:
     if case.pse is not None:
         shape = {"BNSS": (b, n1, sq, skv), "BN1S": (b, n1, 1, skv), "1NSS": (1, n1, sq, skv)}[case.pse]
         args["pse"] = randn(*shape)
+    if case.sink is not None:
+        sink = torch.randn(n1, generator=gen, dtype=torch.float64).float() * 2.0
+        if case.sink == "-inf":
+            sink[0] = float("-inf")
+        elif case.sink == "large":
+            sink[-1] = 30.0  # dominates every row of that head: its outputs are ~0
+        args["sink"] = sink
+    if case.softmax_layout:
+        args["softmax_layout"] = case.softmax_layout
     if case.keep_prob < 1.0:
         args["seed"] = torch.tensor(7919 + case.seed, dtype=torch.int64)
         args["offset"] = torch.tensor(case.dropout_offset, dtype=torch.int64)
@@ -150,30 +161,34 @@ def run_ours(args: Dict[str, object], dy: Optional[Tensor] = None, seed_dy: int 
     dy = dy_like(out, seed_dy) if dy is None else dy
     got = torch.autograd.grad(out, list(leaves.values()), dy, allow_unused=True)
     grads = {n: g for n, g in zip(leaves, got)}
+    smax, ssum = stats_in_tnd_order(args, smax), stats_in_tnd_order(args, ssum)
     lse = smax[..., 0] + torch.log(ssum[..., 0])
     return Result(out.detach(), lse, grads, smax, ssum, seed, offset)
 
 
+def stats_in_tnd_order(args: Dict[str, object], stats: Tensor) -> Tensor:
+    """TND statistics with the default softmax_layout hold the rows in NTD order inside their [T, N, 8] shape (as
+    torch_npu): the [T, N, 8] tensor of the same rows in TND order."""
+    if args["input_layout"] != "TND" or args.get("softmax_layout", "") == "TND":
+        return stats
+    t, n, _ = stats.shape
+    return stats.view(n, t, 8).transpose(0, 1)
+
+
 def reference_kwargs(args: Dict[str, object], keep: Optional[Tensor]) -> Dict[str, object]:
-    kw = {k: v for k, v in args.items() if k not in ("query", "key", "value", "pse", "seed", "offset")}
+    skip = ("query", "key", "value", "pse", "sink", "seed", "offset", "softmax_layout", "dropout_mask")
+    kw = {k: v for k, v in args.items() if k not in skip}
     kw["dropout_keep"] = keep
     return kw
 
 
 def keep_matrix(args: Dict[str, object], seed: Tensor, offset: Tensor) -> Optional[Tensor]:
-    """The dropout keep matrix our op used, from dropout_gen_mask with the seed/offset the op returned."""
+    """The dropout keep mask our op used (flattened), from dropout_gen_mask with the seed/offset the op returned."""
     if args["keep_prob"] >= 1.0:
         return None
-    q = args["query"]
-    rows = dropout_rows(q, args["head_num"], args["input_layout"])
-    if args["input_layout"] == "TND":
-        ends = args["actual_seq_kvlen"]
-        lens = torch.diff(ends, prepend=ends.new_zeros(1))
-        cols = int(lens.max()) if lens.numel() else 0
-    else:
-        cols = {"BSND": 1, "BNSD": 2, "BSH": 1, "SBH": 0}[args["input_layout"]]
-        cols = args["key"].shape[cols]
-    return OPS.dropout_gen_mask(seed, offset, rows, cols, args["keep_prob"])
+    numel = dropout_numel(args["query"], args["key"], args["head_num"], args["input_layout"],
+                          args.get("actual_seq_qlen"), args.get("actual_seq_kvlen"))
+    return OPS.dropout_gen_mask(seed, offset, 1, numel, args["keep_prob"]).reshape(-1)
 
 
 def run_reference(args: Dict[str, object], dy: Tensor, keep: Optional[Tensor], same_dtype: bool) -> Result:
@@ -183,7 +198,8 @@ def run_reference(args: Dict[str, object], dy: Tensor, keep: Optional[Tensor], s
 
 
 def check_stats_layout(res: Result, args: Dict[str, object]) -> None:
-    """softmax_max/sum: fp32, [B,N,Sq,8] ([T,N,8] for TND), the 8 values of a row equal."""
+    """softmax_max/sum: fp32, [B,N,Sq,8] ([T,N,8] for TND, here already in TND order), the 8 values of a row
+    equal."""
     expected = tuple(res.lse.shape) + (8,)
     for name, t in (("softmax_max", res.softmax_max), ("softmax_sum", res.softmax_sum)):
         assert t.dtype == torch.float32, f"{name} dtype {t.dtype}"

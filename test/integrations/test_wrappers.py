@@ -34,10 +34,13 @@ def test_npu_fusion_attention_returns_torch_npu_tuple():
     assert len(res) == 7
     out, smax, ssum, sout, seed, offset, numels = res
     assert out.shape == q.shape and smax.shape == ssum.shape == (2, 4, 9, 8) and sout.numel() == 0
-    assert all(type(x) is int for x in (seed, offset, numels)) and numels == 0
+    # numels: the dropout mask's element count, computed by torch_npu whether or not dropout is on
+    assert all(type(x) is int for x in (seed, offset, numels)) and numels == 2 * 4 * 9 * 14
     _check_against_reference(out, q, k, v, scale=0.25)
     *_, numels = npu_fusion_attention(q, k, v, 4, "BSND", keep_prob=0.9)
     assert numels == 2 * 4 * 9 * 14
+    *_, numels = npu_fusion_attention(q[0], k[0], v[0], 4, "TND", actual_seq_qlen=[4, 9], actual_seq_kvlen=[5, 14])
+    assert numels == 4 * (4 * 5 + 5 * 9)
 
 
 @pytest.mark.asan
