@@ -10,14 +10,45 @@ Exception policy of the wrappers (docs/architecture.md, "Errors"):
 
 Every message starts with the public function's name and names the argument. (The ops' C++ checks raise ValueError
 and TypeError only: an integer mode an op does not implement is a ValueError there.)
+
+torch_npu raises RuntimeError for the bad values its C++ checks reject. The torch_npu-compatible wrappers (decorated
+with `torch_npu_api`) therefore raise `ArgumentError`, a ValueError that is also a RuntimeError, so that code written
+for either convention catches it.
 """
-from typing import Optional, Sequence, Tuple, Union
+import functools
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 IntList = Optional[Union[int, Sequence[int], Tensor]]
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+class ArgumentError(ValueError, RuntimeError):
+    """A bad argument value: a ValueError (this project's convention) and a RuntimeError (torch_npu's)."""
+
+
+# Every torch_npu function this package implements, by its torch_npu name (filled by `torch_npu_api`).
+TORCH_NPU_API: Dict[str, Callable] = {}
+
+
+def torch_npu_api(fn: Callable) -> Callable:
+    """Marks `fn` as the implementation of `torch_npu.<fn.__name__>` (compat shim, signature parity test) and turns
+    the ValueErrors raised under it (its own checks and the ops' C++ checks) into ArgumentError."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except ArgumentError:
+            raise
+        except ValueError as e:
+            raise ArgumentError(*e.args).with_traceback(e.__traceback__) from None
+
+    TORCH_NPU_API[fn.__name__] = wrapper
+    return wrapper
 
 
 def _check_int64(op: str, name: str, values: Sequence[int]) -> None:

@@ -102,6 +102,7 @@ def _dropout_numels(d, layout: str, head_num: int, q_lens, kv_lens):
     return head_num * sum(x * y for x, y in zip(q, kv))
 
 
+@_args.torch_npu_api
 def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: int, input_layout: str,
                          pse: Optional[Tensor] = None, padding_mask: Optional[Tensor] = None,
                          atten_mask: Optional[Tensor] = None, scale: float = 1., keep_prob: float = 1.,
@@ -153,6 +154,7 @@ def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: in
     return out, smax, ssum, sout, _as_int(seed_t), _as_int(offset_t), numels
 
 
+@_args.torch_npu_api
 def npu_fusion_attention_grad(query: Tensor, key: Tensor, value: Tensor, dy: Tensor, head_num: int,
                               input_layout: str, *, pse: Optional[Tensor] = None,
                               padding_mask: Optional[Tensor] = None, atten_mask: Optional[Tensor] = None,

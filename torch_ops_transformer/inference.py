@@ -21,6 +21,7 @@ _OPS = torch.ops.npu_fa
 # Prefill: prompt_flash_attention / fused_infer_attention_score / attention_update
 # ================================================================================================================
 
+@_args.torch_npu_api
 def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padding_mask: Optional[Tensor] = None,
                                atten_mask: Optional[Tensor] = None, pse_shift: Optional[Tensor] = None,
                                actual_seq_lengths: SeqLens = None, deq_scale1: Optional[Tensor] = None,
@@ -56,6 +57,7 @@ def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, pad
         inner_precise=1)
 
 
+@_args.torch_npu_api
 def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Optional[Tensor] = None,
                                     atten_mask: Optional[Tensor] = None, actual_seq_lengths: SeqLens = None,
                                     actual_seq_lengths_kv: SeqLens = None, dequant_scale1=None, quant_scale1=None,
@@ -128,6 +130,7 @@ def attention_update(lse: Union[Tensor, Sequence[Tensor]], out: Union[Tensor, Se
 # ================================================================================================================
 
 
+@_args.torch_npu_api
 def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padding_mask: Optional[Tensor] = None,
                               atten_mask: Optional[Tensor] = None, pse_shift: Optional[Tensor] = None,
                               actual_seq_lengths: Union[Sequence[int], Tensor, None] = None,

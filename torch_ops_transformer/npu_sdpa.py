@@ -20,7 +20,6 @@ torch_npu's own SDPA registration for the npu device (with a warning).
 import collections
 import ctypes
 import math
-import sys
 import warnings
 from typing import Optional
 
@@ -181,7 +180,9 @@ def enable() -> None:
         raise RuntimeError("npu_sdpa.enable(): no 'npu' device in this process (PrivateUse1 is named "
                            f"{torch._C._get_privateuse1_backend_name()!r}); import torch_npu or call "
                            "torch_ops_transformer.npu_sim.enable() first")
-    if "torch_npu" in sys.modules:
+    from .compat import real_torch_npu_loaded
+
+    if real_torch_npu_loaded():
         warnings.warn("torch_ops_transformer.npu_sdpa.enable(): replacing torch_npu's scaled_dot_product_attention "
                       "backend for the npu device with torch_ops_transformer's kernels", stacklevel=2)
     _install_choice_stub()

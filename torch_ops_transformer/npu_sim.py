@@ -8,7 +8,6 @@ On the device, `torch.ops.npu_fa.*` ops run their CPU kernels on CPU aliases of 
 from native_functions.yaml via the codegen); other aten ops run through PyTorch's boxed CPU fallback.
 """
 import ctypes
-import importlib.util
 import os
 import sys
 import types
@@ -25,9 +24,19 @@ def is_enabled() -> bool:
     return _enabled
 
 
-def _refusal_reason():
+def _real_torch_npu_present(installed_torch_npu_failed: bool) -> bool:
+    """A real torch_npu imported, or installed (unless the caller tried importing it and it failed). Our own
+    torch_npu shim (torch_ops_transformer.compat) does not count."""
+    from . import compat
+
+    if compat.real_torch_npu_loaded():
+        return True
+    return not installed_torch_npu_failed and compat._real_torch_npu_spec() is not None
+
+
+def _refusal_reason(installed_torch_npu_failed: bool = False):
     """Why the simulator must not be installed here, or None."""
-    if "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None:
+    if _real_torch_npu_present(installed_torch_npu_failed):
         return ("torch_npu is installed: the real Ascend NPU backend owns the 'npu' device, so the simulated "
                 "NPU is not installed (unset TOT_NPU_SIM / do not call npu_sim.enable())")
     name = torch._C._get_privateuse1_backend_name()
@@ -54,6 +63,111 @@ def _device_module() -> types.ModuleType:
     mod.get_rng_state = lambda device="npu": torch.get_rng_state()
     mod.set_rng_state = lambda new_state, device="npu": torch.set_rng_state(new_state)
     mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    mod.is_bf16_supported = lambda: True
+    mod.get_device_name = lambda device=None: "simulated NPU (CPU memory, torch_ops_transformer)"
+    mod.empty_cache = lambda: None
+    mod.memory_allocated = lambda device=None: 0
+    mod.max_memory_allocated = lambda device=None: 0
+    mod.reset_peak_memory_stats = lambda device=None: None
+    _add_streams(mod)
+    mod.set_compile_mode = _set_compile_mode
+    mod.config = types.SimpleNamespace(allow_internal_format=False)  # torch_npu's private formats (NZ): none here
+    from .npu_amp import amp_module
+
+    mod.amp = amp_module()
+    return mod
+
+
+def _set_compile_mode(jit_compile: bool = False) -> None:
+    """torch.npu.set_compile_mode: chooses online kernel compilation on Ascend; nothing to choose here."""
+    if not isinstance(jit_compile, bool):
+        raise TypeError(f"torch.npu.set_compile_mode: argument 'jit_compile' must be a bool; got {jit_compile!r}")
+
+
+class _Stream:
+    """torch.npu.Stream basics: one synchronous stream, so waiting and synchronising return at once."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.device = torch.device(_BACKEND, 0)
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else _Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Stream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class _Event:
+    """torch.npu.Event basics: timing uses the host clock (every kernel has finished when it returns)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._time = None
+
+    def record(self, stream=None) -> None:
+        import time
+        self._time = time.perf_counter()
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end) -> float:
+        if not self.enable_timing or self._time is None or end._time is None:
+            raise RuntimeError("torch.npu.Event.elapsed_time: both events must be created with enable_timing=True "
+                               "and recorded")
+        return (end._time - self._time) * 1000.0
+
+
+class _StreamContext:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _add_streams(mod: types.ModuleType) -> None:
+    default = _Stream()
+    mod.Stream, mod.Event = _Stream, _Event
+    mod.current_stream = lambda device=None: default
+    mod.default_stream = lambda device=None: default
+    mod.set_stream = lambda stream: None
+    mod.stream = _StreamContext
+
+
+def unavailable_device_module() -> types.ModuleType:
+    """torch_npu.npu of the shim when the simulated device is not enabled: says no device is available."""
+    mod = types.ModuleType("torch_npu.npu")
+    mod.is_available = lambda: False
+    mod.device_count = lambda: 0
+    mod.is_initialized = lambda: False
     return mod
 
 
@@ -70,18 +184,24 @@ def _install_cpp() -> None:
         raise RuntimeError(f"npu_sim.enable(): {error.value.decode(errors='replace')}")
 
 
-def enable() -> None:
-    """Install the simulated "npu" device for this process (idempotent). Raises RuntimeError when refused."""
+def enable(installed_torch_npu_failed: bool = False) -> None:
+    """Install the simulated "npu" device for this process (idempotent). Raises RuntimeError when refused.
+
+    `installed_torch_npu_failed`: the caller (the torch_npu shim) tried importing the installed torch_npu and it
+    failed (no CANN runtime), so it does not own the device."""
     global _enabled
     if _enabled:
         return
-    reason = _refusal_reason()
+    reason = _refusal_reason(installed_torch_npu_failed)
     if reason is not None:
         raise RuntimeError(f"npu_sim.enable() refused: {reason}")
     _install_cpp()
     torch.utils.rename_privateuse1_backend(_BACKEND)
     torch._register_device_module(_BACKEND, _device_module())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    from . import npu_amp
+
+    npu_amp.install()
     _enabled = True
     # F.scaled_dot_product_attention on npu tensors -> our flash attention (PyTorch's overrideable SDPA hook).
     from . import npu_sdpa

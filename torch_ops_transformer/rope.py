@@ -16,6 +16,8 @@ from typing import Tuple, Union
 import torch
 from torch import Tensor
 
+from . import _args
+
 _OPS = torch.ops.npu_fa
 ROTARY_MODES = {"half": 0, "interleave": 1, "quarter": 2, "interleave-half": 3, "interleave_half": 3}
 
@@ -31,16 +33,19 @@ def _mode(rotary_mode: Union[str, int]) -> int:
     return ROTARY_MODES[rotary_mode]
 
 
+@_args.torch_npu_api
 def npu_rotary_mul(input: Tensor, r1: Tensor, r2: Tensor, rotary_mode: str = "half") -> Tensor:
     """torch_npu.npu_rotary_mul: input * r1 + rotate(input) * r2 (r1 = cos, r2 = sin)."""
     return _OPS.rotary_position_embedding(input, r1, r2, _mode(rotary_mode))
 
 
+@_args.torch_npu_api
 def npu_rotary_position_embedding(x: Tensor, cos: Tensor, sin: Tensor, mode: int = 0) -> Tensor:
     """CANN's RotaryPositionEmbedding with an integer mode (0 half, 1 interleave, 2 quarter, 3 interleave-half)."""
     return _OPS.rotary_position_embedding(x, cos, sin, _mode(mode))
 
 
+@_args.torch_npu_api
 def npu_apply_rotary_pos_emb(query: Tensor, key: Tensor, cos: Tensor, sin: Tensor, layout: str = "BSND",
                              rotary_mode: str = "half") -> Tuple[Tensor, Tensor]:
     """torch_npu.npu_apply_rotary_pos_emb: rotates query and key **in place** and returns them.

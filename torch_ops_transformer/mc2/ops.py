@@ -62,6 +62,7 @@ def _check_reduce_op(op: str, reduce_op: str) -> None:
                          f"got {reduce_op!r}")
 
 
+@_args.torch_npu_api
 def npu_all_gather_base_mm(input: torch.Tensor, x2: torch.Tensor, hcom: GroupLike, world_size: Optional[int] = None,
                            *, bias: Optional[torch.Tensor] = None, gather_index: int = 0, gather_output: bool = True,
                            comm_turn: int = 0, chunks: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -72,6 +73,7 @@ def npu_all_gather_base_mm(input: torch.Tensor, x2: torch.Tensor, hcom: GroupLik
                                  chunks)
 
 
+@_args.torch_npu_api
 def npu_mm_reduce_scatter_base(input: torch.Tensor, x2: torch.Tensor, hcom: GroupLike,
                                world_size: Optional[int] = None, *, reduce_op: str = "sum",
                                bias: Optional[torch.Tensor] = None, comm_turn: int = 0,
@@ -83,6 +85,7 @@ def npu_mm_reduce_scatter_base(input: torch.Tensor, x2: torch.Tensor, hcom: Grou
     return OPS.matmul_reduce_scatter(input, x2, name, _world_size(name, world_size), bias, chunks)
 
 
+@_args.torch_npu_api
 def npu_mm_all_reduce_base(x1: torch.Tensor, x2: torch.Tensor, hcom: GroupLike, *, reduce_op: str = "sum",
                            bias: Optional[torch.Tensor] = None, antiquant_scale=None, antiquant_offset=None,
                            x3=None, dequant_scale=None, pertoken_scale=None, comm_quant_scale_1=None,
@@ -97,6 +100,7 @@ def npu_mm_all_reduce_base(x1: torch.Tensor, x2: torch.Tensor, hcom: GroupLike, 
     return OPS.matmul_all_reduce(x1, x2, group_name(hcom, op), bias, chunks)
 
 
+@_args.torch_npu_api
 def npu_mm_all_reduce_add_rms_norm(x1: torch.Tensor, x2: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor,
                                    hcom: GroupLike, *, reduce_op: str = "sum", epsilon: float = 1e-6,
                                    bias: Optional[torch.Tensor] = None, antiquant_scale=None, antiquant_offset=None,

@@ -40,6 +40,7 @@ def _split_rows(y: torch.Tensor, group_list: torch.Tensor, group_list_type: int)
     return list(torch.split(y, counts.tolist(), dim=0))
 
 
+@_args.torch_npu_api
 def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], *,
                        bias: Optional[Sequence[torch.Tensor]] = None, scale=None, offset=None, antiquant_scale=None,
                        antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,

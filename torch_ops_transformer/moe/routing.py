@@ -19,21 +19,26 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .. import _args
+
 _OPS = torch.ops.npu_fa
 
 
+@_args.torch_npu_api
 def npu_moe_gating_top_k_softmax(x: Tensor, finished: Optional[Tensor] = None, k: int = 1
                                  ) -> Tuple[Tensor, Tensor, Tensor]:
     """torch_npu.npu_moe_gating_top_k_softmax: (y, expert_idx, row_idx) = top-k of softmax(x) over the experts."""
     return _OPS.moe_gating_top_k_softmax(x, finished, k)
 
 
+@_args.torch_npu_api
 def npu_moe_gating_top_k_softmax_v2(x: Tensor, finished: Optional[Tensor] = None, k: int = 1, renorm: int = 0,
                                     output_softmax_result_flag: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """CANN MoeGatingTopKSoftmaxV2: (y, expert_idx, softmax_result); renorm=1 is top-k, then softmax over the k."""
     return _OPS.moe_gating_top_k_softmax_v2(x, finished, k, renorm, output_softmax_result_flag)
 
 
+@_args.torch_npu_api
 def npu_moe_gating_top_k(x: Tensor, k: int, *, bias: Optional[Tensor] = None, k_group: int = 1,
                          group_count: int = 1, group_select_mode: int = 0, renorm: int = 0, norm_type: int = 0,
                          out_flag: bool = False, routed_scaling_factor: float = 1.0, eps: float = 1e-20
@@ -46,12 +51,14 @@ def npu_moe_gating_top_k(x: Tensor, k: int, *, bias: Optional[Tensor] = None, k_
                                  routed_scaling_factor, eps)
 
 
+@_args.torch_npu_api
 def npu_moe_init_routing(x: Tensor, row_idx: Tensor, expert_idx: Tensor, active_num: int
                          ) -> Tuple[Tensor, Tensor, Tensor]:
     """torch_npu.npu_moe_init_routing: (expanded_x, expanded_row_idx, expanded_expert_idx)."""
     return _OPS.moe_init_routing(x, row_idx, expert_idx, active_num)
 
 
+@_args.torch_npu_api
 def npu_moe_init_routing_v2(x: Tensor, expert_idx: Tensor, *, scale: Optional[Tensor] = None,
                             offset: Optional[Tensor] = None, active_num: int = -1, expert_capacity: int = -1,
                             expert_num: int = -1, drop_pad_mode: int = 0, expert_tokens_num_type: int = 0,
@@ -65,11 +72,13 @@ def npu_moe_init_routing_v2(x: Tensor, expert_idx: Tensor, *, scale: Optional[Te
                                     list(active_expert_range), row_idx_type)
 
 
+@_args.torch_npu_api
 def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: Tensor, num_expert: int) -> Tensor:
     """torch_npu.npu_moe_compute_expert_tokens: the end of each expert's run in the sorted list (int32)."""
     return _OPS.moe_compute_expert_tokens(sorted_expert_for_source_row, num_expert)
 
 
+@_args.torch_npu_api
 def npu_moe_finalize_routing(expanded_permuted_rows: Tensor, skip1: Optional[Tensor], skip2: Optional[Tensor],
                              bias: Optional[Tensor], scales: Optional[Tensor], expanded_src_to_dst_row: Tensor,
                              export_for_source_row: Optional[Tensor], drop_pad_mode: int = 0) -> Tensor:
@@ -78,12 +87,14 @@ def npu_moe_finalize_routing(expanded_permuted_rows: Tensor, skip1: Optional[Ten
                                      export_for_source_row, drop_pad_mode)
 
 
+@_args.torch_npu_api
 def npu_moe_token_permute(tokens: Tensor, indices: Tensor, num_out_tokens: Optional[int] = None,
                           padded_mode: bool = False) -> Tuple[Tensor, Tensor]:
     """torch_npu.npu_moe_token_permute: (permuted_tokens, sorted_indices)."""
     return _OPS.moe_token_permute(tokens, indices, num_out_tokens, padded_mode)
 
 
+@_args.torch_npu_api
 def npu_moe_token_unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, probs: Optional[Tensor] = None,
                             padded_mode: bool = False, restore_shape: Optional[List[int]] = None) -> Tensor:
     """torch_npu.npu_moe_token_unpermute: the probability-weighted sum of each token's expert rows."""

@@ -1,0 +1,274 @@
+"""Our torch_npu-compatible wrappers against upstream's schema lines (torch_ops_transformer/compat/
+torch_npu_functions.yaml): argument names, order, defaults, keyword-only marks; optional integers (`int?`) accept
+None; the number of results.
+
+Rules: every upstream call must be valid for us with the same meaning. Our own extra arguments are allowed only as
+keyword-only arguments after all of upstream's, with a default, and each is listed in EXTENSIONS with why."""
+import inspect
+
+import pytest
+import torch
+
+import torch_ops_transformer as tot
+from torch_ops_transformer import _args
+from torch_ops_transformer.compat import upstream_functions
+
+# (function, argument) -> why it exists. Extra keyword-only arguments, or a default where upstream has none.
+EXTENSIONS = {
+    ("npu_all_gather_base_mm", "chunks"): "pipelined chunk count of our MC2 implementation (0 = chosen for the shape)",
+    ("npu_mm_reduce_scatter_base", "chunks"): "pipelined chunk count of our MC2 implementation",
+    ("npu_mm_all_reduce_base", "chunks"): "pipelined chunk count of our MC2 implementation",
+    ("npu_mm_all_reduce_add_rms_norm", "chunks"): "pipelined chunk count of our MC2 implementation",
+    ("npu_all_gather_base_mm", "world_size"): "default None: taken from the process group",
+    ("npu_mm_reduce_scatter_base", "world_size"): "default None: taken from the process group",
+}
+
+
+def _schemas():
+    data = upstream_functions()
+    return {s.name: s for s in map(torch._C.parse_schema, data["mirrored"] + data["mindspeed"])}
+
+
+SCHEMAS = _schemas()
+
+# Functions still being brought to upstream's signature (their tests are expected to fail until then). Must end empty.
+PENDING = {"_npu_dropout_gen_mask", "npu_all_gather_base_mm", "npu_attention_update", "npu_fusion_attention",
+           "npu_fusion_attention_grad", "npu_grouped_matmul", "npu_mm_all_reduce_base", "npu_mm_reduce_scatter_base",
+           "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax_v2",
+           "npu_moe_init_routing_v2", "npu_rotary_mul", "npu_scatter_pa_kv_cache"}
+
+
+def _names(names):
+    return [pytest.param(n, marks=pytest.mark.xfail(reason="pending")) if n in PENDING else n for n in names]
+
+
+def _ours(name):
+    fn = _args.TORCH_NPU_API.get(name)
+    return fn if fn is not None else getattr(tot, name, None)
+
+
+def _python_name(arg) -> str:
+    return "input" if arg.name == "self" else arg.name  # torch's Python bindings call `self` `input`
+
+
+def _default(arg):
+    value = arg.default_value
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _same_default(ours, theirs) -> bool:
+    if isinstance(ours, (list, tuple)) or isinstance(theirs, (list, tuple)):
+        return isinstance(ours, (list, tuple)) and list(ours) == list(theirs)
+    if isinstance(theirs, float) or isinstance(ours, float):
+        return isinstance(ours, (int, float)) and not isinstance(ours, bool) and float(ours) == float(theirs)
+    return type(ours) is type(theirs) and ours == theirs
+
+
+def signature_mismatches(name):
+    """Human-readable differences between our wrapper's signature and upstream's schema line."""
+    schema, fn = SCHEMAS[name], _ours(name)
+    if fn is None:
+        return [f"torch_npu.{name} is not implemented"]
+    params = list(inspect.signature(fn).parameters.values())
+    ours = {p.name: p for p in params}
+    problems = []
+    upstream_names = [_python_name(a) for a in schema.arguments]
+    if [p.name for p in params[:len(upstream_names)]] != upstream_names:
+        problems.append(f"argument order {[p.name for p in params[:len(upstream_names)]]} != {upstream_names}")
+    for arg in schema.arguments:
+        pname = _python_name(arg)
+        p = ours.get(pname)
+        if p is None:
+            problems.append(f"missing argument '{pname}'")
+            continue
+        kw_only = p.kind is inspect.Parameter.KEYWORD_ONLY
+        if kw_only != arg.kwarg_only:
+            problems.append(f"'{pname}' keyword-only: ours {kw_only}, upstream {arg.kwarg_only}")
+        if arg.has_default_value():
+            if p.default is inspect.Parameter.empty:
+                problems.append(f"'{pname}' has no default; upstream {_default(arg)!r}")
+            elif not _same_default(p.default, _default(arg)):
+                problems.append(f"'{pname}' default {p.default!r} != upstream {_default(arg)!r}")
+        elif p.default is not inspect.Parameter.empty and (name, pname) not in EXTENSIONS:
+            problems.append(f"'{pname}' has default {p.default!r}; upstream requires it (list it in EXTENSIONS)")
+    for p in params[len(schema.arguments):]:
+        if p.kind is not inspect.Parameter.KEYWORD_ONLY or p.default is inspect.Parameter.empty:
+            problems.append(f"extra argument '{p.name}' must be keyword-only with a default")
+        elif (name, p.name) not in EXTENSIONS:
+            problems.append(f"extra argument '{p.name}' is not listed in EXTENSIONS")
+    return problems
+
+
+@pytest.mark.parametrize("name", _names(sorted(SCHEMAS)))
+def test_signature_matches_upstream(name):
+    assert signature_mismatches(name) == []
+
+
+def test_every_registered_torch_npu_function_has_an_upstream_line():
+    """A wrapper registered as torch_npu.<name> must be held to an upstream schema."""
+    assert sorted(set(_args.TORCH_NPU_API) - set(SCHEMAS)) == []
+
+
+def test_upstream_lists_are_disjoint():
+    data = upstream_functions()
+    assert not set(data["not_implemented"]) & set(SCHEMAS)
+
+
+def test_extensions_are_current():
+    """Every EXTENSIONS entry still describes an argument of the wrapper."""
+    stale = [(n, a) for n, a in EXTENSIONS if _ours(n) is None or a not in inspect.signature(_ours(n)).parameters]
+    assert stale == []
+
+
+# One valid call per function: name -> () -> (args, kwargs). Small shapes; MC2 runs on a one-rank gloo group.
+def _fa():
+    q = torch.randn(1, 4, 2, 8)
+    return (q, torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), 2, "BSND"), {"scale": 0.35}
+
+
+def _fa_grad():
+    (q, k, v, n, layout), kw = _fa()
+    out, smax, ssum = tot.npu_fusion_attention(q, k, v, n, layout, **kw)[:3]
+    return (q, k, v, torch.randn_like(out), n, layout), dict(softmax_max=smax, softmax_sum=ssum, attention_in=out,
+                                                             scale_value=0.35)
+
+
+def _bsh(sq=4):
+    return (torch.randn(1, sq, 16), torch.randn(1, 4, 16), torch.randn(1, 4, 16)), {"num_heads": 2}
+
+
+def _routing_v1():
+    x = torch.randn(3, 4)
+    expert_idx = torch.tensor([[0, 2], [1, 3], [2, 0]], dtype=torch.int32)
+    row_idx = torch.arange(6, dtype=torch.int32).view(2, 3).t().contiguous()
+    return x, row_idx, expert_idx
+
+
+def _finalize():
+    x, row_idx, expert_idx = _routing_v1()
+    expanded, expanded_row_idx, expanded_expert_idx = tot.npu_moe_init_routing(x, row_idx, expert_idx, 3)
+    return (expanded, None, None, None, torch.rand(3, 2), expanded_row_idx, expert_idx), {}
+
+
+def _group():
+    from test.mc2.mc2_cases import single_rank_group
+    return single_rank_group()
+
+
+def _permute():
+    return (torch.randn(3, 4), torch.tensor([[0, 2], [1, 3], [2, 0]])), {}
+
+
+def _unpermute():
+    tokens, indices = _permute()[0]
+    permuted, sorted_indices = tot.npu_moe_token_permute(tokens, indices)
+    return (permuted, sorted_indices, torch.rand(3, 2)), {}
+
+
+def _scatter():
+    key, value = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    return (key, value, torch.zeros(2, 4, 2, 8), torch.zeros(2, 4, 2, 8), torch.tensor([0, 5, 6], dtype=torch.int32)
+            ), {"cache_mode": "Norm"}
+
+
+SAMPLES = {
+    "npu_fusion_attention": _fa,
+    "npu_fusion_attention_grad": _fa_grad,
+    "_npu_dropout_gen_mask": lambda: ((torch.randn(1), [1, 2, 4, 4], 0.1, 7, 0), {}),
+    "npu_prompt_flash_attention": _bsh,
+    "npu_incre_flash_attention": lambda: _bsh(1),
+    "npu_fused_infer_attention_score": _bsh,
+    "npu_attention_update": lambda: (([torch.randn(6), torch.randn(6)], [torch.randn(6, 8), torch.randn(6, 8)], 0),
+                                     {}),
+    "npu_scatter_pa_kv_cache": _scatter,
+    "npu_rotary_mul": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {}),
+    "npu_rotary_position_embedding": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
+                                               torch.randn(1, 3, 1, 8)), {}),
+    "npu_apply_rotary_pos_emb": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
+                                          torch.randn(1, 3, 1, 8)), {}),
+    "npu_grouped_matmul": lambda: (([torch.randn(6, 4)], [torch.randn(2, 4, 5)]),
+                                   dict(group_list=torch.tensor([2, 6]), split_item=2, group_type=0)),
+    "npu_moe_gating_top_k_softmax": lambda: ((torch.randn(5, 4),), {"k": 2}),
+    "npu_moe_gating_top_k_softmax_v2": lambda: ((torch.randn(5, 4),), {"k": 2}),
+    "npu_moe_gating_top_k": lambda: ((torch.randn(5, 8), 2), {}),
+    "npu_moe_init_routing": lambda: (_routing_v1() + (3,), {}),
+    "npu_moe_init_routing_v2": lambda: ((torch.randn(3, 4), torch.tensor([[0, 2], [1, 3], [2, 0]], dtype=torch.int32)),
+                                        dict(active_num=6, expert_num=4)),
+    "npu_moe_compute_expert_tokens": lambda: ((torch.tensor([0, 0, 1, 3], dtype=torch.int32), 4), {}),
+    "npu_moe_finalize_routing": _finalize,
+    "npu_moe_token_permute": _permute,
+    "npu_moe_token_unpermute": _unpermute,
+    "npu_all_gather_base_mm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), 1), {}),
+    "npu_mm_reduce_scatter_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), 1), {}),
+    "npu_mm_all_reduce_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group()), {}),
+    "npu_mm_all_reduce_add_rms_norm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), torch.randn(3, 5),
+                                                torch.ones(5), _group()), {}),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_group_left():
+    yield
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _result_count(schema):
+    if len(schema.returns) == 1 and str(schema.returns[0].type) == "List[Tensor]":
+        return "list"
+    return len(schema.returns)
+
+
+def _check_result(schema, result):
+    expected = _result_count(schema)
+    if expected == "list":
+        assert isinstance(result, list) and all(isinstance(t, torch.Tensor) for t in result)
+    elif expected == 0:
+        assert result is None
+    elif expected == 1:
+        assert isinstance(result, torch.Tensor)
+    else:
+        assert isinstance(result, tuple) and len(result) == expected, (type(result), expected)
+        for value, ret in zip(result, schema.returns):
+            kind = str(ret.type)
+            assert isinstance(value, torch.Tensor if kind == "Tensor" else int), (kind, type(value))
+
+
+def test_every_function_has_a_sample():
+    assert sorted(SCHEMAS) == sorted(SAMPLES)
+
+
+@pytest.mark.parametrize("name", _names(sorted(SCHEMAS)))
+def test_results_match_upstream_count_and_types(name):
+    args, kwargs = SAMPLES[name]()
+    _check_result(SCHEMAS[name], _ours(name)(*args, **kwargs))
+
+
+def _optional_scalars_with_value_default(schema):
+    """`int?`/`bool?`/`float?`/`str?` arguments whose upstream default is a value (None then means that value)."""
+    return [a for a in schema.arguments if isinstance(a.type, torch.OptionalType)
+            and str(a.type.getElementType()) in ("int", "bool", "float", "str") and a.has_default_value()
+            and a.default_value is not None]
+
+
+OPTIONAL_SCALARS = [pytest.param(n, a.name, marks=[pytest.mark.xfail(reason="pending")] if n in PENDING else [])
+                    for n, s in sorted(SCHEMAS.items()) for a in _optional_scalars_with_value_default(s)]
+
+
+def _outcome(name, args, kwargs):
+    torch.manual_seed(0)
+    try:
+        result = _ours(name)(*args, **kwargs)
+    except Exception as e:  # compared by type: None must fail exactly as the default does
+        return type(e)
+    _check_result(SCHEMAS[name], result)
+    return "ok"
+
+
+@pytest.mark.parametrize("name,arg", OPTIONAL_SCALARS)
+def test_optional_scalar_accepts_none(name, arg):
+    """Upstream declares it optional: None is accepted and behaves as the default value."""
+    args, kwargs = SAMPLES[name]()
+    default = next(a for a in SCHEMAS[name].arguments if a.name == arg).default_value
+    assert _outcome(name, args, {**kwargs, arg: None}) == _outcome(name, args, {**kwargs, arg: default})

@@ -1,0 +1,100 @@
+"""Runs torch_npu's own per-op tests (op-plugin's test/test_custom_ops and test/test_base_ops), unchanged, against
+this project through the torch_npu shim, and prints passed/failed/skipped per file.
+
+    python -m tools.upstream_tests --op-plugin PATH [--commit REV] [--only WORD] [--unskip-cann] [-v]
+
+PATH is an op-plugin checkout, or its git directory (then the test files are read at REV, default HEAD). Only the
+files that call a function we implement (torch_ops_transformer/compat/torch_npu_functions.yaml, 'mirrored') are run.
+Each file runs in its own pytest process with PYTHONPATH=$(python -m torch_ops_transformer.compat --pythonpath):
+`import torch_npu` gives the shim, `.npu()` the simulated device, `torch_npu.testing` the shim's test helpers.
+`--unskip-cann` also runs the cases upstream disables with `@unittest.skip(...CANN...)` (written for a newer CANN
+than its CI had). Failures that are our NotImplementedError (a function or an argument — quantisation, NZ format —
+this project does not implement, named in the message) are counted apart as "not implemented". Nothing of upstream's is copied into this repository; this is a measuring tool
+(docs/torch_npu_compat.md).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from torch_ops_transformer.compat import PYTHONPATH_DIR, upstream_functions
+
+TEST_DIRS = ("test/test_custom_ops", "test/test_base_ops")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _mirrored_names():
+    return [line.split("(")[0] for line in upstream_functions()["mirrored"]]
+
+
+def _test_files(source: Path, commit: str):
+    """{relative path: text} of the upstream test files, from a checkout or a git directory."""
+    if (source / "test").is_dir():
+        return {str(p.relative_to(source)): p.read_text() for d in TEST_DIRS for p in sorted((source / d).glob("*.py"))}
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "--git-dir", str(source), "archive", commit, *TEST_DIRS],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        return _test_files(Path(tmp), commit)
+
+
+def _calls_mirrored(text: str, names) -> bool:
+    return any(re.search(rf"\b{re.escape(n)}\s*\(", text) for n in names)
+
+
+_CANN_SKIP = re.compile(r"^\s*@unittest\.skip\(.*CANN.*\)\s*$", re.M)
+_NOT_IMPLEMENTED = " - NotImplementedError: "
+_SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed)")
+
+
+def _run(path: Path, device_env: dict, verbose: bool):
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider", "-rfE",
+                           "--tb=line"],
+                          capture_output=True, text=True, env=device_env, cwd=path.parent, timeout=1800)
+    counts = {"passed": 0, "failed": 0, "not implemented": 0, "skipped": 0, "error": 0}
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    for number, kind in _SUMMARY.findall(tail):
+        counts["error" if kind.startswith("error") else kind if kind in counts else "passed"] += int(number)
+    failures = [line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    not_implemented = sum(1 for line in failures if line.startswith("FAILED") and _NOT_IMPLEMENTED in line)
+    counts["failed"] -= not_implemented
+    counts["not implemented"] += not_implemented
+    if verbose:
+        print(proc.stdout[-4000:])
+    return counts, failures
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--op-plugin", required=True, type=Path, help="op-plugin checkout or git directory")
+    parser.add_argument("--commit", default="HEAD")
+    parser.add_argument("--only", default=None, help="run only files whose name contains this")
+    parser.add_argument("--unskip-cann", action="store_true", help="run the cases upstream skips for its CANN")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    names = _mirrored_names()
+    files = {n: t for n, t in _test_files(args.op_plugin, args.commit).items()
+             if _calls_mirrored(t, names) and (args.only is None or args.only in n)}
+    env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PYTHONPATH_DIR), str(ROOT)] + [env.get("PYTHONPATH", "")])
+    env["COLUMNS"] = "400"  # pytest cuts the failure reasons of its summary to the terminal width
+    total = {"passed": 0, "failed": 0, "not implemented": 0, "skipped": 0, "error": 0}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in sorted(files.items()):
+            path = Path(tmp) / name.replace("/", "__")  # one flat folder: no package __init__ needed
+            path.write_text(_CANN_SKIP.sub("", text) if args.unskip_cann else text)
+            counts, failures = _run(path, env, args.verbose)
+            for k in total:
+                total[k] += counts[k]
+            print(f"{name}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+            for line in failures:
+                print("   ", line.replace(path.name, "")[:300])
+    print("total: " + ", ".join(f"{v} {k}" for k, v in total.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""A `torch_npu` stand-in for machines without CANN: code written for torch_npu runs unchanged on the CPU
+(docs/torch_npu_compat.md). A development and CI shim, opt-in and explicit:
+
+- `torch_ops_transformer.compat.install()` — in this process: `import torch_npu` then gives the shim, tensors go to
+  the simulated "npu" device (`.npu()`, `device="npu"`, `torch.npu.*`);
+- `PYTHONPATH=$(python -m torch_ops_transformer.compat --pythonpath) python train.py` — the same for a whole program
+  and its subprocesses, without editing it;
+- `python -m torch_ops_transformer.compat train.py [args]` — installs, then runs the script as `__main__`.
+
+Never shadows the real thing: when a real torch_npu imports, it is used and nothing is installed. The shim holds every
+`torch_npu.npu_*` function this package implements (upstream's signatures, held to them by
+test/compat/test_signature_parity.py) and, for every other upstream function, a stub that raises NotImplementedError
+naming it. `module()` builds the shim without installing anything (for tests that compare against the CPU backend).
+"""
+import functools
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+SHIM_MARK = "__torch_ops_transformer_shim__"
+PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
+_FUNCTIONS_FILE = Path(__file__).resolve().parent / "torch_npu_functions.yaml"
+
+
+@functools.lru_cache(maxsize=None)
+def upstream_functions() -> dict:
+    """torch_npu_functions.yaml: upstream's schema lines of the mirrored functions, the names of the others."""
+    with open(_FUNCTIONS_FILE) as f:
+        return yaml.safe_load(f)
+
+
+def is_shim(module) -> bool:
+    """The shim, or the placeholder module `import torch_npu` creates from PYTHONPATH_DIR before install() fills it."""
+    return bool(getattr(module, SHIM_MARK, False)) or str(getattr(module, "__file__", "")).startswith(
+        str(PYTHONPATH_DIR))
+
+
+def real_torch_npu_loaded() -> bool:
+    """A real torch_npu (not this shim) is imported in this process."""
+    loaded = sys.modules.get("torch_npu")
+    return loaded is not None and not is_shim(loaded)
+
+
+def _not_implemented_stub(name: str):
+    def stub(*args, **kwargs):
+        raise NotImplementedError(f"torch_npu.{name} is not implemented by torch_ops_transformer (the torch_npu "
+                                  f"shim); see docs/torch_npu_compat.md for the functions it provides")
+
+    stub.__name__ = stub.__qualname__ = name
+    stub.__doc__ = f"torch_npu.{name}: not implemented by torch_ops_transformer (calling it raises)."
+    return stub
+
+
+def _fill(mod: types.ModuleType) -> types.ModuleType:
+    """Puts the shim's contents into `mod` (a fresh module, or the placeholder `import torch_npu` created)."""
+    import torch
+
+    import torch_ops_transformer  # noqa: F401  (loads the kernels; fills _args.TORCH_NPU_API)
+    from torch_ops_transformer import _args, npu_sim
+
+    for name in upstream_functions()["not_implemented"]:
+        setattr(mod, name, _not_implemented_stub(name))
+    for name, fn in _args.TORCH_NPU_API.items():
+        setattr(mod, name, fn)
+    from . import testing
+
+    mod.npu_format_cast, mod.get_npu_format = testing.npu_format_cast, testing.get_npu_format
+    setattr(mod, SHIM_MARK, True)
+    mod.__version__ = f"0+torch_ops_transformer.{torch_ops_transformer.__version__}"
+    mod.__doc__ = __doc__
+    # torch_npu.npu is torch.npu (the device module) once the simulated device is installed.
+    mod.npu = getattr(torch, "npu", None) if npu_sim.is_enabled() else npu_sim.unavailable_device_module()
+    return mod
+
+
+@functools.lru_cache(maxsize=None)
+def module() -> types.ModuleType:
+    """The shim as a module object, not installed anywhere (`torch_npu.npu.is_available()` is False unless the
+    simulated device is enabled)."""
+    return _fill(types.ModuleType("torch_npu"))
+
+
+def _real_torch_npu_spec(exclude: Optional[str] = None):
+    """The import spec of an installed torch_npu that is not this shim, or None."""
+    paths = [p for p in sys.path if Path(p or ".").resolve() != PYTHONPATH_DIR]
+    if exclude is not None:
+        paths = [p for p in paths if Path(p or ".").resolve() != Path(exclude).resolve()]
+    return importlib.machinery.PathFinder.find_spec("torch_npu", paths)
+
+
+def _import_real(spec):
+    """Imports the real torch_npu from `spec` under its own name; returns it, or None with a warning saying why."""
+    previous = sys.modules.get("torch_npu")
+    real = importlib.util.module_from_spec(spec)
+    sys.modules["torch_npu"] = real
+    try:
+        spec.loader.exec_module(real)
+        return real
+    except Exception as e:  # no CANN runtime: ImportError, OSError, RuntimeError depending on the release
+        for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
+            del sys.modules[name]
+        if previous is not None:
+            sys.modules["torch_npu"] = previous
+        warnings.warn(f"torch_ops_transformer.compat: the installed torch_npu ({spec.origin}) cannot be imported "
+                      f"({type(e).__name__}: {e}); using the CPU shim instead")
+        return None
+
+
+def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
+    """Makes `import torch_npu` work in this process; returns the torch_npu module in use.
+
+    A real torch_npu (already imported, or installed and importable) wins and nothing else happens. Otherwise the
+    simulated npu device is enabled and the shim becomes `sys.modules["torch_npu"]` (and `torch_npu.npu`)."""
+    current = sys.modules.get("torch_npu")
+    if current is not None and current is not placeholder:
+        return current
+    spec = _real_torch_npu_spec()
+    if spec is not None:
+        real = _import_real(spec)
+        if real is not None:
+            return real
+    from torch_ops_transformer import npu_sim
+
+    npu_sim.enable(installed_torch_npu_failed=spec is not None)
+    mod = _fill(placeholder if placeholder is not None else types.ModuleType("torch_npu"))
+    sys.modules["torch_npu"] = mod
+    sys.modules["torch_npu.npu"] = mod.npu
+    utils = types.ModuleType("torch_npu.npu.utils")  # torch_npu's device utilities: the device module's functions
+    utils.__dict__.update({k: v for k, v in vars(mod.npu).items() if not k.startswith("__")})
+    mod.npu.utils = sys.modules["torch_npu.npu.utils"] = utils
+    from . import testing
+
+    for name, sub in testing.modules().items():  # torch_npu.testing: what torch_npu's own tests import
+        sys.modules[name] = sub
+    mod.testing = sys.modules["torch_npu.testing"]
+    # torch_npu adds these Tensor methods; plain formats only here
+    import torch
+    torch.Tensor.npu_format_cast = testing.npu_format_cast
+    return mod
+
+
+def installed() -> bool:
+    return is_shim(sys.modules.get("torch_npu"))

@@ -1,0 +1,120 @@
+"""`torch_npu.testing` of the shim: the helpers torch_npu's own per-op tests import (TestCase with assertRtolEqual,
+run_tests, create_common_tensor, SupportedDevices, skipIfUnsupportMultiNPU), so those test files run unchanged
+against this project (`python -m tools.compat.upstream_tests`). Written from their documented behaviour.
+"""
+import functools
+import os
+import types
+import unittest
+
+import numpy as np
+import torch
+from torch.testing._internal import common_utils
+
+# The SoC the simulated device answers for in SupportedDevices: the Atlas A2 series, whose semantics the CPU kernels
+# follow (override with TOT_NPU_SOC to run a test written for another SoC).
+SIMULATED_SOC = os.environ.get("TOT_NPU_SOC", "Ascend910B")
+
+# Formats torch_npu can give a tensor: the plain ones are the only ones here.
+ND_FORMATS = {-1: "UNDEFINED", 0: "NCHW", 1: "NHWC", 2: "ND"}
+
+
+def npu_format_cast(self: torch.Tensor, acl_format: int, customize_dtype=None) -> torch.Tensor:
+    """torch_npu.npu_format_cast: plain formats (NCHW, NHWC, ND) are how every tensor is stored here; the private
+    formats (NC1HWC0, FRACTAL_Z, FRACTAL_NZ, ...) exist only on Ascend hardware."""
+    if acl_format not in ND_FORMATS:
+        raise NotImplementedError(f"torch_npu.npu_format_cast: acl_format {acl_format} is a private NPU format "
+                                  f"(FRACTAL_NZ is 29), not simulated; plain formats {sorted(ND_FORMATS)} are")
+    return self if customize_dtype is None else self.to(customize_dtype)
+
+
+def get_npu_format(self: torch.Tensor) -> int:
+    return 2  # ND
+
+
+def _rtol_equal(case: unittest.TestCase, x, y, prec: float, prec16: float) -> None:
+    """torch_npu's criterion: NaNs in the same places, then every element within `prec` absolutely, or every element
+    within `prec` relatively, or at most size*prec elements outside both (prec16 for float16)."""
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        for a, b in zip(x, y):
+            _rtol_equal(case, a, b, prec, prec16)
+        return
+    if isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor):
+        y = torch.as_tensor(y, dtype=x.dtype)
+    if isinstance(y, torch.Tensor) and not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x, dtype=y.dtype)
+    x = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    y = y.detach().cpu().numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+    case.assertEqual(x.shape, y.shape, "shape error")
+    case.assertEqual(x.dtype, y.dtype, "dtype error")
+    if x.dtype == np.bool_:
+        case.assertTrue(np.array_equal(x, y), "result error")
+        return
+    tol, floor = (prec16, 6e-8) if x.dtype == np.float16 else (prec, 1e-9)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    nan = np.isnan(x64)
+    case.assertTrue(np.array_equal(nan, np.isnan(y64)), "NaN positions differ")
+    diff = np.abs(np.where(nan, 0.0, y64 - x64))
+    within_abs = diff <= tol
+    within_rel = diff / (np.maximum(np.abs(x64), np.abs(y64)) + floor) <= tol
+    if within_abs.all() or within_rel.all():
+        return
+    allowed = x.size * tol
+    if (~within_rel).sum() > allowed and (~within_abs).sum() > allowed:
+        case.fail(f"result error: {(~within_abs).sum()} of {x.size} elements beyond {tol} (max diff {diff.max()})")
+
+
+class TestCase(common_utils.TestCase):
+    def assertRtolEqual(self, x, y, prec=1.e-4, prec16=1.e-3, auto_trans_dtype=False, message=None):  # noqa: N802
+        if auto_trans_dtype and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+            x = x.to(y.dtype)
+        _rtol_equal(self, x, y, prec, prec16)
+
+
+def run_tests() -> None:
+    common_utils.run_tests()
+
+
+def create_common_tensor(item, minValue, maxValue, device=None):  # noqa: N803  (upstream's names)
+    """item = [numpy dtype, format, shape]: uniform values in [minValue, maxValue); returns (cpu, npu) copies."""
+    dtype, fmt, shape = item[0], item[1], item[2]
+    values = torch.from_numpy(np.random.uniform(minValue, maxValue, shape).astype(dtype))
+    device_tensor = values.to(device or "npu")
+    if fmt != -1:
+        device_tensor = npu_format_cast(device_tensor, fmt)
+    return values, device_tensor
+
+
+def get_npu_device() -> str:
+    return "npu:0"
+
+
+def SupportedDevices(devices):  # noqa: N802  (upstream's name)
+    """Runs the test only when the (simulated) SoC is one of `devices` (prefix match, as SoC names have suffixes)."""
+    def decorator(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not any(SIMULATED_SOC.startswith(d) or d.startswith(SIMULATED_SOC) for d in devices):
+                raise unittest.SkipTest(f"written for {devices}; the simulated npu is {SIMULATED_SOC}")
+            return fn(*args, **kwargs)
+        return wrapper
+    return decorator
+
+
+def skipIfUnsupportMultiNPU(count):  # noqa: N802  (upstream's name)
+    return unittest.skipIf(count > 1, f"needs {count} NPUs; the simulated npu device is one")
+
+
+def modules() -> dict:
+    """torch_npu.testing and its submodules, as module objects for sys.modules."""
+    testing = types.ModuleType("torch_npu.testing")
+    testcase = types.ModuleType("torch_npu.testing.testcase")
+    testcase.TestCase, testcase.run_tests = TestCase, run_tests
+    utils = types.ModuleType("torch_npu.testing.common_utils")
+    utils.create_common_tensor, utils.SupportedDevices = create_common_tensor, SupportedDevices
+    utils.get_npu_device = get_npu_device
+    distributed = types.ModuleType("torch_npu.testing.common_distributed")
+    distributed.skipIfUnsupportMultiNPU = skipIfUnsupportMultiNPU
+    testing.testcase, testing.common_utils, testing.common_distributed = testcase, utils, distributed
+    return {"torch_npu.testing": testing, "torch_npu.testing.testcase": testcase,
+            "torch_npu.testing.common_utils": utils, "torch_npu.testing.common_distributed": distributed}
