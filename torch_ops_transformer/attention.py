@@ -5,6 +5,7 @@ Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the op
 """
 import contextlib
 import math
+import operator
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -70,6 +71,22 @@ def _int64(op: str, name: str, value) -> int:
     if not _args.INT64_MIN <= value <= _args.INT64_MAX:
         raise ValueError(f"{op}: argument '{name}' must hold an int64 value; got {value}")
     return value
+
+
+def _int_list(op: str, name: str, values) -> list:
+    """An int[] argument as torch's bindings parse it: ints, or anything with __index__ (0-d integer tensors, numpy
+    integers), not bools or floats."""
+    if not isinstance(values, (list, tuple, torch.Size)):
+        raise TypeError(f"{op}: argument '{name}' must be a list of ints; got {values!r}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or (isinstance(v, Tensor) and (v.dim() != 0 or v.is_floating_point() or v.dtype == torch.bool)):
+            raise TypeError(f"{op}: argument '{name}' must be a list of ints; got {values!r}")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            raise TypeError(f"{op}: argument '{name}' must be a list of ints; got {values!r}") from None
+    return out
 
 
 def _host_long(value: int) -> Tensor:
@@ -194,6 +211,7 @@ def npu_fusion_attention_grad(query: Tensor, key: Tensor, value: Tensor, dy: Ten
     return dq, dk, dv, (dpse if pse is not None else None), dsink
 
 
+@_args.torch_npu_api
 def _npu_dropout_gen_mask(input: Tensor, size: Sequence[int], p: float, seed: int, offset: int, *,  # noqa: A002
                           parallel: Optional[bool] = True, sync: Optional[bool] = None) -> Tensor:
     """torch_npu._npu_dropout_gen_mask: the bit-packed keep mask (uint8, bit e of byte e // 8, LSB first, 1 = kept)
@@ -208,8 +226,7 @@ def _npu_dropout_gen_mask(input: Tensor, size: Sequence[int], p: float, seed: in
     op = "_npu_dropout_gen_mask"
     if not isinstance(input, Tensor):
         raise TypeError(f"{op}: argument 'input' must be a tensor; got {type(input).__name__}")
-    if not isinstance(size, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in size):
-        raise TypeError(f"{op}: argument 'size' must be a list of ints; got {size!r}")
+    size = _int_list(op, "size", size)
     if any(x < 0 for x in size):
         raise ValueError(f"{op}: argument 'size' must hold sizes >= 0; got {list(size)}")
     if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:

@@ -231,17 +231,18 @@ def compare_with_reference(case: Case, check_grads: bool = True) -> Result:
 
 # ---- opcheck cases (listed in test/ops/test_opcheck.py) ----
 
-def _score_args(case: Case, requires_grad=True):
+def _score_args(case: Case, requires_grad=True, **extra):
     args = make_inputs(case)
-    for n in ("query", "key", "value", "pse"):
+    args.update(extra)
+    for n in ("query", "key", "value", "pse", "sink"):
         if args.get(n) is not None:
             args[n].requires_grad_(requires_grad)
     q, k, v = args.pop("query"), args.pop("key"), args.pop("value")
     return (q, k, v, args.pop("head_num"), args.pop("input_layout")), args
 
 
-def _grad_args(case: Case):
-    (q, k, v, n, layout), kw = _score_args(case, requires_grad=False)
+def _grad_args(case: Case, **extra):
+    (q, k, v, n, layout), kw = _score_args(case, requires_grad=False, **extra)
     out, smax, ssum, _, seed, offset = torch.ops.npu_fa.flash_attention_score(q, k, v, n, layout, **kw)
     dy = torch.randn_like(out)
     kw.update(softmax_max=smax, softmax_sum=ssum, attention_in=out, seed=seed, offset=offset)
@@ -249,6 +250,10 @@ def _grad_args(case: Case):
 
 
 SMALL = dict(batch=2, q_heads=2, kv_heads=1, q_len=5, kv_len=7, head_dim=8)
+
+
+def _MASK_BYTES():  # noqa: N802  a bit-packed dropout mask for SMALL (2*2*5*7 bits), random bits
+    return torch.randint(0, 256, (32,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
 OPCHECK_CASES = {
     "flash_attention_score": {
         "no_dropout": lambda: _score_args(Case(**SMALL)),
@@ -256,12 +261,19 @@ OPCHECK_CASES = {
         "pse_mask_BNSD": lambda: _score_args(Case(layout="BNSD", pse="BNSS", mask="B1SS", **SMALL)),
         "varlen_TND_causal": lambda: _score_args(Case(layout="TND", q_heads=2, kv_heads=1, head_dim=8,
                                                       seqlens=((3, 0, 4), (2, 5, 1)), sparse_mode=3)),
+        "sink_TND_softmax_layout": lambda: _score_args(Case(layout="TND", q_heads=2, kv_heads=1, head_dim=8,
+                                                            seqlens=((3, 4), (2, 5)), sink="random",
+                                                            softmax_layout="TND")),
+        "sink_dropout_mask": lambda: _score_args(Case(keep_prob=0.8, sink="random", **SMALL),
+                                                 dropout_mask=_MASK_BYTES()),
     },
     "flash_attention_score_grad": {
         "no_dropout": lambda: _grad_args(Case(**SMALL)),
         "dropout_pse": lambda: _grad_args(Case(keep_prob=0.8, pse="BN1S", **SMALL)),
         "varlen_TND": lambda: _grad_args(Case(layout="TND", q_heads=2, kv_heads=2, head_dim=8,
                                               seqlens=((3, 1), (4, 2)), sparse_mode=2)),
+        "sink_dropout_mask": lambda: _grad_args(Case(keep_prob=0.8, sink="random", **SMALL),
+                                                dropout_mask=_MASK_BYTES()),
     },
     "dropout_gen_mask": {
         "basic": lambda: ((torch.tensor(3), torch.tensor(5), 6, 9, 0.7), {}),

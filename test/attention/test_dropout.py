@@ -3,6 +3,7 @@ the reference built from that mask, reproducibility from seed/offset, and the to
 dropout_mask made by _npu_dropout_gen_mask, the seed/offset ints of npu_fusion_attention(_grad)."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -138,6 +139,9 @@ def test_npu_dropout_gen_mask_packs_the_stream_lsb_first():
     keep = _gen(123, 8, 1, numel, 0.7).view(-1)
     assert torch.equal(bits[:numel].bool(), keep) and not bits[numel:].any()
     assert torch.equal(mask, _npu_dropout_gen_mask(torch.empty(3), [numel], 0.3, 123, 8, parallel=False, sync=True))
+    # int[] as torch's bindings parse it: 0-d integer tensors and numpy integers count as ints
+    assert torch.equal(mask, _npu_dropout_gen_mask(torch.empty(1), [torch.tensor(numel)], 0.3, 123, 8))
+    assert torch.equal(mask, _npu_dropout_gen_mask(torch.empty(1), (np.int64(2), 4, 9, 14), 0.3, 123, 8))
     assert not _npu_dropout_gen_mask(torch.empty(1), [5, 7], 1.0, 1, 0).any()
     assert _npu_dropout_gen_mask(torch.empty(1), [5, 7], 0.0, 1, 0).view(-1)[:4].eq(255).all()
 
@@ -257,6 +261,8 @@ def test_bad_dropout_arguments_are_rejected(kw, exc, words):
 @pytest.mark.parametrize("kw, exc, words", [
     (dict(size=[2, -1], p=0.5), ValueError, ("'size'",)),
     (dict(size=[2.0], p=0.5), TypeError, ("'size'",)),
+    (dict(size=[torch.tensor(2.0)], p=0.5), TypeError, ("'size'",)),
+    (dict(size=[True], p=0.5), TypeError, ("'size'",)),
     (dict(size=[4], p=1.5), ValueError, ("'p'", "[0, 1]")),
     (dict(size=[4], p=0.5, parallel="yes"), TypeError, ("'parallel'",)),
 ])

@@ -208,7 +208,7 @@ void set_dropout(const char* op, const Args& args, AttentionParams& p, Attention
                       "; got ", m.device());
     const int64_t bytes = (total + 7) / 8;
     TORCH_CHECK_VALUE(m.numel() >= bytes, op, ": argument 'dropout_mask' must hold at least ", total, " bits (", bytes,
-                      " bytes: one per element of the [B, N1, Sq, Skv] attention, or N1 * sum(Sq_b * Skv_b) for TND); "
+                      " bytes: one bit per element of the [B, N1, Sq, Skv] attention, N1 * sum(Sq_b * Skv_b) for TND); "
                       "got ", m.numel(), " bytes");
     if (p.has_dropout()) {
       in.dropout_mask = m.contiguous();
