@@ -80,7 +80,8 @@ def _int_list(op: str, name: str, values) -> list:
         raise TypeError(f"{op}: argument '{name}' must be a list of ints; got {values!r}")
     out = []
     for v in values:
-        if isinstance(v, bool) or (isinstance(v, Tensor) and (v.dim() != 0 or v.is_floating_point() or v.dtype == torch.bool)):
+        not_int_tensor = isinstance(v, Tensor) and (v.dim() != 0 or v.is_floating_point() or v.dtype == torch.bool)
+        if isinstance(v, bool) or not_int_tensor:
             raise TypeError(f"{op}: argument '{name}' must be a list of ints; got {values!r}")
         try:
             out.append(operator.index(v))
@@ -166,8 +167,10 @@ def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: in
         inner_precise=inner_precise, sparse_mode=sparse_mode, seed=seed_t, offset=offset_t,
         softmax_layout=softmax_layout, sink=sink, dropout_mask=dropout_mask)
     d = attention_dims(op, query, key, value, head_num, layout)
-    numels = _dropout_numels(d, layout, head_num, actual_seq_qlen if not isinstance(actual_seq_qlen, Tensor) else q_lens,
-                             actual_seq_kvlen if not isinstance(actual_seq_kvlen, Tensor) else kv_lens)
+    # Lengths given as lists stay Python ints (no tensor under torch.compile); tensors are counted as tensors.
+    q_count = q_lens if isinstance(actual_seq_qlen, Tensor) else actual_seq_qlen
+    kv_count = kv_lens if isinstance(actual_seq_kvlen, Tensor) else actual_seq_kvlen
+    numels = _dropout_numels(d, layout, head_num, q_count, kv_count)
     return out, smax, ssum, sout, _as_int(seed_t), _as_int(offset_t), numels
 
 

@@ -26,8 +26,9 @@ Upstream cases:
 
 Documentation examples: the sparse_mode example (modes 0-4 against the -10000-additive golden), the pse example (its
 golden is the documented formula scale * (pse + q kᵀ); the example's own reference adds pse after scaling and only
-prints the difference) and the sink example are ported; the prefix example (sparse_mode 5) is not applicable (prefix is not implemented: a
-NotImplementedError, checked here); the external dropout_mask example is the external-mask case above.
+prints the difference) and the sink example are ported; the prefix example (sparse_mode 5) is not applicable (prefix
+is not implemented: a NotImplementedError, checked here); the external dropout_mask example is the external-mask case
+above.
 """
 import numpy as np
 import torch
