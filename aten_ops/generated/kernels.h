@@ -74,9 +74,9 @@ at::Tensor matmul_all_reduce_mc2(const MatmulAllReduceArgs& args);
 // matmul_all_reduce [PrivateUse1]
 at::Tensor matmul_all_reduce_mc2(const MatmulAllReduceArgs& args);
 // matmul_all_reduce_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const MatmulAllReduceGradArgs& args);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const MatmulAllReduceGradArgs& args);
 // matmul_all_reduce_grad [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const MatmulAllReduceGradArgs& args);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const MatmulAllReduceGradArgs& args);
 // matmul_all_reduce_add_rms_norm [CPU]
 std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const MatmulAllReduceAddRmsNormArgs& args);
 // matmul_all_reduce_add_rms_norm [PrivateUse1]

@@ -347,11 +347,12 @@ struct MatmulAllReduceArgs {
   c10::string_view group_name;
   const std::optional<at::Tensor>& bias;
   int64_t chunks;
+  const std::optional<at::Tensor>& x3;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const MatmulAllReduceArgs& a, F&& f) {
-  return f(a.x1, a.x2, a.group_name, a.bias, a.chunks);
+  return f(a.x1, a.x2, a.group_name, a.bias, a.chunks, a.x3);
 }
 
 // matmul_all_reduce_grad
@@ -360,11 +361,12 @@ struct MatmulAllReduceGradArgs {
   const at::Tensor& x1;
   const at::Tensor& x2;
   const std::optional<at::Tensor>& bias;
+  const std::optional<at::Tensor>& x3;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const MatmulAllReduceGradArgs& a, F&& f) {
-  return f(a.grad_out, a.x1, a.x2, a.bias);
+  return f(a.grad_out, a.x1, a.x2, a.bias, a.x3);
 }
 
 // matmul_all_reduce_add_rms_norm
@@ -377,11 +379,12 @@ struct MatmulAllReduceAddRmsNormArgs {
   const std::optional<at::Tensor>& bias;
   double epsilon;
   int64_t chunks;
+  const std::optional<at::Tensor>& x3;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const MatmulAllReduceAddRmsNormArgs& a, F&& f) {
-  return f(a.x1, a.x2, a.residual, a.gamma, a.group_name, a.bias, a.epsilon, a.chunks);
+  return f(a.x1, a.x2, a.residual, a.gamma, a.group_name, a.bias, a.epsilon, a.chunks, a.x3);
 }
 
 // grouped_matmul

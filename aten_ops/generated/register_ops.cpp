@@ -324,61 +324,67 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2_pr
   return npu_fa::matmul_reduce_scatter_grad_mc2(npu_fa::MatmulReduceScatterGradArgs{grad_out, x1, x2, group_name, world_size, bias, chunks});
 }
 
-at::Tensor matmul_all_reduce_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks) {
+at::Tensor matmul_all_reduce_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks, const std::optional<at::Tensor>& x3) {
   npu_fa::DeviceRule rule("matmul_all_reduce");
   rule.device_tensor("x1", x1);
   rule.device_tensor("x2", x2);
   rule.device_tensor("bias", bias);
-  return npu_fa::matmul_all_reduce_mc2(npu_fa::MatmulAllReduceArgs{x1, x2, group_name, bias, chunks});
+  rule.device_tensor("x3", x3);
+  return npu_fa::matmul_all_reduce_mc2(npu_fa::MatmulAllReduceArgs{x1, x2, group_name, bias, chunks, x3});
 }
 
-at::Tensor matmul_all_reduce_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks) {
+at::Tensor matmul_all_reduce_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, const std::optional<at::Tensor>& bias, int64_t chunks, const std::optional<at::Tensor>& x3) {
   npu_fa::DeviceRule rule("matmul_all_reduce");
   rule.device_tensor("x1", x1);
   rule.device_tensor("x2", x2);
   rule.device_tensor("bias", bias);
+  rule.device_tensor("x3", x3);
   const c10::DeviceGuard guard(rule.device());
-  return npu_fa::matmul_all_reduce_mc2(npu_fa::MatmulAllReduceArgs{x1, x2, group_name, bias, chunks});
+  return npu_fa::matmul_all_reduce_mc2(npu_fa::MatmulAllReduceArgs{x1, x2, group_name, bias, chunks, x3});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_unboxed(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_unboxed(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& x3) {
   npu_fa::DeviceRule rule("matmul_all_reduce_grad");
   rule.device_tensor("grad_out", grad_out);
   rule.device_tensor("x1", x1);
   rule.device_tensor("x2", x2);
   rule.device_tensor("bias", bias);
-  return npu_fa::matmul_all_reduce_grad_mc2(npu_fa::MatmulAllReduceGradArgs{grad_out, x1, x2, bias});
+  rule.device_tensor("x3", x3);
+  return npu_fa::matmul_all_reduce_grad_mc2(npu_fa::MatmulAllReduceGradArgs{grad_out, x1, x2, bias, x3});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2_privateuse1(const at::Tensor& grad_out, const at::Tensor& x1, const at::Tensor& x2, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& x3) {
   npu_fa::DeviceRule rule("matmul_all_reduce_grad");
   rule.device_tensor("grad_out", grad_out);
   rule.device_tensor("x1", x1);
   rule.device_tensor("x2", x2);
   rule.device_tensor("bias", bias);
+  rule.device_tensor("x3", x3);
   const c10::DeviceGuard guard(rule.device());
-  return npu_fa::matmul_all_reduce_grad_mc2(npu_fa::MatmulAllReduceGradArgs{grad_out, x1, x2, bias});
+  return npu_fa::matmul_all_reduce_grad_mc2(npu_fa::MatmulAllReduceGradArgs{grad_out, x1, x2, bias, x3});
 }
 
-std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
+std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks, const std::optional<at::Tensor>& x3) {
   npu_fa::DeviceRule rule("matmul_all_reduce_add_rms_norm");
   rule.device_tensor("x1", x1);
   rule.device_tensor("x2", x2);
   rule.device_tensor("residual", residual);
   rule.device_tensor("gamma", gamma);
   rule.device_tensor("bias", bias);
-  return npu_fa::matmul_all_reduce_add_rms_norm_mc2(npu_fa::MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks});
+  rule.device_tensor("x3", x3);
+  return npu_fa::matmul_all_reduce_add_rms_norm_mc2(npu_fa::MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks, x3});
 }
 
-std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks) {
+std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2_privateuse1(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& residual, const at::Tensor& gamma, c10::string_view group_name, const std::optional<at::Tensor>& bias, double epsilon, int64_t chunks, const std::optional<at::Tensor>& x3) {
   npu_fa::DeviceRule rule("matmul_all_reduce_add_rms_norm");
   rule.device_tensor("x1", x1);
   rule.device_tensor("x2", x2);
   rule.device_tensor("residual", residual);
   rule.device_tensor("gamma", gamma);
   rule.device_tensor("bias", bias);
+  rule.device_tensor("x3", x3);
   const c10::DeviceGuard guard(rule.device());
-  return npu_fa::matmul_all_reduce_add_rms_norm_mc2(npu_fa::MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks});
+  return npu_fa::matmul_all_reduce_add_rms_norm_mc2(npu_fa::MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks, x3});
 }
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu_unboxed(at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type) {
@@ -556,9 +562,9 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("all_gather_matmul_grad(Tensor grad_out, Tensor x1, Tensor x2, Tensor gather_out, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
   m.def("matmul_reduce_scatter(Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("matmul_reduce_scatter_grad(Tensor grad_out, Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
-  m.def("matmul_all_reduce(Tensor x1, Tensor x2, str group_name, Tensor? bias=None, int chunks=0) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("matmul_all_reduce_grad(Tensor grad_out, Tensor x1, Tensor x2, Tensor? bias=None) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
-  m.def("matmul_all_reduce_add_rms_norm(Tensor x1, Tensor x2, Tensor residual, Tensor gamma, str group_name, Tensor? bias=None, float epsilon=1e-06, int chunks=0) -> (Tensor y, Tensor norm_out)", {at::Tag::pt2_compliant_tag});
+  m.def("matmul_all_reduce(Tensor x1, Tensor x2, str group_name, Tensor? bias=None, int chunks=0, Tensor? x3=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("matmul_all_reduce_grad(Tensor grad_out, Tensor x1, Tensor x2, Tensor? bias=None, Tensor? x3=None) -> (Tensor dx1, Tensor dx2, Tensor dbias, Tensor dx3)", {at::Tag::pt2_compliant_tag});
+  m.def("matmul_all_reduce_add_rms_norm(Tensor x1, Tensor x2, Tensor residual, Tensor gamma, str group_name, Tensor? bias=None, float epsilon=1e-06, int chunks=0, Tensor? x3=None) -> (Tensor y, Tensor norm_out)", {at::Tag::pt2_compliant_tag});
   m.def("mc2_validation(int enable=-1) -> bool", TORCH_FN(npu_fa::mc2_validation));
   m.def("grouped_matmul(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] out, Tensor[] act_input)", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});

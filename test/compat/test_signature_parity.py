@@ -32,8 +32,8 @@ def _schemas():
 SCHEMAS = _schemas()
 
 # Functions still being brought to upstream's signature (their tests are expected to fail until then). Must end empty.
-PENDING = {"npu_all_gather_base_mm", "npu_attention_update", "npu_grouped_matmul", "npu_mm_all_reduce_base",
-           "npu_mm_reduce_scatter_base", "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax_v2",
+PENDING = {"npu_attention_update", "npu_grouped_matmul", "npu_moe_finalize_routing", "npu_moe_gating_top_k",
+           "npu_moe_gating_top_k_softmax_v2",
            "npu_moe_init_routing_v2", "npu_rotary_mul", "npu_scatter_pa_kv_cache"}
 
 
@@ -197,8 +197,9 @@ SAMPLES = {
     "npu_moe_finalize_routing": _finalize,
     "npu_moe_token_permute": _permute,
     "npu_moe_token_unpermute": _unpermute,
-    "npu_all_gather_base_mm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), 1), {}),
-    "npu_mm_reduce_scatter_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), 1), {}),
+    # world_size None (ours: the group's size): torch_npu accepts only 2, 4, 8, 16 or 32 ranks, not 1
+    "npu_all_gather_base_mm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), None), {}),
+    "npu_mm_reduce_scatter_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), None), {}),
     "npu_mm_all_reduce_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group()), {}),
     "npu_mm_all_reduce_add_rms_norm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), torch.randn(3, 5),
                                                 torch.ones(5), _group()), {}),

@@ -45,24 +45,27 @@ def _rs_grad(bias):
     return make
 
 
-def _ar(shape, bias, chunks):
+def _ar(shape, bias, chunks, x3=False):
     def make():
         b = torch.randn(5, requires_grad=True) if bias else None
+        kwargs = {"x3": torch.randn(*shape, 5, requires_grad=True)} if x3 else {}
         return (torch.randn(*shape, 6, requires_grad=True), torch.randn(6, 5, requires_grad=True),
-                single_rank_group(), b, chunks), {}
+                single_rank_group(), b, chunks), kwargs
     return make
 
 
-def _ar_grad(bias):
+def _ar_grad(bias, x3=False):
     def make():
-        return (torch.randn(2, 3, 5), torch.randn(2, 3, 6), torch.randn(6, 5), torch.randn(5) if bias else None), {}
+        kwargs = {"x3": torch.randn(2, 3, 5)} if x3 else {}
+        return (torch.randn(2, 3, 5), torch.randn(2, 3, 6), torch.randn(6, 5), torch.randn(5) if bias else None), kwargs
     return make
 
 
-def _rms(bias):
+def _rms(bias, x3=False):
     def make():
+        kwargs = {"x3": torch.randn(2, 4, 5)} if x3 else {}
         return (torch.randn(2, 4, 6), torch.randn(6, 5), torch.randn(2, 4, 5), torch.randn(5), single_rank_group(),
-                torch.randn(5) if bias else None, 1e-6, 3), {}
+                torch.randn(5) if bias else None, 1e-6, 3), kwargs
     return make
 
 
@@ -71,7 +74,9 @@ OPCHECK_CASES = {
     "all_gather_matmul_grad": {"bias_gathered": _ag_grad(True, True), "regather": _ag_grad(False, False)},
     "matmul_reduce_scatter": {"bias_2chunks": _rs(True, 2), "no_bias_auto": _rs(False, 0)},
     "matmul_reduce_scatter_grad": {"bias": _rs_grad(True), "no_bias": _rs_grad(False)},
-    "matmul_all_reduce": {"bias_3d_2chunks": _ar((2, 3), True, 2), "no_bias_2d": _ar((7,), False, 0)},
-    "matmul_all_reduce_grad": {"bias": _ar_grad(True), "no_bias": _ar_grad(False)},
-    "matmul_all_reduce_add_rms_norm": {"bias_3chunks": _rms(True), "no_bias": _rms(False)},
+    "matmul_all_reduce": {"bias_3d_2chunks": _ar((2, 3), True, 2), "no_bias_2d": _ar((7,), False, 0),
+                          "x3_bias_3d_2chunks": _ar((2, 3), True, 2, x3=True)},
+    "matmul_all_reduce_grad": {"bias": _ar_grad(True), "no_bias": _ar_grad(False), "x3": _ar_grad(True, x3=True)},
+    "matmul_all_reduce_add_rms_norm": {"bias_3chunks": _rms(True), "no_bias": _rms(False),
+                                       "x3_3chunks": _rms(True, x3=True)},
 }

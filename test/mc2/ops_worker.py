@@ -109,16 +109,19 @@ def check_matmul_reduce_scatter(m, k, n, chunks, with_bias, dtype=torch.float32,
         check_tolerance(tag + " dbias", b.grad, G.sum(0), g_same.sum(0))
 
 
-def check_matmul_all_reduce(lead, k, n, chunks, with_bias, dtype=torch.float32, seed=21):
-    tag = f"matmul_all_reduce lead={lead} k={k} n={n} chunks={chunks} bias={with_bias} {dtype}"
+def check_matmul_all_reduce(lead, k, n, chunks, with_bias, dtype=torch.float32, seed=21, with_x3=False):
+    tag = f"matmul_all_reduce lead={lead} k={k} n={n} chunks={chunks} bias={with_bias} x3={with_x3} {dtype}"
     X1, X2, B = full(seed, W, *lead, k), full(seed + 1, W, k, n), full(seed + 2, n)
+    X3 = full(seed + 4, W, *lead, n)  # each rank's addend before the reduction
     DY = full(seed + 3, *lead, n)  # a loss every rank computes alike
     x1, x2 = leaf(X1[RANK], dtype), leaf(X2[RANK], dtype)
     b = leaf(B, dtype) if with_bias else None
-    out = OPS.matmul_all_reduce(x1, x2, GROUP, b, chunks)
+    x3 = leaf(X3[RANK], dtype) if with_x3 else None
+    out = OPS.matmul_all_reduce(x1, x2, GROUP, b, chunks, x3)
     out.backward(DY.to(dtype))
-    ref = add_bias(sum(X1[q] @ X2[q] for q in range(W)), B if with_bias else None)
-    same = add_bias(all_reduce(x1.detach() @ x2.detach()), b.detach() if with_bias else None)
+    ref = add_bias(sum(X1[q] @ X2[q] + (X3[q] if with_x3 else 0) for q in range(W)), B if with_bias else None)
+    product = x1.detach() @ x2.detach() + (x3.detach() if with_x3 else 0)
+    same = add_bias(all_reduce(product), b.detach() if with_bias else None)
     check_tolerance(tag + " out", out, ref, same)
     dy = DY.to(dtype)
     check_tolerance(tag + " dx1", x1.grad, DY @ X2[RANK].T, dy @ x2.detach().T)
@@ -126,22 +129,27 @@ def check_matmul_all_reduce(lead, k, n, chunks, with_bias, dtype=torch.float32, 
                     x1.detach().reshape(-1, k).T @ dy.reshape(-1, n))
     if with_bias:
         check_tolerance(tag + " dbias", b.grad, DY.reshape(-1, n).sum(0), dy.reshape(-1, n).sum(0))
+    if with_x3:
+        assert torch.equal(x3.grad, dy), tag + ": dx3 must be dout"
 
 
 def rms_norm(h, gamma, eps):
     return h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps) * gamma
 
 
-def check_add_rms_norm(lead, k, n, chunks, with_bias, seed=31):
-    tag = f"matmul_all_reduce_add_rms_norm lead={lead} chunks={chunks} bias={with_bias}"
+def check_add_rms_norm(lead, k, n, chunks, with_bias, seed=31, with_x3=False):
+    tag = f"matmul_all_reduce_add_rms_norm lead={lead} chunks={chunks} bias={with_bias} x3={with_x3}"
     X1, X2, B = full(seed, W, *lead, k), full(seed + 1, W, k, n), full(seed + 2, n)
     R, GAMMA = full(seed + 3, *lead, n), full(seed + 4, n)
+    X3 = full(seed + 5, W, *lead, n)
     f32 = torch.float32
     b = B.to(f32) if with_bias else None
+    x3 = X3[RANK].to(f32) if with_x3 else None
     y, normed = OPS.matmul_all_reduce_add_rms_norm(X1[RANK].to(f32), X2[RANK].to(f32), R.to(f32), GAMMA.to(f32),
-                                                   GROUP, b, 1e-6, chunks)
-    h_ref = add_bias(sum(X1[q] @ X2[q] for q in range(W)), B if with_bias else None) + R
-    h_same = add_bias(all_reduce(X1[RANK].to(f32) @ X2[RANK].to(f32)), b) + R.to(f32)
+                                                   GROUP, b, 1e-6, chunks, x3)
+    h_ref = add_bias(sum(X1[q] @ X2[q] + (X3[q] if with_x3 else 0) for q in range(W)),
+                     B if with_bias else None) + R
+    h_same = add_bias(all_reduce(X1[RANK].to(f32) @ X2[RANK].to(f32) + (x3 if with_x3 else 0)), b) + R.to(f32)
     check_tolerance(tag + " y", y, h_ref, h_same)
     check_tolerance(tag + " norm_out", normed, rms_norm(h_ref, GAMMA, 1e-6), rms_norm(h_same, GAMMA.to(f32), 1e-6))
 
@@ -158,7 +166,11 @@ def run_opcheck():
         (OPS.matmul_reduce_scatter, (torch.randn(2 * W, 6, requires_grad=True), x2, GROUP, W, b, 2)),
         (OPS.matmul_reduce_scatter_grad, (torch.randn(2, 5), torch.randn(2 * W, 6), x2.detach(), GROUP, W, b, 1)),
         (OPS.matmul_all_reduce, (torch.randn(2, 3, 6, requires_grad=True), x2, GROUP, b, 2)),
+        (OPS.matmul_all_reduce, (torch.randn(2, 3, 6, requires_grad=True), x2, GROUP, b, 2,
+                                 torch.randn(2, 3, 5, requires_grad=True))),
         (OPS.matmul_all_reduce_grad, (torch.randn(2, 3, 5), torch.randn(2, 3, 6), x2.detach(), b)),
+        (OPS.matmul_all_reduce_grad, (torch.randn(2, 3, 5), torch.randn(2, 3, 6), x2.detach(), b,
+                                      torch.randn(2, 3, 5))),
         (OPS.matmul_all_reduce_add_rms_norm, (torch.randn(4, 6), x2.detach(), torch.randn(4, 5), torch.randn(5),
                                               GROUP, b, 1e-6, 2)),
     ]
@@ -171,8 +183,8 @@ def scenario_ops():
         for with_bias in (False, True):
             check_all_gather_matmul(10, 16, 12, chunks, with_bias, gather_output=with_bias)
             check_matmul_reduce_scatter(12 * W, 16, 10, chunks, with_bias)
-            check_matmul_all_reduce((2, 7), 16, 10, chunks, with_bias)
-        check_add_rms_norm((3, 5), 16, 24, chunks, with_bias=chunks != 1)
+            check_matmul_all_reduce((2, 7), 16, 10, chunks, with_bias, with_x3=chunks == 3)
+        check_add_rms_norm((3, 5), 16, 24, chunks, with_bias=chunks != 1, with_x3=chunks == 3)
     # larger shapes: the automatic chunk count pipelines here; bf16 uses the same-dtype unfused baseline
     check_all_gather_matmul(256, 96, 64, 0, True, gather_output=False)
     check_matmul_reduce_scatter(256 * W, 64, 96, 0, True)
@@ -201,10 +213,14 @@ def check_wrappers():
     torch.testing.assert_close(out, gather_rows(x1) @ x2 + b)
     rs = tot.npu_mm_reduce_scatter_base(torch.randn(2 * W, 6), x2, dist.group.WORLD)
     assert rs.shape == (2, 5)
+    # torch_npu's all-reduce ops add the bias on every rank, inside the reduction
     ar = tot.npu_mm_all_reduce_base(x1, x2, GROUP, bias=b)
-    torch.testing.assert_close(ar, all_reduce(x1 @ x2) + b)
-    y, normed = tot.npu_mm_all_reduce_add_rms_norm(x1, x2, torch.randn(4, 5), torch.ones(5), GROUP)
-    assert y.shape == normed.shape == (4, 5)
+    torch.testing.assert_close(ar, all_reduce(x1 @ x2 + b))
+    residual, gamma = torch.randn(4, 5), torch.rand(5)
+    y, normed = tot.npu_mm_all_reduce_add_rms_norm(x1, x2, residual, gamma, GROUP, bias=b)
+    h = all_reduce(x1 @ x2 + b) + residual
+    torch.testing.assert_close(y, h)
+    torch.testing.assert_close(normed, rms_norm(h, gamma, 1e-6))
 
 
 def scenario_tp():
@@ -277,6 +293,8 @@ def scenario_bad_input():
     expect_error(ValueError, ["'world_size'", str(W + 1)], lambda: OPS.all_gather_matmul(x1, x2, GROUP, W + 1))
     expect_error(ValueError, ["x2's dtype"], lambda: OPS.all_gather_matmul(x1, x2.double(), GROUP, W))
     expect_error(ValueError, ["bias"], lambda: OPS.matmul_all_reduce(x1, x2, GROUP, torch.randn(4)))
+    expect_error(ValueError, ["x3", "output's shape"],
+                 lambda: OPS.matmul_all_reduce(x1, x2, GROUP, None, 0, torch.randn(4, 6)))
     expect_error(ValueError, ["gather_index"], lambda: OPS.all_gather_matmul(x1, x2, GROUP, W, None, 1))
     expect_error(ValueError, ["'chunks'"], lambda: OPS.matmul_all_reduce(x1, x2, GROUP, None, -1))
     expect_error(ValueError, ["reduce_op"], lambda: tot.npu_mm_reduce_scatter_base(x1, x2, GROUP, reduce_op="max"))

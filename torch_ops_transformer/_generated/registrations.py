@@ -34,9 +34,9 @@ OPS = {
     'all_gather_matmul_grad': OpInfo('Backward of all_gather_matmul: dx1 = ReduceScatter(grad_out @ x2ᵀ) (the fused matmul_reduce_scatter pipeline), dx2 = gather_out ᵀ grad_out (x1 is gathered again, overlapped with dx1, when gather_out is empty), dbias = grad_out summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
     'matmul_reduce_scatter': OpInfo("MC2 MatmulReduceScatter: ReduceScatter(x1 @ x2) + bias over the process group named group_name: the sum of every rank's [m, n] product, of which rank r keeps rows [r*m/world_size, (r+1)*m/world_size) (m must be divisible by world_size). bias is added once, after the reduction (a row-parallel Linear's bias); its gradient is the group total, identical on every rank. Each rank's row block is split into `chunks` (0 = automatic): the reduce-scatter of chunk c runs while chunk c+1 is multiplied. Backward: dx1 = AllGather(dout) @ x2ᵀ (the fused all_gather_matmul pipeline), dx2 = x1ᵀ AllGather(dout).", ('CPU', 'PrivateUse1'), True, True),
     'matmul_reduce_scatter_grad': OpInfo('Backward of matmul_reduce_scatter: G = AllGather(grad_out) [m, n]; dx1 = G @ x2ᵀ (fused, chunked), dx2 = x1ᵀ G, dbias = G summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
-    'matmul_all_reduce': OpInfo("MC2 MatmulAllReduce: AllReduce(x1 @ x2) + bias (sum over the process group named group_name; bias added once). x1 is [m, k] or [b, s, k]; the output is x1's leading dims by n. Rows are split into `chunks` (0 = automatic): the all-reduce of chunk c runs while chunk c+1 is multiplied. Backward is local: dx1 = dout x2ᵀ, dx2 = x1ᵀ dout, dbias = dout summed over rows.", ('CPU', 'PrivateUse1'), True, True),
-    'matmul_all_reduce_grad': OpInfo('Backward of matmul_all_reduce (local, no communication): dx1 = grad_out x2ᵀ, dx2 = x1ᵀ grad_out, dbias = grad_out summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
-    'matmul_all_reduce_add_rms_norm': OpInfo("MC2 MatmulAllReduceAddRmsNorm (inference): y = AllReduce(x1 @ x2) + bias + residual and norm_out = y / sqrt(mean(y², last dim) + epsilon) * gamma (computed in fp32, fp64 for fp64). residual has the output's shape, gamma is [n]. Chunked like matmul_all_reduce; the add and norm of a chunk run while later chunks are still being reduced. Not differentiable.", ('CPU', 'PrivateUse1'), False, True),
+    'matmul_all_reduce': OpInfo("MC2 MatmulAllReduce: AllReduce(x1 @ x2 + x3) + bias (sum over the process group named group_name). x3 is this rank's addend, added before the reduction (torch_npu's x3; ranks may pass it or not), with the output's shape; bias is added once, after it. x1 is [m, k] or [b, s, k]; the output is x1's leading dims by n. Rows are split into `chunks` (0 = automatic): the all-reduce of chunk c runs while chunk c+1 is multiplied. Backward is local: dx1 = dout x2ᵀ, dx2 = x1ᵀ dout, dbias = dout summed over rows, dx3 = dout.", ('CPU', 'PrivateUse1'), True, True),
+    'matmul_all_reduce_grad': OpInfo('Backward of matmul_all_reduce (local, no communication): dx1 = grad_out x2ᵀ, dx2 = x1ᵀ grad_out, dbias = grad_out summed over rows (empty without bias), dx3 = grad_out (empty without x3).', ('CPU', 'PrivateUse1'), False, True),
+    'matmul_all_reduce_add_rms_norm': OpInfo("MC2 MatmulAllReduceAddRmsNorm (inference): y = AllReduce(x1 @ x2 + x3) + bias + residual and norm_out = y / sqrt(mean(y², last dim) + epsilon) * gamma (computed in fp32, fp64 for fp64). residual and x3 (this rank's addend before the reduction, optional) have the output's shape, gamma is [n]. Chunked like matmul_all_reduce; the add and norm of a chunk run while later chunks are still being reduced. Not differentiable.", ('CPU', 'PrivateUse1'), False, True),
     'mc2_validation': OpInfo('Cross-rank validation of the MC2 ops, process-wide: when on (the default; TOT_MC2_VALIDATE=0 turns it off at start-up) every MC2 op first all-gathers a 6-integer signature of its call (op, dtype, communicated shape, chunks, bias) so that ranks calling with mismatched dtypes or shapes all raise the same clear error instead of hanging or reading garbage. Costs one tiny collective per op call. enable 1 turns it on, 0 off, -1 only queries; returns the setting in force.', ('CatchAll',), False, False),
     'grouped_matmul': OpInfo("Grouped matrix product (CANN GroupedMatmul), out = act(x·weight + bias) per group, fp32 accumulation. group_type -1: x and weight are lists of the same length, out[i] = act(x[i] @ weight[i] + bias[i]) with x[i] [..., K_i] and weight[i] [K_i, N_i] (independent products). group_type 0: x = [x] with x [M, K] split along M into E consecutive row groups by group_list; weight = one [E, K, N] tensor or E [K, N] tensors; out = [y], y [M, N], rows of group e = x_e @ weight[e] (+ bias[e]). group_type 2 (split along K, the weight-gradient form): x = [x] with x [M, K] (any strides, e.g. a transposed [T, M] tensor), weight = [w] with w [K, N], K split into E groups by group_list; out = [y], y [E, M, N], y[e] = x[:, K_e] @ w[K_e, :] (zeros for an empty group); no bias or activation. group_list: int64/int32 tensor of E entries, cumulative ends (group_list_type 0) or counts (1), covering M (type 0) or K (type 2) exactly; empty groups are legal. bias: empty list, one [E, N] tensor or one [N_i] tensor per group, x's dtype or float32. act_type 0 none, 1 relu, 2 gelu_tanh, 4 fast_gelu (x*sigmoid(1.702x)), 5 silu. fp32/fp16/bf16 (x and weight the same dtype). Returns out and act_input (the pre-activation x·weight + bias, kept for the backward; empty tensors when act_type is 0).", ('CPU',), True, True),
     'grouped_matmul_grad': OpInfo("Backward of grouped_matmul. With g = grad_out * act'(act_input): grad_x = g @ weightᵀ per group (a grouped product with transposed weights), grad_weight = x_eᵀ @ g_e per group (the K-grouped form: empty groups give zeros), grad_bias = column sums of g_e in fp32, stored in bias's dtype (an empty list without bias). Shapes and dtypes of x, weight and bias.", ('CPU',), False, True),
@@ -249,29 +249,29 @@ def _fake_matmul_reduce_scatter_grad(grad_out, x1, x2, group_name, world_size, b
     return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_reduce_scatter_grad')(a)
 
 
-MatmulAllReduceArgs = collections.namedtuple('MatmulAllReduceArgs', ['x1', 'x2', 'group_name', 'bias', 'chunks'])
+MatmulAllReduceArgs = collections.namedtuple('MatmulAllReduceArgs', ['x1', 'x2', 'group_name', 'bias', 'chunks', 'x3'])
 
 
-def _fake_matmul_all_reduce(x1, x2, group_name, bias=None, chunks=0):
-    a = MatmulAllReduceArgs(x1, x2, group_name, bias, chunks)
+def _fake_matmul_all_reduce(x1, x2, group_name, bias=None, chunks=0, x3=None):
+    a = MatmulAllReduceArgs(x1, x2, group_name, bias, chunks, x3)
     check_devices('matmul_all_reduce', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce')(a)
 
 
-MatmulAllReduceGradArgs = collections.namedtuple('MatmulAllReduceGradArgs', ['grad_out', 'x1', 'x2', 'bias'])
+MatmulAllReduceGradArgs = collections.namedtuple('MatmulAllReduceGradArgs', ['grad_out', 'x1', 'x2', 'bias', 'x3'])
 
 
-def _fake_matmul_all_reduce_grad(grad_out, x1, x2, bias=None):
-    a = MatmulAllReduceGradArgs(grad_out, x1, x2, bias)
+def _fake_matmul_all_reduce_grad(grad_out, x1, x2, bias=None, x3=None):
+    a = MatmulAllReduceGradArgs(grad_out, x1, x2, bias, x3)
     check_devices('matmul_all_reduce_grad', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce_grad')(a)
 
 
-MatmulAllReduceAddRmsNormArgs = collections.namedtuple('MatmulAllReduceAddRmsNormArgs', ['x1', 'x2', 'residual', 'gamma', 'group_name', 'bias', 'epsilon', 'chunks'])
+MatmulAllReduceAddRmsNormArgs = collections.namedtuple('MatmulAllReduceAddRmsNormArgs', ['x1', 'x2', 'residual', 'gamma', 'group_name', 'bias', 'epsilon', 'chunks', 'x3'])
 
 
-def _fake_matmul_all_reduce_add_rms_norm(x1, x2, residual, gamma, group_name, bias=None, epsilon=1e-06, chunks=0):
-    a = MatmulAllReduceAddRmsNormArgs(x1, x2, residual, gamma, group_name, bias, epsilon, chunks)
+def _fake_matmul_all_reduce_add_rms_norm(x1, x2, residual, gamma, group_name, bias=None, epsilon=1e-06, chunks=0, x3=None):
+    a = MatmulAllReduceAddRmsNormArgs(x1, x2, residual, gamma, group_name, bias, epsilon, chunks, x3)
     check_devices('matmul_all_reduce_add_rms_norm', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.mc2', 'matmul_all_reduce_add_rms_norm')(a)
 
@@ -602,18 +602,19 @@ def _backward_matmul_reduce_scatter(ctx, grad_result0):
 
 
 def _setup_matmul_all_reduce(ctx, inputs, output):
-    (x1, x2, group_name, bias, chunks,) = inputs
+    (x1, x2, group_name, bias, chunks, x3,) = inputs
     result0 = output
-    ctx.save_for_backward(x1, x2, bias)
+    ctx.save_for_backward(x1, x2, bias, x3)
 
 
 def _backward_matmul_all_reduce(ctx, grad_result0):
-    (x1, x2, bias,) = ctx.saved_tensors
+    (x1, x2, bias, x3,) = ctx.saved_tensors
     grads = torch.ops.npu_fa.matmul_all_reduce_grad.default(
         grad_result0,
         x1,
         x2,
         bias=bias,
+        x3=x3,
     )
     return (
         grads[0] if _needs_grad(ctx, 0) else None,  # x1
@@ -621,6 +622,7 @@ def _backward_matmul_all_reduce(ctx, grad_result0):
         None,  # group_name
         grads[2] if _needs_grad(ctx, 3) else None,  # bias
         None,  # chunks
+        grads[3] if _needs_grad(ctx, 5) else None,  # x3
     )
 
 

@@ -35,15 +35,25 @@ def matmul_reduce_scatter_grad(a):
     return torch.empty_like(a.x1), torch.empty_like(a.x2), _empty_or_like(a.bias, a.x1)
 
 
+def _x3_check(op, x3, shape):
+    if x3 is not None:
+        torch._check(tuple(x3.shape) == tuple(shape),
+                     lambda: f"{op}: x3 must have the output's shape {tuple(shape)}; got {tuple(x3.shape)}")
+
+
 def matmul_all_reduce(a):
     _matmul_shape_checks("matmul_all_reduce", a.x1, a.x2)
-    return a.x1.new_empty((*a.x1.shape[:-1], a.x2.shape[1]))
+    shape = (*a.x1.shape[:-1], a.x2.shape[1])
+    _x3_check("matmul_all_reduce", a.x3, shape)
+    return a.x1.new_empty(shape)
 
 
 def matmul_all_reduce_grad(a):
-    return torch.empty_like(a.x1), torch.empty_like(a.x2), _empty_or_like(a.bias, a.x1)
+    return (torch.empty_like(a.x1), torch.empty_like(a.x2), _empty_or_like(a.bias, a.x1),
+            _empty_or_like(a.x3, a.x1))
 
 
 def matmul_all_reduce_add_rms_norm(a):
     _matmul_shape_checks("matmul_all_reduce_add_rms_norm", a.x1, a.x2)
+    _x3_check("matmul_all_reduce_add_rms_norm", a.x3, a.residual.shape)
     return torch.empty_like(a.residual), torch.empty_like(a.residual)

@@ -77,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor> all_gather_matmul_impl(const char* op, const 
   const int64_t m = x1.size(0), k = x1.size(1), n = x2.size(1), W = g.size;
   const int64_t C = choose_chunks(op, chunks, m, k * x1.element_size() * W, W);
   mc2::validate_across_ranks(op, g, signature(kAllGatherMatmul, x1.scalar_type(), "x1.shape[0]", m, "x1.shape[1]",
-                                              k, C, bias.has_value()), x1.device());
+                                              k, C, bias.has_value()));
   at::Tensor out = at::empty({W * m, n}, x1.options());
   at::Tensor gathered = at::empty({gather_output ? W * m : 0, k}, x1.options());
   // All gathers are queued first: the gather of chunk c+1 proceeds while chunk c is multiplied.
@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor> all_gather_matmul_impl(const char* op, const 
     pending.push_back(mc2::all_gather_async(x1.slice(0, chunk_begin(c, C, m), chunk_begin(c + 1, C, m)), g));
   for (int64_t c = 0; c < C; ++c) {
     const int64_t b = chunk_begin(c, C, m), rows = chunk_begin(c + 1, C, m) - b;
-    const at::Tensor part = mc2::wait(pending[c]);  // [W * rows, k], rank-major
+    const at::Tensor part = mc2::wait(pending[c], g);  // [W * rows, k], rank-major
     for (int64_t r = 0; r < W; ++r) {
       const at::Tensor src = part.slice(0, r * rows, (r + 1) * rows);
       write_matmul(out.slice(0, r * m + b, r * m + b + rows), src, x2, bias);
@@ -104,7 +104,7 @@ at::Tensor matmul_reduce_scatter_impl(const char* op, const at::Tensor& x1, cons
   const int64_t local = m / W;
   const int64_t C = choose_chunks(op, chunks, local, n * x1.element_size() * W, W);
   mc2::validate_across_ranks(op, g, signature(kMatmulReduceScatter, x1.scalar_type(), "x1.shape[0]", m,
-                                              "x2.shape[1]", n, C, bias.has_value()), x1.device());
+                                              "x2.shape[1]", n, C, bias.has_value()));
   // Chunk c holds rows [b, e) of every rank's output block: it reduce-scatters into rows [b, e) of ours.
   std::vector<at::Tensor> pending;
   for (int64_t c = 0; c < C; ++c) {
@@ -119,7 +119,7 @@ at::Tensor matmul_reduce_scatter_impl(const char* op, const at::Tensor& x1, cons
   at::Tensor out = at::empty({local, n}, x1.options());
   for (int64_t c = 0; c < C; ++c) {
     at::Tensor dst = out.slice(0, chunk_begin(c, C, local), chunk_begin(c + 1, C, local));
-    const at::Tensor summed = mc2::wait(pending[c]);
+    const at::Tensor summed = mc2::wait(pending[c], g);
     // The bias is added once, after the reduction (the bias of a row-parallel Linear).
     if (bias.has_value()) at::add_out(dst, summed, *bias);
     else dst.copy_(summed);
@@ -127,21 +127,37 @@ at::Tensor matmul_reduce_scatter_impl(const char* op, const at::Tensor& x1, cons
   return out;
 }
 
-// Multiplies row chunks of x1 [m, k] and all-reduces each while the next one is multiplied; `finish(c, b, e,
-// summed)` consumes chunk c (rows [b, e)) as soon as its reduction is complete.
+// Multiplies row chunks of x1 [m, k], adds this rank's x3 [m, n] (if given) to each and all-reduces it while the
+// next one is multiplied; `finish(b, e, summed)` consumes the chunk of rows [b, e) as soon as its reduction is
+// complete. Ranks may differ on whether they pass x3 (each adds its own share), so it is not part of the signature.
 template <typename Finish>
-void matmul_all_reduce_chunks(const char* op, const at::Tensor& x1, const at::Tensor& x2, const Group& g,
-                              bool has_bias, int64_t chunks, Finish finish) {
+void matmul_all_reduce_chunks(const char* op, const at::Tensor& x1, const at::Tensor& x2,
+                              const std::optional<at::Tensor>& x3, const Group& g, bool has_bias, int64_t chunks,
+                              Finish finish) {
   const int64_t m = x1.size(0), n = x2.size(1);
   const int64_t C = choose_chunks(op, chunks, m, n * x1.element_size(), g.size);
   mc2::validate_across_ranks(op, g, signature(kMatmulAllReduce, x1.scalar_type(), "the rows of x1", m,
-                                              "x2.shape[1]", n, C, has_bias), x1.device());
+                                              "x2.shape[1]", n, C, has_bias));
   std::vector<at::Tensor> pending;
+  for (int64_t c = 0; c < C; ++c) {
+    const int64_t b = chunk_begin(c, C, m), e = chunk_begin(c + 1, C, m);
+    at::Tensor part = at::mm(x1.slice(0, b, e), x2);
+    if (x3.has_value()) part.add_(x3->slice(0, b, e));
+    pending.push_back(mc2::all_reduce_async(part, g));
+  }
   for (int64_t c = 0; c < C; ++c)
-    pending.push_back(mc2::all_reduce_async(at::mm(x1.slice(0, chunk_begin(c, C, m), chunk_begin(c + 1, C, m)), x2),
-                                            g));
-  for (int64_t c = 0; c < C; ++c)
-    finish(chunk_begin(c, C, m), chunk_begin(c + 1, C, m), mc2::wait(pending[c]));
+    finish(chunk_begin(c, C, m), chunk_begin(c + 1, C, m), mc2::wait(pending[c], g));
+}
+
+// x3 of matmul_all_reduce(_add_rms_norm): the output's shape and x1's dtype; returned as [rows, n].
+std::optional<at::Tensor> check_x3(const char* op, const std::optional<at::Tensor>& x3, const at::Tensor& x1,
+                                   const std::vector<int64_t>& shape) {
+  if (!x3.has_value()) return std::nullopt;
+  TORCH_CHECK_VALUE(x3->sizes() == at::IntArrayRef(shape), op, ": x3 must have the output's shape ",
+                    at::IntArrayRef(shape), " (x1's leading dims, x2's last dim); got ", x3->sizes());
+  TORCH_CHECK_VALUE(x3->scalar_type() == x1.scalar_type(), op, ": x3's dtype (", x3->scalar_type(),
+                    ") must equal x1's (", x1.scalar_type(), ")");
+  return x3->reshape({-1, shape.back()});
 }
 
 std::vector<int64_t> output_shape(const at::Tensor& x1, int64_t n) {
@@ -158,29 +174,32 @@ std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const AllGatherMatmulAr
   TORCH_CHECK_VALUE(args.gather_index == 0, op,
                     ": argument 'gather_index' must be 0 (gather x1, as torch_npu supports); got ",
                     args.gather_index);
-  const Group g = mc2::resolve_group(op, args.group_name, args.world_size);
+  const Group g = mc2::resolve_group(op, args.group_name, args.world_size, args.x1.device());
   return all_gather_matmul_impl(op, args.x1, args.x2, g, args.bias, args.gather_output, args.chunks);
 }
 
 at::Tensor matmul_reduce_scatter_mc2(const MatmulReduceScatterArgs& args) {
   const char* op = "matmul_reduce_scatter";
   check_matmul_args(op, args.x1, args.x2, args.bias, false);
-  const Group g = mc2::resolve_group(op, args.group_name, args.world_size);
+  const Group g = mc2::resolve_group(op, args.group_name, args.world_size, args.x1.device());
   return matmul_reduce_scatter_impl(op, args.x1, args.x2, g, args.bias, args.chunks);
 }
 
 at::Tensor matmul_all_reduce_mc2(const MatmulAllReduceArgs& args) {
   const char* op = "matmul_all_reduce";
   check_matmul_args(op, args.x1, args.x2, args.bias, true);
-  const Group g = mc2::resolve_group(op, args.group_name, -1);
+  const std::vector<int64_t> shape = output_shape(args.x1, args.x2.size(1));
+  const std::optional<at::Tensor> x3 = check_x3(op, args.x3, args.x1, shape);
+  const Group g = mc2::resolve_group(op, args.group_name, -1, args.x1.device());
   const at::Tensor a = args.x1.reshape({-1, args.x1.size(-1)});
   at::Tensor out = at::empty({a.size(0), args.x2.size(1)}, args.x1.options());
-  matmul_all_reduce_chunks(op, a, args.x2, g, args.bias.has_value(), args.chunks, [&](int64_t b, int64_t e, const at::Tensor& s) {
+  matmul_all_reduce_chunks(op, a, args.x2, x3, g, args.bias.has_value(), args.chunks,
+                           [&](int64_t b, int64_t e, const at::Tensor& s) {
     at::Tensor dst = out.slice(0, b, e);
     if (args.bias.has_value()) at::add_out(dst, s, *args.bias);
     else dst.copy_(s);
   });
-  return out.view(output_shape(args.x1, args.x2.size(1)));
+  return out.view(shape);
 }
 
 std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const MatmulAllReduceAddRmsNormArgs& args) {
@@ -197,7 +216,8 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const Matm
                     ") must have x1's dtype (", args.x1.scalar_type(), ")");
   TORCH_CHECK_VALUE(args.epsilon > 0 && std::isfinite(args.epsilon), op, ": argument 'epsilon' must be finite and > 0; got ",
                     args.epsilon);
-  const Group g = mc2::resolve_group(op, args.group_name, -1);
+  const std::optional<at::Tensor> x3 = check_x3(op, args.x3, args.x1, shape);
+  const Group g = mc2::resolve_group(op, args.group_name, -1, args.x1.device());
   const at::Tensor a = args.x1.reshape({-1, args.x1.size(-1)});
   const at::Tensor res = args.residual.reshape({-1, args.x2.size(1)});
   at::Tensor y = at::empty({a.size(0), args.x2.size(1)}, args.x1.options());
@@ -205,7 +225,8 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const Matm
   const at::ScalarType acc = args.x1.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor gamma_acc = args.gamma.to(acc);
   // Residual add and RMSNorm of chunk c run while the all-reduces of later chunks are still in flight.
-  matmul_all_reduce_chunks(op, a, args.x2, g, args.bias.has_value(), args.chunks, [&](int64_t b, int64_t e, const at::Tensor& s) {
+  matmul_all_reduce_chunks(op, a, args.x2, x3, g, args.bias.has_value(), args.chunks,
+                           [&](int64_t b, int64_t e, const at::Tensor& s) {
     at::Tensor h = s.to(acc) + res.slice(0, b, e).to(acc);
     if (args.bias.has_value()) h.add_(args.bias->to(acc));
     y.slice(0, b, e).copy_(h);
@@ -218,19 +239,19 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const Matm
 std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(const AllGatherMatmulGradArgs& args) {
   const char* op = "all_gather_matmul_grad";
   check_matmul_args(op, args.x1, args.x2, args.bias, false);
-  const Group g = mc2::resolve_group(op, args.group_name, args.world_size);
+  const Group g = mc2::resolve_group(op, args.group_name, args.world_size, args.x1.device());
   TORCH_CHECK_VALUE(args.grad_out.dim() == 2 && args.grad_out.size(0) == g.size * args.x1.size(0) && args.grad_out.size(1) == args.x2.size(1),
                     op, ": grad_out must be [world_size * m, n] = [", g.size * args.x1.size(0), ", ", args.x2.size(1),
                     "]; got shape ", args.grad_out.sizes());
   const bool regather = args.gather_out.numel() == 0 && args.x1.numel() != 0;
   if (regather) {
     mc2::validate_across_ranks(op, g, signature(kGatherForGrad, args.x1.scalar_type(), "x1.shape[0]", args.x1.size(0),
-                                                "x1.shape[1]", args.x1.size(1), 1, false), args.x1.device());
+                                                "x1.shape[1]", args.x1.size(1), 1, false));
   }
   // The forward did not keep the gathered x1: gather it again, overlapped with the reduce-scatter below.
   const at::Tensor pending = regather ? mc2::all_gather_async(args.x1, g) : at::Tensor();
   const at::Tensor dx1 = matmul_reduce_scatter_impl(op, args.grad_out, args.x2.t(), g, std::nullopt, args.chunks);
-  const at::Tensor gathered = regather ? mc2::wait(pending) : args.gather_out;
+  const at::Tensor gathered = regather ? mc2::wait(pending, g) : args.gather_out;
   const at::Tensor dx2 = at::mm(gathered.t(), args.grad_out);
   const at::Tensor dbias = args.bias.has_value() ? args.grad_out.sum(0) : at::empty({0}, args.x1.options());
   return {dx1, dx2, dbias};
@@ -239,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> all_gather_matmul_grad_mc2(const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(const MatmulReduceScatterGradArgs& args) {
   const char* op = "matmul_reduce_scatter_grad";
   check_matmul_args(op, args.x1, args.x2, args.bias, false);
-  const Group g = mc2::resolve_group(op, args.group_name, args.world_size);
+  const Group g = mc2::resolve_group(op, args.group_name, args.world_size, args.x1.device());
   TORCH_CHECK_VALUE(args.grad_out.dim() == 2 && args.grad_out.size(0) * g.size == args.x1.size(0) && args.grad_out.size(1) == args.x2.size(1),
                     op, ": grad_out must be [m / world_size, n] = [", args.x1.size(0) / g.size, ", ", args.x2.size(1),
                     "]; got shape ", args.grad_out.sizes());
@@ -251,18 +272,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_reduce_scatter_grad_mc2(co
   return {dx1, dx2, dbias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(const MatmulAllReduceGradArgs& args) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_all_reduce_grad_mc2(
+    const MatmulAllReduceGradArgs& args) {
   const char* op = "matmul_all_reduce_grad";
   check_matmul_args(op, args.x1, args.x2, args.bias, true);
   const std::vector<int64_t> shape = output_shape(args.x1, args.x2.size(1));
   TORCH_CHECK_VALUE(args.grad_out.sizes() == at::IntArrayRef(shape), op, ": grad_out must have the output's shape ",
                     at::IntArrayRef(shape), "; got ", args.grad_out.sizes());
+  check_x3(op, args.x3, args.x1, shape);
   // Local: the all-reduce's backward is the identity on a loss every rank computes alike.
   const at::Tensor g = args.grad_out.reshape({-1, args.x2.size(1)});
   const at::Tensor dx1 = at::mm(g, args.x2.t()).view(args.x1.sizes());
   const at::Tensor dx2 = at::mm(args.x1.reshape({-1, args.x1.size(-1)}).t(), g);
   const at::Tensor dbias = args.bias.has_value() ? g.sum(0) : at::empty({0}, args.x1.options());
-  return {dx1, dx2, dbias};
+  // x3 is added before the reduction: under the same convention its gradient is grad_out itself.
+  const at::Tensor dx3 = args.x3.has_value() ? args.grad_out.clone() : at::empty({0}, args.x1.options());
+  return {dx1, dx2, dbias, dx3};
 }
 
 bool mc2_validation(int64_t enable) {
