@@ -32,9 +32,7 @@ def _schemas():
 SCHEMAS = _schemas()
 
 # Functions still being brought to upstream's signature (their tests are expected to fail until then). Must end empty.
-PENDING = {"_npu_dropout_gen_mask", "npu_fusion_attention",
-           "npu_fusion_attention_grad", "npu_grouped_matmul",
-           "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax_v2",
+PENDING = {"npu_grouped_matmul", "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax_v2",
            "npu_moe_init_routing_v2", "npu_rotary_mul"}
 
 
@@ -223,6 +221,13 @@ def _result_count(schema):
     return len(schema.returns)
 
 
+# (function, result index) -> why that Tensor result may be None: upstream's kernel leaves it undefined (torch_npu
+# returns None for an undefined tensor).
+UNDEFINED_RESULTS = {
+    ("npu_fusion_attention_grad", 3): "dpse without pse",
+}
+
+
 def _check_result(schema, result):
     expected = _result_count(schema)
     if expected == "list":
@@ -233,8 +238,10 @@ def _check_result(schema, result):
         assert isinstance(result, torch.Tensor)
     else:
         assert isinstance(result, tuple) and len(result) == expected, (type(result), expected)
-        for value, ret in zip(result, schema.returns):
+        for i, (value, ret) in enumerate(zip(result, schema.returns)):
             kind = str(ret.type)
+            if value is None and (schema.name, i) in UNDEFINED_RESULTS:
+                continue
             assert isinstance(value, torch.Tensor if kind == "Tensor" else int), (kind, type(value))
 
 

@@ -14,9 +14,9 @@ OpInfo.__doc__ = ("One op of native_functions.yaml: its user doc, the dispatch k
 
 # Every op of torch.ops.npu_fa, by name.
 OPS = {
-    'flash_attention_score': OpInfo("FlashAttention training forward (CANN FlashAttentionScore): out = Dropout(Softmax(Mask(scale*(pse + Q Kᵀ)))) V (pse_type=1; pse_type=0 adds pse after scaling). Layouts BSH, SBH, BSND, BNSD, TND (TND: actual_seq_qlen/actual_seq_kvlen are int64 tensors of cumulative ends, last = T). atten_mask is bool/uint8 with True/1 = masked out. sparse_mode 0-4 as in CANN (2 top-left causal, 3 bottom-right causal, 4 band from bottom-right). seed/offset are int64 scalar tensors selecting the dropout stream; when keep_prob < 1 and seed is None a seed is drawn from the default CPU generator. Returns attention_out (q's dtype, vD), softmax_max and softmax_sum (fp32, [B,N,Sq,8] or [T,N,8]), softmax_out (empty, reserved), and the seed/offset used.", ('CPU', 'PrivateUse1'), True, True),
-    'flash_attention_score_grad': OpInfo("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum, regenerates the forward's dropout mask from seed/offset, and returns dq, dk, dv (shapes and dtypes of query/key/value) and dpse (pse's shape, or an empty tensor without pse). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU', 'PrivateUse1'), False, True),
-    'dropout_gen_mask': OpInfo("The keep-mask (True = kept) that flash_attention_score's dropout draws for a [rows, cols] matrix of attention rows: row r uses the stream of attention row r (row id ((b*N1 + n)*Sq + i), or t*N1 + n for TND) and column c its key index. Counter-based (Philox4x32-10), so it is independent of tiling and threads.", ('CPU',), False, True),
+    'flash_attention_score': OpInfo('FlashAttention training forward (CANN FlashAttentionScore): out = Dropout(Softmax(Mask(scale*(pse + Q Kᵀ)))) V (pse_type=1; pse_type=0 adds pse after scaling). Layouts BSH, SBH, BSND, BNSD, TND (TND: actual_seq_qlen/actual_seq_kvlen are int64 tensors of cumulative ends, last = T). atten_mask is bool/uint8 with True/1 = masked out. sparse_mode 0-4 as in CANN (2 top-left causal, 3 bottom-right causal, 4 band from bottom-right). sink (float32 [head_num]) adds one logit per head to every softmax row, compared with the scaled scores, whose value row is 0 (attention sinks). Dropout keeps element e of the flattened [B,N,Sq,Skv] mask (TND: the [N,Sq_b,Skv_b] blocks of the sequences in order) by a Philox stream keyed by seed/offset (int64 scalar tensors; when keep_prob < 1 and seed is None a seed is drawn from the default CPU generator), or by bit e of dropout_mask (uint8, bit-packed LSB first) when given. Returns attention_out (q\'s dtype, vD), softmax_max and softmax_sum (fp32 [B,N,Sq,8]; TND a [T,N,8] tensor in NTD row order, or TND order with softmax_layout="TND"), softmax_out (empty, reserved), and the seed/offset used.', ('CPU', 'PrivateUse1'), True, True),
+    'flash_attention_score_grad': OpInfo("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum (in the order softmax_layout names, as the forward returned them), regenerates the forward's dropout mask from seed/offset (or reads dropout_mask), and returns dq, dk, dv (shapes and dtypes of query/key/value), dpse (pse's shape, or an empty tensor without pse) and dsink (float32 [head_num], dsink_n = -sum over the rows of head n of exp(sink_n - lse) * rowsum(dy * attention_in); an empty float32 tensor without sink). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU', 'PrivateUse1'), False, True),
+    'dropout_gen_mask': OpInfo("The keep-mask (True = kept) of flash_attention_score's dropout stream for seed/offset: its first rows*cols elements, as a [rows, cols] matrix (element (r, c) is element r*cols + c of the flattened mask; rows = B*N*Sq, cols = Skv gives a dense call's [B,N,Sq,Skv] mask). Counter-based (Philox4x32-10), so it is independent of tiling and threads.", ('CPU',), False, True),
     'attention_tile_config': OpInfo('Overrides the CPU FlashAttention tile sizes (query rows x key rows per tile), process-wide: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice (derived from the L2 cache size, head dim and dtype by each kernel). Returns the overrides in force, [block_q, block_kv], 0 meaning automatic.', ('CatchAll',), False, False),
     'npu_attention_tile_config': OpInfo("Overrides the tile sizes of the Ascend C FlashAttention forward kernel run by flash_attention_score on the npu device (query rows s1_block x key rows s2_block per task), process-wide, with attention_tile_config's conventions: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice of the kernel's tiling. Returns the overrides in force, [s1_block, s2_block], 0 meaning automatic. Sizes the tiling cannot use surface as its error at the next npu flash_attention_score call.", ('CatchAll',), False, False),
     'rotary_position_embedding': OpInfo("Rotary position embedding (CANN RotaryPositionEmbedding): out = x*cos + rotate(x)*sin over the last dim D (even). mode 0 half (rotate_half, NeoX/LLaMA), 1 interleave (GPT-J), 2 quarter (cat(-x2,x1,-x4,x3), D % 4 == 0), 3 interleave-half (x is first reordered to cat(x[0::2], x[1::2]), then half mode). x of any layout (BNSD, BSND, SBND, TND...); cos/sin end in D and broadcast to x by the usual right-aligned rules. fp32/fp16/bf16/fp64, computed in fp32 (fp64 for fp64). Returns a new contiguous tensor of x's shape and dtype.", ('CPU', 'PrivateUse1'), True, True),
@@ -87,20 +87,20 @@ def _fake_kernel(module, fn):
     return getattr(importlib.import_module(module), fn)
 
 
-FlashAttentionScoreArgs = collections.namedtuple('FlashAttentionScoreArgs', ['query', 'key', 'value', 'head_num', 'input_layout', 'pse', 'atten_mask', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset'])
+FlashAttentionScoreArgs = collections.namedtuple('FlashAttentionScoreArgs', ['query', 'key', 'value', 'head_num', 'input_layout', 'pse', 'atten_mask', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset', 'softmax_layout', 'sink', 'dropout_mask'])
 
 
-def _fake_flash_attention_score(query, key, value, head_num, input_layout, pse=None, atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None):
-    a = FlashAttentionScoreArgs(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset)
+def _fake_flash_attention_score(query, key, value, head_num, input_layout, pse=None, atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None, softmax_layout="", sink=None, dropout_mask=None):
+    a = FlashAttentionScoreArgs(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask)
     check_devices('flash_attention_score', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen', 'seed', 'offset'))
     return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score')(a)
 
 
-FlashAttentionScoreGradArgs = collections.namedtuple('FlashAttentionScoreGradArgs', ['query', 'key', 'value', 'dy', 'head_num', 'input_layout', 'pse', 'atten_mask', 'softmax_max', 'softmax_sum', 'attention_in', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset'])
+FlashAttentionScoreGradArgs = collections.namedtuple('FlashAttentionScoreGradArgs', ['query', 'key', 'value', 'dy', 'head_num', 'input_layout', 'pse', 'atten_mask', 'softmax_max', 'softmax_sum', 'attention_in', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset', 'softmax_layout', 'sink', 'dropout_mask'])
 
 
-def _fake_flash_attention_score_grad(query, key, value, dy, head_num, input_layout, *, pse=None, atten_mask=None, softmax_max, softmax_sum, attention_in, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None):
-    a = FlashAttentionScoreGradArgs(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset)
+def _fake_flash_attention_score_grad(query, key, value, dy, head_num, input_layout, *, pse=None, atten_mask=None, softmax_max, softmax_sum, attention_in, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None, softmax_layout="", sink=None, dropout_mask=None):
+    a = FlashAttentionScoreGradArgs(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask)
     check_devices('flash_attention_score_grad', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen', 'seed', 'offset'))
     return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score_grad')(a)
 
@@ -421,9 +421,9 @@ def _fake_moe_token_unpermute_grad(permuted_tokens, grad_unpermuted_tokens, sort
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
-    (query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset,) = inputs
+    (query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask,) = inputs
     (attention_out, softmax_max, softmax_sum, softmax_out, seed_out, offset_out,) = output
-    ctx.save_for_backward(query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out)
+    ctx.save_for_backward(query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out, sink, dropout_mask)
     ctx.head_num = head_num
     ctx.input_layout = input_layout
     ctx.scale = scale
@@ -433,11 +433,12 @@ def _setup_flash_attention_score(ctx, inputs, output):
     ctx.inner_precise = inner_precise
     ctx.sparse_mode = sparse_mode
     ctx.pse_type = pse_type
+    ctx.softmax_layout = softmax_layout
     ctx.mark_non_differentiable(softmax_max, softmax_sum, softmax_out, seed_out, offset_out)
 
 
 def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, grad_softmax_sum, grad_softmax_out, grad_seed_out, grad_offset_out):
-    (query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out,) = ctx.saved_tensors
+    (query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out, sink, dropout_mask,) = ctx.saved_tensors
     grads = torch.ops.npu_fa.flash_attention_score_grad.default(
         query,
         key,
@@ -461,6 +462,9 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
         pse_type=ctx.pse_type,
         seed=seed_out,
         offset=offset_out,
+        softmax_layout=ctx.softmax_layout,
+        sink=sink,
+        dropout_mask=dropout_mask,
     )
     return (
         grads[0] if _needs_grad(ctx, 0) else None,  # query
@@ -481,6 +485,9 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
         None,  # pse_type
         None,  # seed
         None,  # offset
+        None,  # softmax_layout
+        grads[4] if _needs_grad(ctx, 19) else None,  # sink
+        None,  # dropout_mask
     )
 
 
