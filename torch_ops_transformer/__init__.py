@@ -9,8 +9,10 @@ generated from native_functions.yaml. Public Python API:
 - `attention_tiles` — read or override the CPU tile sizes;
 - `npu_rotary_mul` (+`_backward`), `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`,
   `rope_with_sin_cos_cache` — RoPE;
-- `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`.
-- `npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update` — inference (prefill).
+- `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`; `npu_scatter_pa_kv_cache`
+  (torch_npu's form of that write, ND and PA_NZ caches).
+- `npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`, `npu_attention_update` —
+  inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
 - `scaled_dot_product_attention`, `sdpa_supported`, `try_scaled_dot_product_attention` —
   F.scaled_dot_product_attention with PyTorch's semantics on our ops (PyTorch fallback otherwise);
@@ -47,7 +49,7 @@ from .attention import (  # noqa: E402
     npu_fusion_attention,
     npu_fusion_attention_grad,
 )
-from .kv_cache import PagedKVCache  # noqa: E402
+from .kv_cache import PagedKVCache, npu_scatter_pa_kv_cache  # noqa: E402
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
     npu_rotary_mul,
@@ -57,7 +59,9 @@ from .rope import (  # noqa: E402
 )
 from .inference import (  # noqa: E402
     attention_update,
+    npu_attention_update,
     npu_fused_infer_attention_score,
+    npu_fused_infer_attention_score_v2,
     npu_incre_flash_attention,
     npu_prompt_flash_attention,
 )
@@ -128,9 +132,12 @@ __all__ = [
     "npu_rotary_position_embedding",
     "rope_with_sin_cos_cache",
     "attention_update",
+    "npu_attention_update",
     "npu_fused_infer_attention_score",
+    "npu_fused_infer_attention_score_v2",
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
+    "npu_scatter_pa_kv_cache",
     "scaled_dot_product_attention",
     "sdpa_supported",
     "try_scaled_dot_product_attention",

@@ -169,6 +169,17 @@ def check_devices(op: str, arguments, host: Tuple[str, ...] = ()) -> None:
                              f"or on the host (cpu); got a tensor on device {t.device}")
 
 
+def host_int_tensor(op: str, name: str, value: IntList, device) -> Optional[Tensor]:
+    """Like `int_tensor`, for integer arguments the kernels read on the host (sequence lengths, a padding size; the
+    `host_tensors` of native_functions.yaml): a list becomes an int64 tensor on `device`, a CPU tensor passes, and a
+    tensor on another accelerator than `device` (npu lengths next to CPU inputs) comes to the host, where every op
+    takes it. torch_npu reads these on the host too (its schema has int[] for most of them)."""
+    t = int_tensor(op, name, value, device)
+    if isinstance(t, Tensor) and t.device.type != "cpu" and t.device != torch.device(device):
+        t = t.cpu()
+    return t
+
+
 # torch_npu's `int?` dtype arguments (output_dtype, x_dtype...) take a torch.dtype or its ScalarType code; the codes
 # of the dtypes torch itself lacks (hifloat8, float4, float8_e8m0...) and the 8-bit float and int8 formats are
 # quantised data, which this package does not implement.

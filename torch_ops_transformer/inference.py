@@ -1,8 +1,9 @@
 """Python API of the inference attention ops (torch_npu-compatible signatures).
 
-Sections: prefill (`npu_prompt_flash_attention`, `npu_fused_infer_attention_score`, `attention_update`), then
-decode (`npu_incre_flash_attention`). Arguments are checked and converted by `_args` (ValueError for a bad value,
-NotImplementedError for the quantisation / shared-prefix / rope variants that are not implemented).
+Sections: prefill (`npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`,
+`npu_attention_update`), then decode (`npu_incre_flash_attention`). Arguments are checked and converted by `_args`
+(ValueError for a bad value, NotImplementedError for the quantisation / shared-prefix / rope variants that are not
+implemented).
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
 """
@@ -21,6 +22,31 @@ _OPS = torch.ops.npu_fa
 # Prefill: prompt_flash_attention / fused_infer_attention_score / attention_update
 # ================================================================================================================
 
+def _lengths(op: str, name: str, value: SeqLens, device, batch: Optional[int] = None) -> Optional[Tensor]:
+    """Per-batch lengths as a tensor the op accepts (list, CPU tensor or tensor on the inputs' device). torch_npu
+    takes the first `batch` entries of a longer list for the dense layouts; so do we."""
+    t = _args.host_int_tensor(op, name, value, device)
+    if t is not None and batch is not None and t.dim() == 1 and t.shape[0] > batch:
+        t = t[:batch]
+    return t
+
+
+_COMPRESSED_MASK_SHAPES = ((2048, 2048), (1, 2048, 2048), (1, 1, 2048, 2048))
+
+
+def _optimised_mask(op: str, sparse_mode: int, atten_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """torch_npu's rule for sparse_mode 2-4 (prefill): the optimised 2048x2048 mask is required, as (2048, 2048),
+    (1, 2048, 2048) or (1, 1, 2048, 2048); the op takes it 2-D."""
+    if sparse_mode not in (2, 3, 4):
+        return atten_mask
+    if atten_mask is None or tuple(atten_mask.shape) not in _COMPRESSED_MASK_SHAPES:
+        got = "None" if atten_mask is None else f"shape {list(atten_mask.shape)}"
+        raise ValueError(f"{op}: sparse_mode={sparse_mode} needs argument 'atten_mask' to be the optimised causal mask "
+                         f"of shape (2048, 2048), (1, 2048, 2048) or (1, 1, 2048, 2048) (True / 1 strictly above the "
+                         f"diagonal), as torch_npu; got {got}")
+    return atten_mask.reshape(2048, 2048)
+
+
 @_args.torch_npu_api
 def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padding_mask: Optional[Tensor] = None,
                                atten_mask: Optional[Tensor] = None, pse_shift: Optional[Tensor] = None,
@@ -34,10 +60,12 @@ def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, pad
 
     out = Softmax(Mask(scale_value·QKᵀ + pse_shift))·V, fp32/fp16/bf16, accumulation in fp32.
     Layouts: BSH [B,S,N·D], BSND, BNSD, BNSD_BSND (BNSD in, BSND out), TND [T,N,D].
-    `actual_seq_lengths` / `actual_seq_lengths_kv`: per-batch lengths (list or int tensor, each ≤ the padded S)
-    for the dense layouts — query rows past a sequence's length come out as zeros, keys past it are ignored;
-    cumulative ends for TND. `num_key_value_heads` (0 = num_heads) for GQA/MQA.
-    `sparse_mode` 0–4 as in CANN. **next_tokens defaults to 0, as in torch_npu**: in sparse_mode 0 *with* an
+    `actual_seq_lengths` / `actual_seq_lengths_kv`: per-batch lengths for the dense layouts — a list of ints, a CPU
+    int tensor or an int tensor on the inputs' device; one entry applies to every batch, a longer list is cut to B
+    (as torch_npu); each ≤ the padded S. Query rows past a sequence's length come out as zeros, keys past it are
+    ignored. Cumulative ends for TND. `num_key_value_heads` (0 = num_heads) for GQA/MQA.
+    `sparse_mode` 0–4 as in CANN; modes 2–4 need the optimised 2048×2048 causal mask (2-D, 3-D or 4-D), as in
+    torch_npu (ValueError without it). **next_tokens defaults to 0, as in torch_npu**: in sparse_mode 0 *with* an
     atten_mask the visible band is i − pre_tokens ≤ j ≤ i + next_tokens, i.e. the default is top-left causal on top
     of the mask (pass next_tokens=2147483647 for a mask-only call); *without* a mask CANN ignores pre/next_tokens in
     mode 0, so the default call is full (non-causal) attention — use sparse_mode 2/3 for causal without a mask.
@@ -48,13 +76,137 @@ def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, pad
     _args.reserved(op, padding_mask=padding_mask)
     _args.not_implemented(op, "quantised attention", deq_scale1=deq_scale1, quant_scale1=quant_scale1,
                           deq_scale2=deq_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    batch = None if input_layout == "TND" else (query.shape[0] if query.dim() else None)
+    atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
     return _OPS.prompt_flash_attention(
         query, key, value, atten_mask=atten_mask, pse_shift=pse_shift,
-        actual_seq_lengths=_args.int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device),
-        actual_seq_lengths_kv=_args.int_tensor(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device),
+        actual_seq_lengths=_lengths(op, "actual_seq_lengths", actual_seq_lengths, query.device, batch),
+        actual_seq_lengths_kv=_lengths(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, batch),
         num_heads=num_heads, scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
         input_layout=input_layout, num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
         inner_precise=1)
+
+
+# input_layout of fused_infer_attention_score -> (the op's layout, how the query (and a non-paged key/value) reach it:
+# "NTD" = transposed, "NSD" = without the batch axis, and the output's layout when it differs from the op's).
+# The layouts with an underscore are "input_output" (torch_npu converts the output); all are plain transposes.
+_FIA_LAYOUTS = {
+    "BSH": ("BSH", None, None), "BSND": ("BSND", None, None), "BNSD": ("BNSD", None, None),
+    "BNSD_BSND": ("BNSD_BSND", None, None), "TND": ("TND", None, None),
+    "NTD": ("TND", "NTD", "NTD"), "NTD_TND": ("TND", "NTD", None), "TND_NTD": ("TND", None, "NTD"),
+    "NSD": ("BNSD", "NSD", "NSD"),
+    "BSH_BNSD": ("BSH", None, "BNSD"), "BSND_BNSD": ("BSND", None, "BNSD"),
+    "BSH_NBSD": ("BSH", None, "NBSD"), "BSND_NBSD": ("BSND", None, "NBSD"), "BNSD_NBSD": ("BNSD", None, "NBSD"),
+}
+_THREE_D = ("BSH", "TND", "NTD", "NSD")
+
+
+def _fia_input(t: Tensor, form: Optional[str]) -> Tensor:
+    if form == "NTD":
+        return t.transpose(0, 1).contiguous()
+    if form == "NSD":
+        return t.unsqueeze(0)
+    return t
+
+
+def _fia_output(out: Tensor, base: str, form: Optional[str], num_heads: int) -> Tensor:
+    if form is None:
+        return out
+    if form == "NTD":                      # [T, N, D] -> [N, T, D]
+        return out.transpose(0, 1).contiguous()
+    if form == "NSD":                      # [1, N, S, D] -> [N, S, D]
+        return out[0]
+    if base == "BSH":                      # [B, S, N*D] -> [B, S, N, D]
+        out = out.view(out.shape[0], out.shape[1], num_heads, -1)
+    if base == "BNSD":                     # only to NBSD
+        return out.permute(1, 0, 2, 3).contiguous()
+    # out is [B, S, N, D]
+    return (out.transpose(1, 2) if form == "BNSD" else out.permute(2, 0, 1, 3)).contiguous()
+
+
+def _gather_paged_tnd(op: str, key: Tensor, value: Tensor, block_table: Tensor, kv_lens: Optional[Tensor],
+                      block_size: int, kv_heads: int):
+    """TND with a paged cache: the used blocks of each sequence packed into TND keys, and the cumulative KV ends.
+    actual_seq_lengths_kv holds per-sequence lengths here (torch_npu's paged TND), not cumulative ends."""
+    if kv_lens is None:
+        raise ValueError(f"{op}: argument 'actual_seq_lengths_kv' (each sequence's KV length) is required with "
+                         f"block_table")
+    if key.dim() == 3:
+        cache_layout, cache_block = "BSND", key.shape[1]               # (num_blocks, block_size, H)
+    elif key.dim() == 4:
+        head_major = key.shape[2] == block_size                          # (num_blocks, N2, block_size, D)
+        cache_layout, cache_block = ("BNSD", key.shape[2]) if head_major else ("BSND", key.shape[1])
+    else:
+        raise ValueError(f"{op}: with block_table, argument 'key' must be a (num_blocks, block_size, H) or "
+                         f"(num_blocks, N2, block_size, D) cache; got shape {list(key.shape)}")
+    if block_size <= 0 or cache_block != block_size:
+        raise ValueError(f"{op}: argument 'block_size' must be the cache's block size {cache_block}; "
+                         f"got {block_size}")
+    k, v = _OPS.gather_pa_kv_cache(key, value, block_table, kv_lens.to(key.device), cache_layout)
+    if k.dim() == 2:                                                     # [T, H] -> [T, N2, D]
+        k, v = k.view(k.shape[0], kv_heads, -1), v.view(v.shape[0], kv_heads, -1)
+    return k, v, torch.cumsum(kv_lens.to(torch.int64), 0)
+
+
+def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, actual_seq_lengths,
+                 actual_seq_lengths_kv, block_table, num_heads: int, scale: float, pre_tokens: int, next_tokens: int,
+                 input_layout: str, num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
+                 softmax_lse_flag: bool, learnable_sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """npu_fused_infer_attention_score(_v2) once their own arguments are checked: the layouts the op lacks, paged
+    TND, torch_npu's rules for one-token queries, and the learnable sink of v2."""
+    key, value = _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value)
+    if input_layout not in _FIA_LAYOUTS:
+        raise ValueError(f"{op}: argument 'input_layout' must be one of {', '.join(_FIA_LAYOUTS)}; "
+                         f"got {input_layout!r}")
+    base, in_form, out_form = _FIA_LAYOUTS[input_layout]
+    want = 3 if input_layout.split("_")[0] in _THREE_D else 4
+    if query.dim() != want:
+        raise ValueError(f"{op}: argument 'query' must be a {want}-D tensor for input_layout {input_layout}; got "
+                         f"shape {list(query.shape)}")
+    paged = block_table is not None
+    query = _fia_input(query, in_form)
+    if not paged:
+        key, value = _fia_input(key, in_form), _fia_input(value, in_form)
+    tnd = base == "TND"
+    batch = None if tnd else query.shape[0]
+    q_lens = _lengths(op, "actual_seq_lengths", actual_seq_lengths, query.device, batch)
+    kv_lens = _lengths(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, batch)
+    if not tnd and query.shape[2 if base.startswith("BNSD") else 1] == 1:
+        # torch_npu: a one-token query (the decode branch) ignores actual_seq_lengths, pre/next_tokens and
+        # sparse_mode; the optimised 2048x2048 mask of modes 2-4 is not a decode mask, so it goes too.
+        q_lens, pre_tokens, next_tokens = None, MAX_TOKENS, MAX_TOKENS
+        if sparse_mode in (2, 3, 4):
+            sparse_mode, atten_mask = 0, None
+    atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
+    if paged and tnd:
+        key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
+                                                num_key_value_heads or num_heads)
+        block_table, block_size = None, 0
+    if learnable_sink is not None:
+        if input_layout not in ("TND", "NTD_TND"):
+            raise ValueError(f"{op}: argument 'learnable_sink' needs input_layout TND or NTD_TND (as torch_npu); "
+                             f"got {input_layout!r}")
+        if pse_shift is not None:
+            raise ValueError(f"{op}: argument 'learnable_sink' cannot be combined with 'pse_shift' (as torch_npu)")
+        if learnable_sink.shape != (num_heads,) or not learnable_sink.is_floating_point():
+            raise ValueError(f"{op}: argument 'learnable_sink' must be a floating-point tensor of shape "
+                             f"(num_query_heads,) = ({num_heads},); got {learnable_sink.dtype} of shape "
+                             f"{list(learnable_sink.shape)}")
+    out, lse = _OPS.fused_infer_attention_score(
+        query, key, value, pse_shift=pse_shift, atten_mask=atten_mask, actual_seq_lengths=q_lens,
+        actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
+        pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=base, num_key_value_heads=num_key_value_heads,
+        sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
+        softmax_lse_flag=softmax_lse_flag or learnable_sink is not None)
+    if learnable_sink is not None:
+        # The sink is one more logit per head in each softmax row's denominator: with L the row's log-sum-exp over
+        # the keys, the output scales by exp(L) / (exp(L) + exp(sink)) = sigmoid(L - sink) (0 for a row without
+        # keys) and the log-sum-exp becomes logaddexp(L, sink). out and lse are [T, N, D] and [T, N, 1] here.
+        sink = learnable_sink.to(device=lse.device, dtype=torch.float32).view(1, -1, 1)
+        weight = torch.where(torch.isneginf(lse), 0.0, torch.sigmoid(lse - sink))
+        out = (out.float() * weight).to(out.dtype)
+        lse = torch.logaddexp(lse, sink) if softmax_lse_flag else lse.new_empty(0)
+    return _fia_output(out, base, out_form, num_heads), lse
 
 
 @_args.torch_npu_api
@@ -75,15 +227,22 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
                                     softmax_lse_flag: bool = False) -> Tuple[Tensor, Tensor]:
     """torch_npu.npu_fused_infer_attention_score (keyword arguments as upstream). Returns (attention_out, softmax_lse).
 
-    Without `block_table`: the prefill path of `npu_prompt_flash_attention` (same layouts, per-batch lengths,
-    masks, sparse modes, pse_shift; any Sq), but `next_tokens` defaults to 2147483647 here, as upstream.
+    Without `block_table`: the prefill path of `npu_prompt_flash_attention` (same per-batch lengths, masks, sparse
+    modes, pse_shift; any Sq), but `next_tokens` defaults to 2147483647 here, as upstream. Layouts: BSH, BSND, BNSD,
+    TND, NTD, NSD (BNSD without the batch axis) and the input_output pairs BNSD_BSND, BSH_BNSD, BSND_BNSD,
+    BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD, NTD_TND. Lengths: a list, a CPU int tensor or an int tensor on the
+    inputs' device; one entry applies to every batch, a longer list is cut to B; cumulative ends for TND/NTD.
+    As upstream, a one-token query outside TND (the decode branch) ignores actual_seq_lengths, pre_tokens,
+    next_tokens and sparse_mode (the 2048x2048 mask of modes 2-4 with it); otherwise sparse_mode 2-4 need that
+    optimised mask (ValueError without it).
     With `block_table` (paged KV cache): the same result as the keys laid out contiguously, for every sparse mode,
-    band, mask, pse_shift, query length and softmax_lse_flag. One-token calls whose band hides no key run
-    `npu_fa::incre_flash_attention` on the cache in place (`actual_seq_lengths_kv` as its per-batch KV lengths); the
-    others gather the used blocks and run the prefill path (docs/inference.md). Blocks may be shared between
-    sequences (read-only).
-    `softmax_lse_flag=True` returns the fp32 log-sum-exp [B,N,Sq,1] ([T,N,1] for TND; -inf for rows that see no
-    key); otherwise softmax_lse is an empty tensor. Quantisation, shared-prefix, rope and padding-size arguments raise NotImplementedError.
+    band, mask, pse_shift, query length and softmax_lse_flag; `actual_seq_lengths_kv` (required) holds each
+    sequence's KV length, also for TND. One-token calls whose band hides no key run `npu_fa::incre_flash_attention`
+    on the cache in place; the others gather the used blocks and run the prefill path (docs/inference.md). Blocks
+    may be shared between sequences (read-only).
+    `softmax_lse_flag=True` returns the fp32 log-sum-exp [B,N,Sq,1] ([T,N,1] for TND/NTD; -inf for rows that see no
+    key); otherwise softmax_lse is an empty tensor (shape [0], as torch_npu's). Quantisation, shared-prefix, rope
+    and padding-size arguments raise NotImplementedError naming them.
     """
     op = "npu_fused_infer_attention_score"
     _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
@@ -98,15 +257,69 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
                           kv_padding_size=kv_padding_size)
     _args.not_implemented(op, "attention with a shared prefix", key_shared_prefix=key_shared_prefix,
                           value_shared_prefix=value_shared_prefix, actual_shared_prefix_len=actual_shared_prefix_len)
-    _args.not_implemented(op, "attention with separate rope parts", query_rope=query_rope, key_rope=key_rope)
-    return _OPS.fused_infer_attention_score(
-        query, _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value), pse_shift=pse_shift,
-        atten_mask=atten_mask,
-        actual_seq_lengths=_args.int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device),
-        actual_seq_lengths_kv=_args.int_tensor(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device),
-        block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens, next_tokens=next_tokens,
-        input_layout=input_layout, num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
-        inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=softmax_lse_flag)
+    _args.not_implemented(op, "attention with separate rope parts (MLA)", query_rope=query_rope, key_rope=key_rope)
+    return _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                        actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
+                        block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens,
+                        next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
+                        sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
+                        softmax_lse_flag=softmax_lse_flag)
+
+
+@_args.torch_npu_api
+def npu_fused_infer_attention_score_v2(
+        query: Tensor, key: Tensor, value: Tensor, *, query_rope: Optional[Tensor] = None,
+        key_rope: Optional[Tensor] = None, pse_shift: Optional[Tensor] = None, atten_mask: Optional[Tensor] = None,
+        actual_seq_qlen: SeqLens = None, actual_seq_kvlen: SeqLens = None, block_table: Optional[Tensor] = None,
+        dequant_scale_query: Optional[Tensor] = None, dequant_scale_key: Optional[Tensor] = None,
+        dequant_offset_key: Optional[Tensor] = None, dequant_scale_value: Optional[Tensor] = None,
+        dequant_offset_value: Optional[Tensor] = None, dequant_scale_key_rope: Optional[Tensor] = None,
+        quant_scale_out: Optional[Tensor] = None, quant_offset_out: Optional[Tensor] = None,
+        quant_scale_p: Optional[Tensor] = None, learnable_sink: Optional[Tensor] = None, num_query_heads: int = 1,
+        num_key_value_heads: int = 0, softmax_scale: float = 1.0, pre_tokens: int = MAX_TOKENS,
+        next_tokens: int = MAX_TOKENS, input_layout: str = "BSH", sparse_mode: int = 0, block_size: int = 0,
+        query_quant_mode: int = 0, key_quant_mode: int = 0, value_quant_mode: int = 0, inner_precise: int = 0,
+        return_softmax_lse: bool = False, query_dtype: Optional[int] = None, key_dtype: Optional[int] = None,
+        value_dtype: Optional[int] = None, query_rope_dtype: Optional[int] = None,
+        key_rope_dtype: Optional[int] = None, key_shared_prefix_dtype: Optional[int] = None,
+        value_shared_prefix_dtype: Optional[int] = None, dequant_scale_query_dtype: Optional[int] = None,
+        dequant_scale_key_dtype: Optional[int] = None, dequant_scale_value_dtype: Optional[int] = None,
+        dequant_scale_key_rope_dtype: Optional[int] = None, out_dtype: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """torch_npu.npu_fused_infer_attention_score_v2: `npu_fused_infer_attention_score` with renamed arguments
+    (num_query_heads = num_heads, softmax_scale = scale, actual_seq_qlen / actual_seq_kvlen = actual_seq_lengths /
+    actual_seq_lengths_kv, return_softmax_lse = softmax_lse_flag) and the same semantics, plus `learnable_sink`:
+    a per-head logit (shape (num_query_heads,)) added to each softmax denominator, i.e. out·sigmoid(lse − sink) and
+    lse' = logaddexp(lse, sink); TND / NTD_TND only and not with pse_shift, as upstream.
+    Quantisation (dequant_*, quant_*, the *_quant_mode, out_dtype and the *_dtype arguments), rope (MLA) and the tree
+    mask of sparse_mode 9 (MLA only) raise NotImplementedError naming them; dequant_scale_key_rope and quant_scale_p
+    are reserved upstream (ValueError unless None).
+    """
+    op = "npu_fused_infer_attention_score_v2"
+    _args.reserved(op, dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_p=quant_scale_p)
+    _args.not_implemented(op, "quantised attention", dequant_scale_query=dequant_scale_query,
+                          dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
+                          dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value,
+                          quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, out_dtype=out_dtype)
+    _args.not_implemented_unless_zero(op, "quantised attention", query_quant_mode=query_quant_mode,
+                                      key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode)
+    _args.not_implemented(op, "attention on reinterpreted (low-precision) dtypes", query_dtype=query_dtype,
+                          key_dtype=key_dtype, value_dtype=value_dtype, query_rope_dtype=query_rope_dtype,
+                          key_rope_dtype=key_rope_dtype, key_shared_prefix_dtype=key_shared_prefix_dtype,
+                          value_shared_prefix_dtype=value_shared_prefix_dtype,
+                          dequant_scale_query_dtype=dequant_scale_query_dtype,
+                          dequant_scale_key_dtype=dequant_scale_key_dtype,
+                          dequant_scale_value_dtype=dequant_scale_value_dtype,
+                          dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype)
+    _args.not_implemented(op, "attention with separate rope parts (MLA)", query_rope=query_rope, key_rope=key_rope)
+    if sparse_mode == 9:
+        raise NotImplementedError(f"{op}: the tree mask of 'sparse_mode'=9 (MLA only upstream) is not implemented")
+    return _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                        actual_seq_lengths=actual_seq_qlen, actual_seq_lengths_kv=actual_seq_kvlen,
+                        block_table=block_table, num_heads=num_query_heads, scale=softmax_scale,
+                        pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
+                        num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
+                        inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=return_softmax_lse,
+                        learnable_sink=learnable_sink)
 
 
 def attention_update(lse: Union[Tensor, Sequence[Tensor]], out: Union[Tensor, Sequence[Tensor]]
@@ -117,12 +330,55 @@ def attention_update(lse: Union[Tensor, Sequence[Tensor]], out: Union[Tensor, Se
     outputs [..., D] (or stacked [K, ..., D]). Returns (out [..., D], lse [...]) with
     lse = log Σ exp(lse_i) and out = Σ exp(lse_i − lse)·out_i. A partial lse of −inf (an empty key range) gets
     weight exactly 0 (rows where all are −inf give 0 and −inf). Differentiable in lse and out.
+    See `npu_attention_update` for torch_npu's form.
     """
     if isinstance(lse, (list, tuple)):
         lse = torch.stack(list(lse))
     if isinstance(out, (list, tuple)):
         out = torch.stack(list(out))
     return _OPS.attention_update(lse, out)
+
+
+_UPDATE_OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@_args.torch_npu_api
+def npu_attention_update(lse: Sequence[Tensor], local_out: Sequence[Tensor], update_type: int
+                         ) -> Tuple[Tensor, Optional[Tensor]]:
+    """torch_npu.npu_attention_update: merges the partial results of SP sequence-parallel ranks.
+
+    `lse`: SP fp32 tensors [N] (N = batch·seq·heads), `local_out`: SP tensors [N, head_dim] (fp32/fp16/bf16, one
+    dtype). Returns (out [N, head_dim] in local_out's dtype, lse_out [N] fp32) with lse_out = log Σ exp(lse_i) and
+    out = Σ exp(lse_i − lse_out)·out_i; update_type 0 returns (out, None) — torch_npu leaves the second output
+    undefined — and 1 returns both. Checked as upstream documents: 1 ≤ SP ≤ 16, head_dim a multiple of 8 in
+    [8, 512], update_type 0 or 1 (ValueError otherwise). A part with lse −inf gets weight 0 (`attention_update`).
+    """
+    op = "npu_attention_update"
+    for name, value in (("lse", lse), ("local_out", local_out)):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(t, Tensor) for t in value):
+            raise TypeError(f"{op}: argument '{name}' must be a list of tensors; got {type(value).__name__}")
+    if isinstance(update_type, bool) or update_type not in (0, 1):
+        raise ValueError(f"{op}: argument 'update_type' must be 0 (out only) or 1 (out and lse_out); "
+                         f"got {update_type!r}")
+    if not 1 <= len(lse) <= 16 or len(local_out) != len(lse):
+        raise ValueError(f"{op}: arguments 'lse' and 'local_out' must be lists of the same length SP in [1, 16]; got "
+                         f"{len(lse)} and {len(local_out)} tensors")
+    n, h, dtype = lse[0].shape, local_out[0].shape[-1:], local_out[0].dtype
+    for i, (l, o) in enumerate(zip(lse, local_out)):
+        if l.dtype != torch.float32:
+            raise ValueError(f"{op}: argument 'lse[{i}]' must be float32; got {l.dtype}")
+        if o.dtype not in _UPDATE_OUT_DTYPES or o.dtype != dtype:
+            raise ValueError(f"{op}: argument 'local_out[{i}]' must be float32, float16 or bfloat16 like "
+                             f"local_out[0] ({dtype}); got {o.dtype}")
+        if l.dim() != 1 or o.dim() != 2 or l.shape != n or o.shape != (n[0], h[0]):
+            raise ValueError(f"{op}: 'lse[{i}]' must be [N] and 'local_out[{i}]' [N, head_dim] with the N and "
+                             f"head_dim of the first pair ({list(n)}, {[*n, *h]}); got {list(l.shape)} and "
+                             f"{list(o.shape)}")
+    if not (8 <= h[0] <= 512 and h[0] % 8 == 0):
+        raise ValueError(f"{op}: head_dim (the last dim of 'local_out') must be a multiple of 8 in [8, 512]; "
+                         f"got {h[0]}")
+    out, lse_out = _OPS.attention_update(torch.stack(list(lse)), torch.stack(list(local_out)))
+    return out, (lse_out if update_type == 1 else None)
 
 
 # ================================================================================================================
@@ -145,20 +401,23 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
     cache. See `torch.ops.npu_fa.incre_flash_attention` and docs/inference.md for the semantics.
 
     A paged cache may also be given as (num_blocks, block_size, N2, D) (PagedKVCache's default layout), viewed as
-    (num_blocks, block_size, N2*D). padding_mask is reserved upstream and must be None. Quantisation arguments (antiquant_*, dequant_*, quant_*)
-    are not supported by the CPU kernels and raise NotImplementedError. actual_seq_lengths may be a list of ints or an
-    int64 tensor; kv_padding_size an int or a one-element int64 tensor.
+    (num_blocks, block_size, N2*D). padding_mask is reserved upstream and must be None. Quantisation arguments
+    (antiquant_*, dequant_*, quant_*) are not supported by the CPU kernels and raise NotImplementedError naming them.
+    actual_seq_lengths may be a list of ints, a CPU int tensor or an int tensor on the inputs' device;
+    kv_padding_size an int or a one-element int tensor (CPU or the inputs' device): both are read on the host.
     """
     op = "npu_incre_flash_attention"
     _args.reserved(op, padding_mask=padding_mask)
     _args.not_implemented(op, "quantised attention", antiquant_scale=antiquant_scale,
                           antiquant_offset=antiquant_offset, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
                           dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
-    lengths = _args.int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device)
+    lengths = _args.host_int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device)
     if block_table is not None and input_layout != "BNSD":
         # PagedKVCache's default (num_blocks, block_size, N2, D) is the kernel's (num_blocks, block_size, N2*D).
         key, value = (t.flatten(2) if t.dim() == 4 and t.shape[1] == block_size else t for t in (key, value))
     kv_padding_size = _args.int_scalar_tensor(op, "kv_padding_size", kv_padding_size, query.device)
+    if isinstance(kv_padding_size, Tensor) and kv_padding_size.device.type != "cpu":
+        kv_padding_size = _args.host_int_tensor(op, "kv_padding_size", kv_padding_size, query.device)
     return _OPS.incre_flash_attention(query, key, value, atten_mask, pse_shift, lengths, block_table,
                                       kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads,
                                       block_size, inner_precise)

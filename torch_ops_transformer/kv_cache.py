@@ -1,4 +1,5 @@
-"""A paged KV cache for decoding, written through `torch.ops.npu_fa.scatter_pa_kv_cache`.
+"""A paged KV cache for decoding, written through `torch.ops.npu_fa.scatter_pa_kv_cache`, and torch_npu's form of
+that write, `npu_scatter_pa_kv_cache` (at the end of this module).
 
 The cache is `num_blocks` blocks of `block_size` token rows, shared by all sequences; each sequence owns a list of
 blocks taken from a free list as it grows and returned by `free()`. Layout "BSND" (default) stores
@@ -23,6 +24,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from . import _args
 
 _OPS = torch.ops.npu_fa
 
@@ -168,3 +171,97 @@ class PagedKVCache:
         """Contiguous (key, value) of the sequences, packed: [sum(seq_lens), N2, D] (gather_pa_kv_cache)."""
         return _OPS.gather_pa_kv_cache(self.key_cache, self.value_cache, self.block_table(seq_ids),
                                        self.seq_lens(seq_ids))
+
+
+# ================================================================================================================
+# torch_npu.npu_scatter_pa_kv_cache
+# ================================================================================================================
+
+def _cache_shape_error(op: str, mode: str, name: str, cache: Tensor, want: str) -> ValueError:
+    hint = (" For an ND cache [num_blocks, block_size, num_heads, head_dim] pass cache_mode='Norm'."
+            if mode == "PA_NZ" else "")
+    return ValueError(f"{op}: with cache_mode='{mode}', argument '{name}' must have shape {want}; got "
+                      f"{list(cache.shape)}.{hint}")
+
+
+def _scatter(op: str, key, value, key_cache, value_cache, slot_mapping, cache_layout: str) -> None:
+    try:
+        _OPS.scatter_pa_kv_cache(key, value, key_cache, value_cache, slot_mapping, cache_layout)
+    except RuntimeError as e:
+        # The op's own argument checks (slot range, repeated slots, slot_mapping's dtype and length) raise a plain
+        # RuntimeError; here they are bad values of a torch_npu-compatible call.
+        if isinstance(e, ValueError) or not str(e).startswith("scatter_pa_kv_cache:"):
+            raise
+        raise _args.ArgumentError(f"{op}: {str(e).split(': ', 1)[1]}") from None
+
+
+@_args.torch_npu_api
+def npu_scatter_pa_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor,
+                            *, compress_lens: Optional[Tensor] = None, compress_seq_offsets: Optional[Tensor] = None,
+                            seq_lens: Optional[Tensor] = None, cache_mode: Optional[str] = "PA_NZ") -> None:
+    """torch_npu.npu_scatter_pa_kv_cache: writes T new tokens into a paged K/V cache, in place (returns None).
+
+    key [T, N, Dk], value [T, N, Dv] (same dtype as their caches); slot_mapping int32/int64 [T] on the caches'
+    device: token t goes to slot s = block·block_size + offset, s = -1 skips the token (padding); slots must be
+    distinct. cache_mode gives the caches' layout:
+
+    - 'Norm' (or None): ND caches [num_blocks, block_size, N, D] — vLLM's layout;
+    - 'PA_NZ' (the default, as upstream): the NZ-tiled caches [num_blocks, N·D // last, block_size, last] — the
+      token row of N·D values is cut into chunks of `last` values (the cache's last dim; 32 bytes on the NPU, 16 for
+      fp16/bf16), chunk c of the token in slot s stored at cache[block, c, offset, :]. A plain index remapping, so
+      it is exact here; only torch_npu's storage-format tag (npu_format_cast) has no counterpart.
+
+    The compression form of torch_npu (key/value [B, S, N, D] with compress_lens, seq_lens, compress_seq_offsets)
+    is not implemented: those arguments raise NotImplementedError naming them, and a 4-D key a ValueError.
+    Implemented by `torch.ops.npu_fa.scatter_pa_kv_cache` (PA_NZ is its head-major "BNSD" layout with N·D // last
+    "heads" of `last` values).
+    """
+    op = "npu_scatter_pa_kv_cache"
+    _args.not_implemented(op, "the KV compression form", compress_lens=compress_lens,
+                          compress_seq_offsets=compress_seq_offsets, seq_lens=seq_lens)
+    mode = "Norm" if cache_mode is None else cache_mode
+    if mode not in ("Norm", "PA_NZ"):
+        raise ValueError(f"{op}: argument 'cache_mode' must be 'PA_NZ', 'Norm' or None; got {cache_mode!r}")
+    for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),
+                    ("slot_mapping", slot_mapping)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor; got {type(t).__name__}")
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != 3:
+            raise ValueError(f"{op}: argument '{name}' must be [T, num_heads, head_dim]; got shape {list(t.shape)}"
+                             + (" (the 4-D [B, S, N, D] form is torch_npu's KV compression, which needs "
+                                "compress_lens and seq_lens and is not implemented)" if t.dim() == 4 else ""))
+    if key.shape[:2] != value.shape[:2]:
+        raise ValueError(f"{op}: arguments 'key' {list(key.shape)} and 'value' {list(value.shape)} must agree in "
+                         f"[T, num_heads]")
+    for name, t, cache in (("key", key, key_cache), ("value", value, value_cache)):
+        if t.dtype != cache.dtype:
+            raise TypeError(f"{op}: argument '{name}' ({t.dtype}) must have the dtype of '{name}_cache' "
+                            f"({cache.dtype})")
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.dim() != 4:
+            raise ValueError(f"{op}: argument '{name}' must be a 4-D cache; got shape {list(cache.shape)}")
+        if not cache.is_contiguous():
+            raise ValueError(f"{op}: argument '{name}' is written in place and must be contiguous")
+    n = key.shape[1]
+    if mode == "Norm":
+        for name, t, cache in (("key_cache", key, key_cache), ("value_cache", value, value_cache)):
+            if cache.shape[2:] != t.shape[1:]:
+                raise _cache_shape_error(op, mode, name, cache, f"[num_blocks, block_size, {n}, {t.shape[2]}]")
+        if key_cache.shape[:2] != value_cache.shape[:2]:
+            raise ValueError(f"{op}: 'key_cache' {list(key_cache.shape)} and 'value_cache' "
+                             f"{list(value_cache.shape)} must share [num_blocks, block_size]")
+        _scatter(op, key, value, key_cache, value_cache, slot_mapping, "BSND")
+        return None
+    rows = []
+    for name, t, cache in (("key_cache", key, key_cache), ("value_cache", value, value_cache)):
+        row = n * t.shape[2]
+        if cache.shape[1] * cache.shape[3] != row:
+            raise _cache_shape_error(op, mode, name, cache, f"[num_blocks, {row} // last, block_size, last] "
+                                                            f"({n} heads x {t.shape[2]} values per token)")
+        rows.append(t.reshape(t.shape[0], cache.shape[1], cache.shape[3]))
+    if (key_cache.shape[0], key_cache.shape[2]) != (value_cache.shape[0], value_cache.shape[2]):
+        raise ValueError(f"{op}: 'key_cache' {list(key_cache.shape)} and 'value_cache' {list(value_cache.shape)} "
+                         f"must share num_blocks (dim 0) and block_size (dim 2) in cache_mode='PA_NZ'")
+    _scatter(op, rows[0], rows[1], key_cache, value_cache, slot_mapping, "BNSD")
+    return None

@@ -139,7 +139,7 @@ def fused_attention_overrideable_backward(grad_out: Tensor, query: Tensor, key: 
     stats = logsumexp.reshape(b, n, sq, 1).expand(b, n, sq, 8).contiguous()
     keep = 1.0 - dropout_p
     args = _mask_args(q, k, attn_bias, is_causal)
-    dq, dk, dv, dpse = torch.ops.npu_fa.flash_attention_score_grad(
+    dq, dk, dv, dpse, _ = torch.ops.npu_fa.flash_attention_score_grad(
         q, k, v, dy, q.shape[1], "BNSD", softmax_max=stats, softmax_sum=torch.ones_like(stats), attention_in=o,
         scale=_scale(query, scale), keep_prob=keep, seed=philox_seed if keep < 1.0 else None,
         offset=philox_offset if keep < 1.0 else None, **args)

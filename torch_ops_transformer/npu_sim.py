@@ -153,7 +153,23 @@ class _StreamContext:
         pass
 
 
+class _NotSimulated:
+    """torch.npu.NPUGraph / torch.npu.graph: NPU graph capture replays recorded kernels on the device; there is
+    nothing to record on the simulated one, so using it raises NotImplementedError naming it."""
+
+    name = "torch.npu.NPUGraph"
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f"{self.name}: NPU graph capture is not simulated (the simulated npu device runs "
+                                  f"every kernel synchronously on the host); call the model eagerly")
+
+
+class _NotSimulatedGraphContext(_NotSimulated):
+    name = "torch.npu.graph"
+
+
 def _add_streams(mod: types.ModuleType) -> None:
+    mod.NPUGraph, mod.graph = _NotSimulated, _NotSimulatedGraphContext
     default = _Stream()
     mod.Stream, mod.Event = _Stream, _Event
     mod.current_stream = lambda device=None: default

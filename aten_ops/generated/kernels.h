@@ -16,9 +16,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 // flash_attention_score [PrivateUse1]
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_npu(const FlashAttentionScoreArgs& args);
 // flash_attention_score_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu(const FlashAttentionScoreGradArgs& args);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu(const FlashAttentionScoreGradArgs& args);
 // flash_attention_score_grad [PrivateUse1]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(const FlashAttentionScoreGradArgs& args);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(const FlashAttentionScoreGradArgs& args);
 // dropout_gen_mask [CPU]
 at::Tensor dropout_gen_mask_cpu(const DropoutGenMaskArgs& args);
 // attention_tile_config [CatchAll]

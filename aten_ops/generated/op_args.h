@@ -30,11 +30,14 @@ struct FlashAttentionScoreArgs {
   int64_t pse_type;
   const std::optional<at::Tensor>& seed;
   const std::optional<at::Tensor>& offset;
+  c10::string_view softmax_layout;
+  const std::optional<at::Tensor>& sink;
+  const std::optional<at::Tensor>& dropout_mask;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const FlashAttentionScoreArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.head_num, a.input_layout, a.pse, a.atten_mask, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset);
+  return f(a.query, a.key, a.value, a.head_num, a.input_layout, a.pse, a.atten_mask, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset, a.softmax_layout, a.sink, a.dropout_mask);
 }
 
 // flash_attention_score_grad
@@ -61,11 +64,14 @@ struct FlashAttentionScoreGradArgs {
   int64_t pse_type;
   const std::optional<at::Tensor>& seed;
   const std::optional<at::Tensor>& offset;
+  c10::string_view softmax_layout;
+  const std::optional<at::Tensor>& sink;
+  const std::optional<at::Tensor>& dropout_mask;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const FlashAttentionScoreGradArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.dy, a.head_num, a.input_layout, a.pse, a.atten_mask, a.softmax_max, a.softmax_sum, a.attention_in, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset);
+  return f(a.query, a.key, a.value, a.dy, a.head_num, a.input_layout, a.pse, a.atten_mask, a.softmax_max, a.softmax_sum, a.attention_in, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset, a.softmax_layout, a.sink, a.dropout_mask);
 }
 
 // dropout_gen_mask

@@ -9,36 +9,40 @@
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset, c10::string_view softmax_layout, const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dropout_mask) {
   npu_fa::DeviceRule rule("flash_attention_score");
   rule.device_tensor("query", query);
   rule.device_tensor("key", key);
   rule.device_tensor("value", value);
   rule.device_tensor("pse", pse);
   rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("sink", sink);
+  rule.device_tensor("dropout_mask", dropout_mask);
   rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
   rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
   rule.host_tensor("seed", seed);
   rule.host_tensor("offset", offset);
-  return npu_fa::flash_attention_score_cpu(npu_fa::FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
+  return npu_fa::flash_attention_score_cpu(npu_fa::FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset, c10::string_view softmax_layout, const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dropout_mask) {
   npu_fa::DeviceRule rule("flash_attention_score");
   rule.device_tensor("query", query);
   rule.device_tensor("key", key);
   rule.device_tensor("value", value);
   rule.device_tensor("pse", pse);
   rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("sink", sink);
+  rule.device_tensor("dropout_mask", dropout_mask);
   rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
   rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
   rule.host_tensor("seed", seed);
   rule.host_tensor("offset", offset);
   const c10::DeviceGuard guard(rule.device());
-  return npu_fa::flash_attention_score_npu(npu_fa::FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
+  return npu_fa::flash_attention_score_npu(npu_fa::FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset, c10::string_view softmax_layout, const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dropout_mask) {
   npu_fa::DeviceRule rule("flash_attention_score_grad");
   rule.device_tensor("query", query);
   rule.device_tensor("key", key);
@@ -49,14 +53,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   rule.device_tensor("softmax_max", softmax_max);
   rule.device_tensor("softmax_sum", softmax_sum);
   rule.device_tensor("attention_in", attention_in);
+  rule.device_tensor("sink", sink);
+  rule.device_tensor("dropout_mask", dropout_mask);
   rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
   rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
   rule.host_tensor("seed", seed);
   rule.host_tensor("offset", offset);
-  return npu_fa::flash_attention_score_grad_cpu(npu_fa::FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
+  return npu_fa::flash_attention_score_grad_cpu(npu_fa::FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& dy, int64_t head_num, c10::string_view input_layout, const std::optional<at::Tensor>& pse, const std::optional<at::Tensor>& atten_mask, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, const at::Tensor& attention_in, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, double scale, double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset, c10::string_view softmax_layout, const std::optional<at::Tensor>& sink, const std::optional<at::Tensor>& dropout_mask) {
   npu_fa::DeviceRule rule("flash_attention_score_grad");
   rule.device_tensor("query", query);
   rule.device_tensor("key", key);
@@ -67,12 +73,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   rule.device_tensor("softmax_max", softmax_max);
   rule.device_tensor("softmax_sum", softmax_sum);
   rule.device_tensor("attention_in", attention_in);
+  rule.device_tensor("sink", sink);
+  rule.device_tensor("dropout_mask", dropout_mask);
   rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
   rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
   rule.host_tensor("seed", seed);
   rule.host_tensor("offset", offset);
   const c10::DeviceGuard guard(rule.device());
-  return npu_fa::flash_attention_score_grad_npu(npu_fa::FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset});
+  return npu_fa::flash_attention_score_grad_npu(npu_fa::FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask});
 }
 
 at::Tensor dropout_gen_mask_cpu_unboxed(const at::Tensor& seed, const at::Tensor& offset, int64_t rows, int64_t cols, double keep_prob) {
@@ -223,8 +231,8 @@ at::Tensor incre_flash_attention_cpu_unboxed(const at::Tensor& query, const at::
   rule.device_tensor("atten_mask", atten_mask);
   rule.device_tensor("pse_shift", pse_shift);
   rule.device_tensor("block_table", block_table);
-  rule.device_tensor("kv_padding_size", kv_padding_size);
   rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("kv_padding_size", kv_padding_size);
   return npu_fa::incre_flash_attention_cpu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
 }
 
@@ -236,8 +244,8 @@ at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const 
   rule.device_tensor("atten_mask", atten_mask);
   rule.device_tensor("pse_shift", pse_shift);
   rule.device_tensor("block_table", block_table);
-  rule.device_tensor("kv_padding_size", kv_padding_size);
   rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("kv_padding_size", kv_padding_size);
   const c10::DeviceGuard guard(rule.device());
   return npu_fa::incre_flash_attention_npu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
 }
@@ -543,8 +551,8 @@ std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu_unboxed(const at
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
-  m.def("flash_attention_score(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, Tensor? pse=None, Tensor? atten_mask=None, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None) -> (Tensor attention_out, Tensor softmax_max, Tensor softmax_sum, Tensor softmax_out, Tensor seed_out, Tensor offset_out)", {at::Tag::pt2_compliant_tag});
-  m.def("flash_attention_score_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, str input_layout, *, Tensor? pse=None, Tensor? atten_mask=None, Tensor softmax_max, Tensor softmax_sum, Tensor attention_in, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dpse)", {at::Tag::pt2_compliant_tag});
+  m.def("flash_attention_score(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, Tensor? pse=None, Tensor? atten_mask=None, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None, str softmax_layout=\"\", Tensor? sink=None, Tensor? dropout_mask=None) -> (Tensor attention_out, Tensor softmax_max, Tensor softmax_sum, Tensor softmax_out, Tensor seed_out, Tensor offset_out)", {at::Tag::pt2_compliant_tag});
+  m.def("flash_attention_score_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, str input_layout, *, Tensor? pse=None, Tensor? atten_mask=None, Tensor softmax_max, Tensor softmax_sum, Tensor attention_in, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None, str softmax_layout=\"\", Tensor? sink=None, Tensor? dropout_mask=None) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dpse, Tensor dsink)", {at::Tag::pt2_compliant_tag});
   m.def("dropout_gen_mask(Tensor seed, Tensor offset, SymInt rows, SymInt cols, float keep_prob) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("attention_tile_config(int block_q=0, int block_kv=0) -> int[]", TORCH_FN(npu_fa::attention_tile_config));
   m.def("npu_attention_tile_config(int s1_block=0, int s2_block=0) -> int[]", TORCH_FN(npu_fa::npu_attention_tile_config));

@@ -1,7 +1,7 @@
 // PrivateUse1 (npu) kernel of flash_attention_score: validates like the CPU op (shared parser, identical
 // messages), makes q/k/v BNSD-contiguous, computes the tiling and launches the Ascend C kernel
-// (ascendc/kernels/flash_attention). Calls the kernel does not cover (pse, dropout, TND, an empty key sequence,
-// head dim > 512) run the CPU kernel on CPU aliases of the npu tensors — simulated device only
+// (ascendc/kernels/flash_attention). Calls the kernel does not cover (pse, dropout, sink, TND, an empty key
+// sequence, head dim > 512) run the CPU kernel on CPU aliases of the npu tensors — simulated device only
 // (docs/ascendc_attention.md lists them).
 #include <ATen/ATen.h>
 
@@ -35,12 +35,13 @@ constexpr const char* kOp = "flash_attention_score";
 constexpr int64_t kMaxHeadDim = 512;
 
 // Arguments the kernel has no path for, decided from the raw arguments so that the CPU op (which validates
-// them) runs exactly once — a seed drawn for dropout is drawn once, as on CPU.
-const char* unsupported_before_parsing(c10::string_view layout, const std::optional<at::Tensor>& pse,
-                                       double keep_prob) {
-  if (layout == "TND") return "TND (variable-length) layout";
-  if (pse.has_value()) return "pse";
-  if (keep_prob < 1.0) return "dropout (keep_prob < 1)";
+// them) runs exactly once — a seed drawn for dropout is drawn once, as on CPU. TND covers softmax_layout (it only
+// applies to TND) and keep_prob < 1 covers dropout_mask (read only with dropout).
+const char* unsupported_before_parsing(const FlashAttentionScoreArgs& args) {
+  if (args.input_layout == "TND") return "TND (variable-length) layout";
+  if (args.pse.has_value()) return "pse";
+  if (args.keep_prob < 1.0) return "dropout (keep_prob < 1)";
+  if (args.sink.has_value()) return "sink";
   return nullptr;
 }
 
@@ -88,8 +89,7 @@ ScoreOutputs flash_attention_score_npu(const FlashAttentionScoreArgs& args) {
   auto fallback = [&](const char* reason) {
     return run_cpu_kernel(reason, args);
   };
-  if (const char* reason = unsupported_before_parsing(args.input_layout, args.pse,
-                                                      args.keep_prob)) return fallback(reason);
+  if (const char* reason = unsupported_before_parsing(args)) return fallback(reason);
   attention::AttentionInputs parsed;
   const AttentionParams p = attention::parse_attention_params(kOp, args, parsed);
   const auto opts = args.query.options();

@@ -2,9 +2,9 @@
 // into BNSD-contiguous copies, fills the tiling and launches the Ascend C kernel
 // ascendc/kernels/attention/flash_attention_score_grad_kernel.cpp.
 //
-// Kernel path: dense layouts (BSH, SBH, BSND, BNSD), no pse, keep_prob = 1, any sparse_mode 0-4 (its band) with or
-// without an element-wise bool/uint8 mask. Everything else (pse, dropout, TND, empty problems) runs the CPU kernel on
-// CPU aliases of the npu tensors — on the simulated device only (docs/ascendc_attention_grad.md).
+// Kernel path: dense layouts (BSH, SBH, BSND, BNSD), no pse or sink, keep_prob = 1, any sparse_mode 0-4 (its band)
+// with or without an element-wise bool/uint8 mask. Everything else (pse, sink, dropout, TND, empty problems) runs the
+// CPU kernel on CPU aliases of the npu tensors — on the simulated device only (docs/ascendc_attention_grad.md).
 #include <ATen/ATen.h>
 
 #include "common/attention/params.h"
@@ -33,12 +33,13 @@ tot_ascendc::FagDtype kernel_dtype(at::ScalarType t) {
 }
 
 bool kernel_supports(const AttentionParams& p, const at::Tensor& query, const at::Tensor& key) {
-  return !p.pse.has_value() && !p.has_dropout() && p.layout != Layout::TND && query.numel() > 0 && key.numel() > 0;
+  return !p.pse.has_value() && !p.has_dropout() && p.sink == nullptr && p.layout != Layout::TND &&
+         query.numel() > 0 && key.numel() > 0;
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_npu(
     const FlashAttentionScoreGradArgs& args) {
   AttentionInputs in;
   const AttentionParams p = attention::parse_backward_params(kOp, args, in);
@@ -46,13 +47,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   if (!kernel_supports(p, args.query, args.key)) {
 #ifndef TOT_WITH_CANN
     // Simulated device: the CPU kernel on CPU aliases of the npu tensors, results aliased back.
-    auto [dq, dk, dv, dpse] = npu_host::call_with_cpu_aliases(args, flash_attention_score_grad_cpu);
+    auto [dq, dk, dv, dpse, dsink] = npu_host::call_with_cpu_aliases(args, flash_attention_score_grad_cpu);
     const c10::Device dev = args.query.device();
     return {npu_host::device_alias(dq, dev), npu_host::device_alias(dk, dev), npu_host::device_alias(dv, dev),
-            npu_host::device_alias(dpse, dev)};
+            npu_host::device_alias(dpse, dev), npu_host::device_alias(dsink, dev)};
 #else
-    TORCH_CHECK(false, kOp, ": the Ascend C kernel supports dense layouts without pse and dropout; got layout ",
-                args.input_layout, p.pse.has_value() ? " with pse" : "", p.has_dropout() ? " with dropout" : "");
+    TORCH_CHECK(false, kOp, ": the Ascend C kernel supports dense layouts without pse, dropout and sink; got layout ",
+                args.input_layout, p.pse.has_value() ? " with pse" : "", p.has_dropout() ? " with dropout" : "",
+                p.sink ? " with sink" : "");
 #endif
   }
 
@@ -97,7 +99,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
                   launch.Gm(q), launch.Gm(k), launch.Gm(v), launch.Gm(g), launch.Gm(mask), launch.Gm(smax),
                   launch.Gm(ssum), launch.Gm(o), launch.Gm(dq), launch.Gm(dk), launch.Gm(dv),
                   launch.Workspace(int64_t(tiling.workspace_bytes), q.options()), launch.Tiling(tiling, q.options()));
-  return {from_bnsd(dq, p.layout), from_bnsd(dk, p.layout), from_bnsd(dv, p.layout), at::empty({0}, args.query.options())};
+  return {from_bnsd(dq, p.layout), from_bnsd(dk, p.layout), from_bnsd(dv, p.layout), at::empty({0}, args.query.options()),
+          at::empty({0}, args.key.options().dtype(at::kFloat))};
 }
 
 }  // namespace npu_fa

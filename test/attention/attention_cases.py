@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from test.common.reference import DTYPES, GRAD_NAMES, MAX_TOKENS, check_tolerance, dropout_rows, reference_with_grads
+from test.common.reference import DTYPES, GRAD_NAMES, MAX_TOKENS, check_tolerance, dropout_numel, reference_with_grads
 
 OPS = torch.ops.npu_fa
 
@@ -37,6 +37,8 @@ class Case:
     scale_mult: float = 1.0                 # scale = scale_mult / sqrt(D); large values make the softmax peaky
     strided: bool = False                   # q/k/v as non-contiguous views (padded rows, permuted, strided D)
     seed: int = 0
+    sink: Optional[str] = None              # "random" (float32 [N1] around the scores' scale), "-inf", "large"
+    softmax_layout: str = ""                # "" or "TND" (TND statistics order)
 
     def replace(self, **kw) -> "Case":
         return dataclasses.replace(self, **kw)
@@ -114,6 +116,15 @@ def make_inputs(case: Case) -> Dict[str, object]:
     if case.pse is not None:
         shape = {"BNSS": (b, n1, sq, skv), "BN1S": (b, n1, 1, skv), "1NSS": (1, n1, sq, skv)}[case.pse]
         args["pse"] = randn(*shape)
+    if case.sink is not None:
+        sink = torch.randn(n1, generator=gen, dtype=torch.float64).float() * 2.0
+        if case.sink == "-inf":
+            sink[0] = float("-inf")
+        elif case.sink == "large":
+            sink[-1] = 30.0  # dominates every row of that head: its outputs are ~0
+        args["sink"] = sink
+    if case.softmax_layout:
+        args["softmax_layout"] = case.softmax_layout
     if case.keep_prob < 1.0:
         args["seed"] = torch.tensor(7919 + case.seed, dtype=torch.int64)
         args["offset"] = torch.tensor(case.dropout_offset, dtype=torch.int64)
@@ -150,30 +161,34 @@ def run_ours(args: Dict[str, object], dy: Optional[Tensor] = None, seed_dy: int 
     dy = dy_like(out, seed_dy) if dy is None else dy
     got = torch.autograd.grad(out, list(leaves.values()), dy, allow_unused=True)
     grads = {n: g for n, g in zip(leaves, got)}
+    smax, ssum = stats_in_tnd_order(args, smax), stats_in_tnd_order(args, ssum)
     lse = smax[..., 0] + torch.log(ssum[..., 0])
     return Result(out.detach(), lse, grads, smax, ssum, seed, offset)
 
 
+def stats_in_tnd_order(args: Dict[str, object], stats: Tensor) -> Tensor:
+    """TND statistics with the default softmax_layout hold the rows in NTD order inside their [T, N, 8] shape (as
+    torch_npu): the [T, N, 8] tensor of the same rows in TND order."""
+    if args["input_layout"] != "TND" or args.get("softmax_layout", "") == "TND":
+        return stats
+    t, n, _ = stats.shape
+    return stats.view(n, t, 8).transpose(0, 1)
+
+
 def reference_kwargs(args: Dict[str, object], keep: Optional[Tensor]) -> Dict[str, object]:
-    kw = {k: v for k, v in args.items() if k not in ("query", "key", "value", "pse", "seed", "offset")}
+    skip = ("query", "key", "value", "pse", "sink", "seed", "offset", "softmax_layout", "dropout_mask")
+    kw = {k: v for k, v in args.items() if k not in skip}
     kw["dropout_keep"] = keep
     return kw
 
 
 def keep_matrix(args: Dict[str, object], seed: Tensor, offset: Tensor) -> Optional[Tensor]:
-    """The dropout keep matrix our op used, from dropout_gen_mask with the seed/offset the op returned."""
+    """The dropout keep mask our op used (flattened), from dropout_gen_mask with the seed/offset the op returned."""
     if args["keep_prob"] >= 1.0:
         return None
-    q = args["query"]
-    rows = dropout_rows(q, args["head_num"], args["input_layout"])
-    if args["input_layout"] == "TND":
-        ends = args["actual_seq_kvlen"]
-        lens = torch.diff(ends, prepend=ends.new_zeros(1))
-        cols = int(lens.max()) if lens.numel() else 0
-    else:
-        cols = {"BSND": 1, "BNSD": 2, "BSH": 1, "SBH": 0}[args["input_layout"]]
-        cols = args["key"].shape[cols]
-    return OPS.dropout_gen_mask(seed, offset, rows, cols, args["keep_prob"])
+    numel = dropout_numel(args["query"], args["key"], args["head_num"], args["input_layout"],
+                          args.get("actual_seq_qlen"), args.get("actual_seq_kvlen"))
+    return OPS.dropout_gen_mask(seed, offset, 1, numel, args["keep_prob"]).reshape(-1)
 
 
 def run_reference(args: Dict[str, object], dy: Tensor, keep: Optional[Tensor], same_dtype: bool) -> Result:
@@ -183,7 +198,8 @@ def run_reference(args: Dict[str, object], dy: Tensor, keep: Optional[Tensor], s
 
 
 def check_stats_layout(res: Result, args: Dict[str, object]) -> None:
-    """softmax_max/sum: fp32, [B,N,Sq,8] ([T,N,8] for TND), the 8 values of a row equal."""
+    """softmax_max/sum: fp32, [B,N,Sq,8] ([T,N,8] for TND, here already in TND order), the 8 values of a row
+    equal."""
     expected = tuple(res.lse.shape) + (8,)
     for name, t in (("softmax_max", res.softmax_max), ("softmax_sum", res.softmax_sum)):
         assert t.dtype == torch.float32, f"{name} dtype {t.dtype}"
@@ -215,17 +231,18 @@ def compare_with_reference(case: Case, check_grads: bool = True) -> Result:
 
 # ---- opcheck cases (listed in test/ops/test_opcheck.py) ----
 
-def _score_args(case: Case, requires_grad=True):
+def _score_args(case: Case, requires_grad=True, **extra):
     args = make_inputs(case)
-    for n in ("query", "key", "value", "pse"):
+    args.update(extra)
+    for n in ("query", "key", "value", "pse", "sink"):
         if args.get(n) is not None:
             args[n].requires_grad_(requires_grad)
     q, k, v = args.pop("query"), args.pop("key"), args.pop("value")
     return (q, k, v, args.pop("head_num"), args.pop("input_layout")), args
 
 
-def _grad_args(case: Case):
-    (q, k, v, n, layout), kw = _score_args(case, requires_grad=False)
+def _grad_args(case: Case, **extra):
+    (q, k, v, n, layout), kw = _score_args(case, requires_grad=False, **extra)
     out, smax, ssum, _, seed, offset = torch.ops.npu_fa.flash_attention_score(q, k, v, n, layout, **kw)
     dy = torch.randn_like(out)
     kw.update(softmax_max=smax, softmax_sum=ssum, attention_in=out, seed=seed, offset=offset)
@@ -233,6 +250,10 @@ def _grad_args(case: Case):
 
 
 SMALL = dict(batch=2, q_heads=2, kv_heads=1, q_len=5, kv_len=7, head_dim=8)
+
+
+def _MASK_BYTES():  # noqa: N802  a bit-packed dropout mask for SMALL (2*2*5*7 bits), random bits
+    return torch.randint(0, 256, (32,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
 OPCHECK_CASES = {
     "flash_attention_score": {
         "no_dropout": lambda: _score_args(Case(**SMALL)),
@@ -240,12 +261,19 @@ OPCHECK_CASES = {
         "pse_mask_BNSD": lambda: _score_args(Case(layout="BNSD", pse="BNSS", mask="B1SS", **SMALL)),
         "varlen_TND_causal": lambda: _score_args(Case(layout="TND", q_heads=2, kv_heads=1, head_dim=8,
                                                       seqlens=((3, 0, 4), (2, 5, 1)), sparse_mode=3)),
+        "sink_TND_softmax_layout": lambda: _score_args(Case(layout="TND", q_heads=2, kv_heads=1, head_dim=8,
+                                                            seqlens=((3, 4), (2, 5)), sink="random",
+                                                            softmax_layout="TND")),
+        "sink_dropout_mask": lambda: _score_args(Case(keep_prob=0.8, sink="random", **SMALL),
+                                                 dropout_mask=_MASK_BYTES()),
     },
     "flash_attention_score_grad": {
         "no_dropout": lambda: _grad_args(Case(**SMALL)),
         "dropout_pse": lambda: _grad_args(Case(keep_prob=0.8, pse="BN1S", **SMALL)),
         "varlen_TND": lambda: _grad_args(Case(layout="TND", q_heads=2, kv_heads=2, head_dim=8,
                                               seqlens=((3, 1), (4, 2)), sparse_mode=2)),
+        "sink_dropout_mask": lambda: _grad_args(Case(keep_prob=0.8, sink="random", **SMALL),
+                                                dropout_mask=_MASK_BYTES()),
     },
     "dropout_gen_mask": {
         "basic": lambda: ((torch.tensor(3), torch.tensor(5), 6, 9, 0.7), {}),

@@ -159,26 +159,28 @@ def test_tnd_equals_per_sequence_bnsd():
 
 def test_dropout_scales_kept_probabilities():
     q, k, v = _bnsd()
-    keep = torch.rand(B * N1 * SQ, SKV + 3, generator=torch.Generator().manual_seed(1)) < 0.6
+    keep = torch.rand(B * N1 * SQ * SKV, generator=torch.Generator().manual_seed(1)) < 0.6
     out, lse = attention_reference(q, k, v, N1, "BNSD", keep_prob=0.6, dropout_keep=keep)
     p = torch.softmax(q @ k.transpose(-1, -2), -1)
-    kept = keep.view(B, N1, SQ, -1)[..., :SKV]
+    kept = keep.view(B, N1, SQ, SKV)  # the flattened [B, N1, Sq, Skv] mask
     torch.testing.assert_close(out, (p * kept / 0.6) @ v)
     torch.testing.assert_close(lse, attention_reference(q, k, v, N1, "BNSD")[1])  # stats ignore dropout
 
 
-def test_dropout_rows_of_tnd_are_token_major():
+def test_dropout_mask_of_tnd_is_sequence_by_sequence_head_major():
     q = torch.randn(5, N1, D, dtype=torch.float64)
     k = torch.randn(6, N1, D, dtype=torch.float64)
     v = torch.randn(6, N1, D, dtype=torch.float64)
-    keep = torch.rand(5 * N1, 4) < 0.5
     cq, ck = [2, 5], [2, 6]
+    keep = torch.rand(N1 * (2 * 2 + 3 * 4)) < 0.5
     out, _ = attention_reference(q, k, v, N1, "TND", actual_seq_qlen=cq, actual_seq_kvlen=ck, keep_prob=0.5,
                                  dropout_keep=keep)
-    # token t = 3 (second sequence, local row 1), head n = 2 uses row 3*N1 + 2, keys 0..3 of sequence 1
+    # token t = 3 (second sequence, local row 1), head n = 2: the second sequence's [N1, 3, 4] block starts after the
+    # first's N1*2*2 elements; its row (n, 1) holds keys 0..3 of sequence 1
     t, n = 3, 2
     s = q[t, n] @ k[2:6, n].T
-    p = torch.softmax(s, -1) * keep[t * N1 + n, :4] / 0.5
+    block = keep[N1 * 4:].view(N1, 3, 4)
+    p = torch.softmax(s, -1) * block[n, 1] / 0.5
     torch.testing.assert_close(out[t, n], p @ v[2:6, n])
 
 

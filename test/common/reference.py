@@ -14,9 +14,12 @@ Conventions (from the spec):
   * sparse_mode 0: mask and band i-pre <= j <= i+next; 1: mask only; 2: j <= i; 3: j <= i + Skv - Sq;
     4: i+d-pre <= j <= i+d+next with d = Skv - Sq. Modes 2-4 ignore atten_mask (it may only be the compressed one).
   * pse_type 1: scale*(QK^T + pse); pse_type 0: scale*QK^T + pse.
-  * dropout: an explicit keep matrix as returned by dropout_gen_mask [rows, cols]; attention row (b, n, i) is row
-    (b*N1 + n)*Sq + i (dense) or t*N1 + n (TND, t the global token index); kept entries are scaled by 1/keep_prob;
-    the softmax statistics (logsumexp) use the undropped probabilities.
+  * dropout: an explicit keep mask, read flattened (e.g. dropout_gen_mask's [rows, cols] matrix, or any shape):
+    element (b, n, i, j) is element ((b*N1 + n)*Sq + i)*Skv + j (dense: the [B, N1, Sq, Skv] mask), and for TND
+    sequence b takes the next N1*Sq_b*Skv_b elements as an [N1, Sq_b, Skv_b] block (torch_npu's order); kept entries
+    are scaled by 1/keep_prob; the softmax statistics (logsumexp) use the undropped probabilities.
+  * sink ([N1]): one more logit per head in every softmax row, whose value row is 0 (its probability is dropped
+    before the product with V); the logsumexp includes it.
   * rows whose keys are all masked give output 0 and logsumexp -inf.
 """
 from dataclasses import dataclass
@@ -165,44 +168,41 @@ def _sequence_pse(pse: Optional[Tensor], b: int) -> Optional[Tensor]:
     return pse[b if pse.shape[0] > 1 else 0]
 
 
-def _sequence_keep(keep: Optional[Tensor], heads: Heads, b: int, tnd: bool) -> Optional[Tensor]:
-    """This sequence's [N1, Sq, Skv] slice of a dropout_gen_mask keep matrix."""
+def _sequence_keep(keep: Optional[Tensor], heads: Heads, b: int) -> Optional[Tensor]:
+    """This sequence's [N1, Sq, Skv] block of the flattened keep mask."""
     if keep is None:
         return None
     n1, sq, skv = heads.q_heads, heads.q_lens[b], heads.kv_lens[b]
-    if sq == 0 or skv == 0:  # nothing to drop (and with every key length 0 the matrix has no columns to view)
+    if sq == 0 or skv == 0:  # nothing to drop
         return None
-    cols = keep.shape[1]
-    if tnd:
-        start = heads.q_starts[b]
-        rows = keep.view(-1, n1, cols)[start:start + sq]
-        return rows[:, :, :skv].permute(1, 0, 2)
-    return keep.view(heads.batch, n1, sq, cols)[b, :, :, :skv]
+    start = n1 * sum(heads.q_lens[x] * heads.kv_lens[x] for x in range(b))
+    return keep.reshape(-1)[start:start + n1 * sq * skv].view(n1, sq, skv)
 
 
-def dropout_rows(query: Tensor, head_num: int, layout: str) -> int:
-    """Number of dropout rows for a call: B*N1*Sq (dense) or T*N1 (TND)."""
+def dropout_numel(query: Tensor, key: Tensor, head_num: int, layout: str, actual_seq_qlen=None,
+                  actual_seq_kvlen=None) -> int:
+    """Elements of a call's dropout mask: B*N1*Sq*Skv (dense) or N1 * sum(Sq_b * Skv_b) (TND)."""
     if layout == "TND":
-        return query.shape[0] * head_num
-    if layout == "BNSD":
-        b, s = query.shape[0], query.shape[2]
-    elif layout == "SBH":
-        s, b = query.shape[0], query.shape[1]
-    else:
-        b, s = query.shape[0], query.shape[1]
-    return b * head_num * s
+        _, ql = _lengths(_ends(actual_seq_qlen))
+        _, kl = _lengths(_ends(actual_seq_kvlen))
+        return head_num * sum(a * b for a, b in zip(ql, kl))
+    seq = {"BNSD": 2, "SBH": 0}.get(layout, 1)
+    batch = query.shape[1] if layout == "SBH" else query.shape[0]
+    return batch * head_num * query.shape[seq] * key.shape[seq]
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # the math of one sequence
 # ----------------------------------------------------------------------------------------------------------------
 def _attend(q: Tensor, k: Tensor, v: Tensor, vis: Tensor, bias: Optional[Tensor], scale: float, pse_type: int,
-            keep: Optional[Tensor], keep_prob: float) -> Tuple[Tensor, Tensor]:
+            keep: Optional[Tensor], keep_prob: float, sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """q [N1,Sq,D], k [N2,Skv,D], v [N2,Skv,vD] -> out [N1,Sq,vD], lse [N1,Sq]."""
     n1, sq, _ = q.shape
     n2, skv, vd = v.shape
     if skv == 0 or sq == 0:
         out = q.new_zeros(n1, sq, vd) + 0 * q.sum() + 0 * v.sum() + 0 * k.sum()  # keeps the autograd graph
+        if sink is not None:  # the sink alone: weight 1 on a zero value row
+            return out + 0 * sink.sum(), sink.detach().view(n1, 1).expand(n1, sq).clone()
         return out, q.new_full((n1, sq), float("-inf"))
     group = n1 // n2
     k = k.repeat_interleave(group, dim=0)
@@ -216,9 +216,14 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, vis: Tensor, bias: Optional[Tensor]
         s = s * scale + bias
     vis = vis.expand(n1, sq, skv)
     s = s.masked_fill(~vis, float("-inf"))
+    if sink is not None:
+        s = torch.cat([s, sink.view(n1, 1, 1).expand(n1, sq, 1)], dim=-1)
+        vis = torch.cat([vis, (sink != float("-inf")).view(n1, 1, 1).expand(n1, sq, 1)], dim=-1)
     empty = ~vis.any(dim=-1, keepdim=True)
     p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     lse = torch.logsumexp(s.detach(), dim=-1)
+    if sink is not None:
+        p = p[..., :-1]  # the sink's probability multiplies a zero value row
     if keep is not None:
         p = p * keep.to(p.dtype) / keep_prob
     return p @ v, lse
@@ -229,16 +234,17 @@ def attention_reference(query: Tensor, key: Tensor, value: Tensor, head_num: int
                         actual_seq_qlen=None, actual_seq_kvlen=None, scale: float = 1.0,
                         keep_prob: float = 1.0, dropout_keep: Optional[Tensor] = None,
                         pre_tokens: int = MAX_TOKENS, next_tokens: int = MAX_TOKENS, sparse_mode: int = 0,
-                        pse_type: int = 1, compute_dtype: Optional[torch.dtype] = torch.float64
-                        ) -> Tuple[Tensor, Tensor]:
+                        pse_type: int = 1, sink: Optional[Tensor] = None,
+                        compute_dtype: Optional[torch.dtype] = torch.float64) -> Tuple[Tensor, Tensor]:
     """Returns (attention_out in q's layout, logsumexp [B,N1,Sq] or [T,N1]), both in `compute_dtype`
-    (None = the inputs' dtype). `dropout_keep` is the [rows, cols] keep matrix of dropout_gen_mask and is
+    (None = the inputs' dtype). `dropout_keep` is the keep mask (read flattened, see the module doc) and is
     required when keep_prob < 1."""
     if keep_prob < 1.0 and dropout_keep is None:
         raise ValueError("the reference needs the explicit dropout keep matrix when keep_prob < 1")
     cd = compute_dtype or query.dtype
     q, k, v = query.to(cd), key.to(cd), value.to(cd)
     bias = pse.to(cd) if pse is not None else None
+    sink = sink.to(cd) if sink is not None else None
     tnd = input_layout == "TND"
     heads = split_heads(q, k, v, head_num, input_layout, actual_seq_qlen, actual_seq_kvlen)
     keep = dropout_keep if keep_prob < 1.0 else None
@@ -247,7 +253,7 @@ def attention_reference(query: Tensor, key: Tensor, value: Tensor, head_num: int
         sq, skv = heads.q_lens[b], heads.kv_lens[b]
         vis = visible_keys(sq, skv, sparse_mode, pre_tokens, next_tokens, _sequence_mask(atten_mask, b, sq, skv, tnd))
         out, lse = _attend(heads.q[b], heads.k[b], heads.v[b], vis, _sequence_pse(bias, b), scale, pse_type,
-                           _sequence_keep(keep, heads, b, tnd), keep_prob)
+                           _sequence_keep(keep, heads, b), keep_prob, sink)
         outs.append(out)
         lses.append(lse)
     if not outs:  # B == 0: shapes from the inputs
@@ -264,13 +270,13 @@ def attention_reference(query: Tensor, key: Tensor, value: Tensor, head_num: int
 # ----------------------------------------------------------------------------------------------------------------
 # gradients and the tolerance rule
 # ----------------------------------------------------------------------------------------------------------------
-GRAD_NAMES = ("query", "key", "value", "pse")
+GRAD_NAMES = ("query", "key", "value", "pse", "sink")
 
 
 def reference_with_grads(inputs: Dict[str, Optional[Tensor]], dy: Optional[Tensor], compute_dtype, **kwargs
                          ) -> Tuple[Tensor, Tensor, Dict[str, Tensor]]:
-    """Runs the reference on detached copies of inputs['query'/'key'/'value'/'pse'] (cast to compute_dtype, or kept
-    in their dtype when compute_dtype is None) and back-propagates dy. Returns (out, lse, {name: grad})."""
+    """Runs the reference on detached copies of inputs['query'/'key'/'value'/'pse'/'sink'] (cast to compute_dtype, or
+    kept in their dtype when compute_dtype is None) and back-propagates dy. Returns (out, lse, {name: grad})."""
     leaves = {}
     for name in GRAD_NAMES:
         t = inputs.get(name)
@@ -278,7 +284,7 @@ def reference_with_grads(inputs: Dict[str, Optional[Tensor]], dy: Optional[Tenso
             t = t.detach().to(compute_dtype or t.dtype)
             leaves[name] = t.requires_grad_(dy is not None)
     out, lse = attention_reference(leaves["query"], leaves["key"], leaves["value"], pse=leaves.get("pse"),
-                                   compute_dtype=compute_dtype, **kwargs)
+                                   sink=leaves.get("sink"), compute_dtype=compute_dtype, **kwargs)
     grads = {}
     if dy is not None:
         order = list(leaves)

@@ -64,6 +64,12 @@ def test_import_torch_npu_through_pythonpath():
         torch.npu.synchronize(); s.synchronize(); end.synchronize()
         assert start.elapsed_time(end) >= 0 and torch.npu.current_stream() == torch.npu.default_stream()
         import torch_npu.npu
+        for name in ("NPUGraph", "graph"):
+            try:
+                getattr(torch.npu, name)()
+                raise AssertionError(name)
+            except NotImplementedError as e:
+                assert "not simulated" in str(e)
         try:
             torch_npu.npu_rms_norm(x, x)
         except NotImplementedError as e:

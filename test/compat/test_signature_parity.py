@@ -32,8 +32,7 @@ def _schemas():
 SCHEMAS = _schemas()
 
 # Functions still being brought to upstream's signature (their tests are expected to fail until then). Must end empty.
-PENDING = {"_npu_dropout_gen_mask", "npu_attention_update", "npu_fusion_attention",
-           "npu_fusion_attention_grad", "npu_scatter_pa_kv_cache"}
+PENDING = set()
 
 
 def _names(names):
@@ -176,7 +175,9 @@ SAMPLES = {
     "npu_prompt_flash_attention": _bsh,
     "npu_incre_flash_attention": lambda: _bsh(1),
     "npu_fused_infer_attention_score": _bsh,
-    "npu_attention_update": lambda: (([torch.randn(6), torch.randn(6)], [torch.randn(6, 8), torch.randn(6, 8)], 0),
+    "npu_fused_infer_attention_score_v2": lambda: (_bsh()[0], {"num_query_heads": 2}),
+    # update_type 1: with 0 the second result is undefined upstream (None in Python)
+    "npu_attention_update": lambda: (([torch.randn(6), torch.randn(6)], [torch.randn(6, 8), torch.randn(6, 8)], 1),
                                      {}),
     "npu_scatter_pa_kv_cache": _scatter,
     "npu_rotary_mul": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {}),
@@ -224,6 +225,13 @@ def _result_count(schema):
     return len(schema.returns)
 
 
+# (function, result index) -> why that Tensor result may be None: upstream's kernel leaves it undefined (torch_npu
+# returns None for an undefined tensor).
+UNDEFINED_RESULTS = {
+    ("npu_fusion_attention_grad", 3): "dpse without pse",
+}
+
+
 def _check_result(schema, result):
     expected = _result_count(schema)
     if expected == "list":
@@ -234,8 +242,10 @@ def _check_result(schema, result):
         assert isinstance(result, torch.Tensor)
     else:
         assert isinstance(result, tuple) and len(result) == expected, (type(result), expected)
-        for value, ret in zip(result, schema.returns):
+        for i, (value, ret) in enumerate(zip(result, schema.returns)):
             kind = str(ret.type)
+            if value is None and (schema.name, i) in UNDEFINED_RESULTS:
+                continue
             assert isinstance(value, torch.Tensor if kind == "Tensor" else int), (kind, type(value))
 
 
@@ -256,8 +266,14 @@ def _optional_scalars_with_value_default(schema):
             and a.default_value is not None]
 
 
+# (function, argument) -> why None does not mean the schema's default there (upstream documents another meaning).
+NONE_IS_NOT_THE_DEFAULT = {
+    ("npu_scatter_pa_kv_cache", "cache_mode"): "upstream documents None as 'Norm' (ND caches) while the default is "
+                                               "'PA_NZ'; its test_scatter_pa_kv_cache.py passes None with ND caches",
+}
 OPTIONAL_SCALARS = [pytest.param(n, a.name, marks=[pytest.mark.xfail(reason="pending")] if n in PENDING else [])
-                    for n, s in sorted(SCHEMAS.items()) for a in _optional_scalars_with_value_default(s)]
+                    for n, s in sorted(SCHEMAS.items()) for a in _optional_scalars_with_value_default(s)
+                    if (n, a.name) not in NONE_IS_NOT_THE_DEFAULT]
 
 
 def _outcome(name, args, kwargs):

@@ -100,7 +100,8 @@ def test_wrapper_lists_and_num_kv_heads():
     args, bnsd, lens = make_inputs("BSH", q_lens=[5, 2, 9], kv_lens=[3, 11, 1])
     out = tot.npu_prompt_flash_attention(args["query"], args["key"], args["value"], actual_seq_lengths=[5, 2, 9],
                                          actual_seq_lengths_kv=[3, 11, 1], num_heads=4, num_key_value_heads=2,
-                                         scale_value=0.3, input_layout="BSH", sparse_mode=3)
+                                         scale_value=0.3, input_layout="BSH", sparse_mode=3,
+                                         atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1))
     _close(out, reference(bnsd, lens, "BSH", 0.3, mode=3)[0], torch.float32)
 
 
@@ -109,8 +110,9 @@ def test_fia_prefill_equals_pfa_and_lse(layout):
     args, bnsd, lens = make_inputs(layout, q_lens=Q_LENS, kv_lens=KV_LENS)
     a = dict(args)
     q, k, v = a.pop("query"), a.pop("key"), a.pop("value")
+    causal = torch.ones(1, 2048, 2048, dtype=torch.bool).triu(1)   # torch_npu: modes 2-4 take the optimised mask
     out, lse = tot.npu_fused_infer_attention_score(q, k, v, num_heads=4, scale=0.3, input_layout=layout,
-                                                   sparse_mode=3, softmax_lse_flag=True, **a)
+                                                   sparse_mode=3, atten_mask=causal, softmax_lse_flag=True, **a)
     pfa = _pfa(args, layout, 4, 0.3, sparse_mode=3)
     assert torch.equal(out, pfa)
     ref_out, ref_lse = reference(bnsd, lens, layout, 0.3, mode=3)

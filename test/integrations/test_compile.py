@@ -56,6 +56,28 @@ def test_npu_fusion_attention_aot_eager(layout):
     assert_matches_eager(fn, [q, k, v], "aot_eager")
 
 
+@pytest.mark.parametrize("variant", ["sink_seed", "tnd_softmax_layout_sink", "dropout_mask"])
+def test_npu_fusion_attention_newer_arguments_aot_eager(variant):
+    """sink (a differentiable input), softmax_layout, a fixed seed and an explicit dropout_mask trace in one graph and
+    match eager, gradients of sink included."""
+    from torch_ops_transformer.attention import _npu_dropout_gen_mask
+
+    if variant == "tnd_softmax_layout_sink":
+        q, k, v, sink = _leaves((10, 4, 8), (12, 2, 8), (12, 2, 8), (4,))
+        kw = dict(input_layout="TND", actual_seq_qlen=[3, 10], actual_seq_kvlen=[5, 12], softmax_layout="TND")
+    else:
+        q, k, v, sink = _leaves((2, 9, 4, 8), (2, 12, 2, 8), (2, 12, 2, 8), (4,))
+        kw = dict(input_layout="BSND", keep_prob=0.8, seed=7, offset=4)
+    if variant == "dropout_mask":
+        kw["dropout_mask"] = _npu_dropout_gen_mask(q, [2, 4, 9, 12], 0.2, 7, 4)
+
+    def fn(q, k, v, sink):
+        res = npu_fusion_attention(q, k, v, 4, scale=0.35, sink=None if variant == "dropout_mask" else sink, **kw)
+        return res[0] + 0 * res[1].sum() + 0 * sink.sum()
+
+    assert_matches_eager(fn, [q, k, v, sink], "aot_eager")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["BSND", "BSH"])
 def test_flash_attention_module_inductor(layout):

@@ -35,10 +35,13 @@ def test_npu_fusion_attention_returns_torch_npu_tuple():
     assert len(res) == 7
     out, smax, ssum, sout, seed, offset, numels = res
     assert out.shape == q.shape and smax.shape == ssum.shape == (2, 4, 9, 8) and sout.numel() == 0
-    assert all(type(x) is int for x in (seed, offset, numels)) and numels == 0
+    # numels: the dropout mask's element count, computed by torch_npu whether or not dropout is on
+    assert all(type(x) is int for x in (seed, offset, numels)) and numels == 2 * 4 * 9 * 14
     _check_against_reference(out, q, k, v, scale=0.25)
     *_, numels = npu_fusion_attention(q, k, v, 4, "BSND", keep_prob=0.9)
     assert numels == 2 * 4 * 9 * 14
+    *_, numels = npu_fusion_attention(q[0], k[0], v[0], 4, "TND", actual_seq_qlen=[4, 9], actual_seq_kvlen=[5, 14])
+    assert numels == 4 * (4 * 5 + 5 * 9)
 
 
 @pytest.mark.asan
@@ -76,6 +79,32 @@ def test_npu_fusion_attention_grad_requires_forward_outputs():
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="softmax_max"):
         npu_fusion_attention_grad(q, k, v, torch.zeros_like(q), 4, "BSND")
+
+
+@pytest.mark.parametrize("layout, mode, exc", [
+    ("BSND", 7, ValueError), ("BSND", -1, ValueError), ("TND", 5, ValueError), ("TND", 9, ValueError),
+    ("BSND", 5, NotImplementedError), ("BSND", 6, NotImplementedError), ("TND", 6, NotImplementedError),
+    ("TND", 8, NotImplementedError),
+])
+def test_npu_fusion_attention_sparse_mode_ranges_as_torch_npu(layout, mode, exc):
+    """torch_npu's ranges ([0, 6], TND [0, 5) or (5, 8]): outside them a ValueError (torch_npu raises too), inside
+    them modes 5-8 are not implemented here; both messages name the argument."""
+    q, k, v = _qkv()
+    kw = {} if layout == "BSND" else dict(actual_seq_qlen=[9], actual_seq_kvlen=[14])
+    args = (q, k, v) if layout == "BSND" else (q[0], k[0], v[0])
+    for fn in (lambda: npu_fusion_attention(*args, 4, layout, sparse_mode=mode, **kw),
+               lambda: npu_fusion_attention_grad(*args, args[0], 4, layout, softmax_max=q, softmax_sum=q,
+                                                 attention_in=q, sparse_mode=mode, **kw)):
+        with pytest.raises(exc, match="'sparse_mode'"):
+            fn()
+
+
+def test_npu_fusion_attention_layout_is_case_insensitive_and_pse_dtype_must_match():
+    q, k, v = _qkv()
+    assert torch.equal(npu_fusion_attention(q, k, v, 4, "bsnd", scale=0.25)[0],
+                       npu_fusion_attention(q, k, v, 4, "BSND", scale=0.25)[0])
+    with pytest.raises(TypeError, match="'pse'"):
+        npu_fusion_attention(q, k, v, 4, "BSND", pse=torch.zeros(2, 4, 9, 14, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------- flash_attn_func

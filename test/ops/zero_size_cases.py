@@ -27,6 +27,11 @@ def _fa_grad():
     return (q, k, k, torch.zeros_like(out), 2, "BNSD"), dict(softmax_max=smax, softmax_sum=ssum, attention_in=out)
 
 
+def _fa_grad_sink():
+    args, kw = _fa_grad()
+    return args, dict(kw, sink=torch.zeros(2))
+
+
 def _gmm_grad():
     x, w = [_r(0, 8)], [_r(8, 4)]
     out, act = OPS.grouped_matmul(x, w, [], torch.tensor([0]))
@@ -43,7 +48,9 @@ CASES = {
                                   dict(actual_seq_qlen=torch.tensor([0, 0]), actual_seq_kvlen=torch.tensor([0, 0]))),
                          [(0, 2, 16), (0, 2, 8), (0, 2, 8), (0,), (), ()]),
     },
-    "flash_attention_score_grad": {"bnsd_sq0": (_fa_grad, [(1, 2, 0, 16), (1, 2, 4, 16), (1, 2, 4, 16), (0,)])},
+    "flash_attention_score_grad": {"bnsd_sq0": (_fa_grad, [(1, 2, 0, 16), (1, 2, 4, 16), (1, 2, 4, 16), (0,), (0,)]),
+                                   "bnsd_sq0_sink": (_fa_grad_sink, [(1, 2, 0, 16), (1, 2, 4, 16), (1, 2, 4, 16), (0,),
+                                                                     (2,)])},
     "dropout_gen_mask": {"rows0": (lambda: ((torch.tensor(1, dtype=I64), torch.tensor(0, dtype=I64), 0, 16, 0.9),
                                             {}), [(0, 16)])},
     "rotary_position_embedding": {"s0": (lambda: ((_r(1, 0, 2, 16), _r(1, 0, 1, 16), _r(1, 0, 1, 16)), {}),

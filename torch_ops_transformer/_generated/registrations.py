@@ -14,9 +14,9 @@ OpInfo.__doc__ = ("One op of native_functions.yaml: its user doc, the dispatch k
 
 # Every op of torch.ops.npu_fa, by name.
 OPS = {
-    'flash_attention_score': OpInfo("FlashAttention training forward (CANN FlashAttentionScore): out = Dropout(Softmax(Mask(scale*(pse + Q Kᵀ)))) V (pse_type=1; pse_type=0 adds pse after scaling). Layouts BSH, SBH, BSND, BNSD, TND (TND: actual_seq_qlen/actual_seq_kvlen are int64 tensors of cumulative ends, last = T). atten_mask is bool/uint8 with True/1 = masked out. sparse_mode 0-4 as in CANN (2 top-left causal, 3 bottom-right causal, 4 band from bottom-right). seed/offset are int64 scalar tensors selecting the dropout stream; when keep_prob < 1 and seed is None a seed is drawn from the default CPU generator. Returns attention_out (q's dtype, vD), softmax_max and softmax_sum (fp32, [B,N,Sq,8] or [T,N,8]), softmax_out (empty, reserved), and the seed/offset used.", ('CPU', 'PrivateUse1'), True, True),
-    'flash_attention_score_grad': OpInfo("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum, regenerates the forward's dropout mask from seed/offset, and returns dq, dk, dv (shapes and dtypes of query/key/value) and dpse (pse's shape, or an empty tensor without pse). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU', 'PrivateUse1'), False, True),
-    'dropout_gen_mask': OpInfo("The keep-mask (True = kept) that flash_attention_score's dropout draws for a [rows, cols] matrix of attention rows: row r uses the stream of attention row r (row id ((b*N1 + n)*Sq + i), or t*N1 + n for TND) and column c its key index. Counter-based (Philox4x32-10), so it is independent of tiling and threads.", ('CPU',), False, True),
+    'flash_attention_score': OpInfo('FlashAttention training forward (CANN FlashAttentionScore): out = Dropout(Softmax(Mask(scale*(pse + Q Kᵀ)))) V (pse_type=1; pse_type=0 adds pse after scaling). Layouts BSH, SBH, BSND, BNSD, TND (TND: actual_seq_qlen/actual_seq_kvlen are int64 tensors of cumulative ends, last = T). atten_mask is bool/uint8 with True/1 = masked out. sparse_mode 0-4 as in CANN (2 top-left causal, 3 bottom-right causal, 4 band from bottom-right). sink (float32 [head_num]) adds one logit per head to every softmax row, compared with the scaled scores, whose value row is 0 (attention sinks). Dropout keeps element e of the flattened [B,N,Sq,Skv] mask (TND: the [N,Sq_b,Skv_b] blocks of the sequences in order) by a Philox stream keyed by seed/offset (int64 scalar tensors; when keep_prob < 1 and seed is None a seed is drawn from the default CPU generator), or by bit e of dropout_mask (uint8, bit-packed LSB first) when given. Returns attention_out (q\'s dtype, vD), softmax_max and softmax_sum (fp32 [B,N,Sq,8]; TND a [T,N,8] tensor in NTD row order, or TND order with softmax_layout="TND"), softmax_out (empty, reserved), and the seed/offset used.', ('CPU', 'PrivateUse1'), True, True),
+    'flash_attention_score_grad': OpInfo("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum (in the order softmax_layout names, as the forward returned them), regenerates the forward's dropout mask from seed/offset (or reads dropout_mask), and returns dq, dk, dv (shapes and dtypes of query/key/value), dpse (pse's shape, or an empty tensor without pse) and dsink (float32 [head_num], dsink_n = -sum over the rows of head n of exp(sink_n - lse) * rowsum(dy * attention_in); an empty float32 tensor without sink). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU', 'PrivateUse1'), False, True),
+    'dropout_gen_mask': OpInfo("The keep-mask (True = kept) of flash_attention_score's dropout stream for seed/offset: its first rows*cols elements, as a [rows, cols] matrix (element (r, c) is element r*cols + c of the flattened mask; rows = B*N*Sq, cols = Skv gives a dense call's [B,N,Sq,Skv] mask). Counter-based (Philox4x32-10), so it is independent of tiling and threads.", ('CPU',), False, True),
     'attention_tile_config': OpInfo('Overrides the CPU FlashAttention tile sizes (query rows x key rows per tile), process-wide: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice (derived from the L2 cache size, head dim and dtype by each kernel). Returns the overrides in force, [block_q, block_kv], 0 meaning automatic.', ('CatchAll',), False, False),
     'npu_attention_tile_config': OpInfo("Overrides the tile sizes of the Ascend C FlashAttention forward kernel run by flash_attention_score on the npu device (query rows s1_block x key rows s2_block per task), process-wide, with attention_tile_config's conventions: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice of the kernel's tiling. Returns the overrides in force, [s1_block, s2_block], 0 meaning automatic. Sizes the tiling cannot use surface as its error at the next npu flash_attention_score call.", ('CatchAll',), False, False),
     'rotary_position_embedding': OpInfo("Rotary position embedding (CANN RotaryPositionEmbedding): out = x*cos + rotate(x)*sin over the last dim D (even). mode 0 half (rotate_half, NeoX/LLaMA), 1 interleave (GPT-J), 2 quarter (cat(-x2,x1,-x4,x3), D % 4 == 0), 3 interleave-half (x is first reordered to cat(x[0::2], x[1::2]), then half mode). x of any layout (BNSD, BSND, SBND, TND...); cos/sin end in D and broadcast to x by the usual right-aligned rules. fp32/fp16/bf16/fp64, computed in fp32 (fp64 for fp64). Returns a new contiguous tensor of x's shape and dtype.", ('CPU', 'PrivateUse1'), True, True),
@@ -29,7 +29,7 @@ OPS = {
     'fused_infer_attention_score': OpInfo('CANN FusedInferAttentionScore: prefill and decode in one entry. Without block_table it runs the prompt_flash_attention path (same layouts, lengths, masks, sparse modes, pse_shift; any Sq, so also contiguous-cache decode). With block_table (paged KV cache) every argument means the same as on the keys laid out contiguously: one-token calls whose band hides no key run npu_fa::incre_flash_attention in place (actual_seq_lengths_kv as its per-batch KV lengths), the rest the prefill path on the gathered blocks (mask and pse_shift indexed by key position, last dim >= the longest sequence). A physical block may appear in several block_table entries (read-only). Returns (attention_out, softmax_lse): softmax_lse is fp32 [B,N,Sq,1] ([T,N,1] for TND) = logsumexp of the scaled, masked scores (-inf for rows that see no key or lie beyond their sequence) when softmax_lse_flag, else an empty tensor.', ('CPU',), False, True),
     'attention_update': OpInfo('Merges K partial attention results computed over disjoint key ranges (ring / context-parallel attention): lse [K, ...] fp32 (or fp64), out [K, ..., D]; returns attention_out [..., D] = sum_i exp(lse_i - L) out_i and softmax_lse [...] = L = log sum_i exp(lse_i). A partial lse of -inf (empty key range) gets weight exactly 0; if all are -inf the row is 0 with L = -inf. Differentiable in both inputs.', ('CPU',), True, True),
     'attention_update_grad': OpInfo('Backward of attention_update: with w_i = exp(lse_i - L), grad_out_i = w_i g and grad_lse_i = w_i (grad_softmax_lse + out_i·g - attention_out·g); zero for -inf partial lse.', ('CPU',), False, True),
-    'incre_flash_attention': OpInfo("Decode attention (CANN IncreFlashAttention): one query token per sequence against a KV cache, out = Softmax(Mask(scale_value * q Kᵀ + pse_shift)) V per query head, GQA/MQA through num_key_value_heads. query BSH [B,1,N1*D], BSND [B,1,N1,D] or BNSD [B,N1,1,D]; output has query's shape and dtype. Contiguous cache: key/value [B,S,N2*D] (BSH), [B,S,N2,D] (BSND), [B,N2,S,D] (BNSD); sequence b reads cache positions [S - pad - len_b, S - pad) with pad = kv_padding_size (0 when absent) and len_b = actual_seq_lengths[b] (S when absent). Paged cache (block_table int32 [B, max_blocks_per_seq] given): key/value (num_blocks, block_size, N2*D) or, for BNSD, (num_blocks, N2, block_size, D); logical key j of sequence b is row j % block_size of physical block block_table[b, j // block_size] (a block may back several logical blocks: the cache is only read); actual_seq_lengths is required. atten_mask (bool/uint8, True = masked; (B,S), (B,1,S), (B,1,1,S)) and pse_shift ([B or 1, N1, 1, S], added after scaling) are indexed by cache position (logical key index for a paged cache). Query heads without any visible key (length 0 or fully masked) give zeros. fp32 accumulation for fp32/fp16/bf16; deterministic.", ('CPU', 'PrivateUse1'), False, True),
+    'incre_flash_attention': OpInfo("Decode attention (CANN IncreFlashAttention): one query token per sequence against a KV cache, out = Softmax(Mask(scale_value * q Kᵀ + pse_shift)) V per query head, GQA/MQA through num_key_value_heads. query BSH [B,1,N1*D], BSND [B,1,N1,D] or BNSD [B,N1,1,D]; output has query's shape and dtype. Contiguous cache: key/value [B,S,N2*D] (BSH), [B,S,N2,D] (BSND), [B,N2,S,D] (BNSD); sequence b reads cache positions [S - pad - len_b, S - pad) with pad = kv_padding_size (0 when absent; a one-element int tensor) and len_b = actual_seq_lengths[b] (S when absent). Paged cache (block_table int32 [B, max_blocks_per_seq] given): key/value (num_blocks, block_size, N2*D) or, for BNSD, (num_blocks, N2, block_size, D); logical key j of sequence b is row j % block_size of physical block block_table[b, j // block_size] (a block may back several logical blocks: the cache is only read); actual_seq_lengths is required. atten_mask (bool/uint8, True = masked; (B,S), (B,1,S), (B,1,1,S)) and pse_shift ([B or 1, N1, 1, S], added after scaling) are indexed by cache position (logical key index for a paged cache). Query heads without any visible key (length 0 or fully masked) give zeros. fp32 accumulation for fp32/fp16/bf16; deterministic.", ('CPU', 'PrivateUse1'), False, True),
     'all_gather_matmul': OpInfo("MC2 AllGatherMatmul: out = AllGather(x1) @ x2 + bias over the process group named group_name (world_size ranks; AllGather concatenates every rank's x1 [m, k] along rows, rank-major, into [world_size*m, k]). gather_out is that gathered x1 when gather_output, else an empty tensor. gather_index must be 0 (x1 is gathered). x1 is split into `chunks` row chunks (0 = automatic from the shapes and world size): the gather of chunk c+1 runs while chunk c is multiplied. Backward: dx1 = matmul_reduce_scatter(dout, x2ᵀ), dx2 = gathered_x1ᵀ dout, dbias = column sums of dout.", ('CPU', 'PrivateUse1'), True, True),
     'all_gather_matmul_grad': OpInfo('Backward of all_gather_matmul: dx1 = ReduceScatter(grad_out @ x2ᵀ) (the fused matmul_reduce_scatter pipeline), dx2 = gather_out ᵀ grad_out (x1 is gathered again, overlapped with dx1, when gather_out is empty), dbias = grad_out summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
     'matmul_reduce_scatter': OpInfo("MC2 MatmulReduceScatter: ReduceScatter(x1 @ x2) + bias over the process group named group_name: the sum of every rank's [m, n] product, of which rank r keeps rows [r*m/world_size, (r+1)*m/world_size) (m must be divisible by world_size). bias is added once, after the reduction (a row-parallel Linear's bias); its gradient is the group total, identical on every rank. Each rank's row block is split into `chunks` (0 = automatic): the reduce-scatter of chunk c runs while chunk c+1 is multiplied. Backward: dx1 = AllGather(dout) @ x2ᵀ (the fused all_gather_matmul pipeline), dx2 = x1ᵀ AllGather(dout).", ('CPU', 'PrivateUse1'), True, True),
@@ -94,20 +94,20 @@ def _fake_kernel(module, fn):
     return getattr(importlib.import_module(module), fn)
 
 
-FlashAttentionScoreArgs = collections.namedtuple('FlashAttentionScoreArgs', ['query', 'key', 'value', 'head_num', 'input_layout', 'pse', 'atten_mask', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset'])
+FlashAttentionScoreArgs = collections.namedtuple('FlashAttentionScoreArgs', ['query', 'key', 'value', 'head_num', 'input_layout', 'pse', 'atten_mask', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset', 'softmax_layout', 'sink', 'dropout_mask'])
 
 
-def _fake_flash_attention_score(query, key, value, head_num, input_layout, pse=None, atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None):
-    a = FlashAttentionScoreArgs(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset)
+def _fake_flash_attention_score(query, key, value, head_num, input_layout, pse=None, atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None, softmax_layout="", sink=None, dropout_mask=None):
+    a = FlashAttentionScoreArgs(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask)
     check_devices('flash_attention_score', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen', 'seed', 'offset'))
     return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score')(a)
 
 
-FlashAttentionScoreGradArgs = collections.namedtuple('FlashAttentionScoreGradArgs', ['query', 'key', 'value', 'dy', 'head_num', 'input_layout', 'pse', 'atten_mask', 'softmax_max', 'softmax_sum', 'attention_in', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset'])
+FlashAttentionScoreGradArgs = collections.namedtuple('FlashAttentionScoreGradArgs', ['query', 'key', 'value', 'dy', 'head_num', 'input_layout', 'pse', 'atten_mask', 'softmax_max', 'softmax_sum', 'attention_in', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset', 'softmax_layout', 'sink', 'dropout_mask'])
 
 
-def _fake_flash_attention_score_grad(query, key, value, dy, head_num, input_layout, *, pse=None, atten_mask=None, softmax_max, softmax_sum, attention_in, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None):
-    a = FlashAttentionScoreGradArgs(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset)
+def _fake_flash_attention_score_grad(query, key, value, dy, head_num, input_layout, *, pse=None, atten_mask=None, softmax_max, softmax_sum, attention_in, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None, softmax_layout="", sink=None, dropout_mask=None):
+    a = FlashAttentionScoreGradArgs(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask)
     check_devices('flash_attention_score_grad', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen', 'seed', 'offset'))
     return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score_grad')(a)
 
@@ -216,7 +216,7 @@ IncreFlashAttentionArgs = collections.namedtuple('IncreFlashAttentionArgs', ['qu
 
 def _fake_incre_flash_attention(query, key, value, atten_mask=None, pse_shift=None, actual_seq_lengths=None, block_table=None, kv_padding_size=None, num_heads=1, scale_value=1.0, input_layout="BSH", num_key_value_heads=0, block_size=0, inner_precise=1):
     a = IncreFlashAttentionArgs(query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise)
-    check_devices('incre_flash_attention', a._asdict().items(), host=('actual_seq_lengths',))
+    check_devices('incre_flash_attention', a._asdict().items(), host=('actual_seq_lengths', 'kv_padding_size'))
     return _fake_kernel('torch_ops_transformer.fake.inference', 'incre_flash_attention')(a)
 
 
@@ -437,9 +437,9 @@ def _fake_moe_token_unpermute_grad(permuted_tokens, grad_unpermuted_tokens, sort
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
-    (query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset,) = inputs
+    (query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask,) = inputs
     (attention_out, softmax_max, softmax_sum, softmax_out, seed_out, offset_out,) = output
-    ctx.save_for_backward(query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out)
+    ctx.save_for_backward(query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out, sink, dropout_mask)
     ctx.head_num = head_num
     ctx.input_layout = input_layout
     ctx.scale = scale
@@ -449,11 +449,12 @@ def _setup_flash_attention_score(ctx, inputs, output):
     ctx.inner_precise = inner_precise
     ctx.sparse_mode = sparse_mode
     ctx.pse_type = pse_type
+    ctx.softmax_layout = softmax_layout
     ctx.mark_non_differentiable(softmax_max, softmax_sum, softmax_out, seed_out, offset_out)
 
 
 def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, grad_softmax_sum, grad_softmax_out, grad_seed_out, grad_offset_out):
-    (query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out,) = ctx.saved_tensors
+    (query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out, sink, dropout_mask,) = ctx.saved_tensors
     grads = torch.ops.npu_fa.flash_attention_score_grad.default(
         query,
         key,
@@ -477,6 +478,9 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
         pse_type=ctx.pse_type,
         seed=seed_out,
         offset=offset_out,
+        softmax_layout=ctx.softmax_layout,
+        sink=sink,
+        dropout_mask=dropout_mask,
     )
     return (
         grads[0] if _needs_grad(ctx, 0) else None,  # query
@@ -497,6 +501,9 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
         None,  # pse_type
         None,  # seed
         None,  # offset
+        None,  # softmax_layout
+        grads[4] if _needs_grad(ctx, 19) else None,  # sink
+        None,  # dropout_mask
     )
 
 

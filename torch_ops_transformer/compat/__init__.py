@@ -137,6 +137,9 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     utils = types.ModuleType("torch_npu.npu.utils")  # torch_npu's device utilities: the device module's functions
     utils.__dict__.update({k: v for k, v in vars(mod.npu).items() if not k.startswith("__")})
     mod.npu.utils = sys.modules["torch_npu.npu.utils"] = utils
+    from torch_ops_transformer.mc2 import hccl_names
+
+    hccl_names.install()  # group.get_hccl_comm_name(rank) and friends, for the MC2 functions' `hcom`
     from . import testing
 
     for name, sub in testing.modules().items():  # torch_npu.testing: what torch_npu's own tests import

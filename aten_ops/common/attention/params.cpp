@@ -10,6 +10,7 @@
 #include <limits>
 #include <sstream>
 
+#include "common/checked_math.h"
 #include "generated/kernels.h"
 
 namespace npu_fa::attention {
@@ -174,7 +175,60 @@ uint64_t read_scalar(const char* op, const char* arg, const at::Tensor& t) {
   return static_cast<uint64_t>(t.item<int64_t>());
 }
 
+// softmax_layout: "" (torch_npu's default: TND statistics in NTD order) or "TND" (TND order), the latter only with
+// input_layout TND. Returns whether TND statistics are in NTD order.
+bool softmax_layout_ntd(const char* op, c10::string_view s, Layout layout) {
+  TORCH_CHECK_VALUE(s.empty() || s == "TND", op, ": argument 'softmax_layout' must be \"\" (the default) or \"TND\"; got '",
+                    std::string(s.data(), s.size()), "'");
+  TORCH_CHECK_VALUE(s.empty() || layout == Layout::TND, op, ": argument 'softmax_layout'=\"TND\" is only supported with "
+                    "input_layout TND; got input_layout ", layout_name(layout));
+  return s.empty();
+}
+
+// The flattened dropout mask (see AttentionParams::dropout_base), the seed/offset of the stream, or the explicit
+// bit-packed mask that replaces it.
+template <class Args>
+void set_dropout(const char* op, const Args& args, AttentionParams& p, AttentionInputs& in) {
+  // The seed/offset given are read (and returned by the forward) even without dropout, as torch_npu echoes them.
+  if (args.seed.has_value()) p.seed = read_scalar(op, "seed", *args.seed);
+  if (args.offset.has_value()) p.offset = read_scalar(op, "offset", *args.offset);
+  p.dropout_base.resize(p.batch);
+  int64_t total = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    p.dropout_base[b] = total;
+    const int64_t per_head = checked_mul(op, "the dropout mask size Sq * Skv", p.q_len[b], p.kv_len[b]);
+    total = checked_add(op, "the dropout mask size", total, checked_mul(op, "the dropout mask size", per_head, p.q_heads));
+  }
+  p.dropout_numel = total;
+  if (args.dropout_mask.has_value()) {
+    const at::Tensor& m = *args.dropout_mask;
+    TORCH_CHECK_TYPE(m.scalar_type() == at::kByte, op, ": argument 'dropout_mask' must be uint8 (a bit-packed keep "
+                     "mask as made by _npu_dropout_gen_mask); got ", m.scalar_type());
+    TORCH_CHECK_VALUE(m.device() == args.query.device(), op, ": argument 'dropout_mask' must be on ", args.query.device(),
+                      "; got ", m.device());
+    const int64_t bytes = (total + 7) / 8;
+    TORCH_CHECK_VALUE(m.numel() >= bytes, op, ": argument 'dropout_mask' must hold at least ", total, " bits (", bytes,
+                      " bytes: one bit per element of the [B, N1, Sq, Skv] attention, N1 * sum(Sq_b * Skv_b) for TND); "
+                      "got ", m.numel(), " bytes");
+    if (p.has_dropout()) {
+      in.dropout_mask = m.contiguous();
+      p.dropout_bits = in.dropout_mask.const_data_ptr<uint8_t>();
+    }
+  } else if (p.has_dropout() && !args.seed.has_value()) {
+    p.seed = static_cast<uint64_t>(at::randint(std::numeric_limits<int64_t>::max(), {}, at::kLong).item<int64_t>());
+  }
+}
+
 }  // namespace
+
+void AttentionParams::dropout_keep(int64_t b, int64_t head, int64_t i, int64_t j0, int64_t n, uint8_t* keep) const {
+  const int64_t e0 = dropout_base[b] + (head * q_len[b] + i) * kv_len[b] + j0;
+  if (!dropout_bits) return dropout_keep_run(seed, offset, keep_prob, e0, n, keep);
+  for (int64_t x = 0; x < n; ++x) {
+    const int64_t e = e0 + x;
+    keep[x] = (dropout_bits[e >> 3] >> (e & 7)) & 1;
+  }
+}
 
 Band AttentionParams::band(int64_t b) const {
   const int64_t diag = kv_len[b] - q_len[b];  // bottom-right alignment
@@ -309,17 +363,21 @@ AttentionParams parse_attention_params(const char* op, const Args& args, Attenti
   p.out = row_map(p, at::empty(output_shape(p, args.query), at::TensorOptions().dtype(dt).device(at::kMeta)), true,
                   p.v_head_dim);
 
-  // softmax stats: [B, N1, Sq, 8] or [T, N1, 8], contiguous; dropout row ids: ((b*N1 + n)*Sq + i) or t*N1 + n.
+  // Row ids: ((b*N1 + n)*Sq + i), or t*N1 + n for TND. softmax stats: [B, N1, Sq, 8], or for TND a [T, N1, 8] tensor
+  // holding the rows in TND order (softmax_layout "TND") or, as torch_npu's default, in NTD order (row (t, n) at
+  // n*T + t: the memory of an [N1, T, 8] tensor).
+  const bool stats_ntd = softmax_layout_ntd(op, args.softmax_layout, p.layout) && tnd;
+  const int64_t tokens = tnd ? qd.seq : 0;
   p.stats.batch_offset.resize(p.batch);
-  p.dropout_row.batch_offset.resize(p.batch);
+  p.row_id.batch_offset.resize(p.batch);
   for (int64_t b = 0; b < p.batch; ++b) {
-    p.dropout_row.batch_offset[b] = tnd ? q_start[b] * args.head_num : b * args.head_num * qd.seq;
-    p.stats.batch_offset[b] = p.dropout_row.batch_offset[b] * 8;
+    p.row_id.batch_offset[b] = tnd ? q_start[b] * args.head_num : b * args.head_num * qd.seq;
+    p.stats.batch_offset[b] = (stats_ntd ? q_start[b] : p.row_id.batch_offset[b]) * 8;
   }
-  p.dropout_row.head_stride = p.layout == Layout::TND ? 1 : qd.seq;
-  p.dropout_row.seq_stride = p.layout == Layout::TND ? args.head_num : 1;
-  p.stats.head_stride = p.dropout_row.head_stride * 8;
-  p.stats.seq_stride = p.dropout_row.seq_stride * 8;
+  p.row_id.head_stride = tnd ? 1 : qd.seq;
+  p.row_id.seq_stride = tnd ? args.head_num : 1;
+  p.stats.head_stride = (stats_ntd ? tokens : p.row_id.head_stride) * 8;
+  p.stats.seq_stride = (stats_ntd ? 1 : p.row_id.seq_stride) * 8;
 
   if (args.atten_mask.has_value()) {
     const at::Tensor& m = *args.atten_mask;
@@ -344,14 +402,17 @@ AttentionParams parse_attention_params(const char* op, const Args& args, Attenti
     in.pse_f32 = args.pse->to(at::kFloat);
     p.pse = pse_view(op, names.pse, in.pse_f32, p);
   }
-  if (p.has_dropout()) {
-    if (args.seed.has_value()) {
-      p.seed = read_scalar(op, "seed", *args.seed);
-    } else {
-      p.seed = static_cast<uint64_t>(at::randint(std::numeric_limits<int64_t>::max(), {}, at::kLong).item<int64_t>());
-    }
-    p.offset = args.offset.has_value() ? read_scalar(op, "offset", *args.offset) : 0;
+  if (args.sink.has_value()) {
+    const at::Tensor& sk = *args.sink;
+    TORCH_CHECK_TYPE(sk.scalar_type() == at::kFloat, op, ": argument 'sink' must be float32; got ", sk.scalar_type());
+    TORCH_CHECK_VALUE(sk.dim() == 1 && sk.size(0) == args.head_num, op, ": argument 'sink' must have shape [head_num] = [",
+                      args.head_num, "] (one logit per query head); got ", shape_str(sk.sizes()));
+    TORCH_CHECK_VALUE(sk.device() == args.query.device(), op, ": argument 'sink' must be on ", args.query.device(),
+                      "; got ", sk.device());
+    in.sink_f32 = sk.contiguous();
+    p.sink = in.sink_f32.const_data_ptr<float>();
   }
+  set_dropout(op, args, p, in);
   return p;
 }
 
@@ -406,8 +467,9 @@ void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntAr
 }
 
 AttentionParams parse_backward_params(const char* op, const FlashAttentionScoreGradArgs& args, AttentionInputs& inputs) {
-  TORCH_CHECK_VALUE(args.keep_prob >= 1.0 || args.seed.has_value(), op, ": argument 'seed' is required when keep_prob "
-                    "< 1 (pass the seed_out/offset_out of the forward so the same dropout mask is regenerated)");
+  TORCH_CHECK_VALUE(args.keep_prob >= 1.0 || args.seed.has_value() || args.dropout_mask.has_value(), op,
+                    ": argument 'seed' is required when keep_prob < 1 and no dropout_mask is given (pass the "
+                    "seed_out/offset_out of the forward so the same dropout mask is regenerated)");
   const AttentionParams p = parse_attention_params(op, args, inputs);
   const auto out_shape = output_shape(p, args.query);
   const auto stats = stats_shape(p, args.query);
@@ -425,15 +487,14 @@ AttentionParams parse_backward_params(const char* op, const FlashAttentionScoreG
   return p;
 }
 
-void dropout_keep_row(uint64_t seed, uint64_t row, float keep_prob, int64_t j0, int64_t n, uint8_t* keep) {
+void dropout_keep_run(uint64_t seed, uint64_t offset, float keep_prob, int64_t e0, int64_t n, uint8_t* keep) {
   const uint64_t threshold = static_cast<uint64_t>(static_cast<double>(keep_prob) * 4294967296.0);
   uint32_t words[4];
-  int64_t j = j0;
-  const int64_t end = j0 + n;
-  while (j < end) {
-    const uint64_t block = static_cast<uint64_t>(j) >> 2;
-    Philox::generate(seed, row, block, words);
-    for (int64_t w = j & 3; w < 4 && j < end; ++w, ++j) keep[j - j0] = static_cast<uint64_t>(words[w]) < threshold;
+  int64_t e = e0;
+  const int64_t end = e0 + n;
+  while (e < end) {
+    Philox::generate(seed, offset, static_cast<uint64_t>(e) >> 2, words);
+    for (int64_t w = e & 3; w < 4 && e < end; ++w, ++e) keep[e - e0] = static_cast<uint64_t>(words[w]) < threshold;
   }
 }
 

@@ -70,8 +70,13 @@ struct AttentionParams {
   std::vector<int64_t> q_start, kv_start;  // first token of each sequence on the seq axis (0 unless TND)
   RowMap q, k, v;              // rows of the (contiguous-in-D) inputs
   RowMap out;                  // rows of attention_out / dy / attention_in (contiguous, q's layout, vD)
-  RowMap stats;                // rows of softmax_max / softmax_sum (8 fp32 values per row)
-  RowMap dropout_row;          // row ids of the dropout stream (stride 1 per row)
+  RowMap stats;                // rows of softmax_max / softmax_sum (8 fp32 values per row; TND: NTD or TND order)
+  RowMap row_id;               // dense ids of the query rows (b, n, i), 0 .. rows-1, for per-row scratch buffers
+  // Dropout element (b, n, i, j) has index dropout_base[b] + (n * q_len[b] + i) * kv_len[b] + j in the flattened
+  // mask: [B, N1, Sq, Skv] for the dense layouts, the [N1, Sq_b, Skv_b] blocks of the sequences one after the other
+  // for TND (torch_npu's dropout mask order, numels = N1 * sum(Sq_b * Skv_b)).
+  std::vector<int64_t> dropout_base;
+  int64_t dropout_numel = 0;
   float scale = 1.f;
   float keep_prob = 1.f;
   int64_t pre_tokens = 0, next_tokens = 0;
@@ -79,9 +84,13 @@ struct AttentionParams {
   int64_t pse_type = 1;
   std::optional<MaskView> mask;        // only when the mask must be applied element-wise (modes 0 and 1)
   std::optional<PseView> pse;
-  uint64_t seed = 0, offset = 0;       // dropout stream (used when keep_prob < 1)
+  const float* sink = nullptr;         // fp32 [N1]: one extra logit per head in every softmax row (value 0)
+  uint64_t seed = 0, offset = 0;       // dropout stream (used when keep_prob < 1 and no dropout_bits)
+  const uint8_t* dropout_bits = nullptr;  // an explicit bit-packed keep mask (bit e of byte e/8, LSB first)
 
   bool has_dropout() const { return keep_prob < 1.f; }
+  // Keep-flags of keys [j0, j0 + n) of row i of sequence b, head n: from dropout_bits when given, else the stream.
+  void dropout_keep(int64_t b, int64_t head, int64_t i, int64_t j0, int64_t n, uint8_t* keep) const;
   // The structural band of sequence b (sparse mode and pre/next tokens).
   Band band(int64_t b) const;
   // Classifies the tile rows [i0, i1) x keys [j0, j1) of sequence b by the band alone (the explicit mask,
@@ -112,7 +121,7 @@ void AttentionParams::mask_row(int64_t b, int64_t n, int64_t i, int64_t j0, int6
 // Tensors the kernels read; parse_attention_params() makes them contiguous in D (and converts pse to fp32),
 // and keeps them alive for the views above.
 struct AttentionInputs {
-  at::Tensor query, key, value, pse_f32, mask_u8;
+  at::Tensor query, key, value, pse_f32, mask_u8, sink_f32, dropout_mask;
 };
 
 // The user-facing names of the arguments whose names differ between the ops sharing this parser (the inference
@@ -156,6 +165,8 @@ void check_shape(const char* op, const char* arg, const at::Tensor& t, at::IntAr
 AttentionParams parse_backward_params(const char* op, const FlashAttentionScoreGradArgs& args, AttentionInputs& inputs);
 
 // ---- Dropout: a counter-based Philox4x32-10 stream, so masks do not depend on tiling or threads. ----
+// Element e of a flattened mask draws word e % 4 of the block (counter = (e / 4, offset)) under key seed: the
+// offset selects an independent subsequence, and the mask of a call depends only on (seed, offset, e).
 struct Philox {
   static inline void round(uint32_t c[4], const uint32_t k[2]) {
     const uint64_t p0 = uint64_t(0xD2511F53u) * c[0];
@@ -165,9 +176,9 @@ struct Philox {
     const uint32_t n0 = hi1 ^ c[1] ^ k[0], n2 = hi0 ^ c[3] ^ k[1];
     c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
   }
-  // Four uint32 random words for the counter (block, row) under key seed.
-  static inline void generate(uint64_t seed, uint64_t row, uint64_t block, uint32_t out[4]) {
-    uint32_t c[4] = {uint32_t(block), uint32_t(block >> 32), uint32_t(row), uint32_t(row >> 32)};
+  // Four uint32 random words for the counter (block, offset) under key seed.
+  static inline void generate(uint64_t seed, uint64_t offset, uint64_t block, uint32_t out[4]) {
+    uint32_t c[4] = {uint32_t(block), uint32_t(block >> 32), uint32_t(offset), uint32_t(offset >> 32)};
     uint32_t k[2] = {uint32_t(seed), uint32_t(seed >> 32)};
     for (int r = 0; r < 10; ++r) {
       round(c, k);
@@ -177,8 +188,9 @@ struct Philox {
   }
 };
 
-// Keep-flags of keys [j0, j0 + n) of dropout row `row` (row id + offset): keep[j] = 1 if kept.
-void dropout_keep_row(uint64_t seed, uint64_t row, float keep_prob, int64_t j0, int64_t n, uint8_t* keep);
+// Keep-flags of the mask elements [e0, e0 + n) of the stream (seed, offset): keep[x] = 1 if element e0 + x is kept,
+// i.e. its word is below keep_prob * 2^32.
+void dropout_keep_run(uint64_t seed, uint64_t offset, float keep_prob, int64_t e0, int64_t n, uint8_t* keep);
 
 // ---- Tile sizes (process-wide, overridable through npu_fa::attention_tile_config). ----
 struct TileConfig {

@@ -60,7 +60,8 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   const FlashAttentionScoreArgs fa{query, key, value, a.num_heads, base, a.pse_shift, mask,
                                    tnd ? a.actual_seq_lengths : none, tnd ? a.actual_seq_lengths_kv : none,
                                    prompt_scale(a), /*keep_prob=*/1.0, pre, next, a.inner_precise, a.sparse_mode,
-                                   /*pse_type=*/0, /*seed=*/none, /*offset=*/none};
+                                   /*pse_type=*/0, /*seed=*/none, /*offset=*/none,
+                                   /*softmax_layout=*/tnd ? "TND" : "", /*sink=*/none, /*dropout_mask=*/none};
   r.p = parse_attention_params(op, fa, in, names);
   AttentionParams& p = r.p;
   TORCH_CHECK_VALUE(a.num_key_value_heads == 0 || a.num_key_value_heads == p.kv_heads, op,

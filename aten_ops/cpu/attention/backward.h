@@ -144,7 +144,7 @@ struct Item {
   int64_t cost;
 };
 
-// Per-row softmax statistics and Di, indexed by the dense row id p.dropout_row.at(b, n, i).
+// Per-row softmax statistics and Di, indexed by the dense row id p.row_id.at(b, n, i).
 struct RowStats {
   const float* max;  // +inf for fully masked rows, so exp(s - max) is 0 there; NaN for NaN rows
   const float* inv;  // 1 / sum, 0 for fully masked rows; NaN for NaN rows (exp_u20 clamps a NaN argument, the
@@ -164,6 +164,8 @@ struct Ctx {
   float* dpse;               // fp32, pse-shaped, zero strides on summed dims; null without pse
   int64_t dpse_sb, dpse_sn, dpse_si;
   int64_t bq, bkv, slices, panel;
+  float* d_part;             // [slices][row count]: sum_j P_j dP_j of the slice's keys (with a sink only, for dsink)
+  int64_t row_count;         // row ids: softmax_max.numel() / 8
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -272,7 +274,7 @@ class Worker {
     const int64_t kt_ld = kVnni ? 0 : bkv_;
     gemm<G>(nq, nkv, D_, q, lq, kt_.data(), kt_ld, s_.data(), bkv_, false, panel);     // S = Q K^T
     gemm<G>(nq, nkv, vD_, dy, ldy, vt_.data(), kt_ld, dp_.data(), bkv_, false, panel);  // dP = dY V^T
-    softmax_grad(b, n, i0, nq, j0, nkv, kind);  // s_ <- dropout(P), dp_ <- scale * dS
+    softmax_grad(b, n, slice, i0, nq, j0, nkv, kind);  // s_ <- dropout(P), dp_ <- scale * dS
 
     const int64_t nq2 = kVnni ? round_even(nq) : nq, nkv2 = kVnni ? round_even(nkv) : nkv;
     const G *qb = q, *dyb = dy, *ds = nullptr;
@@ -295,7 +297,7 @@ class Worker {
     }
     gemm<G>(nkv, vD_, nq2, pd_t_.data(), bq2_, dyb, ldyb, dv_acc_.data(), vD_, true, panel);  // dV += P^T dY
     gemm<G>(nkv, D_, nq2, ds_t_.data(), bq2_, qb, lqb, dk_acc_.data(), D_, true, panel);      // dK += dS^T Q
-    const RowMap& rid = p_.dropout_row;
+    const RowMap& rid = p_.row_id;
     float* dq = c_.dq_part + slice * c_.dq_part_stride + rid.at(b, n, i0) * D_;
     gemm<G>(nq, D_, nkv2, ds, kVnni ? bkv2_ : bkv_, kb_.data(), D_, dq, rid.seq_stride * D_, true, panel);  // dQ += dS K
   }
@@ -319,29 +321,34 @@ class Worker {
   }
 
   // Row-wise: logits (scale, pse, mask) -> P from the saved statistics; dS = P * (dP * M/kp - Di). Leaves
-  // P * M/kp in s_ (for dV) and scale * dS in dp_ (for dQ and dK), and accumulates dpse.
-  void softmax_grad(int64_t b, int64_t n, int64_t i0, int64_t nq, int64_t j0, int64_t nkv, TileKind kind) {
+  // P * M/kp in s_ (for dV) and scale * dS in dp_ (for dQ and dK), and accumulates dpse (and, with a sink, the row's
+  // sum_j P_j * dP_j * M_j/kp for dsink).
+  void softmax_grad(int64_t b, int64_t n, int64_t slice, int64_t i0, int64_t nq, int64_t j0, int64_t nkv,
+                    TileKind kind) {
     const float scale = p_.scale;
     const float pse_grad = p_.pse_type == 1 ? scale : 1.f;
     const bool dropout = p_.has_dropout();
     const float inv_keep = 1.f / p_.keep_prob;
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t i = i0 + r;
-      const int64_t id = p_.dropout_row.at(b, n, i);
+      const int64_t id = p_.row_id.at(b, n, i);
       float* s = s_.data() + r * bkv_;
       float* d = dp_.data() + r * bkv_;
       logits(b, n, i, j0, nkv, s);
       if (kind == TileKind::Partial) p_.mask_row(b, n, i, j0, nkv, s);
       if (dropout) {
-        attention::dropout_keep_row(p_.seed, p_.offset + id, p_.keep_prob, j0, nkv, keep_.data());
+        p_.dropout_keep(b, n, i, j0, nkv, keep_.data());
         for (int64_t j = 0; j < nkv; ++j) row_[j] = keep_[j] ? inv_keep : 0.f;
       }
       float* g = c_.dpse ? c_.dpse + b * c_.dpse_sb + n * c_.dpse_sn + i * c_.dpse_si + j0 : nullptr;
+      float* dsum = c_.d_part ? c_.d_part + slice * c_.row_count + id : nullptr;
       if (std::isnan(c_.rows.max[id])) {  // rare: keeps the loop below free of per-element tests
         nan_row(s, d, g, nkv);
+        if (dsum) *dsum = std::numeric_limits<float>::quiet_NaN();
         continue;
       }
       const Vec vmax(c_.rows.max[id]), vinv(c_.rows.inv[id]), vdi(c_.rows.di[id]), vscale(scale), vpg(pse_grad);
+      Vec pdp(0.f);
       for (int64_t j = 0; j < nkv; j += Vec::size()) {
         const int64_t cnt = std::min<int64_t>(Vec::size(), nkv - j);
         const Vec prob = (Vec::loadu(s + j, cnt) - vmax).exp_u20() * vinv;
@@ -353,9 +360,12 @@ class Worker {
         }
         const Vec ds = prob * (dpv - vdi);
         if (g) (Vec::loadu(g + j, cnt) + ds * vpg).store(g + j, cnt);
+        // Lanes past cnt: loadu zero-fills them, so prob * dpv adds 0 there.
+        if (dsum) pdp = at::vec::fmadd(prob, dpv, pdp);
         pd.store(s + j, cnt);
         (ds * vscale).store(d + j, cnt);
       }
+      if (dsum) *dsum += at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, pdp);
     }
   }
 
@@ -434,7 +444,7 @@ void prepare_rows(const AttentionParams& p, const BackwardTensors& t, float* mx,
   for_each_row_block(p, [&](int64_t b, int64_t n, int64_t i0, int64_t i1) {
     std::vector<float> a(vD), c(vD);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t id = p.dropout_row.at(b, n, i), st = p.stats.at(b, n, i);
+      const int64_t id = p.row_id.at(b, n, i), st = p.stats.at(b, n, i);
       const float m = smax[st], s = ssum[st];
       if (std::isnan(m) || std::isnan(s)) {  // the forward row is NaN: so are its probabilities and gradients
         mx[id] = inv[id] = std::numeric_limits<float>::quiet_NaN();
@@ -455,6 +465,30 @@ void prepare_rows(const AttentionParams& p, const BackwardTensors& t, float* mx,
   });
 }
 
+// dsink[n] = -sum over the rows of head n of P_sink * D, P_sink = exp(sink - max) / sum (the statistics include the
+// sink) and D = sum_j P_j dP_j summed over the slices' partials. That D is the one Di approximates: Di = rowsum(dY * O)
+// reads O rounded to the input dtype, an error that the sum over all rows of a head would accumulate. Rows and
+// slices are summed in a fixed order (double accumulator): deterministic.
+inline void finish_dsink(const AttentionParams& p, const float* mx, const float* inv, const float* d_part,
+                         int64_t slices, int64_t rows, at::Tensor& dsink) {
+  float* out = dsink.data_ptr<float>();
+  at::parallel_for(0, p.q_heads, 1, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      double acc = 0.0;
+      for (int64_t b = 0; b < p.batch; ++b) {
+        for (int64_t i = 0; i < p.q_len[b]; ++i) {
+          const int64_t id = p.row_id.at(b, n, i);
+          if (inv[id] == 0.f) continue;  // a dead row saw neither a key nor the sink
+          double d = 0.0;
+          for (int64_t s = 0; s < slices; ++s) d += d_part[s * rows + id];
+          acc += std::exp(double(p.sink[n]) - double(mx[id])) * double(inv[id]) * d;  // NaN rows stay NaN
+        }
+      }
+      out[n] = static_cast<float>(-acc);
+    }
+  });
+}
+
 // dq = sum of the slice partials in slice order, converted to the input dtype.
 template <typename T>
 void finish_dq(const AttentionParams& p, BackwardTensors& t, const float* part, int64_t slices, int64_t stride) {
@@ -463,7 +497,7 @@ void finish_dq(const AttentionParams& p, BackwardTensors& t, const float* part, 
   for_each_row_block(p, [&](int64_t b, int64_t n, int64_t i0, int64_t i1) {
     std::vector<float> acc(D);
     for (int64_t i = i0; i < i1; ++i) {
-      const float* src = part + p.dropout_row.at(b, n, i) * D;
+      const float* src = part + p.row_id.at(b, n, i) * D;
       std::copy(src, src + D, acc.begin());
       for (int64_t s = 1; s < slices; ++s)
         for (int64_t d = 0; d < D; ++d) acc[d] += src[s * stride + d];
@@ -507,12 +541,13 @@ void run(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t
   const int64_t max_tiles = std::max<int64_t>(1, ceil_div(p.max_kv_len, bkv));
   const int64_t slices = threads <= 1 ? 1 : std::clamp<int64_t>(ceil_div(4 * threads, base_items), 1, max_tiles);
   at::Tensor dq_part = at::zeros({slices, rows, D}, f32);
+  at::Tensor d_part = p.sink ? at::zeros({slices, rows}, f32) : at::Tensor();
 
   at::Tensor dpse;
   Ctx<T> c{p, in.query.const_data_ptr<T>(), in.key.const_data_ptr<T>(), in.value.const_data_ptr<T>(),
            t.dy.const_data_ptr<T>(), t.dk.data_ptr<T>(), t.dv.data_ptr<T>(), t.dk_rows, t.dv_rows,
            RowStats{st, st + rows, st + 2 * rows}, dq_part.data_ptr<float>(), rows * D, nullptr, 0, 0, 0,
-           bq, bkv, slices, panel};
+           bq, bkv, slices, panel, p.sink ? d_part.data_ptr<float>() : nullptr, rows};
   if (t.dpse.defined()) {
     dpse = t.dpse.scalar_type() == at::kFloat ? t.dpse.zero_() : at::zeros(t.dpse.sizes(), f32);
     c.dpse = dpse.data_ptr<float>();
@@ -530,6 +565,7 @@ void run(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t
   });
 
   finish_dq<T>(p, t, dq_part.const_data_ptr<float>(), slices, rows * D);
+  if (p.sink) finish_dsink(p, st, st + rows, d_part.const_data_ptr<float>(), slices, rows, t.dsink);
   if (t.dpse.defined() && t.dpse.scalar_type() != at::kFloat) t.dpse.copy_(dpse);
 }
 

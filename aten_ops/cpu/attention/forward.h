@@ -644,15 +644,15 @@ class ForwardKernel {
   }
 
   void apply_dropout(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s) {
-    attention::dropout_keep_row(p_.seed, p_.offset + static_cast<uint64_t>(p_.dropout_row.at(b, n, i)), p_.keep_prob,
-                                j0, nk, keep_.data());
+    p_.dropout_keep(b, n, i, j0, nk, keep_.data());
     const float inv = 1.f / p_.keep_prob;
     for (int64_t j = 0; j < nk; ++j) s[j] = keep_[j] ? s[j] * inv : 0.f;
   }
 
   // out = acc / l in q's dtype (acc is scaled in place); softmax_max/sum repeated 8 times. A row that saw no key
-  // gets 0, -inf, 0.
+  // gets 0, -inf, 0 (with a sink: 0, sink, 1).
   void write_row(int64_t b, int64_t n, int64_t i, float m, float l, float* acc) {
+    if (p_.sink) add_sink(p_.sink[n], m, l, acc);
     const bool empty = l == 0.f;
     if (empty) std::fill_n(acc, vD_, 0.f);
     else scale_row(acc, vD_, 1.f / l);
@@ -660,6 +660,30 @@ class ForwardKernel {
     const int64_t st = p_.stats.at(b, n, i);
     std::fill_n(max_ + st, 8, empty ? kNegInf : m);
     std::fill_n(sum_ + st, 8, empty ? 0.f : l);
+  }
+
+  // The sink as one more key of the online softmax, with score s and a zero value row: m = max(m, s) and
+  // l += exp(s - m). Adding it last gives the same statistics as starting from (m, l) = (s, 1), also for rows
+  // merged from split key ranges. A NaN or +inf sink makes the row NaN (exp(inf - inf) in the math); -inf adds
+  // nothing.
+  void add_sink(float s, float& m, float& l, float* acc) {
+    if (s == kNegInf) return;
+    if (std::isnan(m) || !(s < std::numeric_limits<float>::infinity())) {
+      m = l = online_softmax::kNaN;
+      std::fill_n(acc, vD_, online_softmax::kNaN);
+      return;
+    }
+    if (l == 0.f) {  // no visible key: the sink alone (P = 1 on a zero value row)
+      m = s;
+      l = 1.f;
+      std::fill_n(acc, vD_, 0.f);
+      return;
+    }
+    const float m_new = std::max(m, s);
+    const float alpha = std::exp(m - m_new);
+    l = l * alpha + std::exp(s - m_new);
+    m = m_new;
+    if (alpha != 1.f) scale_row(acc, vD_, alpha);
   }
 
   const AttentionParams& p_;

@@ -23,10 +23,10 @@ struct ForwardOutputs {
 // Inputs and outputs of the backward. dy and attention_in are contiguous in q's layout (rows at params.out);
 // softmax_max/sum contiguous fp32 (rows at params.stats). dq/dk/dv are contiguous tensors of query/key/value's
 // shape and dtype with their rows given by dq_rows/dk_rows/dv_rows; dpse is defined (pse's shape and dtype,
-// contiguous) only when params.pse is set.
+// contiguous) only when params.pse is set; dsink is float32 [N1] (zeros on entry), written only with params.sink.
 struct BackwardTensors {
   at::Tensor dy, attention_in, softmax_max, softmax_sum;
-  at::Tensor dq, dk, dv, dpse;
+  at::Tensor dq, dk, dv, dpse, dsink;
   RowMap dq_rows, dk_rows, dv_rows;
 };
 

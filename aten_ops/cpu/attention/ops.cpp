@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 #include "common/attention/params.h"
 #include "common/checked_math.h"
 #include "cpu/attention/kernels.h"
@@ -34,7 +36,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
           scalar_long(p.offset)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score_grad_cpu(
     const FlashAttentionScoreGradArgs& args) {
   static constexpr const char* op = "flash_attention_score_grad";
   AttentionInputs in;
@@ -51,6 +53,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
   t.dk_rows = attention::row_map(p, t.dk, false, p.head_dim);
   t.dv_rows = attention::row_map(p, t.dv, false, p.v_head_dim);
   if (args.pse.has_value()) t.dpse = at::empty(args.pse->sizes(), args.pse->options());
+  // dsink as torch_npu returns it: float32 [head_num], or an empty float32 tensor without sink.
+  t.dsink = at::zeros({args.sink.has_value() ? p.q_heads : 0}, args.key.options().dtype(at::kFloat));
   if (has_work(p)) {
     attention_backward_stub(p, in, t);
   } else {
@@ -59,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_score
     t.dv.zero_();
     if (t.dpse.defined()) t.dpse.zero_();
   }
-  return {t.dq, t.dk, t.dv, t.dpse.defined() ? t.dpse : at::empty({0}, args.query.options())};
+  return {t.dq, t.dk, t.dv, t.dpse.defined() ? t.dpse : at::empty({0}, args.query.options()), t.dsink};
 }
 
 at::Tensor dropout_gen_mask_cpu(const DropoutGenMaskArgs& args) {
@@ -76,10 +80,15 @@ at::Tensor dropout_gen_mask_cpu(const DropoutGenMaskArgs& args) {
   const uint64_t off = static_cast<uint64_t>(args.offset.item<int64_t>());
   at::Tensor keep = at::empty({args.rows, args.cols}, args.seed.options().dtype(at::kBool));
   uint8_t* data = reinterpret_cast<uint8_t*>(keep.data_ptr<bool>());
-  at::parallel_for(0, args.rows, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      attention::dropout_keep_row(s, off + static_cast<uint64_t>(r), static_cast<float>(args.keep_prob), 0, args.cols,
-                                  data + r * args.cols);
+  // Chunks of the flattened mask (a multiple of 4 elements: one Philox block is never split between threads).
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t total = args.rows * args.cols;
+  at::parallel_for(0, (total + kChunk - 1) / kChunk, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t e0 = c * kChunk;
+      attention::dropout_keep_run(s, off, static_cast<float>(args.keep_prob), e0, std::min(kChunk, total - e0),
+                                  data + e0);
+    }
   });
   return keep;
 }
