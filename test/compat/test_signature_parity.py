@@ -31,14 +31,6 @@ def _schemas():
 
 SCHEMAS = _schemas()
 
-# Functions still being brought to upstream's signature (their tests are expected to fail until then). Must end empty.
-PENDING = set()
-
-
-def _names(names):
-    return [pytest.param(n, marks=pytest.mark.xfail(reason="pending")) if n in PENDING else n for n in names]
-
-
 def _ours(name):
     fn = _args.TORCH_NPU_API.get(name)
     return fn if fn is not None else getattr(tot, name, None)
@@ -96,7 +88,7 @@ def signature_mismatches(name):
     return problems
 
 
-@pytest.mark.parametrize("name", _names(sorted(SCHEMAS)))
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_signature_matches_upstream(name):
     assert signature_mismatches(name) == []
 
@@ -253,7 +245,7 @@ def test_every_function_has_a_sample():
     assert sorted(SCHEMAS) == sorted(SAMPLES)
 
 
-@pytest.mark.parametrize("name", _names(sorted(SCHEMAS)))
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_results_match_upstream_count_and_types(name):
     args, kwargs = SAMPLES[name]()
     _check_result(SCHEMAS[name], _ours(name)(*args, **kwargs))
@@ -271,9 +263,7 @@ NONE_IS_NOT_THE_DEFAULT = {
     ("npu_scatter_pa_kv_cache", "cache_mode"): "upstream documents None as 'Norm' (ND caches) while the default is "
                                                "'PA_NZ'; its test_scatter_pa_kv_cache.py passes None with ND caches",
 }
-OPTIONAL_SCALARS = [pytest.param(n, a.name, marks=[pytest.mark.xfail(reason="pending")] if n in PENDING else [])
-                    for n, s in sorted(SCHEMAS.items()) for a in _optional_scalars_with_value_default(s)
-                    if (n, a.name) not in NONE_IS_NOT_THE_DEFAULT]
+OPTIONAL_SCALARS = [(n, a.name) for n, s in sorted(SCHEMAS.items()) for a in _optional_scalars_with_value_default(s)]
 
 
 def _outcome(name, args, kwargs):
