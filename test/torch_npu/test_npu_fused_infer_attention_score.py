@@ -45,7 +45,7 @@ import torch
 
 from test.common.reference import check_tolerance
 from test.torch_npu.common import DEVICE, on_cpu, to_device, torch_npu
-from test.torch_npu.upstream_checks import assert_rtol_equal
+from test.torch_npu.rtol import assert_rtol_equal
 
 SCALE = 1 / 0.0078125
 

@@ -34,7 +34,7 @@ from test.common.reference import check_tolerance
 from test.torch_npu.common import on_cpu, to_device, torch_npu
 from test.torch_npu.test_npu_fused_infer_attention_score import (SCALE, _check_out, _golden_lse, _golden_ntd, _ones,
                                                                  _randn)
-from test.torch_npu.upstream_checks import assert_rtol_equal
+from test.torch_npu.rtol import assert_rtol_equal
 
 
 def _v2_bnsd(q, k, v, lse):

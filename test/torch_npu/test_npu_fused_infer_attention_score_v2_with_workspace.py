@@ -17,7 +17,7 @@ import torch
 
 from test.torch_npu.common import on_cpu, to_device, torch_npu
 from test.torch_npu.test_npu_fused_infer_attention_score import SCALE, _check_out, _golden_lse, _randn
-from test.torch_npu.upstream_checks import assert_rtol_equal
+from test.torch_npu.rtol import assert_rtol_equal
 
 
 @pytest.mark.parametrize("lse", [True, False], ids=["return_softmax_lse_true", "return_softmax_lse_false"])

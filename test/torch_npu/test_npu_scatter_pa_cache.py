@@ -13,7 +13,7 @@ Upstream case (TestScatterPaCache, Ascend950 only):
 import torch
 
 from test.torch_npu.common import on_cpu, to_device, torch_npu
-from test.torch_npu.upstream_checks import assert_rtol_equal
+from test.torch_npu.rtol import assert_rtol_equal
 
 
 def test_npu_scatter_pa_cache_as_the_norm_write():

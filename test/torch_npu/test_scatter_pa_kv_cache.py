@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from test.torch_npu.common import DEVICE, on_cpu, to_device, torch_npu
-from test.torch_npu.upstream_checks import assert_rtol_equal
+from test.torch_npu.rtol import assert_rtol_equal
 
 
 def _golden_nz(key, value, key_cache, value_cache, slots, block_size, last):
