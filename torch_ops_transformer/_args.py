@@ -183,7 +183,7 @@ def host_int_tensor(op: str, name: str, value: IntList, device) -> Optional[Tens
 # torch_npu's `int?` dtype arguments (output_dtype, x_dtype...) take a torch.dtype or its ScalarType code; the codes
 # of the dtypes torch itself lacks (hifloat8, float4, float8_e8m0...) and the 8-bit float and int8 formats are
 # quantised data, which this package does not implement.
-_SCALAR_TYPE_CODES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
+SCALAR_TYPE_CODES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
                       5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
 # torch_npu's own dtype constants (integer codes of formats torch lacks), exposed by the shim so code naming them
 # runs; passing one selects a quantised format (NotImplementedError here).
@@ -199,7 +199,7 @@ def same_dtype_or_none(op: str, name: str, value, dtype: Optional[torch.dtype], 
     if isinstance(value, bool) or not isinstance(value, (int, torch.dtype)):
         raise TypeError(f"{op}: argument '{name}' must be None, a torch.dtype or a torch_npu dtype code (int); "
                         f"got {value!r}")
-    resolved = _SCALAR_TYPE_CODES.get(value) if isinstance(value, int) else value
+    resolved = SCALAR_TYPE_CODES.get(value) if isinstance(value, int) else value
     if dtype is None or resolved != dtype:
         expected = "None" if dtype is None else f"None or {dtype}"
         raise NotImplementedError(f"{op}: {feature} is not implemented; argument '{name}' must be {expected}; "

@@ -28,8 +28,8 @@ COMM_MODES = ("ai_cpu", "aiv")
 WORLD_SIZES = (2, 4, 8, 16, 32)
 # Output dtypes the wrappers produce by casting the result; other dtypes are quantised outputs.
 RESULT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# torch_npu passes dtypes to its `int?` arguments (y_dtype, x1_dtype, ...) as c10::ScalarType codes.
-_SCALAR_TYPE_CODES = {5: torch.float16, 6: torch.float32, 7: torch.float64, 15: torch.bfloat16}
+# torch_npu passes dtypes to its `int?` arguments (y_dtype, x1_dtype, ...) as c10::ScalarType codes: the float ones.
+_FLOAT_CODES = {code: d for code, d in _args.SCALAR_TYPE_CODES.items() if d.is_floating_point}
 
 
 def _hccl_comm_name(pg) -> Optional[str]:
@@ -108,11 +108,11 @@ def _as_dtype(op: str, name: str, value) -> Optional[torch.dtype]:
     if value is None or isinstance(value, torch.dtype):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
-        if value not in _SCALAR_TYPE_CODES:
+        if value not in _FLOAT_CODES:
             raise NotImplementedError(f"{op}: argument '{name}' = {value} is a quantised (fp8/fp4/hifloat8) or "
                                       f"integer dtype code; only float16 (5), bfloat16 (15), float32 (6) and "
                                       f"float64 (7) are implemented")
-        return _SCALAR_TYPE_CODES[value]
+        return _FLOAT_CODES[value]
     raise TypeError(f"{op}: argument '{name}' must be a torch.dtype (or its int code) or None; got "
                     f"{type(value).__name__}")
 
