@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from test.common.ranks import run_ranks
 from test.common.reference import check_tolerance
+from test.torch_npu import rtol
 from test.torch_npu.common import DEVICE, on_cpu
 
 WORLD = 2  # torch_npu's tests use 2 or 8 NPUs; 2 processes keep the suite fast on a small machine
@@ -58,17 +59,30 @@ def per_rank(seed: int, world: int, shape, dtype, low: float = -1.0, high: float
 
 
 def assert_rtol_equal(name: str, ours: torch.Tensor, expected: torch.Tensor, prec: float) -> None:
-    """torch_npu's assertRtolEqual(ours, expected, prec, prec), with the shim's implementation of its criterion
-    (torch_ops_transformer.compat.testing), on the CPU."""
-    from torch_ops_transformer.compat.testing import TestCase
-
-    ours, expected = on_cpu(ours), on_cpu(expected).to(ours.dtype)
-    if ours.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds its values exactly
-        ours, expected = ours.float(), expected.float()
+    """torch_npu's assertRtolEqual(ours, expected, prec, prec) (test/torch_npu/rtol.py), on the CPU, in ours' dtype."""
     try:
-        TestCase().assertRtolEqual(ours, expected, prec, prec)
+        rtol.assert_rtol_equal(on_cpu(expected).to(ours.dtype), ours, prec, prec)
     except AssertionError as e:
         raise AssertionError(f"{name}: {e}") from None
+
+
+def all_reduced(t: torch.Tensor) -> torch.Tensor:
+    """A summed copy of `t` over the default group (the golden of the all-reduce functions)."""
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
+def comm_mode_worker(rank, world, port, out_dir, check_case, check_options) -> None:
+    """The rank body of the all-gather and reduce-scatter ports: float16 under both comm modes, bfloat16 with the
+    default, then the option checks. Bind check_case/check_options with functools.partial (picklable for spawn)."""
+    group = init_group(rank, world, port)
+    hcom = hcom_name(group, rank)
+    for i, comm_mode in enumerate(("aiv", "ai_cpu")):
+        check_case(rank, world, hcom, torch.float16, comm_mode, seed=10 * i)
+    check_case(rank, world, hcom, torch.bfloat16, None, seed=30)
+    check_options(rank, world, group)
+    passed(rank, out_dir)
 
 
 def assert_tolerance(name: str, ours: torch.Tensor, ref64: torch.Tensor, same: torch.Tensor) -> None:

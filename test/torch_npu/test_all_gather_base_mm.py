@@ -15,6 +15,8 @@ Upstream cases (an HCCL world of 8 NPUs, `hcom` from `get_hccl_comm_name`, resul
 Argument errors torch_npu raises (world_size outside {2, 4, 8, 16, 32}, comm_mode values, gather_output with
 'aiv') are checked in test_argument_errors, without a process group (they are raised before `hcom` is resolved).
 """
+import functools
+
 import pytest
 import torch
 
@@ -57,14 +59,7 @@ def _check_options(rank, world, group):
         torch_npu.npu_all_gather_base_mm(x1, to_device(x2[:-1]), group.group_name, world)
 
 
-def _worker(rank, world, port, out_dir):
-    group = mc2_ranks.init_group(rank, world, port)
-    hcom = mc2_ranks.hcom_name(group, rank)
-    for i, comm_mode in enumerate(("aiv", "ai_cpu")):
-        _check_case(rank, world, hcom, torch.float16, comm_mode, seed=10 * i)
-    _check_case(rank, world, hcom, torch.bfloat16, None, seed=30)
-    _check_options(rank, world, group)
-    mc2_ranks.passed(rank, out_dir)
+_worker = functools.partial(mc2_ranks.comm_mode_worker, check_case=_check_case, check_options=_check_options)
 
 
 def test_all_gather_base_mm_on_ranks(tmp_path):

@@ -15,6 +15,8 @@ Upstream cases (an HCCL world of 8 NPUs, `hcom` from `get_hccl_comm_name`):
 The argument errors torch_npu raises before communicating (world_size, reduce_op, comm_mode) are checked in
 test_argument_errors without a process group.
 """
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -61,14 +63,7 @@ def _check_options(rank, world, group):
                                              world)
 
 
-def _worker(rank, world, port, out_dir):
-    group = mc2_ranks.init_group(rank, world, port)
-    hcom = mc2_ranks.hcom_name(group, rank)
-    for i, comm_mode in enumerate(("aiv", "ai_cpu")):
-        _check_case(rank, world, hcom, torch.float16, comm_mode, seed=10 * i)
-    _check_case(rank, world, hcom, torch.bfloat16, None, seed=30)
-    _check_options(rank, world, group)
-    mc2_ranks.passed(rank, out_dir)
+_worker = functools.partial(mc2_ranks.comm_mode_worker, check_case=_check_case, check_options=_check_options)
 
 
 def test_mm_reduce_scatter_base_on_ranks(tmp_path):
