@@ -147,8 +147,8 @@ def test_flash_attn_func_rejects_bad_arguments():
         flash_attn_func(q, k, v, dropout_p=1.0)
     with pytest.raises(ValueError, match="window_size"):
         flash_attn_func(q, k, v, window_size=(-2, 0))
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):  # a feature not implemented
-        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4))
+    with pytest.raises(TypeError, match="alibi_slopes"):  # FlashAttention-2 takes float32 slopes only
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------- flash_attn_varlen_func
