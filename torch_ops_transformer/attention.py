@@ -293,6 +293,12 @@ def _alibi(op: str, alibi_slopes: Optional[Tensor], batch: int, heads: int) -> T
     return alibi_slopes, 2
 
 
+def _fa2_causal(mode: int, pre: int, nxt: int, seqlen_k) -> bool:
+    """Whether FlashAttention-2 runs its causal kernel: causal, or a window (left, 0) whose left reaches seqlen_k
+    (it resets such a left side to -1)."""
+    return mode == 3 or (mode == 4 and nxt == 0 and isinstance(seqlen_k, int) and pre >= seqlen_k)
+
+
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
@@ -320,7 +326,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     if not return_attn_probs:
         return out
     lse = _lse(smax, ssum)
-    if pse is not None and mode == 3:
+    if pse is not None and _fa2_causal(mode, pre, nxt, k.shape[1]):
         # FlashAttention-2's causal kernels add slope * j instead of -slope * |i + Skv - Sq - j| (the softmax cancels
         # the row constant slope * (i + Skv - Sq)); its softmax_lse carries that constant, so add it.
         row = torch.arange(q.shape[1], device=lse.device, dtype=lse.dtype) + (k.shape[1] - q.shape[1])
@@ -383,7 +389,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     # FlashAttention's softmax_lse [N1, T] contiguous.
     n1, t = q.shape[1], q.shape[0]
     lse = _lse(smax.view(n1, t, 8), ssum.view(n1, t, 8))
-    if pse is not None and mode == 3:  # FlashAttention-2's causal lse constant, as in flash_attn_func
+    if pse is not None and _fa2_causal(mode, pre, nxt, max_seqlen_k):  # the causal lse constant, as flash_attn_func
         cu_q, cu_k = cu_seqlens_q.to(torch.int64), cu_seqlens_k.to(torch.int64)
         seq = torch.bucketize(torch.arange(t, device=cu_q.device), cu_q[1:], right=True)  # sequence of each token
         row = torch.arange(t, device=cu_q.device) - cu_q[seq]

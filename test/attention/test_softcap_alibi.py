@@ -158,6 +158,18 @@ def test_flash_attn_func(dtype, causal, window, softcap, slopes_shape):
     check_tolerance("flash_attn_func lse", lse, ref_lse, same_lse)
 
 
+def test_flash_attn_func_wide_left_window_is_causal_for_lse():
+    """FlashAttention-2 resets a left window >= seqlen_k to -1: (9, 0) on 9 keys is its causal kernel, whose lse
+    carries slope * (i + Skv - Sq)."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = torch.randn(1, 6, 2, 8, generator=g), torch.randn(1, 9, 2, 8, generator=g), torch.randn(1, 9, 2, 8,
+                                                                                                        generator=g)
+    slopes = torch.tensor([0.3, 0.6])
+    _, lse_c, _ = tot.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, return_attn_probs=True)
+    _, lse_w, _ = tot.flash_attn_func(q, k, v, window_size=(9, 0), alibi_slopes=slopes, return_attn_probs=True)
+    torch.testing.assert_close(lse_w, lse_c)
+
+
 def test_flash_attn_func_gradients_softcap_alibi():
     g = torch.Generator().manual_seed(6)
     q = torch.randn(1, 5, 2, 8, generator=g, dtype=torch.float64).requires_grad_()
