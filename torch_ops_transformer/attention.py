@@ -269,7 +269,14 @@ def _lse(smax: Tensor, ssum: Tensor) -> Tensor:
     return torch.where(lse == -math.inf, math.inf, lse)
 
 
-def _check_fa_args(op: str, dropout_p, softcap):
+def _check_fa_args(op: str, alibi_slopes, dropout_p):
+    """For FlashAttention-2 functions without an ALiBi path: dropout_p in [0, 1), alibi_slopes None."""
+    _args.not_implemented(op, "ALiBi (pass the bias through npu_fusion_attention(pse=...))", alibi_slopes=alibi_slopes)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1); got {dropout_p}")
+
+
+def _check_fa2_args(op: str, dropout_p, softcap):
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1); got {dropout_p}")
     if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not math.isfinite(softcap) or softcap < 0:
@@ -313,7 +320,7 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     no key have lse = +inf.
     """
     op = "flash_attn_func"
-    _check_fa_args(op, dropout_p, softcap)
+    _check_fa2_args(op, dropout_p, softcap)
     pse, pse_type = _alibi(op, alibi_slopes, q.shape[0], q.shape[2])
     mode, pre, nxt = _window_mode(op, causal, window_size)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -350,7 +357,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     """
     op = "flash_attn_varlen_func"
     _args.not_implemented(op, "a paged KV cache", block_table=block_table)
-    _check_fa_args(op, dropout_p, softcap)
+    _check_fa2_args(op, dropout_p, softcap)
     cumulative = (("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_k", cu_seqlens_k, k))
     for name, cu, _ in cumulative:
         if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.numel() < 2:
