@@ -279,7 +279,8 @@ def _check_fa_args(op: str, alibi_slopes, dropout_p):
 def _check_fa2_args(op: str, dropout_p, softcap):
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1); got {dropout_p}")
-    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not math.isfinite(softcap) or softcap < 0:
+    # Comparisons only (no math.isfinite): they trace under torch.compile(dynamic=True); NaN fails them too.
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not 0.0 <= softcap < math.inf:
         raise ValueError(f"{op}: argument 'softcap' must be a finite number >= 0 (0.0 disables soft-capping); "
                          f"got {softcap!r}")
 
