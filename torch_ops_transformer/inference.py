@@ -151,7 +151,8 @@ def _gather_paged_tnd(op: str, key: Tensor, value: Tensor, block_table: Tensor, 
 def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, actual_seq_lengths,
                  actual_seq_lengths_kv, block_table, num_heads: int, scale: float, pre_tokens: int, next_tokens: int,
                  input_layout: str, num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
-                 softmax_lse_flag: bool, learnable_sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                 softmax_lse_flag: bool, learnable_sink: Optional[Tensor] = None,
+                 antiquant: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
     """npu_fused_infer_attention_score(_v2) once their own arguments are checked: the layouts the op lacks, paged
     TND, torch_npu's rules for one-token queries, and the learnable sink of v2."""
     key, value = _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value)
@@ -197,7 +198,7 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
         pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=base, num_key_value_heads=num_key_value_heads,
         sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-        softmax_lse_flag=softmax_lse_flag or learnable_sink is not None)
+        softmax_lse_flag=softmax_lse_flag or learnable_sink is not None, **(antiquant or {}))
     if learnable_sink is not None:
         # The sink is one more logit per head in each softmax row's denominator: with L the row's log-sum-exp over
         # the keys, the output scales by exp(L) / (exp(L) + exp(sink)) = sigmoid(L - sink) (0 for a row without
@@ -207,6 +208,30 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         out = (out.float() * weight).to(out.dtype)
         lse = torch.logaddexp(lse, sink) if softmax_lse_flag else lse.new_empty(0)
     return _fia_output(out, base, out_form, num_heads), lse
+
+
+_ANTIQUANT_TENSORS = ("antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset",
+                      "value_antiquant_scale", "value_antiquant_offset")
+
+
+def _antiquant_args(op: str, **kw) -> dict:
+    """The int8-cache (KV antiquant) arguments as the ops take them: tensors or None, modes as ints (torch_npu
+    callers sometimes pass a mode as a one-element tensor; None means the default 0)."""
+    out = {}
+    for name, value in kw.items():
+        if name in _ANTIQUANT_TENSORS:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"{op}: argument '{name}' must be a Tensor or None; got {type(value).__name__}")
+            out[name] = value
+        else:
+            if isinstance(value, Tensor) and value.numel() == 1 and float(value.item()).is_integer():
+                value = int(value.item())
+            if value is None:
+                value = 0
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{op}: argument '{name}' must be an int; got {value!r}")
+            out[name] = value
+    return out
 
 
 @_args.torch_npu_api
@@ -241,18 +266,23 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     on the cache in place; the others gather the used blocks and run the prefill path (docs/inference.md). Blocks
     may be shared between sequences (read-only).
     `softmax_lse_flag=True` returns the fp32 log-sum-exp [B,N,Sq,1] ([T,N,1] for TND/NTD; -inf for rows that see no
-    key); otherwise softmax_lse is an empty tensor (shape [0], as torch_npu's). Quantisation, shared-prefix, rope
-    and padding-size arguments raise NotImplementedError naming them.
+    key); otherwise softmax_lse is an empty tensor (shape [0], as torch_npu's).
+    int8 key/value (KV antiquant, fp16/bf16 query): `key_antiquant_scale`/`value_antiquant_scale` (+ offsets, modes
+    `key_antiquant_mode`/`value_antiquant_mode`: 0 per-channel, 1 per-token, 2 per-tensor per-head, 3 per-token
+    per-head) or the stacked `antiquant_scale`/`antiquant_offset` ([2, ...], `antiquant_mode` 0/1); x = (x_int8 +
+    offset) * scale. Decode-route calls read the int8 cache in place; the prefill route dequantises the used keys
+    to fp32 first (docs/inference.md). The other quantisation arguments, shared-prefix, rope and padding-size
+    arguments raise NotImplementedError naming them.
     """
     op = "npu_fused_infer_attention_score"
     _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
                           dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
-                          antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
-                          key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
-                          value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
                           key_rope_antiquant_scale=key_rope_antiquant_scale)
-    _args.not_implemented_unless_zero(op, "quantised attention", antiquant_mode=antiquant_mode,
-                                      key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
+    antiquant = _antiquant_args(op, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+                                key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+                                value_antiquant_scale=value_antiquant_scale,
+                                value_antiquant_offset=value_antiquant_offset, antiquant_mode=antiquant_mode,
+                                key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
     _args.not_implemented(op, "attention with padding sizes", query_padding_size=query_padding_size,
                           kv_padding_size=kv_padding_size)
     _args.not_implemented(op, "attention with a shared prefix", key_shared_prefix=key_shared_prefix,
@@ -263,7 +293,7 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
                         block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens,
                         next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
                         sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-                        softmax_lse_flag=softmax_lse_flag)
+                        softmax_lse_flag=softmax_lse_flag, antiquant=antiquant)
 
 
 @_args.torch_npu_api
@@ -401,16 +431,19 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
     cache. See `torch.ops.npu_fa.incre_flash_attention` and docs/inference.md for the semantics.
 
     A paged cache may also be given as (num_blocks, block_size, N2, D) (PagedKVCache's default layout), viewed as
-    (num_blocks, block_size, N2*D). padding_mask is reserved upstream and must be None. Quantisation arguments
-    (antiquant_*, dequant_*, quant_*) are not supported by the CPU kernels and raise NotImplementedError naming them.
+    (num_blocks, block_size, N2*D). padding_mask is reserved upstream and must be None.
+    int8 key/value (an int8 KV cache, fp16/bf16 query): `antiquant_scale` / `antiquant_offset` stack key's and
+    value's per-channel factors, [2, N2, 1, D] (BNSD), [2, N2, D] (BSND) or [2, H] (BSH), or [2] per-tensor; the
+    kernel reads the int8 cache and dequantises (x + offset) * scale in registers (docs/inference.md). The other
+    quantisation arguments (dequant_*, quant_*) raise NotImplementedError naming them.
     actual_seq_lengths may be a list of ints, a CPU int tensor or an int tensor on the inputs' device;
     kv_padding_size an int or a one-element int tensor (CPU or the inputs' device): both are read on the host.
     """
     op = "npu_incre_flash_attention"
     _args.reserved(op, padding_mask=padding_mask)
-    _args.not_implemented(op, "quantised attention", antiquant_scale=antiquant_scale,
-                          antiquant_offset=antiquant_offset, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
+    _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
                           dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    antiquant = _antiquant_args(op, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset)
     lengths = _args.host_int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device)
     if block_table is not None and input_layout != "BNSD":
         # PagedKVCache's default (num_blocks, block_size, N2, D) is the kernel's (num_blocks, block_size, N2*D).
@@ -420,4 +453,4 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
         kv_padding_size = _args.host_int_tensor(op, "kv_padding_size", kv_padding_size, query.device)
     return _OPS.incre_flash_attention(query, key, value, atten_mask, pse_shift, lengths, block_table,
                                       kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads,
-                                      block_size, inner_precise)
+                                      block_size, inner_precise, **antiquant)
