@@ -307,9 +307,20 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) inline void qk_b
     }
   }
   for (int gg = 0; gg < GN; ++gg) {
-    Vec f[KB];
-    for (int c = 0; c < KB; ++c) f[c] = Vec(_mm512_cvtepi32_ps(a[gg][c]));
-    sum_lanes<KB>(f, s + gg * ld);
+    if constexpr (KB == 4) {  // the add/shuffle tree of sum_lanes in int32 (exact), one conversion per 4 sums
+      const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[gg][0], a[gg][1]),
+                                           _mm512_unpackhi_epi32(a[gg][0], a[gg][1]));
+      const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[gg][2], a[gg][3]),
+                                           _mm512_unpackhi_epi32(a[gg][2], a[gg][3]));
+      const __m512 f01 = _mm512_castsi512_ps(t01), f23 = _mm512_castsi512_ps(t23);
+      const __m512i u = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(1, 0, 1, 0))),
+                                         _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 2, 3, 2))));
+      const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
+      _mm_storeu_ps(s + gg * ld, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
+                                                               _mm256_extracti128_si256(h, 1))));
+    } else {
+      for (int c = 0; c < KB; ++c) s[gg * ld + c] = static_cast<float>(_mm512_reduce_add_epi32(a[gg][c]));
+    }
   }
 }
 
@@ -329,8 +340,10 @@ inline bool quantise_query(const float* qbuf, int64_t Dp, int64_t R, int64_t D, 
     if (!std::isfinite(mx)) return false;
     iq.sq[r] = mx / 32767.f;
     const float inv = mx > 0.f ? 32767.f / mx : 0.f;
-    for (int64_t d = 0; d < D; ++d)
-      iq.q16[r * D + d] = static_cast<int16_t>(std::clamp(std::nearbyint(qr[d] * inv), -32767.f, 32767.f));
+    for (int64_t d = 0; d < D; ++d) {  // round half away from zero (vectorisable, unlike nearbyint)
+      const float x = qr[d] * inv;
+      iq.q16[r * D + d] = static_cast<int16_t>(std::clamp(x + (x >= 0.f ? 0.5f : -0.5f), -32767.f, 32767.f));
+    }
   }
   return true;
 }
@@ -372,6 +385,83 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void q
     float* sr = s + r * ld;
     for (int64_t t = 0; t < n; ++t) sr[t] *= sq;
   }
+}
+
+// acc[gg, :] += Σ_t p[gg, t] · v_t for GN rows over the n keys of a tile, in integers: p' = sp · p16 (int16, sp =
+// max p / 32767 per row: rounding ~1.5e-5 of the row's max, far below bf16's), and pairs of keys (t, t+1) of each
+// 64-column chunk interleaved byte-wise and sign-extended to int16 so that vpdpwssd sums p16_t·v_t + p16_t+1·v_t+1
+// into each int32 lane (exact). The interleave runs per 128-bit lane, so the four int32 vectors of a chunk hold, in
+// their two 256-bit halves, the columns base + [0, 8) and base + 16 + [0, 8) with base = 0, 32, 8, 40.
+template <int GN>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) inline void pv_block_i16(
+    float* acc, int64_t Dp, const int32_t* pp, int64_t pp_ld, const float* sp, const int8_t* vh, int64_t v_seq,
+    int64_t n, int64_t D) {
+  static constexpr int kBase[4] = {0, 32, 8, 40};
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    __m512i a[GN][4];
+    for (int gg = 0; gg < GN; ++gg)
+      for (int j = 0; j < 4; ++j) a[gg][j] = _mm512_setzero_si512();
+    for (int64_t t2 = 0; t2 < pairs; ++t2) {
+      const int64_t t = 2 * t2;
+      const __m512i r0 = _mm512_loadu_si512(vh + t * v_seq + d0);
+      const __m512i r1 = t + 1 < n ? _mm512_loadu_si512(vh + (t + 1) * v_seq + d0) : _mm512_setzero_si512();
+      const __m512i u = _mm512_unpacklo_epi8(r0, r1), w = _mm512_unpackhi_epi8(r0, r1);
+      const __m512i x[4] = {_mm512_cvtepi8_epi16(_mm512_castsi512_si256(u)),
+                            _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(u, 1)),
+                            _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w)),
+                            _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w, 1))};
+      for (int gg = 0; gg < GN; ++gg) {
+        const __m512i pb = _mm512_set1_epi32(pp[gg * pp_ld + t2]);
+        for (int j = 0; j < 4; ++j) a[gg][j] = _mm512_dpwssd_epi32(a[gg][j], x[j], pb);
+      }
+    }
+    for (int gg = 0; gg < GN; ++gg) {
+      const __m512 sc = _mm512_set1_ps(sp[gg]);
+      float* ar = acc + gg * Dp + d0;
+      for (int j = 0; j < 4; ++j) {
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(a[gg][j]), sc);
+        float* lo = ar + kBase[j];
+        float* hi = lo + 16;
+        _mm256_storeu_ps(lo, _mm256_add_ps(_mm256_loadu_ps(lo), _mm512_castps512_ps256(f)));
+        _mm256_storeu_ps(hi, _mm256_add_ps(_mm256_loadu_ps(hi), _mm512_extractf32x8_ps(f, 1)));
+      }
+    }
+  }
+}
+
+// P·V of the G rows of one KV head (probabilities p, stride kTile, 0 from column n on) for an int8 value cache,
+// D % 64 == 0; false (nothing done) when a row's probabilities are not finite (the caller takes the fp32 path).
+// pp: >= G*(kTile/2) scratch, sp: >= G.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) bool pv_i16(
+    float* acc, int64_t Dp, const float* p, int64_t G, const int8_t* vh, int64_t v_seq, int64_t n, int64_t D,
+    int32_t* pp, float* sp) {
+  constexpr int64_t ld = kTile / 2;
+  static_assert(kTile % 16 == 0);
+  for (int64_t r = 0; r < G; ++r) {
+    const float* pr = p + r * kTile;
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t t = 0; t < kTile; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(pr + t));
+    const float mx = _mm512_reduce_max_ps(m);
+    if (!std::isfinite(mx)) return false;
+    sp[r] = mx / 32767.f;
+    const __m512 inv = _mm512_set1_ps(mx > 0.f ? 32767.f / mx : 0.f);
+    // int16 values in key order: read back as int32, element t/2 holds keys (t, t+1) as (low, high) halves.
+    for (int64_t t = 0; t < kTile; t += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp + r * ld + t / 2),
+                          _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(pr + t), inv))));
+  }
+  for (int64_t g0 = 0; g0 < G;) {
+    const int gn = qk_row_block(G - g0);
+    float* ar = acc + g0 * Dp;
+    switch (gn) {
+      case 4: pv_block_i16<4>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
+      case 2: pv_block_i16<2>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
+      default: pv_block_i16<1>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
+    }
+    g0 += gn;
+  }
+  return true;
 }
 #endif
 
@@ -437,9 +527,13 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
     std::vector<float> kconst(kInt8 ? R : 0), qsum(kInt8 ? R : 0);
 #if defined(CPU_CAPABILITY_AVX512)
     Int8Query iq;
+    std::vector<int32_t> pp;
+    std::vector<float> sp;
     if (use_i8_dot) {
       iq.q16.resize(R * D);
       iq.sq.resize(R);
+      pp.resize(G * (kTile / 2));
+      sp.resize(G);
     }
 #endif
     for (int64_t ti = t0; ti < t1; ++ti) {
@@ -611,6 +705,14 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
         if (any) {
           for (int64_t hh = 0; hh < HT; ++hh) {
             const C* vh = v0 + hh * p.v_head;
+#if defined(CPU_CAPABILITY_AVX512)
+            if constexpr (kInt8) {
+              if (item_i8 && D % 64 == 0 &&
+                  pv_i16(acc + hh * G * Dp, Dp, s.data() + hh * G * kTile, G, vh, p.v_seq, n, D, pp.data(),
+                         sp.data()))
+                continue;
+            }
+#endif
             for (int64_t g0 = 0; g0 < G;) {
               const int gn = row_block(G - g0);
               const int64_t r0 = hh * G + g0;
