@@ -278,6 +278,11 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
                           dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
                           key_rope_antiquant_scale=key_rope_antiquant_scale)
+    if isinstance(key, Tensor) and key.dtype == torch.int32:  # int4 packed in int32 (upstream's int4 antiquant)
+        _args.not_implemented(op, "int4 (int32-packed) KV antiquant", antiquant_scale=antiquant_scale,
+                              antiquant_offset=antiquant_offset, key_antiquant_scale=key_antiquant_scale,
+                              key_antiquant_offset=key_antiquant_offset, value_antiquant_scale=value_antiquant_scale,
+                              value_antiquant_offset=value_antiquant_offset)
     antiquant = _antiquant_args(op, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
                                 key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
                                 value_antiquant_scale=value_antiquant_scale,
