@@ -7,6 +7,7 @@ implemented).
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
 """
+import weakref
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -44,7 +45,31 @@ def _optimised_mask(op: str, sparse_mode: int, atten_mask: Optional[Tensor]) -> 
         raise ValueError(f"{op}: sparse_mode={sparse_mode} needs argument 'atten_mask' to be the optimised causal mask "
                          f"of shape (2048, 2048), (1, 2048, 2048) or (1, 1, 2048, 2048) (True / 1 strictly above the "
                          f"diagonal), as torch_npu; got {got}")
-    return atten_mask.reshape(2048, 2048)
+    return None if _known_causal_mask(atten_mask) else atten_mask.reshape(2048, 2048)
+
+
+# Masks already found to be the optimised causal mask: id -> (weak reference, version counter). Serving engines pass
+# one such tensor to every layer and step; the ops verify its 4M entries on each call (~10 ms on a CPU, 20x a small
+# decode step), so the wrapper verifies a tensor once and then passes None, which modes 2-4 treat identically.
+_CAUSAL_MASKS: dict = {}
+
+
+def _known_causal_mask(mask: Tensor) -> bool:
+    """Whether `mask` (the caller's tensor, any of the three shapes) holds the optimised causal mask. A tensor is
+    recognised again while it is alive and unmodified (same object, version counter, storage and strides)."""
+    if (torch.compiler.is_compiling() or mask.device.type == "meta" or mask.is_floating_point()
+            or isinstance(mask, torch._subclasses.FakeTensor)):
+        return False                       # traced or not a mask dtype: the op checks the tensor when it runs
+    key = (mask._version, mask.data_ptr(), mask.stride(), mask.dtype)
+    entry = _CAUSAL_MASKS.get(id(mask))
+    if entry is not None and entry[0]() is mask and entry[1] == key:
+        return True
+    if not torch.equal(mask.reshape(2048, 2048).cpu() != 0, torch.ones(2048, 2048, dtype=torch.bool).triu(1)):
+        return False                       # the op raises its error about the content
+    if len(_CAUSAL_MASKS) > 64:
+        _CAUSAL_MASKS.clear()
+    _CAUSAL_MASKS[id(mask)] = (weakref.ref(mask), key)
+    return True
 
 
 @_args.torch_npu_api
@@ -172,12 +197,23 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
     q_lens = _lengths(op, "actual_seq_lengths", actual_seq_lengths, query.device, batch)
     kv_lens = _lengths(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, batch)
     if not tnd and query.shape[2 if base.startswith("BNSD") else 1] == 1:
-        # torch_npu: a one-token query (the decode branch) ignores actual_seq_lengths, pre/next_tokens and
-        # sparse_mode; the optimised 2048x2048 mask of modes 2-4 is not a decode mask, so it goes too.
-        q_lens, pre_tokens, next_tokens = None, MAX_TOKENS, MAX_TOKENS
-        if sparse_mode in (2, 3, 4):
-            sparse_mode, atten_mask = 0, None
-    atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
+        # torch_npu documents that a one-token query (the decode branch) ignores actual_seq_lengths, pre/next_tokens
+        # and sparse_mode. We follow it except for sparse_mode 4: its band is aligned to the end of the keys, so the
+        # caller's sliding window applies here as in prefill (dropping it would silently give full attention).
+        # Modes 2/3 with one query row hide no key (3) or all but one (2: not a decode mask), so they become mode 0.
+        q_lens = None
+        if sparse_mode == 4:
+            if atten_mask is not None:
+                atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
+        else:
+            pre_tokens, next_tokens = MAX_TOKENS, MAX_TOKENS
+            if sparse_mode in (2, 3):
+                sparse_mode, atten_mask = 0, None
+    else:
+        atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
+    if atten_mask is not None and atten_mask.dtype == torch.int8:
+        # FIA takes int8 masks too (vLLM-Ascend's optimised causal mask is int8): same bits as uint8, nonzero = masked
+        atten_mask = atten_mask.view(torch.uint8)
     if paged and tnd:
         key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
                                                 num_key_value_heads or num_heads)
@@ -233,8 +269,9 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD, NTD_TND. Lengths: a list, a CPU int tensor or an int tensor on the
     inputs' device; one entry applies to every batch, a longer list is cut to B; cumulative ends for TND/NTD.
     As upstream, a one-token query outside TND (the decode branch) ignores actual_seq_lengths, pre_tokens,
-    next_tokens and sparse_mode (the 2048x2048 mask of modes 2-4 with it); otherwise sparse_mode 2-4 need that
-    optimised mask (ValueError without it).
+    next_tokens and sparse_modes 0-3 (the 2048x2048 mask of modes 2/3 with it) — except sparse_mode 4, whose
+    sliding window applies there too (a deliberate difference, docs/inference.md); otherwise sparse_mode 2-4 need
+    that optimised mask (ValueError without it), bool, uint8 or int8.
     With `block_table` (paged KV cache): the same result as the keys laid out contiguously, for every sparse mode,
     band, mask, pse_shift, query length and softmax_lse_flag; `actual_seq_lengths_kv` (required) holds each
     sequence's KV length, also for TND. One-token calls whose band hides no key run `npu_fa::incre_flash_attention`
