@@ -173,6 +173,39 @@ def _gather_paged_tnd(op: str, key: Tensor, value: Tensor, block_table: Tensor, 
     return k, v, torch.cumsum(kv_lens.to(torch.int64), 0)
 
 
+def _skip_blocks_before_window(block_table: Tensor, q_lens: Optional[Tensor], kv_lens: Optional[Tensor], tnd: bool,
+                               query: Tensor, base: str, block_size: int, pre_tokens: int):
+    """A sliding window (sparse_mode 4, pre_tokens >= 0) over a paged cache: the whole blocks before the first key any
+    query row of a sequence can see are dropped from its row of block_table and from its KV length. Mode 4's band is
+    measured from the end of the keys, so the answer is unchanged, and the paths that gather the used blocks (every
+    paged call with a window) copy ~window keys per sequence instead of its whole history."""
+    if (kv_lens is None or block_size <= 0 or block_table.dim() != 2 or kv_lens.dim() != 1
+            or torch.compiler.is_compiling()):
+        return block_table, kv_lens                           # the op reports what is wrong; traced: keep it simple
+    rows = block_table.shape[0]
+    kv = kv_lens.to(torch.int64).cpu()
+    kv = kv.expand(rows) if kv.numel() == 1 else kv
+    if tnd:
+        if q_lens is None or q_lens.dim() != 1 or q_lens.numel() != rows or kv.numel() != rows:
+            return block_table, kv_lens
+        ends = q_lens.to(torch.int64).cpu()
+        q = torch.diff(ends, prepend=ends.new_zeros(1))
+    else:
+        if kv.numel() != rows:
+            return block_table, kv_lens
+        padded = query.shape[2 if base.startswith("BNSD") else 1]
+        q = torch.full((rows,), padded, dtype=torch.int64) if q_lens is None else q_lens.to(torch.int64).cpu()
+        q = q.expand(rows) if q.numel() == 1 else q
+    first = kv - q - pre_tokens                               # first key the earliest query row can see
+    skip = torch.where((first > 0) & (q >= 0) & (kv >= 0), first // block_size, 0)
+    if not bool((skip > 0).any()):
+        return block_table, kv_lens
+    cols = block_table.shape[1]
+    index = (torch.arange(cols)[None, :] + skip[:, None]).clamp_(max=cols - 1)   # trailing entries are never read
+    table = torch.gather(block_table, 1, index.to(block_table.device))
+    return table, (kv - skip * block_size).to(kv_lens.device)
+
+
 def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, actual_seq_lengths,
                  actual_seq_lengths_kv, block_table, num_heads: int, scale: float, pre_tokens: int, next_tokens: int,
                  input_layout: str, num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
@@ -214,6 +247,9 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
     if atten_mask is not None and atten_mask.dtype == torch.int8:
         # FIA takes int8 masks too (vLLM-Ascend's optimised causal mask is int8): same bits as uint8, nonzero = masked
         atten_mask = atten_mask.view(torch.uint8)
+    if paged and sparse_mode == 4 and 0 <= pre_tokens < MAX_TOKENS and pse_shift is None:
+        block_table, kv_lens = _skip_blocks_before_window(block_table, q_lens, kv_lens, tnd, query, base, block_size,
+                                                          pre_tokens)
     if paged and tnd:
         key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
                                                 num_key_value_heads or num_heads)

@@ -410,3 +410,24 @@ def test_decode_branch_window_rejects_a_non_optimised_mask():
         tot.npu_fused_infer_attention_score(q, k, v, atten_mask=torch.zeros(2, 1, 1, 30, dtype=torch.bool),
                                             actual_seq_lengths_kv=b.kv_lens, num_heads=N1, num_key_value_heads=N2,
                                             scale=SCALE, input_layout="BSND", sparse_mode=4, pre_tokens=4)
+
+
+@pytest.mark.parametrize("layout", ["TND", "BSND"])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_window_reads_only_the_blocks_it_needs(layout, block_size):
+    """With a window, the blocks wholly before it are never read: block_table entries there may be invalid (-1,
+    as an engine that frees blocks which left the window leaves them), and the result still equals the reference."""
+    b = Batch([1, 4, 1], [200, 150, 9], seed=41)
+    pre = 20
+    q = b.tnd("q") if layout == "TND" else b.dense("q", layout, 4)
+    k, table = b.paged("k", block_size, "3d")
+    v, _ = b.paged("v", block_size, "3d")
+    for row, (lq, lk) in enumerate(zip(b.q_lens, b.kv_lens)):
+        table[row, :max(0, lk - lq - pre) // block_size] = -1
+    q_lens = torch.tensor(b.q_lens).cumsum(0).tolist() if layout == "TND" else b.q_lens
+    for lse in (False, True):
+        out, l = tot.npu_fused_infer_attention_score(
+            q, k, v, atten_mask=CAUSAL, block_table=table, block_size=block_size, actual_seq_lengths=q_lens,
+            actual_seq_lengths_kv=b.kv_lens, num_heads=N1, num_key_value_heads=N2, scale=SCALE, input_layout=layout,
+            sparse_mode=4, pre_tokens=pre, next_tokens=0, softmax_lse_flag=lse)
+        compare(b, out, l, b.reference(4, pre, 0), layout, lse)
