@@ -250,6 +250,11 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
     if paged and sparse_mode == 4 and 0 <= pre_tokens < MAX_TOKENS and pse_shift is None:
         block_table, kv_lens = _skip_blocks_before_window(block_table, q_lens, kv_lens, tnd, query, base, block_size,
                                                           pre_tokens)
+    if paged and not tnd:
+        # PagedKVCache's default (num_blocks, block_size, N2, D) is the op's (num_blocks, block_size, N2*D), as in
+        # npu_incre_flash_attention and paged TND (upstream's (num_blocks, N2, block_size, D) wins if both match).
+        key, value = (t.flatten(2) if t.dim() == 4 and t.shape[2] != block_size and t.shape[1] == block_size else t
+                      for t in (key, value))
     if paged and tnd:
         key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
                                                 num_key_value_heads or num_heads)

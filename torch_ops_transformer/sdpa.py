@@ -190,14 +190,19 @@ def _prefill(q, k, v, mask, dropout_p, is_causal, scale, sink=None, softcap=0.0)
                                       **flash_mask_args(q, k, mask, is_causal))[0]
 
 
-_HAS_SOFTCAP: Optional[bool] = None
+def _schema_has(op_name: str, arg: str) -> bool:
+    try:
+        return any(a.name == arg for a in getattr(_OPS, op_name).default._schema.arguments)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# Read once at import: a constant for torch.compile (Dynamo cannot trace schema introspection).
+_HAS_SOFTCAP = _schema_has("flash_attention_score", "softcap")
 
 
 def kernel_has_softcap() -> bool:
     """Whether this build's flash_attention_score takes `softcap` (logit soft-capping inside the kernel)."""
-    global _HAS_SOFTCAP
-    if _HAS_SOFTCAP is None:
-        _HAS_SOFTCAP = any(a.name == "softcap" for a in _OPS.flash_attention_score.default._schema.arguments)
     return _HAS_SOFTCAP
 
 

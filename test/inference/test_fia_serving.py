@@ -98,6 +98,8 @@ class Batch:
                 cache[blk, :rows.shape[0]] = rows
         if cache_layout == "3d":
             return cache.reshape(total, block_size, N2 * D), table
+        if cache_layout == "4d_bsnd":                     # PagedKVCache's default (num_blocks, block_size, N2, D)
+            return cache, table
         return cache.transpose(1, 2).contiguous(), table
 
 
@@ -205,7 +207,7 @@ BATCHES = {
 }
 
 
-@pytest.mark.parametrize("cache_layout", ["3d", "4d"])
+@pytest.mark.parametrize("cache_layout", ["3d", "4d", "4d_bsnd"])
 @pytest.mark.parametrize("layout", ["TND", "BSND", "BNSD", "BSH"])
 @pytest.mark.parametrize("batch", list(BATCHES))
 def test_paged_prefill_causal(batch, layout, cache_layout):

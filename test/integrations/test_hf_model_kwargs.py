@@ -212,3 +212,12 @@ def test_bad_sink_and_softcap_are_named():
         sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True, sink=torch.zeros(3))
     with pytest.raises(ValueError, match="argument 'softcap' must be a finite number >= 0.*got -1.0"):
         sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True, softcap=-1.0)
+
+
+def test_router_extensions_compile_fullgraph():
+    q, k, v = _qkv(6, 6, seed=6)
+    for kw in (dict(sink=SINK), dict(softcap=2.0)):
+        fn = torch.compile(lambda q, k, v: sdpa.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                             enable_gqa=True, **kw), fullgraph=True)
+        want = ref_attention(q, k, v, sink=kw.get("sink"), softcap=kw.get("softcap"), causal=True)
+        torch.testing.assert_close(fn(q, k, v).double(), want, atol=2e-5, rtol=2e-5)
