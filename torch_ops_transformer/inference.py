@@ -173,6 +173,13 @@ def _gather_paged_tnd(op: str, key: Tensor, value: Tensor, block_table: Tensor, 
     return k, v, torch.cumsum(kv_lens.to(torch.int64), 0)
 
 
+def _one_token_each(q_ends: Optional[Tensor], query: Tensor) -> bool:
+    """TND: whether every sequence has exactly one query token (cumulative ends 1, 2, ..., T)."""
+    if q_ends is None or q_ends.dim() != 1 or q_ends.numel() != query.shape[0] or torch.compiler.is_compiling():
+        return False
+    return bool(torch.equal(q_ends.cpu().to(torch.int64), torch.arange(1, query.shape[0] + 1)))
+
+
 def _skip_blocks_before_window(block_table: Tensor, q_lens: Optional[Tensor], kv_lens: Optional[Tensor], tnd: bool,
                                query: Tensor, base: str, block_size: int, pre_tokens: int):
     """A sliding window (sparse_mode 4, pre_tokens >= 0) over a paged cache: the whole blocks before the first key any
@@ -255,6 +262,21 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         # npu_incre_flash_attention and paged TND (upstream's (num_blocks, N2, block_size, D) wins if both match).
         key, value = (t.flatten(2) if t.dim() == 4 and t.shape[2] != block_size and t.shape[1] == block_size else t
                       for t in (key, value))
+    if (paged and tnd and in_form is None and out_form is None and learnable_sink is None and not softmax_lse_flag
+            and pse_shift is None and atten_mask is None and sparse_mode in (0, 3) and key.shape == value.shape
+            and _one_token_each(q_lens, query)):
+        # Decode-only TND batch (vLLM-Ascend's decode call; equal K/V head dims): as BSND / BNSD with one token per
+        # sequence, which the op runs on the cache in place instead of gathering every used block (the same answer: one row per sequence,
+        # mode 3 bottom-right hides none of its keys).
+        heads_major = key.dim() == 4 and key.shape[2] == block_size
+        if key.dim() == 4 and not heads_major:
+            key, value = key.flatten(2), value.flatten(2)
+        q = query.unsqueeze(2) if heads_major else query.unsqueeze(1)
+        out, lse = _OPS.fused_infer_attention_score(
+            q, key, value, actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
+            input_layout="BNSD" if heads_major else "BSND", num_key_value_heads=num_key_value_heads,
+            inner_precise=inner_precise, block_size=block_size)
+        return (out[:, :, 0] if heads_major else out[:, 0]), lse
     if paged and tnd:
         key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
                                                 num_key_value_heads or num_heads)

@@ -433,3 +433,21 @@ def test_window_reads_only_the_blocks_it_needs(layout, block_size):
             actual_seq_lengths_kv=b.kv_lens, num_heads=N1, num_key_value_heads=N2, scale=SCALE, input_layout=layout,
             sparse_mode=4, pre_tokens=pre, next_tokens=0, softmax_lse_flag=lse)
         compare(b, out, l, b.reference(4, pre, 0), layout, lse)
+
+
+@pytest.mark.parametrize("cache_layout", ["3d", "4d", "4d_bsnd"])
+@pytest.mark.parametrize("mode", [0, 3])
+def test_tnd_decode_reads_the_cache_in_place(mode, cache_layout):
+    """A decode-only TND batch (one token per sequence, no lse / sink / window) runs the decode op on the cache in
+    place, without gathering; same answer as the reference, also for a sequence without keys."""
+    b = Batch([1, 1, 1], [40, 0, 17], seed=51)
+
+    def run():
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out, lse = fia(b, "TND", paged=True, mode=mode, cache_layout=cache_layout)
+        return out, lse, {e.name for e in prof.events()}
+
+    out, lse, ops = run()
+    compare(b, out, lse, b.reference(mode), "TND", False)
+    if hasattr(torch.ops.npu_fa, "incre_flash_attention"):
+        assert "npu_fa::incre_flash_attention" in ops and "npu_fa::gather_pa_kv_cache" not in ops
