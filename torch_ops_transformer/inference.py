@@ -264,10 +264,10 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
                       for t in (key, value))
     if (paged and tnd and in_form is None and out_form is None and learnable_sink is None and not softmax_lse_flag
             and pse_shift is None and atten_mask is None and sparse_mode in (0, 3) and key.shape == value.shape
-            and _one_token_each(q_lens, query)):
+            and kv_lens is not None and _one_token_each(q_lens, query)):
         # Decode-only TND batch (vLLM-Ascend's decode call; equal K/V head dims): as BSND / BNSD with one token per
-        # sequence, which the op runs on the cache in place instead of gathering every used block (the same answer: one row per sequence,
-        # mode 3 bottom-right hides none of its keys).
+        # sequence, which the op runs on the cache in place instead of gathering every used block. Same answer:
+        # one row per sequence, and mode 3's bottom-right causal row hides none of its keys.
         heads_major = key.dim() == 4 and key.shape[2] == block_size
         if key.dim() == 4 and not heads_major:
             key, value = key.flatten(2), value.flatten(2)
