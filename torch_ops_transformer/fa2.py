@@ -262,7 +262,10 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
             raise ValueError(f"{op}: argument 'cache_leftpad' must be in [0, cache_seqlens[b]] = [0, {s}]; got "
                              f"{lp} for sequence {i}")
     totals = [s + new for s in seqlens]
-    local = left >= 0 or right >= 0
+    # As FlashAttention-2: a window side reaching past the cache is unbounded, and only a window that remains makes
+    # the call "local" (q then rotates at consecutive positions, as with causal).
+    left, right = (-1 if w >= capacity else w for w in (left, right))
+    local = left >= 0 or (right >= 0 and not causal)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     device = q.device
 

@@ -46,6 +46,7 @@ SCENARIOS = {
     "sq_ne_new_noncausal_rope": Scenario(sq=3, new=2, heads=(2, 2), rotary="interleaved", rot_dim=8),
     "window_local_rope": Scenario(sq=4, new=4, window=(3, 0), rotary="half"),
     "window_both_sides": Scenario(sq=3, new=0, window=(2, 1), lse=True),
+    "window_past_cache_rope": Scenario(sq=3, new=3, window=(1000, 1000), rotary="half"),
     "leftpad_causal_rope": Scenario(sq=2, new=2, causal=True, rotary="interleaved", leftpad=True),
     "seqlens_int": Scenario(seqlens=7, lse=False),
     "empty_rows": Scenario(sq=3, new=0, causal=True, seqlens=(0, 2, 5)),
@@ -123,7 +124,9 @@ def _reference(q, k_cache, v_cache, args, seqlist, sc: Scenario, dtype):
     k_new = args["k"].to(dtype) if sc.new else None
     if sc.rotary:
         cos, sin, inter = args["rotary_cos"].to(dtype), args["rotary_sin"].to(dtype), args["rotary_interleaved"]
-        local = sc.causal or sc.window != (-1, -1)
+        # FlashAttention-2: a window side reaching past the cache length is unbounded, and is not "local"
+        capacity = args["block_table"].shape[1] * k_cache.shape[1] if "block_table" in args else k_cache.shape[1]
+        local = sc.causal or any(0 <= w < capacity for w in sc.window)
         q = torch.stack([rotary(q[i], cos, sin, torch.tensor([s + (j if local else 0) for j in range(sq)]), inter)
                          for i, s in enumerate(seqlist)])
         k_new = torch.stack([rotary(k_new[i], cos, sin, torch.arange(s, s + sc.new), inter)
