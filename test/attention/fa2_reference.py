@@ -14,7 +14,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool = False,
     """q [Sq, N, D], k [L, N2, D], v [L, N2, Dv] in one dtype -> (out [Sq, N, Dv], lse [N, Sq] float64).
 
     Query i sees key j when i + L - Sq - left <= j <= i + L - Sq + right (left/right -1 = unbounded; causal sets
-    right = 0); a row that sees no key gives zeros and lse +inf (FlashAttention-2's convention)."""
+    right = 0); a row that sees no key gives zeros and lse +inf (FlashAttention-2's convention). With ALiBi and a
+    plain causal mask, FlashAttention-2's kernels add slope * j rather than -slope * (i + L - Sq - j): the output is
+    the same (a constant per row) but its lse carries slope * (i + L - Sq); so does this one's."""
     sq, n, _ = q.shape
     length, n2 = k.shape[0], k.shape[1]
     g = n // n2
@@ -38,6 +40,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool = False,
         visible &= j >= diag - left
     s = s.masked_fill(~visible, -math.inf)
     lse = torch.logsumexp(s.double(), dim=-1)
+    if alibi is not None and causal and left < 0:
+        lse = lse + alibi.double().view(n, 1) * (i.view(1, -1) + length - sq).double()
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows without keys: softmax of all -inf is NaN -> zeros
     out = torch.einsum("nqk,knd->qnd", p, vv)
     return out, lse.masked_fill(torch.isneginf(lse), math.inf)

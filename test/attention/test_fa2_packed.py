@@ -260,3 +260,31 @@ def test_compile_fullgraph_qkvpacked():
     (g_e,) = torch.autograd.grad(loss_e, qkv)
     torch.testing.assert_close(loss, loss_e)
     torch.testing.assert_close(g, g_e)
+
+
+def test_reference_itself():
+    """fa2_reference against PyTorch's SDPA (bottom-right causal as an explicit mask, GQA) and rotary against complex
+    multiplication: the reference must not share a mistake with the code under test."""
+    import torch.nn.functional as F
+
+    from test.attention.fa2_reference import rotary
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(5, 4, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(9, 2, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(9, 2, 8, generator=gen, dtype=torch.float64)
+    out, _ = attend(q, k, v, 0.3, causal=True)
+    keep = torch.ones(5, 9, dtype=torch.bool).tril(9 - 5)
+    want = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=keep,
+                                          scale=0.3, enable_gqa=True).transpose(0, 1)
+    torch.testing.assert_close(out, want)
+    x = torch.randn(3, 2, 8, generator=gen, dtype=torch.float64)
+    angle = torch.rand(10, 2, generator=gen, dtype=torch.float64)
+    pos = torch.tensor([4, 0, 9])
+    got = rotary(x, angle.cos(), angle.sin(), pos, interleaved=True)
+    z = torch.view_as_complex(x[..., :4].reshape(3, 2, 2, 2).contiguous()) * torch.polar(
+        torch.ones_like(angle[pos]), angle[pos]).unsqueeze(1)
+    torch.testing.assert_close(got[..., :4], torch.view_as_real(z).flatten(-2))
+    torch.testing.assert_close(got[..., 4:], x[..., 4:])
+    half = rotary(x, angle.cos(), angle.sin(), pos, interleaved=False)
+    z = torch.complex(x[..., :2], x[..., 2:4]) * torch.polar(torch.ones_like(angle[pos]), angle[pos]).unsqueeze(1)
+    torch.testing.assert_close(half[..., :4], torch.cat([z.real, z.imag], dim=-1))
