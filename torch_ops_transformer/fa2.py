@@ -169,13 +169,14 @@ def _shape(op: str, name: str, t, want: Tuple[Optional[int], ...], meaning: str)
         raise ValueError(f"{op}: argument '{name}' must have shape {meaning} = [{spelled}]; got {list(t.shape)}")
 
 
-def _rotate(x: Tensor, positions: Tensor, cos_sin: Tensor, interleaved: bool) -> Tensor:
-    """RoPE of the first rotary_dim values of each head of x [T, N, D] at `positions` (rope_with_sin_cos_cache
-    rotates a query and a key: x is passed as both)."""
+def _rotate(x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """RoPE of the first rotary_dim values of each head of x [T, N, D] at `positions`, through rope_with_sin_cos_cache
+    (which rotates a query and a key: x is passed as both) on the T rows of cos/sin in use, not the whole table."""
     t, n, d = x.shape
     if t == 0:
         return x
-    out, _ = _OPS.rope_with_sin_cos_cache(positions, x, x[:, :1], cos_sin, d, not interleaved)
+    rows = torch.cat([cos[positions], sin[positions]], dim=1).to(x.dtype)
+    out, _ = _OPS.rope_with_sin_cos_cache(torch.arange(t, device=x.device), x, x[:, :1], rows, d, not interleaved)
     return out.view(t, n, d)
 
 
@@ -287,11 +288,10 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
         if rotary_cos.shape[0] < need:
             raise ValueError(f"{op}: argument 'rotary_cos' must have at least {need} rows (the largest rotated "
                              f"position + 1); got {rotary_cos.shape[0]}")
-        cos_sin = torch.cat([rotary_cos, rotary_sin], dim=1).to(q.dtype)
-        qp = torch.tensor(q_positions, dtype=torch.int64, device=device).view(-1)
-        kp = torch.tensor(k_positions, dtype=torch.int64, device=device).view(-1)
-        q = _rotate(q.reshape(b * sq, n, d), qp, cos_sin, rotary_interleaved).view(b, sq, n, d)
-        k = _rotate(k.reshape(b * new, n2, d), kp, cos_sin, rotary_interleaved).view(b, new, n2, d)
+        qp = torch.tensor(q_positions, dtype=torch.int64, device=rotary_cos.device).view(-1)
+        kp = torch.tensor(k_positions, dtype=torch.int64, device=rotary_cos.device).view(-1)
+        q = _rotate(q.reshape(b * sq, n, d), qp, rotary_cos, rotary_sin, rotary_interleaved).view(b, sq, n, d)
+        k = _rotate(k.reshape(b * new, n2, d), kp, rotary_cos, rotary_sin, rotary_interleaved).view(b, new, n2, d)
 
     with torch.no_grad():
         if new:
@@ -299,8 +299,8 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                 torch.arange(new, device=k_cache.device)
             first, second = _cache_index(k_cache, rows, pos, block_table)
             # In place, like FlashAttention-2 (with repeated cache_batch_idx, one of the writes wins).
-            k_cache[first, second] = k.to(k_cache.device)
-            v_cache[first, second] = v.to(v_cache.device)
+            _write(k_cache, first, second, k.to(k_cache.device))
+            _write(v_cache, first, second, v.to(v_cache.device))
 
         plain = softcap == 0.0 and alibi_slopes is None and not local and not any(leftpad) and \
             cache_batch_idx is None and (not paged or (block_size % 16 == 0 and block_size <= 512))
@@ -325,6 +325,28 @@ def _cache_index(cache: Tensor, rows: List[int], pos: Tensor, block_table: Optio
     table = block_table.to(device=cache.device, dtype=torch.int64)
     blocks = table.gather(1, pos // block_size)
     return blocks, pos % block_size
+
+
+def _flat(cache: Tensor) -> Optional[Tensor]:
+    """cache [R, S, N2, D] as [R*S, N2, D] without a copy, or None when its strides do not allow it."""
+    try:
+        return cache.view(-1, *cache.shape[2:])
+    except RuntimeError:
+        return None
+
+
+def _write(cache: Tensor, first: Tensor, second: Tensor, values: Tensor) -> None:
+    """cache[first, second] = values; index_copy_ on the flattened cache is far cheaper than an indexed put."""
+    flat = _flat(cache)
+    if flat is None:
+        cache[first, second] = values
+    else:
+        flat.index_copy_(0, (first * cache.shape[1] + second).reshape(-1), values.reshape(-1, *cache.shape[2:]))
+
+
+def _read(cache: Tensor, first: Tensor, second: Tensor) -> Tensor:
+    flat = _flat(cache)
+    return cache[first, second] if flat is None else flat.index_select(0, first * cache.shape[1] + second)
 
 
 def _fused_infer(q, k_cache, v_cache, totals, block_table, scale, causal, want_lse):
@@ -359,7 +381,7 @@ def _gathered(op, q, k_cache, v_cache, rows, leftpad, totals, block_table, scale
         block_size = k_cache.shape[1]
         first = block_table.to(device=dev, dtype=torch.int64)[seq, pos // block_size]
         second = pos % block_size
-    key, value = k_cache[first, second], v_cache[first, second]
+    key, value = _read(k_cache, first, second), _read(v_cache, first, second)
     cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sq
     cu_k = torch.tensor([0] + lens, dtype=torch.int64, device=q.device).cumsum(0).to(torch.int32)
     res = flash_attn_varlen_func(q.reshape(b * sq, n, d), key, value, cu_q, cu_k, sq, max(lens, default=0), 0.0,
