@@ -325,3 +325,23 @@ def test_bad_input(name):
     with pytest.raises(exc, match=pattern):
         tot.flash_attn_with_kvcache(**kwargs)
     assert torch.equal(kwargs["k_cache"], kc), "a rejected call must not touch the cache"
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "batch_idx"])
+@pytest.mark.parametrize("name", ["decode_rope_gqa", "prefill_chunk_rope_half_partial", "leftpad_causal_rope",
+                                  "window_local_rope"])
+def test_strided_cache(name, kind):
+    """A cache that is a view with only its last dimension contiguous (FlashAttention-2's requirement): the same
+    result and the same in-place writes as on a contiguous copy."""
+    sc = SCENARIOS[name]
+    q, k_cache, v_cache, args, _ = _setup(sc, kind, torch.float32)
+    big_k = torch.zeros(k_cache.shape[0], CAP + 5, *k_cache.shape[2:])
+    big_v = torch.zeros_like(big_k)
+    big_k[:, :CAP], big_v[:, :CAP] = k_cache, v_cache
+    strided_k, strided_v = big_k[:, :CAP], big_v[:, :CAP]
+    want = tot.flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+    got = tot.flash_attn_with_kvcache(q, strided_k, strided_v, **args)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    assert torch.equal(strided_k, k_cache) and torch.equal(strided_v, v_cache)
+    assert not big_k[:, CAP:].any(), "wrote outside the view"
