@@ -17,6 +17,7 @@ USES_FA2 = textwrap.dedent("""
                             flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                             flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache)
     from flash_attn.flash_attn_interface import flash_attn_func as f2, flash_attn_with_kvcache as kv2
+    from flash_attn.bert_padding import index_first_axis, pad_input, unpad_input
     import torch_ops_transformer as tot
     assert f2 is flash_attn_func is tot.flash_attn_func and kv2 is flash_attn_with_kvcache
     q = torch.randn(1, 4, 2, 8)
@@ -25,6 +26,8 @@ USES_FA2 = textwrap.dedent("""
     kc, vc = torch.zeros(1, 8, 2, 8), torch.zeros(1, 8, 2, 8)
     out = flash_attn_with_kvcache(q[:, :1], kc, vc, q[:, :1], q[:, :1], cache_seqlens=3)
     assert torch.equal(kc[0, 3], q[0, 0])
+    packed, indices, cu, max_len, used = unpad_input(q, torch.tensor([[1, 1, 0, 0]]))
+    assert cu.tolist() == [0, 2] and torch.equal(pad_input(packed, indices, 1, 4)[0, :2], q[0, :2])
     print("version", flash_attn.__version__)
 """)
 

@@ -1,7 +1,8 @@
 """A `flash_attn` (FlashAttention-2) stand-in for machines without CUDA: code that does
 `from flash_attn import flash_attn_func, flash_attn_with_kvcache, ...` or
-`from flash_attn.flash_attn_interface import ...` runs on the CPU through this project's ops (docs/attention.md,
-"FlashAttention-2 API"). Opt-in and separate from the torch_npu shim (its own PYTHONPATH directory and install()):
+`from flash_attn.flash_attn_interface import ...` (and `flash_attn.bert_padding`'s helpers) runs on the CPU through
+this project's ops (docs/attention.md, "FlashAttention-2 API"). Opt-in and separate from the torch_npu shim (its own
+PYTHONPATH directory and install()):
 
 - `torch_ops_transformer.compat.flash_attn.install()` — in this process, before `import flash_attn`;
 - `PYTHONPATH=$(python -m torch_ops_transformer.compat.flash_attn --pythonpath) python infer.py` — for a whole
@@ -26,6 +27,8 @@ PYTHONPATH_DIR = Path(__file__).resolve().parent / "flash_attn_pythonpath"
 API_VERSION = "2.7.4"
 FUNCTIONS = ("flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
              "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache")
+PADDING_FUNCTIONS = ("index_first_axis", "index_put_first_axis", "pad_input", "unpad_input",
+                     "unpad_input_for_concatenated_sequences")
 USAGE = ("usage: python -m torch_ops_transformer.compat.flash_attn --pythonpath   (the directory for PYTHONPATH)\n"
          "       python -m torch_ops_transformer.compat.flash_attn SCRIPT [ARGS...]  (runs SCRIPT with the shim)")
 
@@ -64,7 +67,8 @@ def _import_real(spec):
         return None
 
 
-def _fill(mod: types.ModuleType, interface: types.ModuleType) -> None:
+def _fill(mod: types.ModuleType, interface: types.ModuleType) -> types.ModuleType:
+    """Fills the package and its flash_attn_interface; returns the new bert_padding submodule."""
     import torch_ops_transformer as tot
 
     for m in (mod, interface):
@@ -74,6 +78,14 @@ def _fill(mod: types.ModuleType, interface: types.ModuleType) -> None:
     mod.__version__ = f"{API_VERSION}+torch_ops_transformer.{tot.__version__}"
     mod.__doc__ = interface.__doc__ = __doc__
     mod.flash_attn_interface = interface
+    from torch_ops_transformer import fa2_padding
+
+    padding = types.ModuleType("flash_attn.bert_padding")
+    for name in PADDING_FUNCTIONS:
+        setattr(padding, name, getattr(fa2_padding, name))
+    padding.__doc__ = fa2_padding.__doc__
+    mod.bert_padding = padding
+    return padding
 
 
 def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
@@ -91,9 +103,10 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     if not hasattr(mod, "__path__"):
         mod.__path__ = []  # a package, so `import flash_attn.flash_attn_interface` resolves from sys.modules
     interface = types.ModuleType("flash_attn.flash_attn_interface")
-    _fill(mod, interface)
+    padding = _fill(mod, interface)
     sys.modules["flash_attn"] = mod
     sys.modules["flash_attn.flash_attn_interface"] = interface
+    sys.modules["flash_attn.bert_padding"] = padding
     return mod
 
 
