@@ -249,6 +249,9 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
         raise ValueError(f"{op}: arguments 'k' and 'v' must be given together (new tokens to append); got "
                          f"k={'a tensor' if k is not None else None}, v={'a tensor' if v is not None else None}")
     if k is not None:
+        if cache_seqlens is None:
+            raise ValueError(f"{op}: argument 'cache_seqlens' must be given with new keys/values 'k' and 'v' (where "
+                             f"to append them), as in FlashAttention-2; got None")
         _shape(op, "k", k, (b, None, n2, d), "[batch, seqlen_new, nheads_k, headdim]")
         new = k.shape[1]
         _shape(op, "v", v, (b, new, n2, dv), "[batch, seqlen_new, nheads_k, headdim_v]")

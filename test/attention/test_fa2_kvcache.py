@@ -299,6 +299,8 @@ BAD = {
                           r"got \[1, 2\]"),
     "paged_seqlens_past_blocks": (_paged(cache_seqlens=torch.tensor([3, 32], dtype=torch.int32)), ValueError,
                                   r"argument 'cache_seqlens' must be in \[0, 31\] .* got 32"),
+    "k_without_cache_seqlens": (_base(cache_seqlens=None), ValueError,
+                                r"argument 'cache_seqlens' must be given with new keys/values 'k' and 'v' .* got None"),
     "k_without_v": (_base(v=None), ValueError, r"arguments 'k' and 'v' must be given together"),
     "k_shape": (_base(k=torch.randn(2, 1, 4, 8)), ValueError,
                 r"argument 'k' must have shape .* = \[2, \*, 2, 8\]; got \[2, 1, 4, 8\]"),

@@ -136,6 +136,20 @@ def test_varlen_kvpacked(dtype, causal):
     _check_fwd_bwd("varlen_kvpacked", ours, ref, [q, kv], DTYPES[dtype])
 
 
+def test_dropout_matches_flash_attn_func():
+    """dropout_p and deterministic reach flash_attn_func: the same mask under the same seed, and a backward."""
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 6, 3, 2, 8, generator=gen, requires_grad=True)
+    torch.manual_seed(7)
+    out = tot.flash_attn_qkvpacked_func(qkv, 0.3, causal=True, deterministic=True)
+    torch.manual_seed(7)
+    want = tot.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], 0.3, causal=True)
+    assert torch.equal(out, want)
+    assert not torch.equal(out, tot.flash_attn_qkvpacked_func(qkv, causal=True))
+    (g,) = torch.autograd.grad(out.sum(), qkv)
+    assert torch.isfinite(g).all() and g.abs().sum() > 0
+
+
 def test_return_attn_probs_lse():
     gen = torch.Generator().manual_seed(0)
     qkv = torch.randn(2, 5, 3, 2, 8, generator=gen)
