@@ -347,3 +347,20 @@ def test_strided_cache(name, kind):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
     assert torch.equal(strided_k, k_cache) and torch.equal(strided_v, v_cache)
     assert not big_k[:, CAP:].any(), "wrote outside the view"
+
+
+def test_under_torch_compile():
+    """A compiled decode step (graph breaks at the host-side length checks): same output, same in-place writes."""
+    sc = SCENARIOS["decode_rope_gqa"]
+    q, k_cache, v_cache, args, _ = _setup(sc, "paged16", torch.float32)
+    k2, v2 = k_cache.clone(), v_cache.clone()
+
+    def step(q, k_cache, v_cache):
+        out, lse = tot.flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+        return out * 2, lse
+
+    torch._dynamo.reset()
+    got = torch.compile(step, backend="aot_eager")(q, k_cache, v_cache)
+    want = step(q, k2, v2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(k_cache, k2) and torch.equal(v_cache, v2)
