@@ -107,6 +107,7 @@ def gather_paged_kv(op: str, k_cache: Tensor, v_cache: Tensor, block_table: Tens
     """FlashAttention-2's paged varlen K/V: caches [num_blocks, page_block_size, N2, D], block_table int32
     [B, max_blocks], cu_seqlens_k the cumulative KV lengths. Returns the packed [sum(len), N2, D] keys and values
     (sequence after sequence, matching cu_seqlens_k) gathered by gather_pa_kv_cache."""
+    _check_block_table(op, block_table, cu_seqlens_k.numel() - 1 if isinstance(cu_seqlens_k, Tensor) else None)
     for name, t in (("k", k_cache), ("v", v_cache)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             got = list(t.shape) if isinstance(t, Tensor) else type(t).__name__
@@ -115,7 +116,6 @@ def gather_paged_kv(op: str, k_cache: Tensor, v_cache: Tensor, block_table: Tens
     if v_cache.shape[:3] != k_cache.shape[:3]:
         raise ValueError(f"{op}: arguments 'k' and 'v' must share [num_blocks, page_block_size, N2]; got "
                          f"{list(k_cache.shape)} and {list(v_cache.shape)}")
-    _check_block_table(op, block_table, cu_seqlens_k.numel() - 1 if isinstance(cu_seqlens_k, Tensor) else None)
     if not isinstance(cu_seqlens_k, Tensor) or cu_seqlens_k.dim() != 1 or cu_seqlens_k.numel() < 2:
         raise ValueError(f"{op}: argument 'cu_seqlens_k' must be a 1-D tensor [batch+1] of cumulative lengths "
                          f"starting at 0")
