@@ -266,6 +266,24 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
             raise ValueError(f"{op}: argument 'cache_leftpad' must be in [0, cache_seqlens[b]] = [0, {s}]; got "
                              f"{lp} for sequence {i}")
     totals = [s + new for s in seqlens]
+    if paged:
+        num_blocks = k_cache.shape[0]
+        for i, t in enumerate(totals):
+            used = block_table[i, :-(-t // block_size)].tolist()
+            bad = [blk for blk in used if not 0 <= blk < num_blocks]
+            if bad:
+                raise ValueError(f"{op}: argument 'block_table' entries of the blocks in use must be in [0, "
+                                 f"{num_blocks}) (blocks of k_cache); got {bad[0]} for sequence {i}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0.0 <= softcap < math.inf:
+        raise ValueError(f"{op}: argument 'softcap' must be a finite number >= 0 (0.0 disables it); got {softcap!r}")
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, Tensor) or alibi_slopes.dtype != torch.float32:
+            got = alibi_slopes.dtype if isinstance(alibi_slopes, Tensor) else type(alibi_slopes).__name__
+            raise TypeError(f"{op}: argument 'alibi_slopes' must be a float32 tensor [nheads] or [batch, nheads]; "
+                            f"got {got}")
+        if tuple(alibi_slopes.shape) not in ((n,), (b, n)):
+            raise ValueError(f"{op}: argument 'alibi_slopes' must have shape [nheads] = [{n}] or [batch, nheads] = "
+                             f"[{b}, {n}]; got {list(alibi_slopes.shape)}")
     # As FlashAttention-2: a window side reaching past the cache is unbounded, and only a window that remains makes
     # the call "local" (q then rotates at consecutive positions, as with causal).
     left, right = (-1 if w >= capacity else w for w in (left, right))

@@ -299,6 +299,17 @@ BAD = {
                           r"got \[1, 2\]"),
     "paged_seqlens_past_blocks": (_paged(cache_seqlens=torch.tensor([3, 32], dtype=torch.int32)), ValueError,
                                   r"argument 'cache_seqlens' must be in \[0, 31\] .* got 32"),
+    "block_table_entry_range": (_paged(block_table=torch.tensor([[0, 1], [2, 6]], dtype=torch.int32),
+                                       cache_seqlens=torch.tensor([3, 20], dtype=torch.int32)), ValueError,
+                                r"argument 'block_table' entries of the blocks in use must be in \[0, 6\) .* got 6 for "
+                                r"sequence 1"),
+    "softcap_negative": (_base(softcap=-1.0), ValueError,
+                         r"argument 'softcap' must be a finite number >= 0 .* got -1.0"),
+    "alibi_dtype": (_base(alibi_slopes=torch.ones(4, dtype=torch.float64)), TypeError,
+                    r"argument 'alibi_slopes' must be a float32 tensor .* got torch.float64"),
+    "alibi_shape": (_base(alibi_slopes=torch.ones(3)), ValueError,
+                    r"argument 'alibi_slopes' must have shape \[nheads\] = \[4\] or \[batch, nheads\] = \[2, 4\]; "
+                    r"got \[3\]"),
     "k_without_cache_seqlens": (_base(cache_seqlens=None), ValueError,
                                 r"argument 'cache_seqlens' must be given with new keys/values 'k' and 'v' .* got None"),
     "k_without_v": (_base(v=None), ValueError, r"arguments 'k' and 'v' must be given together"),
