@@ -302,3 +302,23 @@ def test_reference_itself():
     half = rotary(x, angle.cos(), angle.sin(), pos, interleaved=False)
     z = torch.complex(x[..., :2], x[..., 2:4]) * torch.polar(torch.ones_like(angle[pos]), angle[pos]).unsqueeze(1)
     torch.testing.assert_close(half[..., :4], torch.cat([z.real, z.imag], dim=-1))
+
+
+def test_compile_fullgraph_varlen_kvpacked():
+    gen = torch.Generator().manual_seed(0)
+    cu_q = torch.tensor([0, 2, 5], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 7], dtype=torch.int32)
+    q = torch.randn(5, 4, 8, generator=gen, requires_grad=True)
+    kv = torch.randn(7, 2, 2, 8, generator=gen, requires_grad=True)
+
+    def step(q, kv):
+        return tot.flash_attn_varlen_kvpacked_func(q, kv, cu_q, cu_k, 3, 4, causal=True).square().sum()
+
+    torch._dynamo.reset()
+    loss = torch.compile(step, fullgraph=True, backend="aot_eager")(q, kv)
+    grads = torch.autograd.grad(loss, (q, kv))
+    loss_e = step(q, kv)
+    grads_e = torch.autograd.grad(loss_e, (q, kv))
+    torch.testing.assert_close(loss, loss_e)
+    for a, b in zip(grads, grads_e):
+        torch.testing.assert_close(a, b)
