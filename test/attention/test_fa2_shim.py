@@ -111,3 +111,14 @@ def test_a_real_flash_attn_that_cannot_import_falls_back_with_a_warning(tmp_path
         from flash_attn.flash_attn_interface import flash_attn_with_kvcache
     """
     _run(code, paths=[fa_shim.PYTHONPATH_DIR, site])
+
+
+def test_both_shims_together():
+    code = USES_FA2 + textwrap.dedent("""
+        import torch_npu
+        from torch_ops_transformer import compat
+        from torch_ops_transformer.compat import flash_attn as shim
+        assert compat.installed() and shim.installed()
+        assert torch_npu.npu_fusion_attention is not None and flash_attn.flash_attn_func is not None
+    """)
+    _run(code, paths=[compat.PYTHONPATH_DIR, fa_shim.PYTHONPATH_DIR])
