@@ -297,15 +297,20 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: Tuple[int, int] = (-1, -1), alibi_slopes=None, deterministic: bool = False,
-                           return_attn_probs: bool = False):
+                           return_attn_probs: bool = False, block_table: Optional[Tensor] = None):
     """FlashAttention-2's varlen function on packed q [T,N1,D], k/v [Tk,N2,D].
 
     `cu_seqlens_*` are int32/int64 tensors [batch+1] starting at 0 (FlashAttention convention; CANN's TND
     wants them without the leading 0). `max_seqlen_*` are accepted for compatibility (lengths come from
-    cu_seqlens). With `return_attn_probs` returns (out, softmax_lse [N1,T] fp32, None).
+    cu_seqlens). With `return_attn_probs` returns (out, softmax_lse [N1,T] fp32, None). With `block_table` (int32
+    [batch, max_blocks]) k/v are a paged cache [num_blocks, page_block_size, N2, D] and cu_seqlens_k gives each
+    sequence's KV length.
     """
     op = "flash_attn_varlen_func"
     _check_fa_args(op, alibi_slopes, dropout_p)
+    if block_table is not None:  # paged k/v [num_blocks, block, N2, D]: pack the blocks in use (forward only)
+        from .fa2 import gather_paged_kv
+        k, v = gather_paged_kv(op, k, v, block_table, cu_seqlens_k)
     cumulative = (("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_k", cu_seqlens_k, k))
     for name, cu, _ in cumulative:
         if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.numel() < 2:
