@@ -255,7 +255,11 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
     if atten_mask is not None and atten_mask.dtype == torch.int8:
         # FIA takes int8 masks too (vLLM-Ascend's optimised causal mask is int8): same bits as uint8, nonzero = masked
         atten_mask = atten_mask.view(torch.uint8)
-    if paged and sparse_mode == 4 and 0 <= pre_tokens < MAX_TOKENS and pse_shift is None:
+    # (Not with per-token antiquant factors: they are indexed by the key position, which dropping blocks shifts.)
+    per_token = bool(antiquant) and (antiquant.get("key_antiquant_mode") in (1, 3)
+                                     or antiquant.get("value_antiquant_mode") in (1, 3)
+                                     or antiquant.get("antiquant_mode") == 1)
+    if paged and sparse_mode == 4 and 0 <= pre_tokens < MAX_TOKENS and pse_shift is None and not per_token:
         block_table, kv_lens = _skip_blocks_before_window(block_table, q_lens, kv_lens, tnd, query, base, block_size,
                                                           pre_tokens)
     if paged and not tnd:
@@ -276,7 +280,7 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         out, lse = _OPS.fused_infer_attention_score(
             q, key, value, actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
             input_layout="BNSD" if heads_major else "BSND", num_key_value_heads=num_key_value_heads,
-            inner_precise=inner_precise, block_size=block_size)
+            inner_precise=inner_precise, block_size=block_size, **(antiquant or {}))
         return (out[:, :, 0] if heads_major else out[:, 0]), lse
     if paged and tnd:
         key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,

@@ -377,12 +377,17 @@ def test_bad_scale_dtype():
         _bad(key_antiquant_scale=torch.ones(2, 64, dtype=torch.int32))
 
 
-def test_fia_tnd_per_token_not_implemented():
+def test_fia_tnd_per_token():
+    # TND with per-token factors: a decode-only batch (one query token per sequence) runs the decode op on the cache
+    # in place, with the factors; a prefill TND batch would need them per packed position: NotImplementedError.
     c = Case(layout="BSH", kv_len=256, block=128, lens=(256, 100, 1), q_heads=4, k_mode=1, v_mode=1)
     inp = build(c)
     q = torch.randn(3, 4, 64).to(torch.bfloat16)
+    kw = dict(block_table=inp.args[6], num_heads=4, num_key_value_heads=2, scale=c.scale, input_layout="TND",
+              block_size=128, actual_seq_lengths_kv=list(inp.lens), **inp.kwargs)
+    out, _ = tot.npu_fused_infer_attention_score(q, inp.args[1], inp.args[2], actual_seq_lengths=[1, 2, 3], **kw)
+    ref = reference(replace(inp, q=q), c)
+    check_tolerance("TND decode per-token", out, ref, reference(replace(inp, q=q), c, torch.bfloat16))
+    q4 = torch.randn(4, 4, 64).to(torch.bfloat16)
     with pytest.raises(NotImplementedError, match="per-token antiquant factors with input_layout TND"):
-        tot.npu_fused_infer_attention_score(
-            q, inp.args[1], inp.args[2], block_table=inp.args[6], num_heads=4, num_key_value_heads=2,
-            scale=c.scale, input_layout="TND", block_size=128, actual_seq_lengths=[1, 2, 3],
-            actual_seq_lengths_kv=list(inp.lens), **inp.kwargs)
+        tot.npu_fused_infer_attention_score(q4, inp.args[1], inp.args[2], actual_seq_lengths=[2, 3, 4], **kw)
