@@ -4,7 +4,10 @@ Importing the package loads the C++ kernels and registers fake kernels and autog
 generated from native_functions.yaml. Public Python API:
 
 - `npu_fusion_attention`, `npu_fusion_attention_grad` — torch_npu's exact signatures;
-- `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention;
+- `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention; `flash_attn_qkvpacked_func`,
+  `flash_attn_kvpacked_func`, `flash_attn_varlen_qkvpacked_func`, `flash_attn_varlen_kvpacked_func`,
+  `flash_attn_with_kvcache` — the rest of FlashAttention-2's API (module `fa2`; opt-in `import flash_attn` shim:
+  `torch_ops_transformer.compat.flash_attn`);
 - `FlashAttention` — an nn.Module: FlashAttention(head_dim, num_heads, causal);
 - `attention_tiles` — read or override the CPU tile sizes;
 - `npu_rotary_mul` (+`_backward`), `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`,
@@ -48,6 +51,13 @@ from .attention import (  # noqa: E402
     flash_attn_varlen_func,
     npu_fusion_attention,
     npu_fusion_attention_grad,
+)
+from .fa2 import (  # noqa: E402
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
 )
 from .kv_cache import PagedKVCache, npu_scatter_pa_kv_cache  # noqa: E402
 from .rope import (  # noqa: E402
@@ -123,6 +133,11 @@ __all__ = [
     "attention_tiles_override",
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
     "PagedKVCache",

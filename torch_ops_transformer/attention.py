@@ -354,11 +354,14 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     wants them without the leading 0). `max_seqlen_*` are accepted for compatibility (lengths come from
     cu_seqlens). `softcap` and `alibi_slopes` ([N1] or [batch, N1] fp32; distance i + Skv_b - Sq_b - j within each
     sequence) as in flash_attn_func. With `return_attn_probs` returns (out, softmax_lse [N1,T] fp32, None); rows
-    that see no key have lse = +inf.
+    that see no key have lse = +inf. With `block_table` (int32 [batch, max_blocks]) k/v are a paged cache
+    [num_blocks, page_block_size, N2, D] and cu_seqlens_k gives each sequence's KV length.
     """
     op = "flash_attn_varlen_func"
-    _args.not_implemented(op, "a paged KV cache", block_table=block_table)
     _check_fa2_args(op, dropout_p, softcap)
+    if block_table is not None:  # paged k/v [num_blocks, block, N2, D]: pack the blocks in use (forward only)
+        from .fa2 import gather_paged_kv
+        k, v = gather_paged_kv(op, k, v, block_table, cu_seqlens_k)
     cumulative = (("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_k", cu_seqlens_k, k))
     for name, cu, _ in cumulative:
         if not isinstance(cu, Tensor) or cu.dim() != 1 or cu.numel() < 2:

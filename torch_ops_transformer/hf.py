@@ -50,14 +50,18 @@ def npu_fa_attention_forward(
     position_bias: Optional[torch.Tensor] = None,
     **kwargs,
 ) -> Tuple[torch.Tensor, None]:
-    """transformers' attention-function contract: q/k/v [B, H, S, D] in, ([B, Sq, H, Dv], None) out."""
-    if kwargs.get("softcap") is not None:  # a transformers feature our kernels do not have
-        raise NotImplementedError("attn_implementation='npu_fa' does not support softcap (logit soft-capping); "
-                                  "use attn_implementation='eager' for this model")
+    """transformers' attention-function contract: q/k/v [B, H, S, D] in, ([B, Sq, H, Dv], None) out.
+
+    The model-specific keyword arguments transformers' attention layers pass are honoured: `s_aux` (gpt-oss's
+    per-head attention sinks) becomes the kernel's `sink`, `softcap` (Gemma-2's attn_logit_softcapping) the
+    kernel's soft-capping (plain-PyTorch math where this build's kernel lacks it), and `sliding_window` is already
+    in the mask transformers builds for the layer; when a caller passes no mask, the window is applied here."""
+    sink, softcap, window = kwargs.get("s_aux"), kwargs.get("softcap"), kwargs.get("sliding_window")
     q_len, kv_len = query.shape[2], key.shape[2]
     # The same causal decision as transformers' "sdpa": a decode step (q_len 1) sees the whole cache, and an
     # explicit mask already carries causality and padding.
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal_layer = bool(is_causal)
     is_causal = bool(q_len > 1 and attention_mask is None and is_causal)
     if is_causal and kv_len > q_len:
         # Prefill into an empty static cache: SDPA's causal mask is top-left aligned, so the unwritten cache tail
@@ -65,13 +69,24 @@ def npu_fa_attention_forward(
         key, value = key[:, :, :q_len], value[:, :, :q_len]
         if position_bias is not None:
             position_bias = position_bias[..., :q_len]
+    if attention_mask is None and window is not None and causal_layer and key.shape[2] > window:
+        # No mask from the caller: apply transformers' window (query i sees keys i - window < j <= i) with the same
+        # alignment as the causal decision above: a decode step is the last position, a prefill starts at 0.
+        if q_len == 1:
+            key, value = key[:, :, -window:], value[:, :, -window:]
+            if position_bias is not None:
+                position_bias = position_bias[..., -window:]
+        elif is_causal:
+            i = torch.arange(q_len, device=query.device)[:, None]
+            j = torch.arange(key.shape[2], device=query.device)[None, :]
+            attention_mask, is_causal = (j <= i) & (j > i - window), False
     if position_bias is not None:  # additive bias per layer (e.g. T5-style): fold it into a float mask
         from transformers.integrations.sdpa_attention import create_position_bias_mask
 
         attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
         is_causal = False
     out = _router()(query, key, value, attn_mask=attention_mask, dropout_p=dropout, is_causal=is_causal,
-                    scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
+                    scale=scaling, enable_gqa=query.shape[1] != key.shape[1], sink=sink, softcap=softcap)
     return out.transpose(1, 2).contiguous(), None
 
 

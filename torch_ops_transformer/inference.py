@@ -7,6 +7,7 @@ implemented).
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
 """
+import weakref
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -44,7 +45,31 @@ def _optimised_mask(op: str, sparse_mode: int, atten_mask: Optional[Tensor]) -> 
         raise ValueError(f"{op}: sparse_mode={sparse_mode} needs argument 'atten_mask' to be the optimised causal mask "
                          f"of shape (2048, 2048), (1, 2048, 2048) or (1, 1, 2048, 2048) (True / 1 strictly above the "
                          f"diagonal), as torch_npu; got {got}")
-    return atten_mask.reshape(2048, 2048)
+    return None if _known_causal_mask(atten_mask) else atten_mask.reshape(2048, 2048)
+
+
+# Masks already found to be the optimised causal mask: id -> (weak reference, version counter). Serving engines pass
+# one such tensor to every layer and step; the ops verify its 4M entries on each call (~10 ms on a CPU, 20x a small
+# decode step), so the wrapper verifies a tensor once and then passes None, which modes 2-4 treat identically.
+_CAUSAL_MASKS: dict = {}
+
+
+def _known_causal_mask(mask: Tensor) -> bool:
+    """Whether `mask` (the caller's tensor, any of the three shapes) holds the optimised causal mask. A tensor is
+    recognised again while it is alive and unmodified (same object, version counter, storage and strides)."""
+    if (torch.compiler.is_compiling() or mask.device.type == "meta" or mask.is_floating_point()
+            or isinstance(mask, torch._subclasses.FakeTensor)):
+        return False                       # traced or not a mask dtype: the op checks the tensor when it runs
+    key = (mask._version, mask.data_ptr(), mask.stride(), mask.dtype)
+    entry = _CAUSAL_MASKS.get(id(mask))
+    if entry is not None and entry[0]() is mask and entry[1] == key:
+        return True
+    if not torch.equal(mask.reshape(2048, 2048).cpu() != 0, torch.ones(2048, 2048, dtype=torch.bool).triu(1)):
+        return False                       # the op raises its error about the content
+    if len(_CAUSAL_MASKS) > 64:
+        _CAUSAL_MASKS.clear()
+    _CAUSAL_MASKS[id(mask)] = (weakref.ref(mask), key)
+    return True
 
 
 @_args.torch_npu_api
@@ -148,10 +173,51 @@ def _gather_paged_tnd(op: str, key: Tensor, value: Tensor, block_table: Tensor, 
     return k, v, torch.cumsum(kv_lens.to(torch.int64), 0)
 
 
+def _one_token_each(q_ends: Optional[Tensor], query: Tensor) -> bool:
+    """TND: whether every sequence has exactly one query token (cumulative ends 1, 2, ..., T)."""
+    if q_ends is None or q_ends.dim() != 1 or q_ends.numel() != query.shape[0] or torch.compiler.is_compiling():
+        return False
+    return bool(torch.equal(q_ends.cpu().to(torch.int64), torch.arange(1, query.shape[0] + 1)))
+
+
+def _skip_blocks_before_window(block_table: Tensor, q_lens: Optional[Tensor], kv_lens: Optional[Tensor], tnd: bool,
+                               query: Tensor, base: str, block_size: int, pre_tokens: int):
+    """A sliding window (sparse_mode 4, pre_tokens >= 0) over a paged cache: the whole blocks before the first key any
+    query row of a sequence can see are dropped from its row of block_table and from its KV length. Mode 4's band is
+    measured from the end of the keys, so the answer is unchanged, and the paths that gather the used blocks (every
+    paged call with a window) copy ~window keys per sequence instead of its whole history."""
+    if (kv_lens is None or block_size <= 0 or block_table.dim() != 2 or kv_lens.dim() != 1
+            or torch.compiler.is_compiling()):
+        return block_table, kv_lens                           # the op reports what is wrong; traced: keep it simple
+    rows = block_table.shape[0]
+    kv = kv_lens.to(torch.int64).cpu()
+    kv = kv.expand(rows) if kv.numel() == 1 else kv
+    if tnd:
+        if q_lens is None or q_lens.dim() != 1 or q_lens.numel() != rows or kv.numel() != rows:
+            return block_table, kv_lens
+        ends = q_lens.to(torch.int64).cpu()
+        q = torch.diff(ends, prepend=ends.new_zeros(1))
+    else:
+        if kv.numel() != rows:
+            return block_table, kv_lens
+        padded = query.shape[2 if base.startswith("BNSD") else 1]
+        q = torch.full((rows,), padded, dtype=torch.int64) if q_lens is None else q_lens.to(torch.int64).cpu()
+        q = q.expand(rows) if q.numel() == 1 else q
+    first = kv - q - pre_tokens                               # first key the earliest query row can see
+    skip = torch.where((first > 0) & (q >= 0) & (kv >= 0), first // block_size, 0)
+    if not bool((skip > 0).any()):
+        return block_table, kv_lens
+    cols = block_table.shape[1]
+    index = (torch.arange(cols)[None, :] + skip[:, None]).clamp_(max=cols - 1)   # trailing entries are never read
+    table = torch.gather(block_table, 1, index.to(block_table.device))
+    return table, (kv - skip * block_size).to(kv_lens.device)
+
+
 def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, actual_seq_lengths,
                  actual_seq_lengths_kv, block_table, num_heads: int, scale: float, pre_tokens: int, next_tokens: int,
                  input_layout: str, num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
-                 softmax_lse_flag: bool, learnable_sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                 softmax_lse_flag: bool, learnable_sink: Optional[Tensor] = None,
+                 antiquant: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
     """npu_fused_infer_attention_score(_v2) once their own arguments are checked: the layouts the op lacks, paged
     TND, torch_npu's rules for one-token queries, and the learnable sink of v2."""
     key, value = _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value)
@@ -172,12 +238,50 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
     q_lens = _lengths(op, "actual_seq_lengths", actual_seq_lengths, query.device, batch)
     kv_lens = _lengths(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, batch)
     if not tnd and query.shape[2 if base.startswith("BNSD") else 1] == 1:
-        # torch_npu: a one-token query (the decode branch) ignores actual_seq_lengths, pre/next_tokens and
-        # sparse_mode; the optimised 2048x2048 mask of modes 2-4 is not a decode mask, so it goes too.
-        q_lens, pre_tokens, next_tokens = None, MAX_TOKENS, MAX_TOKENS
-        if sparse_mode in (2, 3, 4):
-            sparse_mode, atten_mask = 0, None
-    atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
+        # torch_npu documents that a one-token query (the decode branch) ignores actual_seq_lengths, pre/next_tokens
+        # and sparse_mode. We follow it except for sparse_mode 4: its band is aligned to the end of the keys, so the
+        # caller's sliding window applies here as in prefill (dropping it would silently give full attention).
+        # Modes 2/3 with one query row hide no key (3) or all but one (2: not a decode mask), so they become mode 0.
+        q_lens = None
+        if sparse_mode == 4:
+            if atten_mask is not None:
+                atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
+        else:
+            pre_tokens, next_tokens = MAX_TOKENS, MAX_TOKENS
+            if sparse_mode in (2, 3):
+                sparse_mode, atten_mask = 0, None
+    else:
+        atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
+    if atten_mask is not None and atten_mask.dtype == torch.int8:
+        # FIA takes int8 masks too (vLLM-Ascend's optimised causal mask is int8): same bits as uint8, nonzero = masked
+        atten_mask = atten_mask.view(torch.uint8)
+    # (Not with per-token antiquant factors: they are indexed by the key position, which dropping blocks shifts.)
+    per_token = bool(antiquant) and (antiquant.get("key_antiquant_mode") in (1, 3)
+                                     or antiquant.get("value_antiquant_mode") in (1, 3)
+                                     or antiquant.get("antiquant_mode") == 1)
+    if paged and sparse_mode == 4 and 0 <= pre_tokens < MAX_TOKENS and pse_shift is None and not per_token:
+        block_table, kv_lens = _skip_blocks_before_window(block_table, q_lens, kv_lens, tnd, query, base, block_size,
+                                                          pre_tokens)
+    if paged and not tnd:
+        # PagedKVCache's default (num_blocks, block_size, N2, D) is the op's (num_blocks, block_size, N2*D), as in
+        # npu_incre_flash_attention and paged TND (upstream's (num_blocks, N2, block_size, D) wins if both match).
+        key, value = (t.flatten(2) if t.dim() == 4 and t.shape[2] != block_size and t.shape[1] == block_size else t
+                      for t in (key, value))
+    if (paged and tnd and in_form is None and out_form is None and learnable_sink is None and not softmax_lse_flag
+            and pse_shift is None and atten_mask is None and sparse_mode in (0, 3) and key.shape == value.shape
+            and kv_lens is not None and _one_token_each(q_lens, query)):
+        # Decode-only TND batch (vLLM-Ascend's decode call; equal K/V head dims): as BSND / BNSD with one token per
+        # sequence, which the op runs on the cache in place instead of gathering every used block. Same answer:
+        # one row per sequence, and mode 3's bottom-right causal row hides none of its keys.
+        heads_major = key.dim() == 4 and key.shape[2] == block_size
+        if key.dim() == 4 and not heads_major:
+            key, value = key.flatten(2), value.flatten(2)
+        q = query.unsqueeze(2) if heads_major else query.unsqueeze(1)
+        out, lse = _OPS.fused_infer_attention_score(
+            q, key, value, actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
+            input_layout="BNSD" if heads_major else "BSND", num_key_value_heads=num_key_value_heads,
+            inner_precise=inner_precise, block_size=block_size, **(antiquant or {}))
+        return (out[:, :, 0] if heads_major else out[:, 0]), lse
     if paged and tnd:
         key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
                                                 num_key_value_heads or num_heads)
@@ -197,7 +301,7 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
         pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=base, num_key_value_heads=num_key_value_heads,
         sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-        softmax_lse_flag=softmax_lse_flag or learnable_sink is not None)
+        softmax_lse_flag=softmax_lse_flag or learnable_sink is not None, **(antiquant or {}))
     if learnable_sink is not None:
         # The sink is one more logit per head in each softmax row's denominator: with L the row's log-sum-exp over
         # the keys, the output scales by exp(L) / (exp(L) + exp(sink)) = sigmoid(L - sink) (0 for a row without
@@ -207,6 +311,30 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         out = (out.float() * weight).to(out.dtype)
         lse = torch.logaddexp(lse, sink) if softmax_lse_flag else lse.new_empty(0)
     return _fia_output(out, base, out_form, num_heads), lse
+
+
+_ANTIQUANT_TENSORS = ("antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset",
+                      "value_antiquant_scale", "value_antiquant_offset")
+
+
+def _antiquant_args(op: str, **kw) -> dict:
+    """The int8-cache (KV antiquant) arguments as the ops take them: tensors or None, modes as ints (torch_npu
+    callers sometimes pass a mode as a one-element tensor; None means the default 0)."""
+    out = {}
+    for name, value in kw.items():
+        if name in _ANTIQUANT_TENSORS:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"{op}: argument '{name}' must be a Tensor or None; got {type(value).__name__}")
+            out[name] = value
+        else:
+            if isinstance(value, Tensor) and value.numel() == 1 and float(value.item()).is_integer():
+                value = int(value.item())
+            if value is None:
+                value = 0
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{op}: argument '{name}' must be an int; got {value!r}")
+            out[name] = value
+    return out
 
 
 @_args.torch_npu_api
@@ -233,26 +361,37 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD, NTD_TND. Lengths: a list, a CPU int tensor or an int tensor on the
     inputs' device; one entry applies to every batch, a longer list is cut to B; cumulative ends for TND/NTD.
     As upstream, a one-token query outside TND (the decode branch) ignores actual_seq_lengths, pre_tokens,
-    next_tokens and sparse_mode (the 2048x2048 mask of modes 2-4 with it); otherwise sparse_mode 2-4 need that
-    optimised mask (ValueError without it).
+    next_tokens and sparse_modes 0-3 (the 2048x2048 mask of modes 2/3 with it) — except sparse_mode 4, whose
+    sliding window applies there too (a deliberate difference, docs/inference.md); otherwise sparse_mode 2-4 need
+    that optimised mask (ValueError without it), bool, uint8 or int8.
     With `block_table` (paged KV cache): the same result as the keys laid out contiguously, for every sparse mode,
     band, mask, pse_shift, query length and softmax_lse_flag; `actual_seq_lengths_kv` (required) holds each
     sequence's KV length, also for TND. One-token calls whose band hides no key run `npu_fa::incre_flash_attention`
     on the cache in place; the others gather the used blocks and run the prefill path (docs/inference.md). Blocks
     may be shared between sequences (read-only).
     `softmax_lse_flag=True` returns the fp32 log-sum-exp [B,N,Sq,1] ([T,N,1] for TND/NTD; -inf for rows that see no
-    key); otherwise softmax_lse is an empty tensor (shape [0], as torch_npu's). Quantisation, shared-prefix, rope
-    and padding-size arguments raise NotImplementedError naming them.
+    key); otherwise softmax_lse is an empty tensor (shape [0], as torch_npu's).
+    int8 key/value (KV antiquant, fp16/bf16 query): `key_antiquant_scale`/`value_antiquant_scale` (+ offsets, modes
+    `key_antiquant_mode`/`value_antiquant_mode`: 0 per-channel, 1 per-token, 2 per-tensor per-head, 3 per-token
+    per-head) or the stacked `antiquant_scale`/`antiquant_offset` ([2, ...], `antiquant_mode` 0/1); x = (x_int8 +
+    offset) * scale. Decode-route calls read the int8 cache in place; the prefill route dequantises the used keys
+    to fp32 first (docs/inference.md). The other quantisation arguments, shared-prefix, rope and padding-size
+    arguments raise NotImplementedError naming them.
     """
     op = "npu_fused_infer_attention_score"
     _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
                           dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
-                          antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
-                          key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
-                          value_antiquant_scale=value_antiquant_scale, value_antiquant_offset=value_antiquant_offset,
                           key_rope_antiquant_scale=key_rope_antiquant_scale)
-    _args.not_implemented_unless_zero(op, "quantised attention", antiquant_mode=antiquant_mode,
-                                      key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
+    if isinstance(key, Tensor) and key.dtype == torch.int32:  # int4 packed in int32 (upstream's int4 antiquant)
+        _args.not_implemented(op, "int4 (int32-packed) KV antiquant", antiquant_scale=antiquant_scale,
+                              antiquant_offset=antiquant_offset, key_antiquant_scale=key_antiquant_scale,
+                              key_antiquant_offset=key_antiquant_offset, value_antiquant_scale=value_antiquant_scale,
+                              value_antiquant_offset=value_antiquant_offset)
+    antiquant = _antiquant_args(op, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
+                                key_antiquant_scale=key_antiquant_scale, key_antiquant_offset=key_antiquant_offset,
+                                value_antiquant_scale=value_antiquant_scale,
+                                value_antiquant_offset=value_antiquant_offset, antiquant_mode=antiquant_mode,
+                                key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
     _args.not_implemented(op, "attention with padding sizes", query_padding_size=query_padding_size,
                           kv_padding_size=kv_padding_size)
     _args.not_implemented(op, "attention with a shared prefix", key_shared_prefix=key_shared_prefix,
@@ -263,7 +402,7 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
                         block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens,
                         next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
                         sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-                        softmax_lse_flag=softmax_lse_flag)
+                        softmax_lse_flag=softmax_lse_flag, antiquant=antiquant)
 
 
 @_args.torch_npu_api
@@ -401,16 +540,19 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
     cache. See `torch.ops.npu_fa.incre_flash_attention` and docs/inference.md for the semantics.
 
     A paged cache may also be given as (num_blocks, block_size, N2, D) (PagedKVCache's default layout), viewed as
-    (num_blocks, block_size, N2*D). padding_mask is reserved upstream and must be None. Quantisation arguments
-    (antiquant_*, dequant_*, quant_*) are not supported by the CPU kernels and raise NotImplementedError naming them.
+    (num_blocks, block_size, N2*D). padding_mask is reserved upstream and must be None.
+    int8 key/value (an int8 KV cache, fp16/bf16 query): `antiquant_scale` / `antiquant_offset` stack key's and
+    value's per-channel factors, [2, N2, 1, D] (BNSD), [2, N2, D] (BSND) or [2, H] (BSH), or [2] per-tensor; the
+    kernel reads the int8 cache and dequantises (x + offset) * scale in registers (docs/inference.md). The other
+    quantisation arguments (dequant_*, quant_*) raise NotImplementedError naming them.
     actual_seq_lengths may be a list of ints, a CPU int tensor or an int tensor on the inputs' device;
     kv_padding_size an int or a one-element int tensor (CPU or the inputs' device): both are read on the host.
     """
     op = "npu_incre_flash_attention"
     _args.reserved(op, padding_mask=padding_mask)
-    _args.not_implemented(op, "quantised attention", antiquant_scale=antiquant_scale,
-                          antiquant_offset=antiquant_offset, dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
+    _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
                           dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    antiquant = _antiquant_args(op, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset)
     lengths = _args.host_int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device)
     if block_table is not None and input_layout != "BNSD":
         # PagedKVCache's default (num_blocks, block_size, N2, D) is the kernel's (num_blocks, block_size, N2*D).
@@ -420,4 +562,4 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
         kv_padding_size = _args.host_int_tensor(op, "kv_padding_size", kv_padding_size, query.device)
     return _OPS.incre_flash_attention(query, key, value, atten_mask, pse_shift, lengths, block_table,
                                       kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads,
-                                      block_size, inner_precise)
+                                      block_size, inner_precise, **antiquant)

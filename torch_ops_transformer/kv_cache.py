@@ -19,6 +19,15 @@ Decode loop (npu_incre_flash_attention is the paged-attention op of torch_ops_tr
             q, cache.key_cache, cache.value_cache, block_table=cache.block_table(ids),
             actual_seq_lengths=cache.seq_lens(ids), block_size=cache.block_size, input_layout="BSND",
             num_heads=N1, num_key_value_heads=N2, scale_value=D ** -0.5)
+    # or: out = cache.attention(q, ids, num_heads=N1, scale_value=D ** -0.5)
+
+int8 cache ("C8", `dtype=torch.int8`): rows are quantised on append, symmetric per channel,
+x_int8 = clamp(round(x / scale), -127, 127) with one fp32 scale per (KV head, channel) for keys and one for values,
+and `attention()` passes the scales to the fused decode, which dequantises x_int8 * scale in registers. The scales are
+given at construction (`key_scale` / `value_scale`: a number, [N2, D] or [N2*D]) or, when omitted, calibrated from
+the first append: max |x| over its tokens per channel / 127 (a channel that is 0 there gets scale 1/127). Values of
+later tokens beyond the calibrated range saturate at ±127 * scale. `antiquant_scale` is the stacked [2, N2, D]
+factor for torch_npu-style calls.
 """
 from typing import Dict, List, Optional, Sequence
 
@@ -35,12 +44,22 @@ class PagedKVCache:
 
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, v_head_dim: Optional[int] = None, layout: str = "BSND",
-                 device: Optional[torch.device] = None):
+                 device: Optional[torch.device] = None, key_scale=None, value_scale=None):
         if num_blocks <= 0 or block_size <= 0 or num_kv_heads <= 0 or head_dim <= 0:
             raise ValueError("PagedKVCache: num_blocks, block_size, num_kv_heads and head_dim must be positive")
         if layout not in ("BSND", "BSH"):
             raise ValueError(f"PagedKVCache: layout must be 'BSND' or 'BSH'; got {layout!r}")
         vd = v_head_dim or head_dim
+        self.int8 = dtype == torch.int8
+        if self.int8:
+            if vd != head_dim:
+                raise ValueError(f"PagedKVCache: an int8 cache needs v_head_dim == head_dim ({head_dim}); got {vd}")
+            if block_size % 32:
+                raise ValueError(f"PagedKVCache: an int8 cache needs block_size % 32 == 0 (as torch_npu's decode); "
+                                 f"got {block_size}")
+        elif key_scale is not None or value_scale is not None:
+            raise ValueError("PagedKVCache: key_scale/value_scale quantise an int8 cache; dtype is "
+                             f"{dtype}")
         if layout == "BSND":
             kshape, vshape = (num_kv_heads, head_dim), (num_kv_heads, vd)
         else:
@@ -53,6 +72,43 @@ class PagedKVCache:
         self._blocks: Dict[int, List[int]] = {}
         self._lens: Dict[int, int] = {}
         self._next_id = 0
+        # int8: per-(head, channel) fp32 dequantisation scales [N2, D], None until given or calibrated.
+        self.key_scale = self._scale_arg("key_scale", key_scale, device)
+        self.value_scale = self._scale_arg("value_scale", value_scale, device)
+
+    def _scale_arg(self, name: str, value, device) -> Optional[Tensor]:
+        if value is None:
+            return None
+        n2, d = self.num_kv_heads, self.head_dim
+        t = torch.as_tensor(value, dtype=torch.float32, device=device)
+        if t.numel() == 1:
+            t = t.reshape(1, 1).expand(n2, d)
+        elif t.numel() == n2 * d:
+            t = t.reshape(n2, d)
+        else:
+            raise ValueError(f"PagedKVCache: {name} must be a number, [N2, D] or [N2*D] = [{n2 * d}]; got shape "
+                             f"{list(t.shape)}")
+        if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+            raise ValueError(f"PagedKVCache: {name} must be finite and positive")
+        return t.contiguous()
+
+    @property
+    def antiquant_scale(self) -> Optional[Tensor]:
+        """int8 caches: key's and value's scales stacked, [2, N2, D] fp32 (torch_npu's `antiquant_scale` for BSND);
+        None before the first append when they are calibrated."""
+        if not self.int8 or self.key_scale is None:
+            return None
+        return torch.stack([self.key_scale, self.value_scale])
+
+    def _quantise(self, x: Tensor, scale: Tensor) -> Tensor:
+        """Symmetric int8 of token rows x [T, N2*D] (or [T, N2, D]) with per-channel scale [N2, D]."""
+        x = x.reshape(x.shape[0], *scale.shape).float()
+        return torch.clamp(torch.round(x / scale), -127, 127).to(torch.int8)
+
+    @staticmethod
+    def _calibrate(x: Tensor, n2: int, d: int) -> Tensor:
+        amax = x.reshape(-1, n2, d).float().abs().amax(dim=0)
+        return torch.where(amax > 0, amax / 127, torch.full_like(amax, 1 / 127)).contiguous()
 
     # --- bookkeeping -------------------------------------------------------------------------------------------
     @property
@@ -97,6 +153,9 @@ class PagedKVCache:
         for name, t, cache in (("key", key, self.key_cache), ("value", value, self.value_cache)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"PagedKVCache.append: {name} must be a Tensor; got {type(t).__name__}")
+            if self.int8 and t.dtype == torch.int8:
+                raise TypeError(f"PagedKVCache.append: an int8 cache quantises on append; pass {name} in floating "
+                                f"point (not int8)")
             if t.dtype != cache.dtype and not t.dtype.is_floating_point:
                 raise TypeError(f"PagedKVCache.append: {name} must be a floating-point tensor or have the cache's "
                                 f"dtype {cache.dtype}; got {t.dtype}")
@@ -144,6 +203,15 @@ class PagedKVCache:
             slots.append(blocks[pos // self.block_size] * self.block_size + pos % self.block_size)
             self._lens[sid] = pos + 1
         slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.key_cache.device)
+        if self.int8:
+            if self.key_scale is None and len(owners):
+                self.key_scale = self._calibrate(key, self.num_kv_heads, self.head_dim)
+                self.value_scale = self._calibrate(value, self.num_kv_heads, self.head_dim)
+            if self.key_scale is None:
+                return slot_mapping
+            key, value = self._quantise(key, self.key_scale), self._quantise(value, self.value_scale)
+            key = key.reshape(key.shape[0], *self.key_cache.shape[2:])
+            value = value.reshape(value.shape[0], *self.value_cache.shape[2:])
         _OPS.scatter_pa_kv_cache(key.to(self.key_cache.dtype), value.to(self.value_cache.dtype),
                                  self.key_cache, self.value_cache, slot_mapping)
         return slot_mapping
@@ -166,6 +234,26 @@ class PagedKVCache:
             if r:
                 table[b, :len(r)] = torch.tensor(r, dtype=torch.int32)
         return table
+
+    def attention(self, query: Tensor, seq_ids: Sequence[int], *, num_heads: int, scale_value: float,
+                  input_layout: str = "BSND") -> Tensor:
+        """Decode attention of one query token per sequence of `seq_ids` against this cache
+        (`npu_incre_flash_attention`); query is BSND [B, 1, N1, D] or BSH [B, 1, N1*D]. An int8 cache passes its
+        scales (`antiquant_scale`), so the fused decode dequantises in registers."""
+        from .inference import npu_incre_flash_attention
+        if input_layout not in ("BSND", "BSH"):
+            raise ValueError(f"PagedKVCache.attention: input_layout must be 'BSND' or 'BSH'; got {input_layout!r}")
+        if self.int8 and self.key_scale is None:
+            raise RuntimeError("PagedKVCache.attention: the int8 cache has no scales yet (append tokens first or "
+                               "pass key_scale/value_scale)")
+        scale = self.antiquant_scale
+        if scale is not None and input_layout == "BSH":
+            scale = scale.reshape(2, -1)
+        return npu_incre_flash_attention(
+            query, self.key_cache, self.value_cache, block_table=self.block_table(seq_ids).to(query.device),
+            actual_seq_lengths=self.seq_lens(seq_ids), block_size=self.block_size, input_layout=input_layout,
+            num_heads=num_heads, num_key_value_heads=self.num_kv_heads, scale_value=scale_value,
+            antiquant_scale=scale)
 
     def gather(self, seq_ids: Sequence[int]):
         """Contiguous (key, value) of the sequences, packed: [sum(seq_lens), N2, D] (gather_pa_kv_cache)."""

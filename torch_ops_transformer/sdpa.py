@@ -7,6 +7,8 @@ Routing (see docs/sdpa_and_compile.md):
   - prefill / training  -> npu_fa::flash_attention_score (BNSD, differentiable, Philox dropout);
   - one-token decode without autograd (Sq == 1, no causal, no dropout, Ev == E) -> npu_fa::incre_flash_attention;
   - anything else -> PyTorch's own SDPA (one `logging` debug message per reason), never a different answer.
+  - keyword-only extensions of the router (the Hugging Face backend's): `sink` (per-head attention sinks) and
+    `softcap` (logit soft-capping) run flash_attention_score, or `math_attention` where the kernels cannot.
 
 Semantics reproduced: bool attn_mask True = *keep* (ours: True = masked out, so it is inverted); a float attn_mask is
 added to the scaled scores (our pse with pse_type 0); masks broadcast from any shape PyTorch accepts; `is_causal` is
@@ -178,26 +180,94 @@ def flash_mask_args(q: Tensor, k: Tensor, mask: Optional[Tensor], is_causal: boo
     return dict(pse=pse, atten_mask=atten_mask, sparse_mode=2 if is_causal else 0, pse_type=0)
 
 
-def _prefill(q, k, v, mask, dropout_p, is_causal, scale) -> Tensor:
+def _prefill(q, k, v, mask, dropout_p, is_causal, scale, sink=None, softcap=0.0) -> Tensor:
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
     _count("prefill")
+    extra = {"softcap": softcap} if softcap else {}     # only passed when used: builds without it keep working
     return _OPS.flash_attention_score(q, k, v, q.shape[1], "BNSD", scale=scale, keep_prob=keep, seed=seed,
-                                      offset=offset, **flash_mask_args(q, k, mask, is_causal))[0]
+                                      offset=offset, sink=sink, **extra,
+                                      **flash_mask_args(q, k, mask, is_causal))[0]
 
 
-def _run(query, key, value, attn_mask, dropout_p, is_causal, scale) -> Tensor:
+def _schema_has(op_name: str, arg: str) -> bool:
+    try:
+        return any(a.name == arg for a in getattr(_OPS, op_name).default._schema.arguments)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# Read once at import: a constant for torch.compile (Dynamo cannot trace schema introspection).
+_HAS_SOFTCAP = _schema_has("flash_attention_score", "softcap")
+
+
+def kernel_has_softcap() -> bool:
+    """Whether this build's flash_attention_score takes `softcap` (logit soft-capping inside the kernel)."""
+    return _HAS_SOFTCAP
+
+
+def _run(query, key, value, attn_mask, dropout_p, is_causal, scale, sink=None, softcap=0.0) -> Tensor:
     three_d = query.dim() == 3
     q, k, v = (t.unsqueeze(1) for t in (query, key, value)) if three_d else (query, key, value)
     mask = None if attn_mask is None else _mask_4d(attn_mask, query)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     out = None
-    if (q.shape[2] == 1 and not is_causal and dropout_p == 0.0 and v.shape[-1] == q.shape[-1]
-            and not _needs_grad(query, key, value, attn_mask)):
-        out = _decode(q, k, v, mask, scale)
+    if (q.shape[2] == 1 and not is_causal and dropout_p == 0.0 and v.shape[-1] == q.shape[-1] and sink is None
+            and not softcap and not _needs_grad(query, key, value, attn_mask)):
+        out = _decode(q, k, v, mask, scale)   # the decode kernel has neither sinks nor soft-capping
     if out is None:
-        out = _prefill(q, k, v, mask, dropout_p, is_causal, scale)
+        out = _prefill(q, k, v, mask, dropout_p, is_causal, scale, sink, softcap)
     return out.squeeze(1) if three_d else out
+
+
+def _extras_reason(query, attn_mask, sink, softcap) -> Optional[str]:
+    """Why the kernels cannot take this sink / softcap (None: they can)."""
+    if sink is not None:
+        heads = query.shape[1] if query.dim() == 4 else 1
+        if not (isinstance(sink, Tensor) and sink.dim() == 1 and sink.shape[0] == heads and sink.is_floating_point()
+                and sink.device == query.device):
+            got = (f"{sink.dtype} of shape {list(sink.shape)} on {sink.device}" if isinstance(sink, Tensor)
+                   else type(sink).__name__)
+            raise ValueError(f"scaled_dot_product_attention: argument 'sink' must be a floating-point tensor of shape "
+                             f"(num_query_heads,) = ({heads},) on {query.device}; got {got}")
+    if softcap:
+        if not kernel_has_softcap():
+            return "softcap (this build's flash_attention_score has no soft-capping)"
+        if attn_mask is not None and attn_mask.dtype != torch.bool:
+            return "softcap with a float attn_mask (soft-capping applies to the scores before the additive mask)"
+    return None
+
+
+def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False, sink=None, softcap=0.0) -> Tensor:
+    """Plain-PyTorch attention with a sink and soft-capping (what Hugging Face's eager attention computes), for the
+    calls the kernels cannot take: scores = scale·QKᵀ, softcap·tanh(scores/softcap), then the mask (bool True =
+    keep, float added; is_causal top-left), then a softmax whose denominator also has exp(sink[head]). Scores and
+    softmax in float32 (float64 for float64 inputs); fully masked rows give 0."""
+    acc = torch.float64 if query.dtype == torch.float64 else torch.float32
+    q, k, v = query.to(acc), key.to(acc), value.to(acc)
+    if enable_gqa and q.dim() == 4 and q.shape[1] != k.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    s = (q @ k.transpose(-2, -1)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if is_causal:
+        sq, skv = s.shape[-2], s.shape[-1]
+        s = s.masked_fill(torch.ones(sq, skv, dtype=torch.bool, device=s.device).triu(1), -math.inf)
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.to(acc)
+    if sink is not None:
+        col = sink.to(acc).view(-1, 1, 1) if s.dim() == 4 else sink.to(acc).view(1, 1)
+        s = torch.cat([s, col.expand(*s.shape[:-1], 1)], -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)          # a row without any finite score: 0
+    if sink is not None:
+        p = p[..., :-1]
+    if dropout_p > 0.0:
+        p = F.dropout(p, dropout_p)
+    _count("math")
+    return (p @ v).to(query.dtype)
 
 
 def try_scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
@@ -211,19 +281,37 @@ def try_scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
-                                 enable_gqa: bool = False) -> Tensor:
+                                 enable_gqa: bool = False, *, sink: Optional[Tensor] = None,
+                                 softcap: Optional[float] = None) -> Tensor:
     """`torch.nn.functional.scaled_dot_product_attention` with PyTorch's semantics, computed by our ops where
     supported and by PyTorch otherwise (see the module docstring).
 
     NaN and infinities (in query/key/value or a float attn_mask) run our kernels like any value: a row is NaN
     exactly when PyTorch's math gives NaN there (a NaN score, a NaN value it attends to, +inf in the mask), and a
-    row whose keys are all masked (False or -inf) is 0 (docs/attention.md, "NaN and infinities")."""
-    reason = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    row whose keys are all masked (False or -inf) is 0 (docs/attention.md, "NaN and infinities").
+
+    Two keyword-only extensions (not in PyTorch's SDPA; the Hugging Face backend passes them): `sink`, one logit
+    per query head added to every softmax denominator (gpt-oss's attention sinks; differentiable), and `softcap`
+    (> 0: scores become softcap·tanh(scores/softcap) before the mask, Gemma-2's attn_logit_softcapping). Calls
+    with either that the kernels cannot take run `math_attention` (plain PyTorch), never PyTorch's SDPA, which has
+    neither."""
+    softcap = float(softcap) if softcap else 0.0
+    if softcap < 0 or not math.isfinite(softcap):
+        raise ValueError(f"scaled_dot_product_attention: argument 'softcap' must be a finite number >= 0 (0 or None = "
+                         f"off); got {softcap!r}")
+    extras = sink is not None or softcap > 0
+    extras_reason = _extras_reason(query, attn_mask, sink, softcap) if extras else None   # raises on a bad sink
+    reason = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) or extras_reason
     if reason is not None:
         _fallback_note(reason)
+        if extras:
+            return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sink,
+                                  softcap)
         return PYTORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                             scale=scale, enable_gqa=enable_gqa)
-    return _run(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if sink is not None:
+        sink = sink.float()                           # the kernel takes float32 sinks (autograd casts back)
+    return _run(query, key, value, attn_mask, dropout_p, is_causal, scale, sink, softcap)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -227,11 +227,20 @@ struct FusedInferAttentionScoreArgs {
   int64_t inner_precise;
   int64_t block_size;
   bool softmax_lse_flag;
+  const std::optional<at::Tensor>& antiquant_scale;
+  const std::optional<at::Tensor>& antiquant_offset;
+  const std::optional<at::Tensor>& key_antiquant_scale;
+  const std::optional<at::Tensor>& key_antiquant_offset;
+  const std::optional<at::Tensor>& value_antiquant_scale;
+  const std::optional<at::Tensor>& value_antiquant_offset;
+  int64_t antiquant_mode;
+  int64_t key_antiquant_mode;
+  int64_t value_antiquant_mode;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const FusedInferAttentionScoreArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag);
+  return f(a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode);
 }
 
 // attention_update
@@ -276,11 +285,20 @@ struct IncreFlashAttentionArgs {
   int64_t num_key_value_heads;
   int64_t block_size;
   int64_t inner_precise;
+  const std::optional<at::Tensor>& antiquant_scale;
+  const std::optional<at::Tensor>& antiquant_offset;
+  const std::optional<at::Tensor>& key_antiquant_scale;
+  const std::optional<at::Tensor>& key_antiquant_offset;
+  const std::optional<at::Tensor>& value_antiquant_scale;
+  const std::optional<at::Tensor>& value_antiquant_offset;
+  int64_t antiquant_mode;
+  int64_t key_antiquant_mode;
+  int64_t value_antiquant_mode;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const IncreFlashAttentionArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths, a.block_table, a.kv_padding_size, a.num_heads, a.scale_value, a.input_layout, a.num_key_value_heads, a.block_size, a.inner_precise);
+  return f(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths, a.block_table, a.kv_padding_size, a.num_heads, a.scale_value, a.input_layout, a.num_key_value_heads, a.block_size, a.inner_precise, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode);
 }
 
 // all_gather_matmul

@@ -192,7 +192,7 @@ at::Tensor prompt_flash_attention_cpu_unboxed(const at::Tensor& query, const at:
   return npu_fa::prompt_flash_attention_cpu(npu_fa::PromptFlashAttentionArgs{query, key, value, padding_mask, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise});
 }
 
-std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table, int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size, bool softmax_lse_flag) {
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table, int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size, bool softmax_lse_flag, const std::optional<at::Tensor>& antiquant_scale, const std::optional<at::Tensor>& antiquant_offset, const std::optional<at::Tensor>& key_antiquant_scale, const std::optional<at::Tensor>& key_antiquant_offset, const std::optional<at::Tensor>& value_antiquant_scale, const std::optional<at::Tensor>& value_antiquant_offset, int64_t antiquant_mode, int64_t key_antiquant_mode, int64_t value_antiquant_mode) {
   npu_fa::DeviceRule rule("fused_infer_attention_score");
   rule.device_tensor("query", query);
   rule.device_tensor("key", key);
@@ -200,9 +200,15 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu_unboxed(const
   rule.device_tensor("pse_shift", pse_shift);
   rule.device_tensor("atten_mask", atten_mask);
   rule.device_tensor("block_table", block_table);
+  rule.device_tensor("antiquant_scale", antiquant_scale);
+  rule.device_tensor("antiquant_offset", antiquant_offset);
+  rule.device_tensor("key_antiquant_scale", key_antiquant_scale);
+  rule.device_tensor("key_antiquant_offset", key_antiquant_offset);
+  rule.device_tensor("value_antiquant_scale", value_antiquant_scale);
+  rule.device_tensor("value_antiquant_offset", value_antiquant_offset);
   rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
   rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
-  return npu_fa::fused_infer_attention_score_cpu(npu_fa::FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag});
+  return npu_fa::fused_infer_attention_score_cpu(npu_fa::FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode});
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_update_cpu_unboxed(const at::Tensor& lse, const at::Tensor& out) {
@@ -223,7 +229,7 @@ std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu_unboxed(const at::T
   return npu_fa::attention_update_grad_cpu(npu_fa::AttentionUpdateGradArgs{lse, out, softmax_lse, attention_out, grad_attention_out, grad_softmax_lse});
 }
 
-at::Tensor incre_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise) {
+at::Tensor incre_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise, const std::optional<at::Tensor>& antiquant_scale, const std::optional<at::Tensor>& antiquant_offset, const std::optional<at::Tensor>& key_antiquant_scale, const std::optional<at::Tensor>& key_antiquant_offset, const std::optional<at::Tensor>& value_antiquant_scale, const std::optional<at::Tensor>& value_antiquant_offset, int64_t antiquant_mode, int64_t key_antiquant_mode, int64_t value_antiquant_mode) {
   npu_fa::DeviceRule rule("incre_flash_attention");
   rule.device_tensor("query", query);
   rule.device_tensor("key", key);
@@ -231,12 +237,18 @@ at::Tensor incre_flash_attention_cpu_unboxed(const at::Tensor& query, const at::
   rule.device_tensor("atten_mask", atten_mask);
   rule.device_tensor("pse_shift", pse_shift);
   rule.device_tensor("block_table", block_table);
+  rule.device_tensor("antiquant_scale", antiquant_scale);
+  rule.device_tensor("antiquant_offset", antiquant_offset);
+  rule.device_tensor("key_antiquant_scale", key_antiquant_scale);
+  rule.device_tensor("key_antiquant_offset", key_antiquant_offset);
+  rule.device_tensor("value_antiquant_scale", value_antiquant_scale);
+  rule.device_tensor("value_antiquant_offset", value_antiquant_offset);
   rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
   rule.host_tensor("kv_padding_size", kv_padding_size);
-  return npu_fa::incre_flash_attention_cpu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
+  return npu_fa::incre_flash_attention_cpu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode});
 }
 
-at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise) {
+at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& kv_padding_size, int64_t num_heads, double scale_value, c10::string_view input_layout, int64_t num_key_value_heads, int64_t block_size, int64_t inner_precise, const std::optional<at::Tensor>& antiquant_scale, const std::optional<at::Tensor>& antiquant_offset, const std::optional<at::Tensor>& key_antiquant_scale, const std::optional<at::Tensor>& key_antiquant_offset, const std::optional<at::Tensor>& value_antiquant_scale, const std::optional<at::Tensor>& value_antiquant_offset, int64_t antiquant_mode, int64_t key_antiquant_mode, int64_t value_antiquant_mode) {
   npu_fa::DeviceRule rule("incre_flash_attention");
   rule.device_tensor("query", query);
   rule.device_tensor("key", key);
@@ -244,10 +256,16 @@ at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const 
   rule.device_tensor("atten_mask", atten_mask);
   rule.device_tensor("pse_shift", pse_shift);
   rule.device_tensor("block_table", block_table);
+  rule.device_tensor("antiquant_scale", antiquant_scale);
+  rule.device_tensor("antiquant_offset", antiquant_offset);
+  rule.device_tensor("key_antiquant_scale", key_antiquant_scale);
+  rule.device_tensor("key_antiquant_offset", key_antiquant_offset);
+  rule.device_tensor("value_antiquant_scale", value_antiquant_scale);
+  rule.device_tensor("value_antiquant_offset", value_antiquant_offset);
   rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
   rule.host_tensor("kv_padding_size", kv_padding_size);
   const c10::DeviceGuard guard(rule.device());
-  return npu_fa::incre_flash_attention_npu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise});
+  return npu_fa::incre_flash_attention_npu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode});
 }
 
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
@@ -563,10 +581,10 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, str cache_layout=\"BSND\") -> ()", {at::Tag::pt2_compliant_tag});
   m.def("gather_pa_kv_cache(Tensor key_cache, Tensor value_cache, Tensor block_table, Tensor seq_lens, str cache_layout=\"BSND\") -> (Tensor key, Tensor value)", {at::Tag::pt2_compliant_tag});
   m.def("prompt_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? padding_mask=None, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, int num_heads=1, float scale_value=1.0, int pre_tokens=2147483647, int next_tokens=0, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("fused_infer_attention_score(Tensor query, Tensor key, Tensor value, Tensor? pse_shift=None, Tensor? atten_mask=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, bool softmax_lse_flag=False) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
+  m.def("fused_infer_attention_score(Tensor query, Tensor key, Tensor value, Tensor? pse_shift=None, Tensor? atten_mask=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, bool softmax_lse_flag=False, Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
   m.def("attention_update(Tensor lse, Tensor out) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
   m.def("attention_update_grad(Tensor lse, Tensor out, Tensor softmax_lse, Tensor attention_out, Tensor grad_attention_out, Tensor grad_softmax_lse) -> (Tensor grad_lse, Tensor grad_out)", {at::Tag::pt2_compliant_tag});
-  m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1, Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("all_gather_matmul(Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int gather_index=0, bool gather_output=True, int chunks=0) -> (Tensor out, Tensor gather_out)", {at::Tag::pt2_compliant_tag});
   m.def("all_gather_matmul_grad(Tensor grad_out, Tensor x1, Tensor x2, Tensor gather_out, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
   m.def("matmul_reduce_scatter(Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> Tensor", {at::Tag::pt2_compliant_tag});

@@ -1,8 +1,8 @@
 // incre_flash_attention on the npu device (PrivateUse1): validate exactly like the CPU op (shared
 // common/inference/decode_params), then launch the Ascend C decode kernel
 // (ascendc/kernels/inference/incre_flash_attention_kernel.cpp) on a contiguous or paged KV cache.
-// Argument combinations the kernel does not implement (atten_mask, pse_shift, shapes whose tiles cannot fit UB,
-// an empty cache) run the CPU kernel on CPU aliases of the npu tensors — simulated device only; see
+// Argument combinations the kernel does not implement (atten_mask, pse_shift, an int8 cache, shapes whose tiles
+// cannot fit UB, an empty cache) run the CPU kernel on CPU aliases of the npu tensors — simulated device only; see
 // docs/ascendc_inference.md.
 #include <ATen/ATen.h>
 
@@ -47,6 +47,7 @@ std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, 
                         bool has_mask, bool has_pse, at::ScalarType dtype,
                         tot_ascendc::IncreFlashAttentionTiling& tiling) {
   const auto& p = in.params;
+  if (k.scalar_type() == at::kChar) return "an int8 KV cache (antiquant)";
   if (has_mask) return "atten_mask";
   if (has_pse) return "pse_shift";
   if (k.numel() == 0) return "an empty KV cache";

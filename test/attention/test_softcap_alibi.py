@@ -292,13 +292,6 @@ def test_fa2_bad_alibi_slopes():
                                    3, alibi_slopes=torch.rand(3, 4))
 
 
-def test_block_table_not_implemented():
-    q = torch.randn(3, 2, 8)
-    cu = torch.tensor([0, 3], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        tot.flash_attn_varlen_func(q, q, q, cu, cu, 3, 3, block_table=torch.zeros(1, 1, dtype=torch.int32))
-
-
 def test_fa2_argument_order():
     import inspect
     names = list(inspect.signature(tot.flash_attn_func).parameters)

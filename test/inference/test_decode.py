@@ -153,8 +153,7 @@ def test_wrapper_paged_and_defaults():
     torch.testing.assert_close(out, run(inp))
 
 
-@pytest.mark.parametrize("arg", ["antiquant_scale", "antiquant_offset", "dequant_scale1", "quant_scale1",
-                                 "dequant_scale2", "quant_scale2", "quant_offset2"])
+@pytest.mark.parametrize("arg", ["dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2"])
 def test_wrapper_quant_not_supported(arg):
     inp = build(Case())
     with pytest.raises(NotImplementedError, match=arg):

@@ -195,10 +195,11 @@ def test_replace_attention_with_flash_rejects_non_transformers_model():
         tot.replace_attention_with_flash(torch.nn.Linear(2, 2))
 
 
-def test_softcap_is_rejected_by_name():
+def test_bad_softcap_is_rejected_by_name():
+    # softcap itself is supported (test_hf_model_kwargs.py); a negative one is an error naming it
     q = torch.randn(1, 2, 3, 8)
-    with pytest.raises(NotImplementedError, match="does not support softcap"):
-        hf.npu_fa_attention_forward(torch.nn.Module(), q, q, q, None, softcap=30.0)
+    with pytest.raises(ValueError, match="argument 'softcap' must be a finite number >= 0"):
+        hf.npu_fa_attention_forward(torch.nn.Module(), q, q, q, None, softcap=-30.0)
 
 
 def test_import_does_not_import_transformers():

@@ -250,9 +250,6 @@ def _policy_cases():
     return [
         (NotImplementedError, ("npu_fusion_attention", "'prefix'"),
          lambda: tot.npu_fusion_attention(q, k, v, 4, "BSND", prefix=[1, 2])),
-        (NotImplementedError, ("flash_attn_varlen_func", "'block_table'"),
-         lambda: tot.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 9]), torch.tensor([0, 14]), 9, 14,
-                                            block_table=one)),
         (NotImplementedError, ("npu_prompt_flash_attention", "'deq_scale1'", "'quant_offset2'"),
          lambda: tot.npu_prompt_flash_attention(q, k, v, deq_scale1=one, quant_offset2=one, num_heads=4,
                                                 input_layout="BSND")),

@@ -162,3 +162,24 @@ def case_kernel_runs_not_the_cpu_fallback():
     assert not torch.equal(npu, cpu) and torch.allclose(npu, cpu, rtol=1e-5, atol=1e-5)
     npu, cpu = both(Case(layout="BSH", batch=2, q_heads=4, kv_heads=2, head_dim=16, kv_len=32, lens=(20, 9), mask="BS"))
     assert torch.equal(npu, cpu)
+
+
+def case_int8_cache_falls_back_to_the_cpu_kernel():
+    # The Ascend C kernel has no int8 path: int8 caches (KV antiquant) run the CPU kernel on CPU aliases, so the
+    # npu result is bit-identical to the CPU one, for a contiguous and a paged cache and for the fused entry.
+    from test.inference import int8_cases as I8
+    for c in (I8.Case(layout="BSH", dtype="bf16", batch=2, q_heads=4, kv_heads=2, head_dim=32, kv_len=40, lens=(40, 9)),
+              I8.Case(layout="BNSD", dtype="fp16", batch=2, q_heads=4, kv_heads=2, head_dim=32, kv_len=64, block=32,
+                      lens=(50, 3), paged_4d=True, k_mode=1, v_mode=1, form="stacked")):
+        inp = I8.build(c)
+        kw = {k: _npu(v) for k, v in inp.kwargs.items()}
+        npu = OPS.incre_flash_attention(*[_npu(a) for a in inp.args], **kw)
+        assert npu.device.type == "npu"
+        assert torch.equal(npu.cpu(), I8.run(inp)), c
+        a = inp.args
+        fia_kw = dict(block_table=a[6], num_heads=a[8], scale=a[9], input_layout=a[10], num_key_value_heads=a[11],
+                      block_size=a[12], actual_seq_lengths_kv=a[5])
+        out, _ = OPS.fused_infer_attention_score(_npu(a[0]), _npu(a[1]), _npu(a[2]),
+                                                 **{k: _npu(v) for k, v in fia_kw.items()}, **kw)
+        ref, _ = OPS.fused_infer_attention_score(a[0], a[1], a[2], **fia_kw, **inp.kwargs)
+        assert out.device.type == "npu" and torch.equal(out.cpu(), ref), c

@@ -140,13 +140,21 @@ def test_npu_lengths_and_padding_with_cpu_inputs():
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["antiquant_scale", "antiquant_offset", "dequant_scale1", "quant_scale1",
-                                  "dequant_scale2", "quant_scale2", "quant_offset2"])
+@pytest.mark.parametrize("name", ["dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2"])
 def test_quantisation_arguments_are_not_implemented(name):
     q, k, v = to_device(*_inputs())
     with pytest.raises(NotImplementedError, match=name):
         torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, input_layout="BNSD",
                                             **{name: to_device(torch.ones(1))})
+
+
+def test_antiquant_needs_an_int8_cache():
+    # antiquant_scale / antiquant_offset dequantise int8 key/value (test/inference/test_int8_kv.py); with a
+    # floating-point cache they are a bad argument.
+    q, k, v = to_device(*_inputs())
+    with pytest.raises(ValueError, match="int8 key/value cache"):
+        torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, input_layout="BNSD",
+                                            antiquant_scale=to_device(torch.ones(2, 1)))
 
 
 def test_bad_values_raise_argument_errors():

@@ -35,8 +35,9 @@ the float64 rule (see test_prompt_flash_attention.py for why).
 
 Not in upstream's file: the layouts the doc lists (BSH_BNSD, BSND_BNSD, BSH_NBSD, BSND_NBSD, BNSD_NBSD, TND_NTD, NTD,
 NSD) against the plain ones, length forms (list / CPU / device tensor, longer list cut to B; paged TND), the decode
-branch ignoring pre/next_tokens and sparse_mode, sparse_mode 2-4 requiring the optimised 2048x2048 mask, and the
-shape of softmax_lse without the flag.
+branch ignoring pre/next_tokens and sparse_modes 0-3 (sparse_mode 4's window applies there: a documented deviation,
+docs/inference.md), sparse_mode 2-4 requiring the optimised 2048x2048 mask, and the shape of softmax_lse without the
+flag.
 """
 import math
 
@@ -350,16 +351,20 @@ def test_npu_lengths_with_cpu_inputs():
 
 def test_decode_branch_ignores_band_sparse_mode_and_query_lengths():
     # Upstream: with Q_S = 1 (no rope) pre_tokens, next_tokens and sparse_mode have no effect; actual_seq_lengths
-    # has none outside TND.
+    # has none outside TND. Kept for sparse_modes 0-3; sparse_mode 4's window applies (docs/inference.md).
     q, k, v = _bsnd_inputs(seed=15, Sq=1)
     kw = dict(num_heads=4, num_key_value_heads=2, scale=0.3, input_layout="BSND", actual_seq_lengths_kv=[9, 4])
     want = on_cpu(torch_npu.npu_fused_infer_attention_score(*to_device(q, k, v), **kw)[0])
     mask = to_device(torch.ones(2048, 2048, dtype=torch.bool).triu(1))
-    for extra in (dict(sparse_mode=2, atten_mask=mask), dict(sparse_mode=4, atten_mask=mask, pre_tokens=0,
-                                                             next_tokens=0),
+    for extra in (dict(sparse_mode=2, atten_mask=mask), dict(sparse_mode=3, atten_mask=mask),
                   dict(pre_tokens=0, next_tokens=0), dict(actual_seq_lengths=[0, 0])):
         out = torch_npu.npu_fused_infer_attention_score(*to_device(q, k, v), **kw, **extra)[0]
         assert torch.equal(on_cpu(out), want), extra
+    # sparse_mode 4, pre_tokens = next_tokens = 0: each sequence's query sees only its last key
+    out = on_cpu(torch_npu.npu_fused_infer_attention_score(*to_device(q, k, v), sparse_mode=4, atten_mask=mask,
+                                                           pre_tokens=0, next_tokens=0, **kw)[0])
+    last = torch.stack([v[0, 8], v[1, 3]]).repeat_interleave(2, 1)          # [B, N, vD]
+    torch.testing.assert_close(out[:, 0], last)
 
 
 def test_sparse_modes_2_to_4_need_the_optimised_mask():

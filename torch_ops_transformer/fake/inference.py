@@ -24,7 +24,11 @@ def incre_flash_attention(a):
                          f"'num_key_value_heads' ({n2})")
     if a.query.dtype not in _FLOATS:
         raise TypeError(f"{op}: argument 'query' must be float32, float16 or bfloat16; got {a.query.dtype}")
-    if a.key.dtype != a.query.dtype or a.value.dtype != a.query.dtype:
+    if a.key.dtype == torch.int8 and a.value.dtype == torch.int8:  # an int8 cache (KV antiquant)
+        if a.query.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"{op}: int8 key/value need a float16 or bfloat16 'query' (as torch_npu); got "
+                            f"{a.query.dtype}")
+    elif a.key.dtype != a.query.dtype or a.value.dtype != a.query.dtype:
         raise TypeError(f"{op}: arguments 'key' and 'value' must have query's dtype {a.query.dtype}; got "
                         f"{a.key.dtype} and {a.value.dtype}")
     rank = 3 if a.input_layout == "BSH" else 4

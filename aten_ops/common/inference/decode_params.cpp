@@ -25,6 +25,139 @@ std::vector<int64_t> int_values(const char* arg, const at::Tensor& t) {
 
 }  // namespace
 
+// ---- int8 caches (KV antiquant) ----
+namespace {
+
+// The int8 cache's dequantisation factors of one of key / value (`which`), for antiquant mode `mode`: `scale` (and
+// `offset`, optional) already sliced from the stacked [2, ...] form when that was used; `name` is the argument to
+// blame. `need` = the last cache position read + 1 (per-token factors must cover it).
+void parse_antiquant(const char* kOp, const std::string& name, const std::string& offset_name, const char* mode_name,
+                     const at::Tensor& scale, const std::optional<at::Tensor>& offset, int64_t mode, int64_t B,
+                     int64_t N2, int64_t D, int64_t need, at::Tensor& s32, at::Tensor& o32, Antiquant& q) {
+  TORCH_CHECK_NOT_IMPLEMENTED(mode != 4 && mode != 5, kOp, ": argument '", mode_name, "' = ", mode,
+                              " (scales managed by page attention) is not implemented");
+  TORCH_CHECK_TYPE(at::isFloatingType(scale.scalar_type()), kOp, ": argument '", name,
+                   "' must be float32, float16 or bfloat16; got ", scale.scalar_type());
+  const auto sz = scale.sizes();
+  const int64_t dim = scale.dim();
+  bool ok = false;
+  if (mode == 0) {
+    if (scale.numel() == 1) {
+      ok = dim <= 1;  // per-tensor
+    } else {
+      ok = dim >= 1 && dim <= 4 && scale.numel() == N2 * D && (sz.back() == D || sz.back() == N2 * D);
+      q.s_h = D;
+      q.s_d = 1;
+    }
+    TORCH_CHECK_VALUE(ok, kOp, ": argument '", name, "' (", mode_name, "=0, per-channel) must hold N2*D = ", N2 * D,
+                      " values as [1, N2, 1, D], [1, N2, D], [1, H], [N2, D] or [H] (stacked [2, ...] for "
+                      "antiquant_scale), or one value (per-tensor); got shape ", sz, " with N2=", N2, ", D=", D);
+  } else if (mode == 1) {
+    ok = (dim == 2 || (dim == 3 && sz[0] == 1)) && sz[dim - 2] == B && sz[dim - 1] >= need;
+    TORCH_CHECK_VALUE(ok, kOp, ": argument '", name, "' (", mode_name, "=1, per-token) must have shape [1, B, S] or "
+                      "[B, S] with B=", B, " and S >= ", need, " (the last cache position read + 1); got ", sz);
+    q.s_b = sz[dim - 1];
+    q.s_pos = 1;
+    q.per_token = true;
+  } else if (mode == 2) {
+    ok = dim == 1 && sz[0] == N2;
+    TORCH_CHECK_VALUE(ok, kOp, ": argument '", name, "' (", mode_name, "=2, per-tensor per-head) must have shape "
+                      "[N2=", N2, "]; got ", sz);
+    q.s_h = 1;
+  } else if (mode == 3) {
+    ok = dim == 3 && sz[0] == B && sz[1] == N2 && sz[2] >= need;
+    TORCH_CHECK_VALUE(ok, kOp, ": argument '", name, "' (", mode_name, "=3, per-token per-head) must have shape "
+                      "[B=", B, ", N2=", N2, ", S >= ", need, "]; got ", sz);
+    q.s_b = N2 * sz[2];
+    q.s_h = sz[2];
+    q.s_pos = 1;
+    q.per_token = true;
+  } else {
+    TORCH_CHECK_VALUE(false, kOp, ": argument '", mode_name, "' must be in [0, 5] (0 per-channel, 1 per-token, 2 "
+                      "per-tensor per-head, 3 per-token per-head; 4/5 not implemented); got ", mode);
+  }
+  s32 = scale.to(at::kFloat).contiguous();
+  q.scale = s32.data_ptr<float>();
+  if (offset.has_value()) {
+    TORCH_CHECK_TYPE(at::isFloatingType(offset->scalar_type()), kOp, ": argument '", offset_name,
+                     "' must be float32, float16 or bfloat16; got ", offset->scalar_type());
+    TORCH_CHECK_VALUE(offset->sizes() == sz, kOp, ": argument '", offset_name, "' must have the shape of '", name,
+                      "' ", sz, "; got ", offset->sizes());
+    o32 = offset->to(at::kFloat).contiguous();
+    q.offset = o32.data_ptr<float>();
+  }
+}
+
+}  // namespace
+
+KvAntiquant parse_kv_antiquant(const char* kOp, const AntiquantArgs& a, bool int8, int64_t B, int64_t N2, int64_t D,
+                               int64_t need) {
+  KvAntiquant in;
+  TORCH_CHECK_VALUE(a.antiquant_mode == 0 || a.antiquant_mode == 1, kOp,
+                    ": argument 'antiquant_mode' must be 0 (per-channel) or 1 (per-token); got ", a.antiquant_mode);
+  for (const auto& [m, nm] : {std::pair{a.key_antiquant_mode, "key_antiquant_mode"},
+                              std::pair{a.value_antiquant_mode, "value_antiquant_mode"}})
+    TORCH_CHECK_VALUE(m >= 0 && m <= 5, kOp, ": argument '", nm, "' must be in [0, 5]; got ", m);
+  const bool separate = a.key_antiquant_scale.has_value() || a.value_antiquant_scale.has_value();
+  const bool any = separate || a.antiquant_scale.has_value() || a.antiquant_offset.has_value() ||
+                   a.key_antiquant_offset.has_value() || a.value_antiquant_offset.has_value();
+  if (!int8) {
+    TORCH_CHECK_VALUE(!any, kOp, ": the antiquant arguments dequantise an int8 key/value cache; key and value "
+                      "are not int8");
+    return in;
+  }
+  TORCH_CHECK_VALUE(a.antiquant_scale.has_value() || separate, kOp, ": int8 key/value need their dequantisation "
+                    "scales: argument 'antiquant_scale' ([2, ...], key and value stacked) or 'key_antiquant_scale' "
+                    "and 'value_antiquant_scale'");
+  TORCH_CHECK_VALUE(!a.antiquant_offset.has_value() || a.antiquant_scale.has_value(), kOp,
+                    ": argument 'antiquant_offset' needs 'antiquant_scale'");
+  Antiquant& kq = in.k;
+  Antiquant& vq = in.v;
+  if (separate) {  // the separate form wins over the stacked one (as torch_npu)
+    TORCH_CHECK_VALUE(a.key_antiquant_scale.has_value() && a.value_antiquant_scale.has_value(), kOp,
+                      ": arguments 'key_antiquant_scale' and 'value_antiquant_scale' must be given together");
+    TORCH_CHECK_VALUE(a.key_antiquant_offset.has_value() == a.value_antiquant_offset.has_value(), kOp,
+                      ": arguments 'key_antiquant_offset' and 'value_antiquant_offset' must be given together (or "
+                      "neither)");
+    const int64_t km = a.key_antiquant_mode, vm = a.value_antiquant_mode;
+    TORCH_CHECK_VALUE(km == vm || (km == 0 && vm == 1), kOp, ": arguments 'key_antiquant_mode' (", km,
+                      ") and 'value_antiquant_mode' (", vm, ") must be equal, or 0 and 1 (as torch_npu)");
+    parse_antiquant(kOp, "key_antiquant_scale", "key_antiquant_offset", "key_antiquant_mode", *a.key_antiquant_scale,
+                    a.key_antiquant_offset, km, B, N2, D, need, in.k_scale, in.k_offset, kq);
+    parse_antiquant(kOp, "value_antiquant_scale", "value_antiquant_offset", "value_antiquant_mode",
+                    *a.value_antiquant_scale, a.value_antiquant_offset, vm, B, N2, D, need, in.v_scale, in.v_offset,
+                    vq);
+    return in;
+  }
+  TORCH_CHECK_VALUE(!a.key_antiquant_offset.has_value() && !a.value_antiquant_offset.has_value(), kOp,
+                    ": arguments 'key_antiquant_offset' / 'value_antiquant_offset' need 'key_antiquant_scale' and "
+                    "'value_antiquant_scale'");
+  const at::Tensor& s = *a.antiquant_scale;
+  TORCH_CHECK_VALUE(s.dim() >= 1 && s.size(0) == 2, kOp, ": argument 'antiquant_scale' must stack key's and value's "
+                    "factors in a leading dim of 2 ([2, N2, 1, D], [2, N2, D], [2, H], [2] or, per-token, [2, B, S]); "
+                    "got shape ", s.sizes());
+  if (a.antiquant_offset.has_value())
+    TORCH_CHECK_VALUE(a.antiquant_offset->sizes() == s.sizes(), kOp, ": argument 'antiquant_offset' must have the "
+                      "shape of 'antiquant_scale' ", s.sizes(), "; got ", a.antiquant_offset->sizes());
+  std::optional<at::Tensor> ko, vo;
+  if (a.antiquant_offset.has_value()) ko = (*a.antiquant_offset)[0], vo = (*a.antiquant_offset)[1];
+  parse_antiquant(kOp, "antiquant_scale", "antiquant_offset", "antiquant_mode", s[0], ko, a.antiquant_mode, B, N2, D,
+                  need, in.k_scale, in.k_offset, kq);
+  parse_antiquant(kOp, "antiquant_scale", "antiquant_offset", "antiquant_mode", s[1], vo, a.antiquant_mode, B, N2, D,
+                  need, in.v_scale, in.v_offset, vq);
+  return in;
+}
+
+at::Tensor dequantize_kv(const at::Tensor& x, const Antiquant& a, const at::Tensor& scale, const at::Tensor& offset) {
+  // Broadcast views of the factors over [B, N2, S, D] (zero strides where they do not vary).
+  const auto sizes = x.sizes();
+  const std::vector<int64_t> strides{a.s_b, a.s_h, a.s_pos, a.s_d};
+  at::Tensor y = x.to(at::kFloat);
+  if (a.offset) y.add_(offset.as_strided(sizes, strides));
+  return y.mul_(scale.as_strided(sizes, strides));
+}
+
+
 DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
   const std::string layout(args.input_layout);
   TORCH_CHECK_VALUE(layout == "BSH" || layout == "BSND" || layout == "BNSD", kOp,
@@ -35,7 +168,17 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
   TORCH_CHECK_VALUE(args.inner_precise == 0 || args.inner_precise == 1, kOp,
                     ": argument 'inner_precise' must be 0 or 1; got ",
                     args.inner_precise);
-  attention::check_qkv_dtypes(kOp, args.query, args.key, args.value);
+  const bool int8 = args.key.scalar_type() == at::kChar || args.value.scalar_type() == at::kChar;
+  if (int8) {  // an int8 cache (KV antiquant): fp16/bf16 queries only, as torch_npu
+    const auto qt = args.query.scalar_type();
+    TORCH_CHECK_TYPE(args.key.scalar_type() == at::kChar && args.value.scalar_type() == at::kChar, kOp,
+                     ": arguments 'key' and 'value' must both be int8 for an int8 cache; got ", args.key.scalar_type(),
+                     " and ", args.value.scalar_type());
+    TORCH_CHECK_TYPE(qt == at::kHalf || qt == at::kBFloat16, kOp, ": int8 key/value need a float16 or bfloat16 "
+                     "'query' (as torch_npu); got ", qt);
+  } else {
+    attention::check_qkv_dtypes(kOp, args.query, args.key, args.value);
+  }
   attention::check_scale(kOp, "scale_value", args.scale_value);
   const bool bsh = layout == "BSH";
   const int64_t q_rank = bsh ? 3 : 4;
@@ -116,6 +259,8 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
       p.k_blk = k.stride(0); p.k_head = k.stride(1); p.k_seq = k.stride(2);
       p.v_blk = v.stride(0); p.v_head = v.stride(1); p.v_seq = v.stride(2);
     }
+    TORCH_CHECK_VALUE(!int8 || args.block_size % 32 == 0, kOp, ": argument 'block_size' must be a multiple of 32 "
+                      "with an int8 paged cache (as torch_npu); got ", args.block_size);
     p.block_size = args.block_size;
     p.max_blocks = bt.size(1);
     p.block_table = int_values("block_table", bt);
@@ -225,6 +370,13 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
     p.pse_sb = ps.size(0) == 1 ? 0 : N1 * ps.size(3);
   }
 
+  KvAntiquant aq = parse_kv_antiquant(kOp, AntiquantArgs::of(args), int8, B, N2, D, need);
+  p.k_quant = aq.k;
+  p.v_quant = aq.v;
+  in.k_scale = aq.k_scale;
+  in.k_offset = aq.k_offset;
+  in.v_scale = aq.v_scale;
+  in.v_offset = aq.v_offset;
   p.scale = static_cast<float>(args.scale_value);
   return in;
 }

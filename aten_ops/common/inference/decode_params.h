@@ -18,6 +18,16 @@ namespace npu_fa::attention {
 //   contiguous cache: pos = kv_start[b] + j, blk = b, blk_first = 0 (one "block" per sequence);
 //   paged cache:      pos = j, blk = block_table[b][j / block_size], blk_first = (j / block_size)*block_size.
 // Mask / pse columns are cache positions pos (see docs/inference.md).
+// Dequantisation of an int8 key or value cache (CANN's KV antiquant): x = (x_int8 + offset) * scale with
+// scale/offset element (b, n2, pos, d) at b*s_b + n2*s_h + pos*s_pos + d*s_d (fp32). per_token: the factors vary
+// with the cache position (pos as for the mask) and not with d; otherwise they do not vary with b or pos.
+struct Antiquant {
+  const float* scale = nullptr;               // nullptr: the cache is not int8
+  const float* offset = nullptr;              // nullptr: symmetric (no offset)
+  int64_t s_b = 0, s_h = 0, s_pos = 0, s_d = 0;
+  bool per_token = false;
+};
+
 struct DecodeParams {
   int64_t batch = 0, q_heads = 0, kv_heads = 0, group = 1, head_dim = 0;
   float scale = 1.f;                          // scale_value, multiplies q·k
@@ -32,6 +42,7 @@ struct DecodeParams {
   int64_t mask_sb = 0;
   const float* pse = nullptr;                 // pse[b*pse_sb + n1*pse_sn + pos], added after scaling
   int64_t pse_sb = 0, pse_sn = 0;
+  Antiquant k_quant, v_quant;                 // int8 key/value caches only
 };
 
 // DecodeParams plus the tensors its raw pointers and strides refer to (kept alive by the caller).
@@ -40,7 +51,39 @@ struct DecodeInputs {
   at::Tensor key, value;   // the caller's cache, or a copy when its last dim was not contiguous
   at::Tensor mask_u8;      // [B or 1, S] uint8, when atten_mask is given
   at::Tensor pse32;        // fp32 pse_shift, when given
+  at::Tensor k_scale, k_offset, v_scale, v_offset;  // fp32 antiquant factors (int8 caches)
 };
+
+// The antiquant arguments, named as in incre_flash_attention and fused_infer_attention_score.
+struct AntiquantArgs {
+  const std::optional<at::Tensor>& antiquant_scale;
+  const std::optional<at::Tensor>& antiquant_offset;
+  const std::optional<at::Tensor>& key_antiquant_scale;
+  const std::optional<at::Tensor>& key_antiquant_offset;
+  const std::optional<at::Tensor>& value_antiquant_scale;
+  const std::optional<at::Tensor>& value_antiquant_offset;
+  int64_t antiquant_mode, key_antiquant_mode, value_antiquant_mode;
+  template <class Args>
+  static AntiquantArgs of(const Args& a) {
+    return {a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset,
+            a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode,
+            a.value_antiquant_mode};
+  }
+};
+
+// Validated antiquant factors of an int8 cache (fp32 tensors, referenced by k / v).
+struct KvAntiquant {
+  Antiquant k, v;
+  at::Tensor k_scale, k_offset, v_scale, v_offset;
+};
+
+// Checks the antiquant arguments of a call with B sequences, N2 KV heads of head dim D, reading cache positions
+// < need; int8: key/value are int8 (else every antiquant tensor must be absent). Errors name `op`.
+KvAntiquant parse_kv_antiquant(const char* op, const AntiquantArgs& a, bool int8, int64_t B, int64_t N2, int64_t D,
+                               int64_t need);
+
+// fp32 (x + offset) * scale of an int8 cache viewed as [B, N2, S, D] (any strides; S positions from 0).
+at::Tensor dequantize_kv(const at::Tensor& x, const Antiquant& a, const at::Tensor& scale, const at::Tensor& offset);
 
 // Every check of the op, in order; throws the op's error messages. params.scale = scale_value.
 DecodeInputs validate_decode(const IncreFlashAttentionArgs& args);

@@ -11,6 +11,11 @@
 // Decode is memory-bound, so the inner loops are shaped around the K/V stream: Q·Kᵀ takes 4 keys x up to 4 query
 // rows per register block (one shuffle tree sums 4 dot products), P·V walks the V rows in memory order with the
 // accumulators in registers, and the next tile's K/V rows are prefetched while the current tile is computed.
+//
+// int8 caches (KV antiquant, x = (x_int8 + offset) * scale) are read as int8 and converted to fp32 in registers;
+// the factors never touch the inner loops: per-channel key factors are folded into q (q·((k + o)·s) =
+// (q·s)·k + (q·s)·o), per-token key factors scale each score, per-token value factors scale the probabilities and
+// per-channel value factors apply to the normalised output, so the stream of cache bytes is half that of bf16.
 #include "cpu/inference/decode_kernels.h"
 #include "cpu/online_softmax.h"
 
@@ -23,7 +28,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #include <immintrin.h>
 #endif
 
@@ -49,6 +54,16 @@ template <typename T>
 inline Vec load_full(const T* row) {
   if constexpr (std::is_same_v<T, float>) {
     return Vec::loadu(row);
+  } else if constexpr (std::is_same_v<T, int8_t>) {  // sign-extend to int32, then convert (exact)
+#if defined(CPU_CAPABILITY_AVX512)
+    return Vec(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)))));
+#elif defined(CPU_CAPABILITY_AVX2)
+    return Vec(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)))));
+#else
+    alignas(64) float tmp[Vec::size()];
+    for (int64_t i = 0; i < Vec::size(); ++i) tmp[i] = static_cast<float>(row[i]);
+    return Vec::loadu(tmp);
+#endif
   } else {
     Vec out;
     at::vec::load_to_float<T>(row, out);
@@ -267,12 +282,204 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"), noinline)) void q
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX512)
+inline bool int8_dot_available() {  // the variable is read per call, for A/B timing in one process
+  static const bool cpu = __builtin_cpu_supports("avx512vnni");
+  return cpu && std::getenv("NPU_FA_NO_INT8_DOT") == nullptr;
+}
+
+// Integer dot products of GN int16 query rows (stride D) and KB int8 key rows (stride k_seq), the keys sign-extended
+// to int16 in registers and multiplied with vpdpwssd (2 products summed into each int32 lane; exact). The lane sums
+// are converted to fp32 (rounding ~6e-8 relative) and reduced: s[gg * ld + c] = q16_gg · k_c. D % 32 == 0.
+template <int GN, int KB>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) inline void qk_block_i16(
+    const int16_t* q, int64_t D, const int8_t* k0, int64_t k_seq, float* s, int64_t ld) {
+  __m512i a[GN][KB];
+  for (int gg = 0; gg < GN; ++gg)
+    for (int c = 0; c < KB; ++c) a[gg][c] = _mm512_setzero_si512();
+  for (int64_t d = 0; d < D; d += 32) {
+    __m512i kv[KB];
+    for (int c = 0; c < KB; ++c)
+      kv[c] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k0 + c * k_seq + d)));
+    for (int gg = 0; gg < GN; ++gg) {
+      const __m512i qv = _mm512_loadu_si512(q + gg * D + d);
+      for (int c = 0; c < KB; ++c) a[gg][c] = _mm512_dpwssd_epi32(a[gg][c], qv, kv[c]);
+    }
+  }
+  for (int gg = 0; gg < GN; ++gg) {
+    if constexpr (KB == 4) {  // the add/shuffle tree of sum_lanes in int32 (exact), one conversion per 4 sums
+      const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[gg][0], a[gg][1]),
+                                           _mm512_unpackhi_epi32(a[gg][0], a[gg][1]));
+      const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[gg][2], a[gg][3]),
+                                           _mm512_unpackhi_epi32(a[gg][2], a[gg][3]));
+      const __m512 f01 = _mm512_castsi512_ps(t01), f23 = _mm512_castsi512_ps(t23);
+      const __m512i u = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(1, 0, 1, 0))),
+                                         _mm512_castps_si512(_mm512_shuffle_ps(f01, f23, _MM_SHUFFLE(3, 2, 3, 2))));
+      const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(u), _mm512_extracti64x4_epi64(u, 1));
+      _mm_storeu_ps(s + gg * ld, _mm_cvtepi32_ps(_mm_add_epi32(_mm256_castsi256_si128(h),
+                                                               _mm256_extracti128_si256(h, 1))));
+    } else {
+      for (int c = 0; c < KB; ++c) s[gg * ld + c] = static_cast<float>(_mm512_reduce_add_epi32(a[gg][c]));
+    }
+  }
+}
+
+// The query rows of one item as int16 for vpdpwssd: q' ≈ sq · q16 with sq = max|q'| / 32767 per row (rounding
+// ~1.5e-5 of the row's max, far below bf16's 2^-9; the products with the int8 keys are exact integers).
+struct Int8Query {
+  std::vector<int16_t> q16;  // [R, D]
+  std::vector<float> sq;     // [R]
+};
+
+// q' rows (fp32, stride Dp) -> int16; false when a row is not finite (that item takes the fp32 path).
+inline bool quantise_query(const float* qbuf, int64_t Dp, int64_t R, int64_t D, Int8Query& iq) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = qbuf + r * Dp;
+    float mx = 0.f;
+    for (int64_t d = 0; d < D; ++d) mx = std::max(mx, std::abs(qr[d]));
+    if (!std::isfinite(mx)) return false;
+    iq.sq[r] = mx / 32767.f;
+    const float inv = mx > 0.f ? 32767.f / mx : 0.f;
+    for (int64_t d = 0; d < D; ++d) {  // round half away from zero (vectorisable, unlike nearbyint)
+      const float x = qr[d] * inv;
+      iq.q16[r * D + d] = static_cast<int16_t>(std::clamp(x + (x >= 0.f ? 0.5f : -0.5f), -32767.f, 32767.f));
+    }
+  }
+  return true;
+}
+
+// qk_keys for an int8 key cache with vpdpwssd: raw scores s[r * ld + t] = q'_r · k_t for keys [0, n) of a tile.
+// Not inlined: only this function needs the ISA flags.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) void qk_keys_i16(
+    const Int8Query& iq, int64_t G, int64_t HT, int64_t D, const int8_t* k0, int64_t k_seq, int64_t k_head,
+    int64_t n, float* s, int64_t ld, const NextTile& next) {
+  for (int64_t t = 0; t < n;) {
+    const bool four = t + 4 <= n;
+    for (int64_t hh = 0; hh < HT; ++hh) {
+      for (int c = 0; c < (four ? 4 : 1); ++c) next.key(t + c, hh);
+      const int8_t* kb = k0 + t * k_seq + hh * k_head;
+      for (int64_t g0 = 0; g0 < G;) {
+        const int gn = qk_row_block(G - g0);
+        const int16_t* qr = iq.q16.data() + (hh * G + g0) * D;
+        float* sr = s + (hh * G + g0) * ld + t;
+        if (four) {
+          switch (gn) {
+            case 4: qk_block_i16<4, 4>(qr, D, kb, k_seq, sr, ld); break;
+            case 2: qk_block_i16<2, 4>(qr, D, kb, k_seq, sr, ld); break;
+            default: qk_block_i16<1, 4>(qr, D, kb, k_seq, sr, ld); break;
+          }
+        } else {
+          switch (gn) {
+            case 4: qk_block_i16<4, 1>(qr, D, kb, k_seq, sr, ld); break;
+            case 2: qk_block_i16<2, 1>(qr, D, kb, k_seq, sr, ld); break;
+            default: qk_block_i16<1, 1>(qr, D, kb, k_seq, sr, ld); break;
+          }
+        }
+        g0 += gn;
+      }
+    }
+    t += four ? 4 : 1;
+  }
+  for (int64_t r = 0; r < G * HT; ++r) {
+    const float sq = iq.sq[r];
+    float* sr = s + r * ld;
+    for (int64_t t = 0; t < n; ++t) sr[t] *= sq;
+  }
+}
+
+// acc[gg, :] += Σ_t p[gg, t] · v_t for GN rows over the n keys of a tile, in integers: p' = sp · p16 (int16, sp =
+// max p / 32767 per row: rounding ~1.5e-5 of the row's max, far below bf16's), and pairs of keys (t, t+1) of each
+// 64-column chunk interleaved byte-wise and sign-extended to int16 so that vpdpwssd sums p16_t·v_t + p16_t+1·v_t+1
+// into each int32 lane (exact). The interleave runs per 128-bit lane, so the four int32 vectors of a chunk hold, in
+// their two 256-bit halves, the columns base + [0, 8) and base + 16 + [0, 8) with base = 0, 32, 8, 40.
+template <int GN>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"))) inline void pv_block_i16(
+    float* acc, int64_t Dp, const int32_t* pp, int64_t pp_ld, const float* sp, const int8_t* vh, int64_t v_seq,
+    int64_t n, int64_t D) {
+  static constexpr int kBase[4] = {0, 32, 8, 40};
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    __m512i a[GN][4];
+    for (int gg = 0; gg < GN; ++gg)
+      for (int j = 0; j < 4; ++j) a[gg][j] = _mm512_setzero_si512();
+    for (int64_t t2 = 0; t2 < pairs; ++t2) {
+      const int64_t t = 2 * t2;
+      const __m512i r0 = _mm512_loadu_si512(vh + t * v_seq + d0);
+      const __m512i r1 = t + 1 < n ? _mm512_loadu_si512(vh + (t + 1) * v_seq + d0) : _mm512_setzero_si512();
+      const __m512i u = _mm512_unpacklo_epi8(r0, r1), w = _mm512_unpackhi_epi8(r0, r1);
+      const __m512i x[4] = {_mm512_cvtepi8_epi16(_mm512_castsi512_si256(u)),
+                            _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(u, 1)),
+                            _mm512_cvtepi8_epi16(_mm512_castsi512_si256(w)),
+                            _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w, 1))};
+      for (int gg = 0; gg < GN; ++gg) {
+        const __m512i pb = _mm512_set1_epi32(pp[gg * pp_ld + t2]);
+        for (int j = 0; j < 4; ++j) a[gg][j] = _mm512_dpwssd_epi32(a[gg][j], x[j], pb);
+      }
+    }
+    for (int gg = 0; gg < GN; ++gg) {
+      const __m512 sc = _mm512_set1_ps(sp[gg]);
+      float* ar = acc + gg * Dp + d0;
+      for (int j = 0; j < 4; ++j) {
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(a[gg][j]), sc);
+        float* lo = ar + kBase[j];
+        float* hi = lo + 16;
+        _mm256_storeu_ps(lo, _mm256_add_ps(_mm256_loadu_ps(lo), _mm512_castps512_ps256(f)));
+        _mm256_storeu_ps(hi, _mm256_add_ps(_mm256_loadu_ps(hi), _mm512_extractf32x8_ps(f, 1)));
+      }
+    }
+  }
+}
+
+// P·V of the G rows of one KV head (probabilities p, stride kTile, 0 from column n on) for an int8 value cache,
+// D % 64 == 0; false (nothing done) when a row's probabilities are not finite (the caller takes the fp32 path).
+// pp: >= G*(kTile/2) scratch, sp: >= G.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) bool pv_i16(
+    float* acc, int64_t Dp, const float* p, int64_t G, const int8_t* vh, int64_t v_seq, int64_t n, int64_t D,
+    int32_t* pp, float* sp) {
+  constexpr int64_t ld = kTile / 2;
+  static_assert(kTile % 16 == 0);
+  for (int64_t r = 0; r < G; ++r) {
+    const float* pr = p + r * kTile;
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t t = 0; t < kTile; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(pr + t));
+    const float mx = _mm512_reduce_max_ps(m);
+    if (!std::isfinite(mx)) return false;
+    sp[r] = mx / 32767.f;
+    const __m512 inv = _mm512_set1_ps(mx > 0.f ? 32767.f / mx : 0.f);
+    // int16 values in key order: read back as int32, element t/2 holds keys (t, t+1) as (low, high) halves.
+    for (int64_t t = 0; t < kTile; t += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pp + r * ld + t / 2),
+                          _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(pr + t), inv))));
+  }
+  for (int64_t g0 = 0; g0 < G;) {
+    const int gn = qk_row_block(G - g0);
+    float* ar = acc + g0 * Dp;
+    switch (gn) {
+      case 4: pv_block_i16<4>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
+      case 2: pv_block_i16<2>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
+      default: pv_block_i16<1>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
+    }
+    g0 += gn;
+  }
+  return true;
+}
+#endif
+
 struct Task {
   int64_t b, h0, h1, j0, j1;  // logical keys [j0, j1) of sequence b, KV heads [h0, h1)
 };
 
-template <typename T>
-void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* out) {
+// The factor of an antiquant tensor for (b, KV head h, cache position pos, d).
+inline float aq_at(const float* f, const attention::Antiquant& a, int64_t b, int64_t h, int64_t pos, int64_t d) {
+  return f[b * a.s_b + h * a.s_h + pos * a.s_pos + d * a.s_d];
+}
+
+// T: the query/output dtype; C: the cache's (T, or int8_t for an int8 cache with p.k_quant / p.v_quant).
+template <typename T, typename C = T>
+void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* out) {
+  constexpr bool kInt8 = std::is_same_v<C, int8_t>;
+  const attention::Antiquant& kq = p.k_quant;
+  const attention::Antiquant& vq = p.v_quant;
   const int64_t B = p.batch, N1 = p.q_heads, N2 = p.kv_heads, G = p.group, D = p.head_dim;
   const int64_t Dp = round_up(D, Vec::size());
   // When the KV heads of one position are adjacent in memory (BSH/BSND caches, paged (blocks, block, N2*D)), one
@@ -284,7 +491,13 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
   // scale applied to the dot product instead of to q.
   bool use_bf16_dot = false;
 #if defined(CPU_CAPABILITY_AVX512)
-  use_bf16_dot = std::is_same_v<T, at::BFloat16> && D % 32 == 0 && bf16_dot_available();
+  use_bf16_dot = std::is_same_v<C, at::BFloat16> && D % 32 == 0 && bf16_dot_available();
+#endif
+  // int8 caches on CPUs with AVX512-VNNI: Q·Kᵀ in integers (vpdpwssd on the keys sign-extended to int16 and an
+  // int16 query).
+  bool use_i8_dot = false;
+#if defined(CPU_CAPABILITY_AVX512)
+  use_i8_dot = kInt8 && D % 32 == 0 && int8_dot_available();
 #endif
 
   // Chunk size from shapes only: aim for >= 64 items overall, chunks of 256..8192 keys, whole blocks when paged.
@@ -310,6 +523,19 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
   at::parallel_for(0, n_tasks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> qbuf(R * Dp), s(R * kTile);
     std::vector<at::BFloat16> qb16(use_bf16_dot ? R * D : 0);
+    // int8 key: kconst[r] = (q_r·s)·o (per-channel offset), qsum[r] = Σ q_r (per-token offset).
+    std::vector<float> kconst(kInt8 ? R : 0), qsum(kInt8 ? R : 0);
+#if defined(CPU_CAPABILITY_AVX512)
+    Int8Query iq;
+    std::vector<int32_t> pp;
+    std::vector<float> sp;
+    if (use_i8_dot) {
+      iq.q16.resize(R * D);
+      iq.sq.resize(R);
+      pp.resize(G * (kTile / 2));
+      sp.resize(G);
+    }
+#endif
     for (int64_t ti = t0; ti < t1; ++ti) {
       const Task& tk = tasks[ti];
       const int64_t b = tk.b;
@@ -322,15 +548,32 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
       for (int64_t r = 0; r < R; ++r) {  // row r = query head tk.h0*G + r
         const float* src = q32 + (b * N1 + tk.h0 * G + r) * D;
         for (int64_t d = 0; d < D; ++d) qbuf[r * Dp + d] = src[d] * p.scale;
+        if constexpr (kInt8) {
+          const int64_t h = tk.h0 + r / G;
+          float* qr = qbuf.data() + r * Dp;
+          if (!kq.per_token)
+            for (int64_t d = 0; d < D; ++d) qr[d] *= aq_at(kq.scale, kq, b, h, 0, d);
+          float c = 0.f, sum = 0.f;
+          if (kq.offset && !kq.per_token)
+            for (int64_t d = 0; d < D; ++d) c += qr[d] * aq_at(kq.offset, kq, b, h, 0, d);
+          if (kq.offset && kq.per_token)
+            for (int64_t d = 0; d < D; ++d) sum += qr[d];
+          kconst[r] = c;
+          qsum[r] = sum;
+        }
         if (use_bf16_dot)
           for (int64_t d = 0; d < D; ++d) qb16[r * D + d] = static_cast<at::BFloat16>(src[d]);  // exact: q was bf16
         std::fill(qbuf.data() + r * Dp + D, qbuf.data() + (r + 1) * Dp, 0.f);
       }
       const uint8_t* mrow = p.mask ? p.mask + b * p.mask_sb : nullptr;
+      bool item_i8 = false;
+#if defined(CPU_CAPABILITY_AVX512)
+      if (use_i8_dot) item_i8 = quantise_query(qbuf.data(), Dp, R, D, iq);
+#endif
 
       // The tile at logical key j: keys [j, j + n), inside one cache block, and its first cache position.
       struct Tile {
-        const T *k0, *v0;
+        const C *k0, *v0;
         int64_t n, pos0;
       };
       auto locate = [&](int64_t j) {
@@ -351,15 +594,17 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
       Tile cur = locate(j);
       while (j < tk.j1) {
         const int64_t n = cur.n, pos0 = cur.pos0;
-        const T *k0 = cur.k0, *v0 = cur.v0;
+        const C *k0 = cur.k0, *v0 = cur.v0;
         const Tile nx = j + n < tk.j1 ? locate(j + n) : Tile{nullptr, nullptr, 0, 0};
-        constexpr int64_t es = sizeof(T);
+        constexpr int64_t es = sizeof(C);
         const NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), nx.n,
                             p.k_seq * es, p.k_head * es, p.v_seq * es, p.v_head * es, D * es};
 
         // Scores s[r, t] = q_r · k_t · scale + pse, masked -> -inf; columns >= n are -inf.
 #if defined(CPU_CAPABILITY_AVX512)
-        if (use_bf16_dot)
+        if (item_i8)
+          qk_keys_i16(iq, G, HT, D, reinterpret_cast<const int8_t*>(k0), p.k_seq, p.k_head, n, s.data(), kTile, next);
+        else if (use_bf16_dot)
           qk_keys_bf16(qb16.data(), G, HT, D, reinterpret_cast<const uint16_t*>(k0), p.k_seq, p.k_head, 0, n,
                        s.data(), kTile, next);
         else
@@ -370,6 +615,20 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
           float* sr = s.data() + r * kTile;
           if (post_scale != 1.f)
             for (int64_t t = 0; t < n; ++t) sr[t] *= post_scale;
+          if constexpr (kInt8) {
+            const int64_t h = tk.h0 + r / G;
+            if (kq.per_token) {  // s = sc_t · (q·k_t + o_t·Σq)
+              const float* sc = kq.scale + b * kq.s_b + h * kq.s_h + pos0 * kq.s_pos;
+              if (kq.offset) {
+                const float* of = kq.offset + b * kq.s_b + h * kq.s_h + pos0 * kq.s_pos;
+                for (int64_t t = 0; t < n; ++t) sr[t] = sc[t * kq.s_pos] * (sr[t] + of[t * kq.s_pos] * qsum[r]);
+              } else {
+                for (int64_t t = 0; t < n; ++t) sr[t] *= sc[t * kq.s_pos];
+              }
+            } else if (kq.offset) {
+              for (int64_t t = 0; t < n; ++t) sr[t] += kconst[r];
+            }
+          }
           if (p.pse) {
             const float* pr = p.pse + b * p.pse_sb + (tk.h0 * G + r) * p.pse_sn + pos0;
             for (int64_t t = 0; t < n; ++t) sr[t] += pr[t];
@@ -420,10 +679,40 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
           m[r] = mnew;
         }
 
+        // int8 value, per-token: Σ_t p_t·sc_t·(v_t + o_t) = Σ_t (p_t·sc_t)·v_t + Σ_t p_t·sc_t·o_t, the last term
+        // the same for every d. (l keeps the plain sum of p.)
+        if constexpr (kInt8) {
+          if (any && vq.per_token) {
+            for (int64_t r = 0; r < R; ++r) {
+              const int64_t h = tk.h0 + r / G;
+              float* sr = s.data() + r * kTile;
+              const float* sc = vq.scale + b * vq.s_b + h * vq.s_h + pos0 * vq.s_pos;
+              float e = 0.f;
+              for (int64_t t = 0; t < n; ++t) {
+                const float w = sr[t] * sc[t * vq.s_pos];
+                if (vq.offset) e += w * vq.offset[b * vq.s_b + h * vq.s_h + (pos0 + t) * vq.s_pos];
+                sr[t] = w;
+              }
+              if (e != 0.f) {
+                float* ar = acc + r * Dp;
+                for (int64_t d = 0; d < D; ++d) ar[d] += e;
+              }
+            }
+          }
+        }
+
         // acc_r += Σ_t p[r, t] · v_t: accumulators of up to 8 rows stay in registers over the tile.
         if (any) {
           for (int64_t hh = 0; hh < HT; ++hh) {
-            const T* vh = v0 + hh * p.v_head;
+            const C* vh = v0 + hh * p.v_head;
+#if defined(CPU_CAPABILITY_AVX512)
+            if constexpr (kInt8) {
+              if (item_i8 && D % 64 == 0 &&
+                  pv_i16(acc + hh * G * Dp, Dp, s.data() + hh * G * kTile, G, vh, p.v_seq, n, D, pp.data(),
+                         sp.data()))
+                continue;
+            }
+#endif
             for (int64_t g0 = 0; g0 < G;) {
               const int gn = row_block(G - g0);
               const int64_t r0 = hh * G + g0;
@@ -473,6 +762,14 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
         }
         T* dst = out + (b * N1 + h0 * G + r) * D;
         const float inv = L == 0.f ? 0.f : 1.f / L;  // 0: no visible key; a NaN L (NaN row) stays NaN
+        if (kInt8 && !vq.per_token && inv != 0.f) {  // int8 value, per-channel: (Σ p·v / l + o) · sc
+          const int64_t h = h0 + r / G;
+          for (int64_t d = 0; d < D; ++d) {
+            const float off = vq.offset ? aq_at(vq.offset, vq, b, h, 0, d) : 0.f;
+            dst[d] = static_cast<T>((o[d] * inv + off) * aq_at(vq.scale, vq, b, h, 0, d));
+          }
+          continue;
+        }
         for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(o[d] * inv);
       }
     }
@@ -483,6 +780,14 @@ void run(const DecodeParams& p, const float* q32, const T* kc, const T* vc, T* o
 
 void decode_attention(const DecodeParams& p, const at::Tensor& q32, const at::Tensor& key, const at::Tensor& value,
                       at::Tensor& out) {
+  if (key.scalar_type() == at::kChar) {  // int8 cache, fp16/bf16 query and output
+    if (out.scalar_type() == at::kBFloat16)
+      return run<at::BFloat16, int8_t>(p, q32.data_ptr<float>(), key.data_ptr<int8_t>(), value.data_ptr<int8_t>(),
+                                       out.data_ptr<at::BFloat16>());
+    TORCH_CHECK(out.scalar_type() == at::kHalf, "incre_flash_attention: int8 cache with query ", out.scalar_type());
+    return run<at::Half, int8_t>(p, q32.data_ptr<float>(), key.data_ptr<int8_t>(), value.data_ptr<int8_t>(),
+                                 out.data_ptr<at::Half>());
+  }
   switch (key.scalar_type()) {
     case at::kFloat:
       return run<float>(p, q32.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(), out.data_ptr<float>());

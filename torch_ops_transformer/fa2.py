@@ -1,0 +1,414 @@
+"""The rest of FlashAttention-2's Python API (flash_attn.flash_attn_interface) on our ops: the packed variants and
+`flash_attn_with_kvcache`. Argument names, order, defaults, shapes and results are FlashAttention-2's, so code
+written for it runs unchanged on the CPU (see docs/attention.md, "FlashAttention-2 API").
+
+- The packed functions split the packed tensor into views and call `flash_attn_func` / `flash_attn_varlen_func`:
+  autograd through those views gives the packed tensor its gradient.
+- `flash_attn_with_kvcache` appends the new keys/values into the cache in place, rotates q and the new keys, and
+  attends over each sequence's valid cache prefix. Plain calls (no softcap, ALiBi, window or left padding) run on
+  the inference op `fused_infer_attention_score` reading the cache in place (paged or not); the others gather the
+  valid keys and run `flash_attn_varlen_func`.
+"""
+import inspect
+import math
+from typing import List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .attention import flash_attn_func, flash_attn_varlen_func
+
+_OPS = torch.ops.npu_fa
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+class _Supports:
+    """Whether flash_attn_func / flash_attn_varlen_func take `softcap` (added with the kernels' softcap)."""
+    softcap = "softcap" in inspect.signature(flash_attn_func).parameters
+    varlen_softcap = "softcap" in inspect.signature(flash_attn_varlen_func).parameters
+
+
+def _score_kwargs(op: str, softcap: float, alibi_slopes, varlen: bool) -> dict:
+    kwargs = {"alibi_slopes": alibi_slopes}
+    if _Supports.varlen_softcap if varlen else _Supports.softcap:
+        kwargs["softcap"] = softcap
+    elif softcap != 0.0:
+        raise NotImplementedError(f"{op}: argument 'softcap' (> 0) needs the softcap support of "
+                                  f"flash_attention_score, which this build lacks; got {softcap}")
+    return kwargs
+
+
+def _packed(op: str, name: str, t: Tensor, dim: int, count: int, layout: str) -> Tuple[Tensor, ...]:
+    if not isinstance(t, Tensor) or t.dim() != len(layout.split(",")) or t.shape[dim] != count:
+        got = list(t.shape) if isinstance(t, Tensor) else type(t).__name__
+        raise ValueError(f"{op}: argument '{name}' must be a tensor of shape [{layout}] with {count} at dim {dim}; "
+                         f"got {got}")
+    return t.unbind(dim)
+
+
+def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                              causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                              return_attn_probs: bool = False):
+    """FlashAttention-2's flash_attn_qkvpacked_func: qkv [B, S, 3, N, D] -> out [B, S, N, D]
+    (with return_attn_probs: (out, softmax_lse [B, N, S] fp32, None))."""
+    op = "flash_attn_qkvpacked_func"
+    q, k, v = _packed(op, "qkv", qkv, 2, 3, "B,S,3,N,D")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size,
+                           deterministic=deterministic, return_attn_probs=return_attn_probs,
+                           **_score_kwargs(op, softcap, alibi_slopes, varlen=False))
+
+
+def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
+                             causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                             return_attn_probs: bool = False):
+    """FlashAttention-2's flash_attn_kvpacked_func: q [B, Sq, N, D], kv [B, Skv, 2, N2, D] (GQA when N2 < N)."""
+    op = "flash_attn_kvpacked_func"
+    k, v = _packed(op, "kv", kv, 2, 2, "B,S,2,N2,D")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size,
+                           deterministic=deterministic, return_attn_probs=return_attn_probs,
+                           **_score_kwargs(op, softcap, alibi_slopes, varlen=False))
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float = 0.0,
+                                     softmax_scale: Optional[float] = None, causal: bool = False,
+                                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                     alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                                     return_attn_probs: bool = False):
+    """FlashAttention-2's flash_attn_varlen_qkvpacked_func: qkv [T, 3, N, D], cu_seqlens [B+1] starting at 0."""
+    op = "flash_attn_varlen_qkvpacked_func"
+    q, k, v = _packed(op, "qkv", qkv, 1, 3, "T,3,N,D")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, deterministic=deterministic,
+                                  return_attn_probs=return_attn_probs,
+                                  **_score_kwargs(op, softcap, alibi_slopes, varlen=True))
+
+
+def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                                    softmax_scale: Optional[float] = None, causal: bool = False,
+                                    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                                    return_attn_probs: bool = False):
+    """FlashAttention-2's flash_attn_varlen_kvpacked_func: q [Tq, N, D], kv [Tk, 2, N2, D]."""
+    op = "flash_attn_varlen_kvpacked_func"
+    k, v = _packed(op, "kv", kv, 1, 2, "T,2,N2,D")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, deterministic=deterministic,
+                                  return_attn_probs=return_attn_probs,
+                                  **_score_kwargs(op, softcap, alibi_slopes, varlen=True))
+
+
+# ---- paged K/V for flash_attn_varlen_func(block_table=...) ----
+
+def gather_paged_kv(op: str, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                    cu_seqlens_k: Tensor) -> Tuple[Tensor, Tensor]:
+    """FlashAttention-2's paged varlen K/V: caches [num_blocks, page_block_size, N2, D], block_table int32
+    [B, max_blocks], cu_seqlens_k the cumulative KV lengths. Returns the packed [sum(len), N2, D] keys and values
+    (sequence after sequence, matching cu_seqlens_k) gathered by gather_pa_kv_cache."""
+    _check_block_table(op, block_table, cu_seqlens_k.numel() - 1 if isinstance(cu_seqlens_k, Tensor) else None)
+    for name, t in (("k", k_cache), ("v", v_cache)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            got = list(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{op}: argument '{name}' must be a paged cache [num_blocks, page_block_size, N2, D] "
+                             f"when block_table is given; got {got}")
+    if v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"{op}: arguments 'k' and 'v' must share [num_blocks, page_block_size, N2]; got "
+                         f"{list(k_cache.shape)} and {list(v_cache.shape)}")
+    if not isinstance(cu_seqlens_k, Tensor) or cu_seqlens_k.dim() != 1 or cu_seqlens_k.numel() < 2:
+        raise ValueError(f"{op}: argument 'cu_seqlens_k' must be a 1-D tensor [batch+1] of cumulative lengths "
+                         f"starting at 0")
+    lens = cu_seqlens_k.to(torch.int64).diff()
+    if not torch.compiler.is_compiling():
+        capacity = block_table.shape[1] * k_cache.shape[1]
+        bad = [(b, n) for b, n in enumerate(lens.tolist()) if n < 0 or n > capacity]
+        if bad:
+            b, n = bad[0]
+            raise ValueError(f"{op}: argument 'cu_seqlens_k' must give each sequence a length in [0, {capacity}] "
+                             f"(block_table.shape[1] * page_block_size); got {n} for sequence {b}")
+    return _OPS.gather_pa_kv_cache(k_cache.contiguous(), v_cache.contiguous(), block_table,
+                                   lens.to(block_table.device))
+
+
+def _check_block_table(op: str, block_table, batch: Optional[int]) -> None:
+    if not isinstance(block_table, Tensor):
+        raise TypeError(f"{op}: argument 'block_table' must be an int32 tensor [batch, max_blocks_per_seq]; got "
+                        f"{type(block_table).__name__}")
+    if block_table.dtype not in _INT_DTYPES:
+        raise TypeError(f"{op}: argument 'block_table' must be an int32 tensor (int64 accepted); got "
+                        f"{block_table.dtype}")
+    if block_table.dim() != 2 or (batch is not None and block_table.shape[0] != batch):
+        raise ValueError(f"{op}: argument 'block_table' must have shape [batch, max_blocks_per_seq] with batch = "
+                         f"{batch}; got {list(block_table.shape)}")
+
+
+# ---- flash_attn_with_kvcache ----
+
+def _per_batch(op: str, name: str, value, batch: int, default: Optional[int]) -> List[int]:
+    """An int (broadcast) or an int tensor [batch] (FlashAttention-2 wants int32; int64 is accepted) as a list."""
+    if value is None:
+        return [default] * batch
+    if isinstance(value, bool) or not isinstance(value, (int, Tensor)):
+        raise TypeError(f"{op}: argument '{name}' must be an int or an int32 tensor [batch]; got "
+                        f"{type(value).__name__}")
+    if isinstance(value, int):
+        return [value] * batch
+    if value.dtype not in _INT_DTYPES:
+        raise TypeError(f"{op}: argument '{name}' must be an int32 tensor [batch] (int64 accepted); got {value.dtype}")
+    if value.dim() != 1 or value.shape[0] != batch:
+        raise ValueError(f"{op}: argument '{name}' must have shape [batch] = [{batch}]; got {list(value.shape)}")
+    return value.tolist()
+
+
+def _shape(op: str, name: str, t, want: Tuple[Optional[int], ...], meaning: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: argument '{name}' must be a tensor {meaning}; got {type(t).__name__}")
+    if t.dim() != len(want) or any(w is not None and s != w for s, w in zip(t.shape, want)):
+        spelled = ", ".join("*" if w is None else str(w) for w in want)
+        raise ValueError(f"{op}: argument '{name}' must have shape {meaning} = [{spelled}]; got {list(t.shape)}")
+
+
+def _rotate(x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """RoPE of the first rotary_dim values of each head of x [T, N, D] at `positions`, through rope_with_sin_cos_cache
+    (which rotates a query and a key: x is passed as both) on the T rows of cos/sin in use, not the whole table."""
+    t, n, d = x.shape
+    if t == 0:
+        return x
+    rows = torch.cat([cos[positions], sin[positions]], dim=1).to(x.dtype)
+    out, _ = _OPS.rope_with_sin_cos_cache(torch.arange(t, device=x.device), x, x[:, :1], rows, d, not interleaved)
+    return out.view(t, n, d)
+
+
+def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor] = None,
+                            v: Optional[Tensor] = None, rotary_cos: Optional[Tensor] = None,
+                            rotary_sin: Optional[Tensor] = None,
+                            cache_seqlens: Optional[Union[int, Tensor]] = None,
+                            cache_batch_idx: Optional[Tensor] = None, cache_leftpad: Optional[Tensor] = None,
+                            block_table: Optional[Tensor] = None, softmax_scale: Optional[float] = None,
+                            causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: Optional[Tensor] = None,
+                            num_splits: int = 0, return_softmax_lse: bool = False):
+    """FlashAttention-2's flash_attn_with_kvcache (inference: no backward).
+
+    q [B, Sq, N, D]; k_cache/v_cache [B_cache, S_cache, N2, D], or with block_table (int32 [B, max_blocks]) a paged
+    cache [num_blocks, page_block_size, N2, D]. Sequence b uses cache row cache_batch_idx[b] (default b) and the
+    positions [cache_leftpad[b], cache_seqlens[b] + S_new) (cache_seqlens default: the whole cache). When k/v
+    [B, S_new, N2, D] are given they are written into the cache **in place** at positions cache_seqlens[b] + i.
+    rotary_cos/sin [S_ro, rotary_dim / 2] rotate the new keys at those positions and q at cache_seqlens[b] + i
+    (causal or local) or all at cache_seqlens[b]; rotary_interleaved pairs (0,1), (2,3)... else (i, i + rotary_dim/2).
+    causal / window_size are bottom-right aligned to each sequence's keys. num_splits is accepted (no effect).
+    Returns out [B, Sq, N, Dv], or (out, softmax_lse [B, N, Sq] fp32; +inf for a row that sees no key).
+    """
+    op = "flash_attn_with_kvcache"
+    _shape(op, "q", q, (None, None, None, None), "[batch, seqlen_q, nheads, headdim]")
+    b, sq, n, d = q.shape
+    paged = block_table is not None
+    meaning = ("[num_blocks, page_block_size, nheads_k, headdim] (paged, block_table given)" if paged
+               else "[batch_cache, seqlen_cache, nheads_k, headdim]")
+    _shape(op, "k_cache", k_cache, (None, None, None, d), meaning)
+    _shape(op, "v_cache", v_cache, (k_cache.shape[0], k_cache.shape[1], k_cache.shape[2], None), meaning)
+    n2, dv = k_cache.shape[2], v_cache.shape[3]
+    if n2 == 0 or n % n2 != 0:
+        raise ValueError(f"{op}: the number of heads of 'q' ({n}) must be a multiple of that of 'k_cache' ({n2})")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{op}: argument '{name}' must have the dtype of 'q' ({q.dtype}); got {t.dtype}")
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{op}: argument '{name}' must have a contiguous last dimension (it is updated in "
+                             f"place); got strides {t.stride()}")
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"{op}: argument 'num_splits' must be an int >= 0 (0 = heuristic); got {num_splits!r}")
+    left, right = window_size if isinstance(window_size, (tuple, list)) and len(window_size) == 2 else (None, None)
+    if not all(isinstance(w, int) and w >= -1 for w in (left, right)):
+        raise ValueError(f"{op}: argument 'window_size' must be a pair (left, right) of ints >= -1 (-1 = "
+                         f"unbounded); got {window_size!r}")
+    if paged:
+        _check_block_table(op, block_table, b)
+        if cache_batch_idx is not None:
+            raise ValueError(f"{op}: argument 'cache_batch_idx' must be None with a paged cache (block_table "
+                             f"already maps each sequence to its blocks), as in FlashAttention-2")
+        block_size = k_cache.shape[1]
+        capacity = block_table.shape[1] * block_size
+    else:
+        capacity = k_cache.shape[1]
+    rows = _per_batch(op, "cache_batch_idx", cache_batch_idx, b, None) if cache_batch_idx is not None \
+        else list(range(b))
+    if not paged and cache_batch_idx is None and b > k_cache.shape[0]:
+        raise ValueError(f"{op}: argument 'k_cache' must have at least batch = {b} rows without cache_batch_idx; "
+                         f"got {k_cache.shape[0]}")
+    if not paged:
+        bad = [r for r in rows if not 0 <= r < k_cache.shape[0]]
+        if bad:
+            raise ValueError(f"{op}: argument 'cache_batch_idx' entries must be in [0, {k_cache.shape[0]}) (rows of "
+                             f"k_cache); got {bad[0]}")
+    seqlens = _per_batch(op, "cache_seqlens", cache_seqlens, b, capacity)
+    leftpad = _per_batch(op, "cache_leftpad", cache_leftpad, b, 0)
+    new = 0
+    if (k is None) != (v is None):
+        raise ValueError(f"{op}: arguments 'k' and 'v' must be given together (new tokens to append); got "
+                         f"k={'a tensor' if k is not None else None}, v={'a tensor' if v is not None else None}")
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError(f"{op}: argument 'cache_seqlens' must be given with new keys/values 'k' and 'v' (where "
+                             f"to append them), as in FlashAttention-2; got None")
+        _shape(op, "k", k, (b, None, n2, d), "[batch, seqlen_new, nheads_k, headdim]")
+        new = k.shape[1]
+        _shape(op, "v", v, (b, new, n2, dv), "[batch, seqlen_new, nheads_k, headdim_v]")
+        for name, t in (("k", k), ("v", v)):
+            if t.dtype != q.dtype:
+                raise TypeError(f"{op}: argument '{name}' must have the dtype of 'q' ({q.dtype}); got {t.dtype}")
+    for i, (s, lp) in enumerate(zip(seqlens, leftpad)):
+        if s < 0 or s + new > capacity:
+            raise ValueError(f"{op}: argument 'cache_seqlens' must be in [0, {capacity - new}] (cache length "
+                             f"{capacity} minus the {new} new tokens); got {s} for sequence {i}")
+        if not 0 <= lp <= s:
+            raise ValueError(f"{op}: argument 'cache_leftpad' must be in [0, cache_seqlens[b]] = [0, {s}]; got "
+                             f"{lp} for sequence {i}")
+    totals = [s + new for s in seqlens]
+    if paged:
+        num_blocks = k_cache.shape[0]
+        for i, t in enumerate(totals):
+            used = block_table[i, :-(-t // block_size)].tolist()
+            bad = [blk for blk in used if not 0 <= blk < num_blocks]
+            if bad:
+                raise ValueError(f"{op}: argument 'block_table' entries of the blocks in use must be in [0, "
+                                 f"{num_blocks}) (blocks of k_cache); got {bad[0]} for sequence {i}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0.0 <= softcap < math.inf:
+        raise ValueError(f"{op}: argument 'softcap' must be a finite number >= 0 (0.0 disables it); got {softcap!r}")
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, Tensor) or alibi_slopes.dtype != torch.float32:
+            got = alibi_slopes.dtype if isinstance(alibi_slopes, Tensor) else type(alibi_slopes).__name__
+            raise TypeError(f"{op}: argument 'alibi_slopes' must be a float32 tensor [nheads] or [batch, nheads]; "
+                            f"got {got}")
+        if tuple(alibi_slopes.shape) not in ((n,), (b, n)):
+            raise ValueError(f"{op}: argument 'alibi_slopes' must have shape [nheads] = [{n}] or [batch, nheads] = "
+                             f"[{b}, {n}]; got {list(alibi_slopes.shape)}")
+    # As FlashAttention-2: a window side reaching past the cache is unbounded, and only a window that remains makes
+    # the call "local" (q then rotates at consecutive positions, as with causal).
+    left, right = (-1 if w >= capacity else w for w in (left, right))
+    local = left >= 0 or (right >= 0 and not causal)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    device = q.device
+
+    if rotary_cos is not None or rotary_sin is not None:
+        if rotary_cos is None or rotary_sin is None:
+            raise ValueError(f"{op}: arguments 'rotary_cos' and 'rotary_sin' must be given together")
+        if k is None:
+            raise ValueError(f"{op}: arguments 'rotary_cos'/'rotary_sin' need the new keys 'k' and 'v' (rotary "
+                             f"embedding is applied to q and the appended keys, as in FlashAttention-2)")
+        _shape(op, "rotary_cos", rotary_cos, (None, None), "[seqlen_ro, rotary_dim / 2]")
+        _shape(op, "rotary_sin", rotary_sin, tuple(rotary_cos.shape), "[seqlen_ro, rotary_dim / 2]")
+        rot = 2 * rotary_cos.shape[1]
+        if rot == 0 or rot > d:
+            raise ValueError(f"{op}: argument 'rotary_cos' must have rotary_dim / 2 columns with 0 < rotary_dim <= "
+                             f"headdim = {d}; got rotary_dim {rot}")
+        q_positions = [[s + (i if causal or local else 0) for i in range(sq)] for s in seqlens]
+        k_positions = [[s + i for i in range(new)] for s in seqlens]
+        need = max([p[-1] + 1 for p in q_positions + k_positions if p], default=0)
+        if rotary_cos.shape[0] < need:
+            raise ValueError(f"{op}: argument 'rotary_cos' must have at least {need} rows (the largest rotated "
+                             f"position + 1); got {rotary_cos.shape[0]}")
+        qp = torch.tensor(q_positions, dtype=torch.int64, device=rotary_cos.device).view(-1)
+        kp = torch.tensor(k_positions, dtype=torch.int64, device=rotary_cos.device).view(-1)
+        q = _rotate(q.reshape(b * sq, n, d), qp, rotary_cos, rotary_sin, rotary_interleaved).view(b, sq, n, d)
+        k = _rotate(k.reshape(b * new, n2, d), kp, rotary_cos, rotary_sin, rotary_interleaved).view(b, new, n2, d)
+
+    with torch.no_grad():
+        if new:
+            pos = torch.tensor(seqlens, dtype=torch.int64, device=k_cache.device).view(b, 1) + \
+                torch.arange(new, device=k_cache.device)
+            first, second = _cache_index(k_cache, rows, pos, block_table)
+            # In place, like FlashAttention-2 (with repeated cache_batch_idx, one of the writes wins).
+            _write(k_cache, first, second, k.to(k_cache.device))
+            _write(v_cache, first, second, v.to(v_cache.device))
+
+        plain = softcap == 0.0 and alibi_slopes is None and not local and not any(leftpad) and \
+            cache_batch_idx is None and (not paged or (block_size % 16 == 0 and block_size <= 512))
+        if b == 0 or sq == 0:
+            out, lse = q.new_zeros(b, sq, n, dv), torch.full((b, n, sq), -math.inf, device=device)
+        elif plain:
+            out, lse = _fused_infer(q, k_cache, v_cache, totals, block_table, scale, causal, return_softmax_lse)
+        else:
+            out, lse = _gathered(op, q, k_cache, v_cache, rows, leftpad, totals, block_table, scale, causal,
+                                 (left, right), softcap, alibi_slopes, return_softmax_lse)
+    if not return_softmax_lse:
+        return out
+    # FlashAttention-2 reports +inf for a row without keys.
+    return out, lse.masked_fill(torch.isneginf(lse), math.inf)
+
+
+def _cache_index(cache: Tensor, rows: List[int], pos: Tensor, block_table: Optional[Tensor]):
+    """Index pair into cache[first, second] of the logical positions pos [B, L] of each sequence."""
+    if block_table is None:
+        return torch.tensor(rows, dtype=torch.int64, device=cache.device).view(-1, 1).expand_as(pos), pos
+    block_size = cache.shape[1]
+    table = block_table.to(device=cache.device, dtype=torch.int64)
+    blocks = table.gather(1, pos // block_size)
+    return blocks, pos % block_size
+
+
+def _flat(cache: Tensor) -> Optional[Tensor]:
+    """cache [R, S, N2, D] as [R*S, N2, D] without a copy, or None when its strides do not allow it."""
+    try:
+        return cache.view(-1, *cache.shape[2:])
+    except RuntimeError:
+        return None
+
+
+def _write(cache: Tensor, first: Tensor, second: Tensor, values: Tensor) -> None:
+    """cache[first, second] = values; index_copy_ on the flattened cache is far cheaper than an indexed put."""
+    flat = _flat(cache)
+    if flat is None:
+        cache[first, second] = values
+    else:
+        flat.index_copy_(0, (first * cache.shape[1] + second).reshape(-1), values.reshape(-1, *cache.shape[2:]))
+
+
+def _read(cache: Tensor, first: Tensor, second: Tensor) -> Tensor:
+    flat = _flat(cache)
+    return cache[first, second] if flat is None else flat.index_select(0, first * cache.shape[1] + second)
+
+
+def _fused_infer(q, k_cache, v_cache, totals, block_table, scale, causal, want_lse):
+    """fused_infer_attention_score on the cache in place: BSND, sparse mode 3 (bottom-right causal) when causal."""
+    b, sq, n, _ = q.shape
+    n2 = k_cache.shape[2]
+    lens = torch.tensor(totals, dtype=torch.int64)
+    if block_table is None:
+        key, value, block_size = k_cache[:b], v_cache[:b], 0
+    else:
+        nb, block_size = k_cache.shape[:2]
+        key, value = k_cache.reshape(nb, block_size, -1), v_cache.reshape(nb, block_size, -1)
+    out, lse = _OPS.fused_infer_attention_score(
+        q.contiguous(), key, value, actual_seq_lengths_kv=lens, block_table=block_table, num_heads=n, scale=scale,
+        input_layout="BSND", num_key_value_heads=n2, sparse_mode=3 if causal and sq > 1 else 0,
+        block_size=block_size, softmax_lse_flag=want_lse)
+    return out, (lse.squeeze(-1) if want_lse else None)
+
+
+def _gathered(op, q, k_cache, v_cache, rows, leftpad, totals, block_table, scale, causal, window, softcap,
+              alibi_slopes, want_lse):
+    """The general path: each sequence's valid keys [leftpad, total) packed, then flash_attn_varlen_func."""
+    b, sq, n, d = q.shape
+    lens = [t - lp for t, lp in zip(totals, leftpad)]
+    dev = k_cache.device
+    pos = torch.cat([torch.arange(lp, t, device=dev) for lp, t in zip(leftpad, totals)]) if b else \
+        torch.zeros(0, dtype=torch.int64, device=dev)
+    seq = torch.repeat_interleave(torch.arange(b, device=dev), torch.tensor(lens, dtype=torch.int64, device=dev))
+    if block_table is None:
+        first, second = torch.tensor(rows, dtype=torch.int64, device=dev)[seq], pos
+    else:
+        block_size = k_cache.shape[1]
+        first = block_table.to(device=dev, dtype=torch.int64)[seq, pos // block_size]
+        second = pos % block_size
+    key, value = _read(k_cache, first, second), _read(v_cache, first, second)
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device=q.device) * sq
+    cu_k = torch.tensor([0] + lens, dtype=torch.int64, device=q.device).cumsum(0).to(torch.int32)
+    res = flash_attn_varlen_func(q.reshape(b * sq, n, d), key, value, cu_q, cu_k, sq, max(lens, default=0), 0.0,
+                                 scale, causal, window, return_attn_probs=want_lse,
+                                 **_score_kwargs(op, softcap, alibi_slopes, varlen=True))
+    if not want_lse:
+        return res.view(b, sq, n, -1), None
+    out, lse = res[0], res[1]
+    return out.view(b, sq, n, -1), lse.view(n, b, sq).permute(1, 0, 2)
