@@ -119,13 +119,15 @@ def test_mixed_precision_training_loop_on_the_simulated_device():
         import torch, torch_npu
         torch.npu.set_compile_mode(jit_compile=False)
         torch.npu.config.allow_internal_format = False
+        torch.manual_seed(0)
         x = torch.randn(8, 4).npu()
         with torch.autocast("npu", dtype=torch.bfloat16):
             y = x @ x.t()
             assert y.dtype == torch.bfloat16 and torch.softmax(y, -1).dtype == torch.float32 and (y + 1).dtype == y.dtype
         m = torch.nn.Linear(4, 2).npu()
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        scaler = torch.npu.amp.GradScaler()
+        # a scale whose fp16 gradients cannot overflow (an overflow makes the scaler skip the step, by design)
+        scaler = torch.npu.amp.GradScaler(init_scale=1024.0)
         before = m.weight.detach().clone()
         with torch.npu.amp.autocast():
             out = m(x)
