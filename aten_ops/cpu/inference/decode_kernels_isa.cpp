@@ -33,6 +33,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -542,7 +543,13 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
   const int64_t part_stride = R * (Dp + 2);  // acc [R, Dp], m [R], l [R]
   std::vector<float> part(static_cast<size_t>(std::max<int64_t>(n_tasks, 1) * part_stride));
 
-  at::parallel_for(0, n_tasks, 1, [&](int64_t t0, int64_t t1) {
+  // Items are handed out one at a time from a shared counter rather than as fixed ranges per thread: on a machine
+  // shared with other processes a descheduled thread then delays only its current item, and the other threads take
+  // the rest (with fixed ranges the call waits for the slowest thread's whole share). Each item writes its own
+  // partial result, merged in chunk order below, so the output does not depend on which thread ran what.
+  std::atomic<int64_t> next_task{0};
+  const int64_t n_slots = std::min<int64_t>(n_tasks, at::get_num_threads());
+  at::parallel_for(0, n_slots, 1, [&](int64_t, int64_t) {
     std::vector<float> qbuf(R * Dp), s(R * kTile);
     std::vector<at::BFloat16> qb16(use_bf16_dot ? R * D : 0);
     // int8 key: kconst[r] = (q_r·s)·o (per-channel offset), qsum[r] = Σ q_r (per-token offset).
@@ -558,7 +565,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
       sp.resize(G);
     }
 #endif
-    for (int64_t ti = t0; ti < t1; ++ti) {
+    for (int64_t ti = next_task++; ti < n_tasks; ti = next_task++) {
       const Task& tk = tasks[ti];
       const int64_t b = tk.b;
       float* acc = part.data() + ti * part_stride;
@@ -619,7 +626,13 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
         const C *k0 = cur.k0, *v0 = cur.v0;
         const Tile nx = j + n < tk.j1 ? locate(j + n) : Tile{nullptr, nullptr, 0, 0};
         constexpr int64_t es = sizeof(C);
-        const NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), nx.n,
+        // int8: no software prefetch when the next tile continues the current one in memory as a dense stream of
+        // short rows (one head's keys of a contiguous BNSD cache or of a (blocks, N2, block, D) block): the hardware
+        // prefetchers follow it, and the prefetch instructions only queued behind its misses (measured: B=4 N2=8
+        // S=8192 BNSD int8 decode 6.9 -> 5.6 ms on one thread). Rows of all heads (BSH, 1 KiB apart) still gain.
+        const bool stream = nx.k0 == k0 + n * p.k_seq && nx.v0 == v0 + n * p.v_seq && p.k_seq == D && p.v_seq == D;
+        const int64_t pf_n = kInt8 && stream ? 0 : nx.n;
+        const NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), pf_n,
                             p.k_seq * es, p.k_head * es, p.v_seq * es, p.v_head * es, D * es};
 
         // Scores s[r, t] = q_r · k_t · scale + pse, masked -> -inf; columns >= n are -inf.
