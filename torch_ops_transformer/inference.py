@@ -7,6 +7,7 @@ implemented).
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
 """
+import inspect
 import weakref
 from typing import Optional, Sequence, Tuple, Union
 
@@ -498,6 +499,67 @@ def npu_fused_infer_attention_score_v2(
         if msg == str(e):
             raise
         raise type(e)(msg) from None
+
+
+# ---- Graph-mode calling conventions of the two FIA APIs: `.out` with preallocated results and a workspace ----
+
+def _out_variant(fn, lse_flag: str):
+    """torch_npu's `<fn>.out(..., workspace=None, out=[attention_out, softmax_lse])` (serving engines preallocate the
+    results for NPU graph capture): runs `fn` and writes its results into the given tensors. attention_out must
+    have the result's shape (its dtype is cast to); softmax_lse is written only when `lse_flag` is set (resized to
+    the lse's shape unless it already has as many elements). `workspace` is accepted: the CPU kernels need none."""
+    name = f"{fn.__name__}.out"
+
+    def out_fn(*args, workspace: Optional[Tensor] = None, out: Optional[Sequence[Tensor]] = None,
+               attention_out: Optional[Tensor] = None, softmax_lse: Optional[Tensor] = None, **kwargs):
+        if out is not None:
+            if attention_out is not None or softmax_lse is not None:
+                raise ValueError(f"{name}: pass the results either as 'out' or as 'attention_out'/'softmax_lse', "
+                                 f"not both")
+            if not isinstance(out, (list, tuple)) or len(out) != 2:
+                raise ValueError(f"{name}: argument 'out' must be a list of two tensors [attention_out, "
+                                 f"softmax_lse]; got {out!r}")
+            attention_out, softmax_lse = out
+        for arg, t in (("attention_out", attention_out), ("softmax_lse", softmax_lse), ("workspace", workspace)):
+            if t is None and arg == "workspace":
+                continue
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name}: argument '{arg}' must be a tensor; got {type(t).__name__}")
+        result, lse = fn(*args, **kwargs)
+        if attention_out.shape != result.shape:
+            raise ValueError(f"{name}: argument 'attention_out' must have the result's shape {list(result.shape)}; "
+                             f"got {list(attention_out.shape)}")
+        attention_out.copy_(result)
+        if kwargs.get(lse_flag, False):
+            if softmax_lse.numel() != lse.numel():
+                softmax_lse.resize_(lse.shape)
+            softmax_lse.view(lse.shape).copy_(lse)
+        return attention_out, softmax_lse
+
+    out_fn.__name__ = out_fn.__qualname__ = "out"
+    out_fn.__doc__ = _out_variant.__doc__.replace("`<fn>", f"`{fn.__name__}")
+    return out_fn
+
+
+def _workspace_query(fn):
+    """torch_npu's `_<fn>_get_max_workspace(<fn's arguments>)`: the workspace tensor graph-mode callers pass to
+    `<fn>.out`. The CPU kernels take none, so it is an empty uint8 tensor on the query's device; the arguments are
+    bound to fn's signature (TypeError for an unknown or missing one, as upstream)."""
+    sig = inspect.signature(fn)
+
+    def get_max_workspace(*args, **kwargs) -> Tensor:
+        query = sig.bind(*args, **kwargs).arguments["query"]
+        return torch.empty(0, dtype=torch.uint8, device=query.device)
+
+    get_max_workspace.__name__ = get_max_workspace.__qualname__ = f"_{fn.__name__}_get_max_workspace"
+    get_max_workspace.__signature__ = sig.replace(return_annotation=Tensor)
+    return _args.torch_npu_api(get_max_workspace)
+
+
+npu_fused_infer_attention_score.out = _out_variant(npu_fused_infer_attention_score, "softmax_lse_flag")
+npu_fused_infer_attention_score_v2.out = _out_variant(npu_fused_infer_attention_score_v2, "return_softmax_lse")
+_npu_fused_infer_attention_score_get_max_workspace = _workspace_query(npu_fused_infer_attention_score)
+_npu_fused_infer_attention_score_v2_get_max_workspace = _workspace_query(npu_fused_infer_attention_score_v2)
 
 
 def attention_update(lse: Union[Tensor, Sequence[Tensor]], out: Union[Tensor, Sequence[Tensor]]

@@ -168,6 +168,8 @@ SAMPLES = {
     "npu_incre_flash_attention": lambda: _bsh(1),
     "npu_fused_infer_attention_score": _bsh,
     "npu_fused_infer_attention_score_v2": lambda: (_bsh()[0], {"num_query_heads": 2}),
+    "_npu_fused_infer_attention_score_get_max_workspace": _bsh,
+    "_npu_fused_infer_attention_score_v2_get_max_workspace": lambda: (_bsh()[0], {"num_query_heads": 2}),
     # update_type 1: with 0 the second result is undefined upstream (None in Python)
     "npu_attention_update": lambda: (([torch.randn(6), torch.randn(6)], [torch.randn(6, 8), torch.randn(6, 8)], 1),
                                      {}),
