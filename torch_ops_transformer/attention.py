@@ -263,51 +263,102 @@ def _window_mode(op: str, causal: bool, window_size: Tuple[int, int]) -> Tuple[i
 
 
 def _lse(smax: Tensor, ssum: Tensor) -> Tensor:
-    return smax[..., 0] + torch.log(ssum[..., 0])
+    """FlashAttention's softmax_lse from the op's statistics; a row that sees no key gets +inf, as FlashAttention-2
+    returns it (the op's statistics give -inf there)."""
+    lse = smax[..., 0] + torch.log(ssum[..., 0])
+    return torch.where(lse == -math.inf, math.inf, lse)
 
 
 def _check_fa_args(op: str, alibi_slopes, dropout_p):
+    """For FlashAttention-2 functions without an ALiBi path: dropout_p in [0, 1), alibi_slopes None."""
     _args.not_implemented(op, "ALiBi (pass the bias through npu_fusion_attention(pse=...))", alibi_slopes=alibi_slopes)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1); got {dropout_p}")
 
 
+def _check_fa2_args(op: str, dropout_p, softcap):
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{op}: argument 'dropout_p' must be in [0, 1); got {dropout_p}")
+    # Comparisons only (no math.isfinite): they trace under torch.compile(dynamic=True); NaN fails them too.
+    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not 0.0 <= softcap < math.inf:
+        raise ValueError(f"{op}: argument 'softcap' must be a finite number >= 0 (0.0 disables soft-capping); "
+                         f"got {softcap!r}")
+
+
+def _alibi(op: str, alibi_slopes: Optional[Tensor], batch: int, heads: int) -> Tuple[Optional[Tensor], int]:
+    """FlashAttention-2's alibi_slopes (fp32 [N1] or [B, N1]) -> the op's (pse, pse_type): pse_type 2 generates the
+    bias -slope * |distance| in the kernel (with alibi_bottom_right, FlashAttention-2's alignment)."""
+    if alibi_slopes is None:
+        return None, 1
+    if not isinstance(alibi_slopes, Tensor):
+        raise TypeError(f"{op}: argument 'alibi_slopes' must be a float32 tensor or None; got "
+                        f"{type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"{op}: argument 'alibi_slopes' must be float32; got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"{op}: argument 'alibi_slopes' must have shape [nheads] = [{heads}] or [batch, nheads] = "
+                         f"[{batch}, {heads}]; got {list(alibi_slopes.shape)}")
+    return alibi_slopes, 2
+
+
+def _fa2_causal(mode: int, pre: int, nxt: int, seqlen_k) -> bool:
+    """Whether FlashAttention-2 runs its causal kernel: causal, or a window (left, 0) whose left reaches seqlen_k
+    (it resets such a left side to -1)."""
+    return mode == 3 or (mode == 4 and nxt == 0 and isinstance(seqlen_k, int) and pre >= seqlen_k)
+
+
 def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
-                    causal: bool = False, window_size: Tuple[int, int] = (-1, -1), alibi_slopes=None,
-                    deterministic: bool = False, return_attn_probs: bool = False):
+                    causal: bool = False, window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
+                    return_attn_probs: bool = False):
     """FlashAttention-2's flash_attn_func on q [B,Sq,N1,D], k/v [B,Skv,N2,D] (BSND).
 
     `causal` and `window_size` are aligned to the bottom-right corner (query i sees key j when
-    j <= i + Skv - Sq), as in FlashAttention-2 — unlike SDPA's top-left `is_causal`. Backward is always
-    deterministic. With `return_attn_probs` returns (out, softmax_lse [B,N1,Sq] fp32, None).
+    j <= i + Skv - Sq), as in FlashAttention-2 — unlike SDPA's top-left `is_causal`. `softcap` > 0 caps the scaled
+    scores to softcap * tanh(score / softcap) before the ALiBi bias and the mask. `alibi_slopes` (fp32 [N1] or
+    [B, N1]) adds -slope * |i + Skv - Sq - j| (no gradient for the slopes, as in FlashAttention-2). Backward is
+    always deterministic. With `return_attn_probs` returns (out, softmax_lse [B,N1,Sq] fp32, None); rows that see
+    no key have lse = +inf.
     """
     op = "flash_attn_func"
-    _check_fa_args(op, alibi_slopes, dropout_p)
+    _check_fa2_args(op, dropout_p, softcap)
+    pse, pse_type = _alibi(op, alibi_slopes, q.shape[0], q.shape[2])
     mode, pre, nxt = _window_mode(op, causal, window_size)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
     out, smax, ssum, _, _, _ = _OPS.flash_attention_score(
-        q, k, v, q.shape[2], "BSND", scale=scale, keep_prob=keep, pre_tokens=pre, next_tokens=nxt,
-        sparse_mode=mode, seed=seed, offset=offset)
-    return (out, _lse(smax, ssum), None) if return_attn_probs else out
+        q, k, v, q.shape[2], "BSND", pse=pse, scale=scale, keep_prob=keep, pre_tokens=pre, next_tokens=nxt,
+        sparse_mode=mode, pse_type=pse_type, seed=seed, offset=offset, softcap=float(softcap),
+        alibi_bottom_right=True)
+    if not return_attn_probs:
+        return out
+    lse = _lse(smax, ssum)
+    if pse is not None and _fa2_causal(mode, pre, nxt, k.shape[1]):
+        # FlashAttention-2's causal kernels add slope * j instead of -slope * |i + Skv - Sq - j| (the softmax cancels
+        # the row constant slope * (i + Skv - Sq)); its softmax_lse carries that constant, so add it.
+        row = torch.arange(q.shape[1], device=lse.device, dtype=lse.dtype) + (k.shape[1] - q.shape[1])
+        lse = lse + pse.unsqueeze(-1) * row
+    return out, lse, None
 
 
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
                            softmax_scale: Optional[float] = None, causal: bool = False,
-                           window_size: Tuple[int, int] = (-1, -1), alibi_slopes=None, deterministic: bool = False,
+                           window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                            return_attn_probs: bool = False, block_table: Optional[Tensor] = None):
     """FlashAttention-2's varlen function on packed q [T,N1,D], k/v [Tk,N2,D].
 
     `cu_seqlens_*` are int32/int64 tensors [batch+1] starting at 0 (FlashAttention convention; CANN's TND
     wants them without the leading 0). `max_seqlen_*` are accepted for compatibility (lengths come from
-    cu_seqlens). With `return_attn_probs` returns (out, softmax_lse [N1,T] fp32, None). With `block_table` (int32
-    [batch, max_blocks]) k/v are a paged cache [num_blocks, page_block_size, N2, D] and cu_seqlens_k gives each
-    sequence's KV length.
+    cu_seqlens). `softcap` and `alibi_slopes` ([N1] or [batch, N1] fp32; distance i + Skv_b - Sq_b - j within each
+    sequence) as in flash_attn_func. With `return_attn_probs` returns (out, softmax_lse [N1,T] fp32, None); rows
+    that see no key have lse = +inf. With `block_table` (int32 [batch, max_blocks]) k/v are a paged cache
+    [num_blocks, page_block_size, N2, D] and cu_seqlens_k gives each sequence's KV length.
     """
     op = "flash_attn_varlen_func"
-    _check_fa_args(op, alibi_slopes, dropout_p)
+    _check_fa2_args(op, dropout_p, softcap)
     if block_table is not None:  # paged k/v [num_blocks, block, N2, D]: pack the blocks in use (forward only)
         from .fa2 import gather_paged_kv
         k, v = gather_paged_kv(op, k, v, block_table, cu_seqlens_k)
@@ -321,6 +372,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"{op}: arguments 'cu_seqlens_q' and 'cu_seqlens_k' must describe the same batch; got "
                          f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1} sequences")
+    pse, pse_type = _alibi(op, alibi_slopes, cu_seqlens_q.numel() - 1, q.shape[1])
     mode, pre, nxt = _window_mode(op, causal, window_size)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     keep = 1.0 - dropout_p
@@ -338,15 +390,24 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                 raise ValueError(f"{op}: argument '{name}' must end at the {packed.shape[0]} tokens of the packed "
                                  f"tensor; got {ends[-1]}")
     out, smax, ssum, _, _, _ = _OPS.flash_attention_score(
-        q, k, v, q.shape[1], "TND", actual_seq_qlen=cu_seqlens_q[1:].to(torch.int64),
+        q, k, v, q.shape[1], "TND", pse=pse, actual_seq_qlen=cu_seqlens_q[1:].to(torch.int64),
         actual_seq_kvlen=cu_seqlens_k[1:].to(torch.int64), scale=scale, keep_prob=keep, pre_tokens=pre,
-        next_tokens=nxt, sparse_mode=mode, seed=seed, offset=offset)
+        next_tokens=nxt, sparse_mode=mode, pse_type=pse_type, seed=seed, offset=offset, softcap=float(softcap),
+        alibi_bottom_right=True)
     if not return_attn_probs:
         return out
     # The default softmax_layout keeps the [T, N1, 8] statistics in NTD order: viewed as [N1, T, 8] they give
     # FlashAttention's softmax_lse [N1, T] contiguous.
     n1, t = q.shape[1], q.shape[0]
-    return out, _lse(smax.view(n1, t, 8), ssum.view(n1, t, 8)), None
+    lse = _lse(smax.view(n1, t, 8), ssum.view(n1, t, 8))
+    if pse is not None and _fa2_causal(mode, pre, nxt, max_seqlen_k):  # the causal lse constant, as flash_attn_func
+        cu_q, cu_k = cu_seqlens_q.to(torch.int64), cu_seqlens_k.to(torch.int64)
+        seq = torch.bucketize(torch.arange(t, device=cu_q.device), cu_q[1:], right=True)  # sequence of each token
+        row = torch.arange(t, device=cu_q.device) - cu_q[seq]
+        shift = (cu_k[1:] - cu_k[:-1] - cu_q[1:] + cu_q[:-1])[seq]
+        slopes = pse if pse.dim() == 1 else pse[seq].transpose(0, 1)  # [N1] or [N1, T]
+        lse = lse + (slopes if pse.dim() == 2 else slopes.unsqueeze(-1)) * (row + shift).to(lse.dtype)
+    return out, lse, None
 
 
 class FlashAttention(nn.Module):

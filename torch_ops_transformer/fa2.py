@@ -9,7 +9,6 @@ written for it runs unchanged on the CPU (see docs/attention.md, "FlashAttention
   the inference op `fused_infer_attention_score` reading the cache in place (paged or not); the others gather the
   valid keys and run `flash_attn_varlen_func`.
 """
-import inspect
 import math
 from typing import List, Optional, Tuple, Union
 
@@ -20,22 +19,6 @@ from .attention import flash_attn_func, flash_attn_varlen_func
 
 _OPS = torch.ops.npu_fa
 _INT_DTYPES = (torch.int32, torch.int64)
-
-
-class _Supports:
-    """Whether flash_attn_func / flash_attn_varlen_func take `softcap` (added with the kernels' softcap)."""
-    softcap = "softcap" in inspect.signature(flash_attn_func).parameters
-    varlen_softcap = "softcap" in inspect.signature(flash_attn_varlen_func).parameters
-
-
-def _score_kwargs(op: str, softcap: float, alibi_slopes, varlen: bool) -> dict:
-    kwargs = {"alibi_slopes": alibi_slopes}
-    if _Supports.varlen_softcap if varlen else _Supports.softcap:
-        kwargs["softcap"] = softcap
-    elif softcap != 0.0:
-        raise NotImplementedError(f"{op}: argument 'softcap' (> 0) needs the softcap support of "
-                                  f"flash_attention_score, which this build lacks; got {softcap}")
-    return kwargs
 
 
 def _packed(op: str, name: str, t: Tensor, dim: int, count: int, layout: str) -> Tuple[Tensor, ...]:
@@ -56,7 +39,7 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
     q, k, v = _packed(op, "qkv", qkv, 2, 3, "B,S,3,N,D")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size,
                            deterministic=deterministic, return_attn_probs=return_attn_probs,
-                           **_score_kwargs(op, softcap, alibi_slopes, varlen=False))
+                           softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
@@ -68,7 +51,7 @@ def flash_attn_kvpacked_func(q: Tensor, kv: Tensor, dropout_p: float = 0.0, soft
     k, v = _packed(op, "kv", kv, 2, 2, "B,S,2,N2,D")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size,
                            deterministic=deterministic, return_attn_probs=return_attn_probs,
-                           **_score_kwargs(op, softcap, alibi_slopes, varlen=False))
+                           softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, dropout_p: float = 0.0,
@@ -82,7 +65,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: Tensor, cu_seqlens: Tensor, max_seqlen
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
                                   softmax_scale, causal, window_size, deterministic=deterministic,
                                   return_attn_probs=return_attn_probs,
-                                  **_score_kwargs(op, softcap, alibi_slopes, varlen=True))
+                                  softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -97,7 +80,7 @@ def flash_attn_varlen_kvpacked_func(q: Tensor, kv: Tensor, cu_seqlens_q: Tensor,
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, deterministic=deterministic,
                                   return_attn_probs=return_attn_probs,
-                                  **_score_kwargs(op, softcap, alibi_slopes, varlen=True))
+                                  softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 # ---- paged K/V for flash_attn_varlen_func(block_table=...) ----
@@ -407,7 +390,7 @@ def _gathered(op, q, k_cache, v_cache, rows, leftpad, totals, block_table, scale
     cu_k = torch.tensor([0] + lens, dtype=torch.int64, device=q.device).cumsum(0).to(torch.int32)
     res = flash_attn_varlen_func(q.reshape(b * sq, n, d), key, value, cu_q, cu_k, sq, max(lens, default=0), 0.0,
                                  scale, causal, window, return_attn_probs=want_lse,
-                                 **_score_kwargs(op, softcap, alibi_slopes, varlen=True))
+                                 softcap=softcap, alibi_slopes=alibi_slopes)
     if not want_lse:
         return res.view(b, sq, n, -1), None
     out, lse = res[0], res[1]

@@ -184,26 +184,9 @@ def _prefill(q, k, v, mask, dropout_p, is_causal, scale, sink=None, softcap=0.0)
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
     _count("prefill")
-    extra = {"softcap": softcap} if softcap else {}     # only passed when used: builds without it keep working
     return _OPS.flash_attention_score(q, k, v, q.shape[1], "BNSD", scale=scale, keep_prob=keep, seed=seed,
-                                      offset=offset, sink=sink, **extra,
+                                      offset=offset, sink=sink, softcap=softcap,
                                       **flash_mask_args(q, k, mask, is_causal))[0]
-
-
-def _schema_has(op_name: str, arg: str) -> bool:
-    try:
-        return any(a.name == arg for a in getattr(_OPS, op_name).default._schema.arguments)
-    except (AttributeError, RuntimeError):
-        return False
-
-
-# Read once at import: a constant for torch.compile (Dynamo cannot trace schema introspection).
-_HAS_SOFTCAP = _schema_has("flash_attention_score", "softcap")
-
-
-def kernel_has_softcap() -> bool:
-    """Whether this build's flash_attention_score takes `softcap` (logit soft-capping inside the kernel)."""
-    return _HAS_SOFTCAP
 
 
 def _run(query, key, value, attn_mask, dropout_p, is_causal, scale, sink=None, softcap=0.0) -> Tensor:
@@ -220,8 +203,8 @@ def _run(query, key, value, attn_mask, dropout_p, is_causal, scale, sink=None, s
     return out.squeeze(1) if three_d else out
 
 
-def _extras_reason(query, attn_mask, sink, softcap) -> Optional[str]:
-    """Why the kernels cannot take this sink / softcap (None: they can)."""
+def _check_sink(query, sink) -> None:
+    """The kernels take any finite or infinite per-head sink; a wrongly shaped one is an error (never a fallback)."""
     if sink is not None:
         heads = query.shape[1] if query.dim() == 4 else 1
         if not (isinstance(sink, Tensor) and sink.dim() == 1 and sink.shape[0] == heads and sink.is_floating_point()
@@ -230,12 +213,6 @@ def _extras_reason(query, attn_mask, sink, softcap) -> Optional[str]:
                    else type(sink).__name__)
             raise ValueError(f"scaled_dot_product_attention: argument 'sink' must be a floating-point tensor of shape "
                              f"(num_query_heads,) = ({heads},) on {query.device}; got {got}")
-    if softcap:
-        if not kernel_has_softcap():
-            return "softcap (this build's flash_attention_score has no soft-capping)"
-        if attn_mask is not None and attn_mask.dtype != torch.bool:
-            return "softcap with a float attn_mask (soft-capping applies to the scores before the additive mask)"
-    return None
 
 
 def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -300,8 +277,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         raise ValueError(f"scaled_dot_product_attention: argument 'softcap' must be a finite number >= 0 (0 or None = "
                          f"off); got {softcap!r}")
     extras = sink is not None or softcap > 0
-    extras_reason = _extras_reason(query, attn_mask, sink, softcap) if extras else None   # raises on a bad sink
-    reason = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) or extras_reason
+    _check_sink(query, sink)
+    reason = unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if reason is not None:
         _fallback_note(reason)
         if extras:

@@ -33,11 +33,15 @@ struct FlashAttentionScoreArgs {
   c10::string_view softmax_layout;
   const std::optional<at::Tensor>& sink;
   const std::optional<at::Tensor>& dropout_mask;
+  double softcap;
+  at::OptionalIntArrayRef q_start_idx;
+  at::OptionalIntArrayRef kv_start_idx;
+  bool alibi_bottom_right;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const FlashAttentionScoreArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.head_num, a.input_layout, a.pse, a.atten_mask, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset, a.softmax_layout, a.sink, a.dropout_mask);
+  return f(a.query, a.key, a.value, a.head_num, a.input_layout, a.pse, a.atten_mask, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset, a.softmax_layout, a.sink, a.dropout_mask, a.softcap, a.q_start_idx, a.kv_start_idx, a.alibi_bottom_right);
 }
 
 // flash_attention_score_grad
@@ -67,11 +71,15 @@ struct FlashAttentionScoreGradArgs {
   c10::string_view softmax_layout;
   const std::optional<at::Tensor>& sink;
   const std::optional<at::Tensor>& dropout_mask;
+  double softcap;
+  at::OptionalIntArrayRef q_start_idx;
+  at::OptionalIntArrayRef kv_start_idx;
+  bool alibi_bottom_right;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const FlashAttentionScoreGradArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.dy, a.head_num, a.input_layout, a.pse, a.atten_mask, a.softmax_max, a.softmax_sum, a.attention_in, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset, a.softmax_layout, a.sink, a.dropout_mask);
+  return f(a.query, a.key, a.value, a.dy, a.head_num, a.input_layout, a.pse, a.atten_mask, a.softmax_max, a.softmax_sum, a.attention_in, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset, a.softmax_layout, a.sink, a.dropout_mask, a.softcap, a.q_start_idx, a.kv_start_idx, a.alibi_bottom_right);
 }
 
 // dropout_gen_mask

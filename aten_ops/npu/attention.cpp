@@ -1,8 +1,8 @@
 // PrivateUse1 (npu) kernel of flash_attention_score: validates like the CPU op (shared parser, identical
 // messages), makes q/k/v BNSD-contiguous, computes the tiling and launches the Ascend C kernel
-// (ascendc/kernels/flash_attention). Calls the kernel does not cover (pse, dropout, sink, TND, an empty key
-// sequence, head dim > 512) run the CPU kernel on CPU aliases of the npu tensors — simulated device only
-// (docs/ascendc_attention.md lists them).
+// (ascendc/kernels/flash_attention). Calls the kernel does not cover (pse of any pse_type, softcap, dropout, sink,
+// TND, an empty key sequence, head dim > 512) run the CPU kernel on CPU aliases of the npu tensors — simulated
+// device only (docs/ascendc_attention.md lists them).
 #include <ATen/ATen.h>
 
 #include <limits>
@@ -42,6 +42,7 @@ const char* unsupported_before_parsing(const FlashAttentionScoreArgs& args) {
   if (args.pse.has_value()) return "pse";
   if (args.keep_prob < 1.0) return "dropout (keep_prob < 1)";
   if (args.sink.has_value()) return "sink";
+  if (args.softcap > 0.0) return "softcap";
   return nullptr;
 }
 

@@ -2,8 +2,8 @@
 // into BNSD-contiguous copies, fills the tiling and launches the Ascend C kernel
 // ascendc/kernels/attention/flash_attention_score_grad_kernel.cpp.
 //
-// Kernel path: dense layouts (BSH, SBH, BSND, BNSD), no pse or sink, keep_prob = 1, any sparse_mode 0-4 (its band)
-// with or without an element-wise bool/uint8 mask. Everything else (pse, sink, dropout, TND, empty problems) runs the
+// Kernel path: dense layouts (BSH, SBH, BSND, BNSD), no pse, softcap or sink, keep_prob = 1, any sparse_mode 0-4 (its band)
+// with or without an element-wise bool/uint8 mask. Everything else (pse, softcap, sink, dropout, TND, empty problems) runs the
 // CPU kernel on CPU aliases of the npu tensors — on the simulated device only (docs/ascendc_attention_grad.md).
 #include <ATen/ATen.h>
 
@@ -33,7 +33,7 @@ tot_ascendc::FagDtype kernel_dtype(at::ScalarType t) {
 }
 
 bool kernel_supports(const AttentionParams& p, const at::Tensor& query, const at::Tensor& key) {
-  return !p.pse.has_value() && !p.has_dropout() && p.sink == nullptr && p.layout != Layout::TND &&
+  return !p.pse.has_value() && !p.has_logit_transform() && !p.has_dropout() && p.sink == nullptr && p.layout != Layout::TND &&
          query.numel() > 0 && key.numel() > 0;
 }
 
@@ -52,9 +52,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
     return {npu_host::device_alias(dq, dev), npu_host::device_alias(dk, dev), npu_host::device_alias(dv, dev),
             npu_host::device_alias(dpse, dev), npu_host::device_alias(dsink, dev)};
 #else
-    TORCH_CHECK(false, kOp, ": the Ascend C kernel supports dense layouts without pse, dropout and sink; got layout ",
-                args.input_layout, p.pse.has_value() ? " with pse" : "", p.has_dropout() ? " with dropout" : "",
-                p.sink ? " with sink" : "");
+    TORCH_CHECK(false, kOp, ": the Ascend C kernel supports dense layouts without pse, softcap, dropout and sink; got ",
+                "layout ", args.input_layout, args.pse.has_value() ? " with pse" : "", p.softcap > 0.f ? " with softcap" : "",
+                p.has_dropout() ? " with dropout" : "", p.sink ? " with sink" : "");
 #endif
   }
 

@@ -39,6 +39,10 @@ class Case:
     seed: int = 0
     sink: Optional[str] = None              # "random" (float32 [N1] around the scores' scale), "-inf", "large"
     softmax_layout: str = ""                # "" or "TND" (TND statistics order)
+    softcap: float = 0.0                    # FlashAttention-2's logit soft-capping (0 = off)
+    alibi: Optional[str] = None             # "N" or "BN": fp32 ALiBi slopes as pse (with pse_type 2 or 3)
+    start_idx: Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]] = None  # (q_start_idx, kv_start_idx)
+    alibi_bottom_right: bool = False
 
     def replace(self, **kw) -> "Case":
         return dataclasses.replace(self, **kw)
@@ -116,6 +120,19 @@ def make_inputs(case: Case) -> Dict[str, object]:
     if case.pse is not None:
         shape = {"BNSS": (b, n1, sq, skv), "BN1S": (b, n1, 1, skv), "1NSS": (1, n1, sq, skv)}[case.pse]
         args["pse"] = randn(*shape)
+    if case.alibi is not None:
+        # Slopes as ALiBi uses them (2^(-8h/N)), a few negative; [B, N] rows differ per batch.
+        slopes = 2.0 ** (-8.0 * (torch.arange(n1, dtype=torch.float64) + 1) / n1)
+        slopes[-1] = -slopes[-1]
+        if case.alibi == "BN":
+            slopes = slopes * torch.linspace(0.5, 1.5, b, dtype=torch.float64).view(b, 1)
+        args["pse"] = slopes.float()
+    if case.softcap:
+        args["softcap"] = case.softcap
+    if case.start_idx is not None:
+        args["q_start_idx"], args["kv_start_idx"] = list(case.start_idx[0]), list(case.start_idx[1])
+    if case.alibi_bottom_right:
+        args["alibi_bottom_right"] = True
     if case.sink is not None:
         sink = torch.randn(n1, generator=gen, dtype=torch.float64).float() * 2.0
         if case.sink == "-inf":
@@ -224,6 +241,9 @@ def compare_with_reference(case: Case, check_grads: bool = True) -> Result:
     if check_grads:
         for name in ref.grads:
             assert ours.grads[name] is not None, f"[{label}] no gradient for {name}"
+            if name == "pse" and case.pse_type >= 2:  # ALiBi slopes get no gradient (FlashAttention-2's choice)
+                assert ours.grads[name].shape == args[name].shape and not ours.grads[name].any()
+                continue
             assert ours.grads[name].shape == args[name].shape and ours.grads[name].dtype == args[name].dtype
             check_tolerance(f"[{label}] d{name}", ours.grads[name], ref.grads[name], same.grads[name])
     return ours
@@ -266,6 +286,11 @@ OPCHECK_CASES = {
                                                             softmax_layout="TND")),
         "sink_dropout_mask": lambda: _score_args(Case(keep_prob=0.8, sink="random", **SMALL),
                                                  dropout_mask=_MASK_BYTES()),
+        "softcap_alibi_pse_type2": lambda: _score_args(Case(softcap=3.0, alibi="N", pse_type=2, **SMALL)),
+        "softcap_pse_type1": lambda: _score_args(Case(softcap=2.0, pse="BNSS", **SMALL)),
+        "alibi_TND_pse_type3_start_idx": lambda: _score_args(Case(layout="TND", q_heads=2, kv_heads=1, head_dim=8,
+                                                                  seqlens=((3, 4), (2, 5)), alibi="BN", pse_type=3,
+                                                                  start_idx=((1,), (0,)), alibi_bottom_right=True)),
     },
     "flash_attention_score_grad": {
         "no_dropout": lambda: _grad_args(Case(**SMALL)),
@@ -274,6 +299,8 @@ OPCHECK_CASES = {
                                               seqlens=((3, 1), (4, 2)), sparse_mode=2)),
         "sink_dropout_mask": lambda: _grad_args(Case(keep_prob=0.8, sink="random", **SMALL),
                                                 dropout_mask=_MASK_BYTES()),
+        "softcap_alibi_pse_type2": lambda: _grad_args(Case(softcap=3.0, alibi="BN", pse_type=2, **SMALL)),
+        "softcap_pse_type0": lambda: _grad_args(Case(softcap=2.0, pse="BN1S", pse_type=0, **SMALL)),
     },
     "dropout_gen_mask": {
         "basic": lambda: ((torch.tensor(3), torch.tensor(5), 6, 9, 0.7), {}),

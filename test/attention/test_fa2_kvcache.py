@@ -14,10 +14,7 @@ import torch_ops_transformer as tot
 from test.attention.fa2_reference import attend, rotary
 from test.common.reference import DTYPES, check_tolerance
 from torch_ops_transformer import fa2
-from torch_ops_transformer.fa2 import _Supports
 
-PENDING = pytest.mark.skipif(not _Supports.varlen_softcap,
-                             reason="softcap / ALiBi in flash_attn_varlen_func arrive with fa2-kernel's merge")
 CAP = 40  # logical cache length per sequence (contiguous); paged caches round it up to whole blocks
 
 
@@ -53,7 +50,6 @@ SCENARIOS = {
     "softcap": Scenario(sq=2, new=1, causal=True, softcap=3.0),
     "alibi": Scenario(sq=3, new=2, causal=True, alibi=True),
 }
-PENDING_SCENARIOS = ("softcap", "alibi")
 KINDS = ("contiguous", "batch_idx", "paged16", "paged32", "paged256")
 
 
@@ -167,8 +163,7 @@ def _expected_caches(k_cache, v_cache, args, seqlist, k_rot, sc: Scenario):
 def _params():
     for name in SCENARIOS:
         for kind in KINDS:
-            marks = [PENDING] if name in PENDING_SCENARIOS else []
-            yield pytest.param(name, kind, id=f"{name}-{kind}", marks=marks)
+            yield pytest.param(name, kind, id=f"{name}-{kind}")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -10,11 +10,8 @@ import torch
 import torch_ops_transformer as tot
 from test.attention.fa2_reference import attend
 from test.common.reference import DTYPES, check_tolerance
-from torch_ops_transformer.fa2 import _Supports
 
-SOFTCAP_PENDING = pytest.mark.skipif(not _Supports.softcap, reason="softcap arrives with fa2-kernel's merge")
 # ALiBi comes with the same kernel change as softcap.
-ALIBI_PENDING = pytest.mark.skipif(not _Supports.softcap, reason="ALiBi arrives with fa2-kernel's merge")
 
 
 def _dense_ref(q, k, v, scale, causal, window, softcap=0.0, alibi=None):
@@ -192,7 +189,6 @@ def test_gradcheck_packed(fn):
     assert torch.autograd.gradcheck(lambda *xs: call(*xs).double(), leaves, **GRADCHECK)
 
 
-@SOFTCAP_PENDING
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_qkvpacked_softcap(dtype):
     gen = torch.Generator().manual_seed(0)
@@ -207,7 +203,6 @@ def test_qkvpacked_softcap(dtype):
     _check_fwd_bwd("qkvpacked softcap", ours, ref, [qkv], DTYPES[dtype])
 
 
-@ALIBI_PENDING
 @pytest.mark.parametrize("slopes_shape", [(2,), (2, 2)])
 def test_kvpacked_alibi(slopes_shape):
     gen = torch.Generator().manual_seed(0)

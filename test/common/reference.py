@@ -195,8 +195,11 @@ def dropout_numel(query: Tensor, key: Tensor, head_num: int, layout: str, actual
 # the math of one sequence
 # ----------------------------------------------------------------------------------------------------------------
 def _attend(q: Tensor, k: Tensor, v: Tensor, vis: Tensor, bias: Optional[Tensor], scale: float, pse_type: int,
-            keep: Optional[Tensor], keep_prob: float, sink: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """q [N1,Sq,D], k [N2,Skv,D], v [N2,Skv,vD] -> out [N1,Sq,vD], lse [N1,Sq]."""
+            keep: Optional[Tensor], keep_prob: float, sink: Optional[Tensor] = None, softcap: float = 0.0,
+            alibi_shift: int = 0) -> Tuple[Tensor, Tensor]:
+    """q [N1,Sq,D], k [N2,Skv,D], v [N2,Skv,vD] -> out [N1,Sq,vD], lse [N1,Sq]. pse_type 2/3: bias holds the N1
+    ALiBi slopes, the bias of (i, j) is -slope * |j - i + alibi_shift| (sqrt of the distance for 3). softcap > 0:
+    scaled scores (with a pse_type 1 bias) -> softcap * tanh(x / softcap), before the other biases."""
     n1, sq, _ = q.shape
     n2, skv, vd = v.shape
     if skv == 0 or sq == 0:
@@ -208,12 +211,18 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, vis: Tensor, bias: Optional[Tensor]
     k = k.repeat_interleave(group, dim=0)
     v = v.repeat_interleave(group, dim=0)
     s = q @ k.transpose(-1, -2)
-    if bias is None:
-        s = s * scale
-    elif pse_type == 1:
+    if bias is not None and pse_type == 1:
         s = (s + bias) * scale
     else:
-        s = s * scale + bias
+        s = s * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None and pse_type == 0:
+        s = s + bias
+    elif bias is not None and pse_type >= 2:
+        dist = (torch.arange(skv, dtype=torch.float64).view(1, skv) - torch.arange(sq, dtype=torch.float64).view(sq, 1)
+                + alibi_shift).abs().to(s.dtype)
+        s = s - bias.view(n1, 1, 1) * (dist.sqrt() if pse_type == 3 else dist)
     vis = vis.expand(n1, sq, skv)
     s = s.masked_fill(~vis, float("-inf"))
     if sink is not None:
@@ -234,11 +243,14 @@ def attention_reference(query: Tensor, key: Tensor, value: Tensor, head_num: int
                         actual_seq_qlen=None, actual_seq_kvlen=None, scale: float = 1.0,
                         keep_prob: float = 1.0, dropout_keep: Optional[Tensor] = None,
                         pre_tokens: int = MAX_TOKENS, next_tokens: int = MAX_TOKENS, sparse_mode: int = 0,
-                        pse_type: int = 1, sink: Optional[Tensor] = None,
+                        pse_type: int = 1, sink: Optional[Tensor] = None, softcap: float = 0.0,
+                        q_start_idx=None, kv_start_idx=None, alibi_bottom_right: bool = False,
                         compute_dtype: Optional[torch.dtype] = torch.float64) -> Tuple[Tensor, Tensor]:
     """Returns (attention_out in q's layout, logsumexp [B,N1,Sq] or [T,N1]), both in `compute_dtype`
     (None = the inputs' dtype). `dropout_keep` is the keep mask (read flattened, see the module doc) and is
-    required when keep_prob < 1."""
+    required when keep_prob < 1. pse_type 2/3: pse holds ALiBi slopes [N1] or [B, N1]; the distance of (i, j) in
+    sequence b is (j + kv_start_idx) - (i + q_start_idx) (one value or one per sequence), minus Skv_b - Sq_b with
+    alibi_bottom_right."""
     if keep_prob < 1.0 and dropout_keep is None:
         raise ValueError("the reference needs the explicit dropout keep matrix when keep_prob < 1")
     cd = compute_dtype or query.dtype
@@ -252,8 +264,14 @@ def attention_reference(query: Tensor, key: Tensor, value: Tensor, head_num: int
     for b in range(heads.batch):
         sq, skv = heads.q_lens[b], heads.kv_lens[b]
         vis = visible_keys(sq, skv, sparse_mode, pre_tokens, next_tokens, _sequence_mask(atten_mask, b, sq, skv, tnd))
-        out, lse = _attend(heads.q[b], heads.k[b], heads.v[b], vis, _sequence_pse(bias, b), scale, pse_type,
-                           _sequence_keep(keep, heads, b), keep_prob, sink)
+        if pse_type >= 2:
+            seq_bias = None if bias is None else bias if bias.dim() == 1 else bias[b]
+            start = lambda idx: 0 if not idx else idx[0] if len(idx) == 1 else idx[b]  # noqa: E731
+            shift = start(kv_start_idx) - start(q_start_idx) - ((skv - sq) if alibi_bottom_right else 0)
+        else:
+            seq_bias, shift = _sequence_pse(bias, b), 0
+        out, lse = _attend(heads.q[b], heads.k[b], heads.v[b], vis, seq_bias, scale, pse_type,
+                           _sequence_keep(keep, heads, b), keep_prob, sink, softcap, shift)
         outs.append(out)
         lses.append(lse)
     if not outs:  # B == 0: shapes from the inputs

@@ -74,11 +74,8 @@ def test_greedy_generation_identical_to_eager(name):
         sdpa.route_counts.clear()
         got = ours.generate(**kw)
     assert torch.equal(got, want)
-    # gpt-oss runs on the kernels; Gemma-2 too once flash_attention_score has softcap (plain math before)
-    if name == "gpt_oss" or sdpa.kernel_has_softcap():
-        assert sdpa.route_counts["math"] == 0 and sdpa.route_counts["prefill"] > 0
-    else:
-        assert sdpa.route_counts["math"] > 0
+    # both run on the kernels (gpt-oss's sinks and Gemma-2's softcap are kernel arguments)
+    assert sdpa.route_counts["math"] == 0 and sdpa.route_counts["prefill"] > 0
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -190,17 +187,27 @@ def test_router_sink_gradients():
         torch.testing.assert_close(a.grad.double(), b.grad, atol=1e-4, rtol=1e-4, msg=name)
 
 
-def test_router_softcap_matches_reference_on_either_route():
-    """With a build whose kernel has soft-capping it runs there, otherwise in plain PyTorch; same answer."""
+def test_router_softcap_runs_on_the_kernel():
     q, k, v = _qkv(6, 6, seed=4)
     sdpa.route_counts.clear()
     out = sdpa.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, softcap=2.0)
     torch.testing.assert_close(out.double(), ref_attention(q, k, v, softcap=2.0, causal=True), atol=2e-5, rtol=2e-5)
-    route = "prefill" if sdpa.kernel_has_softcap() else "math"
-    assert sdpa.route_counts[route] == 1
+    assert sdpa.route_counts["prefill"] == 1
 
 
-@pytest.mark.skipif(not sdpa.kernel_has_softcap(), reason="flash_attention_score without softcap in this build")
+def test_router_softcap_with_a_float_mask_runs_on_the_kernel():
+    """A float mask is added after the cap (the op's pse_type 0 bias), as Hugging Face's eager attention does."""
+    q, k, v = _qkv(5, 7, seed=6)
+    bias = torch.randn(1, 1, 5, 7)
+    capped = 2.0 * torch.tanh(q.double() @ k.double().repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2)
+                              * q.shape[-1] ** -0.5 / 2.0)
+    want = torch.softmax(capped + bias.double(), -1) @ v.double().repeat_interleave(q.shape[1] // v.shape[1], 1)
+    sdpa.route_counts.clear()
+    out = sdpa.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True, softcap=2.0)
+    torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+    assert sdpa.route_counts["prefill"] == 1 and sdpa.route_counts["math"] == 0
+
+
 def test_softcap_runs_on_the_kernel():
     q, k, v = _qkv(1, 9, seed=5)
     sdpa.route_counts.clear()

@@ -147,8 +147,8 @@ def test_flash_attn_func_rejects_bad_arguments():
         flash_attn_func(q, k, v, dropout_p=1.0)
     with pytest.raises(ValueError, match="window_size"):
         flash_attn_func(q, k, v, window_size=(-2, 0))
-    with pytest.raises(NotImplementedError, match="alibi_slopes"):  # a feature not implemented
-        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4))
+    with pytest.raises(TypeError, match="alibi_slopes"):  # FlashAttention-2 takes float32 slopes only
+        flash_attn_func(q, k, v, alibi_slopes=torch.ones(4, dtype=torch.float64))
 
 
 # ---------------------------------------------------------------- flash_attn_varlen_func
@@ -250,9 +250,6 @@ def _policy_cases():
     return [
         (NotImplementedError, ("npu_fusion_attention", "'prefix'"),
          lambda: tot.npu_fusion_attention(q, k, v, 4, "BSND", prefix=[1, 2])),
-        (NotImplementedError, ("flash_attn_varlen_func", "'alibi_slopes'"),
-         lambda: tot.flash_attn_varlen_func(q[0], k[0], v[0], torch.tensor([0, 9]), torch.tensor([0, 14]), 9, 14,
-                                            alibi_slopes=one)),
         (NotImplementedError, ("npu_prompt_flash_attention", "'deq_scale1'", "'quant_offset2'"),
          lambda: tot.npu_prompt_flash_attention(q, k, v, deq_scale1=one, quant_offset2=one, num_heads=4,
                                                 input_layout="BSND")),

@@ -14,8 +14,8 @@ OpInfo.__doc__ = ("One op of native_functions.yaml: its user doc, the dispatch k
 
 # Every op of torch.ops.npu_fa, by name.
 OPS = {
-    'flash_attention_score': OpInfo('FlashAttention training forward (CANN FlashAttentionScore): out = Dropout(Softmax(Mask(scale*(pse + Q Kᵀ)))) V (pse_type=1; pse_type=0 adds pse after scaling). Layouts BSH, SBH, BSND, BNSD, TND (TND: actual_seq_qlen/actual_seq_kvlen are int64 tensors of cumulative ends, last = T). atten_mask is bool/uint8 with True/1 = masked out. sparse_mode 0-4 as in CANN (2 top-left causal, 3 bottom-right causal, 4 band from bottom-right). sink (float32 [head_num]) adds one logit per head to every softmax row, compared with the scaled scores, whose value row is 0 (attention sinks). Dropout keeps element e of the flattened [B,N,Sq,Skv] mask (TND: the [N,Sq_b,Skv_b] blocks of the sequences in order) by a Philox stream keyed by seed/offset (int64 scalar tensors; when keep_prob < 1 and seed is None a seed is drawn from the default CPU generator), or by bit e of dropout_mask (uint8, bit-packed LSB first) when given. Returns attention_out (q\'s dtype, vD), softmax_max and softmax_sum (fp32 [B,N,Sq,8]; TND a [T,N,8] tensor in NTD row order, or TND order with softmax_layout="TND"), softmax_out (empty, reserved), and the seed/offset used.', ('CPU', 'PrivateUse1'), True, True),
-    'flash_attention_score_grad': OpInfo("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum (in the order softmax_layout names, as the forward returned them), regenerates the forward's dropout mask from seed/offset (or reads dropout_mask), and returns dq, dk, dv (shapes and dtypes of query/key/value), dpse (pse's shape, or an empty tensor without pse) and dsink (float32 [head_num], dsink_n = -sum over the rows of head n of exp(sink_n - lse) * rowsum(dy * attention_in); an empty float32 tensor without sink). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU', 'PrivateUse1'), False, True),
+    'flash_attention_score': OpInfo('FlashAttention training forward (CANN FlashAttentionScore): out = Dropout(Softmax(Mask(scale*(pse + Q Kᵀ)))) V (pse_type=1; pse_type=0 adds pse after scaling). Layouts BSH, SBH, BSND, BNSD, TND (TND: actual_seq_qlen/actual_seq_kvlen are int64 tensors of cumulative ends, last = T). atten_mask is bool/uint8 with True/1 = masked out. sparse_mode 0-4 as in CANN (2 top-left causal, 3 bottom-right causal, 4 band from bottom-right). sink (float32 [head_num]) adds one logit per head to every softmax row, compared with the scaled scores, whose value row is 0 (attention sinks). Dropout keeps element e of the flattened [B,N,Sq,Skv] mask (TND: the [N,Sq_b,Skv_b] blocks of the sequences in order) by a Philox stream keyed by seed/offset (int64 scalar tensors; when keep_prob < 1 and seed is None a seed is drawn from the default CPU generator), or by bit e of dropout_mask (uint8, bit-packed LSB first) when given. Returns attention_out (q\'s dtype, vD), softmax_max and softmax_sum (fp32 [B,N,Sq,8]; TND a [T,N,8] tensor in NTD row order, or TND order with softmax_layout="TND"), softmax_out (empty, reserved), and the seed/offset used. softcap > 0 (FlashAttention-2\'s): the scaled score x (scale*QKᵀ; scale*(QKᵀ + pse) with pse_type 1) becomes softcap*tanh(x/softcap) before the additive pse (pse_type 0), the ALiBi bias, the mask and the softmax. pse_type 2/3: pse holds fp32 ALiBi slopes [N] or [B,N] and the kernel adds -slope*|d| (2) or -slope*sqrt(|d|) (3), d = (j + kv_start_idx) - (i + q_start_idx) (one value, or one per sequence), minus Skv_b - Sq_b when alibi_bottom_right (FlashAttention-2\'s alignment, per sequence).', ('CPU', 'PrivateUse1'), True, True),
+    'flash_attention_score_grad': OpInfo("FlashAttention training backward (CANN FlashAttentionScoreGrad). Recomputes the probabilities from softmax_max/softmax_sum (in the order softmax_layout names, as the forward returned them), regenerates the forward's dropout mask from seed/offset (or reads dropout_mask), and returns dq, dk, dv (shapes and dtypes of query/key/value), dpse (pse's shape, or an empty tensor without pse) and dsink (float32 [head_num], dsink_n = -sum over the rows of head n of exp(sink_n - lse) * rowsum(dy * attention_in); an empty float32 tensor without sink). softcap, pse_type 2/3 and the start indices as in the forward (the backward applies d tanh = 1 - tanh² to dS); with pse_type 2/3 dpse is zeros of the slopes' shape (ALiBi slopes get no gradient, as in FlashAttention-2). Deterministic: bit-identical results run to run for a fixed thread count.", ('CPU', 'PrivateUse1'), False, True),
     'dropout_gen_mask': OpInfo("The keep-mask (True = kept) of flash_attention_score's dropout stream for seed/offset: its first rows*cols elements, as a [rows, cols] matrix (element (r, c) is element r*cols + c of the flattened mask; rows = B*N*Sq, cols = Skv gives a dense call's [B,N,Sq,Skv] mask). Counter-based (Philox4x32-10), so it is independent of tiling and threads.", ('CPU',), False, True),
     'attention_tile_config': OpInfo('Overrides the CPU FlashAttention tile sizes (query rows x key rows per tile), process-wide: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice (derived from the L2 cache size, head dim and dtype by each kernel). Returns the overrides in force, [block_q, block_kv], 0 meaning automatic.', ('CatchAll',), False, False),
     'npu_attention_tile_config': OpInfo("Overrides the tile sizes of the Ascend C FlashAttention forward kernel run by flash_attention_score on the npu device (query rows s1_block x key rows s2_block per task), process-wide, with attention_tile_config's conventions: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice of the kernel's tiling. Returns the overrides in force, [s1_block, s2_block], 0 meaning automatic. Sizes the tiling cannot use surface as its error at the next npu flash_attention_score call.", ('CatchAll',), False, False),
@@ -94,20 +94,20 @@ def _fake_kernel(module, fn):
     return getattr(importlib.import_module(module), fn)
 
 
-FlashAttentionScoreArgs = collections.namedtuple('FlashAttentionScoreArgs', ['query', 'key', 'value', 'head_num', 'input_layout', 'pse', 'atten_mask', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset', 'softmax_layout', 'sink', 'dropout_mask'])
+FlashAttentionScoreArgs = collections.namedtuple('FlashAttentionScoreArgs', ['query', 'key', 'value', 'head_num', 'input_layout', 'pse', 'atten_mask', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset', 'softmax_layout', 'sink', 'dropout_mask', 'softcap', 'q_start_idx', 'kv_start_idx', 'alibi_bottom_right'])
 
 
-def _fake_flash_attention_score(query, key, value, head_num, input_layout, pse=None, atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None, softmax_layout="", sink=None, dropout_mask=None):
-    a = FlashAttentionScoreArgs(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask)
+def _fake_flash_attention_score(query, key, value, head_num, input_layout, pse=None, atten_mask=None, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None, softmax_layout="", sink=None, dropout_mask=None, softcap=0.0, q_start_idx=None, kv_start_idx=None, alibi_bottom_right=False):
+    a = FlashAttentionScoreArgs(query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask, softcap, q_start_idx, kv_start_idx, alibi_bottom_right)
     check_devices('flash_attention_score', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen', 'seed', 'offset'))
     return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score')(a)
 
 
-FlashAttentionScoreGradArgs = collections.namedtuple('FlashAttentionScoreGradArgs', ['query', 'key', 'value', 'dy', 'head_num', 'input_layout', 'pse', 'atten_mask', 'softmax_max', 'softmax_sum', 'attention_in', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset', 'softmax_layout', 'sink', 'dropout_mask'])
+FlashAttentionScoreGradArgs = collections.namedtuple('FlashAttentionScoreGradArgs', ['query', 'key', 'value', 'dy', 'head_num', 'input_layout', 'pse', 'atten_mask', 'softmax_max', 'softmax_sum', 'attention_in', 'actual_seq_qlen', 'actual_seq_kvlen', 'scale', 'keep_prob', 'pre_tokens', 'next_tokens', 'inner_precise', 'sparse_mode', 'pse_type', 'seed', 'offset', 'softmax_layout', 'sink', 'dropout_mask', 'softcap', 'q_start_idx', 'kv_start_idx', 'alibi_bottom_right'])
 
 
-def _fake_flash_attention_score_grad(query, key, value, dy, head_num, input_layout, *, pse=None, atten_mask=None, softmax_max, softmax_sum, attention_in, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None, softmax_layout="", sink=None, dropout_mask=None):
-    a = FlashAttentionScoreGradArgs(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask)
+def _fake_flash_attention_score_grad(query, key, value, dy, head_num, input_layout, *, pse=None, atten_mask=None, softmax_max, softmax_sum, attention_in, actual_seq_qlen=None, actual_seq_kvlen=None, scale=1.0, keep_prob=1.0, pre_tokens=2147483647, next_tokens=2147483647, inner_precise=0, sparse_mode=0, pse_type=1, seed=None, offset=None, softmax_layout="", sink=None, dropout_mask=None, softcap=0.0, q_start_idx=None, kv_start_idx=None, alibi_bottom_right=False):
+    a = FlashAttentionScoreGradArgs(query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask, softcap, q_start_idx, kv_start_idx, alibi_bottom_right)
     check_devices('flash_attention_score_grad', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen', 'seed', 'offset'))
     return _fake_kernel('torch_ops_transformer.fake.attention', 'flash_attention_score_grad')(a)
 
@@ -437,7 +437,7 @@ def _fake_moe_token_unpermute_grad(permuted_tokens, grad_unpermuted_tokens, sort
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
-    (query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask,) = inputs
+    (query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask, softcap, q_start_idx, kv_start_idx, alibi_bottom_right,) = inputs
     (attention_out, softmax_max, softmax_sum, softmax_out, seed_out, offset_out,) = output
     ctx.save_for_backward(query, key, value, pse, atten_mask, softmax_max, softmax_sum, attention_out, actual_seq_qlen, actual_seq_kvlen, seed_out, offset_out, sink, dropout_mask)
     ctx.head_num = head_num
@@ -450,6 +450,10 @@ def _setup_flash_attention_score(ctx, inputs, output):
     ctx.sparse_mode = sparse_mode
     ctx.pse_type = pse_type
     ctx.softmax_layout = softmax_layout
+    ctx.softcap = softcap
+    ctx.q_start_idx = q_start_idx
+    ctx.kv_start_idx = kv_start_idx
+    ctx.alibi_bottom_right = alibi_bottom_right
     ctx.mark_non_differentiable(softmax_max, softmax_sum, softmax_out, seed_out, offset_out)
 
 
@@ -481,6 +485,10 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
         softmax_layout=ctx.softmax_layout,
         sink=sink,
         dropout_mask=dropout_mask,
+        softcap=ctx.softcap,
+        q_start_idx=ctx.q_start_idx,
+        kv_start_idx=ctx.kv_start_idx,
+        alibi_bottom_right=ctx.alibi_bottom_right,
     )
     return (
         grads[0] if _needs_grad(ctx, 0) else None,  # query
@@ -504,6 +512,10 @@ def _backward_flash_attention_score(ctx, grad_attention_out, grad_softmax_max, g
         None,  # softmax_layout
         grads[4] if _needs_grad(ctx, 19) else None,  # sink
         None,  # dropout_mask
+        None,  # softcap
+        None,  # q_start_idx
+        None,  # kv_start_idx
+        None,  # alibi_bottom_right
     )
 
 

@@ -113,7 +113,7 @@ def _rank_main(quick: bool, reps: int):
     dist.barrier()  # leave together
     dist.destroy_process_group()
     sys.stdout.flush()
-    # Skip interpreter teardown: intermittently (~1 run in 5 on this machine) a rank aborted there with
+    # Skip interpreter teardown: intermittently (~1 run in 5 on a 2-core CPU) a rank aborted there with
     # "terminate called without an active exception" after all results were out; root cause not found.
     os._exit(0)
 

@@ -3,13 +3,18 @@
 They mirror the C++ kernels exactly (contiguous outputs) and repeat the shape checks that need no data,
 so a bad call fails at trace time with the same message the kernel gives in eager mode.
 """
+import math
+
 import torch
 
 from ..layout import attention_dims
 
 
 def _check_extras(op, a):
-    """softmax_layout and sink, as the shared C++ parser checks them (messages identical)."""
+    """softmax_layout, sink and softcap, as the shared C++ parser checks them (messages identical)."""
+    if not (math.isfinite(a.softcap) and a.softcap >= 0):
+        raise ValueError(f"{op}: argument 'softcap' must be a finite value >= 0 (0 disables soft-capping); got "
+                         f"{a.softcap}")
     if a.softmax_layout not in ("", "TND"):
         raise ValueError(f"{op}: argument 'softmax_layout' must be \"\" (the default) or \"TND\"; "
                          f"got '{a.softmax_layout}'")

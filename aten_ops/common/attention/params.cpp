@@ -219,6 +219,42 @@ void set_dropout(const char* op, const Args& args, AttentionParams& p, Attention
   }
 }
 
+// q_start_idx / kv_start_idx: one value for every sequence, or one per sequence; None = 0.
+std::vector<int64_t> start_indices(const char* op, const char* arg, at::OptionalIntArrayRef v, int64_t batch) {
+  if (!v.has_value() || v->empty()) return std::vector<int64_t>(batch, 0);
+  TORCH_CHECK_VALUE(v->size() == 1 || static_cast<int64_t>(v->size()) == batch, op, ": argument '", arg,
+                    "' must hold one start index, or one per sequence (", batch, "); got ", v->size(), " values");
+  for (int64_t x : *v)
+    TORCH_CHECK_VALUE(std::abs(x) <= Band::kNone, op, ": argument '", arg, "' holds an out-of-range index ", x);
+  if (v->size() == 1) return std::vector<int64_t>(batch, (*v)[0]);
+  return std::vector<int64_t>(v->begin(), v->end());
+}
+
+// pse_type 2/3: pse holds fp32 ALiBi slopes [N1] or [B, N1] (CANN's shapes; B = sequences for TND), and the
+// distance of (i, j) is (j + kv_start_idx) - (i + q_start_idx), shifted per sequence to the bottom-right
+// diagonal with alibi_bottom_right (FlashAttention-2's alibi_slopes: |i + Skv - Sq - j|).
+template <class Args>
+void set_alibi(const char* op, const Args& args, AttentionParams& p, AttentionInputs& in, const ArgNames& names) {
+  const std::vector<int64_t> qs = start_indices(op, "q_start_idx", args.q_start_idx, p.batch);
+  const std::vector<int64_t> ks = start_indices(op, "kv_start_idx", args.kv_start_idx, p.batch);
+  if (args.pse_type < 2 || !args.pse.has_value()) return;
+  const at::Tensor& t = *args.pse;
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": argument '", names.pse, "' holds the ALiBi slopes with "
+                   "pse_type ", args.pse_type, " and must be float32; got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == args.query.device(), op, ": argument '", names.pse, "' must be on ",
+                    args.query.device(), "; got ", t.device());
+  const bool per_batch = t.dim() == 2 && t.size(0) == p.batch && t.size(1) == p.q_heads;
+  TORCH_CHECK_VALUE(per_batch || (t.dim() == 1 && t.size(0) == p.q_heads), op, ": argument '", names.pse,
+                    "' holds the ALiBi slopes with pse_type ", args.pse_type, " and must have shape [N] or [B, N] = [",
+                    p.batch, ", ", p.q_heads, "]; got ", shape_str(t.sizes()));
+  in.slopes_f32 = t.contiguous();
+  p.alibi_slopes = in.slopes_f32.const_data_ptr<float>();
+  p.alibi_sb = per_batch ? p.q_heads : 0;
+  p.alibi_shift.resize(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b)
+    p.alibi_shift[b] = ks[b] - qs[b] - (args.alibi_bottom_right ? p.kv_len[b] - p.q_len[b] : 0);
+}
+
 }  // namespace
 
 void AttentionParams::dropout_keep(int64_t b, int64_t head, int64_t i, int64_t j0, int64_t n, uint8_t* keep) const {
@@ -283,9 +319,13 @@ AttentionParams parse_attention_params(const char* op, const Args& args, Attenti
                     args.sparse_mode >= 5 && args.sparse_mode <= 8 ? " (prefix / context-parallel modes 5-8 are not implemented)" : "");
   TORCH_CHECK_VALUE(args.keep_prob > 0.0 && args.keep_prob <= 1.0, op,
                     ": argument 'keep_prob' must be in (0, 1]; got ", args.keep_prob);
-  TORCH_CHECK_VALUE(args.pse_type == 0 || args.pse_type == 1, op,
-                    ": argument 'pse_type' must be 0 (pse added after scaling) or 1 "
-                    "(before); got ", args.pse_type, args.pse_type == 2 || args.pse_type == 3 ? " (in-kernel ALiBi is not implemented)" : "");
+  TORCH_CHECK_VALUE(args.pse_type >= 0 && args.pse_type <= 3, op,
+                    ": argument 'pse_type' must be 0 (pse added after scaling), 1 (before), 2 (in-kernel ALiBi "
+                    "-slope*|distance| from slopes in pse) or 3 (-slope*sqrt(|distance|)); got ", args.pse_type);
+  // softcap: FlashAttention-2's logit soft-capping (0 = off); computed in fp32 like the scores.
+  TORCH_CHECK_VALUE(std::isfinite(args.softcap) && args.softcap >= 0.0 &&
+                        args.softcap <= std::numeric_limits<float>::max(), op,
+                    ": argument 'softcap' must be a finite value >= 0 (0 disables soft-capping); got ", args.softcap);
   TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 4, op,
                     ": argument 'inner_precise' must be in [0, 4]; got ",
                     args.inner_precise);
@@ -330,6 +370,7 @@ AttentionParams parse_attention_params(const char* op, const Args& args, Attenti
   p.next_tokens = args.next_tokens;
   p.sparse_mode = args.sparse_mode;
   p.pse_type = args.pse_type;
+  p.softcap = static_cast<float>(args.softcap);
 
   std::vector<int64_t>& q_start = p.q_start;
   std::vector<int64_t>& kv_start = p.kv_start;
@@ -393,7 +434,8 @@ AttentionParams parse_attention_params(const char* op, const Args& args, Attenti
       p.mask = mask_view(op, in.mask_u8, p);
     }
   }
-  if (args.pse.has_value()) {
+  set_alibi(op, args, p, in, names);
+  if (args.pse.has_value() && args.pse_type < 2) {
     TORCH_CHECK_TYPE(at::isFloatingType(args.pse->scalar_type()), op, ": argument '", names.pse,
                      "' must be a floating tensor; got ",
                      args.pse->scalar_type());

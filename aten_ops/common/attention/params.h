@@ -85,10 +85,19 @@ struct AttentionParams {
   std::optional<MaskView> mask;        // only when the mask must be applied element-wise (modes 0 and 1)
   std::optional<PseView> pse;
   const float* sink = nullptr;         // fp32 [N1]: one extra logit per head in every softmax row (value 0)
+  // softcap > 0: the scaled score x becomes softcap * tanh(x / softcap) before additive biases and the mask.
+  float softcap = 0.f;
+  // pse_type 2/3 (in-kernel ALiBi): slope of (b, n) at alibi_slopes[b * alibi_sb + n]; the bias of (i, j) in
+  // sequence b is -slope * |j - i + alibi_shift[b]| (pse_type 2) or -slope * sqrt(|...|) (pse_type 3).
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_sb = 0;
+  std::vector<int64_t> alibi_shift;
   uint64_t seed = 0, offset = 0;       // dropout stream (used when keep_prob < 1 and no dropout_bits)
   const uint8_t* dropout_bits = nullptr;  // an explicit bit-packed keep mask (bit e of byte e/8, LSB first)
 
   bool has_dropout() const { return keep_prob < 1.f; }
+  // Whether the logits need more than scale (and an explicit pse): softcap or in-kernel ALiBi.
+  bool has_logit_transform() const { return softcap > 0.f || alibi_slopes != nullptr; }
   // Keep-flags of keys [j0, j0 + n) of row i of sequence b, head n: from dropout_bits when given, else the stream.
   void dropout_keep(int64_t b, int64_t head, int64_t i, int64_t j0, int64_t n, uint8_t* keep) const;
   // The structural band of sequence b (sparse mode and pre/next tokens).
@@ -121,7 +130,7 @@ void AttentionParams::mask_row(int64_t b, int64_t n, int64_t i, int64_t j0, int6
 // Tensors the kernels read; parse_attention_params() makes them contiguous in D (and converts pse to fp32),
 // and keeps them alive for the views above.
 struct AttentionInputs {
-  at::Tensor query, key, value, pse_f32, mask_u8, sink_f32, dropout_mask;
+  at::Tensor query, key, value, pse_f32, mask_u8, sink_f32, dropout_mask, slopes_f32;
 };
 
 // The user-facing names of the arguments whose names differ between the ops sharing this parser (the inference

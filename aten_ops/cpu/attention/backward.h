@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cpu/attention/kernels.h"
+#include "cpu/attention/logits.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
 namespace bwd {
@@ -184,6 +185,10 @@ class Worker {
     dp_.resize(bq_ * bkv_);
     row_.resize(bkv_);
     keep_.resize(bkv_);
+    if (c.p.has_logit_transform()) {
+      cap_.resize(bkv_);
+      tmp_.resize(bkv_);
+    }
     dk_acc_.resize(bkv_ * D_);
     dv_acc_.resize(bkv_ * vD_);
     kt_.resize(D_ * bkv2_);
@@ -274,7 +279,11 @@ class Worker {
     const int64_t kt_ld = kVnni ? 0 : bkv_;
     gemm<G>(nq, nkv, D_, q, lq, kt_.data(), kt_ld, s_.data(), bkv_, false, panel);     // S = Q K^T
     gemm<G>(nq, nkv, vD_, dy, ldy, vt_.data(), kt_ld, dp_.data(), bkv_, false, panel);  // dP = dY V^T
-    softmax_grad(b, n, slice, i0, nq, j0, nkv, kind);  // s_ <- dropout(P), dp_ <- scale * dS
+    if (p_.softcap > 0.f) {  // s_ <- dropout(P), dp_ <- scale * dS
+      softmax_grad<true>(b, n, slice, i0, nq, j0, nkv, kind);
+    } else {
+      softmax_grad<false>(b, n, slice, i0, nq, j0, nkv, kind);
+    }
 
     const int64_t nq2 = kVnni ? round_even(nq) : nq, nkv2 = kVnni ? round_even(nkv) : nkv;
     const G *qb = q, *dyb = dy, *ds = nullptr;
@@ -322,7 +331,9 @@ class Worker {
 
   // Row-wise: logits (scale, pse, mask) -> P from the saved statistics; dS = P * (dP * M/kp - Di). Leaves
   // P * M/kp in s_ (for dV) and scale * dS in dp_ (for dQ and dK), and accumulates dpse (and, with a sink, the row's
-  // sum_j P_j * dP_j * M_j/kp for dsink).
+  // sum_j P_j * dP_j * M_j/kp for dsink). kCap (softcap): dS is that of the capped logit; the score and a pse_type 1
+  // pse get dS * (1 - tanh²), an additive pse (pse_type 0) dS itself.
+  template <bool kCap>
   void softmax_grad(int64_t b, int64_t n, int64_t slice, int64_t i0, int64_t nq, int64_t j0, int64_t nkv,
                     TileKind kind) {
     const float scale = p_.scale;
@@ -334,7 +345,11 @@ class Worker {
       const int64_t id = p_.row_id.at(b, n, i);
       float* s = s_.data() + r * bkv_;
       float* d = dp_.data() + r * bkv_;
-      logits(b, n, i, j0, nkv, s);
+      if (p_.has_logit_transform()) {
+        fa_logits::transform_logits(p_, b, n, i, j0, nkv, s, kCap ? cap_.data() : nullptr, tmp_.data());
+      } else {
+        logits(b, n, i, j0, nkv, s);
+      }
       if (kind == TileKind::Partial) p_.mask_row(b, n, i, j0, nkv, s);
       if (dropout) {
         p_.dropout_keep(b, n, i, j0, nkv, keep_.data());
@@ -358,8 +373,14 @@ class Worker {
           dpv = dpv * w;
           pd = prob * w;
         }
-        const Vec ds = prob * (dpv - vdi);
-        if (g) (Vec::loadu(g + j, cnt) + ds * vpg).store(g + j, cnt);
+        Vec ds = prob * (dpv - vdi);
+        if constexpr (kCap) {
+          const Vec ds_in = ds * Vec::loadu(cap_.data() + j, cnt);  // through the tanh
+          if (g) (Vec::loadu(g + j, cnt) + (p_.pse_type == 1 ? ds_in * vpg : ds)).store(g + j, cnt);
+          ds = ds_in;
+        } else {
+          if (g) (Vec::loadu(g + j, cnt) + ds * vpg).store(g + j, cnt);
+        }
         // Lanes past cnt: loadu zero-fills them, so prob * dpv adds 0 there.
         if (dsum) pdp = at::vec::fmadd(prob, dpv, pdp);
         pd.store(s + j, cnt);
@@ -410,7 +431,7 @@ class Worker {
   const Ctx<T>& c_;
   const AttentionParams& p_;
   const int64_t D_, vD_, bq_, bkv_, bq2_, bkv2_;
-  std::vector<float> s_, dp_, row_, dk_acc_, dv_acc_;
+  std::vector<float> s_, dp_, row_, dk_acc_, dv_acc_, cap_, tmp_;
   std::vector<uint8_t> keep_;
   std::vector<G> kt_, vt_, kb_, vrows_, pd_t_, ds_t_, qa_, dya_, qb_, dyb_, pd_g_, ds_g_;
 };

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cpu/attention/kernels.h"
+#include "cpu/attention/logits.h"
 #include "cpu/online_softmax.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
@@ -407,6 +408,7 @@ class ForwardKernel {
     m_.resize(max_rows);
     l_.resize(max_rows);
     keep_.resize(bkv_ + 1);
+    if (p.has_logit_transform()) tmp_.resize(bkv_ + 1);
   }
 
   // This thread's packed K/V: one whole head when heads are not shared between threads, or one tile.
@@ -570,9 +572,10 @@ class ForwardKernel {
 
   // Scale, pse, masking and the online softmax update of the R rows of a tile's scores.
   void softmax_rows(const Item& it, int64_t mq, int64_t R, int64_t j0, int64_t nk, bool partial) {
-    // Without pse (and scale > 0) the scores stay raw Q·Kᵀ and the scale is folded into the exponent: one pass
-    // fewer over the tile.
-    const bool raw = !p_.pse && p_.scale > 0.f;
+    // Without pse, softcap and ALiBi (and scale > 0) the scores stay raw Q·Kᵀ and the scale is folded into the
+    // exponent: one pass fewer over the tile.
+    const bool transform = p_.has_logit_transform();
+    const bool raw = !p_.pse && p_.scale > 0.f && !transform;
     for (int64_t r = 0; r < R; ++r) {
       const int64_t n = head(it, r, mq), i = it.i0 + r % mq;
       float* s = s_.data() + r * lds_;
@@ -580,6 +583,10 @@ class ForwardKernel {
       if (raw) {
         if (partial) p_.mask_row(it.b, n, i, j0, nk, s);
         mx = p_.scale * row_max(s, nk);
+      } else if (transform) {
+        fa_logits::transform_logits(p_, it.b, n, i, j0, nk, s, nullptr, tmp_.data());
+        if (partial) p_.mask_row(it.b, n, i, j0, nk, s);
+        mx = row_max(s, nk);
       } else {
         const float* bias = p_.pse ? p_.pse->row(it.b, n, i) + j0 * p_.pse->sj : nullptr;
         const int64_t bias_stride = p_.pse ? p_.pse->sj : 0;
@@ -695,7 +702,7 @@ class ForwardKernel {
   std::vector<C> qpack_, qt_;
   std::vector<float> st_, zeros_;
   std::vector<BFloat16> p_lowp_;
-  std::vector<float> s_, acc_, m_, l_;
+  std::vector<float> s_, acc_, m_, l_, tmp_;
   std::vector<uint8_t> keep_;
 };
 

@@ -52,7 +52,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
   t.dq_rows = attention::row_map(p, t.dq, true, p.head_dim);
   t.dk_rows = attention::row_map(p, t.dk, false, p.head_dim);
   t.dv_rows = attention::row_map(p, t.dv, false, p.v_head_dim);
-  if (args.pse.has_value()) t.dpse = at::empty(args.pse->sizes(), args.pse->options());
+  // pse_type 2/3: pse holds ALiBi slopes, which get no gradient (as FlashAttention-2's alibi_slopes): zeros.
+  const bool slopes = args.pse.has_value() && args.pse_type >= 2;
+  if (args.pse.has_value() && !slopes) t.dpse = at::empty(args.pse->sizes(), args.pse->options());
   // dsink as torch_npu returns it: float32 [head_num], or an empty float32 tensor without sink.
   t.dsink = at::zeros({args.sink.has_value() ? p.q_heads : 0}, args.key.options().dtype(at::kFloat));
   if (has_work(p)) {
@@ -63,6 +65,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
     t.dv.zero_();
     if (t.dpse.defined()) t.dpse.zero_();
   }
+  if (slopes) t.dpse = at::zeros(args.pse->sizes(), args.pse->options());
   return {t.dq, t.dk, t.dv, t.dpse.defined() ? t.dpse : at::empty({0}, args.query.options()), t.dsink};
 }
 
