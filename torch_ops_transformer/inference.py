@@ -338,6 +338,28 @@ def _antiquant_args(op: str, **kw) -> dict:
     return out
 
 
+# v2's KV-dequantisation arguments and the v1 (separate-form) antiquant arguments they are.
+_V2_ANTIQUANT = {"dequant_scale_key": "key_antiquant_scale", "dequant_offset_key": "key_antiquant_offset",
+                 "dequant_scale_value": "value_antiquant_scale", "dequant_offset_value": "value_antiquant_offset",
+                 "key_quant_mode": "key_antiquant_mode", "value_quant_mode": "value_antiquant_mode"}
+
+
+def _v2_antiquant(op: str, query, key, **kw) -> Optional[dict]:
+    """FIA v2's dequant_scale/offset_key/value and key/value_quant_mode. With an int8 key/value and an fp16/bf16
+    query they are v1's separate-form KV antiquant (key_antiquant_scale, ..., key_antiquant_mode; same modes 0-5,
+    x = (x_int8 + offset) * scale); the decode op validates them exactly as in v1. Upstream's other uses of the same
+    arguments (an int8 query: full quantisation; int4 packed in int32) raise NotImplementedError naming them."""
+    given = {name: value for name, value in kw.items()
+             if value is not None and not (name.endswith("_mode") and value in (0,))}
+    if not given:
+        return None
+    if isinstance(query, Tensor) and query.dtype == torch.int8:
+        _args.not_implemented(op, "full quantisation (an int8 'query')", **{n: kw[n] for n in given})
+    if isinstance(key, Tensor) and key.dtype == torch.int32:
+        _args.not_implemented(op, "int4 (int32-packed) KV antiquant", **{n: kw[n] for n in given})
+    return _antiquant_args(op, **{_V2_ANTIQUANT[name]: value for name, value in kw.items()})
+
+
 @_args.torch_npu_api
 def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Optional[Tensor] = None,
                                     atten_mask: Optional[Tensor] = None, actual_seq_lengths: SeqLens = None,
@@ -430,18 +452,24 @@ def npu_fused_infer_attention_score_v2(
     actual_seq_lengths_kv, return_softmax_lse = softmax_lse_flag) and the same semantics, plus `learnable_sink`:
     a per-head logit (shape (num_query_heads,)) added to each softmax denominator, i.e. out·sigmoid(lse − sink) and
     lse' = logaddexp(lse, sink); TND / NTD_TND only and not with pse_shift, as upstream.
-    Quantisation (dequant_*, quant_*, the *_quant_mode, out_dtype and the *_dtype arguments), rope (MLA) and the tree
-    mask of sparse_mode 9 (MLA only) raise NotImplementedError naming them; dequant_scale_key_rope and quant_scale_p
-    are reserved upstream (ValueError unless None).
+    int8 key/value with an fp16/bf16 query (KV antiquant): dequant_scale_key / dequant_offset_key /
+    dequant_scale_value / dequant_offset_value and key_quant_mode / value_quant_mode are v1's key_antiquant_scale /
+    key_antiquant_offset / value_antiquant_scale / value_antiquant_offset / key_antiquant_mode / value_antiquant_mode
+    (0 per-channel or per-tensor, 1 per-token, 2 per-tensor per-head, 3 per-token per-head; x = (x_int8 + offset) *
+    scale), with v1's rules. The other quantisation (dequant_scale_query, query_quant_mode, quant_*_out, out_dtype,
+    an int8 query, int4 packed in int32, the *_dtype arguments), rope (MLA) and the tree mask of sparse_mode 9 (MLA
+    only) raise NotImplementedError naming them; dequant_scale_key_rope and quant_scale_p are reserved upstream
+    (ValueError unless None).
     """
     op = "npu_fused_infer_attention_score_v2"
     _args.reserved(op, dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_p=quant_scale_p)
     _args.not_implemented(op, "quantised attention", dequant_scale_query=dequant_scale_query,
-                          dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
-                          dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value,
                           quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, out_dtype=out_dtype)
-    _args.not_implemented_unless_zero(op, "quantised attention", query_quant_mode=query_quant_mode,
-                                      key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode)
+    _args.not_implemented_unless_zero(op, "quantised attention", query_quant_mode=query_quant_mode)
+    antiquant = _v2_antiquant(op, query, key, dequant_scale_key=dequant_scale_key,
+                              dequant_offset_key=dequant_offset_key, dequant_scale_value=dequant_scale_value,
+                              dequant_offset_value=dequant_offset_value, key_quant_mode=key_quant_mode,
+                              value_quant_mode=value_quant_mode)
     _args.not_implemented(op, "attention on reinterpreted (low-precision) dtypes", query_dtype=query_dtype,
                           key_dtype=key_dtype, value_dtype=value_dtype, query_rope_dtype=query_rope_dtype,
                           key_rope_dtype=key_rope_dtype, key_shared_prefix_dtype=key_shared_prefix_dtype,
@@ -453,13 +481,24 @@ def npu_fused_infer_attention_score_v2(
     _args.not_implemented(op, "attention with separate rope parts (MLA)", query_rope=query_rope, key_rope=key_rope)
     if sparse_mode == 9:
         raise NotImplementedError(f"{op}: the tree mask of 'sparse_mode'=9 (MLA only upstream) is not implemented")
-    return _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
-                        actual_seq_lengths=actual_seq_qlen, actual_seq_lengths_kv=actual_seq_kvlen,
-                        block_table=block_table, num_heads=num_query_heads, scale=softmax_scale,
-                        pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
-                        num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
-                        inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=return_softmax_lse,
-                        learnable_sink=learnable_sink)
+    try:
+        return _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                            actual_seq_lengths=actual_seq_qlen, actual_seq_lengths_kv=actual_seq_kvlen,
+                            block_table=block_table, num_heads=num_query_heads, scale=softmax_scale,
+                            pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
+                            num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
+                            inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=return_softmax_lse,
+                            learnable_sink=learnable_sink, antiquant=antiquant)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        # The decode op checks the antiquant arguments under their v1 names: name v2's in the message instead.
+        if not antiquant:
+            raise
+        msg = str(e)
+        for v2_name, v1_name in _V2_ANTIQUANT.items():
+            msg = msg.replace(f"'{v1_name}'", f"'{v2_name}'")
+        if msg == str(e):
+            raise
+        raise type(e)(msg) from None
 
 
 # ---- Graph-mode calling conventions of the two FIA APIs: `.out` with preallocated results and a workspace ----
