@@ -6,8 +6,8 @@ import os
 
 from tools.codegen.main import ROOT, render_all
 
-OLD = "Tensor? sink=None, Tensor? dropout_mask=None) -> (Tensor attention_out,"
-NEW = "Tensor? sink=None, Tensor? dropout_mask=None, int window=0) -> (Tensor attention_out,"
+OLD = "bool alibi_bottom_right=False) -> (Tensor attention_out,"
+NEW = "bool alibi_bottom_right=False, int window=0) -> (Tensor attention_out,"
 
 
 def _render_with_window(tmp_path):
@@ -35,8 +35,8 @@ def test_new_optional_argument_reaches_struct_wrappers_and_fake_binding(tmp_path
                        "torch_ops_transformer/_generated/registrations.py"]
 
     removed, added = changed_lines(before["aten_ops/generated/op_args.h"], after["aten_ops/generated/op_args.h"])
-    assert added[0] == "  int64_t window;"  # the struct member, after `dropout_mask`
-    assert len(removed) == 1 and added[1:] == [removed[0].replace("a.dropout_mask);", "a.dropout_mask, a.window);")]
+    assert added[0] == "  int64_t window;"  # the struct member, after `alibi_bottom_right`
+    assert len(removed) == 1 and added[1:] == [removed[0].replace("a.alibi_bottom_right);", "a.alibi_bottom_right, a.window);")]
 
     removed, added = changed_lines(before["aten_ops/generated/register_ops.cpp"],
                                    after["aten_ops/generated/register_ops.cpp"])
@@ -44,18 +44,18 @@ def test_new_optional_argument_reaches_struct_wrappers_and_fake_binding(tmp_path
     assert sum(a.lstrip().startswith('m.def("flash_attention_score(') for a in added) == 1  # the schema
     for wrapper in ("flash_attention_score_cpu_unboxed(", "flash_attention_score_npu_privateuse1("):
         assert sum(wrapper in a and a.endswith("int64_t window) {") for a in added) == 1  # unboxed signatures
-    assert sum("FlashAttentionScoreArgs{" in a and a.endswith("dropout_mask, window});") for a in added) == 2  # structs
+    assert sum("FlashAttentionScoreArgs{" in a and a.endswith("alibi_bottom_right, window});") for a in added) == 2  # structs
 
     removed, added = changed_lines(before["torch_ops_transformer/_generated/registrations.py"],
                                    after["torch_ops_transformer/_generated/registrations.py"])
     assert all("window" in a for a in added) and len(removed) == 4
     assert any(a.startswith("FlashAttentionScoreArgs = collections.namedtuple(") and a.endswith("'window'])")
                for a in added)
-    assert any(a.startswith("def _fake_flash_attention_score(") and a.endswith("dropout_mask=None, window=0):")
+    assert any(a.startswith("def _fake_flash_attention_score(") and a.endswith("alibi_bottom_right=False, window=0):")
                for a in added)
-    assert any("= FlashAttentionScoreArgs(" in a and a.endswith("dropout_mask, window)") for a in added)
+    assert any("= FlashAttentionScoreArgs(" in a and a.endswith("alibi_bottom_right, window)") for a in added)
     # autograd: setup_context unpacks every input; the new argument gets no gradient
-    assert any(a.endswith("dropout_mask, window,) = inputs") for a in added)
+    assert any(a.endswith("alibi_bottom_right, window,) = inputs") for a in added)
     assert "        None,  # window" in added
 
 
@@ -65,7 +65,7 @@ def test_fake_kernel_gets_bound_arguments_with_defaults():
     from torch_ops_transformer._generated import registrations
 
     a = registrations.FlashAttentionScoreArgs._fields
-    assert a[:5] == ("query", "key", "value", "head_num", "input_layout") and a[-3:] == ("softmax_layout", "sink", "dropout_mask")
+    assert a[:5] == ("query", "key", "value", "head_num", "input_layout") and a[-3:] == ("q_start_idx", "kv_start_idx", "alibi_bottom_right")
     seen = {}
 
     def spy(args):
