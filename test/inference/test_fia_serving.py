@@ -207,13 +207,15 @@ BATCHES = {
 }
 
 
+# A dense one-token query is the decode branch (test_decode_branch_*), so the decode batch runs in TND only.
+PAGED_PREFILL = [(batch, layout) for batch in BATCHES for layout in ("TND", "BSND", "BNSD", "BSH")
+                 if layout == "TND" or max(BATCHES[batch][0]) > 1]
+
+
 @pytest.mark.parametrize("cache_layout", ["3d", "4d", "4d_bsnd"])
-@pytest.mark.parametrize("layout", ["TND", "BSND", "BNSD", "BSH"])
-@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("batch,layout", PAGED_PREFILL)
 def test_paged_prefill_causal(batch, layout, cache_layout):
     q_lens, kv_lens = BATCHES[batch]
-    if layout != "TND" and max(q_lens) == 1:
-        pytest.skip("a dense one-token query is the decode branch (test_decode_branch_*)")
     b = Batch(q_lens, kv_lens)
     for lse in (False, True):
         out, l = fia(b, layout, paged=True, mode=3, lse=lse, cache_layout=cache_layout)
