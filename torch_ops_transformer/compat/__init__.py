@@ -16,6 +16,7 @@ import functools
 import importlib.machinery
 import importlib.util
 import os
+import runpy
 import sys
 import types
 import warnings
@@ -89,30 +90,52 @@ def module() -> types.ModuleType:
     return _fill(types.ModuleType("torch_npu"))
 
 
-def _real_torch_npu_spec(exclude: Optional[str] = None):
-    """The import spec of an installed torch_npu that is not this shim, or None."""
-    paths = [p for p in sys.path if Path(p or ".").resolve() != PYTHONPATH_DIR]
-    if exclude is not None:
-        paths = [p for p in paths if Path(p or ".").resolve() != Path(exclude).resolve()]
-    return importlib.machinery.PathFinder.find_spec("torch_npu", paths)
+def real_module_spec(name: str, shim_dir: Path, exclude: Optional[str] = None):
+    """The import spec of an installed module `name` found outside the shim's PYTHONPATH directory (and `exclude`),
+    or None. Shared by the torch_npu and flash_attn shims."""
+    skip = {shim_dir} | ({Path(exclude).resolve()} if exclude is not None else set())
+    paths = [p for p in sys.path if Path(p or ".").resolve() not in skip]
+    return importlib.machinery.PathFinder.find_spec(name, paths)
 
 
-def _import_real(spec):
-    """Imports the real torch_npu from `spec` under its own name; returns it, or None with a warning saying why."""
-    previous = sys.modules.get("torch_npu")
+def import_real_module(name: str, spec, shim: str):
+    """Imports the real module `name` from `spec` under its own name; returns it, or None (its partial imports
+    undone) with a warning naming the reason and that `shim` takes over. Shared by the torch_npu and flash_attn
+    shims (a real torch_npu without CANN, a real flash_attn without CUDA fail here)."""
+    previous = sys.modules.get(name)
     real = importlib.util.module_from_spec(spec)
-    sys.modules["torch_npu"] = real
+    sys.modules[name] = real
     try:
         spec.loader.exec_module(real)
         return real
-    except Exception as e:  # no CANN runtime: ImportError, OSError, RuntimeError depending on the release
-        for name in [n for n in sys.modules if n == "torch_npu" or n.startswith("torch_npu.")]:
-            del sys.modules[name]
+    except Exception as e:  # ImportError, OSError, RuntimeError depending on the package and its release
+        for loaded in [n for n in sys.modules if n == name or n.startswith(name + ".")]:
+            del sys.modules[loaded]
         if previous is not None:
-            sys.modules["torch_npu"] = previous
-        warnings.warn(f"torch_ops_transformer.compat: the installed torch_npu ({spec.origin}) cannot be imported "
-                      f"({type(e).__name__}: {e}); using the CPU shim instead")
+            sys.modules[name] = previous
+        warnings.warn(f"{shim}: the installed {name} ({spec.origin}) cannot be imported ({type(e).__name__}: {e}); "
+                      f"using the CPU shim instead")
         return None
+
+
+def run_with_shim(argv, usage: str, shim_dir: Path, install_shim) -> int:
+    """`python -m <shim> --pythonpath | SCRIPT [ARGS...]`: prints the shim's PYTHONPATH directory, or installs the
+    shim and runs SCRIPT as `__main__`. Shared by the torch_npu and flash_attn shims."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    if argv[0] == "--pythonpath":
+        print(shim_dir)
+        return 0
+    install_shim()
+    sys.argv = list(argv)
+    runpy.run_path(argv[0], run_name="__main__")
+    return 0
+
+
+def _real_torch_npu_spec(exclude: Optional[str] = None):
+    """The import spec of an installed torch_npu that is not this shim, or None."""
+    return real_module_spec("torch_npu", PYTHONPATH_DIR, exclude)
 
 
 def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
@@ -125,7 +148,7 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
         return current
     spec = _real_torch_npu_spec()
     if spec is not None:
-        real = _import_real(spec)
+        real = import_real_module("torch_npu", spec, "torch_ops_transformer.compat")
         if real is not None:
             return real
     from torch_ops_transformer import npu_sim

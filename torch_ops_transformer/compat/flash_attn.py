@@ -12,14 +12,12 @@ PYTHONPATH directory and install()):
 A real flash_attn always wins: when one is already imported, or is installed and imports, it is used and nothing is
 installed. One that is installed but fails to import (no CUDA build) gives a warning and the shim.
 """
-import importlib.machinery
-import importlib.util
-import runpy
 import sys
 import types
-import warnings
 from pathlib import Path
 from typing import Optional
+
+from . import import_real_module, real_module_spec, run_with_shim
 
 SHIM_MARK = "__torch_ops_transformer_shim__"
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "flash_attn_pythonpath"
@@ -41,30 +39,6 @@ def is_shim(module) -> bool:
 
 def installed() -> bool:
     return is_shim(sys.modules.get("flash_attn"))
-
-
-def _real_spec():
-    """The import spec of an installed flash_attn that is not this shim, or None."""
-    paths = [p for p in sys.path if Path(p or ".").resolve() != PYTHONPATH_DIR]
-    return importlib.machinery.PathFinder.find_spec("flash_attn", paths)
-
-
-def _import_real(spec):
-    """Imports the real flash_attn under its own name; returns it, or None with a warning saying why."""
-    previous = sys.modules.get("flash_attn")
-    real = importlib.util.module_from_spec(spec)
-    sys.modules["flash_attn"] = real
-    try:
-        spec.loader.exec_module(real)
-        return real
-    except Exception as e:  # typically ImportError of its CUDA extension on a machine without CUDA
-        for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
-            del sys.modules[name]
-        if previous is not None:
-            sys.modules["flash_attn"] = previous
-        warnings.warn(f"torch_ops_transformer.compat.flash_attn: the installed flash_attn ({spec.origin}) cannot be "
-                      f"imported ({type(e).__name__}: {e}); using the CPU shim instead")
-        return None
 
 
 def _fill(mod: types.ModuleType, interface: types.ModuleType) -> types.ModuleType:
@@ -94,9 +68,9 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     current = sys.modules.get("flash_attn")
     if current is not None and current is not placeholder:
         return current
-    spec = _real_spec()
+    spec = real_module_spec("flash_attn", PYTHONPATH_DIR)
     if spec is not None:
-        real = _import_real(spec)
+        real = import_real_module("flash_attn", spec, "torch_ops_transformer.compat.flash_attn")
         if real is not None:
             return real
     mod = placeholder if placeholder is not None else types.ModuleType("flash_attn")
@@ -111,16 +85,7 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
 
 
 def main(argv) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
-        return 0 if argv else 2
-    if argv[0] == "--pythonpath":
-        print(PYTHONPATH_DIR)
-        return 0
-    install()
-    sys.argv = list(argv)
-    runpy.run_path(argv[0], run_name="__main__")
-    return 0
+    return run_with_shim(argv, USAGE, PYTHONPATH_DIR, install)
 
 
 if __name__ == "__main__":
