@@ -11,6 +11,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from test.inference import decode_cases
+
 OPS = torch.ops.npu_fa
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -159,23 +161,10 @@ def build(c: Case, seed: int = 0, scale_dtype=torch.float32) -> Inputs:
 
 def reference(inp: Inputs, c: Case, dtype=torch.float64) -> Tensor:
     """[B, N1, D] decode attention on the dequantised cache (float64: ref64; the query dtype: plain PyTorch in that
-    precision, the dequantised cache rounded to it)."""
-    B, N1, N2 = c.batch, c.q_heads, c.kv_heads
-    G = N1 // N2
-    out = torch.zeros(B, N1, c.head_dim, dtype=dtype)
-    for b in range(B):
-        lo, hi = inp.starts[b], inp.starts[b] + inp.lens[b]
-        if hi <= lo:
-            continue
-        k = inp.kd[b, :, lo:hi].to(dtype).repeat_interleave(G, 0)
-        v = inp.vd[b, :, lo:hi].to(dtype).repeat_interleave(G, 0)
-        s = torch.einsum("nd,nld->nl", inp.q[b].to(dtype), k) * c.scale
-        if inp.mask is not None:
-            s = s.masked_fill(inp.mask[b, lo:hi][None, :], float("-inf"))
-        visible = torch.isfinite(s).any(-1, keepdim=True)
-        p = torch.softmax(s.masked_fill(~visible, 0.0), -1) * visible
-        out[b] = torch.einsum("nl,nld->nd", p, v)
-    return out
+    precision, the dequantised cache rounded to it): the decode suite's reference on kd/vd."""
+    plain = decode_cases.Inputs(q=inp.q, k=inp.kd, v=inp.vd, mask=inp.mask, pse=None, starts=inp.starts,
+                                lens=inp.lens, args=())
+    return decode_cases.reference(plain, c, dtype)
 
 
 def run(inp: Inputs) -> Tensor:
