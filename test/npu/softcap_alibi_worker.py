@@ -8,21 +8,9 @@ same call on CPU tensors, forward and backward.
 import torch
 
 import torch_ops_transformer as tot
+from test.npu.attention_args_worker import _both, _tensors
 
 OPS = torch.ops.npu_fa
-
-
-def _tensors(*shapes, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g) for s in shapes]
-
-
-def _both(fn):
-    cpu, npu = fn("cpu"), fn("npu")
-    for i, (c, n) in enumerate(zip(cpu, npu)):
-        assert n.device.type == "npu", (i, n.device)
-        assert torch.equal(c, n.cpu()), f"result {i} differs between cpu and npu"
-    return cpu
 
 
 def _op_forward_backward(device, q, k, v, dy, **kw):
