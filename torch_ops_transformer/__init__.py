@@ -51,6 +51,8 @@ from .attention import (  # noqa: E402
     flash_attn_varlen_func,
     npu_fusion_attention,
     npu_fusion_attention_grad,
+    npu_fusion_attention_grad_v2,
+    npu_fusion_attention_v2,
 )
 from .fa2 import (  # noqa: E402
     flash_attn_kvpacked_func,
@@ -140,6 +142,8 @@ __all__ = [
     "flash_attn_with_kvcache",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
+    "npu_fusion_attention_v2",
+    "npu_fusion_attention_grad_v2",
     "PagedKVCache",
     "npu_apply_rotary_pos_emb",
     "npu_rotary_mul",

@@ -163,6 +163,8 @@ def _scatter():
 SAMPLES = {
     "npu_fusion_attention": _fa,
     "npu_fusion_attention_grad": _fa_grad,
+    "npu_fusion_attention_v2": lambda: (_fa()[0], dict(_fa()[1], pse_type=1)),
+    "npu_fusion_attention_grad_v2": _fa_grad,
     "_npu_dropout_gen_mask": lambda: ((torch.randn(1), [1, 2, 4, 4], 0.1, 7, 0), {}),
     "npu_prompt_flash_attention": _bsh,
     "npu_incre_flash_attention": lambda: _bsh(1),
@@ -223,6 +225,9 @@ def _result_count(schema):
 # returns None for an undefined tensor).
 UNDEFINED_RESULTS = {
     ("npu_fusion_attention_grad", 3): "dpse without pse",
+    ("npu_fusion_attention_grad_v2", 3): "dpse without pse",
+    ("npu_fusion_attention_grad_v2", 4): "dq_rope without query_rope",
+    ("npu_fusion_attention_grad_v2", 5): "dk_rope without key_rope",
 }
 
 
