@@ -186,6 +186,15 @@ __all__ = [
     "MC2Optimizer",
     "MC2DistributedDataParallel",
 ]
+from .moe import (  # noqa: E402
+    npu_moe_distribute_combine,
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch,
+    npu_moe_distribute_dispatch_v2,
+)
+
+__all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
+            "npu_moe_distribute_dispatch_v2"]
 __version__ = "0.1.0"
 
 from . import npu_sdpa, npu_sim  # noqa: E402
