@@ -15,7 +15,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -248,10 +251,47 @@ void validate_return(const char* op, const Group& g, std::vector<int64_t> header
   }
 }
 
-// Sends the rows `ret.rows` of `rows_src` back to their source ranks and returns, on the source side, one row per
-// pair of `rt` in sending order ([pairs, H], accumulation dtype). comm_quant 2: as int8 with a per-row scale.
-at::Tensor rows_back(const Group& g, const at::Tensor& rows_src, const Return& ret, const Route& rt, bool quant) {
-  const at::ScalarType acc = acc_type(rows_src.scalar_type());
+// out[t] = sum over t's active slots s of w[t, s] * row(t, s) (w = 1 without weights), in one pass over the
+// received rows: row j of pair (t, s) starts at base + j * stride, holds H values of scalar_t (int8 followed by its
+// float32 scale with `scaled`). Slots are summed in order: deterministic.
+template <typename scalar_t, typename acc_t>
+void accumulate_pairs(acc_t* out, const uint8_t* base, int64_t stride, bool scaled, const Route& rt,
+                      const std::vector<int64_t>& pos, const acc_t* w, int64_t H) {
+  at::parallel_for(0, rt.bs, std::max<int64_t>(1, 16384 / std::max<int64_t>(H * rt.k, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      acc_t* o = out + t * H;
+      std::fill(o, o + H, acc_t(0));
+      for (int64_t s = 0; s < rt.k; ++s) {
+        const int64_t j = pos[t * rt.k + s];
+        if (j < 0) continue;
+        const uint8_t* row = base + j * stride;
+        acc_t f = w ? w[t * rt.k + s] : acc_t(1);
+        if (scaled) {
+          float sc;
+          std::memcpy(&sc, row + H * sizeof(scalar_t), sizeof(float));
+          f *= static_cast<acc_t>(sc);
+        }
+        const scalar_t* r = reinterpret_cast<const scalar_t*>(row);
+        for (int64_t h = 0; h < H; ++h) o[h] += f * static_cast<acc_t>(r[h]);
+      }
+    }
+  });
+}
+
+// Position of each (token, slot) pair in rt's sending order (-1: inactive).
+std::vector<int64_t> pair_positions(const Route& rt) {
+  std::vector<int64_t> pos(rt.bs * rt.k, -1);
+  for (size_t j = 0; j < rt.pair.size(); ++j) pos[rt.pair[j]] = static_cast<int64_t>(j);
+  return pos;
+}
+
+// Sends the rows `ret.rows` of `rows_src` back to their source ranks and returns, on the source side,
+// out[t] = sum over t's active slots of weight * row ([BS, H], accumulation dtype; `weights` [BS, K] or undefined).
+// quant: rows travel as int8 with a per-row float32 scale.
+at::Tensor rows_back_summed(const Group& g, const at::Tensor& rows_src, const Return& ret, const Route& rt, bool quant,
+                            const at::Tensor& weights) {
+  const at::ScalarType dtype = rows_src.scalar_type(), acc = acc_type(dtype);
+  const int64_t H = rows_src.size(1);
   const at::Tensor rows = rows_src.index_select(0, long_tensor(ret.rows));
   at::Tensor payload;
   if (quant) {
@@ -260,19 +300,24 @@ at::Tensor rows_back(const Group& g, const at::Tensor& rows_src, const Return& r
   } else {
     payload = as_bytes(rows);
   }
-  const at::Tensor got = mc2::wait(all_to_all_async(payload, rt.per_rank, ret.send_to, g), g).cpu();
-  const int64_t H = rows_src.size(1);
-  if (!quant) return from_bytes(got, rows_src.scalar_type()).to(acc);
-  const at::Tensor q = from_bytes(got.narrow(1, 0, H), at::kChar);
-  const at::Tensor s = from_bytes(got.narrow(1, H, 4), at::kFloat);
-  return (q.to(at::kFloat) * s).to(acc);
-}
-
-// sum over the slots of each token of `vals` (one row per pair of rt, in sending order) -> [BS, H].
-at::Tensor sum_pairs(const at::Tensor& vals, const Route& rt, int64_t H) {
-  at::Tensor full = at::zeros({rt.bs * rt.k, H}, vals.options());
-  full.index_copy_(0, long_tensor(rt.pair), vals);
-  return full.view({rt.bs, rt.k, H}).sum(1);
+  const at::Tensor got = mc2::wait(all_to_all_async(payload, rt.per_rank, ret.send_to, g), g).cpu().contiguous();
+  at::Tensor out = at::empty({rt.bs, H}, rows_src.options().dtype(acc));
+  const std::vector<int64_t> pos = pair_positions(rt);
+  const at::Tensor w = weights.defined() ? weights.to(acc).contiguous() : weights;
+  const uint8_t* base = got.data_ptr<uint8_t>();
+  const int64_t stride = got.size(1);
+  AT_DISPATCH_FLOATING_TYPES(acc, "moe_distribute_rows_back", [&] {
+    using acc_t = scalar_t;
+    const acc_t* wp = w.defined() ? w.data_ptr<acc_t>() : nullptr;
+    if (quant) {
+      accumulate_pairs<int8_t, acc_t>(out.data_ptr<acc_t>(), base, stride, true, rt, pos, wp, H);
+      return;
+    }
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "moe_distribute_rows_back_rows", [&] {
+      accumulate_pairs<scalar_t, acc_t>(out.data_ptr<acc_t>(), base, stride, false, rt, pos, wp, H);
+    });
+  });
+  return out;
 }
 
 at::Tensor active_tokens(const Route& rt, at::ScalarType dtype) {
@@ -362,39 +407,52 @@ moe_distribute_dispatch_v2_cpu(const MoeDistributeDispatchV2Args& a) {
   const int64_t G = a.global_bs == 0 ? bs * W : a.global_bs;
   const int64_t A = G * std::min(L, rt.k);
 
-  // The packed rows: data bytes, then int32 columns [dynamic scale][expert weight] token slot.
-  const at::Tensor pair = long_tensor(rt.pair);
-  const at::Tensor tok = at::floor_divide(pair, rt.k), slot = at::remainder(pair, rt.k);
-  at::Tensor data;
-  std::vector<at::Tensor> cols;
-  if (quant && a.scales.has_value()) {
-    // Smooth scales are per expert: each (token, expert) row is quantised on its own.
-    const at::Tensor rows = x.index_select(0, tok).to(at::kFloat) *
-                            a.scales->to(at::kFloat).index_select(0, long_tensor(rt.expert));
-    auto [q, s] = quantize_rows(rows);
-    data = q;
-    cols.push_back(s.view(at::kInt));
-  } else if (quant) {
-    auto [q, s] = quantize_rows(x);  // once per token, shared by its K rows
-    data = q.index_select(0, tok);
-    cols.push_back(s.index_select(0, tok).contiguous().view(at::kInt));
-  } else {
-    data = x.index_select(0, tok);
-  }
-  if (a.expert_scales.has_value()) {
-    cols.push_back(a.expert_scales->to(at::kFloat).reshape(-1).index_select(0, pair).contiguous().view(at::kInt));
-  }
-  cols.push_back(tok.to(at::kInt));
-  cols.push_back(slot.to(at::kInt));
-  const int64_t ncols = static_cast<int64_t>(cols.size());
+  // The packed rows: data bytes, then 4-byte columns [dynamic scale][expert weight] token slot.
+  const int64_t P = static_cast<int64_t>(rt.pair.size());
   const at::ScalarType out_dtype = quant ? at::kChar : x.scalar_type();
   const int64_t data_bytes = H * c10::elementSize(out_dtype);
-  const at::Tensor payload = at::cat({as_bytes(data), as_bytes(at::stack(cols, 1))}, 1);
+  at::Tensor src_rows, src_scales;  // the rows to send ([BS, H], or [P, H] with smooth scales) and their scales
+  bool per_pair = false;
+  if (quant && a.scales.has_value()) {
+    // Smooth scales are per expert: each (token, expert) row is quantised on its own.
+    const at::Tensor pair = long_tensor(rt.pair);
+    const at::Tensor rows = x.index_select(0, at::floor_divide(pair, rt.k)).to(at::kFloat) *
+                            a.scales->to(at::kFloat).index_select(0, long_tensor(rt.expert));
+    std::tie(src_rows, src_scales) = quantize_rows(rows);
+    per_pair = true;
+  } else if (quant) {
+    std::tie(src_rows, src_scales) = quantize_rows(x);  // once per token, shared by its K rows
+  } else {
+    src_rows = x.contiguous();
+  }
+  const at::Tensor weights = a.expert_scales.has_value() ? a.expert_scales->to(at::kFloat).contiguous() : at::Tensor();
+  const int64_t ncols = 2 + (quant ? 1 : 0) + (weights.defined() ? 1 : 0);
+  const int64_t row_bytes = data_bytes + 4 * ncols;
+  at::Tensor payload = at::empty({P, row_bytes}, at::TensorOptions().dtype(at::kByte));
+  {
+    uint8_t* out = payload.data_ptr<uint8_t>();
+    const uint8_t* rows_p = static_cast<const uint8_t*>(src_rows.data_ptr());
+    const float* scale_p = quant ? src_scales.contiguous().data_ptr<float>() : nullptr;
+    const float* w_p = weights.defined() ? weights.data_ptr<float>() : nullptr;
+    at::parallel_for(0, P, std::max<int64_t>(1, 65536 / std::max<int64_t>(row_bytes, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        const int64_t f = rt.pair[j], t = f / rt.k;
+        const int64_t from = per_pair ? j : t;
+        uint8_t* dst = out + j * row_bytes;
+        std::memcpy(dst, rows_p + from * data_bytes, data_bytes);
+        dst += data_bytes;
+        if (quant) { std::memcpy(dst, scale_p + from, 4); dst += 4; }
+        if (w_p) { std::memcpy(dst, w_p + f, 4); dst += 4; }
+        const int32_t ts[2] = {static_cast<int32_t>(t), static_cast<int32_t>(f % rt.k)};
+        std::memcpy(dst, ts, 8);
+      }
+    });
+  }
 
   std::vector<int64_t> recv_from(W, 0);
   for (int64_t r = 0; r < W; ++r)
     for (int64_t le = 0; le < L; ++le) recv_from[r] += all[r][counts_at + me * L + le];
-  const at::Tensor got = mc2::wait(all_to_all_async(payload, recv_from, rt.per_rank, g), g).cpu();
+  const at::Tensor got = mc2::wait(all_to_all_async(payload, recv_from, rt.per_rank, g), g).cpu().contiguous();
 
   // Reorder from (source rank, local expert) blocks to (local expert, source rank) blocks.
   std::vector<int64_t> perm, src, ep_recv(W * L), tokens_per_expert(L, 0);
@@ -418,11 +476,22 @@ moe_distribute_dispatch_v2_cpu(const MoeDistributeDispatchV2Args& a) {
   const int64_t R = cum;
   TORCH_CHECK(R <= A, op, ": received ", R, " rows, more than A = ", A, " (internal error: the batch-size checks ",
               "bound it)");
-  const at::Tensor rows = got.index_select(0, long_tensor(perm));
   const at::TensorOptions opts = x.options();
-  at::Tensor expand_x = at::zeros({A, H}, opts.dtype(out_dtype));
-  expand_x.narrow(0, 0, R).copy_(from_bytes(rows.narrow(1, 0, data_bytes), out_dtype));
-  const at::Tensor meta = from_bytes(rows.narrow(1, data_bytes, 4 * ncols), at::kInt);
+  at::Tensor expand_x = at::empty({A, H}, opts.dtype(out_dtype));
+  expand_x.narrow(0, R, A - R).zero_();
+  at::Tensor meta = at::empty({R, ncols}, at::TensorOptions().dtype(at::kInt));
+  {
+    const uint8_t* in = got.data_ptr<uint8_t>();
+    uint8_t* dst = static_cast<uint8_t*>(expand_x.data_ptr());
+    int32_t* meta_p = meta.data_ptr<int32_t>();
+    at::parallel_for(0, R, std::max<int64_t>(1, 65536 / std::max<int64_t>(row_bytes, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const uint8_t* row = in + perm[i] * row_bytes;
+        std::memcpy(dst + i * data_bytes, row, data_bytes);
+        std::memcpy(meta_p + i * ncols, row + data_bytes, 4 * ncols);
+      }
+    });
+  }
   int64_t col = 0;
   at::Tensor dynamic_scales = at::zeros({A}, opts.dtype(at::kFloat));
   if (quant) dynamic_scales.narrow(0, 0, R).copy_(meta.select(1, col++).contiguous().view(at::kFloat));
@@ -450,8 +519,7 @@ at::Tensor moe_distribute_dispatch_v2_grad_cpu(const MoeDistributeDispatchV2Grad
   const Route rt = make_route(op, a.expert_ids, a.x_active_mask, E, W);
   const Return ret = plan_return(op, "ep_recv_counts", a.ep_recv_counts, W, E / W, a.grad_expand_x.size(0));
   const Group g = resolve(op, a.group_ep, W, a.ep_rank_id, a.x);
-  const at::Tensor vals = rows_back(g, a.grad_expand_x, ret, rt, false);
-  return sum_pairs(vals, rt, a.x.size(1)).to(a.x.scalar_type());
+  return rows_back_summed(g, a.grad_expand_x, ret, rt, false, at::Tensor()).to(a.x.scalar_type());
 }
 
 at::Tensor moe_distribute_combine_v2_cpu(const MoeDistributeCombineV2Args& a) {
@@ -471,10 +539,8 @@ at::Tensor moe_distribute_combine_v2_cpu(const MoeDistributeCombineV2Args& a) {
                   {"the op called", "the dtype of expand_x", "expand_x.shape[1] (H)", "expert_ids.shape[1] (K)",
                    "argument 'moe_expert_num'", "argument 'global_bs'", "argument 'comm_quant_mode'"},
                   ret.send_to, rt.per_rank);
-  at::Tensor vals = rows_back(g, a.expand_x, ret, rt, a.comm_quant_mode == 2);
-  const at::ScalarType acc = vals.scalar_type();
-  const at::Tensor w = a.expert_scales.to(acc).reshape(-1).index_select(0, long_tensor(rt.pair));
-  at::Tensor out = sum_pairs(vals * w.unsqueeze(1), rt, H);
+  const at::ScalarType acc = acc_type(a.expand_x.scalar_type());
+  at::Tensor out = rows_back_summed(g, a.expand_x, ret, rt, a.comm_quant_mode == 2, a.expert_scales);
   if (a.shared_expert_x.has_value())
     out.add_(a.shared_expert_x->reshape({rt.bs, H}).to(acc) * active_tokens(rt, acc));
   return out.to(a.expand_x.scalar_type());
