@@ -166,6 +166,12 @@ def check_autograd(group, rank, world, batch, experts, k, mask="none", shared=Tr
 def check_vllm_ascend_calls(group, rank, world, experts, k, seed=5):
     """The keyword calls vLLM-Ascend's MC2 token dispatcher makes (dynamic int8 quant, expert_token_nums_type 0,
     group_tp with tp_world_size 1, a one-element tp_send_counts), with the expert dequantising its int8 rows."""
+    from torch_ops_transformer.mc2 import hccl_names
+
+    hccl_names.install()  # what the torch_npu shim does on import
+    # vLLM-Ascend names the group by its HCCL communicator name (through the npu backend when the npu device exists,
+    # which needs the simulated device; the group's own method otherwise, as torch_npu on older torch)
+    group = dist.group.WORLD.get_hccl_comm_name(rank)
     ranks = make_ranks(world, [4] * world, 32, k, experts, seed=seed, mask="token")
     weights = expert_weights(experts, 32)
     d = ranks[rank]
