@@ -83,16 +83,12 @@ def reference_combine(ranks: List[RankData], weights: torch.Tensor, r: int, xs=N
     w = d.expert_scales if scales is None else scales
     sh = d.shared if shared is None else shared
     act = active_pairs(d)
-    out = []
-    for t in range(d.x.shape[0]):
-        acc = torch.zeros(d.x.shape[1], dtype=torch.float64)
-        for s in range(d.expert_ids.shape[1]):
-            if act[t, s]:
-                acc = acc + w[t, s] * (x[t] @ weights[int(d.expert_ids[t, s])])
-        if sh is not None and bool(act[t].any()):
-            acc = acc + sh[t]
-        out.append(acc)
-    return torch.stack(out) if out else torch.zeros(0, d.x.shape[1], dtype=torch.float64)
+    ids = d.expert_ids.long()
+    per_pair = torch.einsum("th,tshg->tsg", x, weights[ids])        # [BS, K, H]: x[t] @ weights[ids[t, s]]
+    out = (per_pair * (w * act).unsqueeze(-1)).sum(1)
+    if sh is not None:
+        out = out + sh * act.any(1, keepdim=True)
+    return out
 
 
 def apply_local_experts(expand_x: torch.Tensor, counts: torch.Tensor, weights: torch.Tensor, first_expert: int):

@@ -1,5 +1,6 @@
 // Expert-parallel MoE dispatch / combine (CANN MoeDistributeDispatchV2 / MoeDistributeCombineV2 semantics) on any
-// c10d process group, through the functional collectives of cpu/mc2/collectives.h.
+// c10d process group, through PyTorch's functional collectives (cpu/mc2/collectives.h for the group lookup, the
+// all_gather and validation switch; all_to_all_single called the same way here).
 //
 // Collectives per call:
 //   dispatch: one all_gather of [call signature, batch size, pairs per expert] (cross-rank validation and the
