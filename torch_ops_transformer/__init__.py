@@ -32,6 +32,8 @@ generated from native_functions.yaml. Public Python API:
 - `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
+- `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
+  torch.distributed group (docs/moe.md).
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
   overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
@@ -190,6 +192,15 @@ __all__ = [
     "MC2Optimizer",
     "MC2DistributedDataParallel",
 ]
+from .moe import (  # noqa: E402
+    npu_moe_distribute_combine,
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch,
+    npu_moe_distribute_dispatch_v2,
+)
+
+__all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
+            "npu_moe_distribute_dispatch_v2"]
 __version__ = "0.1.0"
 
 from . import npu_sdpa, npu_sim  # noqa: E402

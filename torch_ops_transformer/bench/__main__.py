@@ -16,6 +16,7 @@ TABLES = {
     "decode": "decode",
     "moe": "moe",
     "moe_routing": "moe_routing",
+    "moe-distribute": "moe_distribute",  # expert-parallel dispatch + combine, world size 2
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",
     "npu-model": "npu_model",  # predicted Ascend 910B times from the CPU runtime's counters (no NPU measured)
