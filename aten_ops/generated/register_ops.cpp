@@ -566,6 +566,27 @@ std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu_unboxed(const at
   return npu_fa::moe_token_unpermute_grad_cpu(npu_fa::MoeTokenUnpermuteGradArgs{permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape});
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales, const std::optional<at::Tensor>& group_index, bool asymmetric, int64_t bits) {
+  npu_fa::DeviceRule rule("dynamic_quant");
+  rule.device_tensor("x", x);
+  rule.device_tensor("smooth_scales", smooth_scales);
+  rule.device_tensor("group_index", group_index);
+  return npu_fa::dynamic_quant_cpu(npu_fa::DynamicQuantArgs{x, smooth_scales, group_index, asymmetric, bits});
+}
+
+at::Tensor swiglu_cpu_unboxed(const at::Tensor& x, int64_t dim) {
+  npu_fa::DeviceRule rule("swiglu");
+  rule.device_tensor("x", x);
+  return npu_fa::swiglu_cpu(npu_fa::SwigluArgs{x, dim});
+}
+
+at::Tensor swiglu_grad_cpu_unboxed(const at::Tensor& grad_output, const at::Tensor& x, int64_t dim) {
+  npu_fa::DeviceRule rule("swiglu_grad");
+  rule.device_tensor("grad_output", grad_output);
+  rule.device_tensor("x", x);
+  return npu_fa::swiglu_grad_cpu(npu_fa::SwigluGradArgs{grad_output, x, dim});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -610,6 +631,9 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("moe_token_permute_grad(Tensor grad_permuted_tokens, Tensor sorted_indices, Tensor indices) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_token_unpermute(Tensor permuted_tokens, Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, int[]? restore_shape=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_token_unpermute_grad(Tensor permuted_tokens, Tensor grad_unpermuted_tokens, Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, int[]? restore_shape=None) -> (Tensor grad_permuted_tokens, Tensor grad_probs)", {at::Tag::pt2_compliant_tag});
+  m.def("dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, bool asymmetric=False, int bits=8) -> (Tensor y, Tensor scale, Tensor offset)", {at::Tag::pt2_compliant_tag});
+  m.def("swiglu(Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("swiglu_grad(Tensor grad_output, Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -651,6 +675,9 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("moe_token_permute_grad", TORCH_FN(moe_token_permute_grad_cpu_unboxed));
   m.impl("moe_token_unpermute", TORCH_FN(moe_token_unpermute_cpu_unboxed));
   m.impl("moe_token_unpermute_grad", TORCH_FN(moe_token_unpermute_grad_cpu_unboxed));
+  m.impl("dynamic_quant", TORCH_FN(dynamic_quant_cpu_unboxed));
+  m.impl("swiglu", TORCH_FN(swiglu_cpu_unboxed));
+  m.impl("swiglu_grad", TORCH_FN(swiglu_grad_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

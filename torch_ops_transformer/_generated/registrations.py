@@ -55,6 +55,9 @@ OPS = {
     'moe_token_permute_grad': OpInfo('Backward of moe_token_permute: grad_tokens[t] = sum_j grad_permuted_tokens[sorted_indices[t*topk + j]] (destinations past the kept rows contribute nothing).', ('CPU',), False, True),
     'moe_token_unpermute': OpInfo("Megatron-style unpermute (CANN MoeTokenUnpermute), the inverse of moe_token_permute: with topk = probs.size(1) (1 without probs) and N = sorted_indices.numel() / topk, out[t] = sum_j probs[t, j] * permuted_tokens[sorted_indices[t*topk + j]] ([N, H], permuted_tokens' dtype, fp32 accumulation); indices >= permuted_tokens.size(0) (dropped by num_out_tokens) contribute nothing. padded_mode must be False (restore_shape is only used in padded mode). Differentiable in permuted_tokens and probs.", ('CPU',), True, True),
     'moe_token_unpermute_grad': OpInfo("Backward of moe_token_unpermute: grad_permuted_tokens[sorted_indices[t*topk + j]] = probs[t, j] * grad[t] (zero rows elsewhere), grad_probs[t, j] = grad[t] . permuted_tokens[sorted_indices[t*topk + j]] (empty without probs). Without probs only permuted_tokens' shape, dtype and device are used (its values are not read).", ('CPU',), False, True),
+    'dynamic_quant': OpInfo("Per-token dynamic quantisation (torch_npu npu_dynamic_quant / npu_dynamic_quant_asymmetric). Each row r of x (the last dimension; x at least 2-D, float16/bfloat16/float32) is v = x[r] * smooth (fp32), smooth = smooth_scales [H], or row g of smooth_scales [G, H] for the rows [group_index[g-1], group_index[g]) (group_index: nondecreasing cumulative row ends, last = the row count). Symmetric: scale = max|v| / Q, y = round(v / scale); asymmetric: scale = (max v - min v) / (2Q + 1), offset = Q - max v / scale, y = round(v / scale + offset); Q = 127 (bits 8) or 7 (bits 4), rounding half to even, clamped to [-Q-1, Q]; a row with scale 0 gives y = 0 (and offset 0). y: int8 of x's shape (bits 8), or int32 [..., H/8] holding 8 int4 values each, element j of a group in bits 4j..4j+3 (bits 4). scale (and offset, asymmetric; empty otherwise): float32 x.shape[:-1]. Not differentiable.", ('CPU',), False, True),
+    'swiglu': OpInfo("SwiGLU (torch_npu npu_swiglu): x is split in halves A (first) and B (second) along dim (of even size); out = silu(A) * B = A * sigmoid(A) * B, x's dtype (float16, bfloat16, float32, float64), computed in fp32 (fp64 for fp64). Differentiable in x.", ('CPU',), True, True),
+    'swiglu_grad': OpInfo("Backward of swiglu (torch_npu npu_swiglu_backward): with s = sigmoid(A), dA = g * B * s * (1 + A * (1 - s)), dB = g * silu(A), concatenated along dim into x's shape and dtype.", ('CPU',), False, True),
 }
 
 
@@ -434,6 +437,33 @@ def _fake_moe_token_unpermute_grad(permuted_tokens, grad_unpermuted_tokens, sort
     a = MoeTokenUnpermuteGradArgs(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
     check_devices('moe_token_unpermute_grad', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_unpermute_grad')(a)
+
+
+DynamicQuantArgs = collections.namedtuple('DynamicQuantArgs', ['x', 'smooth_scales', 'group_index', 'asymmetric', 'bits'])
+
+
+def _fake_dynamic_quant(x, smooth_scales=None, group_index=None, asymmetric=False, bits=8):
+    a = DynamicQuantArgs(x, smooth_scales, group_index, asymmetric, bits)
+    check_devices('dynamic_quant', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.quant', 'dynamic_quant')(a)
+
+
+SwigluArgs = collections.namedtuple('SwigluArgs', ['x', 'dim'])
+
+
+def _fake_swiglu(x, dim=-1):
+    a = SwigluArgs(x, dim)
+    check_devices('swiglu', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.quant', 'swiglu')(a)
+
+
+SwigluGradArgs = collections.namedtuple('SwigluGradArgs', ['grad_output', 'x', 'dim'])
+
+
+def _fake_swiglu_grad(grad_output, x, dim=-1):
+    a = SwigluGradArgs(grad_output, x, dim)
+    check_devices('swiglu_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.quant', 'swiglu_grad')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -888,9 +918,29 @@ def _backward_moe_token_unpermute(ctx, grad_result0):
     )
 
 
+def _setup_swiglu(ctx, inputs, output):
+    (x, dim,) = inputs
+    result0 = output
+    ctx.save_for_backward(x)
+    ctx.dim = dim
+
+
+def _backward_swiglu(ctx, grad_result0):
+    (x,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.swiglu_grad.default(
+        grad_result0,
+        x,
+        ctx.dim,
+    ),)
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        None,  # dim
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe', 'torch_ops_transformer.fake.rope']:
+    for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe', 'torch_ops_transformer.fake.quant', 'torch_ops_transformer.fake.rope']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -944,3 +994,7 @@ def register():
     torch.library.register_fake("npu_fa::moe_token_unpermute", _fake_moe_token_unpermute)
     torch.library.register_autograd("npu_fa::moe_token_unpermute", _backward_moe_token_unpermute, setup_context=_setup_moe_token_unpermute)
     torch.library.register_fake("npu_fa::moe_token_unpermute_grad", _fake_moe_token_unpermute_grad)
+    torch.library.register_fake("npu_fa::dynamic_quant", _fake_dynamic_quant)
+    torch.library.register_fake("npu_fa::swiglu", _fake_swiglu)
+    torch.library.register_autograd("npu_fa::swiglu", _backward_swiglu, setup_context=_setup_swiglu)
+    torch.library.register_fake("npu_fa::swiglu_grad", _fake_swiglu_grad)
