@@ -170,7 +170,7 @@ def npu_moe_init_routing_v2(x: Tensor, expert_idx: Tensor, *, scale: Optional[Te
     _args.same_dtype_or_none(op, "x_dtype", x_dtype, x.dtype, "a quantised x format")
     return _OPS.moe_init_routing_v2(x, expert_idx, scale, offset, active_num, expert_capacity, expert_num,
                                     drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
-                                    list(active_expert_range), row_idx_type)
+                                    list(active_expert_range or ()), row_idx_type)
 
 
 @_args.torch_npu_api

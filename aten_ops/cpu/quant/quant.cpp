@@ -207,7 +207,9 @@ at::Tensor swiglu_cpu(const SwigluArgs& args) {
       const scalar_t* b = a + s.len;
       scalar_t* y = yp + o * s.len + c0;
       if constexpr (std::is_same_v<scalar_t, float>) {
-        cpu::swiglu_row_stub(a, b, y, n);
+        // The dispatch lambda is no template, so this branch is compiled for every dtype: hence the casts.
+        cpu::swiglu_row_stub(reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b),
+                             reinterpret_cast<float*>(y), n);
       } else {
         float fa[kChunk], fb[kChunk], fy[kChunk];
         load_row(a, n, fa);
@@ -261,7 +263,9 @@ at::Tensor swiglu_grad_cpu(const SwigluGradArgs& args) {
       scalar_t* da = dp + o * 2 * s.len + c0;
       scalar_t* db = da + s.len;
       if constexpr (std::is_same_v<scalar_t, float>) {
-        cpu::swiglu_grad_row_stub(a, b, g, da, db, n);
+        cpu::swiglu_grad_row_stub(reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b),
+                                  reinterpret_cast<const float*>(g), reinterpret_cast<float*>(da),
+                                  reinterpret_cast<float*>(db), n);
       } else {
         float fa[kChunk], fb[kChunk], fg[kChunk], fda[kChunk], fdb[kChunk];
         load_row(a, n, fa);
