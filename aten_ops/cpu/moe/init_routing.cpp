@@ -199,7 +199,8 @@ at::Tensor quantize_expanded(const char* op, const MoeInitRoutingV2Args& args, c
     }
     st_scale = args.scale->item<float>();
     st_offset = args.offset->item<float>();
-  } else if (args.scale.has_value()) {
+  } else if (args.scale.has_value() && !(pl.N == 0 && args.scale->numel() == 0)) {
+    // (An empty batch may come with an empty scale, as torch_npu accepts: nothing is scaled then.)
     TORCH_CHECK_TYPE(args.scale->scalar_type() == at::kFloat, op, ": argument 'scale' must be float32; got ",
                      args.scale->scalar_type());
     smooth_rows = args.scale->dim() == 2 ? args.scale->size(0) : -1;
