@@ -99,6 +99,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu(const DynamicQu
   const float* sp = smooth.defined() ? smooth.data_ptr<float>() : nullptr;
   float* scp = scale.data_ptr<float>();
   float* ofp = args.asymmetric ? offset.data_ptr<float>() : nullptr;
+  int8_t* y8 = args.bits == 8 ? y.data_ptr<int8_t>() : nullptr;
+  int32_t* y4 = args.bits == 4 ? y.data_ptr<int32_t>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "dynamic_quant", [&] {
     const scalar_t* xp = xc.data_ptr<scalar_t>();
     at::parallel_for(0, S, std::max<int64_t>(1, 8192 / H), [&](int64_t r0, int64_t r1) {
@@ -122,11 +124,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu(const DynamicQu
           else
             cpu::quant_round_stub(v.data(), H, s, true, o, -qmax - 1.f, qmax, q.data());
         }
-        if (args.bits == 8) {
-          int8_t* yp = y.data_ptr<int8_t>() + r * H;
+        if (y8) {
+          int8_t* yp = y8 + r * H;
           for (int64_t h = 0; h < H; ++h) yp[h] = static_cast<int8_t>(q[h]);
         } else {
-          int32_t* yp = y.data_ptr<int32_t>() + r * (H / 8);
+          int32_t* yp = y4 + r * (H / 8);
           for (int64_t w = 0; w < H / 8; ++w) {
             uint32_t packed = 0;
             for (int64_t j = 0; j < 8; ++j)
