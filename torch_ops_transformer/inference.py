@@ -268,25 +268,6 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         # npu_incre_flash_attention and paged TND (upstream's (num_blocks, N2, block_size, D) wins if both match).
         key, value = (t.flatten(2) if t.dim() == 4 and t.shape[2] != block_size and t.shape[1] == block_size else t
                       for t in (key, value))
-    if (paged and tnd and in_form is None and out_form is None and learnable_sink is None and not softmax_lse_flag
-            and pse_shift is None and atten_mask is None and sparse_mode in (0, 3) and key.shape == value.shape
-            and kv_lens is not None and _one_token_each(q_lens, query)):
-        # Decode-only TND batch (vLLM-Ascend's decode call; equal K/V head dims): as BSND / BNSD with one token per
-        # sequence, which the op runs on the cache in place instead of gathering every used block. Same answer:
-        # one row per sequence, and mode 3's bottom-right causal row hides none of its keys.
-        heads_major = key.dim() == 4 and key.shape[2] == block_size
-        if key.dim() == 4 and not heads_major:
-            key, value = key.flatten(2), value.flatten(2)
-        q = query.unsqueeze(2) if heads_major else query.unsqueeze(1)
-        out, lse = _OPS.fused_infer_attention_score(
-            q, key, value, actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
-            input_layout="BNSD" if heads_major else "BSND", num_key_value_heads=num_key_value_heads,
-            inner_precise=inner_precise, block_size=block_size, **(antiquant or {}))
-        return (out[:, :, 0] if heads_major else out[:, 0]), lse
-    if paged and tnd:
-        key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
-                                                num_key_value_heads or num_heads)
-        block_table, block_size = None, 0
     if learnable_sink is not None:
         if input_layout not in ("TND", "NTD_TND"):
             raise ValueError(f"{op}: argument 'learnable_sink' needs input_layout TND or NTD_TND (as torch_npu); "
@@ -297,6 +278,37 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
             raise ValueError(f"{op}: argument 'learnable_sink' must be a floating-point tensor of shape "
                              f"(num_query_heads,) = ({num_heads},); got {learnable_sink.dtype} of shape "
                              f"{list(learnable_sink.shape)}")
+    if (paged and tnd and in_form is None and out_form is None and not softmax_lse_flag
+            and pse_shift is None and atten_mask is None and sparse_mode in (0, 3) and key.shape == value.shape
+            and kv_lens is not None and _one_token_each(q_lens, query)):
+        # Decode-only TND batch (vLLM-Ascend's decode call; equal K/V head dims): as BSND / BNSD with one token per
+        # sequence, which the op runs on the cache in place instead of gathering every used block. Same answer:
+        # one row per sequence, and mode 3's bottom-right causal row hides none of its keys. A learnable sink goes
+        # to the decode op itself, which adds it to each row's softmax denominator.
+        heads_major = key.dim() == 4 and key.shape[2] == block_size
+        if key.dim() == 4 and not heads_major:
+            key, value = key.flatten(2), value.flatten(2)
+        q = query.unsqueeze(2) if heads_major else query.unsqueeze(1)
+        layout = "BNSD" if heads_major else "BSND"
+        if learnable_sink is not None:
+            if not isinstance(inner_precise, int) or not 0 <= inner_precise <= 3:
+                raise ValueError(f"{op}: argument 'inner_precise' must be in [0, 3]; got {inner_precise!r}")
+            out = _OPS.incre_flash_attention(
+                q, key, value, actual_seq_lengths=kv_lens, block_table=block_table, num_heads=num_heads,
+                scale_value=scale, input_layout=layout, num_key_value_heads=num_key_value_heads,
+                block_size=block_size, inner_precise=inner_precise % 2, learnable_sink=learnable_sink,
+                **(antiquant or {}))
+            lse = out.new_empty(0, dtype=torch.float32)
+        else:
+            out, lse = _OPS.fused_infer_attention_score(
+                q, key, value, actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads,
+                scale=scale, input_layout=layout, num_key_value_heads=num_key_value_heads,
+                inner_precise=inner_precise, block_size=block_size, **(antiquant or {}))
+        return (out[:, :, 0] if heads_major else out[:, 0]), lse
+    if paged and tnd:
+        key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
+                                                num_key_value_heads or num_heads)
+        block_table, block_size = None, 0
     out, lse = _OPS.fused_infer_attention_score(
         query, key, value, pse_shift=pse_shift, atten_mask=atten_mask, actual_seq_lengths=q_lens,
         actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,

@@ -294,11 +294,12 @@ struct IncreFlashAttentionArgs {
   int64_t antiquant_mode;
   int64_t key_antiquant_mode;
   int64_t value_antiquant_mode;
+  const std::optional<at::Tensor>& learnable_sink;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const IncreFlashAttentionArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths, a.block_table, a.kv_padding_size, a.num_heads, a.scale_value, a.input_layout, a.num_key_value_heads, a.block_size, a.inner_precise, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode);
+  return f(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths, a.block_table, a.kv_padding_size, a.num_heads, a.scale_value, a.input_layout, a.num_key_value_heads, a.block_size, a.inner_precise, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.learnable_sink);
 }
 
 // all_gather_matmul

@@ -50,6 +50,7 @@ std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, 
   if (k.scalar_type() == at::kChar) return "an int8 KV cache (antiquant)";
   if (has_mask) return "atten_mask";
   if (has_pse) return "pse_shift";
+  if (p.sink) return "learnable_sink";
   if (k.numel() == 0) return "an empty KV cache";
   tot_ascendc::DecodeShape s;
   s.batch = uint32_t(p.batch);

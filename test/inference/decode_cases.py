@@ -146,5 +146,7 @@ OPCHECK_CASES = {
         "BNSD_mask_pse_padding": lambda: (build(Case(layout="BNSD", lens=(7, 3), padding=4, mask="B11S", pse="BN1S",
                                                      **SMALL)).args, {}),
         "paged_BSND": lambda: (build(Case(layout="BSND", lens=(17, 30), block=16, **SMALL)).args, {}),
+        "paged_BSND_learnable_sink": lambda: (build(Case(layout="BSND", lens=(17, 0), block=16, **SMALL)).args,
+                                              {"learnable_sink": torch.linspace(-1.0, 2.0, SMALL["q_heads"])}),
     },
 }

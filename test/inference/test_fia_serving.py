@@ -386,6 +386,35 @@ def test_learnable_sink_row_without_keys():
     compare(b, out[:1], lse[:1], b.reference(0, sink=SINK)[:1], "TND", True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_learnable_sink_decode_reads_the_cache_in_place(dtype):
+    """A decode-only TND batch with a sink (gpt-oss decoding) runs the decode op on the paged cache, which adds the
+    sink to each row's denominator: no gather of the used blocks. A sequence without keys gives zeros."""
+    b = Batch([1, 1, 1], [40, 0, 17], dtype=dtype, seed=24)
+    sink = SINK.to(dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out, lse = fia(b, "TND", paged=True, mode=3, sink=sink, cache_layout="4d")
+    names = {e.name for e in prof.events()}
+    assert "npu_fa::incre_flash_attention" in names and "npu_fa::gather_pa_kv_cache" not in names, sorted(names)
+    assert (out[1] == 0).all() and lse.numel() == 0
+    compare(b, out, lse, b.reference(3, sink=sink), "TND", False)
+
+
+def test_decode_op_learnable_sink_rules():
+    q, k = torch.randn(2, 1, 4, 8), torch.randn(2, 6, 2, 8)
+    kw = dict(num_heads=4, num_key_value_heads=2, input_layout="BSND", scale_value=0.3)
+    with pytest.raises(ValueError, match=r"'learnable_sink' must have shape \[N1=4\]"):
+        torch.ops.npu_fa.incre_flash_attention(q, k, k, learnable_sink=torch.zeros(2), **kw)
+    with pytest.raises(TypeError, match="'learnable_sink' must be floating point"):
+        torch.ops.npu_fa.incre_flash_attention(q, k, k, learnable_sink=torch.zeros(4, dtype=torch.int32), **kw)
+    # -inf adds nothing; NaN makes the rows NaN (as the prefill kernels)
+    plain = torch.ops.npu_fa.incre_flash_attention(q, k, k, **kw)
+    none = torch.ops.npu_fa.incre_flash_attention(q, k, k, learnable_sink=torch.full((4,), float("-inf")), **kw)
+    torch.testing.assert_close(none, plain, atol=0, rtol=0)
+    nan = torch.ops.npu_fa.incre_flash_attention(q, k, k, learnable_sink=torch.full((4,), float("nan")), **kw)
+    assert torch.isnan(nan).all()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The optimised mask: verified once per tensor, again after an in-place change; bad masks are named
 # ---------------------------------------------------------------------------------------------------------------

@@ -369,6 +369,17 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
     p.pse_sn = ps.size(3);
     p.pse_sb = ps.size(0) == 1 ? 0 : N1 * ps.size(3);
   }
+  if (args.learnable_sink.has_value()) {
+    const at::Tensor& sk = *args.learnable_sink;
+    TORCH_CHECK_TYPE(at::isFloatingType(sk.scalar_type()), kOp, ": argument 'learnable_sink' must be floating point; "
+                     "got ", sk.scalar_type());
+    TORCH_CHECK_VALUE(sk.dim() == 1 && sk.size(0) == N1, kOp, ": argument 'learnable_sink' must have shape [N1=", N1,
+                      "] (one logit per query head); got ", sk.sizes());
+    TORCH_CHECK_VALUE(sk.device() == args.query.device(), kOp, ": argument 'learnable_sink' must be on ",
+                      args.query.device(), "; got ", sk.device());
+    in.sink32 = sk.to(at::kFloat).contiguous();
+    p.sink = in.sink32.data_ptr<float>();
+  }
 
   parse_kv_antiquant(kOp, AntiquantArgs::of(args), int8, B, N2, D, need).install(p, in);
   p.scale = static_cast<float>(args.scale_value);

@@ -35,6 +35,7 @@ struct DecodeParams {
   const float* pse = nullptr;                 // pse[b*pse_sb + n1*pse_sn + pos], added after scaling
   int64_t pse_sb = 0, pse_sn = 0;
   Antiquant k_quant, v_quant;                 // int8 key/value caches only
+  const float* sink = nullptr;                // fp32 [N1]: one more logit per query head (zero value row)
 };
 
 // DecodeParams plus the tensors its raw pointers and strides refer to (kept alive by the caller).
@@ -43,6 +44,7 @@ struct DecodeInputs {
   at::Tensor key, value;   // the caller's cache, or a copy when its last dim was not contiguous
   at::Tensor mask_u8;      // [B or 1, S] uint8, when atten_mask is given
   at::Tensor pse32;        // fp32 pse_shift, when given
+  at::Tensor sink32;       // fp32 learnable_sink, when given
   at::Tensor k_scale, k_offset, v_scale, v_offset;  // fp32 antiquant factors (int8 caches)
 };
 

@@ -796,6 +796,9 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
           }
         }
         T* dst = out + (b * N1 + h0 * G + r) * D;
+        // A sink joins the denominator only (its value row is 0): L += e^(sink - M). Without a visible key the row
+        // stays 0, as in the prefill kernels; a NaN sink makes the row NaN, an overflowing one drives it to 0.
+        if (p.sink && L != 0.f) L += std::exp(p.sink[h0 * G + r] - M);
         const float inv = L == 0.f ? 0.f : 1.f / L;  // 0: no visible key; a NaN L (NaN row) stays NaN
         if (kInt8 && !vq.per_token && inv != 0.f) {  // int8 value, per-channel: (Σ p·v / l + o) · sc
           const int64_t h = h0 + r / G;

@@ -168,14 +168,15 @@ at::Tensor paged_decode(const char* op, const FusedInferAttentionScoreArgs& a) {
                          c10::string_view, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                          const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, int64_t, int64_t, int64_t);
+                         const std::optional<at::Tensor>&, int64_t, int64_t, int64_t,
+                         const std::optional<at::Tensor>&);
   // The decode op's inner_precise has the precision bit only (FIA's 2/3 add a fix for invalid rows, which it has).
   return handle->typed<Sig>().call(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths_kv,
                                    a.block_table, std::nullopt, a.num_heads, a.scale, a.input_layout,
                                    a.num_key_value_heads, a.block_size, a.inner_precise % 2, a.antiquant_scale,
                                    a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset,
                                    a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode,
-                                   a.key_antiquant_mode, a.value_antiquant_mode);
+                                   a.key_antiquant_mode, a.value_antiquant_mode, std::nullopt);
 }
 
 bool is_int8_kv(const FusedInferAttentionScoreArgs& a) {
