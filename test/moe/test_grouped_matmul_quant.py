@@ -420,3 +420,36 @@ def test_swiglu_quant_bad_inputs():
     with pytest.raises(NotImplementedError, match="'smooth_scale'"):
         tot.npu_grouped_matmul_swiglu_quant_v2(x, [w], [ws], xs, gl, smooth_scale=torch.rand(4))
 
+
+
+def test_serving_engine_call_forms():
+    """The argument combinations vLLM-Ascend's MoE and linear layers pass (keyword style, int64 counts, bf16 or fp32
+    scales, list-wrapped single tensors, tuning_config hints)."""
+    E, M, K, N = 4, 12, 32, 16
+    counts = torch.tensor([3, 0, 5, 4])
+    x, w13 = _i8(M, K), _i8(E, K, N)
+    pts, s = torch.rand(M), torch.rand(E, N) * 1e-3
+    # W8A8 dynamic: bf16 scale, per-token scale, counts, split_item 2 / 3
+    for split_item in (2, 3):
+        y = npu_grouped_matmul(x=[x], weight=[w13], scale=[s.to(torch.bfloat16)], bias=None, per_token_scale=[pts],
+                               split_item=split_item, group_type=0, group_list=counts, group_list_type=1,
+                               output_dtype=torch.bfloat16)[0]
+        assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    # raw int32 accumulation for a separate dequant + SwiGLU + quant step
+    raw = npu_grouped_matmul([x], [w13], group_list=counts, split_item=3, output_dtype=torch.int32, group_type=0,
+                             group_list_type=1, tuning_config=[0])[0]
+    assert torch.equal(raw.double(), ref_w8a8(x, w13, counts.tolist(), torch.ones(E, N)))
+    # a quantised linear layer as one group: weight [K, N], scale [1, 1, N], fp32 bias [1, N]
+    w, sl, bl = _i8(K, N), torch.rand(N) * 1e-3, torch.randn(N)
+    y = npu_grouped_matmul(x=[x], weight=[w], scale=[sl.reshape(1, 1, -1)], bias=[bl.reshape(1, -1)],
+                           per_token_scale=[pts], split_item=2, group_list=torch.full((1,), M), group_type=0,
+                           group_list_type=1, output_dtype=torch.bfloat16)[0]
+    _close(y, torch_w8a8(x, w[None], [M], sl[None], torch.bfloat16, pts, bl[None]),
+           ref_w8a8(x, w[None], [M], sl[None], pts, bl[None]))
+    # weight-only int8 with offsets, cumulative group_list
+    xb = torch.randn(M, K, dtype=torch.bfloat16)
+    sa, oa = (torch.rand(E, N) * 1e-2).to(torch.bfloat16), torch.randn(E, N).to(torch.bfloat16)
+    y = npu_grouped_matmul(x=[xb], weight=[w13], antiquant_scale=[sa], antiquant_offset=[oa], split_item=2,
+                           group_list_type=0, group_type=0, group_list=torch.cumsum(counts, 0),
+                           output_dtype=torch.bfloat16)[0]
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16

@@ -3,11 +3,11 @@
 // Both lower the call to a list of products (rows of x, one expert's weight, rows of the output) like
 // grouped_matmul does, then:
 //   W8A8         acc = at::_int_mm(x_e, w_e) (oneDNN's s8s8 -> s32 GEMM: VNNI / AMX-INT8 where the CPU has them),
-//                then one pass per row applies int32 bias, weight scale, per-token scale, float bias, activation and
-//                the cast (round + saturate for int8 outputs);
+//                then ATen element-wise passes apply int32 bias, weight scale, per-token scale, float bias,
+//                activation and the cast (round half to even + saturate for int8 outputs);
 //   weight-only  the expert's int8 / int4 weight is dequantised into x's dtype once per call (a [K, N] tile per
-//                expert that has rows), then ATen's bf16/fp16 GEMM (fp32 accumulation) runs on it.
-// The products run one after another: each GEMM is threaded by oneDNN / MKL, each epilogue by at::parallel_for.
+//                expert that has rows), then ATen's bf16/fp16 GEMM (addmm: fp32 accumulation, bias) runs on it.
+// The products run one after another; each GEMM and element-wise pass is threaded by oneDNN / MKL / ATen.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -158,65 +158,30 @@ at::Tensor dequantise(const at::Tensor& w, bool int4, const at::Tensor& scale, c
   return (qg * s).reshape({K, N}).to(dtype);
 }
 
-// Per-row epilogue of a W8A8 product: y = (acc + bias_i) * scale * pts[r] + bias_f -> act -> out dtype.
-struct Epilogue {
-  const float* scale = nullptr;   // 1 or n values, or null (no scale: int32 output)
-  bool scale_per_channel = false;
-  const float* pts = nullptr;     // per-token scale of the product's rows, or null
-  const int32_t* bias_i = nullptr;
-  const float* bias_f = nullptr;
-  int64_t act = 0;
-};
-
-template <typename T>
-inline void store_row(const float* v, T* dst, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<T>(v[j]);
-}
-
-template <>
-inline void store_row<int8_t>(const float* v, int8_t* dst, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<int8_t>(std::clamp(std::nearbyint(v[j]), -128.f, 127.f));
-}
-
-void w8a8_epilogue(const at::Tensor& acc, at::Tensor out, const Epilogue& ep) {
-  const int64_t m = acc.size(0), n = acc.size(1);
-  const int32_t* a = acc.data_ptr<int32_t>();
-  const auto dtype = out.scalar_type();
-  if (!ep.scale) {  // int32 output: the accumulation (+ int32 bias)
-    int32_t* o = out.data_ptr<int32_t>();
-    at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t j = 0; j < n; ++j) o[r * n + j] = a[r * n + j] + (ep.bias_i ? ep.bias_i[j] : 0);
-      }
-    });
+// W8A8 epilogue y = (acc + bias_i) * scale * pts[row] + bias_f -> act -> out's dtype, with ATen's vectorised,
+// threaded element-wise kernels: a few passes over one group's [m, n] block (L2-sized for serving shapes), cheaper
+// than a scalar fused loop here (this file is compiled for the baseline ISA; the bf16 conversion does not vectorise).
+void w8a8_epilogue(at::Tensor acc, at::Tensor out, const at::Tensor& scale, const at::Tensor& pts,
+                   const at::Tensor& bias_i, const at::Tensor& bias_f, int64_t act) {
+  if (bias_i.defined()) acc.add_(bias_i);
+  if (!scale.defined()) {  // int32 output: the accumulation
+    out.copy_(acc);
     return;
   }
-  at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
-    std::vector<float> buf(n), act(ep.act ? n : 0);
-    for (int64_t r = r0; r < r1; ++r) {
-      const int32_t* ar = a + r * n;
-      const float p = ep.pts ? ep.pts[r] : 1.f;
-      for (int64_t j = 0; j < n; ++j) {
-        const float s = ep.scale[ep.scale_per_channel ? j : 0];
-        const float v = static_cast<float>(ar[j] + (ep.bias_i ? ep.bias_i[j] : 0)) * s * p;
-        buf[j] = ep.bias_f ? v + ep.bias_f[j] : v;
-      }
-      const float* res = buf.data();
-      if (ep.act) {
-        cpu::gmm_epilogue_stub(at::kFloat, cpu::Block{buf.data(), n}, cpu::Block{act.data(), n}, nullptr, 1, n,
-                               ep.act);
-        res = act.data();
-      }
-      void* dst = static_cast<char*>(out.data_ptr()) + r * n * out.element_size();
-      switch (dtype) {
-        case at::kFloat: store_row(res, static_cast<float*>(dst), n); break;
-        case at::kBFloat16: store_row(res, static_cast<c10::BFloat16*>(dst), n); break;
-        case at::kHalf: store_row(res, static_cast<c10::Half*>(dst), n); break;
-        case at::kChar: store_row(res, static_cast<int8_t*>(dst), n); break;
-        default: TORCH_CHECK(false, kOp, ": unsupported output dtype ", dtype);
-      }
-    }
-  });
+  at::Tensor f = at::mul(acc, scale);  // int32 * fp32 -> fp32
+  if (pts.defined()) f.mul_(pts.unsqueeze(1));
+  if (bias_f.defined()) f.add_(bias_f);
+  if (act != cpu::kActNone) {
+    at::Tensor g = at::empty_like(f);
+    const int64_t n = f.size(1);
+    at::parallel_for(0, f.size(0), 8, [&](int64_t r0, int64_t r1) {
+      cpu::gmm_epilogue_stub(at::kFloat, cpu::Block{f.data_ptr<float>() + r0 * n, n},
+                             cpu::Block{g.data_ptr<float>() + r0 * n, n}, nullptr, r1 - r0, n, act);
+    });
+    f = g;
+  }
+  if (out.scalar_type() == at::kChar) f.round_().clamp_(-128, 127);  // round half to even, saturate
+  out.copy_(f);
 }
 
 // Bias of expert e (stacked [E, N] next to stacked weights, else one [N] per weight), or undefined.
@@ -365,35 +330,20 @@ std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& a
     const int64_t n = w.n(p.e);
     const at::Tensor b = bias_of(args.bias, w, p.e, n);
     if (w8a8) {
-      Epilogue ep;
-      at::Tensor s, bf, bi;
-      if (!args.scale.empty()) {
-        s = weight_scale(expert_param(kOp, "scale", args.scale, w, p.e), n, p.e);
-        ep.scale = s.data_ptr<float>();
-        ep.scale_per_channel = s.numel() == n && n != 1;
-      }
-      if (!pts.empty()) ep.pts = pts[p.xi].data_ptr<float>() + p.r0;
+      at::Tensor sc, pt, bi, bf;
+      if (!args.scale.empty()) sc = weight_scale(expert_param(kOp, "scale", args.scale, w, p.e), n, p.e);
+      if (!pts.empty()) pt = pts[p.xi].narrow(0, p.r0, p.m);
       if (b.defined()) {
         if (b.scalar_type() == at::kInt) {
-          bi = b.contiguous();
-          ep.bias_i = bi.data_ptr<int32_t>();
+          bi = b;
         } else {
           TORCH_CHECK_TYPE(is_float(b.scalar_type()) && odt != at::kInt, kOp, ": argument 'bias' must be int32 "
                            "(added to the accumulation)", odt == at::kInt ? "" : " or bfloat16/float16/float32 (added "
                            "after the scales)", " for int8 x; got ", b.scalar_type());
-          bf = b.to(at::kFloat).contiguous();
-          ep.bias_f = bf.data_ptr<float>();
+          bf = b.to(at::kFloat);
         }
       }
-      ep.act = args.act_type;
-      const at::Tensor acc = at::_int_mm(a, w[p.e]);
-      if (o.is_contiguous()) {
-        w8a8_epilogue(acc, o, ep);
-      } else {
-        at::Tensor tmp = at::empty(o.sizes(), o.options());
-        w8a8_epilogue(acc, tmp, ep);
-        o.copy_(tmp);
-      }
+      w8a8_epilogue(at::_int_mm(a, w[p.e]), o, sc, pt, bi, bf, args.act_type);
     } else {
       const at::Tensor as = expert_param(kOp, "antiquant_scale", args.antiquant_scale, w, p.e);
       const at::Tensor ao = args.antiquant_offset.empty()
