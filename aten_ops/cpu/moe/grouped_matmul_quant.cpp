@@ -7,11 +7,14 @@
 //                activation and the cast (round half to even + saturate for int8 outputs);
 //   weight-only  the expert's int8 / int4 weight is dequantised into x's dtype once per call (a [K, N] tile per
 //                expert that has rows), then ATen's bf16/fp16 GEMM (addmm: fp32 accumulation, bias) runs on it.
-// The products run one after another; each GEMM and element-wise pass is threaded by oneDNN / MKL / ATen.
+// W8A8 groups run as (group, column tile) tasks spread over the intra-op threads, each a single-threaded GEMM and
+// its epilogue; weight-only groups run one after another, each GEMM threaded by oneDNN / MKL.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -184,6 +187,47 @@ void w8a8_epilogue(at::Tensor acc, at::Tensor out, const at::Tensor& scale, cons
   out.copy_(f);
 }
 
+// One W8A8 group: its rows of x, its expert's int8 weight, its rows of the output and the epilogue's operands.
+struct W8A8Job {
+  at::Tensor a, w, out;
+  at::Tensor scale, pts, bias_i, bias_f;  // undefined when absent
+};
+
+// Runs the groups as (group, column tile) tasks of about equal cost on the intra-op threads, each task one
+// single-threaded int8 GEMM + its epilogue (dynamic scheduling through an atomic counter). One parallel region per
+// call instead of one threaded GEMM per group: small groups do not leave threads idle at every GEMM's barrier,
+// which on a loaded machine cost more than the GEMMs themselves.
+void run_w8a8(const std::vector<W8A8Job>& jobs, int64_t act) {
+  struct Task { size_t job; int64_t n0, n1; };
+  const int64_t threads = at::get_num_threads();
+  double total = 0;
+  for (const auto& j : jobs) total += double(j.a.size(0)) * j.out.size(1) * std::max<int64_t>(j.a.size(1), 1);
+  const double target = total / double(std::max<int64_t>(threads, 1) * 4);
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const int64_t m = jobs[i].a.size(0), n = jobs[i].out.size(1), k = std::max<int64_t>(jobs[i].a.size(1), 1);
+    const int64_t max_tiles = std::max<int64_t>(1, n / 64);
+    const int64_t tiles = threads == 1 ? 1
+        : std::clamp<int64_t>(int64_t(double(m) * n * k / target + 0.5), 1, max_tiles);
+    const int64_t width = std::min(n, ((n + tiles - 1) / tiles + 63) / 64 * 64);
+    for (int64_t n0 = 0; n0 < n; n0 += width) tasks.push_back({i, n0, std::min(n, n0 + width)});
+  }
+  const at::ThreadLocalState tls;  // the caller's dispatcher state (inference mode...) for the worker threads
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    at::ThreadLocalStateGuard guard(tls);
+    for (size_t t; (t = next.fetch_add(1)) < tasks.size();) {
+      const auto& task = tasks[t];
+      const auto& j = jobs[task.job];
+      const int64_t n0 = task.n0, w = task.n1 - task.n0, n = j.out.size(1);
+      auto cols = [&](const at::Tensor& v) { return v.defined() && v.numel() == n && n > 1 ? v.narrow(0, n0, w) : v; };
+      const bool whole = n0 == 0 && w == n;
+      w8a8_epilogue(at::_int_mm(j.a, whole ? j.w : j.w.narrow(1, n0, w)), whole ? j.out : j.out.narrow(1, n0, w),
+                    cols(j.scale), j.pts, cols(j.bias_i), cols(j.bias_f), act);
+    }
+  });
+}
+
 // Bias of expert e (stacked [E, N] next to stacked weights, else one [N] per weight), or undefined.
 at::Tensor bias_of(at::TensorList bias, const Experts& w, int64_t e, int64_t n) {
   if (bias.empty()) return {};
@@ -323,6 +367,7 @@ std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& a
     }
   }
 
+  std::vector<W8A8Job> jobs;
   for (const auto& p : ps) {
     if (p.m == 0) continue;
     const at::Tensor a = xs[p.xi].narrow(0, p.r0, p.m);
@@ -330,20 +375,20 @@ std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& a
     const int64_t n = w.n(p.e);
     const at::Tensor b = bias_of(args.bias, w, p.e, n);
     if (w8a8) {
-      at::Tensor sc, pt, bi, bf;
-      if (!args.scale.empty()) sc = weight_scale(expert_param(kOp, "scale", args.scale, w, p.e), n, p.e);
-      if (!pts.empty()) pt = pts[p.xi].narrow(0, p.r0, p.m);
+      W8A8Job j{a, w[p.e], o};
+      if (!args.scale.empty()) j.scale = weight_scale(expert_param(kOp, "scale", args.scale, w, p.e), n, p.e);
+      if (!pts.empty()) j.pts = pts[p.xi].narrow(0, p.r0, p.m);
       if (b.defined()) {
         if (b.scalar_type() == at::kInt) {
-          bi = b;
+          j.bias_i = b;
         } else {
           TORCH_CHECK_TYPE(is_float(b.scalar_type()) && odt != at::kInt, kOp, ": argument 'bias' must be int32 "
                            "(added to the accumulation)", odt == at::kInt ? "" : " or bfloat16/float16/float32 (added "
                            "after the scales)", " for int8 x; got ", b.scalar_type());
-          bf = b.to(at::kFloat);
+          j.bias_f = b.to(at::kFloat);
         }
       }
-      w8a8_epilogue(at::_int_mm(a, w[p.e]), o, sc, pt, bi, bf, args.act_type);
+      jobs.push_back(std::move(j));
     } else {
       const at::Tensor as = expert_param(kOp, "antiquant_scale", args.antiquant_scale, w, p.e);
       const at::Tensor ao = args.antiquant_offset.empty()
@@ -360,6 +405,7 @@ std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& a
       }
     }
   }
+  run_w8a8(jobs, args.act_type);
   return returned;
 }
 
