@@ -453,3 +453,22 @@ def test_serving_engine_call_forms():
                            group_list_type=0, group_type=0, group_list=torch.cumsum(counts, 0),
                            output_dtype=torch.bfloat16)[0]
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_w8a8_column_tiles_and_threads(threads):
+    """Wide groups are cut into column tiles run on the intra-op threads: same result for any thread count."""
+    E, K, N = 3, 64, 320
+    counts = [40, 0, 90]
+    x, w = _i8(sum(counts), K), _i8(E, K, N)
+    s, pts = torch.rand(E, N) * 1e-3, torch.rand(x.shape[0])
+    bias = torch.randint(-500, 500, (E, N), dtype=torch.int32)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = npu_grouped_matmul([x], [w], bias=[bias], scale=[s], per_token_scale=[pts], group_list=_ends(counts),
+                                 split_item=3, group_type=0, act_type=5, output_dtype=torch.float32)[0]
+    finally:
+        torch.set_num_threads(old)
+    silu = torch.nn.functional.silu
+    _close(got, silu(torch_w8a8(x, w, counts, s, torch.float32, pts, bias)), silu(ref_w8a8(x, w, counts, s, pts, bias)))
