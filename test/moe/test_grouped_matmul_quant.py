@@ -472,3 +472,21 @@ def test_w8a8_column_tiles_and_threads(threads):
         torch.set_num_threads(old)
     silu = torch.nn.functional.silu
     _close(got, silu(torch_w8a8(x, w, counts, s, torch.float32, pts, bias)), silu(ref_w8a8(x, w, counts, s, pts, bias)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_swiglu_quant_row_chunks(threads):
+    """Groups longer than one task's rows (128) are split into row chunks: same result for any thread count."""
+    E, K, N = 2, 32, 16
+    ends = [300, 430]
+    x, w = _i8(430, K), _i8(E, K, N)
+    ws, xs = torch.rand(E, N) * 1e-3, torch.rand(430) + 0.5
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, scale, _ = npu_grouped_matmul_swiglu_quant(x, w, torch.tensor(ends), ws, xs)
+    finally:
+        torch.set_num_threads(old)
+    rq, rs, _ = ref_swiglu_quant(x, w, ws, xs, ends)
+    assert (q.double() - rq).abs().max() <= 1
+    torch.testing.assert_close(scale.double(), rs, rtol=1e-5, atol=0)

@@ -438,26 +438,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu(
   const float* xs = xsc.data_ptr<float>();
   float* os = out_scale.data_ptr<float>();
   int8_t* o = out.data_ptr<int8_t>();
+  // (group, row chunk) tasks in one parallel region, each a single-threaded GEMM + SwiGLU + quantisation (a row's
+  // quantisation needs all its N columns, so tasks split rows, not columns).
+  struct Task { int64_t e, r0, m; };
+  std::vector<Task> tasks;
   for (const auto& g : groups) {
-    if (g.m == 0) continue;
-    const at::Tensor acc = at::_int_mm(x.narrow(0, g.r0, g.m), w[g.e]);
-    const int32_t* a = acc.data_ptr<int32_t>();
-    const float* s = ws.data_ptr<float>() + g.e * N;
-    at::parallel_for(0, g.m, 16, [&](int64_t r0, int64_t r1) {
-      std::vector<float> v(H);
-      for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = 0; r < g.m; r += 128) tasks.push_back({g.e, g.r0 + r, std::min<int64_t>(128, g.m - r)});
+  }
+  const at::ThreadLocalState tls;
+  std::atomic<size_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    at::ThreadLocalStateGuard guard(tls);
+    std::vector<float> v(H);
+    for (size_t t; (t = next.fetch_add(1)) < tasks.size();) {
+      const Task& g = tasks[t];
+      const at::Tensor acc = at::_int_mm(x.narrow(0, g.r0, g.m), w[g.e]);
+      const int32_t* a = acc.data_ptr<int32_t>();
+      const float* s = ws.data_ptr<float>() + g.e * N;
+      for (int64_t r = 0; r < g.m; ++r) {
         const int32_t* ar = a + r * N;
-        const float t = xs[g.r0 + r];
+        const float xr = xs[g.r0 + r];
         float amax = 0.f;
         for (int64_t j = 0; j < H; ++j) {
-          const float h = static_cast<float>(ar[j]) * s[j] * t;
-          const float gate = static_cast<float>(ar[j + H]) * s[j + H] * t;
+          const float h = static_cast<float>(ar[j]) * s[j] * xr;
+          const float gate = static_cast<float>(ar[j + H]) * s[j + H] * xr;
           v[j] = h / (1.f + std::exp(-h)) * gate;
           amax = std::max(amax, std::fabs(v[j]));
         }
         int8_t* dst = o + (g.r0 + r) * H;
-        if (!(amax > 0.f)) {  // all-zero row (or NaN): zeros, scale 0
-          os[g.r0 + r] = std::isnan(amax) ? amax : 0.f;
+        if (!(amax > 0.f)) {  // an all-zero row: zeros, scale 0
+          os[g.r0 + r] = 0.f;
           continue;
         }
         const float inv = 127.f / amax;
@@ -466,8 +476,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu(
         }
         os[g.r0 + r] = amax / 127.f;
       }
-    });
-  }
+    }
+  });
   return {out, out_scale, at::zeros({}, x.options().dtype(at::kFloat))};
 }
 
