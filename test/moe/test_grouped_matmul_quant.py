@@ -490,3 +490,27 @@ def test_swiglu_quant_row_chunks(threads):
     rq, rs, _ = ref_swiglu_quant(x, w, ws, xs, ends)
     assert (q.double() - rq).abs().max() <= 1
     torch.testing.assert_close(scale.double(), rs, rtol=1e-5, atol=0)
+
+
+def test_weight_only_column_tiles_agree_across_threads():
+    """Weight-only groups are dequantised and multiplied in column tiles: same result for any thread count."""
+    E, K, N = 2, 64, 384
+    x = torch.randn(70, K, dtype=torch.bfloat16)
+    wq = torch.randint(-8, 8, (E, K, N), dtype=torch.int8)
+    s, o = (torch.rand(E, 4, N) * 0.02).to(torch.bfloat16), torch.randn(E, 4, N).to(torch.bfloat16)
+    b = torch.randn(E, N)
+    outs = []
+    old = torch.get_num_threads()
+    for threads in (1, 2, 3):
+        torch.set_num_threads(threads)
+        try:
+            outs.append(npu_grouped_matmul([x], [pack_int4(wq)], bias=[b], antiquant_scale=[s], antiquant_offset=[o],
+                                           group_list=torch.tensor([30, 70]), split_item=3, group_type=0)[0])
+        finally:
+            torch.set_num_threads(old)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    ref = torch.cat([x[:30].double() @ ref_dequant(wq[0], s[0], o[0]) + b[0].double(),
+                     x[30:].double() @ ref_dequant(wq[1], s[1], o[1]) + b[1].double()])
+    same = torch.cat([(torch.mm(x[:30], ref_dequant(wq[0], s[0], o[0]).bfloat16()).float() + b[0]).bfloat16(),
+                      (torch.mm(x[30:], ref_dequant(wq[1], s[1], o[1]).bfloat16()).float() + b[1]).bfloat16()])
+    _close(outs[0], same, ref)

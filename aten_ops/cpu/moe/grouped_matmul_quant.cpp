@@ -5,15 +5,16 @@
 //   W8A8         acc = at::_int_mm(x_e, w_e) (oneDNN's s8s8 -> s32 GEMM: VNNI / AMX-INT8 where the CPU has them),
 //                then ATen element-wise passes apply int32 bias, weight scale, per-token scale, float bias,
 //                activation and the cast (round half to even + saturate for int8 outputs);
-//   weight-only  the expert's int8 / int4 weight is dequantised into x's dtype once per call (a [K, N] tile per
-//                expert that has rows), then ATen's bf16/fp16 GEMM (addmm: fp32 accumulation, bias) runs on it.
-// W8A8 groups run as (group, column tile) tasks spread over the intra-op threads, each a single-threaded GEMM and
-// its epilogue; weight-only groups run one after another, each GEMM threaded by oneDNN / MKL.
+//   weight-only  each task dequantises its [K, tile] block of the expert's int8 / int4 weight into x's dtype, then
+//                ATen's bf16/fp16 GEMM (addmm: fp32 accumulation, bias) runs on it.
+// Both run as (group, column tile) tasks spread over the intra-op threads, each single-threaded.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
+#include <array>
+#include <tuple>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -124,20 +125,10 @@ at::Tensor weight_scale(const at::Tensor& s_in, int64_t n, int64_t e) {
   return s.to(at::kFloat).contiguous();
 }
 
-// Weight-only: expert weight (int8 [K, N] or int32 [K, N/8] holding eight int4, low nibble first) dequantised to
-// `dtype`: (w + offset) * scale in fp32, scale/offset [N] per channel or [G, N] per group of K/G rows.
-at::Tensor dequantise(const at::Tensor& w, bool int4, const at::Tensor& scale, const at::Tensor& offset,
-                      c10::ScalarType dtype, int64_t e) {
-  at::Tensor q;
-  if (int4) {
-    const at::Tensor shifts = at::arange(0, 32, 4, w.options());
-    // (v >> 4j) & 15, then sign-extended from 4 bits.
-    at::Tensor nib = w.unsqueeze(-1).bitwise_right_shift(shifts).bitwise_and(15);
-    q = (nib.bitwise_xor(8) - 8).reshape({w.size(0), w.size(1) * 8}).to(at::kFloat);
-  } else {
-    q = w.to(at::kFloat);
-  }
-  const int64_t K = q.size(0), N = q.size(1);
+// Weight-only parameters of expert e, validated: scale / offset as fp32 [G, N] (G = 1 per channel, else groups of
+// K/G rows); offset undefined when absent.
+std::pair<at::Tensor, at::Tensor> antiquant_params(int64_t K, int64_t N, const at::Tensor& scale,
+                                                   const at::Tensor& offset, c10::ScalarType dtype, int64_t e) {
   auto grouped = [&](const at::Tensor& p, const char* what) {
     TORCH_CHECK_VALUE(p.scalar_type() == dtype || p.scalar_type() == at::kFloat, kOp, ": argument '", what,
                       "' must have x's dtype (", dtype, ") or float32; got ", p.scalar_type());
@@ -147,18 +138,35 @@ at::Tensor dequantise(const at::Tensor& w, bool int4, const at::Tensor& scale, c
     const int64_t G = p.dim() == 1 ? 1 : p.size(0);
     TORCH_CHECK_VALUE(K % G == 0, kOp, ": argument '", what, "' of expert ", e, " has G=", G,
                       " groups, which must divide K=", K);
-    return p.to(at::kFloat).reshape({G, 1, N});
+    return p.to(at::kFloat).reshape({G, N});
   };
   const at::Tensor s = grouped(scale, "antiquant_scale");
-  const int64_t G = s.size(0);
-  at::Tensor qg = q.view({G, K / G, N});
+  at::Tensor o;
   if (offset.defined()) {
-    const at::Tensor o = grouped(offset, "antiquant_offset");
+    o = grouped(offset, "antiquant_offset");
     TORCH_CHECK_VALUE(o.sizes() == s.sizes(), kOp, ": argument 'antiquant_offset' of expert ", e,
                       " must have antiquant_scale's shape ", scale.sizes(), "; got ", offset.sizes());
-    qg = qg + o;
   }
-  return (qg * s).reshape({K, N}).to(dtype);
+  return {s, o};
+}
+
+// Columns [n0, n1) of an expert weight (int8 [K, N] or int32 [K, N/8] holding eight int4 along N, element j in bits
+// 4j..4j+3; n0, n1 multiples of 8 for int4) dequantised to `dtype`: (w + offset) * scale in fp32, one rounding.
+at::Tensor dequant_tile(const at::Tensor& w, bool int4, const at::Tensor& s, const at::Tensor& o, int64_t n0,
+                        int64_t n1, c10::ScalarType dtype) {
+  const int64_t K = w.size(0), T = n1 - n0, G = s.size(0);
+  at::Tensor q;
+  if (int4) {
+    const at::Tensor packed = w.narrow(1, n0 / 8, T / 8);
+    const at::Tensor shifts = at::arange(0, 32, 4, w.options());
+    at::Tensor nib = packed.unsqueeze(-1).bitwise_right_shift(shifts).bitwise_and(15);
+    q = (nib.bitwise_xor(8) - 8).reshape({K, T}).to(at::kFloat);  // sign-extended from 4 bits
+  } else {
+    q = w.narrow(1, n0, T).to(at::kFloat);
+  }
+  at::Tensor qg = q.view({G, K / G, T});
+  if (o.defined()) qg = qg + o.narrow(1, n0, T).unsqueeze(1);
+  return (qg * s.narrow(1, n0, T).unsqueeze(1)).reshape({K, T}).to(dtype);
 }
 
 // W8A8 epilogue y = (acc + bias_i) * scale * pts[row] + bias_f -> act -> out's dtype, with ATen's vectorised,
@@ -187,28 +195,23 @@ void w8a8_epilogue(at::Tensor acc, at::Tensor out, const at::Tensor& scale, cons
   out.copy_(f);
 }
 
-// One W8A8 group: its rows of x, its expert's int8 weight, its rows of the output and the epilogue's operands.
-struct W8A8Job {
-  at::Tensor a, w, out;
-  at::Tensor scale, pts, bias_i, bias_f;  // undefined when absent
-};
-
-// Runs the groups as (group, column tile) tasks of about equal cost on the intra-op threads, each task one
-// single-threaded int8 GEMM + its epilogue (dynamic scheduling through an atomic counter). One parallel region per
-// call instead of one threaded GEMM per group: small groups do not leave threads idle at every GEMM's barrier,
-// which on a loaded machine cost more than the GEMMs themselves.
-void run_w8a8(const std::vector<W8A8Job>& jobs, int64_t act) {
-  struct Task { size_t job; int64_t n0, n1; };
+// Runs products (rows m, columns n, depth k) as (product, column tile) tasks of about equal cost on the intra-op
+// threads, dynamically handed out through an atomic counter; each task is single-threaded (ATen and oneDNN run
+// serially inside a parallel region). One parallel region per call instead of one threaded GEMM per group: small
+// groups do not leave threads idle at every GEMM's barrier, which on a loaded machine cost more than the GEMMs.
+// Tile widths are multiples of 64 columns. run(product, n0, n1) computes one tile.
+template <typename F>
+void run_column_tasks(const std::vector<std::array<int64_t, 3>>& shapes, const F& run) {
+  struct Task { size_t product; int64_t n0, n1; };
   const int64_t threads = at::get_num_threads();
   double total = 0;
-  for (const auto& j : jobs) total += double(j.a.size(0)) * j.out.size(1) * std::max<int64_t>(j.a.size(1), 1);
+  for (const auto& sh : shapes) total += double(sh[0]) * sh[1] * std::max<int64_t>(sh[2], 1);
   const double target = total / double(std::max<int64_t>(threads, 1) * 4);
   std::vector<Task> tasks;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const int64_t m = jobs[i].a.size(0), n = jobs[i].out.size(1), k = std::max<int64_t>(jobs[i].a.size(1), 1);
-    const int64_t max_tiles = std::max<int64_t>(1, n / 64);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const int64_t m = shapes[i][0], n = shapes[i][1], k = std::max<int64_t>(shapes[i][2], 1);
     const int64_t tiles = threads == 1 ? 1
-        : std::clamp<int64_t>(int64_t(double(m) * n * k / target + 0.5), 1, max_tiles);
+        : std::clamp<int64_t>(int64_t(double(m) * n * k / target + 0.5), 1, std::max<int64_t>(1, n / 64));
     const int64_t width = std::min(n, ((n + tiles - 1) / tiles + 63) / 64 * 64);
     for (int64_t n0 = 0; n0 < n; n0 += width) tasks.push_back({i, n0, std::min(n, n0 + width)});
   }
@@ -216,15 +219,44 @@ void run_w8a8(const std::vector<W8A8Job>& jobs, int64_t act) {
   std::atomic<size_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     at::ThreadLocalStateGuard guard(tls);
-    for (size_t t; (t = next.fetch_add(1)) < tasks.size();) {
-      const auto& task = tasks[t];
-      const auto& j = jobs[task.job];
-      const int64_t n0 = task.n0, w = task.n1 - task.n0, n = j.out.size(1);
-      auto cols = [&](const at::Tensor& v) { return v.defined() && v.numel() == n && n > 1 ? v.narrow(0, n0, w) : v; };
-      const bool whole = n0 == 0 && w == n;
-      w8a8_epilogue(at::_int_mm(j.a, whole ? j.w : j.w.narrow(1, n0, w)), whole ? j.out : j.out.narrow(1, n0, w),
-                    cols(j.scale), j.pts, cols(j.bias_i), cols(j.bias_f), act);
-    }
+    for (size_t t; (t = next.fetch_add(1)) < tasks.size();) run(tasks[t].product, tasks[t].n0, tasks[t].n1);
+  });
+}
+
+// One group: its rows of x, its expert's weight, its rows of the output and the epilogue's / dequantisation's
+// operands (undefined when absent).
+struct Job {
+  at::Tensor a, w, out;
+  at::Tensor scale, pts, bias_i, bias_f;  // W8A8
+  at::Tensor aq_scale, aq_offset, bias;   // weight-only: [G, N] fp32 parameters, bias in x's dtype
+};
+
+std::vector<std::array<int64_t, 3>> shapes_of(const std::vector<Job>& jobs) {
+  std::vector<std::array<int64_t, 3>> shapes;
+  for (const auto& j : jobs) shapes.push_back({j.a.size(0), j.out.size(1), j.a.size(1)});
+  return shapes;
+}
+
+void run_w8a8(const std::vector<Job>& jobs, int64_t act) {
+  run_column_tasks(shapes_of(jobs), [&](size_t p, int64_t n0, int64_t n1) {
+    const auto& j = jobs[p];
+    const int64_t w = n1 - n0, n = j.out.size(1);
+    auto cols = [&](const at::Tensor& v) { return v.defined() && v.numel() == n && n > 1 ? v.narrow(0, n0, w) : v; };
+    const bool whole = n0 == 0 && w == n;
+    w8a8_epilogue(at::_int_mm(j.a, whole ? j.w : j.w.narrow(1, n0, w)), whole ? j.out : j.out.narrow(1, n0, w),
+                  cols(j.scale), j.pts, cols(j.bias_i), cols(j.bias_f), act);
+  });
+}
+
+// Weight-only: each task dequantises its [K, tile] block of the expert's weight into x's dtype, then one GEMM.
+void run_weight_only(const std::vector<Job>& jobs, bool int4, c10::ScalarType dtype) {
+  run_column_tasks(shapes_of(jobs), [&](size_t p, int64_t n0, int64_t n1) {
+    const auto& j = jobs[p];
+    const at::Tensor wq = dequant_tile(j.w, int4, j.aq_scale, j.aq_offset, n0, n1, dtype);
+    // The bias enters the GEMM (beta = 1): the fp32 accumulation is rounded to x's dtype once, as upstream's fp32
+    // matmul + bias does; only the bias itself is rounded to x's dtype first.
+    j.out.narrow(1, n0, n1 - n0).copy_(j.bias.defined() ? at::addmm(j.bias.narrow(0, n0, n1 - n0), j.a, wq)
+                                                        : at::mm(j.a, wq));
   });
 }
 
@@ -367,15 +399,13 @@ std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& a
     }
   }
 
-  std::vector<W8A8Job> jobs;
+  std::vector<Job> jobs;
   for (const auto& p : ps) {
     if (p.m == 0) continue;
-    const at::Tensor a = xs[p.xi].narrow(0, p.r0, p.m);
-    at::Tensor o = outs[p.oi].narrow(0, p.o0, p.m);
     const int64_t n = w.n(p.e);
+    Job j{xs[p.xi].narrow(0, p.r0, p.m), w[p.e], outs[p.oi].narrow(0, p.o0, p.m)};
     const at::Tensor b = bias_of(args.bias, w, p.e, n);
     if (w8a8) {
-      W8A8Job j{a, w[p.e], o};
       if (!args.scale.empty()) j.scale = weight_scale(expert_param(kOp, "scale", args.scale, w, p.e), n, p.e);
       if (!pts.empty()) j.pts = pts[p.xi].narrow(0, p.r0, p.m);
       if (b.defined()) {
@@ -388,24 +418,24 @@ std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& a
           j.bias_f = b.to(at::kFloat);
         }
       }
-      jobs.push_back(std::move(j));
     } else {
       const at::Tensor as = expert_param(kOp, "antiquant_scale", args.antiquant_scale, w, p.e);
       const at::Tensor ao = args.antiquant_offset.empty()
           ? at::Tensor() : expert_param(kOp, "antiquant_offset", args.antiquant_offset, w, p.e);
-      const at::Tensor wq = dequantise(w[p.e], w.int4, as, ao, xdt, p.e);
+      std::tie(j.aq_scale, j.aq_offset) = antiquant_params(w.k(p.e), n, as, ao, xdt, p.e);
       if (b.defined()) {
         TORCH_CHECK_TYPE(b.scalar_type() == xdt || b.scalar_type() == at::kFloat, kOp, ": argument 'bias' must "
                          "have x's dtype (", xdt, ") or float32; got ", b.scalar_type());
-        // The bias enters the GEMM (beta = 1): the fp32 accumulation is rounded to x's dtype once, as upstream's
-        // fp32 matmul + bias does; only the bias itself is rounded to x's dtype first.
-        o.copy_(at::addmm(b.to(xdt), a, wq));
-      } else {
-        o.copy_(at::mm(a, wq));
+        j.bias = b.to(xdt);
       }
     }
+    jobs.push_back(std::move(j));
   }
-  run_w8a8(jobs, args.act_type);
+  if (w8a8) {
+    run_w8a8(jobs, args.act_type);
+  } else {
+    run_weight_only(jobs, w.int4, xdt);
+  }
   return returned;
 }
 
