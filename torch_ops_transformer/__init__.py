@@ -33,6 +33,10 @@ generated from native_functions.yaml. Public Python API:
 - `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
+- `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
+  torch.distributed group (docs/moe.md).
+- `npu_dynamic_quant` (+`_asymmetric`), `npu_swiglu` (+`_backward`) — per-token int8/int4 activation quantisation
+  and SwiGLU (module `quant`).
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
   overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
@@ -52,6 +56,8 @@ from .attention import (  # noqa: E402
     flash_attn_varlen_func,
     npu_fusion_attention,
     npu_fusion_attention_grad,
+    npu_fusion_attention_grad_v2,
+    npu_fusion_attention_v2,
 )
 from .fa2 import (  # noqa: E402
     flash_attn_kvpacked_func,
@@ -128,6 +134,12 @@ from .moe import (  # noqa: E402
     npu_moe_token_permute,
     npu_moe_token_unpermute,
 )
+from .quant import (  # noqa: E402
+    npu_dynamic_quant,
+    npu_dynamic_quant_asymmetric,
+    npu_swiglu,
+    npu_swiglu_backward,
+)
 
 __all__ = [
     "OPS",
@@ -143,6 +155,8 @@ __all__ = [
     "flash_attn_with_kvcache",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
+    "npu_fusion_attention_v2",
+    "npu_fusion_attention_grad_v2",
     "PagedKVCache",
     "npu_apply_rotary_pos_emb",
     "npu_rotary_mul",
@@ -188,9 +202,22 @@ __all__ = [
     "npu_moe_init_routing_v2",
     "npu_moe_token_permute",
     "npu_moe_token_unpermute",
+    "npu_dynamic_quant",
+    "npu_dynamic_quant_asymmetric",
+    "npu_swiglu",
+    "npu_swiglu_backward",
     "MC2Optimizer",
     "MC2DistributedDataParallel",
 ]
+from .moe import (  # noqa: E402
+    npu_moe_distribute_combine,
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch,
+    npu_moe_distribute_dispatch_v2,
+)
+
+__all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
+            "npu_moe_distribute_dispatch_v2"]
 __version__ = "0.1.0"
 
 from . import npu_sdpa, npu_sim  # noqa: E402

@@ -514,3 +514,32 @@ def test_weight_only_column_tiles_agree_across_threads():
     same = torch.cat([(torch.mm(x[:30], ref_dequant(wq[0], s[0], o[0]).bfloat16()).float() + b[0]).bfloat16(),
                       (torch.mm(x[30:], ref_dequant(wq[1], s[1], o[1]).bfloat16()).float() + b[1]).bfloat16()])
     _close(outs[0], same, ref)
+
+
+def test_w8a8_expert_mlp_chain_matches_fused_swiglu_quant():
+    """The W8A8 expert MLP as serving engines chain it — npu_dynamic_quant, grouped matmul (int32 out or
+    dequantised), npu_swiglu, npu_dynamic_quant, grouped matmul — agrees with the fused
+    npu_grouped_matmul_swiglu_quant on its first half and ends close to the float64 MLP."""
+    E, K, F, M = 4, 64, 32, 24
+    counts = torch.tensor([5, 0, 11, 8])
+    h = torch.randn(M, K)
+    w13 = _i8(E, K, 2 * F)
+    w2 = _i8(E, F, K)
+    s13, s2 = torch.rand(E, 2 * F) * 1e-3 + 1e-4, torch.rand(E, K) * 1e-3 + 1e-4
+    xq, xs = tot.npu_dynamic_quant(h)
+    gate_up = npu_grouped_matmul([xq], [w13], scale=[s13], per_token_scale=[xs], group_list=counts, split_item=3,
+                                 group_type=0, group_list_type=1, output_dtype=torch.float32)[0]
+    act_q, act_s = tot.npu_dynamic_quant(tot.npu_swiglu(gate_up))
+    fused_q, fused_s, _ = npu_grouped_matmul_swiglu_quant(xq, w13, torch.cumsum(counts, 0), s13, xs)
+    assert (act_q.int() - fused_q.int()).abs().max() <= 1
+    torch.testing.assert_close(act_s, fused_s, rtol=1e-5, atol=0)
+    out = npu_grouped_matmul([act_q], [w2], scale=[s2], per_token_scale=[act_s], group_list=counts, split_item=2,
+                             group_type=0, group_list_type=1, output_dtype=torch.bfloat16)[0]
+    # float64 MLP on the dequantised weights and the unquantised activations
+    ref, r = torch.zeros(M, K, dtype=torch.float64), 0
+    for e, c in enumerate(counts.tolist()):
+        g = h[r:r + c].double() @ (w13[e].double() * s13[e].double())
+        a = torch.nn.functional.silu(g[:, :F]) * g[:, F:]
+        ref[r:r + c] = a @ (w2[e].double() * s2[e].double())
+        r += c
+    assert (out.double() - ref).abs().max() <= 0.05 * ref.abs().max()  # two int8 activation quantisations

@@ -6,6 +6,8 @@
 - `grouped_matmul` — `npu_grouped_matmul`, `grouped_matmul`: per-expert matmul with fused bias and activation
   (also W8A8 and int8/int4 weight-only); `npu_grouped_matmul_swiglu_quant` (+ _v2).
 - `layer` — `MOELayer`, single-process or expert-parallel.
+- `distribute` — `npu_moe_distribute_dispatch(_v2)` / `npu_moe_distribute_combine(_v2)`: expert-parallel token
+  exchange on a torch.distributed group.
 """
 from .grouped_matmul import (grouped_matmul, npu_grouped_matmul, npu_grouped_matmul_swiglu_quant,
                              npu_grouped_matmul_swiglu_quant_v2)
@@ -29,3 +31,13 @@ __all__ = ["MOELayer", "grouped_matmul", "npu_grouped_matmul", "npu_grouped_matm
            "npu_moe_gating_top_k_softmax",
            "npu_moe_gating_top_k_softmax_v2", "npu_moe_init_routing", "npu_moe_init_routing_v2",
            "npu_moe_token_permute", "npu_moe_token_unpermute"]
+
+from .distribute import (  # noqa: E402
+    npu_moe_distribute_combine,
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch,
+    npu_moe_distribute_dispatch_v2,
+)
+
+__all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
+            "npu_moe_distribute_dispatch_v2"]
