@@ -28,7 +28,8 @@ generated from native_functions.yaml. Public Python API:
 - `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa").
   transformers stays optional and is not imported here: "npu_fa" is registered automatically when transformers'
   modeling code is imported (before or after this package); `register_hf_attention()` does it by hand.
-- `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
+- `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation (also W8A8 and
+  int8/int4 weight-only); `npu_grouped_matmul_swiglu_quant` (+ _v2) — W8A8 grouped matmul + SwiGLU + int8 requant.
 - `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
@@ -120,6 +121,8 @@ from .moe import (  # noqa: E402
     MOELayer,
     grouped_matmul,
     npu_grouped_matmul,
+    npu_grouped_matmul_swiglu_quant,
+    npu_grouped_matmul_swiglu_quant_v2,
     npu_moe_compute_expert_tokens,
     npu_moe_finalize_routing,
     npu_moe_gating_top_k,
@@ -186,6 +189,8 @@ __all__ = [
     "replace_attention_with_flash",
     "grouped_matmul",
     "npu_grouped_matmul",
+    "npu_grouped_matmul_swiglu_quant",
+    "npu_grouped_matmul_swiglu_quant_v2",
     "MOELayer",
     "npu_moe_compute_expert_tokens",
     "npu_moe_finalize_routing",

@@ -87,6 +87,10 @@ bool mc2_validation(int64_t enable);
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(const GroupedMatmulArgs& args);
 // grouped_matmul_grad [CPU]
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(const GroupedMatmulGradArgs& args);
+// grouped_matmul_quant [CPU]
+std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& args);
+// grouped_matmul_swiglu_quant [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu(const GroupedMatmulSwigluQuantArgs& args);
 // moe_gating_top_k_softmax [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const MoeGatingTopKSoftmaxArgs& args);
 // moe_gating_top_k_softmax [PrivateUse1]

@@ -448,6 +448,42 @@ decltype(auto) apply_args(const GroupedMatmulGradArgs& a, F&& f) {
   return f(a.grad_out, a.x, a.weight, a.bias, a.group_list, a.act_input, a.group_type, a.group_list_type, a.act_type);
 }
 
+// grouped_matmul_quant
+struct GroupedMatmulQuantArgs {
+  at::TensorList x;
+  at::TensorList weight;
+  at::TensorList bias;
+  at::TensorList scale;
+  at::TensorList per_token_scale;
+  at::TensorList antiquant_scale;
+  at::TensorList antiquant_offset;
+  const std::optional<at::Tensor>& group_list;
+  int64_t group_type;
+  int64_t group_list_type;
+  int64_t act_type;
+  int64_t output_dtype;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const GroupedMatmulQuantArgs& a, F&& f) {
+  return f(a.x, a.weight, a.bias, a.scale, a.per_token_scale, a.antiquant_scale, a.antiquant_offset, a.group_list, a.group_type, a.group_list_type, a.act_type, a.output_dtype);
+}
+
+// grouped_matmul_swiglu_quant
+struct GroupedMatmulSwigluQuantArgs {
+  const at::Tensor& x;
+  const at::Tensor& weight;
+  const at::Tensor& group_list;
+  const at::Tensor& weight_scale;
+  const at::Tensor& x_scale;
+  int64_t group_list_type;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const GroupedMatmulSwigluQuantArgs& a, F&& f) {
+  return f(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type);
+}
+
 // moe_gating_top_k_softmax
 struct MoeGatingTopKSoftmaxArgs {
   const at::Tensor& x;

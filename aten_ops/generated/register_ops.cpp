@@ -427,6 +427,29 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
   return npu_fa::grouped_matmul_grad_cpu(npu_fa::GroupedMatmulGradArgs{grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type});
 }
 
+std::vector<at::Tensor> grouped_matmul_quant_cpu_unboxed(at::TensorList x, at::TensorList weight, at::TensorList bias, at::TensorList scale, at::TensorList per_token_scale, at::TensorList antiquant_scale, at::TensorList antiquant_offset, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type, int64_t output_dtype) {
+  npu_fa::DeviceRule rule("grouped_matmul_quant");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("scale", scale);
+  rule.device_tensor("per_token_scale", per_token_scale);
+  rule.device_tensor("antiquant_scale", antiquant_scale);
+  rule.device_tensor("antiquant_offset", antiquant_offset);
+  rule.host_tensor("group_list", group_list);
+  return npu_fa::grouped_matmul_quant_cpu(npu_fa::GroupedMatmulQuantArgs{x, weight, bias, scale, per_token_scale, antiquant_scale, antiquant_offset, group_list, group_type, group_list_type, act_type, output_dtype});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_list, const at::Tensor& weight_scale, const at::Tensor& x_scale, int64_t group_list_type) {
+  npu_fa::DeviceRule rule("grouped_matmul_swiglu_quant");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("weight_scale", weight_scale);
+  rule.device_tensor("x_scale", x_scale);
+  rule.host_tensor("group_list", group_list);
+  return npu_fa::grouped_matmul_swiglu_quant_cpu(npu_fa::GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k) {
   npu_fa::DeviceRule rule("moe_gating_top_k_softmax");
   rule.device_tensor("x", x);
@@ -662,6 +685,8 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("mc2_validation(int enable=-1) -> bool", TORCH_FN(npu_fa::mc2_validation));
   m.def("grouped_matmul(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] out, Tensor[] act_input)", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});
+  m.def("grouped_matmul_quant(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor[] scale, Tensor[] per_token_scale, Tensor[] antiquant_scale, Tensor[] antiquant_offset, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0, int output_dtype=-1) -> Tensor[] out", {at::Tag::pt2_compliant_tag});
+  m.def("grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, Tensor x_scale, int group_list_type=0) -> (Tensor out, Tensor out_scale, Tensor out_offset)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor y, Tensor expert_idx, Tensor row_idx)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax_v2(Tensor x, Tensor? finished=None, int k=1, int renorm=0, bool output_softmax_result_flag=False) -> (Tensor y, Tensor expert_idx, Tensor softmax_result)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax_grad(Tensor grad_y, Tensor x, int k, int renorm=0) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -710,6 +735,8 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(matmul_all_reduce_add_rms_norm_mc2_unboxed));
   m.impl("grouped_matmul", TORCH_FN(grouped_matmul_cpu_unboxed));
   m.impl("grouped_matmul_grad", TORCH_FN(grouped_matmul_grad_cpu_unboxed));
+  m.impl("grouped_matmul_quant", TORCH_FN(grouped_matmul_quant_cpu_unboxed));
+  m.impl("grouped_matmul_swiglu_quant", TORCH_FN(grouped_matmul_swiglu_quant_cpu_unboxed));
   m.impl("moe_gating_top_k_softmax", TORCH_FN(moe_gating_top_k_softmax_cpu_unboxed));
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_cpu_unboxed));
   m.impl("moe_gating_top_k_softmax_grad", TORCH_FN(moe_gating_top_k_softmax_grad_cpu_unboxed));

@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 31> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 33> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
@@ -21,6 +21,8 @@ inline constexpr std::array<const char*, 31> kSimulatedNpuCpuKernelOps = {
     "attention_update_grad",
     "grouped_matmul",
     "grouped_matmul_grad",
+    "grouped_matmul_quant",
+    "grouped_matmul_swiglu_quant",
     "moe_gating_top_k_softmax_grad",
     "moe_gating_top_k",
     "moe_gating_top_k_grad",
@@ -50,6 +52,8 @@ inline bool is_host_tensor(std::string_view op, std::string_view arg) {
   if (op == "npu_fa::fused_infer_attention_score") return arg == "actual_seq_lengths" || arg == "actual_seq_lengths_kv";
   if (op == "npu_fa::grouped_matmul") return arg == "group_list";
   if (op == "npu_fa::grouped_matmul_grad") return arg == "group_list";
+  if (op == "npu_fa::grouped_matmul_quant") return arg == "group_list";
+  if (op == "npu_fa::grouped_matmul_swiglu_quant") return arg == "group_list";
   return false;
 }
 

@@ -1,4 +1,5 @@
-"""opcheck cases of grouped_matmul and its backward (all group types, activation, bias, empty groups)."""
+"""opcheck cases of grouped_matmul and its backward (all group types, activation, bias, empty groups), of
+grouped_matmul_quant (W8A8, weight-only int8/int4) and grouped_matmul_swiglu_quant."""
 import torch
 
 
@@ -30,7 +31,38 @@ def _gmm_grad(group_type, act):
     return make
 
 
+def _i8(*shape):
+    return torch.randint(-128, 128, shape, dtype=torch.int8)
+
+
+def _gmm_quant(kind):
+    def make():
+        gl = torch.tensor([3, 0, 5, 2])
+        if kind == "w8a8_per_token":  # bf16 output, int32 bias, silu, counts
+            return ([_i8(10, 16)], [_i8(4, 16, 8)], [torch.randint(-9, 9, (4, 8), dtype=torch.int32)],
+                    [torch.rand(4, 8)], [torch.rand(10)], [], [], gl, 0, 1, 5, 15), {}
+        if kind == "w8a8_int32_pairs":  # raw accumulation, (expert, count) pairs ending short of M
+            return ([_i8(10, 16)], [_i8(4, 16, 8)], [], [], [], [], [], torch.tensor([[2, 4], [0, 3]]), 0, 2, 0,
+                    3), {}
+        if kind == "w8a8_lists_int8_out":
+            return ([_i8(3, 16), _i8(2, 2, 8)], [_i8(16, 6), _i8(8, 6)], [], [torch.rand(6), torch.rand(1)], [],
+                    [], [], None, -1, 0, 0, -1), {}
+        # weight-only int4 per group (G=2) with offset, bf16
+        w = torch.randint(-2**31, 2**31 - 1, (4, 16, 1), dtype=torch.int32)
+        return ([torch.randn(10, 16, dtype=torch.bfloat16)], [w], [torch.randn(4, 8)], [], [],
+                [torch.rand(4, 2, 8, dtype=torch.bfloat16)], [torch.randn(4, 2, 8, dtype=torch.bfloat16)],
+                torch.cumsum(gl, 0), 0, 0, 0, -1), {}
+    return make
+
+
+def _swiglu_quant():
+    return (_i8(12, 16), _i8(3, 16, 8), torch.tensor([4, 4, 10]), torch.rand(3, 8), torch.rand(12), 0), {}
+
+
 OPCHECK_CASES = {
+    "grouped_matmul_quant": {k: _gmm_quant(k) for k in ("w8a8_per_token", "w8a8_int32_pairs",
+                                                         "w8a8_lists_int8_out", "weight_only_int4_group")},
+    "grouped_matmul_swiglu_quant": {"cumsum_short": _swiglu_quant},
     "grouped_matmul": {
         "lists_bias_relu": _gmm(-1, act=1),
         "split_m_bias_silu": _gmm(0, act=5),

@@ -173,7 +173,7 @@ def test_npu_grouped_matmul_signature():
     torch.testing.assert_close(torch.cat(lists), single[0][:5])
     with pytest.raises(ValueError, match="'group_type' is required"):  # torch_npu has no default either
         npu_grouped_matmul([x[:2], x[2:5]], [w[0], w[1]])
-    with pytest.raises(NotImplementedError, match="antiquant_scale"):
+    with pytest.raises(TypeError, match="'antiquant_scale' need int8 x and weight"):  # float weight
         npu_grouped_matmul([x], [w], group_list=gl, group_type=0, antiquant_scale=[torch.ones(5)])
 
 
@@ -277,7 +277,7 @@ def test_npu_grouped_matmul_torch_npu_argument_rules():
         npu_grouped_matmul([x], [w], group_list=gl, group_type=0, tuning_config=[-1])
     with pytest.raises(TypeError, match="'tuning_config'"):
         npu_grouped_matmul([x], [w], group_list=gl, group_type=0, tuning_config=["16"])
-    with pytest.raises(NotImplementedError, match="'group_list_type' 2"):
+    with pytest.raises(ValueError, match="'group_list_type' 2 .* int8 x"):
         npu_grouped_matmul([x], [w], group_list=gl, group_type=0, group_list_type=2)
     with pytest.raises(ValueError, match="'group_list' must be None with group_type -1"):
         npu_grouped_matmul([x[:2], x[2:]], [w[0], w[1]], group_list=gl[:2], group_type=-1)

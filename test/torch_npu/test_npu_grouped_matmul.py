@@ -26,11 +26,21 @@ Upstream cases, ported:
   manual passing group_type".
 - test_npu_grouped_matmul_invalid_group_type: group_type 1, 3, 100 raise a RuntimeError, with torch_npu's words
   "The group type must be".
-Not applicable (quantised or anti-quantised matmul, NZ weight format, NPU-only dtypes; scale / antiquant_scale /
-per_token_scale and the float4 / float8 dtype codes raise NotImplementedError naming the argument, checked in
-test_quantised_arguments_are_not_implemented): test_npu_grouped_matmul_antiquant_0, _quant_3, _quant_3_nz,
-_A16W4, _A8W4, _a8w4_per_group_weight_nz, _quant_950, _quant_950_mxfp4, _quant_int8_nz, _mx_a8w4_nz_sss,
-_quant_float4_weight_nz.
+- test_npu_grouped_matmul_quant_3: W8A8 single-multi-single, x int8 [1792, 1024], three int8 [1024, 256] weights
+  and int32 biases, golden (x @ w + b) * scale; scale int64 (packed as npu_trans_quant_param packs it; upstream's
+  test casts the fp32 scale to int64, which truncates it to 0) with the int8 output (rounded, clipped), fp32 with
+  float16 output, bf16 with bf16 output. Upstream compares within 1 after a cast to int8; we compare the int8 output
+  within 1 and the float outputs within prec16 relatively (their golden is the same formula).
+- test_npu_grouped_matmul_A16W4: int4 weight-only, bf16 x [2048, 5120] (reduced to [512, 640]), weight int4
+  [8, K, N] packed into int32 as npu_quantize(quint4x2) packs it, N 2688 reduced to 256, per-channel bf16
+  antiquant_scale / antiquant_offset [8, N], fp32 bias, cumulative group_list with an empty first group; golden
+  ((w + offset) * scale rounded to bf16, fp32 matmul + bias, bf16); upstream's check: 99.5% of elements within
+  rtol = atol = 0.005.
+Not applicable (NZ weight format, NPU-only dtypes — the float4 / float8 dtype codes raise NotImplementedError
+naming the argument, checked in test_quantised_arguments_are_not_implemented): test_npu_grouped_matmul_antiquant_0
+(skipped upstream; its weight-only int8 multi-multi-multi form is covered by test/moe/test_grouped_matmul_quant.py),
+_quant_3_nz, _A8W4 (int4 weight with int8 x), _a8w4_per_group_weight_nz, _quant_950, _quant_950_mxfp4,
+_quant_int8_nz, _mx_a8w4_nz_sss, _quant_float4_weight_nz.
 """
 import pytest
 import torch
@@ -183,9 +193,85 @@ def test_quantised_arguments_are_not_implemented():
     group_list = to_device(torch.tensor([16, 32]))
     kw = dict(group_list=group_list, split_item=3, group_type=0)
     one = to_device(torch.ones(2, 8))
-    for name, value in (("scale", [one]), ("antiquant_scale", [one]), ("per_token_scale", [one]),
-                        ("x_dtype", torch_npu.float4_e2m1fn_x2), ("weight_dtype", torch_npu.float4_e1m2fn_x2),
+    for name in ("scale", "antiquant_scale", "per_token_scale"):  # need int8 inputs or an int8/int4 weight
+        with pytest.raises(TypeError, match=f"'{name}' need int8 x and weight"):
+            torch_npu.npu_grouped_matmul(x, w, **kw, **{name: [one]})
+    for name, value in (("x_dtype", torch_npu.float4_e2m1fn_x2), ("weight_dtype", torch_npu.float4_e1m2fn_x2),
                         ("scale_dtype", torch_npu.float8_e8m0fnu), ("per_token_scale_dtype", torch_npu.float8_e8m0fnu),
                         ("output_dtype", torch.int8)):
         with pytest.raises(NotImplementedError, match=f"'{name}'"):
             torch_npu.npu_grouped_matmul(x, w, **kw, **{name: value})
+
+
+def _packed_scale(s):
+    """npu_trans_quant_param without offset: the fp32 bits truncated to 19 in bits 0-31, bit 46 set; and the fp32
+    value the packing carries."""
+    bits = s.view(torch.int32).long() & 0xFFFFE000
+    return bits | (1 << 46), bits.to(torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("scale_dtype,output_dtype", [(torch.int64, None), (torch.float32, torch.float16),
+                                                      (torch.bfloat16, torch.bfloat16)])
+def test_npu_grouped_matmul_quant_3(scale_dtype, output_dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(1, 5, (1792, 1024), dtype=torch.int8, generator=gen)
+    weight = [torch.randint(1, 5, (1024, 256), dtype=torch.int8, generator=gen) for _ in range(3)]
+    bias = [torch.randint(1, 5, (256,), dtype=torch.int32, generator=gen) for _ in range(3)]
+    fp32 = [torch.rand(256, generator=gen) * 0.02 + 0.01 for _ in range(3)]
+    if scale_dtype == torch.int64:
+        packed = [_packed_scale(v) for v in fp32]
+        scale, values = [p for p, _ in packed], [v for _, v in packed]
+    else:
+        scale = [v.to(scale_dtype) for v in fp32]
+        values = [v.float() for v in scale]
+    ends = [256, 1280, 1792]
+    originals = x.clone()
+    out = torch_npu.npu_grouped_matmul([to_device(x)], [to_device(w) for w in weight],
+                                       bias=[to_device(b) for b in bias], scale=[to_device(v) for v in scale],
+                                       group_list=to_device(torch.tensor(ends)), split_item=3, group_type=0,
+                                       output_dtype=output_dtype)
+    assert len(out) == 1 and torch.equal(x, originals)
+    got = out[0].cpu()
+    starts = [0] + ends[:-1]
+    golden = torch.cat([(x[s:e].double() @ w.double() + b.double()) * v.double()
+                        for s, e, w, b, v in zip(starts, ends, weight, bias, values)])
+    if output_dtype is None:
+        assert got.dtype == torch.int8
+        assert (got.double() - golden.round().clamp(-128, 127)).abs().max() <= 1
+    else:
+        assert got.dtype == output_dtype
+        assert_rtol_equal(golden.to(output_dtype).float().numpy(), got.float().numpy())
+
+
+def _pack_int4(v):
+    """npu_quantize(..., torch.quint4x2)'s int32 packing: eight int4 along the last axis, the first lowest."""
+    nib = (v.long() & 0xF).reshape(*v.shape[:-1], v.shape[-1] // 8, 8)
+    packed = (nib << (4 * torch.arange(8))).sum(-1)
+    return ((packed + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def test_npu_grouped_matmul_A16W4():
+    gen = torch.Generator().manual_seed(0)
+    E, M, K, N = 8, 512, 640, 256
+    x = torch.randint(-5, 5, (M, K), generator=gen).to(torch.bfloat16)
+    weight = torch.randint(-5, 5, (E, K, N), generator=gen, dtype=torch.int32)
+    bias = torch.randn(E, N, generator=gen)
+    scale = torch.rand(E, N, generator=gen).to(torch.bfloat16)
+    offset = torch.rand(E, N, generator=gen).to(torch.bfloat16)
+    step = M // (E - 1)
+    ends = [i * step for i in range(E)]
+    ends[-1] = M
+    out = torch_npu.npu_grouped_matmul([to_device(x)], [to_device(_pack_int4(weight))], bias=[to_device(bias)],
+                                       scale=None, offset=None, antiquant_scale=[to_device(scale)],
+                                       antiquant_offset=[to_device(offset)], per_token_scale=None,
+                                       group_list=to_device(torch.tensor(ends)), activation_input=None,
+                                       activation_quant_scale=None, activation_quant_offset=None, split_item=3,
+                                       group_type=0, group_list_type=0, act_type=0, output_dtype=None)[0].cpu()
+    golden, start = [], 0
+    for e, end in enumerate(ends):
+        w = ((weight[e].float() + offset[e].float()) * scale[e].float()).to(torch.bfloat16).float()
+        golden.append((x[start:end].float() @ w + bias[e]).to(torch.bfloat16))
+        start = end
+    golden = torch.cat(golden).float()
+    close = torch.isclose(out.float(), golden, rtol=0.005, atol=0.005)
+    assert close.float().mean() >= 0.995

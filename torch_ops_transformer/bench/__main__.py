@@ -16,6 +16,7 @@ TABLES = {
     "decode": "decode",
     "moe": "moe",
     "moe_routing": "moe_routing",
+    "moe_quant": "moe_quant",
     "moe-distribute": "moe_distribute",  # expert-parallel dispatch + combine, world size 2
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",
@@ -38,7 +39,8 @@ def main(argv=None) -> int:
         plot._pyplot()  # a missing matplotlib fails now, not after the tables
     if args.threads:
         torch.set_num_threads(args.threads)
-    tables = [t for t in TABLES if t != "moe_routing"] if args.table == "all" else [args.table]  # moe prints routing
+    tables = [t for t in TABLES if t not in ("moe_routing", "moe_quant")] if args.table == "all" \
+        else [args.table]  # moe prints routing and quant
     for name in tables:
         module = importlib.import_module(f".{TABLES[name]}", __package__)
         module.main(quick=args.quick, reps=1 if args.quick else args.reps)

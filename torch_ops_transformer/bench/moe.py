@@ -118,9 +118,13 @@ def moe_layer_table(quick: bool, reps: int):
     print()
 
 
-def main(quick: bool = False, reps: int = 5, tables=("grouped_matmul", "moe_layer", "routing")):
+def main(quick: bool = False, reps: int = 5, tables=("grouped_matmul", "quant", "moe_layer", "routing")):
     if "grouped_matmul" in tables:
         grouped_matmul_table(quick, reps)
+    if "quant" in tables:
+        from . import moe_quant  # W8A8 / weight-only grouped matmul (also `bench moe_quant`)
+
+        moe_quant.main(quick=quick, reps=reps)
     if "moe_layer" in tables:
         moe_layer_table(quick, reps)
     if "routing" in tables:

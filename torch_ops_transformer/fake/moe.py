@@ -187,3 +187,35 @@ def grouped_matmul_grad(a):
     _check_grouped("grouped_matmul_grad", a.x, a.weight, a.group_type, a.group_list_type, a.act_type)
     return ([t.new_empty(t.shape) for t in a.x], [t.new_empty(t.shape) for t in a.weight],
             [t.new_empty(t.shape) for t in a.bias])
+
+
+# Quantised grouped matmul: int32 weights hold eight int4 values along N.
+def _quant_n(w):
+    return w.shape[-1] * (8 if w.dtype == torch.int32 else 1)
+
+
+def grouped_matmul_quant(a):
+    from .._args import SCALAR_TYPE_CODES
+
+    op = "grouped_matmul_quant"
+    torch._check(len(a.x) > 0 and len(a.weight) > 0, lambda: f"{op}: x and weight must be non-empty lists")
+    torch._check(a.group_type in (-1, 0), lambda: f"{op}: argument 'group_type' must be -1 or 0; got {a.group_type}")
+    xdt = a.x[0].dtype
+    weight_only = xdt in (torch.bfloat16, torch.float16)
+    if a.output_dtype == -1:
+        odt = xdt if weight_only else (torch.int32 if len(a.scale) == 0 else torch.int8)
+    else:
+        odt = SCALAR_TYPE_CODES.get(a.output_dtype)
+        torch._check(odt is not None, lambda: f"{op}: unsupported output_dtype code {a.output_dtype}")
+    if a.group_type == -1:
+        return [xi.new_empty(tuple(xi.shape[:-1]) + (_quant_n(wi),), dtype=odt) for xi, wi in zip(a.x, a.weight)]
+    return [a.x[0].new_empty((a.x[0].shape[0], _quant_n(a.weight[0])), dtype=odt)]
+
+
+def grouped_matmul_swiglu_quant(a):
+    op = "grouped_matmul_swiglu_quant"
+    torch._check(a.x.dim() == 2 and a.weight.dim() == 3 and a.weight.shape[2] % 2 == 0,
+                 lambda: f"{op}: x must be [M, K] and weight [E, K, N] with N even")
+    m, n = a.x.shape[0], a.weight.shape[2]
+    return (a.x.new_empty((m, n // 2), dtype=torch.int8), a.x.new_empty((m,), dtype=torch.float32),
+            a.x.new_empty((), dtype=torch.float32))

@@ -3,12 +3,14 @@
 - `routing` — `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`),
   `npu_moe_init_routing(_v2)`, `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`,
   `npu_moe_token_permute` / `_unpermute`.
-- `grouped_matmul` — `npu_grouped_matmul`, `grouped_matmul`: per-expert matmul with fused bias and activation.
+- `grouped_matmul` — `npu_grouped_matmul`, `grouped_matmul`: per-expert matmul with fused bias and activation
+  (also W8A8 and int8/int4 weight-only); `npu_grouped_matmul_swiglu_quant` (+ _v2).
 - `layer` — `MOELayer`, single-process or expert-parallel.
 - `distribute` — `npu_moe_distribute_dispatch(_v2)` / `npu_moe_distribute_combine(_v2)`: expert-parallel token
   exchange on a torch.distributed group.
 """
-from .grouped_matmul import grouped_matmul, npu_grouped_matmul
+from .grouped_matmul import (grouped_matmul, npu_grouped_matmul, npu_grouped_matmul_swiglu_quant,
+                             npu_grouped_matmul_swiglu_quant_v2)
 from .layer import MOELayer
 from .routing import (
     npu_moe_compute_expert_tokens,
@@ -23,7 +25,8 @@ from .routing import (
     npu_moe_token_unpermute,
 )
 
-__all__ = ["MOELayer", "grouped_matmul", "npu_grouped_matmul", "npu_moe_compute_expert_tokens",
+__all__ = ["MOELayer", "grouped_matmul", "npu_grouped_matmul", "npu_grouped_matmul_swiglu_quant",
+           "npu_grouped_matmul_swiglu_quant_v2", "npu_moe_compute_expert_tokens",
            "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_backward",
            "npu_moe_gating_top_k_softmax",
            "npu_moe_gating_top_k_softmax_v2", "npu_moe_init_routing", "npu_moe_init_routing_v2",

@@ -1,5 +1,6 @@
-"""Grouped matmul: torch_npu's `npu_grouped_matmul` signature and a single-tensor convenience function, both over
-`torch.ops.npu_fa.grouped_matmul` (semantics in docs/moe.md)."""
+"""Grouped matmul: torch_npu's `npu_grouped_matmul` (floating point and quantised), `npu_grouped_matmul_swiglu_quant`
+(and _v2) and a single-tensor convenience function, over `torch.ops.npu_fa.grouped_matmul`, `grouped_matmul_quant`
+and `grouped_matmul_swiglu_quant` (semantics in docs/moe.md)."""
 from typing import List, Optional, Sequence, Union
 
 import torch
@@ -8,10 +9,6 @@ from .. import _args
 
 # act_type numbering of CANN / torch_npu; names accepted by `grouped_matmul(..., activation=...)`.
 ACT_TYPES = {"none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 2, "fast_gelu": 4, "silu": 5}
-
-_QUANT_ARGS = ("scale", "offset", "antiquant_scale", "antiquant_offset", "per_token_scale", "activation_input",
-               "activation_quant_scale", "activation_quant_offset")
-
 
 def _act_type(activation: Union[str, int]) -> int:
     if isinstance(activation, int):
@@ -60,10 +57,49 @@ def _check_group_ends(op: str, ends: List[int], rows: List[int]) -> None:
                          f"tensors (one group per tensor)")
 
 
-def _lists(x, weight, bias, split_item, act_type):
-    """Independent products x[i] @ weight[i] (group_type -1), one output each or (split_item 2/3) concatenated."""
-    out, _ = torch.ops.npu_fa.grouped_matmul(x, weight, bias, None, -1, 0, act_type)
-    return [torch.cat(out, dim=0)] if split_item in (2, 3) and len(out) > 1 else list(out)
+# torch dtype -> ScalarType code, for grouped_matmul_quant's `output_dtype` (torch_npu's own `int?` convention).
+_DTYPE_CODES = {v: k for k, v in _args.SCALAR_TYPE_CODES.items()}
+_QUANT_OUT = (torch.bfloat16, torch.float16, torch.float32, torch.int8, torch.int32)
+
+
+def _resolve_dtype(op: str, name: str, value) -> Optional[torch.dtype]:
+    """None, a torch.dtype or torch_npu's integer dtype code -> a torch.dtype (None stays None)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: argument '{name}' must be None, a torch.dtype or a torch_npu dtype code (int); got "
+                        f"{value!r}")
+    if value not in _args.SCALAR_TYPE_CODES:
+        raise NotImplementedError(f"{op}: argument '{name}' code {value} selects a format this package does not "
+                                  f"implement")
+    return _args.SCALAR_TYPE_CODES[value]
+
+
+def _tensors(value) -> List[torch.Tensor]:
+    return [] if value is None else list(value)
+
+
+def _is_quantised(x, weight, *lists) -> bool:
+    return (x[0].dtype == torch.int8 or weight[0].dtype in (torch.int8, torch.int32)
+            or any(len(_tensors(v)) > 0 for v in lists))
+
+
+def _quant_call(op, x, weight, bias, scale, per_token_scale, antiquant_scale, antiquant_offset, gl, group_type,
+                group_list_type, act_type, output_dtype):
+    code = -1 if output_dtype is None else _DTYPE_CODES[output_dtype]
+    return torch.ops.npu_fa.grouped_matmul_quant(x, weight, bias, _tensors(scale), _tensors(per_token_scale),
+                                                 _tensors(antiquant_scale), _tensors(antiquant_offset), gl,
+                                                 group_type, group_list_type, act_type, code)
+
+
+def _split_covered(y: torch.Tensor, gl: torch.Tensor, group_list_type: int) -> List[torch.Tensor]:
+    """One output per group (split_item 0/1) of a quantised split-M result; the groups may end before y's last row."""
+    if group_list_type == 2:
+        counts = gl[:, 1]
+    else:
+        counts = gl if group_list_type == 1 else torch.diff(gl, prepend=gl.new_zeros(1))
+    counts = counts.tolist()
+    return list(torch.split(y[:sum(counts)], counts, dim=0))
 
 
 @_args.torch_npu_api
@@ -76,19 +112,25 @@ def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor]
                        act_type: Optional[int] = 0, tuning_config: Optional[Sequence[int]] = None,
                        output_dtype=None, x_dtype=None, weight_dtype=None, scale_dtype=None,
                        per_token_scale_dtype=None) -> List[torch.Tensor]:
-    """torch_npu.npu_grouped_matmul, non-quantised (semantics in docs/moe.md).
+    """torch_npu.npu_grouped_matmul (semantics in docs/moe.md).
 
     group_list a tensor (or None): group_type is required, as in torch_npu: -1 independent products x[i] @ weight[i]
     (no group_list), 0 split along M (one x [M, K] split by group_list, or several x, one group each), 2 split along
-    K (x [M, K], weight [K, N] -> [E, M, N]). group_list a list of ints (torch_npu's `.List` overload): cumulative
-    ends, group_type None (or 0/-1), group_list_type and act_type 0. split_item 0/1: one output per group; 2/3: a
-    single output. None for the `int?` arguments means their default. tuning_config is a tiling hint (validated).
-    The quantisation arguments must be None or empty lists, the dtype arguments None or the dtype the tensor has
-    (NotImplementedError otherwise)."""
+    K (x [M, K], weight [K, N] -> [E, M, N]; floating point only). group_list a list of ints (torch_npu's `.List`
+    overload): cumulative ends, group_type None (or 0/-1), group_list_type and act_type 0. split_item 0/1: one
+    output per group; 2/3: a single output. None for the `int?` arguments means their default. tuning_config is a
+    tiling hint (validated).
+
+    Quantised forms (`grouped_matmul_quant`): int8 x and int8 weight (W8A8) with `scale` (fp32/bf16/int64 packed),
+    optional `per_token_scale`, int32 or float bias, `output_dtype` bf16/fp16/fp32/int8/int32; bf16/fp16 x with an
+    int8 weight or int4 packed in int32 (weight-only) with `antiquant_scale` / `antiquant_offset` per channel or per
+    group. group_list_type 2 ((expert, count) pairs) for int8 x. `offset` and the activation_* arguments must be
+    None; the *_dtype arguments None or the dtype their tensor has (other formats: NotImplementedError)."""
     op = "npu_grouped_matmul"
-    _args.not_implemented(op, "quantised / anti-quantised matmul", empty_is_none=True,
-                          **dict(zip(_QUANT_ARGS, (scale, offset, antiquant_scale, antiquant_offset, per_token_scale,
-                                                   activation_input, activation_quant_scale, activation_quant_offset))))
+    _args.not_implemented(op, "a quantisation offset and activation quantisation", empty_is_none=True,
+                          offset=offset, activation_input=activation_input,
+                          activation_quant_scale=activation_quant_scale,
+                          activation_quant_offset=activation_quant_offset)
     x, weight = list(x), list(weight)
     if not x or not weight:
         raise ValueError(f"{op}: arguments 'x' and 'weight' must be non-empty lists of tensors; got {len(x)} and "
@@ -100,14 +142,40 @@ def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor]
         raise ValueError(f"{op}: argument 'split_item' must be 0, 1 (one output per group), 2 or 3 (one output); "
                          f"got {split_item}")
     _check_tuning_config(op, tuning_config)
-    _args.same_dtype_or_none(op, "x_dtype", x_dtype, x[0].dtype, "a quantised x format")
-    _args.same_dtype_or_none(op, "weight_dtype", weight_dtype, weight[0].dtype, "a quantised weight format")
-    _args.same_dtype_or_none(op, "scale_dtype", scale_dtype, None, "quantisation (the dtype of 'scale')")
-    _args.same_dtype_or_none(op, "per_token_scale_dtype", per_token_scale_dtype, None,
-                             "per-token quantisation (the dtype of 'per_token_scale')")
-    _args.same_dtype_or_none(op, "output_dtype", output_dtype, x[0].dtype, "a quantised output")
+    quant = _is_quantised(x, weight, scale, per_token_scale, antiquant_scale, antiquant_offset)
+    if quant and x[0].is_floating_point() and weight[0].is_floating_point():
+        named = (("scale", scale), ("per_token_scale", per_token_scale), ("antiquant_scale", antiquant_scale),
+                 ("antiquant_offset", antiquant_offset))
+        given = [n for n, v in named if _tensors(v)]
+        raise TypeError(f"{op}: argument{'s' if len(given) > 1 else ''} {', '.join(repr(n) for n in given)} need "
+                        f"int8 x and weight (W8A8) or an int8 / int4 (int32-packed) weight (weight-only); got "
+                        f"{x[0].dtype} x and {weight[0].dtype} weight")
+    first = lambda v: _tensors(v)[0].dtype if _tensors(v) else None  # noqa: E731
+    _args.same_dtype_or_none(op, "x_dtype", x_dtype, x[0].dtype, "another x format (int4, fp8...)")
+    _args.same_dtype_or_none(op, "weight_dtype", weight_dtype, weight[0].dtype, "another weight format (fp8, fp4...)")
+    _args.same_dtype_or_none(op, "scale_dtype", scale_dtype, first(scale), "another 'scale' format")
+    _args.same_dtype_or_none(op, "per_token_scale_dtype", per_token_scale_dtype, first(per_token_scale),
+                             "another 'per_token_scale' format")
+    out_dtype = _resolve_dtype(op, "output_dtype", output_dtype)
+    if not quant:
+        _args.same_dtype_or_none(op, "output_dtype", output_dtype, x[0].dtype, "a quantised output")
+    elif out_dtype is not None and out_dtype not in _QUANT_OUT:
+        raise ValueError(f"{op}: argument 'output_dtype' must be None or one of {list(_QUANT_OUT)} for quantised "
+                         f"inputs; got {output_dtype!r}")
     bias = list(bias or [])
     single = split_item in (2, 3)
+
+    def run(xs, ws, gl, gt, glt, act):
+        """The op's outputs: grouped_matmul (floating point) or grouped_matmul_quant."""
+        if quant:
+            return _quant_call(op, xs, ws, bias, scale, per_token_scale, antiquant_scale, antiquant_offset, gl, gt,
+                               glt, act, out_dtype)
+        return torch.ops.npu_fa.grouped_matmul(xs, ws, bias, gl, gt, glt, act)[0]
+
+    def lists(act):
+        """Independent products x[i] @ weight[i] (group_type -1), one output each or (split_item 2/3) one."""
+        out = run(x, weight, None, -1, 0, act)
+        return [torch.cat(out, dim=0)] if single and len(out) > 1 else list(out)
 
     if isinstance(group_list, (list, tuple)):  # torch_npu's .List overload: cumulative ends, M split
         if group_type not in (None, -1, 0):
@@ -123,9 +191,9 @@ def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor]
         ends = _args.int_tensor(op, "group_list", list(group_list), x[0].device)
         if len(x) > 1:
             _check_group_ends(op, list(group_list), [t.shape[0] for t in x])
-            return _lists(x, weight, bias, split_item, 0)
-        out, _ = torch.ops.npu_fa.grouped_matmul(x, weight, bias, ends, 0, 0, 0)
-        return out if single else _split_rows(out[0], ends, 0)
+            return lists(0)
+        out = run(x, weight, ends, 0, 0, 0)
+        return out if single else (_split_covered(out[0], ends, 0) if quant else _split_rows(out[0], ends, 0))
 
     # The messages keep torch_npu's wording, which code written for it may match.
     if group_type is None:
@@ -133,25 +201,97 @@ def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor]
                          f"grouping), 0 (split along M) or 2 (split along K); got None")
     if group_type not in (-1, 0, 2):
         raise ValueError(f"{op}: The group type must be -1, 0 or 2 (argument 'group_type'); got {group_type}")
-    if group_list_type == 2:
-        raise NotImplementedError(f"{op}: argument 'group_list_type' 2 ([E, 2] group index / size pairs) is defined "
-                                  f"for int8 (quantised) inputs only, which are not implemented; pass 0 or 1")
-    if group_list_type not in (0, 1):
-        raise ValueError(f"{op}: argument 'group_list_type' must be 0 (cumulative ends) or 1 (counts); got "
-                         f"{group_list_type}")
+    if quant and group_type == 2:
+        raise ValueError(f"{op}: quantised inputs support group_type -1 and 0 only (argument 'group_type'); got 2")
+    if group_list_type == 2 and not (quant and x[0].dtype == torch.int8 and group_type == 0):
+        raise ValueError(f"{op}: argument 'group_list_type' 2 ([E, 2] (expert, count) pairs) is defined for int8 x "
+                         f"and weight with group_type 0 only; pass 0 or 1")
+    if group_list_type not in (0, 1, 2):
+        raise ValueError(f"{op}: argument 'group_list_type' must be 0 (cumulative ends), 1 (counts) or 2 (pairs); "
+                         f"got {group_list_type}")
     gl = _args.int_tensor(op, "group_list", group_list, x[0].device)
     if group_type == -1:
         if gl is not None:
             raise ValueError(f"{op}: argument 'group_list' must be None with group_type -1 (independent products)")
-        return _lists(x, weight, bias, split_item, act_type)
+        return lists(act_type)
     if group_type == 0 and len(x) > 1:  # several x, one group each; a group_list must agree with their rows
         if gl is not None:
+            if group_list_type == 2:
+                raise ValueError(f"{op}: argument 'group_list_type' 2 needs a single x")
             ends = gl.tolist() if group_list_type == 0 else torch.cumsum(gl, 0).tolist()
             _check_group_ends(op, ends, [t.shape[0] for t in x])
-        return _lists(x, weight, bias, split_item, act_type)
+        return lists(act_type)
     if gl is None:
         raise ValueError(f"{op}: argument 'group_list' is required with group_type {group_type} and a single x")
-    out, _ = torch.ops.npu_fa.grouped_matmul(x, weight, bias, gl, group_type, group_list_type, act_type)
+    out = run(x, weight, gl, group_type, group_list_type, act_type)
     if group_type == 0:
-        return out if single else _split_rows(out[0], gl, group_list_type)
+        if single:
+            return out
+        return _split_covered(out[0], gl, group_list_type) if quant else _split_rows(out[0], gl, group_list_type)
     return out if single else list(out[0].unbind(0))
+
+
+def _swiglu_quant_checks(op, x, weight, weight_scale):
+    if weight.dtype == torch.int32:
+        raise NotImplementedError(f"{op}: an int4 weight (int32 holding eight int4, A8W4/A4W4) is not implemented; "
+                                  f"argument 'weight' must be int8")
+    if weight.dim() != 3:
+        raise ValueError(f"{op}: argument 'weight' must be [E, K, N] (ND layout; the NZ format is NPU-only); got "
+                         f"shape {tuple(weight.shape)}")
+    if weight_scale.dtype == torch.float16:  # exact in fp32
+        weight_scale = weight_scale.float()
+    return weight_scale
+
+
+@_args.torch_npu_api
+def npu_grouped_matmul_swiglu_quant(x: torch.Tensor, weight: torch.Tensor, group_list: torch.Tensor,
+                                    weight_scale: torch.Tensor, x_scale: torch.Tensor, *,
+                                    bias: Optional[torch.Tensor] = None, offset: Optional[torch.Tensor] = None):
+    """torch_npu.npu_grouped_matmul_swiglu_quant (A8W8): returns (int8 [M, N/2], fp32 scale [M], fp32 offset [])."""
+    op = "npu_grouped_matmul_swiglu_quant"
+    _args.not_implemented(op, "the A8W4 weight-assist matrix and a quantisation offset", bias=bias, offset=offset)
+    weight_scale = _swiglu_quant_checks(op, x, weight, weight_scale)
+    gl = _args.host_int_tensor(op, "group_list", group_list, x.device)
+    return torch.ops.npu_fa.grouped_matmul_swiglu_quant(x, weight, gl, weight_scale, x_scale, 0)
+
+
+@_args.torch_npu_api
+def npu_grouped_matmul_swiglu_quant_v2(x: torch.Tensor, weight: Sequence[torch.Tensor],
+                                       weight_scale: Sequence[torch.Tensor], x_scale: torch.Tensor,
+                                       group_list: torch.Tensor, *, smooth_scale: Optional[torch.Tensor] = None,
+                                       weight_assist_matrix=None, bias: Optional[torch.Tensor] = None,
+                                       dequant_mode: Optional[int] = 0, dequant_dtype=0, quant_mode: Optional[int] = 0,
+                                       quant_dtype=1, group_list_type: Optional[int] = 0,
+                                       tuning_config: Optional[Sequence[int]] = None, x_dtype=None,
+                                       weight_dtype=None, weight_scale_dtype=None, x_scale_dtype=None):
+    """torch_npu.npu_grouped_matmul_swiglu_quant_v2, A8W8 per-token / per-channel form: returns (int8 [M, N/2],
+    fp32 scale [M]). The dequantised product is computed in fp32 whatever dequant_dtype says."""
+    op = "npu_grouped_matmul_swiglu_quant_v2"
+    _args.not_implemented(op, "A4W4 smoothing, the A8W4 weight-assist matrix and a bias", empty_is_none=True,
+                          smooth_scale=smooth_scale, weight_assist_matrix=weight_assist_matrix, bias=bias)
+    dequant_mode = _args.optional_int(op, "dequant_mode", dequant_mode, 0)
+    quant_mode = _args.optional_int(op, "quant_mode", quant_mode, 0)
+    group_list_type = _args.optional_int(op, "group_list_type", group_list_type, 0)
+    _args.not_implemented_unless_zero(op, "per-group and MX quantisation", dequant_mode=dequant_mode,
+                                      quant_mode=quant_mode)
+    if group_list_type not in (0, 1):
+        raise ValueError(f"{op}: argument 'group_list_type' must be 0 (cumsum) or 1 (counts); got {group_list_type}")
+    if quant_dtype not in (None, 0, 1, torch.int8):  # 0 (the doc's int8) or ScalarType code 1 (the schema's default)
+        raise NotImplementedError(f"{op}: argument 'quant_dtype' must be int8 (0, 1 or torch.int8); other output "
+                                  f"formats are not implemented; got {quant_dtype!r}")
+    if dequant_dtype not in (None, 0, 5, 6, 15, torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"{op}: argument 'dequant_dtype' must be 0 (float32) or a float dtype; got {dequant_dtype!r}")
+    _check_tuning_config(op, tuning_config)
+    weight, weight_scale = list(weight), list(weight_scale)
+    if len(weight) != 1 or len(weight_scale) != 1:
+        raise ValueError(f"{op}: arguments 'weight' and 'weight_scale' must be lists of one tensor; got "
+                         f"{len(weight)} and {len(weight_scale)}")
+    _args.same_dtype_or_none(op, "x_dtype", x_dtype, x.dtype, "another x format")
+    _args.same_dtype_or_none(op, "weight_dtype", weight_dtype, weight[0].dtype, "another weight format")
+    _args.same_dtype_or_none(op, "weight_scale_dtype", weight_scale_dtype, weight_scale[0].dtype,
+                             "another weight_scale format")
+    _args.same_dtype_or_none(op, "x_scale_dtype", x_scale_dtype, x_scale.dtype, "another x_scale format")
+    ws = _swiglu_quant_checks(op, x, weight[0], weight_scale[0])
+    gl = _args.host_int_tensor(op, "group_list", group_list, x.device)
+    out, scale, _ = torch.ops.npu_fa.grouped_matmul_swiglu_quant(x, weight[0], gl, ws, x_scale, group_list_type)
+    return out, scale
