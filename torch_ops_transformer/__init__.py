@@ -30,6 +30,9 @@ generated from native_functions.yaml. Public Python API:
   modeling code is imported (before or after this package); `register_hf_attention()` does it by hand.
 - `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
 - `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
+- `DeepseekV3MoEBlock`, `Qwen3MoeBlock` — transformers' DeepSeek-V3 / Qwen3-MoE blocks on our MoE ops (`from_hf`);
+  `replace_moe_blocks(model)` swaps them into a transformers model, `experts_implementation="npu_moe"` runs any
+  transformers model's experts on them (`register_hf_experts()`).
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
@@ -111,7 +114,9 @@ from .mc2 import (  # noqa: E402
     tensor_parallel,
 )
 from .moe import (  # noqa: E402
+    DeepseekV3MoEBlock,
     MOELayer,
+    Qwen3MoeBlock,
     grouped_matmul,
     npu_grouped_matmul,
     npu_moe_compute_expert_tokens,
@@ -172,7 +177,11 @@ __all__ = [
     "replace_attention_with_flash",
     "grouped_matmul",
     "npu_grouped_matmul",
+    "DeepseekV3MoEBlock",
     "MOELayer",
+    "Qwen3MoeBlock",
+    "register_hf_experts",
+    "replace_moe_blocks",
     "npu_moe_compute_expert_tokens",
     "npu_moe_finalize_routing",
     "npu_moe_gating_top_k",
@@ -196,7 +205,7 @@ from . import _hf_autoregister  # noqa: E402
 
 _hf_autoregister.install()  # attn_implementation="npu_fa" once transformers is imported (never imports it here)
 
-_LAZY_HF = ("register_hf_attention", "replace_attention_with_flash")
+_LAZY_HF = ("register_hf_attention", "replace_attention_with_flash", "register_hf_experts", "replace_moe_blocks")
 
 
 def __getattr__(name):

@@ -5,8 +5,10 @@
   `npu_moe_token_permute` / `_unpermute`.
 - `grouped_matmul` — `npu_grouped_matmul`, `grouped_matmul`: per-expert matmul with fused bias and activation.
 - `layer` — `MOELayer`, single-process or expert-parallel.
+- `blocks` — `DeepseekV3MoEBlock`, `Qwen3MoeBlock` (transformers' blocks on these ops, `from_hf`), `routed_experts`.
 """
 from .grouped_matmul import grouped_matmul, npu_grouped_matmul
+from .blocks import DeepseekV3MoEBlock, Qwen3MoeBlock, routed_experts
 from .layer import MOELayer
 from .routing import (
     npu_moe_compute_expert_tokens,
@@ -21,7 +23,7 @@ from .routing import (
     npu_moe_token_unpermute,
 )
 
-__all__ = ["MOELayer", "grouped_matmul", "npu_grouped_matmul", "npu_moe_compute_expert_tokens",
+__all__ = ["DeepseekV3MoEBlock", "MOELayer", "Qwen3MoeBlock", "routed_experts", "grouped_matmul", "npu_grouped_matmul", "npu_moe_compute_expert_tokens",
            "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_backward",
            "npu_moe_gating_top_k_softmax",
            "npu_moe_gating_top_k_softmax_v2", "npu_moe_init_routing", "npu_moe_init_routing_v2",
