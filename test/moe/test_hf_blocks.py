@@ -234,3 +234,38 @@ def test_bad_inputs():
         hf.replace_moe_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
     with pytest.raises(TypeError, match="'model'"):
         hf.replace_moe_blocks("model")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_experts_implementation_gpt_oss_layout(dtype):
+    """gpt-oss's experts: interleaved gate/up, [E, K, N] (transposed) weights, biases, its own clamped gate —
+    "npu_moe" against transformers' eager experts, output and gradients within the tolerance rule."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    cfg = transformers.GptOssConfig(hidden_size=H, intermediate_size=16, num_local_experts=8, num_experts_per_tok=3,
+                                    swiglu_limit=0.5)
+    cfg._experts_implementation = "eager"
+    theirs = randomise(GptOssExperts(cfg)).to(dtype)
+    ref = copy.deepcopy(theirs).double()
+    ours = copy.deepcopy(theirs)
+    ours.config = copy.deepcopy(cfg)
+    ours.config._experts_implementation = tot.register_hf_experts()
+    gen = torch.Generator().manual_seed(2)
+    n = 13
+    x = torch.randn(n, H, generator=gen).to(dtype)
+    idx = torch.stack([torch.randperm(8, generator=gen)[:3] for _ in range(n)])
+    w = torch.softmax(torch.randn(n, 3, generator=gen), -1).to(dtype)
+    grad = torch.randn(n, H, generator=gen, dtype=torch.float64)
+    results = []
+    for module, xin, win in ((ref, x.double(), w.double()), (theirs, x, w), (ours, x, w)):
+        xin = xin.clone().requires_grad_()
+        out = module(xin, idx, win)
+        module.zero_grad(set_to_none=True)
+        out.backward(grad.to(out.dtype))
+        results.append((out.detach(), xin.grad, {k: p.grad for k, p in module.named_parameters()}))
+    (r_out, r_dx, r_g), (t_out, t_dx, t_g), (o_out, o_dx, o_g) = results
+    assert o_out.dtype == dtype
+    for what, o, t, r in [("out", o_out, t_out, r_out), ("dx", o_dx, t_dx, r_dx)] + [
+            (k, o_g[k], t_g[k], r_g[k]) for k in r_g]:
+        ok, msg = bound_ok(o, t, r)
+        assert ok, f"{what}: {msg}"

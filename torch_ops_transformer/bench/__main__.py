@@ -16,6 +16,7 @@ TABLES = {
     "decode": "decode",
     "moe": "moe",
     "moe_routing": "moe_routing",
+    "moe_block": "moe_block",  # our DeepSeek-V3 / Qwen3-MoE blocks vs transformers' (needs transformers)
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",
     "npu-model": "npu_model",  # predicted Ascend 910B times from the CPU runtime's counters (no NPU measured)
