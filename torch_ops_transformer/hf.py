@@ -160,11 +160,13 @@ def register_hf_experts() -> str:
 def _moe_block_types():
     from .moe.blocks import DeepseekV3MoEBlock, Qwen3MoeBlock
 
-    return {"DeepseekV3MoE": DeepseekV3MoEBlock.from_hf, "Qwen3MoeSparseMoeBlock": Qwen3MoeBlock.from_hf}
+    # GLM-4.5's block (Glm4MoeMoE) is DeepSeek-V3's: same router, experts and shared expert.
+    return {"DeepseekV3MoE": DeepseekV3MoEBlock.from_hf, "Glm4MoeMoE": DeepseekV3MoEBlock.from_hf,
+            "Qwen3MoeSparseMoeBlock": Qwen3MoeBlock.from_hf}
 
 
 def replace_moe_blocks(model: torch.nn.Module) -> torch.nn.Module:
-    """Swap every DeepSeek-V3 (`DeepseekV3MoE`) and Qwen3-MoE (`Qwen3MoeSparseMoeBlock`) block of a transformers
+    """Swap every DeepSeek-V3 (`DeepseekV3MoE`; also GLM-4.5's identical `Glm4MoeMoE`) and Qwen3-MoE (`Qwen3MoeSparseMoeBlock`) block of a transformers
     model for ours (`DeepseekV3MoEBlock` / `Qwen3MoeBlock`): gating by moe_gating_top_k(_softmax_v2), experts by
     the routing ops and grouped_matmul. The new blocks share the old ones' parameters and names, so the state
     dict, saving and loading are unchanged. Returns the model (modified in place); a model without such blocks

@@ -52,6 +52,14 @@ def randomise(module, seed=0):
 
 
 def hf_block(kind, **overrides):
+    if kind == "glm4_moe":  # GLM-4.5's block is DeepSeek-V3's
+        from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeMoE
+
+        cfg = transformers.Glm4MoeConfig(**{k: v for k, v in deepseek_config(**overrides).to_dict().items() if k in (
+            "hidden_size", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok", "n_group", "topk_group",
+            "n_shared_experts", "routed_scaling_factor", "norm_topk_prob")})
+        cfg._experts_implementation = "eager"
+        return randomise(Glm4MoeMoE(cfg)), DeepseekV3MoEBlock
     if kind == "deepseek_v3":
         cfg = deepseek_config(**overrides)
         cfg._experts_implementation = "eager"
@@ -77,7 +85,7 @@ def run(block, x, grad):
 
 CASES = [("deepseek_v3", {}), ("deepseek_v3", {"norm_topk_prob": False}),
          ("deepseek_v3", {"n_group": 1, "topk_group": 1, "n_shared_experts": 1, "routed_scaling_factor": 1.0}),
-         ("qwen3_moe", {}), ("qwen3_moe", {"norm_topk_prob": False})]
+         ("qwen3_moe", {}), ("qwen3_moe", {"norm_topk_prob": False}), ("glm4_moe", {})]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -205,6 +213,22 @@ def test_compile_fullgraph(kind):
     out.sum().backward()
     ref.sum().backward()
     torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_replace_moe_blocks_glm4_moe():
+    cfg = transformers.Glm4MoeConfig(vocab_size=128, hidden_size=H, intermediate_size=64, moe_intermediate_size=16,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                     n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                     first_k_dense_replace=1, pad_token_id=0)
+    torch.manual_seed(0)
+    model = randomise(transformers.Glm4MoeForCausalLM(cfg)).eval()
+    prompt = torch.tensor([[1, 5, 17, 42, 9, 77, 3]])
+    kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        theirs = model.generate(prompt, **kw)
+        tot.replace_moe_blocks(model)
+        assert isinstance(model.model.layers[1].mlp, DeepseekV3MoEBlock)
+        assert torch.equal(model.generate(prompt, **kw), theirs)
 
 
 def test_bad_inputs():
