@@ -166,11 +166,11 @@ def _moe_block_types():
 
 
 def replace_moe_blocks(model: torch.nn.Module) -> torch.nn.Module:
-    """Swap every DeepSeek-V3 (`DeepseekV3MoE`; also GLM-4.5's identical `Glm4MoeMoE`) and Qwen3-MoE (`Qwen3MoeSparseMoeBlock`) block of a transformers
-    model for ours (`DeepseekV3MoEBlock` / `Qwen3MoeBlock`): gating by moe_gating_top_k(_softmax_v2), experts by
-    the routing ops and grouped_matmul. The new blocks share the old ones' parameters and names, so the state
-    dict, saving and loading are unchanged. Returns the model (modified in place); a model without such blocks
-    is a ValueError."""
+    """Swap every DeepSeek-V3 (`DeepseekV3MoE`; also GLM-4.5's identical `Glm4MoeMoE`) and Qwen3-MoE
+    (`Qwen3MoeSparseMoeBlock`) block of a transformers model for ours (`DeepseekV3MoEBlock` / `Qwen3MoeBlock`):
+    gating by moe_gating_top_k(_softmax_v2), experts by the routing ops and grouped_matmul. The new blocks share
+    the old ones' parameters and names, so the state dict, saving and loading are unchanged. Returns the model
+    (modified in place); a model without such blocks is a ValueError."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"replace_moe_blocks: argument 'model' must be a torch.nn.Module; got {type(model).__name__}")
     convert = _moe_block_types()

@@ -4,6 +4,7 @@ default it picks on CPU) — forward (serving) and forward+backward (training).
 
 Speed-up = transformers' time / ours (same process, alternating contenders, median of --reps). Needs transformers."""
 import copy
+import sys
 
 import torch
 
@@ -17,7 +18,7 @@ def _blocks(kind: str, quick: bool, dtype: torch.dtype):
 
     from ..moe.blocks import DeepseekV3MoEBlock, Qwen3MoeBlock
 
-    h, i, e, k = (64, 32, 16, 4) if quick else (1024, 256, 64, 8)
+    h, i, e, k = (64, 32, 16, 4) if quick else (512, 128, 64, 8)
     if kind == "DeepSeek-V3":
         cfg = transformers.DeepseekV3Config(hidden_size=h, moe_intermediate_size=i, n_routed_experts=e,
                                             num_experts_per_tok=k, n_group=8 if not quick else 4,
@@ -47,7 +48,7 @@ def main(quick: bool = False, reps: int = 5):
         print("moe_block: transformers is not installed; skipped")
         return
     rows = []
-    token_counts = (16,) if quick else (8, 1024)
+    token_counts = (16,) if quick else (8, 256)
     for kind in ("DeepSeek-V3", "Qwen3-MoE"):
         for dtype in (torch.float32, torch.bfloat16):
             blocks, shape, hidden = _blocks(kind, quick, dtype)
@@ -76,6 +77,7 @@ def main(quick: bool = False, reps: int = 5):
                                  f"{t['ours'] * 1e3:.2f}", f"{t['eager'] * 1e3:.2f}", f"{t['grouped_mm'] * 1e3:.2f}",
                                  f"{t['eager'] / t['ours']:.2f}x", f"{t['grouped_mm'] / t['ours']:.2f}x",
                                  f"{diff:.1e}"])
+                    print(" ".join(rows[-1]), file=sys.stderr, flush=True)  # progress: the table comes at the end
     print(f"MoE blocks: ours vs transformers {transformers.__version__} (eager and grouped_mm experts), same weights, "
           f"{torch.get_num_threads()} threads, median of {reps}\n")
     print(format_table(["block", "shape", "dtype", "tokens", "pass", "ours ms", "hf eager ms", "hf grouped_mm ms",
