@@ -165,12 +165,13 @@ def _moe_block_types():
             "Qwen3MoeSparseMoeBlock": Qwen3MoeBlock.from_hf}
 
 
-def replace_moe_blocks(model: torch.nn.Module) -> torch.nn.Module:
+def replace_moe_blocks(model: torch.nn.Module, process_group=None) -> torch.nn.Module:
     """Swap every DeepSeek-V3 (`DeepseekV3MoE`; also GLM-4.5's identical `Glm4MoeMoE`) and Qwen3-MoE
     (`Qwen3MoeSparseMoeBlock`) block of a transformers model for ours (`DeepseekV3MoEBlock` / `Qwen3MoeBlock`):
     gating by moe_gating_top_k(_softmax_v2), experts by the routing ops and grouped_matmul. The new blocks share
     the old ones' parameters and names, so the state dict, saving and loading are unchanged. Returns the model
-    (modified in place); a model without such blocks is a ValueError."""
+    (modified in place); a model without such blocks is a ValueError. With a torch.distributed `process_group`,
+    each block keeps this rank's share of the routed experts and runs expert-parallel (`shard_experts`)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"replace_moe_blocks: argument 'model' must be a torch.nn.Module; got {type(model).__name__}")
     convert = _moe_block_types()
@@ -181,7 +182,8 @@ def replace_moe_blocks(model: torch.nn.Module) -> torch.nn.Module:
     for name, m in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, convert[type(m).__name__](m))
+        block = convert[type(m).__name__](m)
+        setattr(parent, child, block if process_group is None else block.shard_experts(process_group))
     return model
 
 

@@ -310,3 +310,88 @@ def test_experts_implementation_gpt_oss_layout(dtype):
             (k, o_g[k], t_g[k], r_g[k]) for k in r_g]:
         ok, msg = bound_ok(o, t, r)
         assert ok, f"{what}: {msg}"
+
+
+def _ep_worker(rank, world, port, result_dir):
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                           timeout=datetime.timedelta(seconds=60))
+    try:
+        for kind in ("deepseek_v3", "qwen3_moe"):
+            for tokens in ([9, 6], [7, 0]):      # uneven batches; a rank with no tokens
+                _ep_check(rank, world, kind, tokens)
+        _ep_generate(rank, world)
+        from torch_ops_transformer.moe.blocks import GroupedExperts
+
+        with pytest.raises(ValueError, match="divisible by the process group's size"):
+            GroupedExperts(3, H, 8).shard(dist.group.WORLD)
+        with pytest.raises(ValueError, match="already sharded"):
+            GroupedExperts(4, H, 8).shard(dist.group.WORLD).shard(dist.group.WORLD)
+        open(os.path.join(result_dir, f"ok{rank}"), "w").close()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _ep_check(rank, world, kind, tokens):
+    """This rank's expert-parallel block against the single-process block on the ranks' tokens concatenated:
+    outputs, input gradients, the expert weights' gradients (this rank's slice) and the replicated parameters'
+    gradients summed over the ranks."""
+    import torch.distributed as dist
+
+    base, cls = hf_block(kind)                # the same random weights on every rank
+    full = cls.from_hf(copy.deepcopy(base))
+    ep = cls.from_hf(copy.deepcopy(base)).shard_experts(dist.group.WORLD)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(sum(tokens), H, generator=gen)
+    dy = torch.randn(sum(tokens), H, generator=gen)
+    xf = x.clone().requires_grad_()
+    (full(xf) * dy).sum().backward()
+    start = sum(tokens[:rank])
+    part = slice(start, start + tokens[rank])
+    xr = x[part].clone().requires_grad_()
+    y = ep(xr)
+    (y * dy[part]).sum().backward()
+    tag = f"{kind} rank {rank}/{world} tokens {tokens}"
+    torch.testing.assert_close(y.detach(), full(x).detach()[part], rtol=1e-5, atol=1e-5, msg=lambda m: f"{tag}: {m}")
+    torch.testing.assert_close(xr.grad, xf.grad[part], rtol=1e-5, atol=1e-5, msg=lambda m: f"{tag} dx: {m}")
+    local = ep.experts.gate_up_proj.shape[0]
+    shard = slice(rank * local, (rank + 1) * local)
+    full_grads = dict(full.named_parameters())
+    for name, p in ep.named_parameters():
+        want = full_grads[name].grad
+        if name.startswith("experts."):
+            want = want[shard]
+        else:                                 # replicated: the data-parallel sum over the ranks
+            got = p.grad.clone()
+            dist.all_reduce(got)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{tag} {name}: {m}")
+            continue
+        torch.testing.assert_close(p.grad, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{tag} {name}: {m}")
+
+
+def _ep_generate(rank, world):
+    """Whole tiny models, experts sharded over the ranks, each rank generating for its own prompt (in lock step:
+    the same number of new tokens): the tokens transformers generates in one process."""
+    import torch.distributed as dist
+
+    prompt = [torch.tensor([[1, 5, 17, 42, 9, 77, 3]]), torch.tensor([[1, 8, 100, 64]])][rank % 2]
+    kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    for kind in ("deepseek_v3", "qwen3_moe"):
+        model = _tiny_model(kind)
+        with torch.no_grad():
+            theirs = model.generate(prompt, **kw)
+            tot.replace_moe_blocks(model, process_group=dist.group.WORLD)
+            ours = model.generate(prompt, **kw)
+        assert torch.equal(ours, theirs), f"{kind} rank {rank}: {ours} != {theirs}"
+
+
+def test_expert_parallel_world2(tmp_path):
+    from test.common.ranks import run_ranks
+
+    run_ranks(_ep_worker, 2, tmp_path)

@@ -17,8 +17,11 @@ operands as transposed views (no copy).
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from .layer import _AllToAllRows
 
 _OPS = torch.ops.npu_fa
 
@@ -65,6 +68,38 @@ def routed_experts(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Ten
     return _OPS.moe_finalize_routing(y, skip, None, None, weights, row_idx, idx, 2)
 
 
+def routed_experts_parallel(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor,
+                            w_gate_up: torch.Tensor, w_down: torch.Tensor, num_experts: int, group, *,
+                            skip: Optional[torch.Tensor] = None,
+                            glu: Callable[[torch.Tensor], torch.Tensor] = swiglu) -> torch.Tensor:
+    """routed_experts with the experts sharded over the ranks of `group`: rank r holds experts
+    [r*E/W, (r+1)*E/W) (w_gate_up [E/W, H, 2I], w_down [E/W, I, H]). Each rank routes its own tokens, sends every
+    row to its expert's owner (all_to_all_single, autograd-aware: the backward is the reverse exchange), the owner
+    runs its experts on the rows of all ranks in two grouped_matmul calls, the results come back and are combined
+    locally. Equal to routed_experts over the ranks' tokens concatenated."""
+    world, local = dist.get_world_size(group), w_gate_up.shape[0]
+    if local * world != num_experts:
+        raise ValueError(f"routed_experts_parallel: {world} ranks holding {local} experts each do not make "
+                         f"num_experts={num_experts}")
+    idx = expert_idx.to(torch.int32)
+    rows, row_idx, counts, _ = _OPS.moe_init_routing_v2(x, idx, None, None, -1, -1, num_experts, 0, 1, True, -1, [],
+                                                        0)
+    send_counts = counts.view(world, local)              # rows for (destination rank, its local expert)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    send_splits, recv_splits = send_counts.sum(1).tolist(), recv_counts.sum(1).tolist()
+    received = _AllToAllRows.apply(rows, recv_splits, send_splits, group)
+    # Rows arrive grouped by source rank, then expert: a stable sort groups them by expert.
+    expert_of_row = torch.repeat_interleave(torch.arange(local, device=x.device).repeat(world),
+                                            recv_counts.reshape(-1))
+    perm = torch.sort(expert_of_row, stable=True).indices
+    local_counts = recv_counts.sum(0)
+    gate_up = _OPS.grouped_matmul([received[perm]], [w_gate_up], [], local_counts, 0, 1, 0)[0][0]
+    y = _OPS.grouped_matmul([glu(gate_up)], [w_down], [], local_counts, 0, 1, 0)[0][0]
+    back = _AllToAllRows.apply(torch.empty_like(y).index_copy(0, perm, y), send_splits, recv_splits, group)
+    return _OPS.moe_finalize_routing(back, skip, None, None, weights, row_idx, idx, 2)
+
+
 class GroupedExperts(nn.Module):
     """E gated experts down_e(act(gate_e(x)) * up_e(x)) stored as transformers stores them:
     gate_up_proj [E, 2I, H] (gate rows, then up rows) and down_proj [E, H, I]."""
@@ -88,10 +123,31 @@ class GroupedExperts(nn.Module):
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}, hidden_act={self.hidden_act!r}")
 
+    process_group = None  # set by shard(): expert parallel over its ranks
+
+    def shard(self, process_group) -> "GroupedExperts":
+        """Keep only this rank's num_experts / W experts (rank r: [r*E/W, (r+1)*E/W), as new parameters) and run
+        expert-parallel over `process_group` from now on. In place; returns self."""
+        world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+        if self.process_group is not None:
+            raise ValueError("GroupedExperts.shard: the experts are already sharded")
+        if self.num_experts % world:
+            raise ValueError(f"GroupedExperts.shard: num_experts ({self.num_experts}) must be divisible by the "
+                             f"process group's size ({world})")
+        local = self.num_experts // world
+        part = slice(rank * local, (rank + 1) * local)
+        self.gate_up_proj = nn.Parameter(self.gate_up_proj.detach()[part].clone())
+        self.down_proj = nn.Parameter(self.down_proj.detach()[part].clone())
+        self.process_group = process_group
+        return self
+
     def forward(self, x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor,
                 skip: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return routed_experts(x, expert_idx, weights, self.gate_up_proj.transpose(1, 2),
-                              self.down_proj.transpose(1, 2), skip=skip, glu=gated(self.act_fn))
+        w_gate_up, w_down = self.gate_up_proj.transpose(1, 2), self.down_proj.transpose(1, 2)
+        if self.process_group is not None:
+            return routed_experts_parallel(x, expert_idx, weights, w_gate_up, w_down, self.num_experts,
+                                           self.process_group, skip=skip, glu=gated(self.act_fn))
+        return routed_experts(x, expert_idx, weights, w_gate_up, w_down, skip=skip, glu=gated(self.act_fn))
 
 
 class GatedMLP(nn.Module):
@@ -243,6 +299,12 @@ class DeepseekV3MoEBlock(nn.Module):
         block.shared_experts.act_fn = _activation("DeepseekV3MoEBlock.from_hf", module.config.hidden_act)
         return block
 
+    def shard_experts(self, process_group) -> "DeepseekV3MoEBlock":
+        """Expert parallel: keep this rank's share of the routed experts (GroupedExperts.shard); the gate and the
+        shared expert stay replicated (average their gradients over the group like data-parallel parameters)."""
+        self.experts.shard(process_group)
+        return self
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
         if shape[-1] != self.hidden_size:
@@ -280,6 +342,12 @@ class Qwen3MoeBlock(nn.Module):
         g.weight = gate.weight
         block.experts = _experts_from_hf(module.experts, module.experts.config.hidden_act)
         return block
+
+    def shard_experts(self, process_group) -> "Qwen3MoeBlock":
+        """Expert parallel: keep this rank's share of the experts (GroupedExperts.shard); the gate stays
+        replicated."""
+        self.experts.shard(process_group)
+        return self
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
