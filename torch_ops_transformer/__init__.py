@@ -35,6 +35,8 @@ generated from native_functions.yaml. Public Python API:
   transformers model's experts on them (`register_hf_experts()`).
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
+- `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
+  torch.distributed group (docs/moe.md).
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
   overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
@@ -54,6 +56,8 @@ from .attention import (  # noqa: E402
     flash_attn_varlen_func,
     npu_fusion_attention,
     npu_fusion_attention_grad,
+    npu_fusion_attention_grad_v2,
+    npu_fusion_attention_v2,
 )
 from .fa2 import (  # noqa: E402
     flash_attn_kvpacked_func,
@@ -145,6 +149,8 @@ __all__ = [
     "flash_attn_with_kvcache",
     "npu_fusion_attention",
     "npu_fusion_attention_grad",
+    "npu_fusion_attention_v2",
+    "npu_fusion_attention_grad_v2",
     "PagedKVCache",
     "npu_apply_rotary_pos_emb",
     "npu_rotary_mul",
@@ -195,6 +201,15 @@ __all__ = [
     "MC2Optimizer",
     "MC2DistributedDataParallel",
 ]
+from .moe import (  # noqa: E402
+    npu_moe_distribute_combine,
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch,
+    npu_moe_distribute_dispatch_v2,
+)
+
+__all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
+            "npu_moe_distribute_dispatch_v2"]
 __version__ = "0.1.0"
 
 from . import npu_sdpa, npu_sim  # noqa: E402

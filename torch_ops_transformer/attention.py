@@ -150,12 +150,25 @@ def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: in
     [B,N,Sq,8] ([T,N,8] for TND); seed/offset the ones used and numels the dropout mask's element count, as ints
     (0-d tensors under torch.compile). `gen_mask_parallel` and `sync` are accepted for compatibility (no effect).
     """
-    op = "npu_fusion_attention"
+    return _fusion_forward("npu_fusion_attention", query, key, value, head_num, input_layout, pse=pse,
+                           padding_mask=padding_mask, atten_mask=atten_mask, scale=scale, keep_prob=keep_prob,
+                           pre_tokens=pre_tockens, next_tokens=next_tockens, inner_precise=inner_precise,
+                           prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
+                           sparse_mode=sparse_mode, gen_mask_parallel=gen_mask_parallel, sync=sync,
+                           softmax_layout=softmax_layout, sink=sink, dropout_mask=dropout_mask, seed=seed,
+                           offset=offset)
+
+
+def _fusion_forward(op: str, query: Tensor, key: Tensor, value: Tensor, head_num: int, input_layout: str, *, pse,
+                    padding_mask, atten_mask, scale, keep_prob, pre_tokens, next_tokens, inner_precise, prefix,
+                    actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync, softmax_layout, sink,
+                    dropout_mask, seed, offset, pse_type: int = 1, q_start_idx=None, kv_start_idx=None):
+    """npu_fusion_attention(_v2) after their own arguments: the op call and torch_npu's return tuple."""
     _check_fusion_args(op, padding_mask, prefix)
     layout = _layout(op, input_layout)
     _check_sparse_mode(op, sparse_mode, layout)
     _check_flags(op, gen_mask_parallel=gen_mask_parallel, sync=sync)
-    if pse is not None and pse.dtype != query.dtype:
+    if pse is not None and pse_type < 2 and pse.dtype != query.dtype:
         raise TypeError(f"{op}: argument 'pse' must have query's dtype {query.dtype} (torch_npu requires q, k, v and "
                         f"pse alike); got {pse.dtype}")
     seed_t, offset_t = _seed_args(op, keep_prob, seed, offset, dropout_mask, query.device)
@@ -163,9 +176,10 @@ def npu_fusion_attention(query: Tensor, key: Tensor, value: Tensor, head_num: in
     kv_lens = _args.int_tensor(op, "actual_seq_kvlen", actual_seq_kvlen, "cpu")
     out, smax, ssum, sout, seed_t, offset_t = _OPS.flash_attention_score(
         query, key, value, head_num, layout, pse=pse, atten_mask=atten_mask, actual_seq_qlen=q_lens,
-        actual_seq_kvlen=kv_lens, scale=scale, keep_prob=keep_prob, pre_tokens=pre_tockens, next_tokens=next_tockens,
-        inner_precise=inner_precise, sparse_mode=sparse_mode, seed=seed_t, offset=offset_t,
-        softmax_layout=softmax_layout, sink=sink, dropout_mask=dropout_mask)
+        actual_seq_kvlen=kv_lens, scale=scale, keep_prob=keep_prob, pre_tokens=pre_tokens, next_tokens=next_tokens,
+        inner_precise=inner_precise, sparse_mode=sparse_mode, pse_type=pse_type, seed=seed_t, offset=offset_t,
+        softmax_layout=softmax_layout, sink=sink, dropout_mask=dropout_mask,
+        q_start_idx=_start_idx(op, "q_start_idx", q_start_idx), kv_start_idx=_start_idx(op, "kv_start_idx", kv_start_idx))
     d = attention_dims(op, query, key, value, head_num, layout)
     # Lengths given as lists stay Python ints (no tensor under torch.compile); tensors are counted as tensors.
     q_count = q_lens if isinstance(actual_seq_qlen, Tensor) else actual_seq_qlen
@@ -194,7 +208,22 @@ def npu_fusion_attention_grad(query: Tensor, key: Tensor, value: Tensor, dy: Ten
     regenerate the identical dropout mask. `numels`, `softmax_in`, `gen_mask_parallel` and `sync` are accepted for
     compatibility.
     """
-    op = "npu_fusion_attention_grad"
+    return _fusion_backward("npu_fusion_attention_grad", query, key, value, dy, head_num, input_layout, pse=pse,
+                            padding_mask=padding_mask, atten_mask=atten_mask, softmax_max=softmax_max,
+                            softmax_sum=softmax_sum, attention_in=attention_in, scale_value=scale_value,
+                            keep_prob=keep_prob, pre_tokens=pre_tockens, next_tokens=next_tockens,
+                            inner_precise=inner_precise, seed=seed, offset=offset, numels=numels, prefix=prefix,
+                            actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
+                            sparse_mode=sparse_mode, gen_mask_parallel=gen_mask_parallel, sync=sync,
+                            softmax_layout=softmax_layout, sink=sink)
+
+
+def _fusion_backward(op: str, query: Tensor, key: Tensor, value: Tensor, dy: Tensor, head_num: int,
+                     input_layout: str, *, pse, padding_mask, atten_mask, softmax_max, softmax_sum, attention_in,
+                     scale_value, keep_prob, pre_tokens, next_tokens, inner_precise, seed, offset, numels, prefix,
+                     actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync, softmax_layout, sink,
+                     pse_type: int = 1, q_start_idx=None, kv_start_idx=None):
+    """npu_fusion_attention_grad(_v2) after their own arguments: (dq, dk, dv, dpse or None, dsink)."""
     _check_fusion_args(op, padding_mask, prefix)
     layout = _layout(op, input_layout)
     _check_sparse_mode(op, sparse_mode, layout)
@@ -208,10 +237,123 @@ def npu_fusion_attention_grad(query: Tensor, key: Tensor, value: Tensor, dy: Ten
         softmax_sum=softmax_sum, attention_in=attention_in,
         actual_seq_qlen=_args.int_tensor(op, "actual_seq_qlen", actual_seq_qlen, "cpu"),
         actual_seq_kvlen=_args.int_tensor(op, "actual_seq_kvlen", actual_seq_kvlen, "cpu"),
-        scale=scale_value, keep_prob=keep_prob, pre_tokens=pre_tockens, next_tokens=next_tockens,
-        inner_precise=inner_precise, sparse_mode=sparse_mode, seed=_host_long(_int64(op, "seed", seed)),
-        offset=_host_long(_int64(op, "offset", offset)), softmax_layout=softmax_layout, sink=sink)
-    return dq, dk, dv, (dpse if pse is not None else None), dsink
+        scale=scale_value, keep_prob=keep_prob, pre_tokens=pre_tokens, next_tokens=next_tokens,
+        inner_precise=inner_precise, sparse_mode=sparse_mode, pse_type=pse_type,
+        seed=_host_long(_int64(op, "seed", seed)), offset=_host_long(_int64(op, "offset", offset)),
+        softmax_layout=softmax_layout, sink=sink, q_start_idx=_start_idx(op, "q_start_idx", q_start_idx),
+        kv_start_idx=_start_idx(op, "kv_start_idx", kv_start_idx))
+    # pse_type 2/3: pse holds ALiBi slopes, which have no gradient here (as upstream: dpse only for a bias tensor)
+    return dq, dk, dv, (dpse if pse is not None and pse_type < 2 else None), dsink
+
+
+def _start_idx(op: str, name: str, values) -> Optional[list]:
+    return None if values is None else _int_list(op, name, values)
+
+
+def _with_rope(op: str, name: str, x: Tensor, rope: Optional[Tensor], layout: str, heads: int) -> Tensor:
+    """x with the rope part of each head appended to its head dim (query_rope / key_rope of the v2 functions): the
+    scores become (q·k + q_rope·k_rope)·scale, which CANN computes with the rope parts apart. BSH/SBH pack the heads
+    in the last dim, so each head's rope values go after that head's values."""
+    if rope is None:
+        return x
+    if not isinstance(rope, Tensor) or rope.dtype != x.dtype or rope.device != x.device:
+        raise TypeError(f"{op}: argument '{name}' must be a tensor of its input's dtype {x.dtype} on {x.device}; got "
+                        f"{rope.dtype if isinstance(rope, Tensor) else type(rope).__name__}")
+    packed = layout in ("BSH", "SBH")
+    if rope.dim() != x.dim() or rope.shape[:-1] != x.shape[:-1] or (packed and rope.shape[-1] % heads):
+        raise ValueError(f"{op}: argument '{name}' must match its input's shape {list(x.shape)} except in the last "
+                         f"dim{f' (a multiple of the {heads} heads)' if packed else ''}; got {list(rope.shape)}")
+    if not packed:
+        return torch.cat([x, rope], -1)
+    return torch.cat([x.unflatten(-1, (heads, -1)), rope.unflatten(-1, (heads, -1))], -1).flatten(-2)
+
+
+def _split_rope(grad: Tensor, width: int, layout: str, heads: int) -> Tuple[Tensor, Tensor]:
+    """The inverse of _with_rope for a gradient: (the input's part, the rope part of `width` per head)."""
+    if layout not in ("BSH", "SBH"):
+        return grad[..., :-width].contiguous(), grad[..., -width:].contiguous()
+    g = grad.unflatten(-1, (heads, -1))
+    return g[..., :-width].flatten(-2), g[..., -width:].flatten(-2)
+
+
+def _rope_heads(query: Tensor, key: Tensor, head_num: int, layout: str) -> Tuple[int, int]:
+    """Query and key heads as the packed layouts need them (any value for the others)."""
+    if layout not in ("BSH", "SBH") or query.dim() != 3 or key.dim() != 3 or head_num <= 0:
+        return max(head_num, 1), max(head_num, 1)
+    d = query.shape[-1] // head_num
+    return head_num, max(key.shape[-1] // d, 1) if d else 1
+
+
+@_args.torch_npu_api
+def npu_fusion_attention_v2(query: Tensor, key: Tensor, value: Tensor, head_num: int, input_layout: str, *,
+                            pse: Optional[Tensor] = None, padding_mask: Optional[Tensor] = None,
+                            atten_mask: Optional[Tensor] = None, query_rope: Optional[Tensor] = None,
+                            key_rope: Optional[Tensor] = None, scale: float = 1., keep_prob: float = 1.,
+                            pre_tokens: int = MAX_TOKENS, next_tokens: int = MAX_TOKENS, inner_precise: int = 0,
+                            prefix=None, actual_seq_qlen: SeqLens = None, actual_seq_kvlen: SeqLens = None,
+                            sparse_mode: int = 0, gen_mask_parallel: bool = True, sync: bool = False,
+                            pse_type: int = 1, q_start_idx=None, kv_start_idx=None, softmax_layout: str = "",
+                            sink: Optional[Tensor] = None, dropout_mask: Optional[Tensor] = None, seed: int = 0,
+                            offset: int = 0):
+    """torch_npu.npu_fusion_attention_v2 with its exact signature and return tuple: npu_fusion_attention (see there)
+    with keyword-only arguments spelled pre_tokens/next_tokens, plus
+    `pse_type`: 0 adds pse after scaling, 1 (default) before; 2/3 generate ALiBi in the kernel from float32 slopes in
+    `pse` ([N] or [B, N]): `-slope·|d|` (2) or `-slope·sqrt(|d|)` (3), d = (j + kv_start_idx) - (i + q_start_idx);
+    `q_start_idx` / `kv_start_idx`: int lists (one value, or one per sequence) placing a context-parallel block;
+    `query_rope` / `key_rope`: the rope parts of each head (same layout, last dim the rope width; BSH/SBH: heads x
+    rope width), scores (q·k + q_rope·k_rope)·scale. Differentiable (through the rope parts too)."""
+    op = "npu_fusion_attention_v2"
+    layout = _layout(op, input_layout)
+    if (query_rope is None) != (key_rope is None):
+        raise ValueError(f"{op}: arguments 'query_rope' and 'key_rope' must be given together")
+    qh, kh = _rope_heads(query, key, head_num, layout)
+    query = _with_rope(op, "query_rope", query, query_rope, layout, qh)
+    key = _with_rope(op, "key_rope", key, key_rope, layout, kh)
+    return _fusion_forward(op, query, key, value, head_num, input_layout, pse=pse, padding_mask=padding_mask,
+                           atten_mask=atten_mask, scale=scale, keep_prob=keep_prob, pre_tokens=pre_tokens,
+                           next_tokens=next_tokens, inner_precise=inner_precise, prefix=prefix,
+                           actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen,
+                           sparse_mode=sparse_mode, gen_mask_parallel=gen_mask_parallel, sync=sync,
+                           softmax_layout=softmax_layout, sink=sink, dropout_mask=dropout_mask, seed=seed,
+                           offset=offset, pse_type=pse_type, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx)
+
+
+@_args.torch_npu_api
+def npu_fusion_attention_grad_v2(query: Tensor, key: Tensor, value: Tensor, dy: Tensor, head_num: int,
+                                 input_layout: str, *, pse: Optional[Tensor] = None,
+                                 padding_mask: Optional[Tensor] = None, atten_mask: Optional[Tensor] = None,
+                                 softmax_max: Optional[Tensor] = None, softmax_sum: Optional[Tensor] = None,
+                                 softmax_in: Optional[Tensor] = None, attention_in: Optional[Tensor] = None,
+                                 query_rope: Optional[Tensor] = None, key_rope: Optional[Tensor] = None,
+                                 scale_value: float = 1., keep_prob: float = 1., pre_tokens: int = MAX_TOKENS,
+                                 next_tokens: int = MAX_TOKENS, inner_precise: int = 0, seed: int = 0,
+                                 offset: int = 0, numels: int = 0, prefix=None, actual_seq_qlen: SeqLens = None,
+                                 actual_seq_kvlen: SeqLens = None, sparse_mode: int = 0,
+                                 gen_mask_parallel: bool = True, sync: bool = False, pse_type: int = 1,
+                                 q_start_idx=None, kv_start_idx=None, softmax_layout: str = "",
+                                 sink: Optional[Tensor] = None):
+    """torch_npu.npu_fusion_attention_grad_v2 with its exact signature: npu_fusion_attention_grad with the v2
+    arguments (see npu_fusion_attention_v2). Returns (dq, dk, dv, dpse, dq_rope, dk_rope, dsink) as torch_npu: dpse
+    None without a pse bias tensor (also for pse_type 2/3 slopes), dq_rope / dk_rope None without rope parts."""
+    op = "npu_fusion_attention_grad_v2"
+    layout = _layout(op, input_layout)
+    if (query_rope is None) != (key_rope is None):
+        raise ValueError(f"{op}: arguments 'query_rope' and 'key_rope' must be given together")
+    qh, kh = _rope_heads(query, key, head_num, layout)
+    dq, dk, dv, dpse, dsink = _fusion_backward(
+        op, _with_rope(op, "query_rope", query, query_rope, layout, qh),
+        _with_rope(op, "key_rope", key, key_rope, layout, kh), value, dy, head_num, input_layout, pse=pse,
+        padding_mask=padding_mask, atten_mask=atten_mask, softmax_max=softmax_max, softmax_sum=softmax_sum,
+        attention_in=attention_in, scale_value=scale_value, keep_prob=keep_prob, pre_tokens=pre_tokens,
+        next_tokens=next_tokens, inner_precise=inner_precise, seed=seed, offset=offset, numels=numels,
+        prefix=prefix, actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen, sparse_mode=sparse_mode,
+        gen_mask_parallel=gen_mask_parallel, sync=sync, softmax_layout=softmax_layout, sink=sink,
+        pse_type=pse_type, q_start_idx=q_start_idx, kv_start_idx=kv_start_idx)
+    dq_rope = dk_rope = None
+    if query_rope is not None:
+        dq, dq_rope = _split_rope(dq, query_rope.shape[-1] // (qh if layout in ("BSH", "SBH") else 1), layout, qh)
+        dk, dk_rope = _split_rope(dk, key_rope.shape[-1] // (kh if layout in ("BSH", "SBH") else 1), layout, kh)
+    return dq, dk, dv, dpse, dq_rope, dk_rope, dsink
 
 
 @_args.torch_npu_api

@@ -397,8 +397,8 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     int8 key/value (KV antiquant, fp16/bf16 query): `key_antiquant_scale`/`value_antiquant_scale` (+ offsets, modes
     `key_antiquant_mode`/`value_antiquant_mode`: 0 per-channel, 1 per-token, 2 per-tensor per-head, 3 per-token
     per-head) or the stacked `antiquant_scale`/`antiquant_offset` ([2, ...], `antiquant_mode` 0/1); x = (x_int8 +
-    offset) * scale. Decode-route calls read the int8 cache in place; the prefill route dequantises the used keys
-    to fp32 first (docs/inference.md). The other quantisation arguments, shared-prefix, rope and padding-size
+    offset) * scale. Both routes read the int8 cache itself (the decode kernel with integer dot products, the
+    prefill kernel dequantising tile by tile; docs/inference.md). The other quantisation arguments, shared-prefix, rope and padding-size
     arguments raise NotImplementedError naming them.
     """
     op = "npu_fused_infer_attention_score"

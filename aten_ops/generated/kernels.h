@@ -121,4 +121,12 @@ at::Tensor moe_token_permute_grad_cpu(const MoeTokenPermuteGradArgs& args);
 at::Tensor moe_token_unpermute_cpu(const MoeTokenUnpermuteArgs& args);
 // moe_token_unpermute_grad [CPU]
 std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu(const MoeTokenUnpermuteGradArgs& args);
+// moe_distribute_dispatch_v2 [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_distribute_dispatch_v2_cpu(const MoeDistributeDispatchV2Args& args);
+// moe_distribute_dispatch_v2_grad [CPU]
+at::Tensor moe_distribute_dispatch_v2_grad_cpu(const MoeDistributeDispatchV2GradArgs& args);
+// moe_distribute_combine_v2 [CPU]
+at::Tensor moe_distribute_combine_v2_cpu(const MoeDistributeCombineV2Args& args);
+// moe_distribute_combine_v2_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_distribute_combine_v2_grad_cpu(const MoeDistributeCombineV2GradArgs& args);
 }  // namespace npu_fa

@@ -671,4 +671,88 @@ decltype(auto) apply_args(const MoeTokenUnpermuteGradArgs& a, F&& f) {
   return f(a.permuted_tokens, a.grad_unpermuted_tokens, a.sorted_indices, a.probs, a.padded_mode, a.restore_shape);
 }
 
+// moe_distribute_dispatch_v2
+struct MoeDistributeDispatchV2Args {
+  const at::Tensor& x;
+  const at::Tensor& expert_ids;
+  c10::string_view group_ep;
+  int64_t ep_world_size;
+  int64_t ep_rank_id;
+  int64_t moe_expert_num;
+  const std::optional<at::Tensor>& scales;
+  const std::optional<at::Tensor>& x_active_mask;
+  const std::optional<at::Tensor>& expert_scales;
+  int64_t tp_world_size;
+  int64_t quant_mode;
+  int64_t global_bs;
+  int64_t expert_token_nums_type;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MoeDistributeDispatchV2Args& a, F&& f) {
+  return f(a.x, a.expert_ids, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.scales, a.x_active_mask, a.expert_scales, a.tp_world_size, a.quant_mode, a.global_bs, a.expert_token_nums_type);
+}
+
+// moe_distribute_dispatch_v2_grad
+struct MoeDistributeDispatchV2GradArgs {
+  const at::Tensor& grad_expand_x;
+  const at::Tensor& x;
+  const at::Tensor& expert_ids;
+  const at::Tensor& ep_recv_counts;
+  c10::string_view group_ep;
+  int64_t ep_world_size;
+  int64_t ep_rank_id;
+  int64_t moe_expert_num;
+  const std::optional<at::Tensor>& x_active_mask;
+  int64_t global_bs;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MoeDistributeDispatchV2GradArgs& a, F&& f) {
+  return f(a.grad_expand_x, a.x, a.expert_ids, a.ep_recv_counts, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.x_active_mask, a.global_bs);
+}
+
+// moe_distribute_combine_v2
+struct MoeDistributeCombineV2Args {
+  const at::Tensor& expand_x;
+  const at::Tensor& expert_ids;
+  const at::Tensor& assist_info_for_combine;
+  const at::Tensor& ep_send_counts;
+  const at::Tensor& expert_scales;
+  c10::string_view group_ep;
+  int64_t ep_world_size;
+  int64_t ep_rank_id;
+  int64_t moe_expert_num;
+  const std::optional<at::Tensor>& x_active_mask;
+  const std::optional<at::Tensor>& shared_expert_x;
+  int64_t global_bs;
+  int64_t comm_quant_mode;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MoeDistributeCombineV2Args& a, F&& f) {
+  return f(a.expand_x, a.expert_ids, a.assist_info_for_combine, a.ep_send_counts, a.expert_scales, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.x_active_mask, a.shared_expert_x, a.global_bs, a.comm_quant_mode);
+}
+
+// moe_distribute_combine_v2_grad
+struct MoeDistributeCombineV2GradArgs {
+  const at::Tensor& grad_out;
+  const at::Tensor& expand_x;
+  const at::Tensor& expert_ids;
+  const at::Tensor& ep_send_counts;
+  const at::Tensor& expert_scales;
+  c10::string_view group_ep;
+  int64_t ep_world_size;
+  int64_t ep_rank_id;
+  int64_t moe_expert_num;
+  const std::optional<at::Tensor>& x_active_mask;
+  const std::optional<at::Tensor>& shared_expert_x;
+  int64_t global_bs;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MoeDistributeCombineV2GradArgs& a, F&& f) {
+  return f(a.grad_out, a.expand_x, a.expert_ids, a.ep_send_counts, a.expert_scales, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.x_active_mask, a.shared_expert_x, a.global_bs);
+}
+
 }  // namespace npu_fa

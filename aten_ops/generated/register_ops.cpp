@@ -566,6 +566,50 @@ std::tuple<at::Tensor, at::Tensor> moe_token_unpermute_grad_cpu_unboxed(const at
   return npu_fa::moe_token_unpermute_grad_cpu(npu_fa::MoeTokenUnpermuteGradArgs{permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape});
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_distribute_dispatch_v2_cpu_unboxed(const at::Tensor& x, const at::Tensor& expert_ids, c10::string_view group_ep, int64_t ep_world_size, int64_t ep_rank_id, int64_t moe_expert_num, const std::optional<at::Tensor>& scales, const std::optional<at::Tensor>& x_active_mask, const std::optional<at::Tensor>& expert_scales, int64_t tp_world_size, int64_t quant_mode, int64_t global_bs, int64_t expert_token_nums_type) {
+  npu_fa::DeviceRule rule("moe_distribute_dispatch_v2");
+  rule.device_tensor("x", x);
+  rule.device_tensor("expert_ids", expert_ids);
+  rule.device_tensor("scales", scales);
+  rule.device_tensor("x_active_mask", x_active_mask);
+  rule.device_tensor("expert_scales", expert_scales);
+  return npu_fa::moe_distribute_dispatch_v2_cpu(npu_fa::MoeDistributeDispatchV2Args{x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, scales, x_active_mask, expert_scales, tp_world_size, quant_mode, global_bs, expert_token_nums_type});
+}
+
+at::Tensor moe_distribute_dispatch_v2_grad_cpu_unboxed(const at::Tensor& grad_expand_x, const at::Tensor& x, const at::Tensor& expert_ids, const at::Tensor& ep_recv_counts, c10::string_view group_ep, int64_t ep_world_size, int64_t ep_rank_id, int64_t moe_expert_num, const std::optional<at::Tensor>& x_active_mask, int64_t global_bs) {
+  npu_fa::DeviceRule rule("moe_distribute_dispatch_v2_grad");
+  rule.device_tensor("grad_expand_x", grad_expand_x);
+  rule.device_tensor("x", x);
+  rule.device_tensor("expert_ids", expert_ids);
+  rule.device_tensor("ep_recv_counts", ep_recv_counts);
+  rule.device_tensor("x_active_mask", x_active_mask);
+  return npu_fa::moe_distribute_dispatch_v2_grad_cpu(npu_fa::MoeDistributeDispatchV2GradArgs{grad_expand_x, x, expert_ids, ep_recv_counts, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, global_bs});
+}
+
+at::Tensor moe_distribute_combine_v2_cpu_unboxed(const at::Tensor& expand_x, const at::Tensor& expert_ids, const at::Tensor& assist_info_for_combine, const at::Tensor& ep_send_counts, const at::Tensor& expert_scales, c10::string_view group_ep, int64_t ep_world_size, int64_t ep_rank_id, int64_t moe_expert_num, const std::optional<at::Tensor>& x_active_mask, const std::optional<at::Tensor>& shared_expert_x, int64_t global_bs, int64_t comm_quant_mode) {
+  npu_fa::DeviceRule rule("moe_distribute_combine_v2");
+  rule.device_tensor("expand_x", expand_x);
+  rule.device_tensor("expert_ids", expert_ids);
+  rule.device_tensor("assist_info_for_combine", assist_info_for_combine);
+  rule.device_tensor("ep_send_counts", ep_send_counts);
+  rule.device_tensor("expert_scales", expert_scales);
+  rule.device_tensor("x_active_mask", x_active_mask);
+  rule.device_tensor("shared_expert_x", shared_expert_x);
+  return npu_fa::moe_distribute_combine_v2_cpu(npu_fa::MoeDistributeCombineV2Args{expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs, comm_quant_mode});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_distribute_combine_v2_grad_cpu_unboxed(const at::Tensor& grad_out, const at::Tensor& expand_x, const at::Tensor& expert_ids, const at::Tensor& ep_send_counts, const at::Tensor& expert_scales, c10::string_view group_ep, int64_t ep_world_size, int64_t ep_rank_id, int64_t moe_expert_num, const std::optional<at::Tensor>& x_active_mask, const std::optional<at::Tensor>& shared_expert_x, int64_t global_bs) {
+  npu_fa::DeviceRule rule("moe_distribute_combine_v2_grad");
+  rule.device_tensor("grad_out", grad_out);
+  rule.device_tensor("expand_x", expand_x);
+  rule.device_tensor("expert_ids", expert_ids);
+  rule.device_tensor("ep_send_counts", ep_send_counts);
+  rule.device_tensor("expert_scales", expert_scales);
+  rule.device_tensor("x_active_mask", x_active_mask);
+  rule.device_tensor("shared_expert_x", shared_expert_x);
+  return npu_fa::moe_distribute_combine_v2_grad_cpu(npu_fa::MoeDistributeCombineV2GradArgs{grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -610,6 +654,10 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("moe_token_permute_grad(Tensor grad_permuted_tokens, Tensor sorted_indices, Tensor indices) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_token_unpermute(Tensor permuted_tokens, Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, int[]? restore_shape=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_token_unpermute_grad(Tensor permuted_tokens, Tensor grad_unpermuted_tokens, Tensor sorted_indices, Tensor? probs=None, bool padded_mode=False, int[]? restore_shape=None) -> (Tensor grad_permuted_tokens, Tensor grad_probs)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_distribute_dispatch_v2(Tensor x, Tensor expert_ids, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, Tensor? scales=None, Tensor? x_active_mask=None, Tensor? expert_scales=None, int tp_world_size=0, int quant_mode=0, int global_bs=0, int expert_token_nums_type=1) -> (Tensor expand_x, Tensor dynamic_scales, Tensor assist_info_for_combine, Tensor expert_token_nums, Tensor ep_recv_counts, Tensor tp_recv_counts, Tensor expand_scales)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_distribute_dispatch_v2_grad(Tensor grad_expand_x, Tensor x, Tensor expert_ids, Tensor ep_recv_counts, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? x_active_mask=None, int global_bs=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_distribute_combine_v2(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, Tensor ep_send_counts, Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, Tensor? x_active_mask=None, Tensor? shared_expert_x=None, int global_bs=0, int comm_quant_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_distribute_combine_v2_grad(Tensor grad_out, Tensor expand_x, Tensor expert_ids, Tensor ep_send_counts, Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? x_active_mask=None, Tensor? shared_expert_x=None, int global_bs=0) -> (Tensor grad_expand_x, Tensor grad_expert_scales, Tensor grad_shared_expert_x)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -651,6 +699,10 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("moe_token_permute_grad", TORCH_FN(moe_token_permute_grad_cpu_unboxed));
   m.impl("moe_token_unpermute", TORCH_FN(moe_token_unpermute_cpu_unboxed));
   m.impl("moe_token_unpermute_grad", TORCH_FN(moe_token_unpermute_grad_cpu_unboxed));
+  m.impl("moe_distribute_dispatch_v2", TORCH_FN(moe_distribute_dispatch_v2_cpu_unboxed));
+  m.impl("moe_distribute_dispatch_v2_grad", TORCH_FN(moe_distribute_dispatch_v2_grad_cpu_unboxed));
+  m.impl("moe_distribute_combine_v2", TORCH_FN(moe_distribute_combine_v2_cpu_unboxed));
+  m.impl("moe_distribute_combine_v2_grad", TORCH_FN(moe_distribute_combine_v2_grad_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

@@ -160,9 +160,21 @@ def _scatter():
             ), {"cache_mode": "Norm"}
 
 
+def _dispatch_args():
+    return (torch.randn(3, 8), torch.tensor([[0, 2], [1, 3], [2, 0]], dtype=torch.int32), _group(), 1, 0, 4), {}
+
+
+def _combine_args(name):
+    (x, ids, group, world, rank, experts), _ = _dispatch_args()
+    out = getattr(tot, name)(x, ids, group, world, rank, experts)
+    return (out[0], ids, out[2], out[4], torch.rand(3, 2), group, world, rank, experts), {}
+
+
 SAMPLES = {
     "npu_fusion_attention": _fa,
     "npu_fusion_attention_grad": _fa_grad,
+    "npu_fusion_attention_v2": lambda: (_fa()[0], dict(_fa()[1], pse_type=1)),
+    "npu_fusion_attention_grad_v2": _fa_grad,
     "_npu_dropout_gen_mask": lambda: ((torch.randn(1), [1, 2, 4, 4], 0.1, 7, 0), {}),
     "npu_prompt_flash_attention": _bsh,
     "npu_incre_flash_attention": lambda: _bsh(1),
@@ -202,6 +214,10 @@ SAMPLES = {
     "npu_mm_all_reduce_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group()), {}),
     "npu_mm_all_reduce_add_rms_norm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), torch.randn(3, 5),
                                                 torch.ones(5), _group()), {}),
+    "npu_moe_distribute_dispatch": _dispatch_args,
+    "npu_moe_distribute_dispatch_v2": _dispatch_args,
+    "npu_moe_distribute_combine": lambda: _combine_args("npu_moe_distribute_dispatch"),
+    "npu_moe_distribute_combine_v2": lambda: _combine_args("npu_moe_distribute_dispatch_v2"),
 }
 
 
@@ -223,6 +239,9 @@ def _result_count(schema):
 # returns None for an undefined tensor).
 UNDEFINED_RESULTS = {
     ("npu_fusion_attention_grad", 3): "dpse without pse",
+    ("npu_fusion_attention_grad_v2", 3): "dpse without pse",
+    ("npu_fusion_attention_grad_v2", 4): "dq_rope without query_rope",
+    ("npu_fusion_attention_grad_v2", 5): "dk_rope without key_rope",
 }
 
 

@@ -1,6 +1,6 @@
 """int8 KV caches (KV antiquant, "C8"): incre_flash_attention reading int8 key/value and dequantising in the kernel,
-fused_infer_attention_score on its decode route (the cache read in place) and its prefill route (the used keys
-dequantised first), npu_scatter_pa_kv_cache into int8 caches, PagedKVCache(dtype=torch.int8), and bad inputs.
+fused_infer_attention_score on its decode route (the cache read in place) and its prefill route (the prefill kernel
+dequantising K/V tile by tile as it packs them: no floating-point copy of the cache), npu_scatter_pa_kv_cache into int8 caches, PagedKVCache(dtype=torch.int8), and bad inputs.
 
 Numerics: float64 attention on the dequantised cache, x = (x_int8 + offset) * scale, with the project's tolerance
 rule against plain PyTorch in the query's dtype (test/inference/int8_cases.py)."""
@@ -170,34 +170,57 @@ def test_fia_prefill_route(case, sq):
     q = torch.randn(case.batch, case.q_heads, sq, case.head_dim, generator=g).to(dt)
     out, lse = _fia(inp, q=q, softmax_lse_flag=True)
     ref, ref_lse = _prefill_reference(q, inp.kd, inp.vd, inp.lens, case.scale, torch.float64)
-    same, _ = _prefill_reference(q, inp.kd, inp.vd, inp.lens, case.scale, dt)
+    same, same_lse = _prefill_reference(q, inp.kd, inp.vd, inp.lens, case.scale, dt)
     assert out.dtype == dt and out.shape == q.shape
     check_tolerance(f"{_id(case)} Sq={sq}", out, ref, same)
     finite = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse[..., 0]), finite)
-    torch.testing.assert_close(lse[..., 0][finite].double(), ref_lse[finite], atol=1e-3, rtol=1e-4)
+    check_tolerance(f"{_id(case)} Sq={sq} lse", lse[..., 0][finite], ref_lse[finite], same_lse[finite])
 
 
-def test_fia_tnd_paged_per_channel():
-    # TND with a paged cache: the used blocks are gathered (int8) and dequantised for the prefill path.
-    c = Case(layout="BSH", dtype="bf16", kv_len=256, block=128, lens=(256, 100, 1), q_heads=4, kv_heads=2,
-             head_dim=64)
-    inp = build(c)
-    g = torch.Generator().manual_seed(3)
-    q_lens = [2, 1, 1]
-    q = torch.randn(sum(q_lens), c.q_heads, c.head_dim, generator=g).to(torch.bfloat16)
-    out, _ = tot.npu_fused_infer_attention_score(
-        q, inp.args[1], inp.args[2], block_table=inp.args[6], num_heads=c.q_heads, num_key_value_heads=c.kv_heads,
-        scale=c.scale, input_layout="TND", block_size=c.block, actual_seq_lengths=[2, 3, 4],
-        actual_seq_lengths_kv=list(inp.lens), **inp.kwargs)
+def _tnd_reference(q, inp, c, q_lens, dtype):
+    """TND query rows (q_lens[b] of them for sequence b) against each sequence's dequantised keys; sparse_mode 0
+    without a mask: every row sees all of them."""
     rows, t = [], 0
     for b, n in enumerate(q_lens):
         r, _ = _prefill_reference(q[t:t + n].transpose(0, 1)[None], inp.kd[b:b + 1], inp.vd[b:b + 1],
-                                  [inp.lens[b]], c.scale, torch.float64)
+                                  [inp.lens[b]], c.scale, dtype)
         rows.append(r[0].transpose(0, 1))
         t += n
-    ref = torch.cat(rows)
-    assert (out.double() - ref).abs().max() < 2e-2
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize("modes", [(0, 0), (0, 1), (1, 1), (3, 3)], ids=lambda m: f"m{m[0]}{m[1]}")
+def test_fia_tnd_paged_prefill(modes):
+    # TND with a paged cache and a prefill batch: the used blocks are gathered (still int8) and the prefill kernel
+    # dequantises them; per-token factors are indexed by the key's position in its sequence, as in the dense layouts.
+    c = Case(layout="BSH", dtype="bf16", kv_len=256, block=128, lens=(256, 100, 1), q_heads=4, kv_heads=2,
+             head_dim=64, k_mode=modes[0], v_mode=modes[1])
+    inp = build(c)
+    g = torch.Generator().manual_seed(3)
+    q_lens = [3, 1, 1]
+    q = torch.randn(sum(q_lens), c.q_heads, c.head_dim, generator=g).to(torch.bfloat16)
+    out, _ = tot.npu_fused_infer_attention_score(
+        q, inp.args[1], inp.args[2], block_table=inp.args[6], num_heads=c.q_heads, num_key_value_heads=c.kv_heads,
+        scale=c.scale, input_layout="TND", block_size=c.block, actual_seq_lengths=[3, 4, 5],
+        actual_seq_lengths_kv=list(inp.lens), **inp.kwargs)
+    check_tolerance(f"TND prefill m{modes}", out, _tnd_reference(q, inp, c, q_lens, torch.float64),
+                    _tnd_reference(q, inp, c, q_lens, torch.bfloat16))
+
+
+def test_fia_prefill_makes_no_float_copy_of_the_cache():
+    # The prefill route reads the int8 cache itself: no op converts it (the earlier route made an fp32 copy).
+    c = Case(layout="BNSD", dtype="bf16", kv_len=512, lens=(512, 300, 17), q_heads=4, kv_heads=2, head_dim=64)
+    inp = build(c)
+    q = torch.randn(c.batch, c.q_heads, 8, c.head_dim).to(torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        _fia(inp, q=q, softmax_lse_flag=True)
+    cache_shape = list(inp.args[1].shape)
+    converted = [e.name for e in prof.events() if e.name in ("aten::to", "aten::_to_copy", "aten::copy_")
+                 and any(list(s) == cache_shape for s in e.input_shapes)]
+    assert converted == []
+    names = {e.name for e in prof.events()}
+    assert "npu_fa::fused_infer_attention_score" in names, sorted(names)
 
 
 # ---- writing int8 caches ----
@@ -379,7 +402,7 @@ def test_bad_scale_dtype():
 
 def test_fia_tnd_per_token():
     # TND with per-token factors: a decode-only batch (one query token per sequence) runs the decode op on the cache
-    # in place, with the factors; a prefill TND batch would need them per packed position: NotImplementedError.
+    # in place; a prefill TND batch runs the prefill kernel, the factors indexed by the key's position in its sequence.
     c = Case(layout="BSH", kv_len=256, block=128, lens=(256, 100, 1), q_heads=4, k_mode=1, v_mode=1)
     inp = build(c)
     q = torch.randn(3, 4, 64).to(torch.bfloat16)
@@ -389,5 +412,6 @@ def test_fia_tnd_per_token():
     ref = reference(replace(inp, q=q), c)
     check_tolerance("TND decode per-token", out, ref, reference(replace(inp, q=q), c, torch.bfloat16))
     q4 = torch.randn(4, 4, 64).to(torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="per-token antiquant factors with input_layout TND"):
-        tot.npu_fused_infer_attention_score(q4, inp.args[1], inp.args[2], actual_seq_lengths=[2, 3, 4], **kw)
+    out4, _ = tot.npu_fused_infer_attention_score(q4, inp.args[1], inp.args[2], actual_seq_lengths=[2, 3, 4], **kw)
+    check_tolerance("TND prefill per-token", out4, _tnd_reference(q4, inp, c, [2, 1, 1], torch.float64),
+                    _tnd_reference(q4, inp, c, [2, 1, 1], torch.bfloat16))

@@ -55,6 +55,10 @@ OPS = {
     'moe_token_permute_grad': OpInfo('Backward of moe_token_permute: grad_tokens[t] = sum_j grad_permuted_tokens[sorted_indices[t*topk + j]] (destinations past the kept rows contribute nothing).', ('CPU',), False, True),
     'moe_token_unpermute': OpInfo("Megatron-style unpermute (CANN MoeTokenUnpermute), the inverse of moe_token_permute: with topk = probs.size(1) (1 without probs) and N = sorted_indices.numel() / topk, out[t] = sum_j probs[t, j] * permuted_tokens[sorted_indices[t*topk + j]] ([N, H], permuted_tokens' dtype, fp32 accumulation); indices >= permuted_tokens.size(0) (dropped by num_out_tokens) contribute nothing. padded_mode must be False (restore_shape is only used in padded mode). Differentiable in permuted_tokens and probs.", ('CPU',), True, True),
     'moe_token_unpermute_grad': OpInfo("Backward of moe_token_unpermute: grad_permuted_tokens[sorted_indices[t*topk + j]] = probs[t, j] * grad[t] (zero rows elsewhere), grad_probs[t, j] = grad[t] . permuted_tokens[sorted_indices[t*topk + j]] (empty without probs). Without probs only permuted_tokens' shape, dtype and device are used (its values are not read).", ('CPU',), False, True),
+    'moe_distribute_dispatch_v2': OpInfo("Expert-parallel token dispatch (CANN MoeDistributeDispatchV2) over the process group named group_ep (ep_world_size ranks; this rank is ep_rank_id). x [BS, H] (float16/bfloat16/float32/float64), expert_ids [BS, K] (int32/int64, distinct values per row in [0, moe_expert_num)); rank r owns experts [r*L, (r+1)*L), L = moe_expert_num / ep_world_size. Each active (token, slot) pair sends row x[t] to its expert's rank (x_active_mask: bool [BS], trues first, or [BS, K] per pair). Outputs: expand_x [A, H], A = G * min(L, K) with G = global_bs (0: BS * ep_world_size), the received rows grouped by local expert, then by source rank, then in the source's token order (rows past the received ones are zero); dynamic_scales float32 [A] (per-row dequantisation scales with quant_mode 2, else zeros); assist_info_for_combine int32 [max(BS*K, 128*A)] holding (source rank, token, slot) of each received row; expert_token_nums int64 [L] (per local expert, cumulative with expert_token_nums_type 0, counts with 1); ep_recv_counts int32 [ep_world_size * L], cumulative counts in (local expert, source rank) order; tp_recv_counts int32 [tp_world_size] (the received row count); expand_scales float32 [A] (expert_scales of each received pair, zeros without expert_scales). quant_mode 2: per-row symmetric int8 of x (times scales[expert] [moe_expert_num, H] when given), expand_x int8 and dynamic_scales = max|row| / 127. Differentiable in x (quant_mode 0): the backward returns each row's gradient to its token, summed over the slots.", ('CPU',), True, True),
+    'moe_distribute_dispatch_v2_grad': OpInfo("Backward of moe_distribute_dispatch_v2, a combine without weights: every received row's gradient goes back to its source rank and grad_x[t] = sum over t's active slots of those rows ([BS, H], x's dtype; x is read for its shape and dtype only).", ('CPU',), False, True),
+    'moe_distribute_combine_v2': OpInfo("Expert-parallel combine (CANN MoeDistributeCombineV2), the reverse of moe_distribute_dispatch_v2 with the same expert_ids, x_active_mask and group: the rows of expand_x (laid out as dispatch returned them, ep_send_counts being dispatch's ep_recv_counts) return to their source ranks and out[t] = sum over t's active slots k of expert_scales[t, k] * row(t, k), plus shared_expert_x[t] ([BS, H] or [BS, 1, H], unweighted) for tokens with an active slot; out [BS, H] in expand_x's dtype, accumulated in float32 (float64 for float64). comm_quant_mode 2 sends the rows as per-row symmetric int8 with a float32 scale. Differentiable in expand_x, expert_scales and shared_expert_x.", ('CPU',), True, True),
+    'moe_distribute_combine_v2_grad': OpInfo("Backward of moe_distribute_combine_v2, a dispatch of the gradient: grad_out[t] travels to the rows of t's pairs, grad_expand_x[row(t, k)] = expert_scales[t, k] * grad_out[t] (zero rows elsewhere), grad_expert_scales[t, k] = grad_out[t] . row(t, k) (zero for inactive pairs; computed where the row lives and sent back), grad_shared_expert_x = grad_out for tokens with an active slot, zero elsewhere (shared_expert_x's shape; empty without it).", ('CPU',), False, True),
 }
 
 
@@ -434,6 +438,42 @@ def _fake_moe_token_unpermute_grad(permuted_tokens, grad_unpermuted_tokens, sort
     a = MoeTokenUnpermuteGradArgs(permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape)
     check_devices('moe_token_unpermute_grad', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_token_unpermute_grad')(a)
+
+
+MoeDistributeDispatchV2Args = collections.namedtuple('MoeDistributeDispatchV2Args', ['x', 'expert_ids', 'group_ep', 'ep_world_size', 'ep_rank_id', 'moe_expert_num', 'scales', 'x_active_mask', 'expert_scales', 'tp_world_size', 'quant_mode', 'global_bs', 'expert_token_nums_type'])
+
+
+def _fake_moe_distribute_dispatch_v2(x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, scales=None, x_active_mask=None, expert_scales=None, tp_world_size=0, quant_mode=0, global_bs=0, expert_token_nums_type=1):
+    a = MoeDistributeDispatchV2Args(x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, scales, x_active_mask, expert_scales, tp_world_size, quant_mode, global_bs, expert_token_nums_type)
+    check_devices('moe_distribute_dispatch_v2', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.distribute', 'moe_distribute_dispatch_v2')(a)
+
+
+MoeDistributeDispatchV2GradArgs = collections.namedtuple('MoeDistributeDispatchV2GradArgs', ['grad_expand_x', 'x', 'expert_ids', 'ep_recv_counts', 'group_ep', 'ep_world_size', 'ep_rank_id', 'moe_expert_num', 'x_active_mask', 'global_bs'])
+
+
+def _fake_moe_distribute_dispatch_v2_grad(grad_expand_x, x, expert_ids, ep_recv_counts, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *, x_active_mask=None, global_bs=0):
+    a = MoeDistributeDispatchV2GradArgs(grad_expand_x, x, expert_ids, ep_recv_counts, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, global_bs)
+    check_devices('moe_distribute_dispatch_v2_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.distribute', 'moe_distribute_dispatch_v2_grad')(a)
+
+
+MoeDistributeCombineV2Args = collections.namedtuple('MoeDistributeCombineV2Args', ['expand_x', 'expert_ids', 'assist_info_for_combine', 'ep_send_counts', 'expert_scales', 'group_ep', 'ep_world_size', 'ep_rank_id', 'moe_expert_num', 'x_active_mask', 'shared_expert_x', 'global_bs', 'comm_quant_mode'])
+
+
+def _fake_moe_distribute_combine_v2(expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask=None, shared_expert_x=None, global_bs=0, comm_quant_mode=0):
+    a = MoeDistributeCombineV2Args(expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs, comm_quant_mode)
+    check_devices('moe_distribute_combine_v2', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.distribute', 'moe_distribute_combine_v2')(a)
+
+
+MoeDistributeCombineV2GradArgs = collections.namedtuple('MoeDistributeCombineV2GradArgs', ['grad_out', 'expand_x', 'expert_ids', 'ep_send_counts', 'expert_scales', 'group_ep', 'ep_world_size', 'ep_rank_id', 'moe_expert_num', 'x_active_mask', 'shared_expert_x', 'global_bs'])
+
+
+def _fake_moe_distribute_combine_v2_grad(grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *, x_active_mask=None, shared_expert_x=None, global_bs=0):
+    a = MoeDistributeCombineV2GradArgs(grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs)
+    check_devices('moe_distribute_combine_v2_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.distribute', 'moe_distribute_combine_v2_grad')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -888,9 +928,96 @@ def _backward_moe_token_unpermute(ctx, grad_result0):
     )
 
 
+def _setup_moe_distribute_dispatch_v2(ctx, inputs, output):
+    (x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, scales, x_active_mask, expert_scales, tp_world_size, quant_mode, global_bs, expert_token_nums_type,) = inputs
+    (expand_x, dynamic_scales, assist_info_for_combine, expert_token_nums, ep_recv_counts, tp_recv_counts, expand_scales,) = output
+    ctx.save_for_backward(x, expert_ids, ep_recv_counts, x_active_mask)
+    ctx.group_ep = group_ep
+    ctx.ep_world_size = ep_world_size
+    ctx.ep_rank_id = ep_rank_id
+    ctx.moe_expert_num = moe_expert_num
+    ctx.global_bs = global_bs
+    ctx.mark_non_differentiable(dynamic_scales, assist_info_for_combine, expert_token_nums, ep_recv_counts, tp_recv_counts, expand_scales)
+
+
+def _backward_moe_distribute_dispatch_v2(ctx, grad_expand_x, grad_dynamic_scales, grad_assist_info_for_combine, grad_expert_token_nums, grad_ep_recv_counts, grad_tp_recv_counts, grad_expand_scales):
+    (x, expert_ids, ep_recv_counts, x_active_mask,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.moe_distribute_dispatch_v2_grad.default(
+        grad_expand_x,
+        x,
+        expert_ids,
+        ep_recv_counts,
+        ctx.group_ep,
+        ctx.ep_world_size,
+        ctx.ep_rank_id,
+        ctx.moe_expert_num,
+        x_active_mask=x_active_mask,
+        global_bs=ctx.global_bs,
+    ),)
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        None,  # expert_ids
+        None,  # group_ep
+        None,  # ep_world_size
+        None,  # ep_rank_id
+        None,  # moe_expert_num
+        None,  # scales
+        None,  # x_active_mask
+        None,  # expert_scales
+        None,  # tp_world_size
+        None,  # quant_mode
+        None,  # global_bs
+        None,  # expert_token_nums_type
+    )
+
+
+def _setup_moe_distribute_combine_v2(ctx, inputs, output):
+    (expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs, comm_quant_mode,) = inputs
+    result0 = output
+    ctx.save_for_backward(expand_x, expert_ids, ep_send_counts, expert_scales, x_active_mask, shared_expert_x)
+    ctx.group_ep = group_ep
+    ctx.ep_world_size = ep_world_size
+    ctx.ep_rank_id = ep_rank_id
+    ctx.moe_expert_num = moe_expert_num
+    ctx.global_bs = global_bs
+
+
+def _backward_moe_distribute_combine_v2(ctx, grad_result0):
+    (expand_x, expert_ids, ep_send_counts, expert_scales, x_active_mask, shared_expert_x,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.moe_distribute_combine_v2_grad.default(
+        grad_result0,
+        expand_x,
+        expert_ids,
+        ep_send_counts,
+        expert_scales,
+        ctx.group_ep,
+        ctx.ep_world_size,
+        ctx.ep_rank_id,
+        ctx.moe_expert_num,
+        x_active_mask=x_active_mask,
+        shared_expert_x=shared_expert_x,
+        global_bs=ctx.global_bs,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # expand_x
+        None,  # expert_ids
+        None,  # assist_info_for_combine
+        None,  # ep_send_counts
+        grads[1] if _needs_grad(ctx, 4) else None,  # expert_scales
+        None,  # group_ep
+        None,  # ep_world_size
+        None,  # ep_rank_id
+        None,  # moe_expert_num
+        None,  # x_active_mask
+        grads[2] if _needs_grad(ctx, 10) else None,  # shared_expert_x
+        None,  # global_bs
+        None,  # comm_quant_mode
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe', 'torch_ops_transformer.fake.rope']:
+    for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.distribute', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe', 'torch_ops_transformer.fake.rope']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -944,3 +1071,9 @@ def register():
     torch.library.register_fake("npu_fa::moe_token_unpermute", _fake_moe_token_unpermute)
     torch.library.register_autograd("npu_fa::moe_token_unpermute", _backward_moe_token_unpermute, setup_context=_setup_moe_token_unpermute)
     torch.library.register_fake("npu_fa::moe_token_unpermute_grad", _fake_moe_token_unpermute_grad)
+    torch.library.register_fake("npu_fa::moe_distribute_dispatch_v2", _fake_moe_distribute_dispatch_v2)
+    torch.library.register_autograd("npu_fa::moe_distribute_dispatch_v2", _backward_moe_distribute_dispatch_v2, setup_context=_setup_moe_distribute_dispatch_v2)
+    torch.library.register_fake("npu_fa::moe_distribute_dispatch_v2_grad", _fake_moe_distribute_dispatch_v2_grad)
+    torch.library.register_fake("npu_fa::moe_distribute_combine_v2", _fake_moe_distribute_combine_v2)
+    torch.library.register_autograd("npu_fa::moe_distribute_combine_v2", _backward_moe_distribute_combine_v2, setup_context=_setup_moe_distribute_combine_v2)
+    torch.library.register_fake("npu_fa::moe_distribute_combine_v2_grad", _fake_moe_distribute_combine_v2_grad)

@@ -6,6 +6,8 @@
 - `grouped_matmul` — `npu_grouped_matmul`, `grouped_matmul`: per-expert matmul with fused bias and activation.
 - `layer` — `MOELayer`, single-process or expert-parallel.
 - `blocks` — `DeepseekV3MoEBlock`, `Qwen3MoeBlock` (transformers' blocks on these ops, `from_hf`), `routed_experts`.
+- `distribute` — `npu_moe_distribute_dispatch(_v2)` / `npu_moe_distribute_combine(_v2)`: expert-parallel token
+  exchange on a torch.distributed group.
 """
 from .grouped_matmul import grouped_matmul, npu_grouped_matmul
 from .blocks import DeepseekV3MoEBlock, Qwen3MoeBlock, routed_experts
@@ -28,3 +30,13 @@ __all__ = ["DeepseekV3MoEBlock", "MOELayer", "Qwen3MoeBlock", "routed_experts", 
            "npu_moe_gating_top_k_softmax",
            "npu_moe_gating_top_k_softmax_v2", "npu_moe_init_routing", "npu_moe_init_routing_v2",
            "npu_moe_token_permute", "npu_moe_token_unpermute"]
+
+from .distribute import (  # noqa: E402
+    npu_moe_distribute_combine,
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch,
+    npu_moe_distribute_dispatch_v2,
+)
+
+__all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
+            "npu_moe_distribute_dispatch_v2"]

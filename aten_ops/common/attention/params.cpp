@@ -308,7 +308,7 @@ AttentionParams parse_attention_params(const char* op, const Args& args, Attenti
   AttentionParams p;
   p.op = op;
   p.layout = parse_layout(op, args.input_layout);
-  check_qkv_dtypes(op, args.query, args.key, args.value);
+  if (!names.int8_kv) check_qkv_dtypes(op, args.query, args.key, args.value);
   const auto dt = args.query.scalar_type();
   TORCH_CHECK_VALUE(args.key.device() == args.query.device() && args.value.device() == args.query.device(), op,
                     ": arguments 'query', 'key', 'value' must be on one device; got ", args.query.device(), ", ",

@@ -55,6 +55,17 @@ struct PseView {
   const float* row(int64_t b, int64_t n, int64_t i) const { return data + b * sb + n * sn + i * si; }
 };
 
+// Dequantisation of an int8 key or value (CANN's KV antiquant): x = (x_int8 + offset) * scale with scale/offset
+// element (b, n2, pos, d) at b*s_b + n2*s_h + pos*s_pos + d*s_d (fp32). pos is the key's position in its sequence
+// (the decode op's cache position). per_token: the factors vary with pos and not with d; otherwise they vary with
+// neither b nor pos.
+struct Antiquant {
+  const float* scale = nullptr;               // nullptr: not int8
+  const float* offset = nullptr;              // nullptr: symmetric (no offset)
+  int64_t s_b = 0, s_h = 0, s_pos = 0, s_d = 0;
+  bool per_token = false;
+};
+
 struct AttentionParams {
   const char* op = "";
   Layout layout = Layout::BSND;
@@ -94,8 +105,11 @@ struct AttentionParams {
   std::vector<int64_t> alibi_shift;
   uint64_t seed = 0, offset = 0;       // dropout stream (used when keep_prob < 1 and no dropout_bits)
   const uint8_t* dropout_bits = nullptr;  // an explicit bit-packed keep mask (bit e of byte e/8, LSB first)
+  // An int8 key and value (the inference ops' KV antiquant; fp16/bf16 query): dequantised as the kernels read them.
+  Antiquant k_quant, v_quant;
 
   bool has_dropout() const { return keep_prob < 1.f; }
+  bool int8_kv() const { return k_quant.scale != nullptr; }
   // Whether the logits need more than scale (and an explicit pse): softcap or in-kernel ALiBi.
   bool has_logit_transform() const { return softcap > 0.f || alibi_slopes != nullptr; }
   // Keep-flags of keys [j0, j0 + n) of row i of sequence b, head n: from dropout_bits when given, else the stream.
@@ -131,16 +145,20 @@ void AttentionParams::mask_row(int64_t b, int64_t n, int64_t i, int64_t j0, int6
 // and keeps them alive for the views above.
 struct AttentionInputs {
   at::Tensor query, key, value, pse_f32, mask_u8, sink_f32, dropout_mask, slopes_f32;
+  at::Tensor k_scale, k_offset, v_scale, v_offset;  // fp32 antiquant factors of an int8 key/value
 };
 
 // The user-facing names of the arguments whose names differ between the ops sharing this parser (the inference
-// ops call pse `pse_shift`, head_num `num_heads`, ...), so every message names the argument the caller passed.
+// ops call pse `pse_shift`, head_num `num_heads`, ...), so every message names the argument the caller passed; and
+// what a calling op accepts beyond flash_attention_score.
 struct ArgNames {
   const char* head_num = "head_num";
   const char* scale = "scale";
   const char* pse = "pse";
   const char* q_lens = "actual_seq_qlen";
   const char* kv_lens = "actual_seq_kvlen";
+  // The calling op takes an int8 key/value with an fp16/bf16 query (KV antiquant) and sets the factors itself.
+  bool int8_kv = false;
 };
 
 // Validates the arguments of flash_attention_score(_grad) and builds the parameters. `Args` is the generated argument

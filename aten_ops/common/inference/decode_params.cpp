@@ -370,13 +370,7 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
     p.pse_sb = ps.size(0) == 1 ? 0 : N1 * ps.size(3);
   }
 
-  KvAntiquant aq = parse_kv_antiquant(kOp, AntiquantArgs::of(args), int8, B, N2, D, need);
-  p.k_quant = aq.k;
-  p.v_quant = aq.v;
-  in.k_scale = aq.k_scale;
-  in.k_offset = aq.k_offset;
-  in.v_scale = aq.v_scale;
-  in.v_offset = aq.v_offset;
+  parse_kv_antiquant(kOp, AntiquantArgs::of(args), int8, B, N2, D, need).install(p, in);
   p.scale = static_cast<float>(args.scale_value);
   return in;
 }

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/attention/params.h"
 #include "generated/op_args.h"
 
 namespace npu_fa::attention {
@@ -17,17 +18,8 @@ namespace npu_fa::attention {
 // Key/value row (b, n2, logical key j) lives at: cache + blk*s_blk + n2*s_head + (pos - blk_first)*s_seq where
 //   contiguous cache: pos = kv_start[b] + j, blk = b, blk_first = 0 (one "block" per sequence);
 //   paged cache:      pos = j, blk = block_table[b][j / block_size], blk_first = (j / block_size)*block_size.
-// Mask / pse columns are cache positions pos (see docs/inference.md).
-// Dequantisation of an int8 key or value cache (CANN's KV antiquant): x = (x_int8 + offset) * scale with
-// scale/offset element (b, n2, pos, d) at b*s_b + n2*s_h + pos*s_pos + d*s_d (fp32). per_token: the factors vary
-// with the cache position (pos as for the mask) and not with d; otherwise they do not vary with b or pos.
-struct Antiquant {
-  const float* scale = nullptr;               // nullptr: the cache is not int8
-  const float* offset = nullptr;              // nullptr: symmetric (no offset)
-  int64_t s_b = 0, s_h = 0, s_pos = 0, s_d = 0;
-  bool per_token = false;
-};
-
+// Mask / pse columns, and the position of per-token antiquant factors (Antiquant, common/attention/params.h), are
+// cache positions pos (see docs/inference.md).
 struct DecodeParams {
   int64_t batch = 0, q_heads = 0, kv_heads = 0, group = 1, head_dim = 0;
   float scale = 1.f;                          // scale_value, multiplies q·k
@@ -75,6 +67,16 @@ struct AntiquantArgs {
 struct KvAntiquant {
   Antiquant k, v;
   at::Tensor k_scale, k_offset, v_scale, v_offset;
+  // Sets the kernel parameters' k_quant / v_quant and keeps the factors alive in `in` (decode or prefill inputs).
+  template <class Params, class Inputs>
+  void install(Params& p, Inputs& in) const {
+    p.k_quant = k;
+    p.v_quant = v;
+    in.k_scale = k_scale;
+    in.k_offset = k_offset;
+    in.v_scale = v_scale;
+    in.v_offset = v_offset;
+  }
 };
 
 // Checks the antiquant arguments of a call with B sequences, N2 KV heads of head dim D, reading cache positions

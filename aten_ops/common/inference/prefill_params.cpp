@@ -3,8 +3,12 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <limits>
 #include <sstream>
+#include <type_traits>
+
+#include "common/inference/decode_params.h"
 
 namespace npu_fa::attention {
 
@@ -26,6 +30,40 @@ void read_per_batch_lengths(const char* op, const char* arg, const at::Tensor& t
     len[b] = v;
   }
 }
+
+namespace {
+
+// Whether the call has an int8 key/value (KV antiquant, fused_infer_attention_score only), checking what goes with
+// one: both int8 and alike, an fp16/bf16 query (as torch_npu).
+template <class Args>
+bool int8_kv(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const Args&) {
+  if constexpr (!std::is_same_v<Args, FusedInferAttentionScoreArgs>) {
+    return false;
+  } else {
+    if (key.scalar_type() != at::kChar && value.scalar_type() != at::kChar) return false;
+    TORCH_CHECK_TYPE(key.scalar_type() == at::kChar && value.scalar_type() == at::kChar, op, ": arguments 'key' and "
+                     "'value' must both be int8 for an int8 cache; got ", key.scalar_type(), " and ",
+                     value.scalar_type());
+    const auto qt = query.scalar_type();
+    TORCH_CHECK_TYPE(qt == at::kHalf || qt == at::kBFloat16, op, ": int8 key/value need a float16 or bfloat16 "
+                     "'query' (as torch_npu); got ", qt);
+    TORCH_CHECK_VALUE(key.sizes() == value.sizes(), op, ": int8 'key' and 'value' must have the same shape; got ",
+                      key.sizes(), " and ", value.sizes());
+    return true;
+  }
+}
+
+// The dequantisation factors of an int8 key/value, validated for the keys the call reads (per-token factors are
+// indexed by the key's position in its sequence, in every layout).
+template <class Args>
+void set_kv_antiquant(const char* op, const Args& a, AttentionParams& p, AttentionInputs& in) {
+  if constexpr (std::is_same_v<Args, FusedInferAttentionScoreArgs>) {
+    const int64_t need = p.kv_len.empty() ? 0 : *std::max_element(p.kv_len.begin(), p.kv_len.end());
+    parse_kv_antiquant(op, AntiquantArgs::of(a), true, p.batch, p.kv_heads, p.head_dim, need).install(p, in);
+  }
+}
+
+}  // namespace
 
 template <class Args>
 PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const at::Tensor& key,
@@ -56,6 +94,7 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   names.pse = "pse_shift";
   names.q_lens = "actual_seq_lengths";
   names.kv_lens = "actual_seq_lengths_kv";
+  names.int8_kv = int8_kv(op, query, key, value, a);
   // The shared parser sees a flash_attention_score call: no dropout, pse added after scaling, lengths only for TND.
   const FlashAttentionScoreArgs fa{query, key, value, a.num_heads, base, a.pse_shift, mask,
                                    tnd ? a.actual_seq_lengths : none, tnd ? a.actual_seq_lengths_kv : none,
@@ -74,6 +113,7 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
       read_per_batch_lengths(op, "actual_seq_lengths_kv", *a.actual_seq_lengths_kv, p.batch, p.max_kv_len, p.kv_len);
     for (int64_t b = 0; b < p.batch; ++b) r.padded = r.padded || p.q_len[b] < p.max_q_len;
   }
+  if (names.int8_kv) set_kv_antiquant(op, a, p, in);
   if (r.bsnd_out) {
     const int64_t B = p.batch, S = p.max_q_len, N = p.q_heads, vD = p.v_head_dim;
     r.out_shape = {B, S, N, vD};

@@ -191,11 +191,14 @@ struct KvView {
   const C* v_at(int64_t j0) const { return v + (j0 - v_base) * ldv; }
 };
 
-// Packs keys and values of one (b, n2) into the KvView layout.
+// Packs keys and values of one (b, n2) into the KvView layout. T: the key/value dtype — the query's, or int8_t for
+// an int8 key/value (KV antiquant), dequantised here, tile by tile, as (x + offset) * scale and rounded to C: the
+// only copy of the keys the kernel makes is this packed tile, as for any other dtype.
 template <typename T, typename C>
 class KvPacker {
  public:
   static constexpr bool kVnni = std::is_same_v<C, BFloat16>;
+  static constexpr bool kInt8 = std::is_same_v<T, int8_t>;
   static constexpr int64_t kW = kVnni ? 2 : 1;  // elements per packed K unit
 
   // V is used in place when brgemm can read it as it is (fp32 rows with a row stride of at least vD).
@@ -216,7 +219,20 @@ class KvPacker {
   // V rows; VNNI interleaves rows 2q and 2q+1 (an odd last row is paired with zeros: its P column is 0).
   void pack_v(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* dst) const {
     const int64_t vD = p_.v_head_dim;
-    if constexpr (!kVnni) {
+    if constexpr (kInt8) {
+      if constexpr (!kVnni) {
+        for (int64_t j = j0; j < j1; ++j)
+          dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j), b, n2, j, vD, dst + (j - col0) * vD);
+      } else {
+        std::vector<C> rows(2 * vD);
+        for (int64_t j = j0; j < j1; j += 2) {
+          dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j), b, n2, j, vD, rows.data());
+          if (j + 1 < j1) dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j + 1), b, n2, j + 1, vD, rows.data() + vD);
+          else std::fill_n(rows.data() + vD, vD, C(0.f));
+          interleave(rows.data(), rows.data() + vD, vD, dst + (j - col0) * vD);
+        }
+      }
+    } else if constexpr (!kVnni) {
       for (int64_t j = j0; j < j1; ++j) at::vec::convert(v_ + p_.v.at(b, n2, j), dst + (j - col0) * vD, vD);
     } else {
       for (int64_t j = j0; j < j1; j += 2) {
@@ -237,23 +253,42 @@ class KvPacker {
   }
 
  private:
+  static constexpr int64_t kB = 16;  // K is transposed by kB x kB blocks
+
   // Kᵀ by 16 x 16 blocks (of elements, or of head-dim pairs for VNNI), so reads and writes use whole cache lines.
+  // An int8 key: each block's rows are dequantised to C first, then transposed like keys of dtype C.
   void pack_k(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* dst, int64_t ld) const {
-    constexpr int64_t kB = 16;
     const int64_t D = p_.head_dim, units = (D + kW - 1) / kW;
-    C tile[kB][kB][kW];
+    std::vector<C> deq(kInt8 ? kB * units * kW : 0);
     for (int64_t jb = j0; jb < j1; jb += kB) {
       const int64_t nj = std::min(kB, j1 - jb);
+      if constexpr (kInt8) {
+        for (int64_t jj = 0; jj < nj; ++jj) {
+          C* row = deq.data() + jj * units * kW;
+          dequant_row(p_.k_quant, k_ + p_.k.at(b, n2, jb + jj), b, n2, jb + jj, D, row);
+          std::fill(row + D, row + units * kW, C(0.f));
+        }
+      }
       for (int64_t u0 = 0; u0 < units; u0 += kB) {
         const int64_t nu = std::min(kB, units - u0);
+        C* out = dst + (u0 * ld + jb - col0) * kW;
+        if constexpr (kInt8) {
+          const C* rows[kB];
+          for (int64_t jj = 0; jj < nj; ++jj) rows[jj] = deq.data() + jj * units * kW + u0 * kW;
+          transpose_units(rows, nj, nu, out, ld);
+          continue;
+        }
 #if defined(CPU_CAPABILITY_AVX512)
         if constexpr (std::is_same_v<T, C>) {
           if (kW == 1 || D % 2 == 0) {  // whole 32-bit units: transpose in registers
-            transpose_block(b, n2, jb, nj, u0, nu, dst + (u0 * ld + jb - col0) * kW, ld * kW);
+            const C* rows[kB];
+            for (int64_t jj = 0; jj < nj; ++jj) rows[jj] = k_ + p_.k.at(b, n2, jb + jj) + u0 * kW;
+            transpose_units(rows, nj, nu, out, ld);
             continue;
           }
         }
 #endif
+        C tile[kB][kB][kW];
         for (int64_t jj = 0; jj < nj; ++jj) {
           const T* src = k_ + p_.k.at(b, n2, jb + jj) + u0 * kW;
           for (int64_t uu = 0; uu < nu; ++uu)
@@ -262,24 +297,56 @@ class KvPacker {
               tile[uu][jj][w] = d < D ? C(static_cast<float>(src[uu * kW + w])) : C(0.f);
             }
         }
-        for (int64_t uu = 0; uu < nu; ++uu)
-          std::copy_n(&tile[uu][0][0], nj * kW, dst + ((u0 + uu) * ld + jb - col0) * kW);
+        for (int64_t uu = 0; uu < nu; ++uu) std::copy_n(&tile[uu][0][0], nj * kW, out + uu * ld * kW);
       }
     }
   }
 
+  // Units [0, nu) of rows[jj] (jj < nj; C values, whole units) become columns jj of the nu rows of dst (row stride
+  // ld units).
+  static void transpose_units(const C* const* rows, int64_t nj, int64_t nu, C* dst, int64_t ld) {
 #if defined(CPU_CAPABILITY_AVX512)
-  // One block of the K transpose with 32-bit units (an fp32 value or a bf16 pair): rows jj < nj of K (units
-  // [u0, u0 + nu)) become columns of dst rows uu < nu (row stride ld elements).
-  void transpose_block(int64_t b, int64_t n2, int64_t jb, int64_t nj, int64_t u0, int64_t nu, C* dst, int64_t ld) const {
     const __mmask16 load_mask = static_cast<__mmask16>((1u << nu) - 1), store_mask = static_cast<__mmask16>((1u << nj) - 1);
     __m512i r[16];
     for (int64_t jj = 0; jj < 16; ++jj)
-      r[jj] = jj < nj ? _mm512_maskz_loadu_epi32(load_mask, k_ + p_.k.at(b, n2, jb + jj) + u0 * kW) : _mm512_setzero_si512();
+      r[jj] = jj < nj ? _mm512_maskz_loadu_epi32(load_mask, rows[jj]) : _mm512_setzero_si512();
     transpose16x16(r);
-    for (int64_t uu = 0; uu < nu; ++uu) _mm512_mask_storeu_epi32(dst + uu * ld, store_mask, r[uu]);
+    for (int64_t uu = 0; uu < nu; ++uu) _mm512_mask_storeu_epi32(dst + uu * ld * kW, store_mask, r[uu]);
+#else
+    for (int64_t uu = 0; uu < nu; ++uu)
+      for (int64_t jj = 0; jj < nj; ++jj)
+        for (int64_t w = 0; w < kW; ++w) dst[(uu * ld + jj) * kW + w] = rows[jj][uu * kW + w];
+#endif
   }
 
+  // out[0, n) = (x + offset) * scale of an int8 row at position j of sequence b, KV head n2, rounded to C.
+  static void dequant_row(const attention::Antiquant& q, const int8_t* x, int64_t b, int64_t n2, int64_t j, int64_t n, C* out) {
+    float buf[1024];
+    const int64_t base = b * q.s_b + n2 * q.s_h + j * q.s_pos;
+    for (int64_t c0 = 0; c0 < n; c0 += 1024) {
+      const int64_t m = std::min<int64_t>(1024, n - c0);
+      at::vec::convert(x + c0, buf, m);
+      if (q.s_d == 0) {  // per-token or per-tensor: one factor for the row
+        const float sc = q.scale[base], off = q.offset ? q.offset[base] : 0.f;
+        at::vec::map([sc, off](Vec v) { return (v + Vec(off)) * Vec(sc); }, buf, buf, m);
+      } else {
+        const float* sc = q.scale + base + c0 * q.s_d;
+        if (q.offset) at::vec::map2([](Vec v, Vec o) { return v + o; }, buf, buf, q.offset + base + c0 * q.s_d, m);
+        at::vec::map2([](Vec v, Vec s) { return v * s; }, buf, buf, sc, m);
+      }
+      at::vec::convert(buf, out + c0, m);
+    }
+  }
+
+  // VNNI pairs of two rows: out[2c + w] = (w ? r1 : r0)[c].
+  static void interleave(const C* r0, const C* r1, int64_t n, C* out) {
+    for (int64_t c = 0; c < n; ++c) {
+      out[2 * c] = r0[c];
+      out[2 * c + 1] = r1[c];
+    }
+  }
+
+#if defined(CPU_CAPABILITY_AVX512)
   // In-register transpose of 16 rows of 16 32-bit values: interleave 32-bit then 64-bit pairs inside 128-bit lanes,
   // then gather the 128-bit lanes.
   static void transpose16x16(__m512i r[16]) {
@@ -384,21 +451,22 @@ void sort_by_cost(std::vector<X>& v) {
   std::stable_sort(v.begin(), v.end(), [](const X& x, const X& y) { return x.cost > y.cost; });
 }
 
-// ---- The per-thread kernel. T: input dtype, C: compute dtype of the products (float or BFloat16). ----
+// ---- The per-thread kernel. T: input dtype, C: compute dtype of the products (float or BFloat16), KT: the
+// key/value dtype (T, or int8_t for an int8 key/value). ----
 
-template <typename T, typename C>
+template <typename T, typename C, typename KT = T>
 class ForwardKernel {
   static constexpr bool kVnni = std::is_same_v<C, BFloat16>;
   // P is rounded to the input dtype before P·V, as FlashAttention-2 does.
   static constexpr bool kRoundP = !std::is_same_v<T, float> && !kVnni;
 
  public:
-  ForwardKernel(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o, const KvPacker<T, C>& packer,
+  ForwardKernel(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o, const KvPacker<KT, C>& packer,
                 int64_t max_rows, int64_t block_kv)
       : p_(p), packer_(packer), bkv_(block_kv),
         D_(p.head_dim), Dp_(kVnni ? round_up(p.head_dim, 2) : p.head_dim), vD_(p.v_head_dim),
-        lds_(round_up(bkv_, 16) + 16), q_(in.query.const_data_ptr<T>()), k_(in.key.const_data_ptr<T>()),
-        v_(in.value.const_data_ptr<T>()),
+        lds_(round_up(bkv_, 16) + 16), q_(in.query.const_data_ptr<T>()), k_(in.key.const_data_ptr<KT>()),
+        v_(in.value.const_data_ptr<KT>()),
         out_(o.out.data_ptr<T>()), max_(o.softmax_max.data_ptr<float>()), sum_(o.softmax_sum.data_ptr<float>()) {
     // Scratch for one thread, sized for the largest item and reused for every item and tile.
     qpack_.assign(max_rows * Dp_, C(0.f));
@@ -419,7 +487,7 @@ class ForwardKernel {
   void run(const Item& it, const KvView<C>* view, int64_t t0, int64_t t1, float* partial = nullptr) {
     const int64_t mq = it.i1 - it.i0, R = (it.h1 - it.h0) * mq;
     // Unpacked K/V are read in place when the input already has the compute dtype (no reuse to pay for packing).
-    const bool direct = !view && std::is_same_v<T, C> && D_ == Dp_ && p_.k.seq_stride >= D_ &&
+    const bool direct = !view && std::is_same_v<T, C> && std::is_same_v<KT, C> && D_ == Dp_ && p_.k.seq_stride >= D_ &&
                         p_.v.seq_stride >= vD_;
     pack_queries(it, mq, R, direct);
     std::fill_n(m_.data(), R, kNegInf);
@@ -437,7 +505,7 @@ class ForwardKernel {
       } else if (direct) {
         tile_direct(it, mq, R, j0, j1, partial_tile);
       } else {
-        const int64_t ld = KvPacker<T, C>::ldk(bkv_);
+        const int64_t ld = KvPacker<KT, C>::ldk(bkv_);
         C* kd = kbuf.get(packer_.k_elems(bkv_));
         C* vd = vbuf.get(packer_.v_elems(bkv_));
         packer_.pack(it.b, it.n2, j0, j1, j0, kd, ld, vd);
@@ -525,7 +593,7 @@ class ForwardKernel {
     } else if (R <= 8) {
       pv_few_rows(R, nk, v, ldv);
     } else {
-      const int64_t ld = KvPacker<T, C>::ldk(bkv_);
+      const int64_t ld = KvPacker<KT, C>::ldk(bkv_);
       C* kd = kbuf.get(packer_.k_elems(bkv_));
       C* vd = vbuf.get(packer_.v_elems(bkv_));
       const KvView<C> view = packer_.view(it.b, it.n2, j0, kd, ld, vd);
@@ -694,9 +762,10 @@ class ForwardKernel {
   }
 
   const AttentionParams& p_;
-  const KvPacker<T, C>& packer_;
+  const KvPacker<KT, C>& packer_;
   const int64_t bkv_, D_, Dp_, vD_, lds_;
-  const T *q_, *k_, *v_;
+  const T* q_;
+  const KT *k_, *v_;
   T* out_;
   float *max_, *sum_;
   std::vector<C> qpack_, qt_;
@@ -706,14 +775,14 @@ class ForwardKernel {
   std::vector<uint8_t> keep_;
 };
 
-template <typename T, typename C>
+template <typename T, typename C, typename KT = T>
 void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
   constexpr bool kVnni = std::is_same_v<C, BFloat16>;
   attention::TileConfig tc = attention::tile_config(p.head_dim, static_cast<int64_t>(sizeof(C)));
   if (kVnni) tc.block_kv = round_up(tc.block_kv, 2);  // VNNI tiles start at even keys
   auto n_tiles = [&](const Item& it) { return item_tiles(p, it, tc.block_kv, kVnni).second; };
   Plan plan = make_plan(p, tc.block_q);
-  const KvPacker<T, C> packer(p, in.key.const_data_ptr<T>(), in.value.const_data_ptr<T>());
+  const KvPacker<KT, C> packer(p, in.key.const_data_ptr<KT>(), in.value.const_data_ptr<KT>());
   const int64_t threads = at::get_num_threads();
   const int64_t n_items = static_cast<int64_t>(plan.items.size());
   const int64_t n_groups = static_cast<int64_t>(plan.groups.size());
@@ -724,7 +793,7 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
   auto workers = [&](int64_t units, const auto& body) {
     next = 0;
     at::parallel_for(0, std::min(threads, units), 1, [&](int64_t, int64_t) {
-      ForwardKernel<T, C> kernel(p, in, o, packer, plan.max_rows, tc.block_kv);
+      ForwardKernel<T, C, KT> kernel(p, in, o, packer, plan.max_rows, tc.block_kv);
       for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) body(kernel, u);
       at::native::cpublas::brgemm_release(std::is_same_v<C, BFloat16>);
     });
@@ -738,19 +807,19 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
     for (const Item& it : plan.items) max_tiles = std::max(max_tiles, n_tiles(it));
     const int64_t splits = std::max<int64_t>(1, std::min((4 * threads + n_items - 1) / n_items, max_tiles));
     if (splits == 1 || threads == 1) {
-      workers(n_items, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+      workers(n_items, [&](ForwardKernel<T, C, KT>& kernel, int64_t u) {
         kernel.run(plan.items[u], nullptr, 0, max_tiles);
       });
       return;
     }
     const int64_t stride = plan.max_rows * (p.v_head_dim + 2);
     std::vector<float> partial(n_items * splits * stride);
-    workers(n_items * splits, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+    workers(n_items * splits, [&](ForwardKernel<T, C, KT>& kernel, int64_t u) {
       const Item& it = plan.items[u / splits];
       const int64_t x = u % splits, n = n_tiles(it);
       kernel.run(it, nullptr, x * n / splits, (x + 1) * n / splits, partial.data() + u * stride);
     });
-    workers(n_items, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+    workers(n_items, [&](ForwardKernel<T, C, KT>& kernel, int64_t u) {
       kernel.merge(plan.items[u], partial.data() + u * splits * stride, splits, stride);
     });
     return;
@@ -759,9 +828,9 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
     // Many KV heads: a worker takes a whole head, packs it into its own buffer (reused, so it stays in cache and
     // costs no page faults) and runs all of that head's items.
     sort_by_cost(plan.groups);
-    workers(n_groups, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+    workers(n_groups, [&](ForwardKernel<T, C, KT>& kernel, int64_t u) {
       const Group& g = plan.groups[u];
-      const int64_t len = p.kv_len[g.b], ld = KvPacker<T, C>::ldk(len);
+      const int64_t len = p.kv_len[g.b], ld = KvPacker<KT, C>::ldk(len);
       C* kd = kernel.kbuf.get(packer.k_elems(len));
       C* vd = kernel.vbuf.get(packer.v_elems(len));
       packer.pack(g.b, g.n2, 0, len, 0, kd, ld, vd);
@@ -787,18 +856,18 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
       const int64_t x = std::upper_bound(chunk0.begin(), chunk0.end(), c) - chunk0.begin() - 1;
       const Group& g = plan.groups[x];
       const int64_t j0 = (c - chunk0[x]) * kChunk, len = p.kv_len[g.b];
-      packer.pack(g.b, g.n2, j0, std::min(len, j0 + kChunk), 0, kd + k_off[x], KvPacker<T, C>::ldk(len), vd + v_off[x]);
+      packer.pack(g.b, g.n2, j0, std::min(len, j0 + kChunk), 0, kd + k_off[x], KvPacker<KT, C>::ldk(len), vd + v_off[x]);
     }
   });
   std::vector<KvView<C>> views(n_groups);
   std::vector<int64_t> group_of(p.batch * p.kv_heads, 0);
   for (int64_t x = 0; x < n_groups; ++x) {
     const Group& g = plan.groups[x];
-    views[x] = packer.view(g.b, g.n2, 0, kd + k_off[x], KvPacker<T, C>::ldk(p.kv_len[g.b]), vd + v_off[x]);
+    views[x] = packer.view(g.b, g.n2, 0, kd + k_off[x], KvPacker<KT, C>::ldk(p.kv_len[g.b]), vd + v_off[x]);
     group_of[g.b * p.kv_heads + g.n2] = x;
   }
   sort_by_cost(plan.items);
-  workers(n_items, [&](ForwardKernel<T, C>& kernel, int64_t u) {
+  workers(n_items, [&](ForwardKernel<T, C, KT>& kernel, int64_t u) {
     const Item& it = plan.items[u];
     kernel.run(it, &views[group_of[it.b * p.kv_heads + it.n2]], 0, n_tiles(it));
   });
@@ -807,7 +876,13 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
 template <typename T>
 void forward_typed(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
   if constexpr (std::is_same_v<T, BFloat16>) {
-    if (bf16_brgemm_usable()) return forward_impl<T, BFloat16>(p, in, o);
+    if (bf16_brgemm_usable()) {
+      if (p.int8_kv()) return forward_impl<T, BFloat16, int8_t>(p, in, o);
+      return forward_impl<T, BFloat16>(p, in, o);
+    }
+  }
+  if constexpr (!std::is_same_v<T, float>) {  // an int8 key/value comes with an fp16/bf16 query
+    if (p.int8_kv()) return forward_impl<T, float, int8_t>(p, in, o);
   }
   forward_impl<T, float>(p, in, o);
 }

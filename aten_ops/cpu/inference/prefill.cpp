@@ -120,7 +120,7 @@ bool decode_route_fits(const char* op, const FusedInferAttentionScoreArgs& a) {
   const std::optional<at::Tensor>& m = a.atten_mask;
   // The band of query row 0 against keys [0, len): mode 0 with a mask keeps -pre <= j <= next (without one CANN
   // ignores pre/next), 1 is the mask alone, 3 (bottom-right causal) keeps j <= len - 1; 2 and 4 hide keys.
-  // (Contiguous caches take this route only when int8, so that the cache is not dequantised.)
+  // (Contiguous caches take this route only when int8: the decode kernels read int8 with integer dot products.)
   int64_t capacity = 0;
   if (a.block_table.has_value())
     capacity = a.block_table->dim() == 2 ? a.block_table->size(1) * a.block_size : 0;
@@ -182,72 +182,9 @@ bool is_int8_kv(const FusedInferAttentionScoreArgs& a) {
   return a.key.scalar_type() == at::kChar || a.value.scalar_type() == at::kChar;
 }
 
-// An int8 cache (KV antiquant) for the prefill path: key/value in `layout` (BSH, BSND, BNSD, TND; the used keys of
-// a paged cache, gathered) dequantised to fp32 copies, (x + offset) * scale as the decode op computes it. The
-// prefill kernel has no int8 input, so this is the one copy of the keys it reads.
-std::pair<at::Tensor, at::Tensor> dequantize_for_prefill(const char* op, const at::Tensor& k, const at::Tensor& v,
-                                                         const FusedInferAttentionScoreArgs& a) {
-  const c10::string_view lay = a.input_layout;
-  const auto qt = a.query.scalar_type();
-  TORCH_CHECK_TYPE(k.scalar_type() == at::kChar && v.scalar_type() == at::kChar, op, ": arguments 'key' and 'value' "
-                   "must both be int8 for an int8 cache; got ", k.scalar_type(), " and ", v.scalar_type());
-  TORCH_CHECK_TYPE(qt == at::kHalf || qt == at::kBFloat16, op, ": int8 key/value need a float16 or bfloat16 "
-                   "'query' (as torch_npu); got ", qt);
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), op, ": int8 'key' and 'value' must have the same shape; got ", k.sizes(),
-                    " and ", v.sizes());
-  const int64_t N2 = a.num_key_value_heads > 0 ? a.num_key_value_heads : a.num_heads;
-  const bool tnd = lay == "TND";
-  auto to_bnsd = [&](const at::Tensor& x) -> at::Tensor {
-    if (lay == "BNSD" || lay == "BNSD_BSND") return x;
-    if (lay == "BSND") return x.transpose(1, 2);
-    if (tnd) return x.transpose(0, 1).unsqueeze(0);  // [1, N2, T, D]
-    TORCH_CHECK_VALUE(x.dim() == 3 && N2 > 0 && x.size(2) % N2 == 0, op, ": argument 'key' (BSH) must be [B, S, "
-                      "N2*D] with N2=", N2, "; got ", x.sizes());
-    return x.view({x.size(0), x.size(1), N2, x.size(2) / N2}).transpose(1, 2);
-  };
-  if (tnd) {  // a TND position is not a per-sequence cache position
-    const bool separate = a.key_antiquant_scale.has_value() || a.value_antiquant_scale.has_value();
-    const auto per_token = [](int64_t m) { return m == 1 || m == 3; };
-    const bool pt = separate ? per_token(a.key_antiquant_mode) || per_token(a.value_antiquant_mode)
-                             : a.antiquant_mode == 1;
-    TORCH_CHECK_NOT_IMPLEMENTED(!pt, op, ": per-token antiquant factors with input_layout TND are not implemented");
-  }
-  const at::Tensor kb = to_bnsd(k), vb = to_bnsd(v);
-  TORCH_CHECK_VALUE(kb.dim() == 4 && kb.size(1) == N2, op, ": argument 'key' must have ", N2, " KV heads for "
-                    "input_layout ", std::string(lay.data(), lay.size()), "; got shape ", k.sizes());
-  attention::KvAntiquant aq = attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(a), true, kb.size(0),
-                                                            N2, kb.size(3), kb.size(2));
-  auto back = [&](const at::Tensor& y, const at::Tensor& like) -> at::Tensor {  // y: [B, N2, S, D] fp32
-    if (lay == "BNSD" || lay == "BNSD_BSND") return y.contiguous();
-    if (lay == "BSND") return y.transpose(1, 2).contiguous();
-    if (tnd) return y[0].transpose(0, 1).contiguous();
-    return y.transpose(1, 2).reshape(like.sizes());
-  };
-  return {back(attention::dequantize_kv(kb, aq.k, aq.k_scale, aq.k_offset), k),
-          back(attention::dequantize_kv(vb, aq.v, aq.v_scale, aq.v_offset), v)};
-}
-
-// The prefill path on an int8 cache: fp32 query and dequantised fp32 key/value, the output in the query's dtype.
-std::tuple<at::Tensor, at::Tensor> int8_prefill(const char* op, const at::Tensor& k8, const at::Tensor& v8,
-                                                const FusedInferAttentionScoreArgs& a,
-                                                const std::optional<at::Tensor>& mask,
-                                                const std::optional<at::Tensor>& pse,
-                                                const std::optional<at::Tensor>& block_table, int64_t block_size) {
-  auto [k, v] = dequantize_for_prefill(op, k8, v8, a);
-  const at::Tensor q = a.query.to(at::kFloat);
-  const std::optional<at::Tensor> none;
-  const FusedInferAttentionScoreArgs g{q, k, v, pse, mask, a.actual_seq_lengths, a.actual_seq_lengths_kv,
-                                       block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens,
-                                       a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise,
-                                       block_size, a.softmax_lse_flag, none, none, none, none, none, none, 0, 0, 0};
-  Prefill r = run_prefill(op, q, k, v, g);
-  const at::Tensor out = r.out.to(a.query.scalar_type());
-  if (!a.softmax_lse_flag) return {out, at::empty({0}, a.query.options().dtype(at::kFloat))};
-  return {out, at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1))};
-}
-
 // Paged fused call through the prefill path: the used keys are gathered into a contiguous cache (an extra copy of
-// it), so every sparse mode, band, mask, pse_shift, query length and the lse mean what they mean without block_table.
+// them, in the cache's dtype: int8 stays int8), so every sparse mode, band, mask, pse_shift, query length and the lse
+// mean what they mean without block_table.
 std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInferAttentionScoreArgs& a) {
   int64_t kv_used = 0;
   const at::Tensor k = gather_paged(op, a.key, *a.block_table, a.actual_seq_lengths_kv, a.query, a.input_layout,
@@ -258,8 +195,6 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
   std::optional<at::Tensor> mask = a.atten_mask, pse = a.pse_shift;
   if (mask.has_value() && a.sparse_mode <= 1) mask = fit_to_keys(op, "atten_mask", *mask, kv_used, one_token);
   if (pse.has_value()) pse = fit_to_keys(op, "pse_shift", *pse, kv_used, false);
-  // int8: only the gathered (used) blocks are dequantised.
-  if (is_int8_kv(a)) return int8_prefill(op, k, v, a, mask, pse, a.block_table, a.block_size);
   const FusedInferAttentionScoreArgs g{a.query, k, v, pse, mask, a.actual_seq_lengths, a.actual_seq_lengths_kv,
                                        a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens,
                                        a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise,
@@ -300,10 +235,9 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedIn
   }
   TORCH_CHECK_VALUE(args.block_size == 0, op, ": argument 'block_size' is only used with block_table (paged KV); got ",
                     args.block_size);
-  if (int8) {  // one-token calls read the int8 cache in place; the rest dequantise it
-    if (decode_route_fits(op, args)) return {paged_decode(op, args), at::empty({0}, args.query.options().dtype(at::kFloat))};
-    return int8_prefill(op, args.key, args.value, args, args.atten_mask, args.pse_shift, std::nullopt, 0);
-  }
+  // An int8 cache: one-token calls take the decode op's int8 kernels; the prefill kernel dequantises tile by tile.
+  if (int8 && decode_route_fits(op, args))
+    return {paged_decode(op, args), at::empty({0}, args.query.options().dtype(at::kFloat))};
   Prefill r = run_prefill(op, args.query, args.key, args.value, args);
   if (!args.softmax_lse_flag) return {r.out, at::empty({0}, args.query.options().dtype(at::kFloat))};
   // lse = max + log(sum); rows that saw no key: -inf + log(0) = -inf.
