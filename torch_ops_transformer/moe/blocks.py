@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import _AllToAllRows
+from .distribute import npu_moe_distribute_combine_v2, npu_moe_distribute_dispatch_v2
 
 _OPS = torch.ops.npu_fa
 
@@ -73,31 +73,30 @@ def routed_experts_parallel(x: torch.Tensor, expert_idx: torch.Tensor, weights: 
                             skip: Optional[torch.Tensor] = None,
                             glu: Callable[[torch.Tensor], torch.Tensor] = swiglu) -> torch.Tensor:
     """routed_experts with the experts sharded over the ranks of `group`: rank r holds experts
-    [r*E/W, (r+1)*E/W) (w_gate_up [E/W, H, 2I], w_down [E/W, I, H]). Each rank routes its own tokens, sends every
-    row to its expert's owner (all_to_all_single, autograd-aware: the backward is the reverse exchange), the owner
-    runs its experts on the rows of all ranks in two grouped_matmul calls, the results come back and are combined
-    locally. Equal to routed_experts over the ranks' tokens concatenated."""
-    world, local = dist.get_world_size(group), w_gate_up.shape[0]
+    [r*E/W, (r+1)*E/W) (w_gate_up [E/W, H, 2I], w_down [E/W, I, H]). As serving engines do it:
+    moe_distribute_dispatch_v2 sends each (token, choice) row to its expert's owner (rows arrive grouped by local
+    expert, with per-expert counts), the owner runs its experts in two grouped_matmul calls, and
+    moe_distribute_combine_v2 sends the results back and sums them with the weights, plus skip (the local shared
+    expert's output). Differentiable (dispatch's backward is a combine and vice versa). Equal to routed_experts
+    over the ranks' tokens concatenated; ranks may have different token counts, including none."""
+    world, rank, local = dist.get_world_size(group), dist.get_rank(group), w_gate_up.shape[0]
     if local * world != num_experts:
         raise ValueError(f"routed_experts_parallel: {world} ranks holding {local} experts each do not make "
                          f"num_experts={num_experts}")
-    idx = expert_idx.to(torch.int32)
-    rows, row_idx, counts, _ = _OPS.moe_init_routing_v2(x, idx, None, None, -1, -1, num_experts, 0, 1, True, -1, [],
-                                                        0)
-    send_counts = counts.view(world, local)              # rows for (destination rank, its local expert)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=group)
-    send_splits, recv_splits = send_counts.sum(1).tolist(), recv_counts.sum(1).tolist()
-    received = _AllToAllRows.apply(rows, recv_splits, send_splits, group)
-    # Rows arrive grouped by source rank, then expert: a stable sort groups them by expert.
-    expert_of_row = torch.repeat_interleave(torch.arange(local, device=x.device).repeat(world),
-                                            recv_counts.reshape(-1))
-    perm = torch.sort(expert_of_row, stable=True).indices
-    local_counts = recv_counts.sum(0)
-    gate_up = _OPS.grouped_matmul([received[perm]], [w_gate_up], [], local_counts, 0, 1, 0)[0][0]
-    y = _OPS.grouped_matmul([glu(gate_up)], [w_down], [], local_counts, 0, 1, 0)[0][0]
-    back = _AllToAllRows.apply(torch.empty_like(y).index_copy(0, perm, y), send_splits, recv_splits, group)
-    return _OPS.moe_finalize_routing(back, skip, None, None, weights, row_idx, idx, 2)
+    # Upstream's static receive capacity: global_bs = the largest batch times W (uneven batches need it).
+    max_bs = torch.tensor([x.shape[0]], dtype=torch.int64)
+    dist.all_reduce(max_bs, op=dist.ReduceOp.MAX, group=group)
+    global_bs = int(max_bs) * world
+    idx, w32 = expert_idx.to(torch.int32), weights.float()
+    expand_x, _, assist, counts, recv_counts, _, _ = npu_moe_distribute_dispatch_v2(
+        x, idx, group, world, rank, num_experts, expert_scales=w32, global_bs=global_bs, expert_token_nums_type=1)
+    rows = int(counts.sum())            # expand_x has capacity rows; the received ones come first
+    received = expand_x[:rows]
+    gate_up = _OPS.grouped_matmul([received], [w_gate_up], [], counts, 0, 1, 0)[0][0]
+    y = _OPS.grouped_matmul([glu(gate_up)], [w_down], [], counts, 0, 1, 0)[0][0]
+    y = F.pad(y, (0, 0, 0, expand_x.shape[0] - rows))
+    return npu_moe_distribute_combine_v2(y, idx, assist, recv_counts, w32, group, world, rank, num_experts,
+                                         shared_expert_x=skip, global_bs=global_bs).to(x.dtype)
 
 
 class GroupedExperts(nn.Module):
