@@ -2,8 +2,10 @@
 tiny random configs: the block's output and the gradients of its input and of every parameter within the
 project's tolerance rule (max|ours - ref64| <= 2 * max|transformers_same_dtype - ref64| + 1e-5, ref64 =
 transformers' block in float64 on the same rounded weights and input), greedy generation of the whole tiny model
-token for token, the experts interface (experts_implementation="npu_moe"), torch.compile(fullgraph=True), and the
-bad-input rules."""
+token for token, the experts interface (experts_implementation="npu_moe", also on gpt-oss's expert layout),
+GLM-4.5's identical block, torch.compile(fullgraph=True), expert parallel over 2 gloo ranks through
+moe_distribute_dispatch_v2 / combine_v2 (block outputs and gradients, whole-model generation), and the bad-input
+rules."""
 import copy
 
 import pytest
