@@ -27,7 +27,8 @@ def deepseek_config(**overrides):
     cfg = dict(vocab_size=128, hidden_size=H, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=4, n_routed_experts=16, num_experts_per_tok=4, n_group=4,
                topk_group=2, n_shared_experts=2, routed_scaling_factor=2.5, norm_topk_prob=True,
-               first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+               first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+               v_head_dim=8,
                max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     cfg.update(overrides)
     return transformers.DeepseekV3Config(**cfg)
