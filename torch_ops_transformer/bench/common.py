@@ -70,3 +70,16 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     line = lambda r: "| " + " | ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) + " |"
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+
+
+def run_ranks(script: str, world: int, table: str, quick: bool, reps: int) -> None:
+    """Runs a multi-process benchmark table: `script` launched once per rank (its `rank_main` times and rank 0
+    prints the table), the output of rank 0 printed here; a failing rank is an error naming the table."""
+    from torch_ops_transformer._spawn import describe, launch
+
+    results = launch(script, world, ["--quick" if quick else "--full", str(reps)],
+                     timeout=600.0 if not quick else 180.0)
+    for res in results:
+        if res.returncode != 0:
+            raise RuntimeError(f"{table} benchmark: a rank failed\n" + describe(results))
+    print(results[0].stdout, end="")

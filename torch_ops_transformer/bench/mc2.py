@@ -20,7 +20,7 @@ import torch.distributed as dist
 if __package__ in (None, ""):  # launched as a rank script: import the package this file belongs to
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from torch_ops_transformer.bench.common import format_table, time_alternating  # noqa: E402
+from torch_ops_transformer.bench.common import format_table, run_ranks, time_alternating  # noqa: E402
 
 WORLD = 2
 
@@ -130,15 +130,7 @@ def rank_main(rank, port, quick, reps):
 
 
 def main(quick: bool = False, reps: int = 5) -> None:
-    from torch_ops_transformer._spawn import describe, launch
-
-    results = launch(os.path.abspath(__file__), WORLD, ["--quick" if quick else "--full", str(reps)],
-                     timeout=600.0 if not quick else 180.0)
-    for res in results:
-        if res.returncode != 0:
-            raise RuntimeError("mc2 benchmark: a rank failed\n" + describe(results))
-    print(results[0].stdout, end="")
-
+    run_ranks(os.path.abspath(__file__), WORLD, "mc2", quick, reps)
 
 if __name__ == "__main__":
     rank_main(int(sys.argv[1]), sys.argv[3], sys.argv[4] == "--quick", int(sys.argv[5]))
