@@ -37,6 +37,8 @@ generated from native_functions.yaml. Public Python API:
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
   torch.distributed group (docs/moe.md).
+- `npu_dynamic_quant` (+`_asymmetric`), `npu_swiglu` (+`_backward`) — per-token int8/int4 activation quantisation
+  and SwiGLU (module `quant`).
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
   overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
@@ -134,6 +136,12 @@ from .moe import (  # noqa: E402
     npu_moe_token_permute,
     npu_moe_token_unpermute,
 )
+from .quant import (  # noqa: E402
+    npu_dynamic_quant,
+    npu_dynamic_quant_asymmetric,
+    npu_swiglu,
+    npu_swiglu_backward,
+)
 
 __all__ = [
     "OPS",
@@ -198,6 +206,10 @@ __all__ = [
     "npu_moe_init_routing_v2",
     "npu_moe_token_permute",
     "npu_moe_token_unpermute",
+    "npu_dynamic_quant",
+    "npu_dynamic_quant_asymmetric",
+    "npu_swiglu",
+    "npu_swiglu_backward",
     "MC2Optimizer",
     "MC2DistributedDataParallel",
 ]

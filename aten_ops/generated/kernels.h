@@ -129,4 +129,10 @@ at::Tensor moe_distribute_dispatch_v2_grad_cpu(const MoeDistributeDispatchV2Grad
 at::Tensor moe_distribute_combine_v2_cpu(const MoeDistributeCombineV2Args& args);
 // moe_distribute_combine_v2_grad [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_distribute_combine_v2_grad_cpu(const MoeDistributeCombineV2GradArgs& args);
+// dynamic_quant [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu(const DynamicQuantArgs& args);
+// swiglu [CPU]
+at::Tensor swiglu_cpu(const SwigluArgs& args);
+// swiglu_grad [CPU]
+at::Tensor swiglu_grad_cpu(const SwigluGradArgs& args);
 }  // namespace npu_fa

@@ -755,4 +755,41 @@ decltype(auto) apply_args(const MoeDistributeCombineV2GradArgs& a, F&& f) {
   return f(a.grad_out, a.expand_x, a.expert_ids, a.ep_send_counts, a.expert_scales, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.x_active_mask, a.shared_expert_x, a.global_bs);
 }
 
+// dynamic_quant
+struct DynamicQuantArgs {
+  const at::Tensor& x;
+  const std::optional<at::Tensor>& smooth_scales;
+  const std::optional<at::Tensor>& group_index;
+  bool asymmetric;
+  int64_t bits;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const DynamicQuantArgs& a, F&& f) {
+  return f(a.x, a.smooth_scales, a.group_index, a.asymmetric, a.bits);
+}
+
+// swiglu
+struct SwigluArgs {
+  const at::Tensor& x;
+  int64_t dim;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const SwigluArgs& a, F&& f) {
+  return f(a.x, a.dim);
+}
+
+// swiglu_grad
+struct SwigluGradArgs {
+  const at::Tensor& grad_output;
+  const at::Tensor& x;
+  int64_t dim;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const SwigluGradArgs& a, F&& f) {
+  return f(a.grad_output, a.x, a.dim);
+}
+
 }  // namespace npu_fa

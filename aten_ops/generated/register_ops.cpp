@@ -610,6 +610,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_distribute_combine_v2_grad_cp
   return npu_fa::moe_distribute_combine_v2_grad_cpu(npu_fa::MoeDistributeCombineV2GradArgs{grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs});
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales, const std::optional<at::Tensor>& group_index, bool asymmetric, int64_t bits) {
+  npu_fa::DeviceRule rule("dynamic_quant");
+  rule.device_tensor("x", x);
+  rule.device_tensor("smooth_scales", smooth_scales);
+  rule.device_tensor("group_index", group_index);
+  return npu_fa::dynamic_quant_cpu(npu_fa::DynamicQuantArgs{x, smooth_scales, group_index, asymmetric, bits});
+}
+
+at::Tensor swiglu_cpu_unboxed(const at::Tensor& x, int64_t dim) {
+  npu_fa::DeviceRule rule("swiglu");
+  rule.device_tensor("x", x);
+  return npu_fa::swiglu_cpu(npu_fa::SwigluArgs{x, dim});
+}
+
+at::Tensor swiglu_grad_cpu_unboxed(const at::Tensor& grad_output, const at::Tensor& x, int64_t dim) {
+  npu_fa::DeviceRule rule("swiglu_grad");
+  rule.device_tensor("grad_output", grad_output);
+  rule.device_tensor("x", x);
+  return npu_fa::swiglu_grad_cpu(npu_fa::SwigluGradArgs{grad_output, x, dim});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -658,6 +679,9 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("moe_distribute_dispatch_v2_grad(Tensor grad_expand_x, Tensor x, Tensor expert_ids, Tensor ep_recv_counts, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? x_active_mask=None, int global_bs=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_distribute_combine_v2(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, Tensor ep_send_counts, Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, Tensor? x_active_mask=None, Tensor? shared_expert_x=None, int global_bs=0, int comm_quant_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_distribute_combine_v2_grad(Tensor grad_out, Tensor expand_x, Tensor expert_ids, Tensor ep_send_counts, Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? x_active_mask=None, Tensor? shared_expert_x=None, int global_bs=0) -> (Tensor grad_expand_x, Tensor grad_expert_scales, Tensor grad_shared_expert_x)", {at::Tag::pt2_compliant_tag});
+  m.def("dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, bool asymmetric=False, int bits=8) -> (Tensor y, Tensor scale, Tensor offset)", {at::Tag::pt2_compliant_tag});
+  m.def("swiglu(Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("swiglu_grad(Tensor grad_output, Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -703,6 +727,9 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("moe_distribute_dispatch_v2_grad", TORCH_FN(moe_distribute_dispatch_v2_grad_cpu_unboxed));
   m.impl("moe_distribute_combine_v2", TORCH_FN(moe_distribute_combine_v2_cpu_unboxed));
   m.impl("moe_distribute_combine_v2_grad", TORCH_FN(moe_distribute_combine_v2_grad_cpu_unboxed));
+  m.impl("dynamic_quant", TORCH_FN(dynamic_quant_cpu_unboxed));
+  m.impl("swiglu", TORCH_FN(swiglu_cpu_unboxed));
+  m.impl("swiglu_grad", TORCH_FN(swiglu_grad_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 28> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 31> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
@@ -38,6 +38,9 @@ inline constexpr std::array<const char*, 28> kSimulatedNpuCpuKernelOps = {
     "moe_distribute_dispatch_v2_grad",
     "moe_distribute_combine_v2",
     "moe_distribute_combine_v2_grad",
+    "dynamic_quant",
+    "swiglu",
+    "swiglu_grad",
 };
 
 // native_functions.yaml's host_tensors: arguments that may stay on the CPU next to npu tensors

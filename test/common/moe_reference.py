@@ -169,8 +169,8 @@ def token_unpermute(permuted: Tensor, sorted_indices: Tensor, probs=None, dtype=
     topk = probs.shape[1] if probs is not None else 1
     n = sorted_indices.numel()
     src = sorted_indices.long()
-    valid = (src < permuted.shape[0]).to(dtype)[:, None]
-    full = permuted.to(dtype)[src.clamp(max=max(permuted.shape[0] - 1, 0))] * valid
+    valid = ((src >= 0) & (src < permuted.shape[0])).to(dtype)[:, None]  # -1: routed nowhere
+    full = permuted.to(dtype)[src.clamp(min=0, max=max(permuted.shape[0] - 1, 0))] * valid
     full = full.view(n // topk, topk, -1)
     if probs is not None:
         full = full * probs.to(dtype)[..., None]

@@ -208,6 +208,10 @@ SAMPLES = {
     "npu_moe_finalize_routing": _finalize,
     "npu_moe_token_permute": _permute,
     "npu_moe_token_unpermute": _unpermute,
+    "npu_dynamic_quant": lambda: ((torch.randn(3, 16, dtype=torch.float16),), {}),
+    "npu_dynamic_quant_asymmetric": lambda: ((torch.randn(3, 16, dtype=torch.bfloat16),), {}),
+    "npu_swiglu": lambda: ((torch.randn(3, 8),), {}),
+    "npu_swiglu_backward": lambda: ((torch.randn(3, 4), torch.randn(3, 8)), {}),
     # world_size None (ours: the group's size): torch_npu accepts only 2, 4, 8, 16 or 32 ranks, not 1
     "npu_all_gather_base_mm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), None), {}),
     "npu_mm_reduce_scatter_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), None), {}),

@@ -353,8 +353,8 @@ def test_bad_routing_inputs():
         tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_capacity=2)
     with expect(ValueError, "'drop_pad_mode'"):
         tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=2)
-    with expect(NotImplementedError, "'quant_mode'"):  # a quantised mode
-        tot.npu_moe_init_routing_v2(x, expert, quant_mode=1)
+    with expect(NotImplementedError, "'quant_mode'"):  # a quantised mode other than int8 (0, 1)
+        tot.npu_moe_init_routing_v2(x, expert, quant_mode=2)
     with expect(ValueError, "'quant_mode'"):  # no mode at all
         tot.npu_moe_init_routing_v2(x, expert, quant_mode=10)
     with expect(ValueError, "'expert_idx'", "[N, k]"):
@@ -613,7 +613,7 @@ def test_init_routing_v2_x_dtype_quant_mode_and_full_range_in_capacity_mode():
     with expect(NotImplementedError, "'x_dtype'"):
         tot.npu_moe_init_routing_v2(x, expert, expert_num=4, x_dtype=torch.float16)
     with expect(NotImplementedError, "'quant_mode'"):
-        tot.npu_moe_init_routing_v2(x, expert, expert_num=4, quant_mode=1)
+        tot.npu_moe_init_routing_v2(x, expert, expert_num=4, quant_mode=3)
     capacity = dict(drop_pad_mode=1, expert_num=4, expert_capacity=3)
     with_range = tot.npu_moe_init_routing_v2(x, expert, active_expert_range=[0, 4], **capacity)
     for g, w in zip(with_range, tot.npu_moe_init_routing_v2(x, expert, **capacity)):

@@ -114,6 +114,10 @@ CASES = {
     "moe_token_unpermute": {"n0": (lambda: ((_r(0, 8), _z(0, dtype=I64), _r(0, 2)), {}), [(0, 8)])},
     "moe_token_unpermute_grad": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _z(0, dtype=I64), _r(0, 2)), {}),
                                         [(0, 8), (0, 2)])},
+    "dynamic_quant": {"n0": (lambda: ((_r(0, 3, 16),), {}), [(0, 3, 16), (0, 3), (0,)]),
+                      "int4_asymmetric": (lambda: ((_r(2, 0, 16), None, None, True, 4), {}), [(2, 0, 2), (2, 0), (2, 0)])},
+    "swiglu": {"n0": (lambda: ((_r(0, 8),), {}), [(0, 4)])},
+    "swiglu_grad": {"n0": (lambda: ((_r(0, 4), _r(0, 8)), {}), [(0, 8)])},
 }
 
 _PROCESS_GROUP = "needs an initialised torch.distributed process group (group_name); test/mc2 covers it"

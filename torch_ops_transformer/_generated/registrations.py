@@ -59,6 +59,9 @@ OPS = {
     'moe_distribute_dispatch_v2_grad': OpInfo("Backward of moe_distribute_dispatch_v2, a combine without weights: every received row's gradient goes back to its source rank and grad_x[t] = sum over t's active slots of those rows ([BS, H], x's dtype; x is read for its shape and dtype only).", ('CPU',), False, True),
     'moe_distribute_combine_v2': OpInfo("Expert-parallel combine (CANN MoeDistributeCombineV2), the reverse of moe_distribute_dispatch_v2 with the same expert_ids, x_active_mask and group: the rows of expand_x (laid out as dispatch returned them, ep_send_counts being dispatch's ep_recv_counts) return to their source ranks and out[t] = sum over t's active slots k of expert_scales[t, k] * row(t, k), plus shared_expert_x[t] ([BS, H] or [BS, 1, H], unweighted) for tokens with an active slot; out [BS, H] in expand_x's dtype, accumulated in float32 (float64 for float64). comm_quant_mode 2 sends the rows as per-row symmetric int8 with a float32 scale. Differentiable in expand_x, expert_scales and shared_expert_x.", ('CPU',), True, True),
     'moe_distribute_combine_v2_grad': OpInfo("Backward of moe_distribute_combine_v2, a dispatch of the gradient: grad_out[t] travels to the rows of t's pairs, grad_expand_x[row(t, k)] = expert_scales[t, k] * grad_out[t] (zero rows elsewhere), grad_expert_scales[t, k] = grad_out[t] . row(t, k) (zero for inactive pairs; computed where the row lives and sent back), grad_shared_expert_x = grad_out for tokens with an active slot, zero elsewhere (shared_expert_x's shape; empty without it).", ('CPU',), False, True),
+    'dynamic_quant': OpInfo("Per-token dynamic quantisation (torch_npu npu_dynamic_quant / npu_dynamic_quant_asymmetric). Each row r of x (the last dimension; x at least 2-D, float16/bfloat16/float32) is v = x[r] * smooth (fp32), smooth = smooth_scales [H], or row g of smooth_scales [G, H] for the rows [group_index[g-1], group_index[g]) (group_index: nondecreasing cumulative row ends, last = the row count). Symmetric: scale = max|v| / Q, y = round(v / scale); asymmetric: scale = (max v - min v) / (2Q + 1), offset = Q - max v / scale, y = round(v / scale + offset); Q = 127 (bits 8) or 7 (bits 4), rounding half to even, clamped to [-Q-1, Q]; a row with scale 0 gives y = 0 (and offset 0). y: int8 of x's shape (bits 8), or int32 [..., H/8] holding 8 int4 values each, element j of a group in bits 4j..4j+3 (bits 4). scale (and offset, asymmetric; empty otherwise): float32 x.shape[:-1]. Not differentiable.", ('CPU',), False, True),
+    'swiglu': OpInfo("SwiGLU (torch_npu npu_swiglu): x is split in halves A (first) and B (second) along dim (of even size); out = silu(A) * B = A * sigmoid(A) * B, x's dtype (float16, bfloat16, float32, float64), computed in fp32 (fp64 for fp64). Differentiable in x.", ('CPU',), True, True),
+    'swiglu_grad': OpInfo("Backward of swiglu (torch_npu npu_swiglu_backward): with s = sigmoid(A), dA = g * B * s * (1 + A * (1 - s)), dB = g * silu(A), concatenated along dim into x's shape and dtype.", ('CPU',), False, True),
 }
 
 
@@ -474,6 +477,33 @@ def _fake_moe_distribute_combine_v2_grad(grad_out, expand_x, expert_ids, ep_send
     a = MoeDistributeCombineV2GradArgs(grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs)
     check_devices('moe_distribute_combine_v2_grad', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.distribute', 'moe_distribute_combine_v2_grad')(a)
+
+
+DynamicQuantArgs = collections.namedtuple('DynamicQuantArgs', ['x', 'smooth_scales', 'group_index', 'asymmetric', 'bits'])
+
+
+def _fake_dynamic_quant(x, smooth_scales=None, group_index=None, asymmetric=False, bits=8):
+    a = DynamicQuantArgs(x, smooth_scales, group_index, asymmetric, bits)
+    check_devices('dynamic_quant', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.quant', 'dynamic_quant')(a)
+
+
+SwigluArgs = collections.namedtuple('SwigluArgs', ['x', 'dim'])
+
+
+def _fake_swiglu(x, dim=-1):
+    a = SwigluArgs(x, dim)
+    check_devices('swiglu', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.quant', 'swiglu')(a)
+
+
+SwigluGradArgs = collections.namedtuple('SwigluGradArgs', ['grad_output', 'x', 'dim'])
+
+
+def _fake_swiglu_grad(grad_output, x, dim=-1):
+    a = SwigluGradArgs(grad_output, x, dim)
+    check_devices('swiglu_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.quant', 'swiglu_grad')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1015,9 +1045,29 @@ def _backward_moe_distribute_combine_v2(ctx, grad_result0):
     )
 
 
+def _setup_swiglu(ctx, inputs, output):
+    (x, dim,) = inputs
+    result0 = output
+    ctx.save_for_backward(x)
+    ctx.dim = dim
+
+
+def _backward_swiglu(ctx, grad_result0):
+    (x,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.swiglu_grad.default(
+        grad_result0,
+        x,
+        ctx.dim,
+    ),)
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        None,  # dim
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.distribute', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe', 'torch_ops_transformer.fake.rope']:
+    for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.distribute', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe', 'torch_ops_transformer.fake.quant', 'torch_ops_transformer.fake.rope']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1077,3 +1127,7 @@ def register():
     torch.library.register_fake("npu_fa::moe_distribute_combine_v2", _fake_moe_distribute_combine_v2)
     torch.library.register_autograd("npu_fa::moe_distribute_combine_v2", _backward_moe_distribute_combine_v2, setup_context=_setup_moe_distribute_combine_v2)
     torch.library.register_fake("npu_fa::moe_distribute_combine_v2_grad", _fake_moe_distribute_combine_v2_grad)
+    torch.library.register_fake("npu_fa::dynamic_quant", _fake_dynamic_quant)
+    torch.library.register_fake("npu_fa::swiglu", _fake_swiglu)
+    torch.library.register_autograd("npu_fa::swiglu", _backward_swiglu, setup_context=_setup_swiglu)
+    torch.library.register_fake("npu_fa::swiglu_grad", _fake_swiglu_grad)

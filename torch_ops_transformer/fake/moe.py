@@ -62,18 +62,20 @@ def moe_init_routing(a):
 
 def moe_init_routing_v2(a):
     op = "moe_init_routing_v2"
-    torch._check(a.quant_mode == -1, lambda: f"{op}: argument 'quant_mode' must be -1; got {a.quant_mode}")
+    torch._check(a.quant_mode in (-1, 0, 1), lambda: f"{op}: argument 'quant_mode' must be -1, 0 or 1; got "
+                                                      f"{a.quant_mode}")
+    out_dtype = a.x.dtype if a.quant_mode == -1 else torch.int8
     torch._check(a.drop_pad_mode in (0, 1), lambda: f"{op}: argument 'drop_pad_mode' must be 0 or 1")
     n_pairs = a.expert_idx.numel()
     h = a.x.shape[1]
     if a.drop_pad_mode == 1:
         torch._check(a.expert_num > 0 and a.expert_capacity > 0,
                      lambda: f"{op}: capacity mode needs expert_num > 0 and expert_capacity > 0")
-        expanded = a.x.new_empty((a.expert_num, a.expert_capacity, h))
+        expanded = a.x.new_empty((a.expert_num, a.expert_capacity, h), dtype=out_dtype)
         rows = a.expert_num * a.expert_capacity
     else:
         rows = torch.sym_min(a.active_num, n_pairs) if a.active_num > 0 else n_pairs
-        expanded = a.x.new_empty((rows, h))
+        expanded = a.x.new_empty((rows, h), dtype=out_dtype)
     counted = 0
     if a.expert_tokens_num_flag:
         counted = a.active_expert_range[1] - a.active_expert_range[0] if len(a.active_expert_range) else a.expert_num
@@ -81,7 +83,9 @@ def moe_init_routing_v2(a):
         tokens = a.x.new_empty((a.expert_num, 2), dtype=torch.int64)
     else:
         tokens = a.x.new_empty((counted,), dtype=torch.int64)
-    expanded_scale = a.x.new_empty((rows,) if a.scale is not None else (0,), dtype=torch.float32)
+    # scale gathered per row (-1), the dynamic per-row scales (1), nothing (0: static)
+    with_scale = a.quant_mode == 1 or (a.quant_mode == -1 and a.scale is not None)
+    expanded_scale = a.x.new_empty((rows,) if with_scale else (0,), dtype=torch.float32)
     return expanded, a.x.new_empty((n_pairs,), dtype=torch.int32), tokens, expanded_scale
 
 

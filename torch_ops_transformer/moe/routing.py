@@ -145,8 +145,9 @@ def npu_moe_init_routing(x: Tensor, row_idx: Tensor, expert_idx: Tensor, active_
     return _OPS.moe_init_routing(x, row_idx, expert_idx, active_num)
 
 
-# quant_mode values of torch_npu (quantised expanded_x); -1 is the unquantised mode implemented here.
-_QUANT_MODES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17)
+# quant_mode values of torch_npu whose expanded_x is a format other than int8 (MXFP8/MXFP4, HIF8, FP8 per-block or
+# per-group, int4): not implemented. -1 (unquantised), 0 (static int8) and 1 (dynamic int8) are.
+_OTHER_QUANT_MODES = (2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17)
 
 
 @_args.torch_npu_api
@@ -156,17 +157,20 @@ def npu_moe_init_routing_v2(x: Tensor, expert_idx: Tensor, *, scale: Optional[Te
                             expert_tokens_num_flag: bool = False, quant_mode: int = -1,
                             active_expert_range: Sequence[int] = (), row_idx_type: int = 0,
                             x_dtype: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """torch_npu.npu_moe_init_routing_v2 (unquantized): (expanded_x, expanded_row_idx,
-    expert_tokens_count_or_cumsum, expanded_scale). quant_mode -1 (the default) is the only mode implemented;
-    x_dtype (a quantised input format) must be None or x's dtype."""
+    """torch_npu.npu_moe_init_routing_v2: (expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum,
+    expanded_scale). quant_mode -1 routes x as it is (any dtype, int8 included; scale [N] is gathered with the rows);
+    0 quantises the rows to int8 with the static scale and offset (one float32 each); 1 quantises each row to int8
+    with its own scale max|row * smooth| / 127 (scale = the smooth scales, [1, H] or one row per expert of the
+    range), returned in expanded_scale. The other (float8, hifloat8, int4) modes are not implemented; x_dtype (a
+    quantised input format) must be None or x's dtype."""
     op = "npu_moe_init_routing_v2"
-    if quant_mode in _QUANT_MODES:
-        raise NotImplementedError(f"{op}: quantised routing is not implemented; argument 'quant_mode' must be -1; "
-                                  f"got {quant_mode}")
+    if quant_mode in _OTHER_QUANT_MODES:
+        raise NotImplementedError(f"{op}: quantised routing to a format other than int8 is not implemented; "
+                                  f"argument 'quant_mode' must be -1, 0 or 1; got {quant_mode}")
     _args.same_dtype_or_none(op, "x_dtype", x_dtype, x.dtype, "a quantised x format")
     return _OPS.moe_init_routing_v2(x, expert_idx, scale, offset, active_num, expert_capacity, expert_num,
                                     drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
-                                    list(active_expert_range), row_idx_type)
+                                    list(active_expert_range or ()), row_idx_type)
 
 
 @_args.torch_npu_api

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "cpu/moe/routing_helpers.h"
+#include "cpu/quant/quant_kernels.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -62,6 +63,7 @@ struct V2Plan {
   std::vector<int64_t> dest;         // per pair f: destination row or -1
   std::vector<int64_t> src;          // per output row: source pair f or -1
   std::vector<int64_t> counts;       // per counted expert
+  std::vector<int64_t> experts;      // per pair f: its expert
 };
 
 V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx, int64_t active_num,
@@ -134,6 +136,7 @@ V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx
     keys = experts;
   }
   const moe::KeySort s = moe::counting_sort(keys, buckets);
+  pl.experts = experts;
   const int64_t width = hi >= 0 ? hi - lo : buckets;
   const int64_t routed = n - (hi >= 0 ? s.counts[buckets - 1] : 0);  // pairs inside the range
   pl.first_expert = lo;
@@ -170,12 +173,96 @@ V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx
 
 }  // namespace
 
+namespace {
+
+// The int8 rows of quant_mode 0 and 1 (written into expanded_x, [rows_out, H] int8); returns expanded_scale:
+// empty for mode 0, the per-row dynamic scale (float32 [rows_out], 0 for empty rows) for mode 1.
+//   mode 0 (static): y = clamp(rint(x * scale + offset), -128, 127), scale and offset one float32 each.
+//   mode 1 (dynamic): v = x * smooth, y = rint(v / s) with s = max|v| / 127; smooth = none, scale [1, H] for every
+//   row, or scale [W, H] indexed by the row's expert - start of the counted experts (W of them).
+at::Tensor quantize_expanded(const char* op, const MoeInitRoutingV2Args& args, const V2Plan& pl,
+                             const std::vector<int64_t>& src_token, at::Tensor& expanded_x) {
+  const int64_t H = pl.H, R = pl.rows_out;
+  const bool dynamic = args.quant_mode == 1;
+  float st_scale = 1.f, st_offset = 0.f;
+  at::Tensor smooth;
+  int64_t smooth_rows = 0;
+  if (!dynamic) {
+    for (const char* name : {"scale", "offset"}) {
+      const auto& t = std::string(name) == "scale" ? args.scale : args.offset;
+      TORCH_CHECK_VALUE(t.has_value(), op, ": argument '", name, "' is required by the static quantisation ",
+                        "(quant_mode 0): one float32 value, shape [1]");
+      TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, op, ": argument '", name, "' must be float32; got ",
+                       t->scalar_type());
+      TORCH_CHECK_VALUE(t->numel() == 1 && t->dim() <= 1, op, ": argument '", name, "' of shape ", t->sizes(),
+                        " must be [1] in the static quantisation (quant_mode 0)");
+    }
+    st_scale = args.scale->item<float>();
+    st_offset = args.offset->item<float>();
+  } else if (args.scale.has_value() && !(pl.N == 0 && args.scale->numel() == 0)) {
+    // (An empty batch may come with an empty scale, as torch_npu accepts: nothing is scaled then.)
+    TORCH_CHECK_TYPE(args.scale->scalar_type() == at::kFloat, op, ": argument 'scale' must be float32; got ",
+                     args.scale->scalar_type());
+    smooth_rows = args.scale->dim() == 2 ? args.scale->size(0) : -1;
+    TORCH_CHECK_VALUE(args.scale->dim() == 2 && args.scale->size(1) == H &&
+                          (smooth_rows == 1 || (pl.num_counted > 0 && smooth_rows == pl.num_counted)),
+                      op, ": argument 'scale' of shape ", args.scale->sizes(), " must be the smooth scales [1, H] or ",
+                      "[expert_end - expert_start, H] = [", pl.num_counted, ", ", H, "] in the dynamic ",
+                      "quantisation (quant_mode 1)",
+                      pl.num_counted > 0 ? "" : " (per-expert rows need expert_num or active_expert_range)");
+    smooth = args.scale->contiguous();
+  }
+  at::Tensor scales = dynamic ? at::empty({R}, args.x.options().dtype(at::kFloat))
+                              : at::empty({0}, args.x.options().dtype(at::kFloat));
+  float* scp = dynamic ? scales.data_ptr<float>() : nullptr;
+  const float* smp = smooth.defined() ? smooth.data_ptr<float>() : nullptr;
+  int8_t* yp = expanded_x.data_ptr<int8_t>();
+  const at::Tensor xc = args.x.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "moe_init_routing_v2_quant", [&] {
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    at::parallel_for(0, R, moe::row_grain(H), [&](int64_t p0, int64_t p1) {
+      std::vector<float> v(H), q(H);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t t = src_token[p];
+        int8_t* y = yp + p * H;
+        if (t < 0) {  // an empty row (past the routed pairs, or a free capacity slot)
+          std::fill(y, y + H, int8_t{0});
+          if (scp) scp[p] = 0.f;
+          continue;
+        }
+        for (int64_t h = 0; h < H; ++h) v[h] = static_cast<float>(xp[t * H + h]);
+        if (dynamic) {
+          if (smp) {
+            const int64_t row = smooth_rows == 1 ? 0 : pl.experts[pl.src[p]] - pl.first_expert;
+            const float* sr = smp + row * H;
+            for (int64_t h = 0; h < H; ++h) v[h] *= sr[h];
+          }
+          scp[p] = cpu::quantize_row_symmetric(v.data(), H, 127.f, q.data());
+        } else {
+          cpu::quant_round_stub(v.data(), H, st_scale, false, st_offset, -128.f, 127.f, q.data());
+        }
+        for (int64_t h = 0; h < H; ++h) y[h] = static_cast<int8_t>(q[h]);
+      }
+    });
+  });
+  return scales;
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(const MoeInitRoutingV2Args& args) {
   const char* op = "moe_init_routing_v2";
-  TORCH_CHECK_VALUE(args.quant_mode == -1, op,
-                    ": argument 'quant_mode' must be -1 (no quantization; the quantized modes ",
-                    "are not implemented on CPU); got ", args.quant_mode);
-  TORCH_CHECK_VALUE(!args.offset.has_value(), op, ": argument 'offset' is only used by the quantized modes; pass None");
+  TORCH_CHECK_VALUE(args.quant_mode >= -1 && args.quant_mode <= 1, op,
+                    ": argument 'quant_mode' must be -1 (no quantisation), 0 (static int8) or 1 (dynamic per-row ",
+                    "int8); got ", args.quant_mode);
+  TORCH_CHECK_VALUE(args.quant_mode == 0 || !args.offset.has_value(), op,
+                    ": argument 'offset' is only used by the static quantisation (quant_mode 0); pass None");
+  const bool quant = args.quant_mode >= 0;
+  if (quant)
+    TORCH_CHECK_TYPE(args.x.scalar_type() == at::kFloat || args.x.scalar_type() == at::kHalf ||
+                         args.x.scalar_type() == at::kBFloat16,
+                     op, ": argument 'x' must be float16, bfloat16 or float32 when quant_mode is ", args.quant_mode,
+                     " (it is quantised to int8); got ", args.x.scalar_type());
   TORCH_CHECK_VALUE(args.row_idx_type == 0 || args.row_idx_type == 1, op,
                     ": argument 'row_idx_type' must be 0 (gather index: ",
                     "destination row per pair) or 1 (scatter index: pair per sorted row); got ", args.row_idx_type);
@@ -201,11 +288,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
                       args.expert_num, ")");
   }
   const int64_t n = pl.N * pl.k;
-  at::Tensor expanded_x = pl.capacity ? at::empty({args.expert_num, args.expert_capacity, pl.H}, args.x.options())
-                                      : at::empty({pl.rows_out, pl.H}, args.x.options());
+  const auto out_opts = quant ? args.x.options().dtype(at::kChar) : args.x.options();
+  at::Tensor expanded_x = pl.capacity ? at::empty({args.expert_num, args.expert_capacity, pl.H}, out_opts)
+                                      : at::empty({pl.rows_out, pl.H}, out_opts);
   std::vector<int64_t> src_token(pl.rows_out);
   for (int64_t p = 0; p < pl.rows_out; ++p) src_token[p] = pl.src[p] < 0 ? -1 : pl.src[p] / pl.k;
-  moe::gather_rows(args.x.contiguous(), expanded_x, src_token);
+  if (!quant) moe::gather_rows(args.x.contiguous(), expanded_x, src_token);
   at::Tensor row_out = at::empty({n}, args.x.options().dtype(at::kInt));
   int32_t* rp = row_out.data_ptr<int32_t>();
   if (args.row_idx_type == 0) {
@@ -234,12 +322,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
     }
   }
   at::Tensor expanded_scale = at::empty({0}, args.x.options().dtype(at::kFloat));
-  if (args.scale.has_value()) {
+  if (quant) {
+    expanded_scale = quantize_expanded(op, args, pl, src_token, expanded_x);
+  } else if (args.scale.has_value()) {
     TORCH_CHECK_TYPE(args.scale->scalar_type() == at::kFloat, op, ": argument 'scale' must be float32; got ",
                      args.scale->scalar_type());
     TORCH_CHECK_VALUE(args.scale->dim() == 1 && args.scale->size(0) == pl.N, op, ": argument 'scale' of shape ",
                       args.scale->sizes(),
-                      " must be [N] = [", pl.N, "] (one scale per token) in the unquantized mode");
+                      " must be [N] = [", pl.N, "] (one scale per token) in the unquantised mode");
     const at::Tensor sc = args.scale->contiguous();
     const float* sp = sc.data_ptr<float>();
     expanded_scale = at::empty({pl.rows_out}, args.x.options().dtype(at::kFloat));

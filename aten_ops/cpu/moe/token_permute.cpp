@@ -106,7 +106,9 @@ Unpermute plan_unpermute(const char* op, const at::Tensor& permuted, const at::T
   TORCH_CHECK_VALUE(u.R <= n, op, ": argument 'permuted_tokens' has ", u.R, " rows, more than the ", n,
                     " (token, expert) pairs of sorted_indices");
   u.src = moe::read_index(sorted_indices);
-  moe::check_destinations(op, "sorted_indices", u.src, n, false);
+  // -1 marks a pair routed nowhere (moe_init_routing_v2's index of a pair outside active_expert_range): it
+  // contributes nothing, as a pair dropped by num_out_tokens does.
+  moe::check_destinations(op, "sorted_indices", u.src, n, true);
   for (auto& r : u.src)
     if (r >= u.R) r = -1;
   return u;
