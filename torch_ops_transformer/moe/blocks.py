@@ -44,7 +44,13 @@ def gated(activation: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch
     return glu
 
 
-swiglu = gated(F.silu)
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(first half) * second half: the swiglu op (torch_npu's npu_swiglu; one pass, fp32 inside)."""
+    return _OPS.swiglu(gate_up, -1)
+
+
+def _glu_of(activation: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    return swiglu if activation is F.silu else gated(activation)
 
 
 def routed_experts(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
@@ -145,8 +151,8 @@ class GroupedExperts(nn.Module):
         w_gate_up, w_down = self.gate_up_proj.transpose(1, 2), self.down_proj.transpose(1, 2)
         if self.process_group is not None:
             return routed_experts_parallel(x, expert_idx, weights, w_gate_up, w_down, self.num_experts,
-                                           self.process_group, skip=skip, glu=gated(self.act_fn))
-        return routed_experts(x, expert_idx, weights, w_gate_up, w_down, skip=skip, glu=gated(self.act_fn))
+                                           self.process_group, skip=skip, glu=_glu_of(self.act_fn))
+        return routed_experts(x, expert_idx, weights, w_gate_up, w_down, skip=skip, glu=_glu_of(self.act_fn))
 
 
 class GatedMLP(nn.Module):
