@@ -29,10 +29,8 @@ generated from native_functions.yaml. Public Python API:
   transformers stays optional and is not imported here: "npu_fa" is registered automatically when transformers'
   modeling code is imported (before or after this package); `register_hf_attention()` does it by hand.
 - `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation.
-- `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
-- `DeepseekV3MoEBlock`, `Qwen3MoeBlock` — transformers' DeepSeek-V3 / Qwen3-MoE blocks on our MoE ops (`from_hf`);
-  `replace_moe_blocks(model)` swaps them into a transformers model, `experts_implementation="npu_moe"` runs any
-  transformers model's experts on them (`register_hf_experts()`).
+- `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel;
+  `DeepseekV3MoEBlock`, `Qwen3MoeBlock`, `replace_moe_blocks` — transformers' MoE blocks on these ops.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
