@@ -45,7 +45,8 @@ def describe(path: str) -> str:
     except (OSError, UnicodeDecodeError):
         return ""
     if path.endswith(".py"):
-        m = re.match(r'\s*(?:#[^\n]*\n\s*)*[rb]?("""|\'\'\')(.*?)\1', head, re.S)
+        # (a docstring longer than the head read: its first sentence is all that is needed)
+        m = re.match(r'\s*(?:#[^\n]*\n\s*)*[rb]?("""|\'\'\')(.*?)(?:\1|\Z)', head, re.S)
         return _first_sentence(m.group(2)) if m else ""
     if path.endswith(".md"):
         m = re.search(r"^#\s+(.+)$", head, re.M)

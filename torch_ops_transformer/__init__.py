@@ -30,7 +30,8 @@ generated from native_functions.yaml. Public Python API:
   modeling code is imported (before or after this package); `register_hf_attention()` does it by hand.
 - `npu_grouped_matmul`, `grouped_matmul` — grouped (per-expert) matmul with fused bias and activation (also W8A8 and
   int8/int4 weight-only); `npu_grouped_matmul_swiglu_quant` (+ _v2) — W8A8 grouped matmul + SwiGLU + int8 requant.
-- `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel.
+- `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel;
+  `DeepseekV3MoEBlock`, `Qwen3MoeBlock`, `replace_moe_blocks` — transformers' MoE blocks on these ops.
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
@@ -118,7 +119,9 @@ from .mc2 import (  # noqa: E402
     tensor_parallel,
 )
 from .moe import (  # noqa: E402
+    DeepseekV3MoEBlock,
     MOELayer,
+    Qwen3MoeBlock,
     grouped_matmul,
     npu_grouped_matmul,
     npu_grouped_matmul_swiglu_quant,
@@ -191,7 +194,11 @@ __all__ = [
     "npu_grouped_matmul",
     "npu_grouped_matmul_swiglu_quant",
     "npu_grouped_matmul_swiglu_quant_v2",
+    "DeepseekV3MoEBlock",
     "MOELayer",
+    "Qwen3MoeBlock",
+    "register_hf_experts",
+    "replace_moe_blocks",
     "npu_moe_compute_expert_tokens",
     "npu_moe_finalize_routing",
     "npu_moe_gating_top_k",
@@ -228,7 +235,7 @@ from . import _hf_autoregister  # noqa: E402
 
 _hf_autoregister.install()  # attn_implementation="npu_fa" once transformers is imported (never imports it here)
 
-_LAZY_HF = ("register_hf_attention", "replace_attention_with_flash")
+_LAZY_HF = ("register_hf_attention", "replace_attention_with_flash", "register_hf_experts", "replace_moe_blocks")
 
 
 def __getattr__(name):

@@ -26,6 +26,7 @@ def _register() -> None:
         from . import hf
 
         hf.register_hf_attention()
+        hf.register_hf_experts()  # experts_implementation="npu_moe"
     except Exception as e:  # never break the user's transformers import
         warnings.warn(f"torch_ops_transformer: registering attn_implementation='npu_fa' with transformers failed "
                       f"({type(e).__name__}: {e}); call torch_ops_transformer.register_hf_attention() to see why",

@@ -5,6 +5,10 @@
     # or, for a model that is already built (a one-call helper):
     model = tot.replace_attention_with_flash(model)
 
+and the MoE side (docs/moe.md): `experts_implementation="npu_moe"` runs the experts of any transformers MoE model
+whose experts use `@use_experts_implementation` through our routing ops and grouped_matmul, and
+`replace_moe_blocks(model)` swaps whole DeepSeek-V3 / Qwen3-MoE blocks (gating included) for ours.
+
 transformers calls every attention layer through `AttentionInterface` with q/k/v in [B, H, S, D]. Our function
 hands them to `torch_ops_transformer.sdpa.scaled_dot_product_attention`, which has PyTorch SDPA's semantics and
 routes prefill to the FlashAttention kernel and one-token decode steps to the decode kernel. Because the router
@@ -118,6 +122,72 @@ def replace_attention_with_flash(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+EXPERTS_IMPLEMENTATION = "npu_moe"
+
+
+def npu_moe_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                            top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' experts-function contract (`ExpertsInterface`): the experts of a `@use_experts_implementation`
+    module (hidden_states [N, H], top_k_index / top_k_weights [N, k]) -> [N, H], run as moe_init_routing_v2 ->
+    grouped_matmul (gate/up) -> the module's own gate function -> grouped_matmul (down) -> moe_finalize_routing.
+    The module's gate function (`_apply_gate`) keeps model-specific gating (interleaved gate/up, clamped SwiGLU)."""
+    from .moe.blocks import routed_experts
+
+    for flag, ok in (("has_gate", True), ("has_post_expert_norm", False)):
+        if getattr(module, flag, ok) != ok:
+            raise NotImplementedError(f"experts_implementation='{EXPERTS_IMPLEMENTATION}': experts with "
+                                      f"{flag}={not ok} ({type(module).__name__}) are not supported")
+    w_gate_up, w_down = module.gate_up_proj, module.down_proj
+    if not getattr(module, "is_transposed", False):  # stored [E, N, K]: grouped_matmul takes [E, K, N] views
+        w_gate_up, w_down = w_gate_up.transpose(1, 2), w_down.transpose(1, 2)
+    has_bias = getattr(module, "has_bias", False)
+    out = routed_experts(hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, glu=module._apply_gate,
+                         bias_gate_up=module.gate_up_proj_bias if has_bias else None,
+                         bias_down=module.down_proj_bias if has_bias else None)
+    return out.to(hidden_states.dtype)
+
+
+def register_hf_experts() -> str:
+    """Register "npu_moe" with transformers' experts interface (idempotent); returns the name. Then
+    `from_pretrained(..., experts_implementation="npu_moe")` or `model.set_experts_implementation("npu_moe")`."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(EXPERTS_IMPLEMENTATION, npu_moe_experts_forward)
+    return EXPERTS_IMPLEMENTATION
+
+
+# transformers' MoE block classes (by class name, so no model module is imported) -> our block's constructor.
+def _moe_block_types():
+    from .moe.blocks import DeepseekV3MoEBlock, Qwen3MoeBlock
+
+    # GLM-4.5's block (Glm4MoeMoE) is DeepSeek-V3's: same router, experts and shared expert.
+    return {"DeepseekV3MoE": DeepseekV3MoEBlock.from_hf, "Glm4MoeMoE": DeepseekV3MoEBlock.from_hf,
+            "Qwen3MoeSparseMoeBlock": Qwen3MoeBlock.from_hf}
+
+
+def replace_moe_blocks(model: torch.nn.Module, process_group=None) -> torch.nn.Module:
+    """Swap every DeepSeek-V3 (`DeepseekV3MoE`; also GLM-4.5's identical `Glm4MoeMoE`) and Qwen3-MoE
+    (`Qwen3MoeSparseMoeBlock`) block of a transformers model for ours (`DeepseekV3MoEBlock` / `Qwen3MoeBlock`):
+    gating by moe_gating_top_k(_softmax_v2), experts by the routing ops and grouped_matmul. The new blocks share
+    the old ones' parameters and names, so the state dict, saving and loading are unchanged. Returns the model
+    (modified in place); a model without such blocks is a ValueError. With a torch.distributed `process_group`,
+    each block keeps this rank's share of the routed experts and runs expert-parallel (`shard_experts`)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"replace_moe_blocks: argument 'model' must be a torch.nn.Module; got {type(model).__name__}")
+    convert = _moe_block_types()
+    targets = [(name, m) for name, m in model.named_modules() if type(m).__name__ in convert]
+    if not targets:
+        raise ValueError(f"replace_moe_blocks: {type(model).__name__} has no block of a supported type "
+                         f"({', '.join(convert)})")
+    for name, m in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        block = convert[type(m).__name__](m)
+        setattr(parent, child, block if process_group is None else block.shard_experts(process_group))
+    return model
+
+
 # Importing this module means using it; this also covers the case where importing transformers above is what
 # loaded transformers.modeling_utils (then the import hook of _hf_autoregister defers to this line).
 register_hf_attention()
+register_hf_experts()

@@ -17,6 +17,7 @@ TABLES = {
     "moe": "moe",
     "moe_routing": "moe_routing",
     "moe_quant": "moe_quant",
+    "moe_block": "moe_block",  # our DeepSeek-V3 / Qwen3-MoE blocks vs transformers' (needs transformers)
     "moe-distribute": "moe_distribute",  # expert-parallel dispatch + combine, world size 2
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",

@@ -6,11 +6,13 @@
 - `grouped_matmul` — `npu_grouped_matmul`, `grouped_matmul`: per-expert matmul with fused bias and activation
   (also W8A8 and int8/int4 weight-only); `npu_grouped_matmul_swiglu_quant` (+ _v2).
 - `layer` — `MOELayer`, single-process or expert-parallel.
+- `blocks` — `DeepseekV3MoEBlock`, `Qwen3MoeBlock` (transformers' blocks on these ops, `from_hf`), `routed_experts`.
 - `distribute` — `npu_moe_distribute_dispatch(_v2)` / `npu_moe_distribute_combine(_v2)`: expert-parallel token
   exchange on a torch.distributed group.
 """
 from .grouped_matmul import (grouped_matmul, npu_grouped_matmul, npu_grouped_matmul_swiglu_quant,
                              npu_grouped_matmul_swiglu_quant_v2)
+from .blocks import DeepseekV3MoEBlock, Qwen3MoeBlock, routed_experts
 from .layer import MOELayer
 from .routing import (
     npu_moe_compute_expert_tokens,
@@ -25,8 +27,8 @@ from .routing import (
     npu_moe_token_unpermute,
 )
 
-__all__ = ["MOELayer", "grouped_matmul", "npu_grouped_matmul", "npu_grouped_matmul_swiglu_quant",
-           "npu_grouped_matmul_swiglu_quant_v2", "npu_moe_compute_expert_tokens",
+__all__ = ["DeepseekV3MoEBlock", "MOELayer", "Qwen3MoeBlock", "routed_experts", "grouped_matmul", "npu_grouped_matmul",
+           "npu_grouped_matmul_swiglu_quant", "npu_grouped_matmul_swiglu_quant_v2", "npu_moe_compute_expert_tokens",
            "npu_moe_finalize_routing", "npu_moe_gating_top_k", "npu_moe_gating_top_k_backward",
            "npu_moe_gating_top_k_softmax",
            "npu_moe_gating_top_k_softmax_v2", "npu_moe_init_routing", "npu_moe_init_routing_v2",
