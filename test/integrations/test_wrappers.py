@@ -265,7 +265,8 @@ def _policy_cases():
         (ValueError, ("incre_flash_attention", "antiquant", "not int8"),
          lambda: tot.npu_incre_flash_attention(q[:, :1], k, v, antiquant_scale=one, num_heads=4,
                                                num_key_value_heads=2, input_layout="BSND")),
-        (NotImplementedError, ("npu_grouped_matmul", "'scale'"),
+        # quantisation arguments next to floating-point x / weight are a wrong type (W8A8 needs int8 ones)
+        (TypeError, ("npu_grouped_matmul", "'scale'", "int8"),
          lambda: tot.npu_grouped_matmul([x], [w], scale=[one], group_list=[3, 6])),
         (NotImplementedError, ("npu_grouped_matmul", "'output_dtype'"),
          lambda: tot.npu_grouped_matmul([x], [w], group_list=[3, 6], output_dtype=torch.int8)),

@@ -13,6 +13,9 @@ I32 = torch.int32
 I64 = torch.int64
 
 
+_BF16_CODE = 15  # torch.bfloat16's ScalarType code (the ops' output_dtype)
+
+
 def _z(*shape, dtype=F):
     return torch.zeros(*shape, dtype=dtype)
 
@@ -93,6 +96,12 @@ CASES = {
                                          [(0, 8), (8, 4), (0,), (0, 4)])},
     "grouped_matmul": {"m0": (lambda: (([_r(0, 8)], [_r(8, 4)], [], torch.tensor([0])), {}), [[(0, 4)], [(0,)]])},
     "grouped_matmul_grad": {"m0": (_gmm_grad, [[(0, 8)], [(8, 4)], []])},
+    "grouped_matmul_quant": {"m0": (lambda: (([_z(0, 8, dtype=torch.int8)], [_z(2, 8, 4, dtype=torch.int8)], [],
+                                              [torch.ones(2, 4)], [_z(0)], [], [], torch.tensor([0, 0])),
+                                             dict(output_dtype=_BF16_CODE)), [(0, 4)])},
+    "grouped_matmul_swiglu_quant": {"m0": (lambda: ((_z(0, 8, dtype=torch.int8), _z(2, 8, 4, dtype=torch.int8),
+                                                     torch.tensor([0, 0]), torch.ones(2, 4), _z(0)), {}),
+                                           [(0, 2), (0,), ()])},
     "moe_gating_top_k_softmax": {"n0": (lambda: ((_r(0, 8),), dict(k=2)), [(0, 2), (0, 2), (0, 2)])},
     "moe_gating_top_k_softmax_v2": {"n0": (lambda: ((_r(0, 8),), dict(k=2)), [(0, 2), (0, 2), (0,)])},
     "moe_gating_top_k_softmax_grad": {"n0": (lambda: ((_r(0, 2), _r(0, 8), 2), {}), [(0, 8)])},
