@@ -40,8 +40,8 @@ def main(argv=None) -> int:
         plot._pyplot()  # a missing matplotlib fails now, not after the tables
     if args.threads:
         torch.set_num_threads(args.threads)
-    tables = [t for t in TABLES if t not in ("moe_routing", "moe_quant")] if args.table == "all" \
-        else [args.table]  # moe prints routing and quant
+    tables = [t for t in TABLES if t not in ("moe_routing", "moe_quant", "moe-distribute")] \
+        if args.table == "all" else [args.table]  # moe prints routing, quant and distribute
     for name in tables:
         module = importlib.import_module(f".{TABLES[name]}", __package__)
         module.main(quick=args.quick, reps=1 if args.quick else args.reps)

@@ -1,5 +1,6 @@
 """`python -m torch_ops_transformer.bench moe`: grouped_matmul vs a Python loop of torch.mm per expert and vs
-torch.nn.functional.grouped_mm on the same groups; MOELayer forward+backward vs a per-expert-loop MoE.
+torch.nn.functional.grouped_mm on the same groups; MOELayer forward+backward vs a per-expert-loop MoE; then the
+quantised grouped matmul, routing and expert-parallel dispatch/combine tables.
 
 Speed-up = peer time / our time (same process, alternating contenders, median of --reps)."""
 import torch
@@ -118,7 +119,8 @@ def moe_layer_table(quick: bool, reps: int):
     print()
 
 
-def main(quick: bool = False, reps: int = 5, tables=("grouped_matmul", "quant", "moe_layer", "routing")):
+def main(quick: bool = False, reps: int = 5,
+         tables=("grouped_matmul", "quant", "moe_layer", "routing", "distribute")):
     if "grouped_matmul" in tables:
         grouped_matmul_table(quick, reps)
     if "quant" in tables:
@@ -131,3 +133,7 @@ def main(quick: bool = False, reps: int = 5, tables=("grouped_matmul", "quant", 
         from . import moe_routing  # the routing ops' table (also `bench moe_routing`)
 
         moe_routing.main(quick=quick, reps=reps)
+    if "distribute" in tables:
+        from . import moe_distribute  # expert-parallel dispatch/combine on 2 gloo ranks (also `bench moe-distribute`)
+
+        moe_distribute.main(quick=quick, reps=reps)

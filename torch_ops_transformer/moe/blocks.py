@@ -9,6 +9,10 @@ projections, and `moe_finalize_routing` to weight and sum each token's expert ro
 output folded into that sum as its skip input. Gating is `moe_gating_top_k` (DeepSeek-V3: sigmoid scores, the
 correction bias steering selection only, group-limited top-k) or `moe_gating_top_k_softmax(_v2)` (Qwen3-MoE).
 
+W8A8 inference: `block.quantize_experts()` turns the routed experts into W8A8GroupedExperts (int8 weights with
+float32 per-output-channel scales; activations quantised per token by moe_init_routing_v2 quant_mode 1, or by the
+dispatch's int8 mode when sharded; grouped_matmul_swiglu_quant, then a W8A8 grouped_matmul for the down projection).
+
 Parameter names and layouts are those of Hugging Face transformers' blocks (`gate.weight`,
 `gate.e_score_correction_bias`, `experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I],
 `shared_experts.{gate,up,down}_proj.weight`), so state dicts load either way; grouped_matmul takes the [E, K, N]
@@ -24,6 +28,7 @@ from torch import nn
 from .distribute import npu_moe_distribute_combine_v2, npu_moe_distribute_dispatch_v2
 
 _OPS = torch.ops.npu_fa
+_SCALAR_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::ScalarType codes (output_dtype)
 
 # The gated activations of transformers' configs (hidden_act) that the blocks accept.
 _ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
@@ -85,14 +90,7 @@ def routed_experts_parallel(x: torch.Tensor, expert_idx: torch.Tensor, weights: 
     moe_distribute_combine_v2 sends the results back and sums them with the weights, plus skip (the local shared
     expert's output). Differentiable (dispatch's backward is a combine and vice versa). Equal to routed_experts
     over the ranks' tokens concatenated; ranks may have different token counts, including none."""
-    world, rank, local = dist.get_world_size(group), dist.get_rank(group), w_gate_up.shape[0]
-    if local * world != num_experts:
-        raise ValueError(f"routed_experts_parallel: {world} ranks holding {local} experts each do not make "
-                         f"num_experts={num_experts}")
-    # Upstream's static receive capacity: global_bs = the largest batch times W (uneven batches need it).
-    max_bs = torch.tensor([x.shape[0]], dtype=torch.int64)
-    dist.all_reduce(max_bs, op=dist.ReduceOp.MAX, group=group)
-    global_bs = int(max_bs) * world
+    world, rank, global_bs = _ep_layout("routed_experts_parallel", x, w_gate_up.shape[0], num_experts, group)
     idx, w32 = expert_idx.to(torch.int32), weights.float()
     expand_x, _, assist, counts, recv_counts, _, _ = npu_moe_distribute_dispatch_v2(
         x, idx, group, world, rank, num_experts, expert_scales=w32, global_bs=global_bs, expert_token_nums_type=1)
@@ -103,6 +101,17 @@ def routed_experts_parallel(x: torch.Tensor, expert_idx: torch.Tensor, weights: 
     y = F.pad(y, (0, 0, 0, expand_x.shape[0] - rows))
     return npu_moe_distribute_combine_v2(y, idx, assist, recv_counts, w32, group, world, rank, num_experts,
                                          shared_expert_x=skip, global_bs=global_bs).to(x.dtype)
+
+
+def _ep_layout(op: str, x: torch.Tensor, local: int, num_experts: int, group):
+    """(world, rank, global_bs) of an expert-parallel call; checks the experts add up over the ranks."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if local * world != num_experts:
+        raise ValueError(f"{op}: {world} ranks holding {local} experts each do not make num_experts={num_experts}")
+    # Upstream's static receive capacity: global_bs = the largest batch times W (uneven batches need it).
+    max_bs = torch.tensor([x.shape[0]], dtype=torch.int64)
+    dist.all_reduce(max_bs, op=dist.ReduceOp.MAX, group=group)
+    return world, rank, int(max_bs) * world
 
 
 class GroupedExperts(nn.Module):
@@ -153,6 +162,124 @@ class GroupedExperts(nn.Module):
             return routed_experts_parallel(x, expert_idx, weights, w_gate_up, w_down, self.num_experts,
                                            self.process_group, skip=skip, glu=_glu_of(self.act_fn))
         return routed_experts(x, expert_idx, weights, w_gate_up, w_down, skip=skip, glu=_glu_of(self.act_fn))
+
+
+def quantize_per_channel(weight: torch.Tensor):
+    """[E, K, N] float weights -> (int8 [E, K, N], float32 scale [E, N]): symmetric per output channel n,
+    scale = max_k |w| / 127 and q = round(w / scale) (half to even) computed in float32, so w ~= q * scale.
+    An all-zero channel gets scale 1 (q = 0)."""
+    if weight.dim() != 3 or not weight.is_floating_point():
+        raise ValueError(f"quantize_per_channel: argument 'weight' must be a floating-point [E, K, N] tensor; got "
+                         f"{weight.dtype} of shape {tuple(weight.shape)}")
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return torch.round(w / scale.unsqueeze(1)).clamp_(-127, 127).to(torch.int8).contiguous(), scale.contiguous()
+
+
+def _w8a8_first_half(rows: torch.Tensor, row_scale: torch.Tensor, counts: torch.Tensor, q_gate_up: torch.Tensor,
+                     s_gate_up: torch.Tensor, fused: bool):
+    """int8 rows (grouped by expert, `counts` per expert) -> (int8 SwiGLU output, its per-row float32 scale)."""
+    if fused:  # one kernel: int8 GEMM, dequantisation, SwiGLU and the requantisation
+        h, h_scale, _ = _OPS.grouped_matmul_swiglu_quant(rows, q_gate_up, counts, s_gate_up, row_scale, 1)
+        return h, h_scale
+    # the unfused chain: dequantised gate/up kept in float32, swiglu, then dynamic_quant of its rows
+    gate_up = _OPS.grouped_matmul_quant([rows], [q_gate_up], [], [s_gate_up], [row_scale], [], [], counts, 0, 1, 0,
+                                        _SCALAR_CODES[torch.float32])[0]
+    h, h_scale, _ = _OPS.dynamic_quant(_OPS.swiglu(gate_up, -1), None, None, False, 8)
+    return h, h_scale
+
+
+def _w8a8_down(h, h_scale, counts, q_down, s_down, dtype):
+    return _OPS.grouped_matmul_quant([h], [q_down], [], [s_down], [h_scale], [], [], counts, 0, 1, 0,
+                                     _SCALAR_CODES[dtype])[0]
+
+
+def routed_experts_w8a8(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor, q_gate_up: torch.Tensor,
+                        s_gate_up: torch.Tensor, q_down: torch.Tensor, s_down: torch.Tensor, *,
+                        skip: Optional[torch.Tensor] = None, fused: bool = True) -> torch.Tensor:
+    """routed_experts with W8A8 SwiGLU experts (inference): int8 weights q_gate_up [E, H, 2I], q_down [E, I, H]
+    with float32 per-output-channel scales [E, 2I], [E, H] (quantize_per_channel). moe_init_routing_v2 quant_mode 1
+    quantises each routed row per token (int8 + float32 scale); the gate/up grouped matmul dequantises with both
+    scales, SwiGLU, per-token requantisation (fused: grouped_matmul_swiglu_quant; else grouped_matmul_quant to
+    float32, swiglu, dynamic_quant); the down grouped matmul dequantises into x's dtype; moe_finalize_routing
+    weights and sums (+ skip) in float32."""
+    idx = expert_idx.to(torch.int32)
+    rows, row_idx, counts, row_scale = _OPS.moe_init_routing_v2(x, idx, None, None, -1, -1, q_gate_up.shape[0], 0, 1,
+                                                                True, 1, [], 0)
+    h, h_scale = _w8a8_first_half(rows, row_scale, counts, q_gate_up, s_gate_up, fused)
+    y = _w8a8_down(h, h_scale, counts, q_down, s_down, x.dtype)
+    return _OPS.moe_finalize_routing(y, skip, None, None, weights, row_idx, idx, 2)
+
+
+def routed_experts_parallel_w8a8(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor,
+                                 q_gate_up: torch.Tensor, s_gate_up: torch.Tensor, q_down: torch.Tensor,
+                                 s_down: torch.Tensor, num_experts: int, group, *,
+                                 skip: Optional[torch.Tensor] = None, fused: bool = True) -> torch.Tensor:
+    """routed_experts_w8a8 with this rank's E/W experts: moe_distribute_dispatch_v2 with quant_mode 2 sends every
+    row as int8 with its per-row scale (half the bytes of bf16), the owner runs the W8A8 chain on the received
+    rows, moe_distribute_combine_v2 returns the x-dtype results and sums them with the weights plus skip."""
+    world, rank, global_bs = _ep_layout("routed_experts_parallel_w8a8", x, q_gate_up.shape[0], num_experts, group)
+    idx, w32 = expert_idx.to(torch.int32), weights.float()
+    expand_x, x_scale, assist, counts, recv_counts, _, _ = npu_moe_distribute_dispatch_v2(
+        x, idx, group, world, rank, num_experts, expert_scales=w32, quant_mode=2, global_bs=global_bs,
+        expert_token_nums_type=1)
+    rows = int(counts.sum())
+    h, h_scale = _w8a8_first_half(expand_x[:rows], x_scale[:rows], counts, q_gate_up, s_gate_up, fused)
+    y = F.pad(_w8a8_down(h, h_scale, counts, q_down, s_down, x.dtype), (0, 0, 0, expand_x.shape[0] - rows))
+    return npu_moe_distribute_combine_v2(y, idx, assist, recv_counts, w32, group, world, rank, num_experts,
+                                         shared_expert_x=skip, global_bs=global_bs).to(x.dtype)
+
+
+class W8A8GroupedExperts(nn.Module):
+    """Inference-only W8A8 SwiGLU experts, as Ascend serving runs quantised MoE: int8 weights with float32
+    per-output-channel scales (buffers gate_up_weight [E, H, 2I], gate_up_scale [E, 2I], down_weight [E, I, H],
+    down_scale [E, H]; the [E, K, N] layout grouped matmul takes), activations quantised per token on the fly.
+    Built from a GroupedExperts (sharded or not: per-channel quantisation does not depend on the shard) with
+    `from_experts`; no gradient flows through it."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, fused: bool = True,
+                 process_group=None, device=None):
+        super().__init__()
+        world = 1 if process_group is None else dist.get_world_size(process_group)
+        local = num_experts // world
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.fused, self.process_group = bool(fused), process_group
+        kw = {"device": device}
+        self.register_buffer("gate_up_weight", torch.zeros(local, hidden_size, 2 * intermediate_size,
+                                                           dtype=torch.int8, **kw))
+        self.register_buffer("gate_up_scale", torch.ones(local, 2 * intermediate_size, **kw))
+        self.register_buffer("down_weight", torch.zeros(local, intermediate_size, hidden_size, dtype=torch.int8, **kw))
+        self.register_buffer("down_scale", torch.ones(local, hidden_size, **kw))
+
+    @classmethod
+    def from_experts(cls, experts: "GroupedExperts", fused: bool = True) -> "W8A8GroupedExperts":
+        """Quantise `experts` (its current weights, any float dtype) per output channel."""
+        if not isinstance(experts, GroupedExperts):
+            raise TypeError(f"W8A8GroupedExperts.from_experts: argument 'experts' must be a GroupedExperts; got "
+                            f"{type(experts).__name__}")
+        if experts.act_fn is not F.silu:
+            raise NotImplementedError(f"W8A8GroupedExperts: only SwiGLU experts (hidden_act 'silu') are implemented; "
+                                      f"got hidden_act={experts.hidden_act!r}")
+        out = cls(experts.num_experts, experts.hidden_size, experts.intermediate_size, fused,
+                  getattr(experts, "process_group", None), device=experts.gate_up_proj.device)
+        for name, w in (("gate_up", experts.gate_up_proj), ("down", experts.down_proj)):
+            q, s = quantize_per_channel(w.transpose(1, 2))
+            getattr(out, f"{name}_weight").copy_(q)
+            getattr(out, f"{name}_scale").copy_(s)
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, fused={self.fused}, W8A8 per-channel/per-token")
+
+    def forward(self, x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor,
+                skip: Optional[torch.Tensor] = None) -> torch.Tensor:
+        args = (self.gate_up_weight, self.gate_up_scale, self.down_weight, self.down_scale)
+        if self.process_group is not None:
+            return routed_experts_parallel_w8a8(x, expert_idx, weights, *args, self.num_experts,
+                                                self.process_group, skip=skip, fused=self.fused)
+        return routed_experts_w8a8(x, expert_idx, weights, *args, skip=skip, fused=self.fused)
 
 
 class GatedMLP(nn.Module):
@@ -308,6 +435,14 @@ class DeepseekV3MoEBlock(nn.Module):
         """Expert parallel: keep this rank's share of the routed experts (GroupedExperts.shard); the gate and the
         shared expert stay replicated (average their gradients over the group like data-parallel parameters)."""
         self.experts.shard(process_group)
+        return self
+
+    def quantize_experts(self, fused: bool = True) -> "DeepseekV3MoEBlock":
+        """W8A8 inference: replace the routed experts by W8A8GroupedExperts quantised from their current weights
+        (after shard_experts too). The gate and the shared expert stay in the model's dtype. Returns self."""
+        if not isinstance(self.experts, GroupedExperts):
+            raise ValueError("DeepseekV3MoEBlock.quantize_experts: the experts are already quantised")
+        self.experts = W8A8GroupedExperts.from_experts(self.experts, fused)
         return self
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
