@@ -83,3 +83,23 @@ def run_ranks(script: str, world: int, table: str, quick: bool, reps: int) -> No
         if res.returncode != 0:
             raise RuntimeError(f"{table} benchmark: a rank failed\n" + describe(results))
     print(results[0].stdout, end="")
+
+
+def init_rank(rank: int, port: str, world: int) -> None:
+    """A benchmark rank: one compute thread (the ranks share the cores) in a gloo group on localhost."""
+    import datetime
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+
+
+def max_over_ranks(seconds: float) -> float:
+    """The slowest rank's time: a collective step is as slow as its last rank."""
+    import torch.distributed as dist
+
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()

@@ -10,7 +10,6 @@ hidden = (comm + compute - fused) / comm, fused being the faster of the two fuse
 communication the pipeline hid behind compute (clipped to [0, 1]; 0 when fused is no faster than comm + compute). Rank 0 prints the table; times are the maximum over ranks
 of each rank's median.
 """
-import datetime
 import os
 import sys
 
@@ -20,7 +19,8 @@ import torch.distributed as dist
 if __package__ in (None, ""):  # launched as a rank script: import the package this file belongs to
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from torch_ops_transformer.bench.common import format_table, run_ranks, time_alternating  # noqa: E402
+from torch_ops_transformer.bench.common import (  # noqa: E402
+    format_table, init_rank, max_over_ranks, run_ranks, time_alternating)
 
 WORLD = 2
 
@@ -80,16 +80,8 @@ def _auto_chunks(op, m, k, n, W):
     return max(1, min(4, rows // 64, rows * row_bytes // (128 * 1024)))
 
 
-def _max_over_ranks(seconds):
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
 def rank_main(rank, port, quick, reps):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=120))
+    init_rank(rank, port, WORLD)
     import torch_ops_transformer as tot
 
     tot.mc2_validation(False)  # the unfused contenders do not validate either; its cost is reported below
@@ -99,7 +91,7 @@ def rank_main(rank, port, quick, reps):
         explicit = 8 if not quick else 2
         fns = _contenders(op, m, k, n, group, explicit)
         dist.barrier()
-        times = {name: _max_over_ranks(t) for name, t in time_alternating(fns, reps=reps, warmup=1).items()}
+        times = {name: max_over_ranks(t) for name, t in time_alternating(fns, reps=reps, warmup=1).items()}
         comm, compute, unfused, fused = times["comm"], times["compute"], times["unfused"], times["fused"]
         best = min(fused, times[f"fused_c{explicit}"])
         hidden = min(1.0, max(0.0, (comm + compute - best) / comm)) if comm > 0 else 0.0
@@ -117,7 +109,7 @@ def rank_main(rank, port, quick, reps):
     v = time_alternating({"off": lambda: [call() for _ in range(20)], "on": lambda: [validated() for _ in range(20)]},
                          reps=max(reps, 5), warmup=1)
     v = {k_: t / 20 for k_, t in v.items()}
-    v = {k_: _max_over_ranks(t) for k_, t in v.items()}
+    v = {k_: max_over_ranks(t) for k_, t in v.items()}
     if rank == 0:
         print(f"# mc2: world size {WORLD} (gloo, localhost), 1 compute thread per rank, {os.cpu_count()} cores, "
               f"fp32, median of {reps}; times in ms (max over ranks)")

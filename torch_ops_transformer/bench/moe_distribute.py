@@ -12,7 +12,6 @@ alternating and in lockstep (fixed call counts, so collectives stay matched):
 Cross-rank validation of combine is off in the main columns (the baseline does not validate); its cost is the last
 column. Rank 0 prints the table; times are the maximum over ranks of each rank's median.
 """
-import datetime
 import os
 import sys
 
@@ -22,7 +21,8 @@ import torch.distributed as dist
 if __package__ in (None, ""):  # launched as a rank script: import the package this file belongs to
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from torch_ops_transformer.bench.common import format_table, run_ranks, time_alternating  # noqa: E402
+from torch_ops_transformer.bench.common import (  # noqa: E402
+    format_table, init_rank, max_over_ranks, run_ranks, time_alternating)
 
 WORLD = 2
 
@@ -53,16 +53,8 @@ def _baseline(x, ids, weights, experts):
     return torch.zeros(x.shape, dtype=torch.float32).index_add_(0, tok, back.float() * w).to(x.dtype)
 
 
-def _max_over_ranks(seconds):
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
 def rank_main(rank, port, quick, reps):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=120))
+    init_rank(rank, port, WORLD)
     import torch_ops_transformer as tot
 
     group = dist.group.WORLD.group_name
@@ -96,7 +88,7 @@ def rank_main(rank, port, quick, reps):
         fns = {"baseline": lambda: _baseline(x, ids, weights, experts), "dispatch": dispatch,
                "dispatch_int8": lambda: dispatch(2), "combine": combine, "step": step,
                "combine_validated": validated_combine}
-        t = {name: _max_over_ranks(v) for name, v in time_alternating(fns, reps=reps, warmup=1).items()}
+        t = {name: max_over_ranks(v) for name, v in time_alternating(fns, reps=reps, warmup=1).items()}
         ms = lambda s: f"{s * 1e3:.2f}"  # noqa: E731
         rows.append([f"{bs}x{h}", k, experts, ms(t["baseline"]), ms(t["dispatch"]), ms(t["dispatch_int8"]),
                      ms(t["combine"]), ms(t["step"]), f"{t['baseline'] / t['step']:.2f}x",
