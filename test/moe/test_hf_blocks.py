@@ -208,8 +208,12 @@ def test_experts_implementation(kind, monkeypatch):
 def test_compile_fullgraph(kind):
     base, cls = hf_block(kind)
     ours = cls.from_hf(base)
-    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
-    x = torch.randn(2, 5, H, requires_grad=True)
+    _check_compiled(torch.compile(ours, fullgraph=True, backend="aot_eager"), ours, (2, 5, H))
+
+
+def _check_compiled(compiled, ours, shape):
+    """The compiled block's output and input gradient equal eager's."""
+    x = torch.randn(*shape, requires_grad=True)
     x2 = x.detach().clone().requires_grad_()
     out, ref = compiled(x), ours(x2)
     torch.testing.assert_close(out, ref)
@@ -242,13 +246,7 @@ def test_compile_inductor():
     ours = cls.from_hf(base)
     compiled = torch.compile(ours, fullgraph=True)
     for shape in ((2, 5, H), (3, 7, H)):
-        x = torch.randn(*shape, requires_grad=True)
-        x2 = x.detach().clone().requires_grad_()
-        out, ref = compiled(x), ours(x2)
-        torch.testing.assert_close(out, ref)
-        out.sum().backward()
-        ref.sum().backward()
-        torch.testing.assert_close(x.grad, x2.grad)
+        _check_compiled(compiled, ours, shape)
 
 
 def test_bad_inputs():

@@ -447,13 +447,18 @@ class DeepseekV3MoEBlock(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
-        if shape[-1] != self.hidden_size:
-            raise ValueError(f"DeepseekV3MoEBlock: the input's last dimension must be hidden_size="
-                             f"{self.hidden_size}; got shape {tuple(shape)}")
-        x2 = hidden_states.reshape(-1, shape[-1])
+        x2 = _tokens("DeepseekV3MoEBlock", hidden_states, self.hidden_size)
         weights, idx, _ = self.gate(x2)
         shared = self.shared_experts(x2) if self.shared_experts is not None else None
         return self.experts(x2, idx, weights, skip=shared).reshape(shape)
+
+
+def _tokens(block: str, hidden_states: torch.Tensor, hidden_size: int) -> torch.Tensor:
+    """A block's input [..., hidden_size] as [tokens, hidden_size]."""
+    if hidden_states.shape[-1] != hidden_size:
+        raise ValueError(f"{block}: the input's last dimension must be hidden_size={hidden_size}; got shape "
+                         f"{tuple(hidden_states.shape)}")
+    return hidden_states.reshape(-1, hidden_size)
 
 
 class Qwen3MoeBlock(nn.Module):
@@ -491,10 +496,7 @@ class Qwen3MoeBlock(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
-        if shape[-1] != self.hidden_size:
-            raise ValueError(f"Qwen3MoeBlock: the input's last dimension must be hidden_size={self.hidden_size}; "
-                             f"got shape {tuple(shape)}")
-        x2 = hidden_states.reshape(-1, shape[-1])
+        x2 = _tokens("Qwen3MoeBlock", hidden_states, self.hidden_size)
         weights, idx, _ = self.gate(x2)
         return self.experts(x2, idx, weights).reshape(shape)
 
