@@ -364,27 +364,58 @@ def mixed_rows(ctx: Context) -> List[Row]:
 
 # ---------------------------------------------------------------- 6. MoE FFN vs vLLM cpu_fused_moe
 
-def moe_ops_path(x: torch.Tensor, router: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                 k: int) -> torch.Tensor:
-    """Our MoE FFN from the routing ops: gating_top_k_softmax, then moe_init_routing_v2 + grouped_matmul (gate/up)
-    + swiglu + grouped_matmul (down) + moe_finalize_routing. w_gate_up [E, 2F, H] (gate rows first), w_down
-    [E, H, F]: vLLM's layouts, passed to grouped_matmul as transposed views (no copy)."""
+class MoeOpsPath:
+    """Our MoE experts from the routing ops: moe_init_routing_v2 + grouped_matmul (gate/up) + swiglu +
+    grouped_matmul (down) + moe_finalize_routing. w13 [E, 2F, H] (gate rows first) and w2 [E, H, F] are vLLM's
+    layouts, passed to grouped_matmul as transposed views (no copy)."""
+
+    name = "init_routing_v2 + grouped_matmul + swiglu + grouped_matmul + finalize_routing"
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor):
+        self.w_gate_up, self.w_down = w13.transpose(1, 2), w2.transpose(1, 2)
+
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        from ..moe.blocks import routed_experts
+
+        return routed_experts(x, ids, weights, self.w_gate_up, self.w_down)
+
+
+class FusedMoeFfn:
+    """The fused MoE FFN op (moe_ffn) on weights prepacked once, as vLLM's are (used when the package has it)."""
+
+    name = "moe_ffn (fused, prepacked weights)"
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            from ..moe.fused_ffn import moe_ffn, moe_ffn_prepack  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def __init__(self, w13: torch.Tensor, w2: torch.Tensor):
+        from ..moe.fused_ffn import moe_ffn, moe_ffn_prepack
+
+        self.op = moe_ffn
+        self.w13, self.w2 = moe_ffn_prepack(w13, "nk", True), moe_ffn_prepack(w2, "nk", False)
+
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.op(x, self.w13, self.w2, weights, ids, weight_layout="packed")
+
+
+def ours_moe():
+    """Our best MoE experts path: the fused op when this build has it, else the routing-ops chain."""
+    return FusedMoeFfn if FusedMoeFfn.available() else MoeOpsPath
+
+
+def _our_gating(logits: torch.Tensor, k: int):
     import torch_ops_transformer as tot
 
-    weights, ids = tot.npu_moe_gating_top_k_softmax(x @ router, None, k=k)[:2]
-    return moe_experts(x, ids, weights, w_gate_up, w_down)
-
-
-def moe_experts(x, ids, weights, w_gate_up, w_down):
-    from ..moe.blocks import routed_experts
-
-    return routed_experts(x, ids, weights, w_gate_up.transpose(1, 2), w_down.transpose(1, 2))
-
-
-# The MoE FFN timed as ours (routing included) and the expert part checked against vLLM with identical routing.
-# A fused MoE FFN op replaces these two lines.
-OURS_MOE, OURS_MOE_NAME = moe_ops_path, "gating_top_k_softmax + init_routing_v2 + grouped_matmul + swiglu + finalize"
-OURS_MOE_EXPERTS = moe_experts
+    return tot.npu_moe_gating_top_k_softmax(logits, None, k=k)[:2]
 
 
 def moe_rows(ctx: Context) -> List[Row]:
@@ -403,12 +434,14 @@ def moe_rows(ctx: Context) -> List[Row]:
             w13 = (torch.randn(E, 2 * Fd, H, generator=g) / H ** 0.5).to(dtype)
             w2 = (torch.randn(E, H, Fd, generator=g) / Fd ** 0.5).to(dtype)
             vllm = peers_vllm.FusedMoE(w13, w2)   # prepacked once, outside the timing, as vLLM does at load
-            ours = lambda: OURS_MOE(x, router, w13, w2, k)
+            experts = ours_moe()(w13, w2)          # (the fused op prepacks likewise)
+            # Timed: routing (gating softmax top-k on x @ router) + experts, on both sides.
+            ours = lambda: experts(x, *_our_gating(x @ router, k))
             peer = lambda: vllm(x, *peers_vllm.softmax_topk(x @ router, k))
             row = Row("6 MoE FFN", case, dtype, "vLLM cpu_fused_moe")
-            with torch.no_grad():  # same routing on both sides: near-tied bf16 scores may pick different experts
+            with torch.no_grad():  # checked with the same routing: near-tied bf16 scores may pick other experts
                 weights, ids = peers_vllm.softmax_topk(x @ router, k)
-                row.diff, row.tol = _check(OURS_MOE_EXPERTS(x, ids, weights, w13, w2), vllm(x, weights, ids), dtype)
+                row.diff, row.tol = _check(experts(x, weights, ids), vllm(x, weights, ids), dtype)
             _timed(row, ours, peer, ctx.reps)
             gf = 6.0 * T * k * H * Fd / row.ours_s / 1e9
             row.rate, row.share = f"{gf:.0f} GFLOP/s", f"{100 * gf / ctx.gemm[dtype]:.0f}% of GEMM"
@@ -435,7 +468,7 @@ def header(ctx: Context) -> str:
         f"# peers: torch SDPA: available; {flex}; {peers_vllm.describe()}",
         f"# ours: 1-2 flash_attention_score (BNSD; TND for documents), 3 flash_attn_varlen_func, 4 "
         f"incre_flash_attention (paged BSH cache / contiguous BNSD), 5 npu_fused_infer_attention_score (TND, paged), "
-        f"6 {OURS_MOE_NAME}",
+        f"6 softmax top-k gating + {ours_moe().name}",
     ])
 
 
