@@ -19,8 +19,7 @@ Sections (each in bf16 and fp32):
  6. the MoE FFN (softmax top-k routing, gate/up, SwiGLU, down, weighted combine) vs vLLM cpu_fused_moe.
 """
 import dataclasses
-import math
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +34,7 @@ DTYPES = (torch.bfloat16, torch.float32)
 # weight is off by O(0.1-1).
 TOL = {torch.bfloat16: 2.5e-2, torch.float32: 1e-4}
 SPEEDUP_GOAL = 1.2
+GEMM_SHARE_GOAL = 0.6   # dense forward GFLOP/s vs the same-run GEMM
 
 
 def _ops():
@@ -143,6 +143,9 @@ def dense_rows(ctx: Context) -> List[Row]:
             _timed(row, ours, peer, ctx.reps)
             flops = 4.0 * B * n1 * D * (_pairs(S, S) if causal else S * S)
             row.rate, row.share = ctx.attn_rate(flops, row.ours_s, dtype)
+            share = flops / row.ours_s / 1e9 / ctx.gemm[dtype]
+            row.note = f"GEMM share target >= {GEMM_SHARE_GOAL:.0%}: " + (
+                "met" if share >= GEMM_SHARE_GOAL else "NOT MET")
             rows.append(row)
             _done(row)
     return rows
