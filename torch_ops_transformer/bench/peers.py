@@ -247,9 +247,10 @@ def _our_paged_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor
 
 def varlen_rows(ctx: Context) -> List[Row]:
     lens = (96, 32, 64, 48) if ctx.quick else (1536, 256, 768, 512)
-    N, D, block = (4, 64, 32) if ctx.quick else (16, 128, 128)
-    case = f"lengths {list(lens)} N{N} D{D} causal"
-    skipped = _skip_vllm(ctx, "3 varlen prefill", [case])
+    D, block = (64, 32) if ctx.quick else (128, 128)
+    heads = [(4, 4), (4, 2)] if ctx.quick else [(16, 16), (32, 8)]
+    cases = [f"lengths {list(lens)} N{n1}/{n2} D{D} causal" for n1, n2 in heads]
+    skipped = _skip_vllm(ctx, "3 varlen prefill", cases)
     if skipped:
         return skipped
     import torch_ops_transformer as tot
@@ -257,22 +258,23 @@ def varlen_rows(ctx: Context) -> List[Row]:
     rows = []
     cu = torch.tensor((0,) + lens).cumsum(0).to(torch.int32)
     for dtype in DTYPES:
-        g = torch.Generator().manual_seed(2)
-        T = sum(lens)
-        q, k, v = (_rnd(g, dtype, T, N, D) for _ in range(3))
-        scale = D ** -0.5
-        vllm = peers_vllm.PagedAttention(k.split(lens), v.split(lens), lens, N, block, scale)
-        out = torch.empty_like(q)
-        peer = lambda: vllm(q, out)
-        ours = lambda: tot.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), softmax_scale=scale,
-                                                  causal=True)
-        row = Row("3 varlen prefill", case, dtype, "vLLM cpu_attention_with_kv_cache")
-        with torch.no_grad():
-            row.diff, row.tol = _check(ours(), peer(), dtype)
-        _timed(row, ours, peer, ctx.reps)
-        row.rate, row.share = ctx.attn_rate(4.0 * N * D * sum(_pairs(n, n) for n in lens), row.ours_s, dtype)
-        rows.append(row)
-        _done(row)
+        for case, (n1, n2) in zip(cases, heads):
+            g = torch.Generator().manual_seed(2)
+            T = sum(lens)
+            q, k, v = _rnd(g, dtype, T, n1, D), _rnd(g, dtype, T, n2, D), _rnd(g, dtype, T, n2, D)
+            scale = D ** -0.5
+            vllm = peers_vllm.PagedAttention(k.split(lens), v.split(lens), lens, n1, block, scale)
+            out = torch.empty_like(q)
+            peer = lambda: vllm(q, out)
+            ours = lambda: tot.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), softmax_scale=scale,
+                                                      causal=True)
+            row = Row("3 varlen prefill", case, dtype, "vLLM cpu_attention_with_kv_cache")
+            with torch.no_grad():
+                row.diff, row.tol = _check(ours(), peer(), dtype)
+            _timed(row, ours, peer, ctx.reps)
+            row.rate, row.share = ctx.attn_rate(4.0 * n1 * D * sum(_pairs(n, n) for n in lens), row.ours_s, dtype)
+            rows.append(row)
+            _done(row)
     return rows
 
 
