@@ -45,7 +45,7 @@ _ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16", "a
 _DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8"}
 
 __all__ = ["TunedEntry", "tune_mode", "machine_info", "cache_dir", "cache_path", "class_key", "tuned_tiles", "table",
-           "load", "save", "clear_cache", "stats", "pretune", "format_table"]
+           "load", "save", "clear_cache", "stats", "pretune", "format_table", "format_summary"]
 
 
 def _ops():
@@ -410,6 +410,22 @@ def format_table(entries: Dict[str, TunedEntry]) -> str:
     return "\n".join(lines)
 
 
+def format_summary(entries: Dict[str, TunedEntry]) -> str:
+    """One line per class: the built-in choice's time, the winner's tiles, time and speedup, and the range of the
+    candidates' speedups."""
+    lines = [f"{'shape class':<44} {'built-in':>16} {'winner':>16} {'speedup':>8} {'candidates':>12}"]
+    for key, e in entries.items():
+        if not e.measured:
+            lines.append(f"{key:<44} {'(one candidate: built-in)':>30}")
+            continue
+        q0, kv0, base = e.measured[0]
+        win = e.measured[0] if e.builtin else next(m for m in e.measured[1:] if m[:2] == (e.block_q, e.block_kv))
+        ratios = [base / ms for _, _, ms in e.measured if ms > 0]
+        lines.append(f"{key:<44} {f'{q0}x{kv0} {base:.1f}':>16} {f'{win[0]}x{win[1]} {win[2]:.1f}':>16} "
+                     f"{base / win[2]:7.2f}x {f'{min(ratios):.2f}-{max(ratios):.2f}x':>12}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     import argparse
 
@@ -425,6 +441,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mask", action="append", choices=["causal", "none"], help="repeatable; default both")
     ap.add_argument("--retune", action="store_true", help="measure again the classes the cache already holds")
     ap.add_argument("--no-save", action="store_true", help="do not write the cache file")
+    ap.add_argument("--summary", action="store_true", help="one line per class instead of every candidate")
     a = ap.parse_args(argv)
     tune_mode()  # a bad TORCH_OPS_TRANSFORMER_TUNE is reported before any work
     dtypes = [names[d] for d in (a.dtype or ["bf16", "fp32"])]
@@ -433,7 +450,7 @@ def main(argv=None) -> int:
     print(f"# {model}; ISA {' '.join(flags) or '-'}; {torch.get_num_threads()} threads; torch {torch.__version__}")
     print(f"# {len(shapes)} shape classes (B{shapes[0].batch} N{shapes[0].heads}, BNSD)" if shapes else "# no shapes")
     entries = pretune(shapes, a.retune)
-    print(format_table(entries))
+    print(format_summary(entries) if a.summary else format_table(entries))
     if not a.no_save:
         print(f"# cache: {save()}")
     return 0
