@@ -138,8 +138,8 @@ std::vector<TileConfig> candidates(TileConfig center, int64_t q_cap, int64_t kv_
 }
 
 // Times `run` under each candidate, interleaved round by round so a change of machine load hits all of them, and
-// keeps each candidate's fastest run. A candidate must beat the built-in choice by 2% to win (timing noise on a
-// loaded machine must not flip the choice).
+// keeps each candidate's fastest run. A candidate must beat the built-in choice by 2%, also after a confirmation
+// (timing noise on a loaded machine must not flip the choice).
 // The first candidate is the built-in choice ({0, 0}), recorded as the tiles it stands for (`builtin`).
 Entry measure(const std::vector<TileConfig>& cands, TileConfig builtin, const std::function<void()>& run,
               const std::function<void()>& reset) {
@@ -168,6 +168,11 @@ Entry measure(const std::vector<TileConfig>& cands, TileConfig builtin, const st
   size_t win = 0;
   for (size_t c = 1; c < cands.size(); ++c)
     if (best[c] < best[win] && best[c] < 0.98 * best[0]) win = c;
+  // A switch away from the built-in choice is cached for good: confirm it in a few more rounds of the two alone
+  // (each keeps its fastest run, so a built-in choice that was unlucky before gets more chances).
+  for (int r = 0; r < kMinRounds && win != 0; ++r)
+    for (size_t c : {size_t(0), win}) best[c] = std::min(best[c], timed(cands[c]));
+  if (win != 0 && !(best[win] < 0.98 * best[0])) win = 0;
   Entry e;
   e.best = cands[win];
   for (size_t c = 0; c < cands.size(); ++c) e.measured.push_back({c == 0 ? builtin : cands[c], best[c]});
