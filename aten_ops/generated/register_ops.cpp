@@ -663,6 +663,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("flash_attention_score_grad(Tensor query, Tensor key, Tensor value, Tensor dy, int head_num, str input_layout, *, Tensor? pse=None, Tensor? atten_mask=None, Tensor softmax_max, Tensor softmax_sum, Tensor attention_in, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, float scale=1.0, float keep_prob=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, int inner_precise=0, int sparse_mode=0, int pse_type=1, Tensor? seed=None, Tensor? offset=None, str softmax_layout=\"\", Tensor? sink=None, Tensor? dropout_mask=None, float softcap=0.0, int[]? q_start_idx=None, int[]? kv_start_idx=None, bool alibi_bottom_right=False) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dpse, Tensor dsink)", {at::Tag::pt2_compliant_tag});
   m.def("dropout_gen_mask(Tensor seed, Tensor offset, SymInt rows, SymInt cols, float keep_prob) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("attention_tile_config(int block_q=0, int block_kv=0) -> int[]", TORCH_FN(npu_fa::attention_tile_config));
+  m.def("attention_default_tiles(int head_dim=128, int elem_size=4, str isa=\"auto\") -> int[]", TORCH_FN(npu_fa::attention_default_tiles));
   m.def("npu_attention_tile_config(int s1_block=0, int s2_block=0) -> int[]", TORCH_FN(npu_fa::npu_attention_tile_config));
   m.def("attention_tuning_table(str entries=\"\", bool clear=False) -> str", TORCH_FN(npu_fa::attention_tuning_table));
   m.def("attention_tuning_stats() -> int[]", TORCH_FN(npu_fa::attention_tuning_stats));
