@@ -410,6 +410,10 @@ def format_table(entries: Dict[str, TunedEntry]) -> str:
     return "\n".join(lines)
 
 
+def _ms(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+
 def format_summary(entries: Dict[str, TunedEntry]) -> str:
     """One line per class: the built-in choice's time, the winner's tiles, time and speedup, and the range of the
     candidates' speedups."""
@@ -421,7 +425,7 @@ def format_summary(entries: Dict[str, TunedEntry]) -> str:
         q0, kv0, base = e.measured[0]
         win = e.measured[0] if e.builtin else next(m for m in e.measured[1:] if m[:2] == (e.block_q, e.block_kv))
         ratios = [base / ms for _, _, ms in e.measured if ms > 0]
-        lines.append(f"{key:<44} {f'{q0}x{kv0} {base:.1f}':>16} {f'{win[0]}x{win[1]} {win[2]:.1f}':>16} "
+        lines.append(f"{key:<44} {f'{q0}x{kv0} {_ms(base)}':>16} {f'{win[0]}x{win[1]} {_ms(win[2])}':>16} "
                      f"{base / win[2]:7.2f}x {f'{min(ratios):.2f}-{max(ratios):.2f}x':>12}")
     return "\n".join(lines)
 
