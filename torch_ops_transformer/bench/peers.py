@@ -523,7 +523,7 @@ def run(quick: bool = False, reps: int = 5, sections: Sequence[Callable] = SECTI
                 "met" if row.share(yard) >= GEMM_SHARE_GOAL else "NOT MET")
     print(header(ctx))
     print(format_table(["section", "case", "dtype", "peer", "ours ms", "peer ms", "peer/ours", "ours rate",
-                        "of yardstick", "max|ours-peer|", "tol", "note"], [r.cells(yard) for r in rows]))
+                        "of yardstick", "max abs(ours-peer)", "tol", "note"], [r.cells(yard) for r in rows]))
     slow = [r for r in rows if r.ratio is not None and r.ratio < SPEEDUP_GOAL and not r.peer.startswith("ours")]
     print(f"below {SPEEDUP_GOAL}x: " + ("none" if not slow else "; ".join(
         f"{r.section} {r.case} {DT_NAME[r.dtype]} vs {r.peer} {r.ratio:.2f}x" for r in slow)))
