@@ -75,9 +75,10 @@ std::vector<Item> make_items(const int64_t* off, int64_t experts, int64_t blocks
   return items;
 }
 
-// Runs fn(item) over the items: each thread one contiguous run of about equal rows (the cost of an item).
+// Runs fn(item) over the items: each thread one contiguous run of about equal rows (the cost of an item), then
+// releases the brgemm hardware context it configured (AMX tiles) on that thread.
 template <typename Fn>
-void run_items(const std::vector<Item>& items, const Fn& fn) {
+void run_items(const std::vector<Item>& items, bool vnni, const Fn& fn) {
   const int64_t n = int64_t(items.size());
   if (n == 0) return;
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
@@ -95,6 +96,7 @@ void run_items(const std::vector<Item>& items, const Fn& fn) {
   at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
     for (int64_t th = b; th < e; ++th)
       for (int64_t i = first[th]; i < first[th + 1]; ++i) fn(items[i]);
+    at::native::cpublas::brgemm_release(vnni);
   });
 }
 
@@ -147,7 +149,7 @@ void run(const FusedFfnParams& p) {
   // 1. gate/up with the activation epilogue.
   const bool gated = p.act == kFfnSwiglu;
   const int64_t step = gated ? kFfnHalf : kFfnBlock;  // intermediate features per block
-  run_items(make_items(p.offsets, p.experts, p.nb1), [&](const Item& it) {
+  run_items(make_items(p.offsets, p.experts, p.nb1), kVnni, [&](const Item& it) {
     alignas(64) float c[kFfnRows * kFfnBlock];
     alignas(64) float tmp[kFfnBlock];
     const int64_t m = it.r1 - it.r0, f0 = it.block * step, n = std::min(step, F - f0);
@@ -176,7 +178,7 @@ void run(const FusedFfnParams& p) {
   });
 
   // 2. down projection, bias and the pair's combine weight.
-  run_items(make_items(p.offsets, p.experts, p.nb2), [&](const Item& it) {
+  run_items(make_items(p.offsets, p.experts, p.nb2), kVnni, [&](const Item& it) {
     alignas(64) float c[kFfnRows * kFfnBlock];
     const int64_t m = it.r1 - it.r0, h0 = it.block * kFfnBlock, n = std::min(kFfnBlock, H - h0);
     mm(m, Fp, hbuf + it.r0 * ldh, ldh, w2 + (it.e * p.nb2 + it.block) * Fp * kFfnBlock, c);
@@ -193,7 +195,6 @@ void run(const FusedFfnParams& p) {
       }
     }
   });
-  at::native::cpublas::brgemm_release(kVnni);
 
   // 3. combine: each token sums its k rows in choice order.
   T* out = static_cast<T*>(p.out);
