@@ -37,7 +37,7 @@ def _problem(T, H, Fi, E, k, dtype, gated=True, bias=False, seed=0, ids=None):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(T, H, generator=g).to(dtype)
     w13 = (torch.randn(E, (2 if gated else 1) * Fi, H, generator=g) * H ** -0.5).to(dtype)
-    w2 = (torch.randn(E, H, Fi, generator=g) * Fi ** -0.5).to(dtype)
+    w2 = (torch.randn(E, H, Fi, generator=g) * max(Fi, 1) ** -0.5).to(dtype)
     if ids is None:
         ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]) if T else torch.zeros(0, k, dtype=torch.long)
     tw = torch.softmax(torch.randn(T, k, generator=g), -1)
@@ -118,6 +118,12 @@ def test_routing_edge_cases(dtype, case):
     args = _problem(T, 32, 48, E, k, dtype, ids=ids)
     x, w13, w2, tw, ids, _, _ = args
     _check(moe_ffn(x, w13, w2, tw, ids), args)
+
+
+def test_zero_intermediate_size_leaves_the_weighted_bias():
+    args = _problem(5, 8, 0, 3, 2, torch.float32, bias=True)
+    x, w13, w2, tw, ids, b13, b2 = args
+    _check(moe_ffn(x, w13, w2, tw, ids, b13, b2), args)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

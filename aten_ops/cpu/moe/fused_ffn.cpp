@@ -255,7 +255,7 @@ at::Tensor moe_ffn_cpu(const MoeFfnArgs& args) {
   std::vector<int64_t> pos(keys.size());
   for (int64_t r = 0; r < int64_t(s.order.size()); ++r) pos[s.order[r]] = r;
 
-  if (!fast_path(dt)) {
+  if (!fast_path(dt) || F == 0) {  // F == 0: no product to run, only the biases
     at::Tensor a, b;
     if (packed) {
       a = unpack(w13, gated, F).narrow(1, 0, H);
