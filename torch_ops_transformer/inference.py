@@ -279,11 +279,13 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
                              f"(num_query_heads,) = ({num_heads},); got {learnable_sink.dtype} of shape "
                              f"{list(learnable_sink.shape)}")
     if (paged and tnd and in_form is None and out_form is None and not softmax_lse_flag
-            and pse_shift is None and atten_mask is None and sparse_mode in (0, 3) and key.shape == value.shape
+            and pse_shift is None and (atten_mask is None or sparse_mode == 3) and sparse_mode in (0, 3)
+            and key.shape == value.shape
             and kv_lens is not None and _one_token_each(q_lens, query)):
         # Decode-only TND batch (vLLM-Ascend's decode call; equal K/V head dims): as BSND / BNSD with one token per
         # sequence, which the op runs on the cache in place instead of gathering every used block. Same answer:
-        # one row per sequence, and mode 3's bottom-right causal row hides none of its keys. A learnable sink goes
+        # one row per sequence, and mode 3's bottom-right causal row hides none of its keys (its optimised mask only
+        # restates that band). A learnable sink goes
         # to the decode op itself, which adds it to each row's softmax denominator.
         heads_major = key.dim() == 4 and key.shape[2] == block_size
         if key.dim() == 4 and not heads_major:
@@ -305,7 +307,8 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
                 scale=scale, input_layout=layout, num_key_value_heads=num_key_value_heads,
                 inner_precise=inner_precise, block_size=block_size, **(antiquant or {}))
         return (out[:, :, 0] if heads_major else out[:, 0]), lse
-    if paged and tnd:
+    if paged and tnd and query.device.type != "cpu":
+        # (The CPU op reads a paged TND cache in place; other devices get the used blocks packed into TND keys.)
         key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
                                                 num_key_value_heads or num_heads)
         block_table, block_size = None, 0

@@ -23,6 +23,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
 at::Tensor dropout_gen_mask_cpu(const DropoutGenMaskArgs& args);
 // attention_tile_config [CatchAll]
 std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv);
+// attention_default_tiles [CatchAll]
+std::vector<int64_t> attention_default_tiles(int64_t head_dim, int64_t elem_size, c10::string_view isa);
 // npu_attention_tile_config [CatchAll]
 std::vector<int64_t> npu_attention_tile_config(int64_t s1_block, int64_t s2_block);
 // rotary_position_embedding [CPU]

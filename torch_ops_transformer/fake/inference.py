@@ -71,6 +71,9 @@ def fused_infer_attention_score(a):
     if a.block_table is not None:  # paged decode: the output has the query's shape
         if not a.softmax_lse_flag:
             return a.query.new_empty(a.query.shape), empty_lse
+        if a.input_layout == "TND":  # paged TND: lse per token [T, N1, 1]
+            return a.query.new_empty(a.query.shape), a.query.new_empty((a.query.shape[0], a.num_heads, 1),
+                                                                       dtype=torch.float32)
         sq = a.query.shape[2] if a.input_layout == "BNSD" else a.query.shape[1]
         lse = a.query.new_empty((a.query.shape[0], a.num_heads, sq, 1), dtype=torch.float32)
         return a.query.new_empty(a.query.shape), lse

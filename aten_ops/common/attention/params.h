@@ -24,11 +24,20 @@ enum class Layout { BSH, SBH, BSND, BNSD, TND };
 
 // Where row (b, n, i) of a [.., seq, .., D] tensor starts: batch_offset[b] + n*head_stride + i*seq_stride.
 // For TND the batch offset is the first token of sequence b, so the same formula serves packed batches.
+// Paged (block_size > 0, keys of a paged KV cache read in place): position i of sequence b is row i % block_size
+// of cache block blocks[b * table_stride + i / block_size], which starts at block * block_stride.
 struct RowMap {
   std::vector<int64_t> batch_offset;
   int64_t head_stride = 0;
   int64_t seq_stride = 0;
-  int64_t at(int64_t b, int64_t n, int64_t i) const { return batch_offset[b] + n * head_stride + i * seq_stride; }
+  std::vector<int64_t> blocks;
+  int64_t table_stride = 0, block_size = 0, block_stride = 0;
+  bool paged() const { return block_size > 0; }
+  int64_t at(int64_t b, int64_t n, int64_t i) const {
+    if (block_size > 0)
+      return blocks[b * table_stride + i / block_size] * block_stride + n * head_stride + i % block_size * seq_stride;
+    return batch_offset[b] + n * head_stride + i * seq_stride;
+  }
 };
 
 // Visible keys of query row i (local to its sequence): i + lo <= j <= i + hi, intersected with [0, kv_len).
@@ -230,5 +239,8 @@ TileConfig tile_config();
 TileConfig tile_config(int64_t head_dim, int64_t elem_size);
 // Only the sizes set explicitly through attention_tile_config (0 = not set), for kernels with their own defaults.
 TileConfig tile_config_override();
+// Built-in tiles before any override or tuning, for an ISA: "amx" (AMX-BF16 tiles drive the bf16 products),
+// "avx512", "avx2", "default", or "auto" (this CPU). See params.cpp for the reasoning.
+TileConfig default_tiles(int64_t head_dim, int64_t elem_size, c10::string_view isa);
 
 }  // namespace npu_fa::attention

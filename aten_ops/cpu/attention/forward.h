@@ -201,9 +201,10 @@ class KvPacker {
   static constexpr bool kInt8 = std::is_same_v<T, int8_t>;
   static constexpr int64_t kW = kVnni ? 2 : 1;  // elements per packed K unit
 
-  // V is used in place when brgemm can read it as it is (fp32 rows with a row stride of at least vD).
+  // V is used in place when brgemm can read it as it is (fp32 rows with a row stride of at least vD, not paged).
   KvPacker(const AttentionParams& p, const T* k, const T* v)
-      : p_(p), k_(k), v_(v), pack_v_(!std::is_same_v<T, C> || kVnni || p.v.seq_stride < p.v_head_dim) {}
+      : p_(p), k_(k), v_(v),
+        pack_v_(!std::is_same_v<T, C> || kVnni || p.v.seq_stride < p.v_head_dim || p.v.paged()) {}
 
   // Row stride for `keys` columns; +16 keeps the stride off multiples of 4 KiB (brgemm reads column panels).
   static int64_t ldk(int64_t keys) { return round_up(std::max<int64_t>(keys, 1), 64) + 16; }
@@ -396,36 +397,49 @@ struct Plan {
   int64_t max_rows = 0;  // largest R = (h1 - h0) * (i1 - i0)
 };
 
-// About block_q packed rows per item: heads of a group are packed together only when Sq is short; rows are split
-// further while there are fewer than 4 items per thread.
+// About block_q packed rows per item. The heads of a group are packed together when a sequence's query is short
+// (decode rows, also inside a mixed batch with a long prefill: each sequence decides for itself), so one pass over
+// a K/V tile serves them all; rows are split further while there are fewer than 4 items per thread.
 inline Plan make_plan(const AttentionParams& p, int64_t block_q) {
   const int64_t threads = at::get_num_threads(), G = p.group;
-  int64_t heads = std::clamp<int64_t>(block_q / std::max<int64_t>(p.max_q_len, 1), 1, G);
-  while (G % heads) --heads;
-  int64_t span = std::max<int64_t>(1, block_q / heads);
+  auto divisor_at_most = [G](int64_t h) {  // the largest divisor of G that is <= h
+    h = std::clamp<int64_t>(h, 1, G);
+    while (G % h) --h;
+    return h;
+  };
+  std::vector<int64_t> heads(p.batch), span(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    heads[b] = divisor_at_most(block_q / std::max<int64_t>(p.q_len[b], 1));
+    span[b] = std::max<int64_t>(1, block_q / heads[b]);
+  }
   auto count = [&]() {
     int64_t n = 0;
-    for (int64_t b = 0; b < p.batch; ++b) n += (p.q_len[b] + span - 1) / span;
-    return n * p.kv_heads * (G / heads);
+    for (int64_t b = 0; b < p.batch; ++b) n += (p.q_len[b] + span[b] - 1) / span[b] * (G / heads[b]);
+    return n * p.kv_heads;
   };
-  while (count() < 4 * threads && (heads > 1 || span > 16)) {
-    if (heads > 1) {
-      do --heads; while (G % heads);
-    } else {
-      span = std::max<int64_t>(16, span / 2);
+  for (bool changed = true; changed && count() < 4 * threads;) {
+    changed = false;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      if (heads[b] > 1) {
+        heads[b] = divisor_at_most(heads[b] - 1);
+        changed = true;
+      } else if (span[b] > 16) {
+        span[b] = std::max<int64_t>(16, span[b] / 2);
+        changed = true;
+      }
     }
   }
   Plan plan;
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t n2 = 0; n2 < p.kv_heads; ++n2) {
       Group g{b, n2, static_cast<int64_t>(plan.items.size()), 0, 0};
-      for (int64_t h0 = 0; h0 < G; h0 += heads) {
-        for (int64_t i0 = 0; i0 < p.q_len[b]; i0 += span) {
-          const int64_t i1 = std::min(p.q_len[b], i0 + span);
+      for (int64_t h0 = 0; h0 < G; h0 += heads[b]) {
+        for (int64_t i0 = 0; i0 < p.q_len[b]; i0 += span[b]) {
+          const int64_t i1 = std::min(p.q_len[b], i0 + span[b]);
           const auto kr = p.key_range(b, i0, i1);
           const int64_t keys = std::max<int64_t>(0, kr.second - kr.first);
-          plan.items.push_back({b, n2, h0, h0 + heads, i0, i1, heads * (i1 - i0) * (keys + 16)});
-          plan.max_rows = std::max(plan.max_rows, heads * (i1 - i0));
+          plan.items.push_back({b, n2, h0, h0 + heads[b], i0, i1, heads[b] * (i1 - i0) * (keys + 16)});
+          plan.max_rows = std::max(plan.max_rows, heads[b] * (i1 - i0));
           g.cost += plan.items.back().cost;
         }
       }
@@ -488,7 +502,7 @@ class ForwardKernel {
     const int64_t mq = it.i1 - it.i0, R = (it.h1 - it.h0) * mq;
     // Unpacked K/V are read in place when the input already has the compute dtype (no reuse to pay for packing).
     const bool direct = !view && std::is_same_v<T, C> && std::is_same_v<KT, C> && D_ == Dp_ && p_.k.seq_stride >= D_ &&
-                        p_.v.seq_stride >= vD_;
+                        p_.v.seq_stride >= vD_ && !p_.k.paged() && !p_.v.paged();
     pack_queries(it, mq, R, direct);
     std::fill_n(m_.data(), R, kNegInf);
     std::fill_n(l_.data(), R, 0.f);

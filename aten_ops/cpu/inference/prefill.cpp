@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "common/inference/decode_params.h"
@@ -30,9 +31,11 @@ struct Prefill {
 // are zeros with max = -inf, sum = 0 (lse = -inf), like rows that see no key.
 template <class Args>
 Prefill run_prefill(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                    const Args& a) {
+                    const Args& a,
+                    const std::function<void(attention::AttentionParams&, AttentionInputs&)>& patch = nullptr) {
   AttentionInputs in;
-  const PromptParams pp = attention::parse_prompt_params(op, query, key, value, a, in);
+  PromptParams pp = attention::parse_prompt_params(op, query, key, value, a, in);
+  if (patch) patch(pp.p, in);
   const auto& p = pp.p;
   ForwardOutputs o;
   const auto stats = attention::stats_shape(p, query);
@@ -48,60 +51,6 @@ Prefill run_prefill(const char* op, const at::Tensor& query, const at::Tensor& k
   }
   if (p.batch > 0 && p.q_heads > 0 && p.max_q_len > 0) attention_forward_stub(p, in, o);
   return {o.out, o.softmax_max, o.softmax_sum};
-}
-
-// A paged cache (num_blocks, block_size, N2*D) or (num_blocks, N2, block_size, D) as a contiguous cache in the
-// query's layout holding each sequence's first `kv_used` keys, kv_used = the longest actual_seq_lengths_kv entry
-// (positions past a sequence's own length read block 0 or the tail of its last block and are never visible).
-at::Tensor gather_paged(const char* op, const at::Tensor& cache, const at::Tensor& block_table,
-                        const std::optional<at::Tensor>& kv_lens, const at::Tensor& query, c10::string_view layout,
-                        int64_t block_size, int64_t& kv_used) {
-  TORCH_CHECK_VALUE(layout == "BSH" || layout == "BSND" || layout == "BNSD", op, ": with block_table, input_layout "
-                    "must be BSH, BSND or BNSD; got '", std::string(layout.data(), layout.size()), "'");
-  TORCH_CHECK_VALUE(kv_lens.has_value(), op, ": argument 'actual_seq_lengths_kv' is required with block_table");
-  TORCH_CHECK_VALUE(block_size > 0, op, ": argument 'block_size' must be positive with block_table; got ", block_size);
-  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt || block_table.scalar_type() == at::kLong, op,
-                   ": argument 'block_table' must be int32 or int64; got ", block_table.scalar_type());
-  const int64_t B = query.size(0);
-  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == B, op, ": argument 'block_table' must be [B=", B,
-                    ", max_blocks_per_seq]; got ", block_table.sizes());
-  const bool bnsd_cache = cache.dim() == 4;
-  TORCH_CHECK_VALUE((cache.dim() == 3 && cache.size(1) == block_size) || (bnsd_cache && cache.size(2) == block_size),
-                    op, ": a paged cache must be (num_blocks, block_size, N2*D) or (num_blocks, N2, block_size, D) "
-                    "with block_size=", block_size, "; got ", cache.sizes());
-  std::vector<int64_t> lens;
-  attention::read_per_batch_lengths(op, "actual_seq_lengths_kv", *kv_lens, B,
-                                    block_table.size(1) * block_size, lens);
-  kv_used = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
-  const int64_t nb = (kv_used + block_size - 1) / block_size, num_blocks = cache.size(0);
-  const at::Tensor bt = block_table.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* btp = bt.const_data_ptr<int64_t>();
-  // A block id may repeat (shared prefix blocks): attention only reads the cache.
-  at::Tensor idx = at::zeros({B, nb}, at::kLong);
-  int64_t* ip = idx.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i * block_size < lens[b]; ++i) {
-      const int64_t blk = btp[b * bt.size(1) + i];
-      TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, op, ": argument 'block_table'[", b, "][", i, "] = ", blk,
-                        " is out of range [0, ", num_blocks, ")");
-      ip[b * nb + i] = blk;
-    }
-  const int64_t S = nb * block_size;
-  at::Tensor g = cache.index_select(0, idx.flatten().to(cache.device()));
-  if (bnsd_cache) {  // -> [B, N2, kv_used, D]
-    const int64_t N2 = cache.size(1), D = cache.size(3);
-    g = g.view({B, nb, N2, block_size, D}).permute({0, 2, 1, 3, 4}).reshape({B, N2, S, D}).narrow(2, 0, kv_used);
-    if (layout == "BNSD") return g;
-    g = g.transpose(1, 2);
-    return layout == "BSND" ? g.contiguous() : g.reshape({B, kv_used, N2 * D});
-  }
-  g = g.view({B, S, cache.size(2)}).narrow(1, 0, kv_used);  // [B, kv_used, N2*D]
-  if (layout == "BSH") return g;
-  const int64_t D = query.size(3);
-  TORCH_CHECK_VALUE(D > 0 && cache.size(2) % D == 0, op, ": the paged cache's last dim ", cache.size(2),
-                    " must be a multiple of the head dim ", D);
-  g = g.view({B, kv_used, cache.size(2) / D, D});
-  return layout == "BSND" ? g : g.transpose(1, 2);
 }
 
 // The query length of a paged fused call (BSH/BSND: dim 1, BNSD: dim 2), or -1 for shapes the parser rejects.
@@ -183,29 +132,121 @@ bool is_int8_kv(const FusedInferAttentionScoreArgs& a) {
   return a.key.scalar_type() == at::kChar || a.value.scalar_type() == at::kChar;
 }
 
-// Paged fused call through the prefill path: the used keys are gathered into a contiguous cache (an extra copy of
-// them, in the cache's dtype: int8 stays int8), so every sparse mode, band, mask, pse_shift, query length and the lse
-// mean what they mean without block_table.
+// How a paged cache's rows lie: (num_blocks, block_size, N2*D), (num_blocks, block_size, N2, D) or head-major
+// (num_blocks, N2, block_size, D) (a 4-D cache whose dim 2 is block_size).
+struct CacheRows {
+  at::Tensor cache;  // with a contiguous head dim
+  int64_t heads, dim, block_stride, head_stride, seq_stride;
+};
+
+CacheRows cache_rows(const char* op, const char* name, const at::Tensor& cache, int64_t block_size, int64_t n2) {
+  const at::Tensor c = cache.stride(-1) == 1 ? cache : cache.contiguous();
+  if (c.dim() == 3) {
+    TORCH_CHECK_VALUE(c.size(1) == block_size && n2 > 0 && c.size(2) % n2 == 0, op, ": a paged '", name, "' cache "
+                      "(num_blocks, block_size, N2*D) must have block_size=", block_size, " rows of N2=", n2,
+                      " heads; got shape ", c.sizes());
+    return {c, n2, c.size(2) / n2, c.stride(0), c.size(2) / n2, c.stride(1)};
+  }
+  TORCH_CHECK_VALUE(c.dim() == 4 && (c.size(2) == block_size || c.size(1) == block_size), op, ": a paged '", name,
+                    "' cache must be (num_blocks, block_size, N2*D), (num_blocks, block_size, N2, D) or (num_blocks, "
+                    "N2, block_size, D) with block_size=", block_size, "; got shape ", c.sizes());
+  if (c.size(2) == block_size) return {c, c.size(1), c.size(3), c.stride(0), c.stride(1), c.stride(2)};
+  return {c, c.size(2), c.size(3), c.stride(0), c.stride(2), c.stride(1)};
+}
+
+// Paged fused call through the prefill kernel, which reads the cache in place (its packing of each KV tile walks
+// the block table), so every sparse mode, band, mask, pse_shift, query length and the lse mean what they mean
+// without block_table. The parser sees a stand-in key/value of the contiguous shape the call describes (a
+// zero-stride view: no copy); the rows are then addressed through the block table. Dense layouts: keys [0, kv_used)
+// per sequence, kv_used = the longest actual_seq_lengths_kv entry; TND: each sequence's own keys (cumulative ends).
 std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInferAttentionScoreArgs& a) {
-  int64_t kv_used = 0;
-  const at::Tensor k = gather_paged(op, a.key, *a.block_table, a.actual_seq_lengths_kv, a.query, a.input_layout,
-                                    a.block_size, kv_used);
-  const at::Tensor v = gather_paged(op, a.value, *a.block_table, a.actual_seq_lengths_kv, a.query, a.input_layout,
-                                    a.block_size, kv_used);
-  const bool one_token = paged_query_len(a.query, a.input_layout) == 1;
-  std::optional<at::Tensor> mask = a.atten_mask, pse = a.pse_shift;
-  if (mask.has_value() && a.sparse_mode <= 1) mask = fit_to_keys(op, "atten_mask", *mask, kv_used, one_token);
-  if (pse.has_value()) pse = fit_to_keys(op, "pse_shift", *pse, kv_used, false);
-  const FusedInferAttentionScoreArgs g{a.query, k, v, pse, mask, a.actual_seq_lengths, a.actual_seq_lengths_kv,
+  const c10::string_view layout = a.input_layout;
+  const bool tnd = layout == "TND";
+  TORCH_CHECK_VALUE(tnd || layout == "BSH" || layout == "BSND" || layout == "BNSD", op, ": with block_table, "
+                    "input_layout must be BSH, BSND, BNSD or TND; got '", std::string(layout.data(), layout.size()), "'");
+  TORCH_CHECK_VALUE(a.actual_seq_lengths_kv.has_value(), op, ": argument 'actual_seq_lengths_kv' is required with "
+                    "block_table");
+  const int64_t bs = a.block_size;
+  TORCH_CHECK_VALUE(bs > 0, op, ": argument 'block_size' must be positive with block_table; got ", bs);
+  const at::Tensor& block_table = *a.block_table;
+  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt || block_table.scalar_type() == at::kLong, op,
+                   ": argument 'block_table' must be int32 or int64; got ", block_table.scalar_type());
+  TORCH_CHECK_VALUE(block_table.dim() == 2, op, ": argument 'block_table' must be [B, max_blocks_per_seq]; got ",
+                    block_table.sizes());
+  const int64_t B = tnd ? block_table.size(0) : a.query.size(0);
+  TORCH_CHECK_VALUE(block_table.size(0) == B, op, ": argument 'block_table' must be [B=", B,
+                    ", max_blocks_per_seq]; got ", block_table.sizes());
+  TORCH_CHECK_VALUE(a.key.dim() >= 3 && a.value.dim() >= 3, op, ": with block_table, 'key' and 'value' must be paged "
+                    "caches; got shapes ", a.key.sizes(), " and ", a.value.sizes());
+  const int64_t n2 = a.num_key_value_heads > 0 ? a.num_key_value_heads : a.num_heads;
+  const CacheRows kr = cache_rows(op, "key", a.key, bs, n2), vr = cache_rows(op, "value", a.value, bs, n2);
+  TORCH_CHECK_VALUE(kr.heads == n2 && vr.heads == n2 && a.key.size(0) == a.value.size(0), op, ": the paged key ",
+                    a.key.sizes(), " and value ", a.value.sizes(), " caches must share num_blocks and hold N2=", n2,
+                    " heads (num_key_value_heads)");
+  std::vector<int64_t> lens;
+  attention::read_per_batch_lengths(op, "actual_seq_lengths_kv", *a.actual_seq_lengths_kv, B,
+                                    block_table.size(1) * bs, lens);
+  const int64_t kv_used = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+  // The table with the blocks no key reads set to 0 (a padded table may hold anything there).
+  const int64_t M = block_table.size(1), num_blocks = a.key.size(0);
+  const at::Tensor bt = block_table.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* btp = bt.const_data_ptr<int64_t>();
+  std::vector<int64_t> blocks(B * std::max<int64_t>(M, 1), 0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i * bs < lens[b]; ++i) {
+      const int64_t blk = btp[b * M + i];
+      TORCH_CHECK_VALUE(blk >= 0 && blk < num_blocks, op, ": argument 'block_table'[", b, "][", i, "] = ", blk,
+                        " is out of range [0, ", num_blocks, ")");
+      blocks[b * M + i] = blk;
+    }
+  int64_t total = 0;
+  for (int64_t b = 0; b < B; ++b) total += lens[b];
+  auto stand_in = [&](const CacheRows& r) {
+    std::vector<int64_t> shape;
+    if (tnd) shape = {total, n2, r.dim};
+    else if (layout == "BSH") shape = {B, kv_used, n2 * r.dim};
+    else if (layout == "BSND") shape = {B, kv_used, n2, r.dim};
+    else shape = {B, n2, kv_used, r.dim};
+    std::vector<int64_t> strides(shape.size(), 0);
+    strides.back() = 1;
+    return r.cache.as_strided(shape, strides, r.cache.storage_offset());
+  };
+  const at::Tensor k = stand_in(kr), v = stand_in(vr);
+  std::optional<at::Tensor> kv_lens = a.actual_seq_lengths_kv, mask = a.atten_mask, pse = a.pse_shift;
+  if (tnd) {  // the parser takes cumulative KV ends for TND
+    std::vector<int64_t> ends(B);
+    int64_t e = 0;
+    for (int64_t b = 0; b < B; ++b) ends[b] = e += lens[b];
+    kv_lens = at::tensor(ends, at::kLong);
+  } else {
+    const bool one_token = paged_query_len(a.query, a.input_layout) == 1;
+    if (mask.has_value() && a.sparse_mode <= 1) mask = fit_to_keys(op, "atten_mask", *mask, kv_used, one_token);
+    if (pse.has_value()) pse = fit_to_keys(op, "pse_shift", *pse, kv_used, false);
+  }
+  const FusedInferAttentionScoreArgs g{a.query, k, v, pse, mask, a.actual_seq_lengths, kv_lens,
                                        a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens,
                                        a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise,
                                        a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset,
                                        a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale,
                                        a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode,
                                        a.value_antiquant_mode};
-  Prefill r = run_prefill(op, a.query, k, v, g);
-  if (!a.softmax_lse_flag) return {r.out, at::empty({0}, a.query.options().dtype(at::kFloat))};
-  return {r.out, at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1))};
+  auto page = [&](attention::RowMap& m, const CacheRows& r) {
+    m.batch_offset.assign(B, 0);
+    m.head_stride = r.head_stride;
+    m.seq_stride = r.seq_stride;
+    m.blocks = blocks;
+    m.table_stride = std::max<int64_t>(M, 1);
+    m.block_size = bs;
+    m.block_stride = r.block_stride;
+  };
+  Prefill res = run_prefill(op, a.query, k, v, g, [&](attention::AttentionParams& p, AttentionInputs& in) {
+    page(p.k, kr);
+    page(p.v, vr);
+    in.key = kr.cache;
+    in.value = vr.cache;
+  });
+  if (!a.softmax_lse_flag) return {res.out, at::empty({0}, a.query.options().dtype(at::kFloat))};
+  return {res.out, at::log(res.softmax_sum.narrow(-1, 0, 1)).add_(res.softmax_max.narrow(-1, 0, 1))};
 }
 
 }  // namespace
