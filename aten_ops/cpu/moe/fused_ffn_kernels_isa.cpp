@@ -77,15 +77,24 @@ std::vector<Item> make_items(const int64_t* off, int64_t experts, int64_t blocks
 
 // Runs fn(item) over the items: each thread one contiguous run of about equal rows (the cost of an item), then
 // releases the brgemm hardware context it configured (AMX tiles) on that thread.
+// A pass below kSerialMacs multiply-adds runs on the calling thread: waking the pool costs more than it saves.
+constexpr int64_t kSerialMacs = int64_t(1) << 22;
+
 template <typename Fn>
-void run_items(const std::vector<Item>& items, bool vnni, const Fn& fn) {
+void run_items(const std::vector<Item>& items, int64_t k, bool vnni, const Fn& fn) {
   const int64_t n = int64_t(items.size());
   if (n == 0) return;
+  int64_t rows = 0;
+  for (const auto& it : items) rows += it.r1 - it.r0;
+  if (rows * kFfnBlock * k < kSerialMacs) {
+    for (const auto& it : items) fn(it);
+    at::native::cpublas::brgemm_release(vnni);
+    return;
+  }
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
   std::vector<int64_t> first(threads + 1, n);
   first[0] = 0;
-  int64_t total = 0;
-  for (const auto& it : items) total += it.r1 - it.r0;
+  const int64_t total = rows;
   int64_t before = 0, owner = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t cost = items[i].r1 - items[i].r0;
@@ -138,7 +147,9 @@ void run(const FusedFfnParams& p) {
   const T* w2 = static_cast<const T*>(p.w2);
 
   // 0. gather (and the zero columns of the padding, which the products read).
-  at::parallel_for(0, R, std::max<int64_t>(1, 4096 / std::max<int64_t>(H, 1)), [&](int64_t r0, int64_t r1) {
+  // Row copies: chunks of >= 256 KiB, so small calls stay on the calling thread.
+  at::parallel_for(0, R, std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(H * int64_t(sizeof(T)), 1)),
+                   [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       std::memcpy(xs + r * ldx, x + (p.order[r] / p.k) * H, H * sizeof(T));
       std::fill(xs + r * ldx + H, xs + r * ldx + Hp, T(0));
@@ -149,7 +160,7 @@ void run(const FusedFfnParams& p) {
   // 1. gate/up with the activation epilogue.
   const bool gated = p.act == kFfnSwiglu;
   const int64_t step = gated ? kFfnHalf : kFfnBlock;  // intermediate features per block
-  run_items(make_items(p.offsets, p.experts, p.nb1), kVnni, [&](const Item& it) {
+  run_items(make_items(p.offsets, p.experts, p.nb1), Hp, kVnni, [&](const Item& it) {
     alignas(64) float c[kFfnRows * kFfnBlock];
     alignas(64) float tmp[kFfnBlock];
     const int64_t m = it.r1 - it.r0, f0 = it.block * step, n = std::min(step, F - f0);
@@ -178,7 +189,7 @@ void run(const FusedFfnParams& p) {
   });
 
   // 2. down projection, bias and the pair's combine weight.
-  run_items(make_items(p.offsets, p.experts, p.nb2), kVnni, [&](const Item& it) {
+  run_items(make_items(p.offsets, p.experts, p.nb2), Fp, kVnni, [&](const Item& it) {
     alignas(64) float c[kFfnRows * kFfnBlock];
     const int64_t m = it.r1 - it.r0, h0 = it.block * kFfnBlock, n = std::min(kFfnBlock, H - h0);
     mm(m, Fp, hbuf + it.r0 * ldh, ldh, w2 + (it.e * p.nb2 + it.block) * Fp * kFfnBlock, c);
@@ -198,7 +209,8 @@ void run(const FusedFfnParams& p) {
 
   // 3. combine: each token sums its k rows in choice order.
   T* out = static_cast<T*>(p.out);
-  at::parallel_for(0, p.tokens, std::max<int64_t>(1, 2048 / std::max<int64_t>(H * p.k, 1)), [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, p.tokens, std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(H * p.k, 1)),
+                   [&](int64_t t0, int64_t t1) {
     std::vector<float> acc(H);
     for (int64_t t = t0; t < t1; ++t) {
       const float* first = y + p.pos[t * p.k] * H;
