@@ -2,12 +2,18 @@
 of the `test` package puts the checkout's root first on sys.path, which also makes tools/ importable. Fixtures of
 one family live in its folder's conftest.py."""
 import os
+import tempfile
 
 import pytest
 import torch
 
-import torch_ops_transformer
-from test.common.checkout import ROOT
+# The suite never reads or writes the user's tuning cache: tiles come from the built-in choice unless a test
+# tunes into its own directory (set before the package loads its cache at import).
+os.environ["TORCH_OPS_TRANSFORMER_CACHE_DIR"] = tempfile.mkdtemp(prefix="tot-test-cache-")
+os.environ.pop("TORCH_OPS_TRANSFORMER_TUNE", None)
+
+import torch_ops_transformer  # noqa: E402
+from test.common.checkout import ROOT  # noqa: E402
 
 assert os.path.dirname(os.path.dirname(os.path.abspath(torch_ops_transformer.__file__))) == ROOT, (
     f"tests must run against this checkout ({ROOT}); imported {torch_ops_transformer.__file__}")

@@ -9,7 +9,9 @@ generated from native_functions.yaml. Public Python API:
   `flash_attn_with_kvcache` — the rest of FlashAttention-2's API (module `fa2`; opt-in `import flash_attn` shim:
   `torch_ops_transformer.compat.flash_attn`);
 - `FlashAttention` — an nn.Module: FlashAttention(head_dim, num_heads, causal);
-- `attention_tiles` — read or override the CPU tile sizes;
+- `attention_tiles` — read or override the CPU tile sizes; `tuning` — the per-machine block-size tuning
+  (TORCH_OPS_TRANSFORMER_TUNE, `tuning.tuned_tiles`, `tuning.clear_cache`, `tuning.cache_path`;
+  `python -m torch_ops_transformer tune`);
 - `npu_rotary_mul` (+`_backward`), `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`,
   `rope_with_sin_cos_cache` — RoPE;
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`; `npu_scatter_pa_kv_cache`
@@ -154,6 +156,7 @@ __all__ = [
     "FlashAttention",
     "attention_tiles",
     "attention_tiles_override",
+    "tuning",
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_kvpacked_func",
@@ -236,6 +239,9 @@ __all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_
 __version__ = "0.1.0"
 
 from . import npu_sdpa, npu_sim  # noqa: E402
+from . import tuning  # noqa: E402
+
+tuning._autoload()  # this machine's tuned tile sizes (docs/attention.md, "Block-size tuning")
 
 npu_sim.enable_from_environment()
 

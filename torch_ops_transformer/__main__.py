@@ -2,6 +2,8 @@
 
   demo   a Llama generates with eager / PyTorch SDPA / our attention; identical tokens, a table of serving metrics
   bench  the benchmark tables (same as `python -m torch_ops_transformer.bench`)
+  tune   tune the CPU FlashAttention tile sizes of the common shapes on this machine, print the measured table and
+         write the per-machine cache (docs/attention.md, "Block-size tuning")
 
 `python -m torch_ops_transformer <command> --help` lists a command's options. A missing optional package
 (transformers for demo, matplotlib for bench --plot) prints one line with its install command and exits with 2.
@@ -10,7 +12,7 @@ import sys
 
 from ._optional import run_cli
 
-COMMANDS = ("demo", "bench")
+COMMANDS = ("demo", "bench", "tune")
 
 
 def main(argv=None) -> int:
@@ -23,6 +25,8 @@ def main(argv=None) -> int:
         from .demo import main as run
     elif command == "bench":
         from .bench.__main__ import main as run
+    elif command == "tune":
+        from .tuning import main as run
     else:
         print(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}\n{__doc__}", file=sys.stderr)
         return 2

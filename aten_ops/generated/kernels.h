@@ -27,6 +27,10 @@ std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv);
 std::vector<int64_t> attention_default_tiles(int64_t head_dim, int64_t elem_size, c10::string_view isa);
 // npu_attention_tile_config [CatchAll]
 std::vector<int64_t> npu_attention_tile_config(int64_t s1_block, int64_t s2_block);
+// attention_tuning_table [CatchAll]
+std::string attention_tuning_table(c10::string_view entries, bool clear);
+// attention_tuning_stats [CatchAll]
+std::vector<int64_t> attention_tuning_stats();
 // rotary_position_embedding [CPU]
 at::Tensor rotary_position_embedding_cpu(const RotaryPositionEmbeddingArgs& args);
 // rotary_position_embedding [PrivateUse1]

@@ -683,6 +683,8 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("attention_tile_config(int block_q=0, int block_kv=0) -> int[]", TORCH_FN(npu_fa::attention_tile_config));
   m.def("attention_default_tiles(int head_dim=128, int elem_size=4, str isa=\"auto\") -> int[]", TORCH_FN(npu_fa::attention_default_tiles));
   m.def("npu_attention_tile_config(int s1_block=0, int s2_block=0) -> int[]", TORCH_FN(npu_fa::npu_attention_tile_config));
+  m.def("attention_tuning_table(str entries=\"\", bool clear=False) -> str", TORCH_FN(npu_fa::attention_tuning_table));
+  m.def("attention_tuning_stats() -> int[]", TORCH_FN(npu_fa::attention_tuning_stats));
   m.def("rotary_position_embedding(Tensor x, Tensor cos, Tensor sin, int mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("rotary_position_embedding_grad(Tensor grad, Tensor cos, Tensor sin, Tensor x, int mode=0) -> (Tensor dx, Tensor dcos, Tensor dsin)", {at::Tag::pt2_compliant_tag});
   m.def("apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout=\"BSND\", str rotary_mode=\"half\") -> ()", {at::Tag::pt2_compliant_tag});

@@ -26,7 +26,7 @@ _ARG_TYPES = {
     "SymInt[]": "at::IntArrayRef",
 }
 _RET_TYPES = {"Tensor": "at::Tensor", "int[]": "std::vector<int64_t>", "Tensor[]": "std::vector<at::Tensor>",
-              "bool": "bool"}
+              "bool": "bool", "str": "std::string"}
 
 
 def _arg_type(op: str, a: Argument) -> str:

@@ -11,6 +11,7 @@
 #include <limits>
 #include <sstream>
 
+#include "common/attention/tuning.h"
 #include "common/checked_math.h"
 #include "generated/kernels.h"
 
@@ -602,14 +603,21 @@ TileConfig default_tiles(int64_t head_dim, int64_t elem_size, c10::string_view i
 
 TileConfig tile_config(int64_t head_dim, int64_t elem_size) {
   TileConfig t = default_tiles(head_dim, elem_size);
-  const int64_t q = g_block_q.load(), kv = g_block_kv.load();
-  if (q > 0) t.block_q = q;
-  if (kv > 0) t.block_kv = kv;
+  const TileConfig over = tile_config_override();
+  if (over.block_q > 0) t.block_q = over.block_q;
+  if (over.block_kv > 0) t.block_kv = over.block_kv;
   return t;
 }
 
 TileConfig tile_config() { return tile_config(128, 4); }
-TileConfig tile_config_override() { return {g_block_q.load(), g_block_kv.load()}; }
+
+// The explicit sizes of attention_tile_config when any is set; else the tiles the op entry point chose for this
+// thread's call (tuning.h: tuned, cached or forced by TORCH_OPS_TRANSFORMER_TUNE); else none (0: kernel default).
+TileConfig tile_config_override() {
+  const TileConfig explicit_tiles{g_block_q.load(), g_block_kv.load()};
+  if (explicit_tiles.block_q > 0 || explicit_tiles.block_kv > 0) return explicit_tiles;
+  return tuning::thread_tiles().value_or(TileConfig{0, 0});
+}
 
 }  // namespace npu_fa::attention
 
@@ -627,7 +635,6 @@ std::vector<int64_t> attention_tile_config(int64_t block_q, int64_t block_kv) {
                     "(0 keeps the current value, -1 restores the automatic choice); got ", block_kv);
   if (block_q != 0) attention::g_block_q.store(std::max<int64_t>(block_q, 0));
   if (block_kv != 0) attention::g_block_kv.store(std::max<int64_t>(block_kv, 0));
-  const auto c = attention::tile_config_override();
-  return {c.block_q, c.block_kv};
+  return {attention::g_block_q.load(), attention::g_block_kv.load()};
 }
 }  // namespace npu_fa

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/attention/params.h"
+#include "common/attention/tuning.h"
 #include "common/checked_math.h"
 #include "cpu/attention/kernels.h"
 #include "generated/kernels.h"
@@ -31,7 +32,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   o.out = at::empty(attention::output_shape(p, args.query), args.query.options());
   o.softmax_max = at::empty(attention::stats_shape(p, args.query), args.query.options().dtype(at::kFloat));
   o.softmax_sum = at::empty_like(o.softmax_max);
-  if (has_work(p)) attention_forward_stub(p, in, o);
+  if (has_work(p))
+    attention::tuning::run_with_tiles(attention::tuning::Family::Forward, p, in.query.scalar_type(),
+                                      in.key.scalar_type(), [&] { attention_forward_stub(p, in, o); });
   return {o.out, o.softmax_max, o.softmax_sum, at::empty({0}, args.query.options()), scalar_long(p.seed),
           scalar_long(p.offset)};
 }
@@ -58,7 +61,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
   // dsink as torch_npu returns it: float32 [head_num], or an empty float32 tensor without sink.
   t.dsink = at::zeros({args.sink.has_value() ? p.q_heads : 0}, args.key.options().dtype(at::kFloat));
   if (has_work(p)) {
-    attention_backward_stub(p, in, t);
+    // dsink is accumulated into: zeroed again before each run when tuning measures several.
+    attention::tuning::run_with_tiles(attention::tuning::Family::Backward, p, in.query.scalar_type(),
+                                      in.key.scalar_type(), [&] { attention_backward_stub(p, in, t); },
+                                      [&] { t.dsink.zero_(); });
   } else {
     t.dq.zero_();
     t.dk.zero_();

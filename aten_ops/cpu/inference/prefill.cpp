@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 
+#include "common/attention/tuning.h"
 #include "common/inference/decode_params.h"
 #include "common/inference/prefill_params.h"
 #include "cpu/attention/kernels.h"
@@ -49,7 +50,9 @@ Prefill run_prefill(const char* op, const at::Tensor& query, const at::Tensor& k
     o.softmax_max = at::empty(stats, f32);
     o.softmax_sum = at::empty(stats, f32);
   }
-  if (p.batch > 0 && p.q_heads > 0 && p.max_q_len > 0) attention_forward_stub(p, in, o);
+  if (p.batch > 0 && p.q_heads > 0 && p.max_q_len > 0)
+    attention::tuning::run_with_tiles(attention::tuning::Family::Prefill, p, in.query.scalar_type(),
+                                      in.key.scalar_type(), [&] { attention_forward_stub(p, in, o); });
   return {o.out, o.softmax_max, o.softmax_sum};
 }
 
