@@ -34,6 +34,8 @@ generated from native_functions.yaml. Public Python API:
   int8/int4 weight-only); `npu_grouped_matmul_swiglu_quant` (+ _v2) — W8A8 grouped matmul + SwiGLU + int8 requant.
 - `MOELayer` — a Mixture-of-Experts layer (gate, route, expert FFNs, combine), single-process or expert-parallel;
   `DeepseekV3MoEBlock`, `Qwen3MoeBlock`, `replace_moe_blocks` — transformers' MoE blocks on these ops.
+- `moe_ffn`, `moe_ffn_prepack`, `MoeFfnWeights` — the fused MoE expert FFN for inference (routing, gate/up + SwiGLU,
+  down, weighted combine in one call on weights packed once).
 - `npu_moe_gating_top_k_softmax(_v2)`, `npu_moe_gating_top_k` (+`_backward`), `npu_moe_init_routing(_v2)`,
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
@@ -124,7 +126,10 @@ from .moe import (  # noqa: E402
     DeepseekV3MoEBlock,
     MOELayer,
     Qwen3MoeBlock,
+    MoeFfnWeights,
     grouped_matmul,
+    moe_ffn,
+    moe_ffn_prepack,
     npu_grouped_matmul,
     npu_grouped_matmul_swiglu_quant,
     npu_grouped_matmul_swiglu_quant_v2,
@@ -194,6 +199,9 @@ __all__ = [
     "register_hf_attention",
     "replace_attention_with_flash",
     "grouped_matmul",
+    "moe_ffn",
+    "moe_ffn_prepack",
+    "MoeFfnWeights",
     "npu_grouped_matmul",
     "npu_grouped_matmul_swiglu_quant",
     "npu_grouped_matmul_swiglu_quant_v2",

@@ -97,6 +97,10 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
 std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& args);
 // grouped_matmul_swiglu_quant [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu(const GroupedMatmulSwigluQuantArgs& args);
+// moe_ffn [CPU]
+at::Tensor moe_ffn_cpu(const MoeFfnArgs& args);
+// moe_ffn_prepack [CPU]
+at::Tensor moe_ffn_prepack_cpu(const MoeFfnPrepackArgs& args);
 // moe_gating_top_k_softmax [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu(const MoeGatingTopKSoftmaxArgs& args);
 // moe_gating_top_k_softmax [PrivateUse1]

@@ -484,6 +484,36 @@ decltype(auto) apply_args(const GroupedMatmulSwigluQuantArgs& a, F&& f) {
   return f(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type);
 }
 
+// moe_ffn
+struct MoeFfnArgs {
+  const at::Tensor& x;
+  const at::Tensor& w13;
+  const at::Tensor& w2;
+  const at::Tensor& topk_weights;
+  const at::Tensor& topk_ids;
+  const std::optional<at::Tensor>& bias13;
+  const std::optional<at::Tensor>& bias2;
+  c10::string_view activation;
+  c10::string_view weight_layout;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MoeFfnArgs& a, F&& f) {
+  return f(a.x, a.w13, a.w2, a.topk_weights, a.topk_ids, a.bias13, a.bias2, a.activation, a.weight_layout);
+}
+
+// moe_ffn_prepack
+struct MoeFfnPrepackArgs {
+  const at::Tensor& weight;
+  c10::string_view weight_layout;
+  bool gated;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MoeFfnPrepackArgs& a, F&& f) {
+  return f(a.weight, a.weight_layout, a.gated);
+}
+
 // moe_gating_top_k_softmax
 struct MoeGatingTopKSoftmaxArgs {
   const at::Tensor& x;

@@ -450,6 +450,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu_u
   return npu_fa::grouped_matmul_swiglu_quant_cpu(npu_fa::GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type});
 }
 
+at::Tensor moe_ffn_cpu_unboxed(const at::Tensor& x, const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& topk_weights, const at::Tensor& topk_ids, const std::optional<at::Tensor>& bias13, const std::optional<at::Tensor>& bias2, c10::string_view activation, c10::string_view weight_layout) {
+  npu_fa::DeviceRule rule("moe_ffn");
+  rule.device_tensor("x", x);
+  rule.device_tensor("w13", w13);
+  rule.device_tensor("w2", w2);
+  rule.device_tensor("topk_weights", topk_weights);
+  rule.device_tensor("topk_ids", topk_ids);
+  rule.device_tensor("bias13", bias13);
+  rule.device_tensor("bias2", bias2);
+  return npu_fa::moe_ffn_cpu(npu_fa::MoeFfnArgs{x, w13, w2, topk_weights, topk_ids, bias13, bias2, activation, weight_layout});
+}
+
+at::Tensor moe_ffn_prepack_cpu_unboxed(const at::Tensor& weight, c10::string_view weight_layout, bool gated) {
+  npu_fa::DeviceRule rule("moe_ffn_prepack");
+  rule.device_tensor("weight", weight);
+  return npu_fa::moe_ffn_prepack_cpu(npu_fa::MoeFfnPrepackArgs{weight, weight_layout, gated});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_gating_top_k_softmax_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& finished, int64_t k) {
   npu_fa::DeviceRule rule("moe_gating_top_k_softmax");
   rule.device_tensor("x", x);
@@ -690,6 +708,8 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_quant(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor[] scale, Tensor[] per_token_scale, Tensor[] antiquant_scale, Tensor[] antiquant_offset, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0, int output_dtype=-1) -> Tensor[] out", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, Tensor x_scale, int group_list_type=0) -> (Tensor out, Tensor out_scale, Tensor out_offset)", {at::Tag::pt2_compliant_tag});
+  m.def("moe_ffn(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, Tensor? bias13=None, Tensor? bias2=None, str activation=\"swiglu\", str weight_layout=\"nk\") -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_ffn_prepack(Tensor weight, str weight_layout=\"nk\", bool gated=False) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor y, Tensor expert_idx, Tensor row_idx)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax_v2(Tensor x, Tensor? finished=None, int k=1, int renorm=0, bool output_softmax_result_flag=False) -> (Tensor y, Tensor expert_idx, Tensor softmax_result)", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax_grad(Tensor grad_y, Tensor x, int k, int renorm=0) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -740,6 +760,8 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("grouped_matmul_grad", TORCH_FN(grouped_matmul_grad_cpu_unboxed));
   m.impl("grouped_matmul_quant", TORCH_FN(grouped_matmul_quant_cpu_unboxed));
   m.impl("grouped_matmul_swiglu_quant", TORCH_FN(grouped_matmul_swiglu_quant_cpu_unboxed));
+  m.impl("moe_ffn", TORCH_FN(moe_ffn_cpu_unboxed));
+  m.impl("moe_ffn_prepack", TORCH_FN(moe_ffn_prepack_cpu_unboxed));
   m.impl("moe_gating_top_k_softmax", TORCH_FN(moe_gating_top_k_softmax_cpu_unboxed));
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_cpu_unboxed));
   m.impl("moe_gating_top_k_softmax_grad", TORCH_FN(moe_gating_top_k_softmax_grad_cpu_unboxed));

@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 33> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 35> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
@@ -23,6 +23,8 @@ inline constexpr std::array<const char*, 33> kSimulatedNpuCpuKernelOps = {
     "grouped_matmul_grad",
     "grouped_matmul_quant",
     "grouped_matmul_swiglu_quant",
+    "moe_ffn",
+    "moe_ffn_prepack",
     "moe_gating_top_k_softmax_grad",
     "moe_gating_top_k",
     "moe_gating_top_k_grad",

@@ -45,6 +45,8 @@ OPS = {
     'grouped_matmul_grad': OpInfo("Backward of grouped_matmul. With g = grad_out * act'(act_input): grad_x = g @ weightᵀ per group (a grouped product with transposed weights), grad_weight = x_eᵀ @ g_e per group (the K-grouped form: empty groups give zeros), grad_bias = column sums of g_e in fp32, stored in bias's dtype (an empty list without bias). Shapes and dtypes of x, weight and bias.", ('CPU',), False, True),
     'grouped_matmul_quant': OpInfo("Quantised grouped matmul (CANN GroupedMatmul, int8 forms), inference only. Groups as in grouped_matmul (group_type -1: lists; 0: x [M, K] split along M by group_list, weight one [E, K, N] tensor or E [K, N] tensors; group_list_type 0 cumulative ends, 1 counts, 2 an [E, 2] tensor of (weight index, row count) pairs; type 0/1 may end short of M, the uncovered rows are zeros). W8A8 (x int8, weight int8): acc = x·w in int32, then y = (acc + bias_int32) * scale[n] * per_token_scale[m] (+ bias_float) -> act -> output_dtype; scale fp32, bf16 or int64 (npu_trans_quant_param's packing: the fp32 bits in the low 32 bits), per channel [N] or per tensor [1] (stacked: [E, N], [E, 1, N], [E] or [E, 1]); per_token_scale fp32, one [M] per x; without scale the output is the int32 accumulation. output_dtype a ScalarType code: bf16/fp16/fp32, int8 (round half to even, saturate), int32; -1 picks int8 with scale and int32 without. Weight-only (x bf16/fp16, weight int8 or int4 packed eight to an int32 along N, low nibble first): w = (weight + antiquant_offset) * antiquant_scale per channel ([N] / [E, N]) or per group of K rows ([G, N] / [E, G, N]), computed in fp32 and rounded to x's dtype, then y = x·w + bias (fp32 accumulation), output x's dtype. act_type as grouped_matmul (W8A8 float outputs only).", ('CPU',), False, True),
     'grouped_matmul_swiglu_quant': OpInfo('W8A8 grouped matmul + SwiGLU + per-token int8 requantisation (CANN GroupedMatmulSwigluQuant), inference only. x int8 [M, K], weight int8 [E, K, N] (N even), weight_scale [E, N] fp32/bf16, x_scale [M] fp32, group_list int64 [E] (cumulative ends, group_list_type 0, or counts, 1; may end short of M). Per group: h = (x_e·w_e in int32) * weight_scale[e] * x_scale[rows] in fp32, s = silu(h[:, :N/2]) * h[:, N/2:], out_scale = max|s| per row / 127, out = round(s / out_scale) as int8 [M, N/2]. Rows past the last group: zeros and scale 0 (also for an all-zero row). out_offset is an fp32 zero scalar.', ('CPU',), False, True),
+    'moe_ffn': OpInfo("Fused MoE expert FFN, inference (no autograd): out[t] = sum_j topk_weights[t, j] * FFN_e(x[t]) with e = topk_ids[t, j], FFN_e(v) = (act(v·W13_e + bias13_e))·W2_e + bias2_e. activation 'swiglu' (default) is gated: W13_e has 2F output columns, gate then up (SwiGLU of npu_swiglu / silu_and_mul: silu(first half) * second half); 'silu', 'gelu_tanh', 'fast_gelu', 'relu', 'none' are plain (F columns). weight_layout 'nk': w13 [E, N, H], w2 [E, H, F] (nn.Linear / transformers / vLLM); 'kn': w13 [E, H, N], w2 [E, F, H] (grouped_matmul); 'packed': both from moe_ffn_prepack (pack once, reuse). x [T, H] float32 / bfloat16 (brgemm kernels; float16 / float64 take a per-expert matmul path), weights of x's dtype, topk_weights [T, k] (any float dtype, used in fp32), topk_ids [T, k] int32/int64 in [0, E), biases [E, N] / [E, H]. Routing, gate/up product with the activation in its epilogue, down product and the weighted combine run in one call, fp32 accumulation; results do not depend on the thread count.", ('CPU',), False, True),
+    'moe_ffn_prepack': OpInfo("Packs one expert weight for moe_ffn(weight_layout='packed'): weight [E, N, K] ('nk') or [E, K, N] ('kn') -> [E, NB, Kp, 64], NB blocks of 64 output columns, each a brgemm B operand ([Kp, 64] row-major for 4-byte dtypes; pairs of rows interleaved (VNNI) for 16-bit ones, Kp = K rounded up to even). gated=True (a SwiGLU w13, N = 2F) puts 32 gate columns and the same 32 up columns in each block and returns it as [E, NB, Kp, 2, 32] (so moe_ffn can refuse a w13 packed for the other kind of activation). Pack w13 with gated=(activation == 'swiglu') and w2 with gated=False. Machine independent.", ('CPU',), False, True),
     'moe_gating_top_k_softmax': OpInfo("MoE gating (CANN MoeGatingTopKSoftmax): softmax over the last dim E of x ([N, E] or [B, S, E]; computed in fp32, fp64 for fp64), then the k largest probabilities per row. Returns y (x's dtype, [..., k], descending), expert_idx (int32, the experts) and row_idx (int32, row_idx[i, j] = j*N + i over the N flattened rows, the column-major source-row index moe_init_routing expects). Ties go to the lower expert index. Rows with finished[i] = True (bool, shape x.shape[:-1]) get expert index E (no expert) and their normal y. 1 <= k <= min(E, 1024). Differentiable in x.", ('CPU', 'PrivateUse1'), True, True),
     'moe_gating_top_k_softmax_v2': OpInfo('MoE gating V2 (CANN MoeGatingTopKSoftmaxV2). renorm=0: as moe_gating_top_k_softmax (softmax over E, then top-k); renorm=1: top-k of the logits, then softmax over the k selected (Mixtral / DBRX style, y sums to 1). softmax_result is the fp32 (fp64 for fp64) softmax over all E, [..., E], when output_softmax_result_flag and renorm=0, else an empty tensor. finished rows get expert index E. Ties go to the lower expert index. Differentiable in x.', ('CPU', 'PrivateUse1'), True, True),
     'moe_gating_top_k_softmax_grad': OpInfo('Backward of moe_gating_top_k_softmax(_v2) w.r.t. x: recomputes the selection from x (deterministic), then renorm=0: dx = p * (g - sum_j g_j p_j) with g scattered to the selected experts (p = softmax over E); renorm=1: the softmax-over-k Jacobian on the selected experts, zero elsewhere.', ('CPU',), False, True),
@@ -329,6 +331,24 @@ def _fake_grouped_matmul_swiglu_quant(x, weight, group_list, weight_scale, x_sca
     a = GroupedMatmulSwigluQuantArgs(x, weight, group_list, weight_scale, x_scale, group_list_type)
     check_devices('grouped_matmul_swiglu_quant', a._asdict().items(), host=('group_list',))
     return _fake_kernel('torch_ops_transformer.fake.moe', 'grouped_matmul_swiglu_quant')(a)
+
+
+MoeFfnArgs = collections.namedtuple('MoeFfnArgs', ['x', 'w13', 'w2', 'topk_weights', 'topk_ids', 'bias13', 'bias2', 'activation', 'weight_layout'])
+
+
+def _fake_moe_ffn(x, w13, w2, topk_weights, topk_ids, bias13=None, bias2=None, activation="swiglu", weight_layout="nk"):
+    a = MoeFfnArgs(x, w13, w2, topk_weights, topk_ids, bias13, bias2, activation, weight_layout)
+    check_devices('moe_ffn', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_ffn')(a)
+
+
+MoeFfnPrepackArgs = collections.namedtuple('MoeFfnPrepackArgs', ['weight', 'weight_layout', 'gated'])
+
+
+def _fake_moe_ffn_prepack(weight, weight_layout="nk", gated=False):
+    a = MoeFfnPrepackArgs(weight, weight_layout, gated)
+    check_devices('moe_ffn_prepack', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.moe', 'moe_ffn_prepack')(a)
 
 
 MoeGatingTopKSoftmaxArgs = collections.namedtuple('MoeGatingTopKSoftmaxArgs', ['x', 'finished', 'k'])
@@ -1124,6 +1144,8 @@ def register():
     torch.library.register_fake("npu_fa::grouped_matmul_grad", _fake_grouped_matmul_grad)
     torch.library.register_fake("npu_fa::grouped_matmul_quant", _fake_grouped_matmul_quant)
     torch.library.register_fake("npu_fa::grouped_matmul_swiglu_quant", _fake_grouped_matmul_swiglu_quant)
+    torch.library.register_fake("npu_fa::moe_ffn", _fake_moe_ffn)
+    torch.library.register_fake("npu_fa::moe_ffn_prepack", _fake_moe_ffn_prepack)
     torch.library.register_fake("npu_fa::moe_gating_top_k_softmax", _fake_moe_gating_top_k_softmax)
     torch.library.register_autograd("npu_fa::moe_gating_top_k_softmax", _backward_moe_gating_top_k_softmax, setup_context=_setup_moe_gating_top_k_softmax)
     torch.library.register_fake("npu_fa::moe_gating_top_k_softmax_v2", _fake_moe_gating_top_k_softmax_v2)

@@ -17,6 +17,7 @@ TABLES = {
     "moe": "moe",
     "moe_routing": "moe_routing",
     "moe_quant": "moe_quant",
+    "moe_ffn": "moe_ffn",  # fused MoE FFN vs our unfused chain and vLLM's cpu_fused_moe (when installed)
     "moe_block": "moe_block",  # our DeepSeek-V3 / Qwen3-MoE blocks vs transformers' (needs transformers)
     "moe-distribute": "moe_distribute",  # expert-parallel dispatch + combine, world size 2
     "mc2": "mc2",

@@ -219,3 +219,17 @@ def grouped_matmul_swiglu_quant(a):
     m, n = a.x.shape[0], a.weight.shape[2]
     return (a.x.new_empty((m, n // 2), dtype=torch.int8), a.x.new_empty((m,), dtype=torch.float32),
             a.x.new_empty((), dtype=torch.float32))
+
+
+def moe_ffn(a):
+    torch._check(a.x.dim() == 2, lambda: f"moe_ffn: argument 'x' must be [T, H]; got shape {tuple(a.x.shape)}")
+    return a.x.new_empty(a.x.shape)
+
+
+def moe_ffn_prepack(a):
+    w = a.weight
+    torch._check(w.dim() == 3, lambda: f"moe_ffn_prepack: argument 'weight' must be 3-D; got shape {tuple(w.shape)}")
+    n, k = (w.shape[1], w.shape[2]) if a.weight_layout == "nk" else (w.shape[2], w.shape[1])
+    blocks = (n // 2 + 31) // 32 if a.gated else (n + 63) // 64
+    kp = (k + 1) // 2 * 2 if w.element_size() == 2 else k
+    return w.new_empty((w.shape[0], blocks, kp, 2, 32) if a.gated else (w.shape[0], blocks, kp, 64))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .distribute import npu_moe_distribute_combine_v2, npu_moe_distribute_dispatch_v2
+from .fused_ffn import MoeFfnWeights, needs_grad
 
 _OPS = torch.ops.npu_fa
 _SCALAR_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::ScalarType codes (output_dtype)
@@ -138,6 +139,9 @@ class GroupedExperts(nn.Module):
                 f"intermediate_size={self.intermediate_size}, hidden_act={self.hidden_act!r}")
 
     process_group = None  # set by shard(): expert parallel over its ranks
+    # Inference (autograd recording nothing, single process, SwiGLU, x in the weights' dtype): one fused moe_ffn
+    # call on weights packed once (repacked when a parameter changes). False: always the grouped_matmul path.
+    fused_inference = True
 
     def shard(self, process_group) -> "GroupedExperts":
         """Keep only this rank's num_experts / W experts (rank r: [r*E/W, (r+1)*E/W), as new parameters) and run
@@ -161,6 +165,12 @@ class GroupedExperts(nn.Module):
         if self.process_group is not None:
             return routed_experts_parallel(x, expert_idx, weights, w_gate_up, w_down, self.num_experts,
                                            self.process_group, skip=skip, glu=_glu_of(self.act_fn))
+        if (self.fused_inference and self.act_fn is F.silu and x.device.type == "cpu"
+                and x.dtype == self.gate_up_proj.dtype
+                and not needs_grad(x, weights, skip, self.gate_up_proj, self.down_proj)):
+            packed = self.__dict__.setdefault("_packed", MoeFfnWeights("swiglu", "nk"))
+            out = packed(x, self.gate_up_proj, self.down_proj, weights, expert_idx)
+            return out if skip is None else out + skip
         return routed_experts(x, expert_idx, weights, w_gate_up, w_down, skip=skip, glu=_glu_of(self.act_fn))
 
 

@@ -7,11 +7,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .fused_ffn import MoeFfnWeights, needs_grad
 from .grouped_matmul import ACT_TYPES
 from .routing import npu_moe_init_routing_v2
 
 _OPS = torch.ops.npu_fa
 _ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "fast_gelu")
+_FUSED_ACT = {"gelu": "gelu_tanh", "gelu_tanh": "gelu_tanh", "relu": "relu", "silu": "silu", "fast_gelu": "fast_gelu"}
 
 
 def load_balancing_loss(probs: torch.Tensor, expert_idx: torch.Tensor) -> torch.Tensor:
@@ -47,7 +49,14 @@ empty result (aux_loss 0) and backward gives zero gradients; expert-parallel, a 
     so each expert sees the rows of every rank; expert_capacity is enforced by the owner over the rows of all ranks
     in the single-process order (the ranks' tokens concatenated in rank order). The gate is replicated: average (or
     sum) its gradients over the group like any data-parallel parameter.
+
+    Inference: when autograd would record nothing (torch.no_grad() / inference_mode, or neither the input nor any
+    parameter requires grad) and the layer is single-process and dropless, the experts run as one fused moe_ffn
+    call on weights packed once and cached (repacked when a parameter changes: data pointer or version counter).
+    Set `fused_inference = False` to always take the grouped_matmul path.
     """
+
+    fused_inference = True
 
     def __init__(self, input_dim: int, num_experts: int, top_k: int = 2, expert_capacity: Optional[int] = None,
                  hidden_dim: Optional[int] = None, activation: str = "gelu", normalize_weights: bool = True,
@@ -77,6 +86,7 @@ empty result (aux_loss 0) and backward gives zero gradients; expert-parallel, a 
         nn.init.normal_(self.w1, std=h ** -0.5)
         nn.init.normal_(self.w2, std=f ** -0.5)
         self.aux_loss: Optional[torch.Tensor] = None
+        self._packed = MoeFfnWeights(_FUSED_ACT[activation], "kn")
 
     def extra_repr(self) -> str:
         return (f"input_dim={self.input_dim}, num_experts={self.num_experts}, top_k={self.top_k}, "
@@ -106,6 +116,9 @@ empty result (aux_loss 0) and backward gives zero gradients; expert-parallel, a 
         x2 = x.reshape(-1, self.input_dim).to(self.w1.dtype)
         weights, expert_idx, probs = self.gating(x2)
         self.aux_loss = load_balancing_loss(probs, expert_idx)
+        if self._fused_ok(x2):
+            out = self._packed(x2, self.w1, self.w2, weights, expert_idx, self.b1, self.b2)
+            return out.reshape(shape).to(in_dtype)
         if self.process_group is None:
             y, row_idx, mode = self._experts_local(x2, expert_idx)
         else:
@@ -118,6 +131,10 @@ empty result (aux_loss 0) and backward gives zero gradients; expert-parallel, a 
         else:
             out = _OPS.moe_finalize_routing(y, None, None, None, weights.to(y.dtype), row_idx, expert_idx, mode)
         return out.reshape(shape).to(in_dtype)
+
+    def _fused_ok(self, x2: torch.Tensor) -> bool:
+        return (self.fused_inference and self.process_group is None and self.expert_capacity is None
+                and x2.device.type == "cpu" and not needs_grad(x2, self.w1, self.b1, self.w2, self.b2))
 
     def _experts_local(self, x2: torch.Tensor, expert_idx: torch.Tensor):
         """(expert outputs, expanded_row_idx, finalize drop_pad_mode): dropless rows [T*k, H], or with a capacity
