@@ -42,6 +42,12 @@ GRID = [
     Case(layout="BNSD", kv_len=64, block=16, lens=(17, 64, 31), paged_4d=False, dtype="bf16"),
     Case(layout="BSH", q_heads=8, kv_heads=8, head_dim=128, kv_len=1024, block=128, lens=(1000, 129, 1024),
          dtype="fp16"),
+    # (blocks, block, N2*D) caches of 16-bit dtypes: one KV head at a time within each tile of a several-head item,
+    # several items per sequence (each prefetching the next item's first tile)
+    Case(layout="BSH", dtype="bf16", q_heads=16, kv_heads=4, head_dim=128, kv_len=1024, block=128,
+         lens=(1000, 129, 600), mask="BS", pse="BN1S"),
+    Case(layout="BSND", dtype="fp16", q_heads=6, kv_heads=3, head_dim=40, kv_len=768, block=64,
+         lens=(700, 768, 65), mask="B1S", pse="1N1S"),
 ]
 
 
@@ -84,6 +90,27 @@ def test_paged_equals_contiguous(layout, four_d, dtype):
                                atol=1e-6 if dtype == "fp32" else 1e-2)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_paged_heads_together_nan_stays_in_its_head(dtype):
+    """A NaN key of one KV head in a (blocks, block, N2*D) cache, where one item takes every KV head: the NaN rows
+    are exactly that head's query group, the other rows match the float64 reference."""
+    c = Case(layout="BSH", dtype=dtype, batch=2, q_heads=8, kv_heads=4, head_dim=64, kv_len=512, block=64,
+             lens=(512, 300))
+    inp = build(c)
+    B, N2, D, bad_head, bad_pos = c.batch, c.kv_heads, c.head_dim, 2, 200
+    key, table = inp.args[1], inp.args[6]
+    key[int(table[0, bad_pos // c.block]), bad_pos % c.block, bad_head * D] = float("nan")
+    inp.k[0, bad_head, bad_pos, 0] = float("nan")
+    ours = run(inp).reshape(B, c.q_heads, D)
+    ref64 = reference(inp, c)
+    G = c.q_heads // N2
+    want_nan = torch.zeros(B, c.q_heads, dtype=torch.bool)
+    want_nan[0, bad_head * G:(bad_head + 1) * G] = True
+    assert torch.equal(ours.isnan().any(-1), want_nan) and ours[want_nan].isnan().all()
+    fine = ~want_nan
+    check_tolerance(f"nan-{dtype}", ours[fine], ref64[fine], reference(inp, c, dtype=DTYPES[dtype])[fine])
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_decode_is_last_row_of_full_attention(dtype):
     g = torch.Generator().manual_seed(1)
@@ -99,8 +126,13 @@ def test_decode_is_last_row_of_full_attention(dtype):
     torch.testing.assert_close(dec[:, 0].float(), full[:, -1].float(), **tol)
 
 
-def test_deterministic_across_threads():
-    inp = build(Case(layout="BSH", q_heads=8, kv_heads=2, head_dim=64, kv_len=4096, lens=(4096, 3000, 17)))
+@pytest.mark.parametrize("case", [
+    Case(layout="BSH", q_heads=8, kv_heads=2, head_dim=64, kv_len=4096, lens=(4096, 3000, 17)),
+    Case(layout="BSH", q_heads=16, kv_heads=4, head_dim=128, kv_len=4096, block=128, lens=(4096, 3000, 17),
+         dtype="bf16"),
+], ids=["BSH-fp32", "paged-blocks-block-N2D-bf16"])
+def test_deterministic_across_threads(case):
+    inp = build(case)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
