@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "cpu/isa_dispatch.h"
+#include "cpu/moe/grouped_matmul_kernels.h"
 
 namespace npu_fa::cpu {
 
@@ -20,8 +21,12 @@ constexpr int64_t kFfnBlock = 64;             // output columns of one packed bl
 constexpr int64_t kFfnHalf = kFfnBlock / 2;   // gated: intermediate features per w13 block
 constexpr int64_t kFfnRows = 64;              // rows of one work item
 
-// Activations of moe_ffn (the grouped_matmul act_type numbering; kFfnSwiglu is the gated silu(gate) * up).
-enum FfnAct : int64_t { kFfnNone = 0, kFfnRelu = 1, kFfnGeluTanh = 2, kFfnFastGelu = 4, kFfnSilu = 5, kFfnSwiglu = 6 };
+// Activations of moe_ffn: grouped_matmul's act_type values (cpu/moe/activations.h computes them), plus the gated
+// kFfnSwiglu, silu(gate) * up.
+enum FfnAct : int64_t {
+  kFfnNone = kActNone, kFfnRelu = kActRelu, kFfnGeluTanh = kActGeluTanh, kFfnFastGelu = kActFastGelu,
+  kFfnSilu = kActSilu, kFfnSwiglu = 6
+};
 
 struct FusedFfnParams {
   c10::ScalarType dtype;        // Float or BFloat16 (the brgemm types)

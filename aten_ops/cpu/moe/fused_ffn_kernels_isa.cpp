@@ -12,6 +12,7 @@
 // thread keeps one B block in L2 across an expert's rows; each thread takes one contiguous run of items of about
 // equal cost. An item's result does not depend on which thread runs it, so results are thread-count independent.
 #include "cpu/moe/fused_ffn_kernels.h"
+#include "cpu/moe/activations.h"
 
 #ifndef CPU_CAPABILITY
 #error "this *_isa.cpp must be compiled with -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 (setup.py does this)"
@@ -35,25 +36,8 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 using at::BFloat16;
 
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
-constexpr float kFastGeluB = 1.702f;
-
-inline Vec sigmoid(const Vec& x) { return Vec(1.f) / (Vec(1.f) + x.neg().exp()); }
-
-// The plain activations (grouped_matmul's definitions: gelu is the tanh form, fast_gelu x·sigmoid(1.702x)).
-inline Vec activate(const Vec& x, int64_t act) {
-  switch (act) {
-    case kFfnRelu: return at::vec::clamp_min(x, Vec(0.f));
-    case kFfnGeluTanh: {
-      const Vec u = Vec(kGeluC) * (x + Vec(kGeluA) * x * x * x);
-      return Vec(0.5f) * x * (Vec(1.f) + u.tanh());
-    }
-    case kFfnFastGelu: return x * sigmoid(Vec(kFastGeluB) * x);
-    case kFfnSilu: return x * sigmoid(x);
-    default: return x;
-  }
-}
+using moe_act::activate;
+using moe_act::sigmoid;
 
 inline void mm(int64_t m, int64_t k, const float* a, int64_t lda, const float* b, float* c) {
   at::native::cpublas::brgemm(m, kFfnBlock, k, lda, kFfnBlock, kFfnBlock, false, a, b, c, false);

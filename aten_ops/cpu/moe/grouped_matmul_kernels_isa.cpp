@@ -2,6 +2,7 @@
 // at::vec::Vectorized<float> has that ISA's width. Everything is computed in fp32; fp16/bf16 rows are converted
 // through a small stack buffer (kChunk values at a time) so the same vector code serves every dtype.
 #include "cpu/moe/grouped_matmul_kernels.h"
+#include "cpu/moe/activations.h"
 
 #ifndef CPU_CAPABILITY
 #error "this *_isa.cpp must be compiled with -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 (setup.py does this)"
@@ -21,46 +22,11 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kChunk = 256;  // values converted to fp32 at a time (a multiple of every Vec width)
 
-// The activations and their derivatives (CANN's definitions; fast_gelu is x·sigmoid(1.702x)).
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluA = 0.044715f;
-constexpr float kFastGeluB = 1.702f;
-
-inline Vec sigmoid(const Vec& x) { return Vec(1.f) / (Vec(1.f) + x.neg().exp()); }
-
-inline Vec activate(const Vec& x, int64_t act) {
-  switch (act) {
-    case kActRelu: return at::vec::clamp_min(x, Vec(0.f));
-    case kActGeluTanh: {
-      const Vec u = Vec(kGeluC) * (x + Vec(kGeluA) * x * x * x);
-      return Vec(0.5f) * x * (Vec(1.f) + u.tanh());
-    }
-    case kActFastGelu: return x * sigmoid(Vec(kFastGeluB) * x);
-    case kActSilu: return x * sigmoid(x);
-    default: return x;
-  }
-}
-
-inline Vec activate_derivative(const Vec& x, int64_t act) {
-  switch (act) {
-    case kActRelu: return Vec::blendv(Vec(0.f), Vec(1.f), x > Vec(0.f));
-    case kActGeluTanh: {
-      const Vec x2 = x * x;
-      const Vec t = (Vec(kGeluC) * (x + Vec(kGeluA) * x2 * x)).tanh();
-      const Vec du = Vec(kGeluC) * (Vec(1.f) + Vec(3.f * kGeluA) * x2);
-      return Vec(0.5f) * (Vec(1.f) + t) + Vec(0.5f) * x * (Vec(1.f) - t * t) * du;
-    }
-    case kActFastGelu: {
-      const Vec s = sigmoid(Vec(kFastGeluB) * x);
-      return s + Vec(kFastGeluB) * x * s * (Vec(1.f) - s);
-    }
-    case kActSilu: {
-      const Vec s = sigmoid(x);
-      return s * (Vec(1.f) + x * (Vec(1.f) - s));
-    }
-    default: return Vec(1.f);
-  }
-}
+using moe_act::activate;
+using moe_act::activate_derivative;
+using moe_act::kFastGeluB;
+using moe_act::kGeluA;
+using moe_act::kGeluC;
 
 template <typename T>
 inline void to_float(const T* src, float* dst, int64_t n) {
