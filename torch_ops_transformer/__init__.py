@@ -14,6 +14,9 @@ generated from native_functions.yaml. Public Python API:
   `python -m torch_ops_transformer tune`);
 - `npu_rotary_mul` (+`_backward`), `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`,
   `rope_with_sin_cos_cache` — RoPE;
+- `MLAAttention`, `MLALatentCache`, `PagedMLARunner` — DeepSeek's absorbed Multi-head Latent Attention on the MLA ops
+  (prolog, latent-space fused attention over a paged latent cache, W_uv and o_proj), from a transformers
+  DeepseekV3Attention (`from_hf`), and a runner that drives a transformers DeepSeek-V3 with it (docs/mla.md);
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`; `npu_scatter_pa_kv_cache`
   (torch_npu's form of that write, ND and PA_NZ caches).
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`, `npu_attention_update` —
@@ -72,6 +75,7 @@ from .fa2 import (  # noqa: E402
     flash_attn_with_kvcache,
 )
 from .kv_cache import PagedKVCache, npu_scatter_pa_kv_cache  # noqa: E402
+from .mla import MLAAttention, MLALatentCache, PagedMLARunner  # noqa: E402
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
     npu_rotary_mul,
@@ -169,6 +173,9 @@ __all__ = [
     "npu_fusion_attention_v2",
     "npu_fusion_attention_grad_v2",
     "PagedKVCache",
+    "MLAAttention",
+    "MLALatentCache",
+    "PagedMLARunner",
     "npu_apply_rotary_pos_emb",
     "npu_rotary_mul",
     "npu_rotary_mul_backward",

@@ -39,6 +39,93 @@ from . import _args
 _OPS = torch.ops.npu_fa
 
 
+class BlockAllocator:
+    """The block bookkeeping of a paged cache, without the tensors: a free list of `num_blocks` block ids, each
+    sequence's blocks in logical order and its length. `PagedKVCache` and the MLA latent cache
+    (`torch_ops_transformer.mla.MLALatentCache`, one allocator for the caches of every layer) use it.
+    `owner` prefixes the error messages."""
+
+    def __init__(self, num_blocks: int, block_size: int, owner: str = "BlockAllocator"):
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"{owner}: num_blocks and block_size must be positive; got {num_blocks}, {block_size}")
+        self.num_blocks, self.block_size, self.owner = num_blocks, block_size, owner
+        self._free: List[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low block ids first
+        self._blocks: Dict[int, List[int]] = {}
+        self._lens: Dict[int, int] = {}
+        self._next_id = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def add_sequence(self) -> int:
+        """Registers an empty sequence and returns its id."""
+        sid = self._next_id
+        self._next_id += 1
+        self._blocks[sid], self._lens[sid] = [], 0
+        return sid
+
+    def free(self, seq_id: int) -> None:
+        """Returns the sequence's blocks to the free list; the id becomes invalid."""
+        self.check_ids([seq_id])
+        self._free.extend(reversed(self._blocks.pop(seq_id)))
+        del self._lens[seq_id]
+
+    def blocks(self, seq_id: int) -> List[int]:
+        self.check_ids([seq_id])
+        return list(self._blocks[seq_id])
+
+    def length(self, seq_id: int) -> int:
+        self.check_ids([seq_id])
+        return self._lens[seq_id]
+
+    def check_ids(self, seq_ids: Sequence[int]) -> None:
+        for s in seq_ids:
+            if s not in self._blocks:
+                raise KeyError(f"{self.owner}: unknown (or freed) sequence id {s}")
+
+    def reserve(self, owners: Sequence[int]) -> List[int]:
+        """Appends one token to sequence owners[t] for each t, in order, and returns the slots (block * block_size
+        + offset) they take. Atomic: when the free list cannot hold them, RuntimeError and nothing changes."""
+        self.check_ids(owners)
+        lens = {sid: self._lens[sid] for sid in set(owners)}
+        need = 0
+        for sid in owners:
+            if lens[sid] % self.block_size == 0 and lens[sid] // self.block_size >= len(self._blocks[sid]):
+                need += 1
+            lens[sid] += 1
+        if need > len(self._free):
+            raise RuntimeError(f"{self.owner}: out of blocks: the new tokens need {need} more blocks, "
+                               f"{len(self._free)} of {self.num_blocks} are free")
+        slots = []
+        for sid in owners:
+            pos = self._lens[sid]
+            blocks = self._blocks[sid]
+            if pos // self.block_size >= len(blocks):
+                blocks.append(self._free.pop())
+            slots.append(blocks[pos // self.block_size] * self.block_size + pos % self.block_size)
+            self._lens[sid] = pos + 1
+        return slots
+
+    def seq_lens(self, seq_ids: Sequence[int]) -> Tensor:
+        """int64 [B]: the number of tokens of each sequence."""
+        self.check_ids(seq_ids)
+        return torch.tensor([self._lens[s] for s in seq_ids], dtype=torch.int64)
+
+    def block_table(self, seq_ids: Sequence[int], max_blocks: Optional[int] = None) -> Tensor:
+        """int32 [B, max_blocks] (default: the longest row, at least 1), padded with 0."""
+        self.check_ids(seq_ids)
+        rows = [self._blocks[s] for s in seq_ids]
+        width = max([len(r) for r in rows] + [1]) if max_blocks is None else max_blocks
+        if any(len(r) > width for r in rows):
+            raise ValueError(f"{self.owner}.block_table: max_blocks={width} is below a sequence's block count")
+        table = torch.zeros((len(rows), width), dtype=torch.int32)
+        for b, r in enumerate(rows):
+            if r:
+                table[b, :len(r)] = torch.tensor(r, dtype=torch.int32)
+        return table
+
+
 class PagedKVCache:
     """Block-allocated K/V cache (see the module docstring for the layout and the decode loop)."""
 
@@ -68,10 +155,7 @@ class PagedKVCache:
         self.num_kv_heads, self.head_dim, self.v_head_dim = num_kv_heads, head_dim, vd
         self.key_cache = torch.zeros((num_blocks, block_size, *kshape), dtype=dtype, device=device)
         self.value_cache = torch.zeros((num_blocks, block_size, *vshape), dtype=dtype, device=device)
-        self._free: List[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out low block ids first
-        self._blocks: Dict[int, List[int]] = {}
-        self._lens: Dict[int, int] = {}
-        self._next_id = 0
+        self._alloc = BlockAllocator(num_blocks, block_size, "PagedKVCache")
         # int8: per-(head, channel) fp32 dequantisation scales [N2, D], None until given or calibrated.
         self.key_scale = self._scale_arg("key_scale", key_scale, device)
         self.value_scale = self._scale_arg("value_scale", value_scale, device)
@@ -110,32 +194,28 @@ class PagedKVCache:
         amax = x.reshape(-1, n2, d).float().abs().amax(dim=0)
         return torch.where(amax > 0, amax / 127, torch.full_like(amax, 1 / 127)).contiguous()
 
-    # --- bookkeeping -------------------------------------------------------------------------------------------
+    # --- bookkeeping (BlockAllocator) ---------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self._alloc.num_free_blocks
+
+    @property
+    def _free(self) -> List[int]:  # the allocator's free list (tests inspect it)
+        return self._alloc._free
 
     def add_sequence(self) -> int:
         """Registers an empty sequence and returns its id."""
-        sid = self._next_id
-        self._next_id += 1
-        self._blocks[sid], self._lens[sid] = [], 0
-        return sid
+        return self._alloc.add_sequence()
 
     def free(self, seq_id: int) -> None:
         """Returns the sequence's blocks to the free list; the id becomes invalid."""
-        self._check_ids([seq_id])
-        self._free.extend(reversed(self._blocks.pop(seq_id)))
-        del self._lens[seq_id]
+        self._alloc.free(seq_id)
 
     def blocks(self, seq_id: int) -> List[int]:
-        self._check_ids([seq_id])
-        return list(self._blocks[seq_id])
+        return self._alloc.blocks(seq_id)
 
     def _check_ids(self, seq_ids: Sequence[int]) -> None:
-        for s in seq_ids:
-            if s not in self._blocks:
-                raise KeyError(f"PagedKVCache: unknown (or freed) sequence id {s}")
+        self._alloc.check_ids(seq_ids)
 
     # --- writing -----------------------------------------------------------------------------------------------
     def append(self, seq_ids: Sequence[int], key: Tensor, value: Tensor) -> Tensor:
@@ -184,24 +264,7 @@ class PagedKVCache:
             if len(owners) and t[0].numel() != n:
                 raise ValueError(f"PagedKVCache.append: {name} has {t[0].numel()} values per token (shape "
                                  f"{list(t.shape[1:])}) but the cache holds {n} (num_kv_heads * head_dim)")
-        # Plan the slots first so that running out of blocks leaves the cache untouched.
-        lens = {sid: self._lens[sid] for sid in set(owners)}
-        need = 0
-        for sid in owners:
-            if lens[sid] % self.block_size == 0 and lens[sid] // self.block_size >= len(self._blocks[sid]):
-                need += 1
-            lens[sid] += 1
-        if need > len(self._free):
-            raise RuntimeError(f"PagedKVCache: out of blocks: the new tokens need {need} more blocks, "
-                               f"{len(self._free)} of {self.num_blocks} are free")
-        slots = []
-        for sid in owners:
-            pos = self._lens[sid]
-            blocks = self._blocks[sid]
-            if pos // self.block_size >= len(blocks):
-                blocks.append(self._free.pop())
-            slots.append(blocks[pos // self.block_size] * self.block_size + pos % self.block_size)
-            self._lens[sid] = pos + 1
+        slots = self._alloc.reserve(owners)  # atomic: out of blocks leaves the cache untouched
         slot_mapping = torch.tensor(slots, dtype=torch.int64, device=self.key_cache.device)
         if self.int8:
             if self.key_scale is None and len(owners):
@@ -219,21 +282,11 @@ class PagedKVCache:
     # --- reading -----------------------------------------------------------------------------------------------
     def seq_lens(self, seq_ids: Sequence[int]) -> Tensor:
         """int64 [B]: the number of tokens of each sequence."""
-        self._check_ids(seq_ids)
-        return torch.tensor([self._lens[s] for s in seq_ids], dtype=torch.int64)
+        return self._alloc.seq_lens(seq_ids)
 
     def block_table(self, seq_ids: Sequence[int], max_blocks: Optional[int] = None) -> Tensor:
         """int32 [B, max_blocks] (default: the longest row, at least 1), padded with 0."""
-        self._check_ids(seq_ids)
-        rows = [self._blocks[s] for s in seq_ids]
-        width = max([len(r) for r in rows] + [1]) if max_blocks is None else max_blocks
-        if any(len(r) > width for r in rows):
-            raise ValueError(f"PagedKVCache.block_table: max_blocks={width} is below a sequence's block count")
-        table = torch.zeros((len(rows), width), dtype=torch.int32)
-        for b, r in enumerate(rows):
-            if r:
-                table[b, :len(r)] = torch.tensor(r, dtype=torch.int32)
-        return table
+        return self._alloc.block_table(seq_ids, max_blocks)
 
     def attention(self, query: Tensor, seq_ids: Sequence[int], *, num_heads: int, scale_value: float,
                   input_layout: str = "BSND") -> Tensor:
