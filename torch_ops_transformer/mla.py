@@ -26,8 +26,16 @@ from .kv_cache import BlockAllocator
 _CAUSAL_MASK_SIZE = 2048
 
 
+_MASKS = {}
+
+
 def _causal_mask(device) -> Tensor:
-    return torch.triu(torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=device), diagonal=1)
+    """Built once per device (every prefill step of every layer passes it)."""
+    key = str(device)
+    if key not in _MASKS:
+        _MASKS[key] = torch.triu(torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=device),
+                                 diagonal=1)
+    return _MASKS[key]
 
 
 @dataclass
