@@ -76,6 +76,12 @@ from .fa2 import (  # noqa: E402
 )
 from .kv_cache import PagedKVCache, npu_scatter_pa_kv_cache  # noqa: E402
 from .mla import MLAAttention, MLALatentCache, PagedMLARunner  # noqa: E402
+from .mla_prolog import (  # noqa: E402
+    npu_mla_prolog,
+    npu_mla_prolog_v2,
+    npu_mla_prolog_v3,
+    npu_mla_prolog_v3_functional,
+)
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
     npu_rotary_mul,
@@ -188,6 +194,10 @@ __all__ = [
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
     "npu_scatter_pa_kv_cache",
+    "npu_mla_prolog",
+    "npu_mla_prolog_v2",
+    "npu_mla_prolog_v3",
+    "npu_mla_prolog_v3_functional",
     "scaled_dot_product_attention",
     "sdpa_supported",
     "try_scaled_dot_product_attention",
