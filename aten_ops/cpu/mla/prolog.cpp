@@ -439,9 +439,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolo
     const at::Tensor qs = float_scale("quant_scale_ckv", a.quant_scale_ckv, {1}, "1", "with kv_cache_quant_mode 1");
     auto [q_i8, q_scale] = dynamic_quant_rows(query.to(at::kFloat));  // per token and head
     // The rope part is pre-divided by the query's scale and multiplied by the cache's, so that scores from the
-    // int8 query and int8 cache need one rescale (upstream's formula).
+    // int8 query and int8 cache need one rescale (upstream's formula, which rescales the rounded rope values).
     const at::Tensor safe = at::where(q_scale > 0, q_scale, at::ones_like(q_scale));
-    query_rope = query_rope * qs.to(acc) / safe.to(acc);
+    query_rope = query_rope.to(dt).to(acc) * qs.to(acc) / safe.to(acc);
     query = q_i8;
     dequant_scale_q_nope = q_scale;  // [T, N, 1]
   } else {
