@@ -16,6 +16,8 @@ generated from native_functions.yaml. Public Python API:
   `rope_with_sin_cos_cache` — RoPE;
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`; `npu_scatter_pa_kv_cache`
   (torch_npu's form of that write, ND and PA_NZ caches).
+- `npu_mla_prolog`, `npu_mla_prolog_v2`, `npu_mla_prolog_v3`, `npu_mla_prolog_v3_functional` — the MLA prolog
+  (query absorption, interleaved rope, latent RMSNorm, in-place latent cache writes; module `mla_prolog`);
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`, `npu_attention_update` —
   inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).

@@ -84,6 +84,18 @@ def test_repeated_slot_keeps_the_last_token():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_nz_with_two_kv_heads(dtype):
+    """Nkv = 2: the token row is both heads' copies (Nkv * Hckv values), cut into 32-byte NZ chunks."""
+    inputs = make_inputs((2, 3), dtype)
+    kv, kr = paged_caches(inputs, nkv=2)
+    idx = _slots((2, 3), kv.shape[0] * kv.shape[1], skip=(4,))
+    kv_out, kr_out = kv.clone(), kr.clone()
+    q, qr, _, qn, _ = OPS.mla_prolog(*positional(inputs, kv_out, kr_out), cache_index=idx, cache_mode="PA_NZ",
+                                     query_norm_flag=True)
+    _check_against_reference(inputs, kv, kr, (q, qr, qn), kv_out, kr_out, cache_index=idx, cache_mode="PA_NZ")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cache_mode,lead", [("BSND", (2, 3)), ("TND", (5,))])
 def test_contiguous_cache_modes(dtype, cache_mode, lead):
     inputs = make_inputs(lead, dtype)
@@ -245,8 +257,8 @@ def test_weight_quant_mode_1(kv_cache_quant_mode):
 
 
 @pytest.mark.parametrize("kv_cache_quant_mode", [0, 1])
-@pytest.mark.parametrize("lead", [(6,), (2, 3)])
-def test_weight_quant_mode_2(kv_cache_quant_mode, lead):
+@pytest.mark.parametrize("lead,cache_mode", [((6,), "PA_BSND"), ((2, 3), "PA_BSND"), ((2, 3), "PA_NZ")])
+def test_weight_quant_mode_2(kv_cache_quant_mode, lead, cache_mode):
     inputs, scales = _quant_inputs(lead, 2)
     kv, kr = paged_caches(inputs, dtype=torch.bfloat16)
     if kv_cache_quant_mode == 1:
@@ -257,9 +269,9 @@ def test_weight_quant_mode_2(kv_cache_quant_mode, lead):
     qq = 1 if kv_cache_quant_mode == 1 else 0
     q, qr, dq, qn, dqn = OPS.mla_prolog(*positional(inputs, kv_out, kr_out), cache_index=idx, weight_quant_mode=2,
                                         kv_cache_quant_mode=kv_cache_quant_mode, query_quant_mode=qq,
-                                        qc_qr_scale=3.0, kc_scale=0.5, **scales)
+                                        qc_qr_scale=3.0, kc_scale=0.5, cache_mode=cache_mode, **scales)
     e = ref.mla_prolog_quant(*positional(inputs, kv, kr), idx, 2, kv_cache_quant_mode, qc_qr_scale=3.0, kc_scale=0.5,
-                             **scales)
+                             cache_mode=cache_mode, **scales)
     if kv_cache_quant_mode == 1:
         assert q.dtype == torch.int8 and dq.shape == (6, 4, 1)
         _close_int8("query", q, e[0])
