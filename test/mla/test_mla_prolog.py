@@ -397,3 +397,14 @@ def test_bad_dtypes():
 
 def test_token_x_dtype_naming_the_tensors_dtype_is_accepted():
     _call(token_x_dtype=torch.bfloat16, kv_cache_dtype=15)
+
+
+@pytest.mark.parametrize("overrides", [dict(cache_index=torch.tensor([0, 1, 2, 3, 64])),
+                                       dict(cache_index=torch.tensor([0, 1, 2, 3, -2])),
+                                       dict(quant_scale_ckv=torch.ones(1))])
+def test_a_failed_call_leaves_the_caches_untouched(overrides):
+    inputs, kv, kr, idx = _wrapper_inputs((5,))
+    kv0, kr0 = kv.clone(), kr.clone()
+    with pytest.raises(ValueError):
+        tot.npu_mla_prolog_v3(*positional(inputs, kv, kr), **{"cache_index": idx, **overrides})
+    assert torch.equal(kv, kv0) and torch.equal(kr, kr0)
