@@ -181,6 +181,16 @@ def _combine_args(name):
     return (out[0], ids, out[2], out[4], torch.rand(3, 2), group, world, rank, experts), {}
 
 
+def _kv_rmsnorm():
+    """DeepSeek's latent row (512 + 64) of 2 tokens into PA_BNSD caches of 2 blocks of 16."""
+    kv = torch.randn(2, 1, 1, 576, dtype=torch.bfloat16)
+    cos, sin = torch.randn(2, 1, 1, 64, dtype=torch.bfloat16), torch.randn(2, 1, 1, 64, dtype=torch.bfloat16)
+    k_cache = torch.zeros(2, 16, 1, 64, dtype=torch.bfloat16)
+    ckv_cache = torch.zeros(2, 16, 1, 512, dtype=torch.bfloat16)
+    return ((kv, torch.rand(512, dtype=torch.bfloat16), cos, sin, torch.tensor([3, 17]), k_cache, ckv_cache),
+            dict(cache_mode="PA_BNSD", is_output_kv=True))
+
+
 SAMPLES = {
     "npu_fusion_attention": _fa,
     "npu_fusion_attention_grad": _fa_grad,
@@ -208,6 +218,11 @@ SAMPLES = {
                                                torch.randn(1, 3, 1, 8)), {}),
     "npu_apply_rotary_pos_emb": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
                                           torch.randn(1, 3, 1, 8)), {}),
+    "npu_interleave_rope": lambda: ((torch.randn(2, 3, 1, 64), torch.randn(2, 1, 1, 64), torch.randn(2, 1, 1, 64)),
+                                    {}),
+    "npu_kv_rmsnorm_rope_cache": lambda: _kv_rmsnorm(),
+    "npu_kv_rmsnorm_rope_cache_v2": lambda: _kv_rmsnorm(),
+    "npu_kv_rmsnorm_rope_cache_v2_functional": lambda: _kv_rmsnorm(),
     "npu_grouped_matmul": lambda: (([torch.randn(6, 4)], [torch.randn(2, 4, 5)]),
                                    dict(group_list=torch.tensor([2, 6]), split_item=2, group_type=0)),
     "npu_grouped_matmul_swiglu_quant": lambda: ((torch.randint(-9, 9, (4, 8), dtype=torch.int8),
