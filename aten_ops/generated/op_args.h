@@ -153,6 +153,31 @@ decltype(auto) apply_args(const RopeWithSinCosCacheArgs& a, F&& f) {
   return f(a.positions, a.query, a.key, a.cos_sin_cache, a.head_size, a.is_neox_style);
 }
 
+// interleave_rope
+struct InterleaveRopeArgs {
+  const at::Tensor& x;
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const InterleaveRopeArgs& a, F&& f) {
+  return f(a.x, a.cos, a.sin);
+}
+
+// interleave_rope_grad
+struct InterleaveRopeGradArgs {
+  const at::Tensor& grad;
+  const at::Tensor& x;
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const InterleaveRopeGradArgs& a, F&& f) {
+  return f(a.grad, a.x, a.cos, a.sin);
+}
+
 // scatter_pa_kv_cache
 struct ScatterPaKvCacheArgs {
   const at::Tensor& key;
@@ -180,6 +205,30 @@ struct GatherPaKvCacheArgs {
 template <class F>
 decltype(auto) apply_args(const GatherPaKvCacheArgs& a, F&& f) {
   return f(a.key_cache, a.value_cache, a.block_table, a.seq_lens, a.cache_layout);
+}
+
+// kv_rms_norm_rope_cache
+struct KvRmsNormRopeCacheArgs {
+  const at::Tensor& kv;
+  const at::Tensor& gamma;
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+  const at::Tensor& index;
+  const at::Tensor& k_cache;
+  const at::Tensor& ckv_cache;
+  const std::optional<at::Tensor>& k_rope_scale;
+  const std::optional<at::Tensor>& c_kv_scale;
+  const std::optional<at::Tensor>& k_rope_offset;
+  const std::optional<at::Tensor>& c_kv_offset;
+  const std::optional<at::Tensor>& v;
+  double epsilon;
+  c10::string_view cache_mode;
+  bool is_output_kv;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const KvRmsNormRopeCacheArgs& a, F&& f) {
+  return f(a.kv, a.gamma, a.cos, a.sin, a.index, a.k_cache, a.ckv_cache, a.k_rope_scale, a.c_kv_scale, a.k_rope_offset, a.c_kv_offset, a.v, a.epsilon, a.cache_mode, a.is_output_kv);
 }
 
 // prompt_flash_attention

@@ -9,12 +9,15 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 36> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 39> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
+    "interleave_rope",
+    "interleave_rope_grad",
     "scatter_pa_kv_cache",
     "gather_pa_kv_cache",
+    "kv_rms_norm_rope_cache",
     "prompt_flash_attention",
     "fused_infer_attention_score",
     "attention_update",

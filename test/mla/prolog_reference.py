@@ -124,16 +124,23 @@ def mla_prolog_quant(token_x, w_dq, w_uq_qr, w_uk, w_dkv_kr, gamma_cq, gamma_ckv
     Dr = sin.shape[-1]
     x = token_x.to(d).reshape(T, -1)
     c, s = cos.to(d).reshape(T, 1, Dr), sin.to(d).reshape(T, 1, Dr)
+    # Where upstream's golden function rounds to bf16 (float GEMM results, q_nope before and the query after the
+    # absorption), so do we: an int8 step flips when its input moves by half a step.
+    bf16 = w_uk.dtype
+
+    def rnd(t):
+        return t.to(bf16).to(d)
+
     if weight_quant_mode == 2:
         cq_raw = (x @ w_dq.to(d)) * dequant_scale_x.to(d) * dequant_scale_w_dq.to(d)
         kvr = (x @ w_dkv_kr.to(d)) * dequant_scale_x.to(d) * dequant_scale_w_dkv_kr.to(d)
     else:
-        cq_raw, kvr = x @ w_dq.to(d), x @ w_dkv_kr.to(d)
+        cq_raw, kvr = rnd(x @ w_dq.to(d)), rnd(x @ w_dkv_kr.to(d))
     cq = rms_norm(cq_raw, gamma_cq.to(d), eps_cq) * qc_qr_scale
     smooth = smooth_scales_cq.to(d) if smooth_scales_cq is not None else 1.0
     cq_q, cq_scale = dynamic_quant(cq * smooth)
     q = ((cq_q @ w_uq_qr.to(d)) * cq_scale * dequant_scale_w_uq_qr.to(d)).reshape(T, N, D + Dr)
-    query = torch.einsum("tnd,ndh->tnh", q[..., :D], w_uk.to(d))
+    query = rnd(torch.einsum("tnd,ndh->tnh", rnd(q[..., :D]), w_uk.to(d)))
     query_rope = rope_interleaved(q[..., D:], c, s)
     scale_q = None
     if kv_cache_quant_mode == 1:

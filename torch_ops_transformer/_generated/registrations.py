@@ -26,8 +26,11 @@ OPS = {
     'rotary_position_embedding_grad': OpInfo("Backward of rotary_position_embedding: dx (x's shape and dtype), dcos and dsin reduced over the broadcast dimensions to cos's and sin's shapes and dtypes.", ('CPU', 'PrivateUse1'), False, True),
     'apply_rotary_pos_emb': OpInfo("In-place rotary embedding of query and key (CANN ApplyRotaryPosEmb). layout BSND (alias BSH), BNSD, SBND (4-D) or TND (3-D); rotary_mode 'half', 'interleave', 'quarter' or 'interleave-half' (as rotary_position_embedding). cos/sin broadcast to query and key (query and key may have different head counts); a 2-D [S, D] cos/sin is placed on the layout's sequence axis. Not differentiable.", ('CPU',), False, True),
     'rope_with_sin_cos_cache': OpInfo("vLLM-style rotary embedding with a cos/sin cache: cos_sin_cache [max_position, rot_dim] holds cos in its first rot_dim/2 columns and sin in the rest; positions (int64, shape P, e.g. [T]) index its rows. query/key are [*P, N*head_size] or [*P, N, head_size]; each head's first rot_dim values are rotated (NeoX halves when is_neox_style, GPT-J pairs otherwise), the rest pass through. Returns new contiguous tensors. Positions outside [0, max_position) are an error. Not differentiable.", ('CPU',), False, True),
+    'interleave_rope': OpInfo("torch_npu's npu_interleave_rope (CANN InterleaveRope): over the last dim D (even), the pairs of x are first de-interleaved, q = cat(x[..., 0::2], x[..., 1::2]), then out = q*cos + rotate_half(q)*sin, rotate_half(q) = cat(-q[D/2:], q[:D/2]) (DeepSeek's interleaved rope; output in q's order). x of any rank >= 1 (upstream: 4-D [B, N, S, 64]); cos/sin of one shape, ending in D and broadcasting to x by the usual right-aligned rules (e.g. [B, 1, S, D] or [B, 1, 1, D]). fp32/fp16/bf16/fp64, computed in fp32 (fp64 for fp64). Returns a new contiguous tensor of x's shape and dtype.", ('CPU',), True, True),
+    'interleave_rope_grad': OpInfo("Backward of interleave_rope: dx (x's shape and dtype), dcos and dsin reduced over the broadcast dimensions to cos's and sin's shapes and dtypes.", ('CPU',), False, True),
     'scatter_pa_kv_cache': OpInfo('Writes T new K/V token rows ([T, N2, D] or [T, N2*D]) into a paged cache, in place: token t goes to slot slot_mapping[t] = block*block_size + offset; -1 skips the token (padding). Caches are contiguous (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D) with cache_layout "BSND", or (num_blocks, N2, block_size, D) with "BNSD" (the head-major paged layout of incre_flash_attention); value\'s D may differ from key\'s. Slots must be distinct (a repeated slot is an error). Not differentiable.', ('CPU',), False, True),
     'gather_pa_kv_cache': OpInfo('Packs the first seq_lens[b] tokens of each sequence of a paged cache into contiguous K/V of shape [sum(seq_lens), *cache.shape[2:]] ([sum(seq_lens), N2, D] for cache_layout "BNSD"), sequence after sequence. block_table int32/int64 [B, max_blocks] maps logical to physical blocks (entries past ceil(seq_lens[b]/block_size) are ignored); seq_lens int64/int32 [B]. The output length is data-dependent (an unbacked size under torch.compile).', ('CPU',), False, True),
+    'kv_rms_norm_rope_cache': OpInfo("MLA's fused K path (CANN KvRmsNormRopeCache / V2): per token row of kv [B, N, S, D], RMSNorm (fp32, gamma, epsilon) and npu_interleave_rope, written in place into k_cache / ckv_cache. Without v: c_kv = RMSNorm(kv[..., :D-Dr]) -> ckv_cache, k_rope = interleave_rope(kv[..., D-Dr:]) -> k_cache (Dr = cos.size(-1)); with v [B, N, S, Dv]: y = RMSNorm(kv), k_rope = cat(interleave_rope(y[..., :Dr]), y[..., Dr:]) -> k_cache, c_kv = v -> ckv_cache. cache_mode: 'Norm' (caches [B, N, Sc, *], index [B, S] positions), 'PA'/'PA_BNSD' (alias 'PA_BSND'; caches [blocks, block_size, N, *], index [B*S] slots), 'PA_BLK_BNSD' (index [B*ceil(S/block_size)] block start slots), 'PA_NZ'/'PA_BLK_NZ' (same, caches stored [blocks, D/d0, block_size, d0], d0 = 32 bytes; N=1). Negative index entries skip their tokens. int8 caches: q = clamp(round(x*scale + offset), -128, 127) with k_rope_scale/c_kv_scale (fp32 [D], [1, D], [N, D] or [1]) and optional offsets. Returns k_rope and c_kv in kv's dtype (always filled; is_output_kv is accepted for torch_npu). Not differentiable.", ('CPU',), False, True),
     'prompt_flash_attention': OpInfo("Prefill attention (CANN PromptFlashAttention): out = Softmax(Mask(scale_value*Q Kᵀ + pse_shift)) V. Layouts BSH, BSND, BNSD, BNSD_BSND (BNSD in, BSND out), TND. actual_seq_lengths / actual_seq_lengths_kv are int64/int32 tensors of per-batch lengths (each <= the padded S) for the dense layouts, cumulative ends for TND; query rows beyond a sequence's length are zeros. num_key_value_heads (0 = num_heads) for GQA. sparse_mode 0-4 as flash_attention_score; in mode 0 without atten_mask pre_tokens/next_tokens are ignored (full attention), with a mask the band i-pre_tokens <= j <= i+next_tokens is applied too (next_tokens defaults to 0: causal). padding_mask is reserved (must be None). Returns attention_out in q's dtype.", ('CPU',), False, True),
     'fused_infer_attention_score': OpInfo('CANN FusedInferAttentionScore: prefill and decode in one entry. Without block_table it runs the prompt_flash_attention path (same layouts, lengths, masks, sparse modes, pse_shift; any Sq, so also contiguous-cache decode). With block_table (paged KV cache) every argument means the same as on the keys laid out contiguously: one-token calls whose band hides no key run npu_fa::incre_flash_attention in place (actual_seq_lengths_kv as its per-batch KV lengths), the rest the prefill path on the gathered blocks (mask and pse_shift indexed by key position, last dim >= the longest sequence). A physical block may appear in several block_table entries (read-only). Returns (attention_out, softmax_lse): softmax_lse is fp32 [B,N,Sq,1] ([T,N,1] for TND) = logsumexp of the scaled, masked scores (-inf for rows that see no key or lie beyond their sequence) when softmax_lse_flag, else an empty tensor. The antiquant arguments (int8 key/value) mean what they mean for incre_flash_attention; the decode route passes them on (no copy of the cache), the prefill route dequantises the keys it uses (the gathered blocks when paged, else the cache) to fp32 first.', ('CPU',), False, True),
     'attention_update': OpInfo('Merges K partial attention results computed over disjoint key ranges (ring / context-parallel attention): lse [K, ...] fp32 (or fp64), out [K, ..., D]; returns attention_out [..., D] = sum_i exp(lse_i - L) out_i and softmax_lse [...] = L = log sum_i exp(lse_i). A partial lse of -inf (empty key range) gets weight exactly 0; if all are -inf the row is 0 with L = -inf. Differentiable in both inputs.', ('CPU',), True, True),
@@ -172,6 +175,24 @@ def _fake_rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_siz
     return _fake_kernel('torch_ops_transformer.fake.rope', 'rope_with_sin_cos_cache')(a)
 
 
+InterleaveRopeArgs = collections.namedtuple('InterleaveRopeArgs', ['x', 'cos', 'sin'])
+
+
+def _fake_interleave_rope(x, cos, sin):
+    a = InterleaveRopeArgs(x, cos, sin)
+    check_devices('interleave_rope', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.rope', 'interleave_rope')(a)
+
+
+InterleaveRopeGradArgs = collections.namedtuple('InterleaveRopeGradArgs', ['grad', 'x', 'cos', 'sin'])
+
+
+def _fake_interleave_rope_grad(grad, x, cos, sin):
+    a = InterleaveRopeGradArgs(grad, x, cos, sin)
+    check_devices('interleave_rope_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.rope', 'interleave_rope_grad')(a)
+
+
 ScatterPaKvCacheArgs = collections.namedtuple('ScatterPaKvCacheArgs', ['key', 'value', 'key_cache', 'value_cache', 'slot_mapping', 'cache_layout'])
 
 
@@ -188,6 +209,15 @@ def _fake_gather_pa_kv_cache(key_cache, value_cache, block_table, seq_lens, cach
     a = GatherPaKvCacheArgs(key_cache, value_cache, block_table, seq_lens, cache_layout)
     check_devices('gather_pa_kv_cache', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.kv_cache', 'gather_pa_kv_cache')(a)
+
+
+KvRmsNormRopeCacheArgs = collections.namedtuple('KvRmsNormRopeCacheArgs', ['kv', 'gamma', 'cos', 'sin', 'index', 'k_cache', 'ckv_cache', 'k_rope_scale', 'c_kv_scale', 'k_rope_offset', 'c_kv_offset', 'v', 'epsilon', 'cache_mode', 'is_output_kv'])
+
+
+def _fake_kv_rms_norm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="Norm", is_output_kv=False):
+    a = KvRmsNormRopeCacheArgs(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv)
+    check_devices('kv_rms_norm_rope_cache', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.kv_cache', 'kv_rms_norm_rope_cache')(a)
 
 
 PromptFlashAttentionArgs = collections.namedtuple('PromptFlashAttentionArgs', ['query', 'key', 'value', 'padding_mask', 'atten_mask', 'pse_shift', 'actual_seq_lengths', 'actual_seq_lengths_kv', 'num_heads', 'scale_value', 'pre_tokens', 'next_tokens', 'input_layout', 'num_key_value_heads', 'sparse_mode', 'inner_precise'])
@@ -666,6 +696,27 @@ def _backward_rotary_position_embedding(ctx, grad_result0):
     )
 
 
+def _setup_interleave_rope(ctx, inputs, output):
+    (x, cos, sin,) = inputs
+    result0 = output
+    ctx.save_for_backward(x, cos, sin)
+
+
+def _backward_interleave_rope(ctx, grad_result0):
+    (x, cos, sin,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.interleave_rope_grad.default(
+        grad_result0,
+        x,
+        cos,
+        sin,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        grads[1] if _needs_grad(ctx, 1) else None,  # cos
+        grads[2] if _needs_grad(ctx, 2) else None,  # sin
+    )
+
+
 def _setup_attention_update(ctx, inputs, output):
     (lse, out,) = inputs
     (attention_out, softmax_lse,) = output
@@ -1131,8 +1182,12 @@ def register():
     torch.library.register_fake("npu_fa::rotary_position_embedding_grad", _fake_rotary_position_embedding_grad)
     torch.library.register_fake("npu_fa::apply_rotary_pos_emb", _fake_apply_rotary_pos_emb)
     torch.library.register_fake("npu_fa::rope_with_sin_cos_cache", _fake_rope_with_sin_cos_cache)
+    torch.library.register_fake("npu_fa::interleave_rope", _fake_interleave_rope)
+    torch.library.register_autograd("npu_fa::interleave_rope", _backward_interleave_rope, setup_context=_setup_interleave_rope)
+    torch.library.register_fake("npu_fa::interleave_rope_grad", _fake_interleave_rope_grad)
     torch.library.register_fake("npu_fa::scatter_pa_kv_cache", _fake_scatter_pa_kv_cache)
     torch.library.register_fake("npu_fa::gather_pa_kv_cache", _fake_gather_pa_kv_cache)
+    torch.library.register_fake("npu_fa::kv_rms_norm_rope_cache", _fake_kv_rms_norm_rope_cache)
     torch.library.register_fake("npu_fa::prompt_flash_attention", _fake_prompt_flash_attention)
     torch.library.register_fake("npu_fa::fused_infer_attention_score", _fake_fused_infer_attention_score)
     torch.library.register_fake("npu_fa::attention_update", _fake_attention_update)

@@ -10,6 +10,8 @@
 // (fp64 for fp64) and rounded to the output dtype once. The quantised variants follow upstream's int8 formulas:
 // int8 GEMMs are exact in int32 (at::_int_mm) and dequantised per token x per channel in fp32.
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cpu/mla/latent_rows.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -66,22 +69,52 @@ const at::Tensor& required(const char* name, const std::optional<at::Tensor>& t,
   return *t;
 }
 
-// Per-row RMSNorm in the accumulation dtype: x / sqrt(mean(x^2) + eps) * gamma * scale.
-at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& gamma, double eps, double scale, at::ScalarType acc) {
-  const at::Tensor xf = x.to(acc);
-  const at::Tensor inv = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  at::Tensor y = xf * inv * gamma.to(acc);
-  return scale == 1.0 ? y : y * scale;
+// The rows below go through the shared row functions of latent_rows.h (RMSNorm, interleaved rope, cache-slot
+// write); A is the accumulation type of the source rows (float, or double for double).
+
+// RMSNorm of each row of x [T, n] (unit last stride, any row stride) into a new [T, n] tensor of A, with
+// gamma * scale as the weight (the correction factor folded into gamma once).
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& gamma, double eps, double scale) {
+  TORCH_INTERNAL_ASSERT(x.dim() == 2 && x.stride(1) == 1);
+  const int64_t T = x.size(0), n = x.size(1);
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "mla_prolog_rms_norm", [&] {
+    using A = mla::acc_of<scalar_t>;
+    out = at::empty({T, n}, x.options().dtype(c10::CppTypeToScalarType<A>::value));
+    const at::Tensor g = (gamma.to(out.scalar_type()) * scale).contiguous();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const A* gp = g.const_data_ptr<A>();
+    A* op = out.mutable_data_ptr<A>();
+    const int64_t stride = x.stride(0);
+    at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) mla::rms_norm_row(xp + t * stride, n, gp, eps, op + t * n);
+    });
+  });
+  return out;
 }
 
-// Interleaved rope over the last dim (Dr): y = cat(x[0::2], x[1::2]); out = y * cos + rotate_half(y) * sin.
-// cos/sin [T, Dr] broadcast over the head dim of x [T, H, Dr].
-at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::ScalarType acc) {
-  const at::Tensor xf = x.to(acc);
-  const int64_t h = xf.size(-1) / 2;
-  const at::Tensor y = at::cat({xf.slice(-1, 0, c10::nullopt, 2), xf.slice(-1, 1, c10::nullopt, 2)}, -1);
-  const at::Tensor rot = at::cat({-y.slice(-1, h), y.slice(-1, 0, h)}, -1);
-  return y * cos.to(acc).unsqueeze(1) + rot * sin.to(acc).unsqueeze(1);
+// Interleaved rope of x [T, H, Dr] (unit last stride) with the token's cos/sin (given in x's accumulation type,
+// [T, Dr]), into a new [T, H, Dr] tensor of A.
+at::Tensor interleave_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_INTERNAL_ASSERT(x.dim() == 3 && x.stride(2) == 1);
+  const int64_t T = x.size(0), H = x.size(1), d = x.size(2);
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "mla_prolog_rope", [&] {
+    using A = mla::acc_of<scalar_t>;
+    const auto adt = c10::CppTypeToScalarType<A>::value;
+    out = at::empty({T, H, d}, x.options().dtype(adt));
+    const at::Tensor c = cos.to(adt).contiguous(), s = sin.to(adt).contiguous();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const A *cp = c.const_data_ptr<A>(), *sp = s.const_data_ptr<A>();
+    A* op = out.mutable_data_ptr<A>();
+    const int64_t s0 = x.stride(0), s1 = x.stride(1);
+    at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          mla::interleave_rope_row(xp + t * s0 + h * s1, cp + t * d, sp + t * d, d, op + (t * H + h) * d);
+    });
+  });
+  return out;
 }
 
 // Symmetric int8 of upstream's golden functions: round half to even, then saturate.
@@ -206,27 +239,24 @@ Destinations destinations(CacheMode mode, int64_t T, int64_t B, int64_t S, int64
   return d;
 }
 
-// Writes rows [T, width] (already in the cache's dtype; every one of the Nkv heads gets the same row) into
-// `cache` at the destination rows. ND: the cache is [rows, Nkv, width]. NZ: each block of block_size rows is
-// stored as [Nkv*width / c, block_size, c] with c = 32 bytes of elements.
-void write_rows(const at::Tensor& cache, const at::Tensor& rows, const Destinations& d, int64_t nkv,
-                int64_t block_size, bool nz_layout) {
-  if (d.token.empty() || cache.numel() == 0) return;
-  const auto opts = at::TensorOptions().dtype(at::kLong);
-  const at::Tensor tok = at::from_blob(const_cast<int64_t*>(d.token.data()), {(int64_t)d.token.size()}, opts);
-  const at::Tensor dst = at::from_blob(const_cast<int64_t*>(d.row.data()), {(int64_t)d.row.size()}, opts);
-  const int64_t width = rows.size(1);
-  at::Tensor src = rows.index_select(0, tok).unsqueeze(1).expand({-1, nkv, width}).reshape({-1, nkv * width});
-  if (!nz_layout) {
-    at::Tensor flat = cache.view({-1, nkv * width});
-    flat.index_copy_(0, dst, src);
-    return;
+// One row of n values (A) into `cache` (its own dtype; int8 quantised with *quant) at addr.
+template <typename A>
+void write_row(const A* v, int64_t n, const at::Tensor& cache, const mla::RowAddr& addr,
+               const mla::QuantParams* quant) {
+  switch (cache.scalar_type()) {
+    case at::kChar: mla::write_cache_row(v, n, static_cast<int8_t*>(cache.data_ptr()), addr, quant); break;
+    case at::kFloat: mla::write_cache_row(v, n, static_cast<float*>(cache.data_ptr()), addr, quant); break;
+    case at::kDouble: mla::write_cache_row(v, n, static_cast<double*>(cache.data_ptr()), addr, quant); break;
+    case at::kHalf: mla::write_cache_row(v, n, static_cast<c10::Half*>(cache.data_ptr()), addr, quant); break;
+    case at::kBFloat16: mla::write_cache_row(v, n, static_cast<c10::BFloat16*>(cache.data_ptr()), addr, quant); break;
+    default: TORCH_CHECK_TYPE(false, kOp, ": cache dtype ", cache.scalar_type(), " is not supported");
   }
-  const int64_t c = 32 / cache.element_size();
-  const int64_t chunks = nkv * width / c;
-  at::Tensor blocks = cache.view({-1, chunks, block_size, c});
-  const at::Tensor blk = at::div(dst, block_size, "floor"), off = at::remainder(dst, block_size);
-  blocks.index_put_({blk, at::indexing::Slice(), off, at::indexing::Slice()}, src.view({-1, chunks, c}));
+}
+
+// Where a token row of n values (Nkv heads x width) goes: cache row `row` of a contiguous or ND paged cache, or
+// slot `row` of an NZ paged cache ([BlockNum, n / c, BlockSize, c], c = 32 bytes of elements).
+mla::RowAddr row_addr(int64_t row, int64_t n, int64_t block_size, bool nz_layout, int64_t itemsize) {
+  return nz_layout ? mla::paged_row_nz(row, block_size, n, mla::nz_chunk(itemsize)) : mla::paged_row_nd(row, n);
 }
 
 }  // namespace
@@ -409,7 +439,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolo
     cq_raw = at::mm(x2, a.weight_dq);
     ckvkr = at::mm(x2, a.weight_dkv_kr);
   }
-  const at::Tensor cq = rms_norm_rows(cq_raw, a.rmsnorm_gamma_cq, a.rmsnorm_epsilon_cq, a.qc_qr_scale, acc);
+  const at::Tensor cq = rms_norm_rows(cq_raw, a.rmsnorm_gamma_cq, a.rmsnorm_epsilon_cq, a.qc_qr_scale);
   at::Tensor qcqr, query_norm, dequant_scale_q_norm;  // qcqr: c^Q W_uq_qr [T, N*(D+Dr)]
   if (wq == 0) {
     const at::Tensor cq_dt = cq.to(dt);
@@ -433,15 +463,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolo
   // Absorption: per head n, q_nope[:, n, :] [T, D] @ weight_uk[n] [D, Hckv], one batched GEMM in the output dtype.
   const at::Tensor q_nope = q3.slice(2, 0, D).to(dt).transpose(0, 1);  // [N, T, D]
   at::Tensor query = at::bmm(q_nope, a.weight_uk).transpose(0, 1).contiguous();  // [T, N, Hckv]
-  at::Tensor query_rope = interleave_rope(q3.slice(2, D), cos2, sin2, acc);       // [T, N, Dr] in acc
+  at::Tensor query_rope = interleave_rope(q3.slice(2, D), cos2, sin2).to(acc);  // [T, N, Dr]
   at::Tensor dequant_scale_q_nope;
   if (qq == 1) {
     const at::Tensor qs = float_scale("quant_scale_ckv", a.quant_scale_ckv, {1}, "1", "with kv_cache_quant_mode 1");
     auto [q_i8, q_scale] = dynamic_quant_rows(query.to(at::kFloat));  // per token and head
     // The rope part is pre-divided by the query's scale and multiplied by the cache's, so that scores from the
-    // int8 query and int8 cache need one rescale (upstream's formula).
+    // int8 query and int8 cache need one rescale (upstream's formula, which rescales the rounded rope values).
     const at::Tensor safe = at::where(q_scale > 0, q_scale, at::ones_like(q_scale));
-    query_rope = query_rope * qs.to(acc) / safe.to(acc);
+    query_rope = query_rope.to(dt).to(acc) * qs.to(acc) / safe.to(acc);
     query = q_i8;
     dequant_scale_q_nope = q_scale;  // [T, N, 1]
   } else {
@@ -454,27 +484,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolo
   }
 
   // ---- KV path ----------------------------------------------------------------------------------------------
-  const at::Tensor ckv = rms_norm_rows(ckvkr.slice(1, 0, Hckv), a.rmsnorm_gamma_ckv, a.rmsnorm_epsilon_ckv,
-                                       a.kc_scale, acc);
-  const at::Tensor kpe = interleave_rope(ckvkr.slice(1, Hckv).unsqueeze(1), cos2, sin2, acc).squeeze(1);
-  at::Tensor kv_rows, kr_rows;
-  if (kvq == 0) {
-    kv_rows = ckv.to(kv.scalar_type());
-    kr_rows = kpe.to(kr.scalar_type());
-  } else if (kvq == 1) {
-    const at::Tensor qs = float_scale("quant_scale_ckv", a.quant_scale_ckv, {1}, "1", "with kv_cache_quant_mode 1");
-    kv_rows = to_int8(ckv * qs.to(acc));
-    kr_rows = kpe.to(kr.scalar_type());
-  } else {
+  // Only the tokens that write a row are computed: RMSNorm / rope into a row buffer, repeated for the Nkv heads,
+  // then written (converted or quantised) by the shared row writer. Rows are distinct, so tokens run in parallel.
+  mla::QuantParams kv_quant, kr_quant;
+  std::vector<float> kv_scale, kr_scale;
+  if (kvq == 1) {
+    kv_scale = {float_scale("quant_scale_ckv", a.quant_scale_ckv, {1}, "1", "with kv_cache_quant_mode 1").item<float>()};
+    kv_quant.scale = kv_scale.data();
+  } else if (kvq == 2) {
     const at::Tensor qkv = float_scale("quant_scale_ckv", a.quant_scale_ckv, {1, Hckv}, "1, Hckv",
-                                       "with kv_cache_quant_mode 2");
+                                       "with kv_cache_quant_mode 2").repeat({1, nkv}).contiguous();
     const at::Tensor qkr = float_scale("quant_scale_ckr", a.quant_scale_ckr, {1, Dr}, "1, Dr",
-                                       "with kv_cache_quant_mode 2");
-    kv_rows = to_int8(ckv * qkv.to(acc));
-    kr_rows = to_int8(kpe * qkr.to(acc));
+                                       "with kv_cache_quant_mode 2").repeat({1, nkv}).contiguous();
+    kv_scale.assign(qkv.const_data_ptr<float>(), qkv.const_data_ptr<float>() + qkv.numel());
+    kr_scale.assign(qkr.const_data_ptr<float>(), qkr.const_data_ptr<float>() + qkr.numel());
+    kv_quant = {kv_scale.data(), 1, nullptr, 0};
+    kr_quant = {kr_scale.data(), 1, nullptr, 0};
   }
-  write_rows(kv, kv_rows, dest, nkv, block_size, nz(mode));
-  write_rows(kr, kr_rows, dest, nkv, block_size, nz(mode));
+  const mla::QuantParams* kvp = kvq >= 1 ? &kv_quant : nullptr;
+  const mla::QuantParams* krp = kvq == 2 ? &kr_quant : nullptr;
+  if (!dest.token.empty() && kv.numel() > 0 && kr.numel() > 0) {
+    const at::Tensor src = ckvkr.contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "mla_prolog_kv_rows", [&] {
+      using A = mla::acc_of<scalar_t>;
+      const auto adt = c10::CppTypeToScalarType<A>::value;
+      const at::Tensor g = (a.rmsnorm_gamma_ckv.to(adt) * a.kc_scale).contiguous();
+      const at::Tensor c = cos2.to(adt).contiguous(), s = sin2.to(adt).contiguous();
+      const scalar_t* xp = src.const_data_ptr<scalar_t>();
+      const A *gp = g.const_data_ptr<A>(), *cp = c.const_data_ptr<A>(), *sp = s.const_data_ptr<A>();
+      const int64_t ld = Hckv + Dr, nv = nkv * Hckv, nr = nkv * Dr;
+      const bool nzl = nz(mode);
+      at::parallel_for(0, (int64_t)dest.token.size(), 8, [&](int64_t i0, int64_t i1) {
+        std::vector<A> vrow(nv), rrow(nr);
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t t = dest.token[i], r = dest.row[i];
+          mla::rms_norm_row(xp + t * ld, Hckv, gp, a.rmsnorm_epsilon_ckv, vrow.data());
+          mla::interleave_rope_row(xp + t * ld + Hckv, cp + t * Dr, sp + t * Dr, Dr, rrow.data());
+          for (int64_t h = 1; h < nkv; ++h) {
+            std::copy(vrow.begin(), vrow.begin() + Hckv, vrow.begin() + h * Hckv);
+            std::copy(rrow.begin(), rrow.begin() + Dr, rrow.begin() + h * Dr);
+          }
+          write_row(vrow.data(), nv, kv, row_addr(r, nv, block_size, nzl, kv.element_size()), kvp);
+          write_row(rrow.data(), nr, kr, row_addr(r, nr, block_size, nzl, kr.element_size()), krp);
+        }
+      });
+    });
+  }
   return {query, query_rope, dequant_scale_q_nope, query_norm, dequant_scale_q_norm};
 }
 
