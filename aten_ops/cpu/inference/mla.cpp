@@ -110,8 +110,10 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
   }
   const auto dt = q.scalar_type();
   const bool same_dtype = a.key.scalar_type() == dt && a.value.scalar_type() == dt;
-  const bool band_only = a.sparse_mode == 2 || a.sparse_mode == 3 || a.sparse_mode == 4 ||
-                         (a.sparse_mode == 0 && !a.atten_mask.has_value());
+  // Modes 2-4 with a mask: the ordinary path checks that it is the optimised causal mask (the wrapper passes None
+  // for one it has verified).
+  const bool band_only = !a.atten_mask.has_value() && (a.sparse_mode == 0 || a.sparse_mode == 2 ||
+                                                       a.sparse_mode == 3 || a.sparse_mode == 4);
   const bool kernel = N2 == 1 && !a.pse_shift.has_value() && band_only && same_dtype &&
                       (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) && q.device().is_cpu();
   if (!kernel) {
