@@ -2,7 +2,7 @@
 
 Sections: prefill (`npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`,
 `npu_attention_update`), then decode (`npu_incre_flash_attention`). Arguments are checked and converted by `_args`
-(ValueError for a bad value, NotImplementedError for the quantisation / shared-prefix / rope variants that are not
+(ValueError for a bad value, NotImplementedError for the quantisation / shared-prefix variants that are not
 implemented).
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
@@ -431,13 +431,22 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     `key_antiquant_mode`/`value_antiquant_mode`: 0 per-channel, 1 per-token, 2 per-tensor per-head, 3 per-token
     per-head) or the stacked `antiquant_scale`/`antiquant_offset` ([2, ...], `antiquant_mode` 0/1); x = (x_int8 +
     offset) * scale. Both routes read the int8 cache itself (the decode kernel with integer dot products, the
-    prefill kernel dequantising tile by tile; docs/inference.md). The other quantisation arguments, shared-prefix, rope and padding-size
-    arguments raise NotImplementedError naming them.
+    prefill kernel dequantising tile by tile; docs/inference.md). The other quantisation arguments, shared-prefix and
+    padding-size arguments raise NotImplementedError naming them.
+    MLA: `query_rope` / `key_rope` (both or neither; query's / key's shape with the rope dim last, same dtypes) add
+    q_rope·k_ropeᵀ to the scores. Absorbed MLA (head dim 512 = kv_lora_rank, which needs num_key_value_heads=1 and
+    rope dim 64 as upstream): the latent cache is key (and usually value, the same tensor), every layout and paged
+    or contiguous cache above, decode and prefill (sparse_mode 0/3/4, also 2), and softmax_lse_flag (which upstream
+    lacks there). One KV head with a band-only sparse mode runs a dedicated kernel reading the caches in place; other
+    head dims (upstream's non-absorbed 128), GQA, masks and pse_shift append the rope parts to the heads.
+    `key_rope_antiquant_scale` is reserved upstream: accepted (a tensor) and unused. docs/inference.md, "MLA".
     """
     op = "npu_fused_infer_attention_score"
     _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
-                          dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
-                          key_rope_antiquant_scale=key_rope_antiquant_scale)
+                          dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    if key_rope_antiquant_scale is not None and not isinstance(key_rope_antiquant_scale, Tensor):
+        raise TypeError(f"{op}: argument 'key_rope_antiquant_scale' must be a Tensor or None; got "
+                        f"{type(key_rope_antiquant_scale).__name__}")
     if isinstance(key, Tensor) and key.dtype == torch.int32:  # int4 packed in int32 (upstream's int4 antiquant)
         _args.not_implemented(op, "int4 (int32-packed) KV antiquant", antiquant_scale=antiquant_scale,
                               antiquant_offset=antiquant_offset, key_antiquant_scale=key_antiquant_scale,
@@ -489,9 +498,9 @@ def npu_fused_infer_attention_score_v2(
     dequant_scale_value / dequant_offset_value and key_quant_mode / value_quant_mode are v1's key_antiquant_scale /
     key_antiquant_offset / value_antiquant_scale / value_antiquant_offset / key_antiquant_mode / value_antiquant_mode
     (0 per-channel or per-tensor, 1 per-token, 2 per-tensor per-head, 3 per-token per-head; x = (x_int8 + offset) *
-    scale), with v1's rules. The other quantisation (dequant_scale_query, query_quant_mode, quant_*_out, out_dtype,
-    an int8 query, int4 packed in int32, the *_dtype arguments), rope (MLA) and the tree mask of sparse_mode 9 (MLA
-    only) raise NotImplementedError naming them; dequant_scale_key_rope and quant_scale_p are reserved upstream
+    scale), with v1's rules. `query_rope` / `key_rope` (MLA) as in v1. The other quantisation (dequant_scale_query,
+    query_quant_mode, quant_*_out, out_dtype, an int8 query, int4 packed in int32, the *_dtype arguments) and the tree
+    mask of sparse_mode 9 (MLA only) raise NotImplementedError naming them; dequant_scale_key_rope and quant_scale_p are reserved upstream
     (ValueError unless None).
     """
     op = "npu_fused_infer_attention_score_v2"

@@ -376,3 +376,35 @@ def test_int8_cache_with_rope_not_implemented():
     with pytest.raises(NotImplementedError, match="int8 key/value"):
         torch.ops.npu_fa.fused_infer_attention_score(qn.half(), c8, c8, query_rope=qr.half(), key_rope=kr.half(),
                                                      num_heads=4, num_key_value_heads=1, input_layout="BSND")
+
+
+# ---- graph capture ----
+
+def test_compile_paged_latent_decode(dynamo_reset):
+    B, S, N, bs = 2, 64, 8, 16
+    qn, qr, c, kr, v = make(B, 1, S, N, 64, 16, torch.float32)
+    table, nb = table_for(B, S, bs)
+    cache, rope = paged(c, bs, table, nb, "bsnd"), paged(kr, bs, table, nb, "bsnd")
+
+    def f(q, q_r, kc, rc):
+        return tot.npu_fused_infer_attention_score(q, kc, kc, query_rope=q_r, key_rope=rc, num_heads=N,
+                                                   num_key_value_heads=1, scale=0.1, input_layout="BSND",
+                                                   block_table=table, block_size=bs, actual_seq_lengths_kv=[S, 40],
+                                                   softmax_lse_flag=True)
+
+    eager = f(qn, qr, cache, rope)
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)(qn, qr, cache, rope)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_mask_and_pse_take_the_appended_path():
+    # an explicit mask (sparse_mode 0) / pse_shift: rope parts appended to the heads, same answer as the reference
+    B, Sq, S, N = 1, 3, 40, 4
+    qn, qr, c, kr, v = make(B, Sq, S, N, 512, 64, torch.float32)
+    mask = torch.zeros(B, 1, Sq, S, dtype=torch.bool)
+    mask[..., 30:] = True
+    out, _ = tot.npu_fused_infer_attention_score(qn, c[:, :, None], c[:, :, None], query_rope=qr,
+                                                 key_rope=kr[:, :, None], atten_mask=mask, num_heads=N,
+                                                 num_key_value_heads=1, scale=0.05, input_layout="BSND")
+    ref, _ = reference(qn, qr, c[:, :30], kr[:, :30], v[:, :30], [Sq], [30], 0.05)
+    assert (out.double() - ref).abs().max().item() < 1e-5
