@@ -2,7 +2,7 @@
 
 Sections: prefill (`npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`,
 `npu_attention_update`), then decode (`npu_incre_flash_attention`). Arguments are checked and converted by `_args`
-(ValueError for a bad value, NotImplementedError for the quantisation / shared-prefix / rope variants that are not
+(ValueError for a bad value, NotImplementedError for the quantisation / shared-prefix variants that are not
 implemented).
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
@@ -218,10 +218,17 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
                  actual_seq_lengths_kv, block_table, num_heads: int, scale: float, pre_tokens: int, next_tokens: int,
                  input_layout: str, num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
                  softmax_lse_flag: bool, learnable_sink: Optional[Tensor] = None,
-                 antiquant: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
+                 antiquant: Optional[dict] = None, query_rope: Optional[Tensor] = None,
+                 key_rope: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """npu_fused_infer_attention_score(_v2) once their own arguments are checked: the layouts the op lacks, paged
-    TND, torch_npu's rules for one-token queries, and the learnable sink of v2."""
+    TND, torch_npu's rules for one-token queries, the learnable sink of v2 and the rope parts of MLA."""
     key, value = _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value)
+    if (query_rope is None) != (key_rope is None):
+        raise ValueError(f"{op}: arguments 'query_rope' and 'key_rope' must be given together (MLA); got only "
+                         f"'{'query_rope' if query_rope is not None else 'key_rope'}'")
+    for name, t in (("query_rope", query_rope), ("key_rope", key_rope)):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor or None; got {type(t).__name__}")
     if input_layout not in _FIA_LAYOUTS:
         raise ValueError(f"{op}: argument 'input_layout' must be one of {', '.join(_FIA_LAYOUTS)}; "
                          f"got {input_layout!r}")
@@ -232,8 +239,14 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
                          f"shape {list(query.shape)}")
     paged = block_table is not None
     query = _fia_input(query, in_form)
+    if query_rope is not None:
+        query_rope = _fia_input(query_rope, in_form)
     if not paged:
-        key, value = _fia_input(key, in_form), _fia_input(value, in_form)
+        same = value is key   # keep the latent cache passed as both key and value one tensor
+        key = _fia_input(key, in_form)
+        value = key if same else _fia_input(value, in_form)
+        if key_rope is not None:
+            key_rope = _fia_input(key_rope, in_form)
     tnd = base == "TND"
     batch = None if tnd else query.shape[0]
     q_lens = _lengths(op, "actual_seq_lengths", actual_seq_lengths, query.device, batch)
@@ -266,8 +279,10 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
     if paged and not tnd:
         # PagedKVCache's default (num_blocks, block_size, N2, D) is the op's (num_blocks, block_size, N2*D), as in
         # npu_incre_flash_attention and paged TND (upstream's (num_blocks, N2, block_size, D) wins if both match).
-        key, value = (t.flatten(2) if t.dim() == 4 and t.shape[2] != block_size and t.shape[1] == block_size else t
-                      for t in (key, value))
+        same = value is key
+        key, value, key_rope = (t.flatten(2) if t is not None and t.dim() == 4 and t.shape[2] != block_size
+                                and t.shape[1] == block_size else t for t in (key, value, key_rope))
+        value = key if same else value
     if learnable_sink is not None:
         if input_layout not in ("TND", "NTD_TND"):
             raise ValueError(f"{op}: argument 'learnable_sink' needs input_layout TND or NTD_TND (as torch_npu); "
@@ -278,7 +293,7 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
             raise ValueError(f"{op}: argument 'learnable_sink' must be a floating-point tensor of shape "
                              f"(num_query_heads,) = ({num_heads},); got {learnable_sink.dtype} of shape "
                              f"{list(learnable_sink.shape)}")
-    if (paged and tnd and in_form is None and out_form is None and not softmax_lse_flag
+    if (paged and tnd and in_form is None and out_form is None and not softmax_lse_flag and query_rope is None
             and pse_shift is None and (atten_mask is None or sparse_mode == 3) and sparse_mode in (0, 3)
             and key.shape == value.shape
             and kv_lens is not None and _one_token_each(q_lens, query)):
@@ -309,15 +324,18 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         return (out[:, :, 0] if heads_major else out[:, 0]), lse
     if paged and tnd and query.device.type != "cpu":
         # (The CPU op reads a paged TND cache in place; other devices get the used blocks packed into TND keys.)
-        key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size,
-                                                num_key_value_heads or num_heads)
+        kv_heads = num_key_value_heads or num_heads
+        if key_rope is not None:
+            key_rope = _gather_paged_tnd(op, key_rope, key_rope, block_table, kv_lens, block_size, kv_heads)[0]
+        key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size, kv_heads)
         block_table, block_size = None, 0
     out, lse = _OPS.fused_infer_attention_score(
         query, key, value, pse_shift=pse_shift, atten_mask=atten_mask, actual_seq_lengths=q_lens,
         actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
         pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=base, num_key_value_heads=num_key_value_heads,
         sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-        softmax_lse_flag=softmax_lse_flag or learnable_sink is not None, **(antiquant or {}))
+        softmax_lse_flag=softmax_lse_flag or learnable_sink is not None, query_rope=query_rope, key_rope=key_rope,
+        **(antiquant or {}))
     if learnable_sink is not None:
         # The sink is one more logit per head in each softmax row's denominator: with L the row's log-sum-exp over
         # the keys, the output scales by exp(L) / (exp(L) + exp(sink)) = sigmoid(L - sink) (0 for a row without
@@ -413,13 +431,22 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     `key_antiquant_mode`/`value_antiquant_mode`: 0 per-channel, 1 per-token, 2 per-tensor per-head, 3 per-token
     per-head) or the stacked `antiquant_scale`/`antiquant_offset` ([2, ...], `antiquant_mode` 0/1); x = (x_int8 +
     offset) * scale. Both routes read the int8 cache itself (the decode kernel with integer dot products, the
-    prefill kernel dequantising tile by tile; docs/inference.md). The other quantisation arguments, shared-prefix, rope and padding-size
-    arguments raise NotImplementedError naming them.
+    prefill kernel dequantising tile by tile; docs/inference.md). The other quantisation arguments, shared-prefix and
+    padding-size arguments raise NotImplementedError naming them.
+    MLA: `query_rope` / `key_rope` (both or neither; query's / key's shape with the rope dim last, same dtypes) add
+    q_rope·k_ropeᵀ to the scores. Absorbed MLA (head dim 512 = kv_lora_rank, which needs num_key_value_heads=1 and
+    rope dim 64 as upstream): the latent cache is key (and usually value, the same tensor), every layout and paged
+    or contiguous cache above, decode and prefill (sparse_mode 0/3/4, also 2), and softmax_lse_flag (which upstream
+    lacks there). One KV head with a band-only sparse mode runs a dedicated kernel reading the caches in place; other
+    head dims (upstream's non-absorbed 128), GQA, masks and pse_shift append the rope parts to the heads.
+    `key_rope_antiquant_scale` is reserved upstream: accepted (a tensor) and unused. docs/inference.md, "MLA".
     """
     op = "npu_fused_infer_attention_score"
     _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
-                          dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2,
-                          key_rope_antiquant_scale=key_rope_antiquant_scale)
+                          dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    if key_rope_antiquant_scale is not None and not isinstance(key_rope_antiquant_scale, Tensor):
+        raise TypeError(f"{op}: argument 'key_rope_antiquant_scale' must be a Tensor or None; got "
+                        f"{type(key_rope_antiquant_scale).__name__}")
     if isinstance(key, Tensor) and key.dtype == torch.int32:  # int4 packed in int32 (upstream's int4 antiquant)
         _args.not_implemented(op, "int4 (int32-packed) KV antiquant", antiquant_scale=antiquant_scale,
                               antiquant_offset=antiquant_offset, key_antiquant_scale=key_antiquant_scale,
@@ -434,13 +461,13 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
                           kv_padding_size=kv_padding_size)
     _args.not_implemented(op, "attention with a shared prefix", key_shared_prefix=key_shared_prefix,
                           value_shared_prefix=value_shared_prefix, actual_shared_prefix_len=actual_shared_prefix_len)
-    _args.not_implemented(op, "attention with separate rope parts (MLA)", query_rope=query_rope, key_rope=key_rope)
     return _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
                         actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
                         block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens,
                         next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
                         sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-                        softmax_lse_flag=softmax_lse_flag, antiquant=antiquant)
+                        softmax_lse_flag=softmax_lse_flag, antiquant=antiquant, query_rope=query_rope,
+                        key_rope=key_rope)
 
 
 @_args.torch_npu_api
@@ -471,9 +498,9 @@ def npu_fused_infer_attention_score_v2(
     dequant_scale_value / dequant_offset_value and key_quant_mode / value_quant_mode are v1's key_antiquant_scale /
     key_antiquant_offset / value_antiquant_scale / value_antiquant_offset / key_antiquant_mode / value_antiquant_mode
     (0 per-channel or per-tensor, 1 per-token, 2 per-tensor per-head, 3 per-token per-head; x = (x_int8 + offset) *
-    scale), with v1's rules. The other quantisation (dequant_scale_query, query_quant_mode, quant_*_out, out_dtype,
-    an int8 query, int4 packed in int32, the *_dtype arguments), rope (MLA) and the tree mask of sparse_mode 9 (MLA
-    only) raise NotImplementedError naming them; dequant_scale_key_rope and quant_scale_p are reserved upstream
+    scale), with v1's rules. `query_rope` / `key_rope` (MLA) as in v1. The other quantisation (dequant_scale_query,
+    query_quant_mode, quant_*_out, out_dtype, an int8 query, int4 packed in int32, the *_dtype arguments) and the tree
+    mask of sparse_mode 9 (MLA only) raise NotImplementedError naming them; dequant_scale_key_rope and quant_scale_p are reserved upstream
     (ValueError unless None).
     """
     op = "npu_fused_infer_attention_score_v2"
@@ -493,7 +520,6 @@ def npu_fused_infer_attention_score_v2(
                           dequant_scale_key_dtype=dequant_scale_key_dtype,
                           dequant_scale_value_dtype=dequant_scale_value_dtype,
                           dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype)
-    _args.not_implemented(op, "attention with separate rope parts (MLA)", query_rope=query_rope, key_rope=key_rope)
     if sparse_mode == 9:
         raise NotImplementedError(f"{op}: the tree mask of 'sparse_mode'=9 (MLA only upstream) is not implemented")
     try:
@@ -503,7 +529,8 @@ def npu_fused_infer_attention_score_v2(
                             pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
                             num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
                             inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=return_softmax_lse,
-                            learnable_sink=learnable_sink, antiquant=antiquant)
+                            learnable_sink=learnable_sink, antiquant=antiquant, query_rope=query_rope,
+                            key_rope=key_rope)
     except (ValueError, TypeError, NotImplementedError) as e:
         # The decode op checks the antiquant arguments under their v1 names: name v2's in the message instead.
         if not antiquant:

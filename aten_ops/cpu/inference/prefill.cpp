@@ -15,6 +15,7 @@
 #include "common/inference/decode_params.h"
 #include "common/inference/prefill_params.h"
 #include "cpu/attention/kernels.h"
+#include "cpu/inference/mla.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -68,6 +69,7 @@ int64_t paged_query_len(const at::Tensor& q, c10::string_view layout) {
 bool decode_route_fits(const char* op, const FusedInferAttentionScoreArgs& a) {
   const c10::string_view lay = a.input_layout;
   if (a.softmax_lse_flag || !(lay == "BSH" || lay == "BSND" || lay == "BNSD")) return false;
+  if (a.key.sizes() != a.value.sizes()) return false;  // the decode op reads K and V of one head dim
   if (paged_query_len(a.query, lay) != 1) return false;
   const std::optional<at::Tensor>& m = a.atten_mask;
   // The band of query row 0 against keys [0, len): mode 0 with a mask keeps -pre <= j <= next (without one CANN
@@ -232,7 +234,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
                                        a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset,
                                        a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale,
                                        a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode,
-                                       a.value_antiquant_mode};
+                                       a.value_antiquant_mode, a.query_rope, a.key_rope};
   auto page = [&](attention::RowMap& m, const CacheRows& r) {
     m.batch_offset.assign(B, 0);
     m.head_stride = r.head_stride;
@@ -270,6 +272,8 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedIn
   TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 3, op,
                     ": argument 'inner_precise' must be in [0, 3]; got ",
                     args.inner_precise);
+  // MLA: scores gain query_rope·key_ropeᵀ (cpu/inference/mla.cpp).
+  if (args.query_rope.has_value() || args.key_rope.has_value()) return fused_infer_attention_score_mla(op, args);
   const bool int8 = is_int8_kv(args);
   if (!int8)  // antiquant arguments without an int8 cache are an error; modes are range-checked
     attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(args), false, 0, 0, 0, 0);
