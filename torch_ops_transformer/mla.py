@@ -20,7 +20,10 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .kv_cache import BlockAllocator
+from .inference import npu_fused_infer_attention_score
+from .kv_cache import BlockAllocator, npu_kv_rmsnorm_rope_cache
+from .mla_prolog import npu_mla_prolog_v3
+from .rope import npu_interleave_rope
 
 # FIA's rightDownCausal (sparse_mode 3) mask: the compressed 2048 x 2048 upper triangle, True = masked.
 _CAUSAL_MASK_SIZE = 2048
@@ -127,19 +130,6 @@ class MLALatentCache:
         return MLABatch(seq_ids, q_lens, self.seq_lens(seq_ids).tolist(),
                         torch.tensor(slots, dtype=torch.int64, device=device),
                         self.block_table(seq_ids).to(device), self.block_size)
-
-
-def _op(name: str):
-    """The package's wrapper `name`; TEMPORARY: the plain-PyTorch stand-in of _mla_fallback while it is missing."""
-    import torch_ops_transformer as pkg
-    fn = getattr(pkg, name, None)
-    if name == "npu_fused_infer_attention_score" and "query_rope" not in str(
-            torch.ops.npu_fa.fused_infer_attention_score.default._schema):
-        fn = None
-    if fn is None:
-        from . import _mla_fallback
-        fn = getattr(_mla_fallback, name)
-    return fn
 
 
 def _interleave_perm(d: int) -> Tensor:
@@ -252,8 +242,6 @@ class MLAAttention(nn.Module):
                 slots: Tensor) -> Tuple[Tensor, Tensor]:
         """Query in latent space [.., N, kv_lora_rank] and its roped part [.., N, Dr]; writes the new tokens'
         RMSNorm(c_kv) and roped k_rope into the caches at `slots`. x is [T, H] (TND) or [B, S, H] (BSND)."""
-        npu_mla_prolog_v3 = _op("npu_mla_prolog_v3")
-        npu_interleave_rope, npu_kv_rmsnorm_rope_cache = _op("npu_interleave_rope"), _op("npu_kv_rmsnorm_rope_cache")
         if self.q_lora_rank is not None:
             q, q_rope = npu_mla_prolog_v3(
                 x, self.weight_dq, self.weight_uq_qr, self.weight_uk, self.weight_dkv_kr, self.gamma_cq,
@@ -276,7 +264,6 @@ class MLAAttention(nn.Module):
 
     def forward(self, hidden_states: Tensor, cos: Tensor, sin: Tensor, cache: MLALatentCache,
                 batch: MLABatch) -> Tensor:
-        npu_fused_infer_attention_score = _op("npu_fused_infer_attention_score")
         tnd = hidden_states.dim() == 2
         b = len(batch.seq_ids)
         if tnd:
