@@ -38,7 +38,7 @@ inline void load_row(const T* src, int64_t n, A* dst) {
 }
 
 // out[j] = x[j] / sqrt(mean(x^2) + eps) * gamma[j], j < n. gamma is given in A (convert it once per call of the
-// op, not per row). out may alias nothing but may be x itself when T == A.
+// op, not per row). out may be x itself when T == A.
 template <typename T, typename A>
 inline void rms_norm_row(const T* x, int64_t n, const A* gamma, double eps, A* out) {
   using Vec = at::vec::Vectorized<A>;
@@ -125,21 +125,19 @@ inline void quantize_run(const A* v, int64_t n, const QuantParams& q, int64_t j0
   }
 }
 
-// Vectorised form for float rows with per-channel (or broadcast) scales.
+// Vectorised form for float rows (per-channel or per-tensor scale and offset).
 inline void quantize_run(const float* v, int64_t n, const QuantParams& q, int64_t j0, int8_t* dst) {
   using Vec = at::vec::Vectorized<float>;
   constexpr int64_t W = Vec::size();
+  const auto load = [](const float* p, int64_t stride, int64_t j) { return stride == 0 ? Vec(p[0]) : Vec::loadu(p + j); };
+  const Vec lo(-128.f), hi(127.f);
+  alignas(64) float buf[W];
   int64_t j = 0;
-  if (q.scale_stride == 1 && (q.offset == nullptr || q.offset_stride == 1)) {
-    const Vec lo(-128.f), hi(127.f);
-    alignas(64) float buf[W];
-    for (; j + W <= n; j += W) {
-      Vec y = Vec::loadu(v + j) * Vec::loadu(q.scale + j0 + j);
-      if (q.offset != nullptr) y = y + Vec::loadu(q.offset + j0 + j);
-      y = at::vec::clamp(y.round(), lo, hi);
-      y.store(buf);
-      for (int64_t k = 0; k < W; ++k) dst[j + k] = static_cast<int8_t>(buf[k]);
-    }
+  for (; j + W <= n; j += W) {
+    Vec y = Vec::loadu(v + j) * load(q.scale, q.scale_stride, j0 + j);
+    if (q.offset != nullptr) y = y + load(q.offset, q.offset_stride, j0 + j);
+    at::vec::clamp(y.round(), lo, hi).store(buf);
+    for (int64_t k = 0; k < W; ++k) dst[j + k] = static_cast<int8_t>(buf[k]);
   }
   quantize_run<float>(v + j, n - j, q, j0 + j, dst + j);
 }
