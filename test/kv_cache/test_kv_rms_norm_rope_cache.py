@@ -354,6 +354,26 @@ def test_torch_compile_fullgraph_mutates_caches():
         torch.testing.assert_close(a, b)
 
 
+def test_torch_compile_fullgraph_v2_and_functional():
+    inp = make_inputs("PA_NZ", torch.bfloat16, seed=18)
+    args = [inp[k] for k in ("kv", "gamma", "cos", "sin", "index", "k_cache", "ckv_cache")]
+
+    def functional(*a):
+        return tot.npu_kv_rmsnorm_rope_cache_v2_functional(*a, cache_mode="PA_NZ")
+
+    def in_place(*a):
+        return tot.npu_kv_rmsnorm_rope_cache_v2(*a, cache_mode="PA_NZ")
+
+    torch._dynamo.reset()
+    got = torch.compile(functional, fullgraph=True)(*args)
+    want = functional(*args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(args[5], inp["k_cache"])  # the functional form leaves its inputs alone
+    kc, vc = inp["k_cache"].clone(), inp["ckv_cache"].clone()
+    torch.compile(in_place, fullgraph=True)(*args[:5], kc, vc)
+    assert torch.equal(kc, want[2]) and torch.equal(vc, want[3])
+
+
 # ---- bad inputs --------------------------------------------------------------------------------------------------
 def _bad(mode="PA", **over):
     inp = make_inputs(mode, torch.float32, seed=17)
