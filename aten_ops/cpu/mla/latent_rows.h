@@ -59,14 +59,41 @@ inline void rms_norm_row(const T* x, int64_t n, const A* gamma, double eps, A* o
   for (; j < n; ++j) out[j] = out[j] * r * gamma[j];
 }
 
+namespace detail {
+
+// W values of p as a vector of A (converted through tmp when C is another type).
+template <typename C, typename A>
+inline at::vec::Vectorized<A> load_vec(const C* p, A* tmp) {
+  if constexpr (std::is_same_v<C, A>) {
+    return at::vec::Vectorized<A>::loadu(p);
+  } else {
+    load_row(p, at::vec::Vectorized<A>::size(), tmp);
+    return at::vec::Vectorized<A>::loadu(tmp);
+  }
+}
+
+}  // namespace detail
+
 // npu_interleave_rope of one row of d (even) values:
 //   q = [x0, x2, ..., x_{d-2}, x1, x3, ..., x_{d-1}]  (reshape [d/2, 2], transpose, flatten)
 //   out = q * cos + rotate_half(q) * sin,  rotate_half(q) = [-q_{d/2..d-1}, q_{0..d/2-1}]
 // cos/sin are the row's d values (any floating type C). out must not alias x.
 template <typename T, typename C, typename A>
 inline void interleave_rope_row(const T* x, const C* cos, const C* sin, int64_t d, A* out) {
+  using Vec = at::vec::Vectorized<A>;
+  constexpr int64_t W = Vec::size();
   const int64_t h = d / 2;
-  for (int64_t i = 0; i < h; ++i) {
+  int64_t i = 0;
+  A xa[2 * W], tmp[W];
+  for (; i + W <= h; i += W) {  // q[i..i+W) = x[2i], x[2i+2], ...; q[h+i..h+i+W) = x[2i+1], x[2i+3], ...
+    load_row(x + 2 * i, 2 * W, xa);
+    const auto eo = at::vec::deinterleave2(Vec::loadu(xa), Vec::loadu(xa + W));
+    const Vec& a = eo.first;
+    const Vec& b = eo.second;
+    (a * detail::load_vec(cos + i, tmp) - b * detail::load_vec(sin + i, tmp)).store(out + i);
+    (b * detail::load_vec(cos + h + i, tmp) + a * detail::load_vec(sin + h + i, tmp)).store(out + h + i);
+  }
+  for (; i < h; ++i) {
     const A a = static_cast<A>(x[2 * i]), b = static_cast<A>(x[2 * i + 1]);  // q[i], q[h + i]
     out[i] = a * static_cast<A>(cos[i]) - b * static_cast<A>(sin[i]);
     out[h + i] = b * static_cast<A>(cos[h + i]) + a * static_cast<A>(sin[h + i]);
