@@ -17,6 +17,8 @@ generated from native_functions.yaml. Public Python API:
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`; `npu_scatter_pa_kv_cache`
   (torch_npu's form of that write, ND and PA_NZ caches); `npu_kv_rmsnorm_rope_cache` (+`_v2`, `_v2_functional`) —
   MLA's RMSNorm + interleaved rope + latent-cache write.
+- `npu_mla_prolog`, `npu_mla_prolog_v2`, `npu_mla_prolog_v3`, `npu_mla_prolog_v3_functional` — the MLA prolog
+  (query absorption, interleaved rope, latent RMSNorm, in-place latent cache writes; module `mla_prolog`);
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`, `npu_attention_update` —
   inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
@@ -78,6 +80,12 @@ from .kv_cache import (  # noqa: E402
     npu_kv_rmsnorm_rope_cache_v2,
     npu_kv_rmsnorm_rope_cache_v2_functional,
     npu_scatter_pa_kv_cache,
+)
+from .mla_prolog import (  # noqa: E402
+    npu_mla_prolog,
+    npu_mla_prolog_v2,
+    npu_mla_prolog_v3,
+    npu_mla_prolog_v3_functional,
 )
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
@@ -193,6 +201,10 @@ __all__ = [
     "npu_kv_rmsnorm_rope_cache",
     "npu_kv_rmsnorm_rope_cache_v2",
     "npu_kv_rmsnorm_rope_cache_v2_functional",
+    "npu_mla_prolog",
+    "npu_mla_prolog_v2",
+    "npu_mla_prolog_v3",
+    "npu_mla_prolog_v3_functional",
     "scaled_dot_product_attention",
     "sdpa_supported",
     "try_scaled_dot_product_attention",

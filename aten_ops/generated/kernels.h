@@ -65,6 +65,8 @@ std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const AttentionUpda
 at::Tensor incre_flash_attention_cpu(const IncreFlashAttentionArgs& args);
 // incre_flash_attention [PrivateUse1]
 at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args);
+// mla_prolog [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolog_cpu(const MlaPrologArgs& args);
 // all_gather_matmul [CPU]
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const AllGatherMatmulArgs& args);
 // all_gather_matmul [PrivateUse1]

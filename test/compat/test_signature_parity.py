@@ -160,6 +160,17 @@ def _scatter():
             ), {"cache_mode": "Norm"}
 
 
+def _mla(legacy=False):
+    from test.mla.mla_prolog_cases import make_inputs, paged_caches, positional
+    inputs = make_inputs((2, 3), torch.bfloat16)
+    kv, kr = paged_caches(inputs)
+    args = positional(inputs, kv, kr)
+    index = torch.tensor([[0, 5, 9], [17, 33, 40]])
+    if legacy:  # cache_index is positional, before the caches
+        return (*args[:9], index, kv, kr), {}
+    return args, {"cache_index": index}
+
+
 def _dispatch_args():
     return (torch.randn(3, 8), torch.tensor([[0, 2], [1, 3], [2, 0]], dtype=torch.int32), _group(), 1, 0, 4), {}
 
@@ -196,6 +207,10 @@ SAMPLES = {
     "npu_attention_update": lambda: (([torch.randn(6), torch.randn(6)], [torch.randn(6, 8), torch.randn(6, 8)], 1),
                                      {}),
     "npu_scatter_pa_kv_cache": _scatter,
+    "npu_mla_prolog": lambda: _mla(legacy=True),
+    "npu_mla_prolog_v2": lambda: _mla(legacy=True),
+    "npu_mla_prolog_v3": _mla,
+    "npu_mla_prolog_v3_functional": _mla,
     "npu_rotary_mul": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {}),
     "npu_rotary_mul_backward": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
                                          torch.randn(1, 3, 1, 8)), {"rotary_mode": "interleave"}),
