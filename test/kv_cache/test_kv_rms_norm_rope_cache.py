@@ -2,7 +2,8 @@
 PyTorch (RMSNorm, the interleaved rope of upstream's doc, and the cache placement of every cache_mode written out
 token by token), every cache mode x dtype x with/without v, int8 caches (per channel, per head, per tensor, with
 offsets), index semantics (negative = skip, per-block start slots, Norm positions per batch), is_output_kv, the
-torch_npu wrappers, torch.compile and bad inputs."""
+torch_npu wrappers and the way serving engines call them (vLLM-Ascend's decode, token-major rows), torch.compile and
+bad inputs."""
 import pytest
 import torch
 
@@ -353,6 +354,26 @@ def test_torch_compile_fullgraph_mutates_caches():
         torch.testing.assert_close(a, b)
 
 
+def test_torch_compile_fullgraph_v2_and_functional():
+    inp = make_inputs("PA_NZ", torch.bfloat16, seed=18)
+    args = [inp[k] for k in ("kv", "gamma", "cos", "sin", "index", "k_cache", "ckv_cache")]
+
+    def functional(*a):
+        return tot.npu_kv_rmsnorm_rope_cache_v2_functional(*a, cache_mode="PA_NZ")
+
+    def in_place(*a):
+        return tot.npu_kv_rmsnorm_rope_cache_v2(*a, cache_mode="PA_NZ")
+
+    torch._dynamo.reset()
+    got = torch.compile(functional, fullgraph=True)(*args)
+    want = functional(*args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(args[5], inp["k_cache"])  # the functional form leaves its inputs alone
+    kc, vc = inp["k_cache"].clone(), inp["ckv_cache"].clone()
+    torch.compile(in_place, fullgraph=True)(*args[:5], kc, vc)
+    assert torch.equal(kc, want[2]) and torch.equal(vc, want[3])
+
+
 # ---- bad inputs --------------------------------------------------------------------------------------------------
 def _bad(mode="PA", **over):
     inp = make_inputs(mode, torch.float32, seed=17)
@@ -418,3 +439,50 @@ def test_bad_mode_and_nz_rules():
     with pytest.raises(ValueError, match=r"argument 'index' must be \[B, S\] = \[2, 3\] for cache_mode 'Norm'; got "
                                          r"shape \[6\]"):
         OPS.kv_rms_norm_rope_cache(*args, cache_mode="Norm")
+
+
+# ---- how serving engines call it ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("cache_mode", ["PA", "PA_NZ"])
+def test_vllm_ascend_decode_call(cache_mode):
+    """vLLM-Ascend's MLA decode: kv [B, 1, 1, 576] from kv_a_proj_with_mqa, cos/sin [B, 1, 1, 64], int64 slots with
+    -1 padding, the (k_nope, k_pe) cache pair passed as kv_cache[1] (rope) and kv_cache[0] (latent); it reads the
+    first two results (the caches)."""
+    g = torch.Generator().manual_seed(20)
+    b, blocks, bs = 3, 4, 128
+    kv = torch.randn(b, 1, 1, 576, generator=g).to(torch.bfloat16)
+    gamma = torch.rand(512, generator=g).to(torch.bfloat16) + 0.5
+    ang = torch.rand(b, 1, 1, 64, generator=g, dtype=torch.float64) * 6
+    cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    kv_cache = (torch.zeros(blocks, bs, 1, 512, dtype=torch.bfloat16), torch.zeros(blocks, bs, 1, 64,
+                                                                                     dtype=torch.bfloat16))
+    slots = torch.tensor([130, -1, 7], dtype=torch.int32)
+    k_pe, k_nope, _, _ = tot.npu_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, slots.to(torch.int64), kv_cache[1],
+                                                       kv_cache[0], epsilon=1e-6, cache_mode=cache_mode)
+    assert k_pe is kv_cache[1] and k_nope is kv_cache[0]
+    inp = dict(kv=kv, gamma=gamma, cos=cos, sin=sin, index=slots.to(torch.int64),
+               k_cache=torch.zeros(blocks, bs, 1, 64, dtype=torch.bfloat16),
+               ckv_cache=torch.zeros(blocks, bs, 1, 512, dtype=torch.bfloat16), v=None)
+    ref, same = expected(inp, cache_mode, torch.bfloat16, eps=1e-6)
+    check_tolerance("vllm-ascend k_pe cache", k_pe, ref[0], same[0])
+    check_tolerance("vllm-ascend latent cache", k_nope, ref[1], same[1])
+
+
+def test_token_major_call():
+    """SGLang-style: the latent rows of T tokens viewed as [T, 1, 1, 576], cos/sin [T, 1, 1, 64], one slot per token,
+    is_output_kv=True for the prefill's k_pe / kv_a."""
+    g = torch.Generator().manual_seed(21)
+    t = 5
+    kv = torch.randn(t, 576, generator=g).to(torch.float16)
+    ang = torch.rand(t, 1, 1, 64, generator=g, dtype=torch.float64)
+    cos, sin = ang.cos().to(torch.float16), ang.sin().to(torch.float16)
+    gamma = torch.rand(512, generator=g).to(torch.float16)
+    k_cache, ckv_cache = torch.zeros(2, 16, 1, 64, dtype=torch.float16), torch.zeros(2, 16, 1, 512, dtype=torch.float16)
+    slots = torch.tensor([3, 4, 5, 16, 17])
+    _, _, k_pe, kv_a = tot.npu_kv_rmsnorm_rope_cache(kv.view(-1, 1, 1, 576), gamma, cos, sin, slots, k_cache,
+                                                     ckv_cache, cache_mode="PA_BNSD", is_output_kv=True)
+    k64, c64 = ref_rows(kv.view(-1, 1, 1, 576), gamma, cos, sin)
+    kd, cd = ref_rows(kv.view(-1, 1, 1, 576), gamma, cos, sin, dtype=torch.float16)
+    check_tolerance("k_pe", k_pe, k64, kd)
+    check_tolerance("kv_a", kv_a, c64, cd)
+    assert torch.equal(k_cache.view(-1, 64)[slots], k_pe.view(t, 64))
+    assert torch.equal(ckv_cache.view(-1, 512)[slots], kv_a.view(t, 512))

@@ -17,6 +17,7 @@
 //                cache dtype); upstream defines this for N = 1 only, so N > 1 is not implemented
 // A negative index entry skips its tokens (upstream's padding value is -1). Entries that would write one cache row
 // twice are rejected (upstream leaves the result undefined; here two threads would race).
+// This file validates and resolves the index; the row loop runs per instruction set (rms_norm_rope_cache_kernels.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/kv_cache/rms_norm_rope_cache_kernels.h"
 #include "cpu/mla/latent_rows.h"
 #include "generated/kernels.h"
 
@@ -101,19 +103,6 @@ QuantArg quant_arg(const char* name, const std::optional<at::Tensor>& opt, int64
   return q;
 }
 
-mla::QuantParams quant_params(const QuantArg& scale, const QuantArg& offset, int64_t n) {
-  mla::QuantParams q;
-  if (scale.t.defined()) {
-    q.scale = scale.t.data_ptr<float>() + (scale.rows > 1 ? n * scale.cols : 0);
-    q.scale_stride = scale.cols > 1 ? 1 : 0;
-  }
-  if (offset.t.defined()) {
-    q.offset = offset.t.data_ptr<float>() + (offset.rows > 1 ? n * offset.cols : 0);
-    q.offset_stride = offset.cols > 1 ? 1 : 0;
-  }
-  return q;
-}
-
 void check_cache(const char* name, const at::Tensor& cache, const at::Tensor& kv, bool quantised,
                  const char* scale_name) {
   TORCH_CHECK_VALUE(cache.dim() == 4, kOp, ": argument '", name, "' must be a 4-D cache; got shape ", cache.sizes());
@@ -165,64 +154,6 @@ std::vector<int64_t> token_slots(const Plan& p, const at::Tensor& index) {
                     p.mode == Mode::kNorm ? "batch*Sc + position " : "slot ", dup == keys.end() ? 0 : *dup,
                     "); entries must be distinct", p.mode == Mode::kPaBlk ? " after division by block_size" : "");
   return slots;
-}
-
-template <typename T, typename KC, typename VC>
-void run(const Plan& p, const KvRmsNormRopeCacheArgs& a, const std::vector<int64_t>& slots, const at::Tensor& kv,
-         const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& v, const QuantArg (&q)[4],
-         at::Tensor& k_rope, at::Tensor& c_kv) {
-  using A = mla::acc_of<T>;
-  const at::Tensor gamma = a.gamma.to(std::is_same_v<A, double> ? at::kDouble : at::kFloat).contiguous();
-  const A* gp = gamma.data_ptr<A>();
-  const T* kvp = kv.data_ptr<T>();
-  const T* cp = cos.data_ptr<T>();
-  const T* sp = sin.data_ptr<T>();
-  const T* vp = p.has_v ? v.data_ptr<T>() : nullptr;
-  T* krp = k_rope.data_ptr<T>();
-  T* ckp = c_kv.data_ptr<T>();
-  KC* kcache = static_cast<KC*>(a.k_cache.data_ptr());
-  VC* vcache = static_cast<VC*>(a.ckv_cache.data_ptr());
-  const int64_t cB = cos.size(0), cN = cos.size(1), cS = cos.size(2);
-  const int64_t T_ = p.B * p.N * p.S;
-  at::parallel_for(0, T_, std::max<int64_t>(1, 16384 / std::max<int64_t>(p.D, 1)), [&](int64_t t0, int64_t t1) {
-    std::vector<A> y(p.Dn), k(p.Dk), vb(p.has_v ? p.Dv : 0);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t s = t % p.S, n = (t / p.S) % p.N, b = t / (p.S * p.N);
-      const T* row = kvp + t * p.D;
-      const int64_t ct = (((cB > 1 ? b : 0) * cN + (cN > 1 ? n : 0)) * cS + (cS > 1 ? s : 0)) * p.Dr;
-      const A* ckv_row;
-      if (!p.has_v) {
-        mla::rms_norm_row(row, p.Dn, gp, a.epsilon, y.data());
-        mla::interleave_rope_row(row + p.Dn, cp + ct, sp + ct, p.Dr, k.data());
-        ckv_row = y.data();
-      } else {
-        mla::rms_norm_row(row, p.Dn, gp, a.epsilon, y.data());
-        mla::interleave_rope_row(y.data(), cp + ct, sp + ct, p.Dr, k.data());
-        std::copy(y.begin() + p.Dr, y.end(), k.begin() + p.Dr);
-        mla::load_row(vp + t * p.Dv, p.Dv, vb.data());
-        ckv_row = vb.data();
-      }
-      mla::write_cache_row(k.data(), p.Dk, krp + t * p.Dk, {0, mla::contiguous_row(p.Dk)});
-      mla::write_cache_row(ckv_row, p.Dv, ckp + t * p.Dv, {0, mla::contiguous_row(p.Dv)});
-      const int64_t slot = slots[b * p.S + s];
-      if (slot < 0) continue;
-      mla::RowAddr ka, va;
-      if (p.mode == Mode::kNorm) {
-        const int64_t r = (b * p.N + n) * p.cache_len + slot;
-        ka = {r * p.Dk, mla::contiguous_row(p.Dk)};
-        va = {r * p.Dv, mla::contiguous_row(p.Dv)};
-      } else if (p.nz) {  // N == 1
-        ka = mla::paged_row_nz(slot, p.block_size, p.Dk, p.kd0);
-        va = mla::paged_row_nz(slot, p.block_size, p.Dv, p.vd0);
-      } else {
-        ka = mla::paged_row_nd(slot * p.N + n, p.Dk);
-        va = mla::paged_row_nd(slot * p.N + n, p.Dv);
-      }
-      const mla::QuantParams kq = quant_params(q[0], q[2], n), vq = quant_params(q[1], q[3], n);
-      mla::write_cache_row(k.data(), p.Dk, kcache, ka, &kq);
-      mla::write_cache_row(ckv_row, p.Dv, vcache, va, &vq);
-    }
-  });
 }
 
 }  // namespace
@@ -341,18 +272,35 @@ std::tuple<at::Tensor, at::Tensor> kv_rms_norm_rope_cache_cpu(const KvRmsNormRop
   if (p.B * p.N * p.S == 0) return {k_rope, c_kv};
   const at::Tensor kvc = kv.contiguous(), cc = a.cos.contiguous(), sc = a.sin.contiguous();
   const at::Tensor vcont = has_v ? v.contiguous() : at::Tensor();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, kv.scalar_type(), kOp, [&] {
-    using T = scalar_t;
-    if (kq && vq) {
-      run<T, int8_t, int8_t>(p, a, slots, kvc, cc, sc, vcont, q, k_rope, c_kv);
-    } else if (kq) {
-      run<T, int8_t, T>(p, a, slots, kvc, cc, sc, vcont, q, k_rope, c_kv);
-    } else if (vq) {
-      run<T, T, int8_t>(p, a, slots, kvc, cc, sc, vcont, q, k_rope, c_kv);
-    } else {
-      run<T, T, T>(p, a, slots, kvc, cc, sc, vcont, q, k_rope, c_kv);
-    }
-  });
+  const at::Tensor gamma = a.gamma.to(kv.scalar_type() == at::kDouble ? at::kDouble : at::kFloat).contiguous();
+  cpu::KvRmsNormRopeParams r;
+  r.dtype = kv.scalar_type();
+  r.k_int8 = kq;
+  r.v_int8 = vq;
+  r.has_v = has_v;
+  r.B = p.B, r.N = p.N, r.S = p.S, r.D = p.D, r.Dr = p.Dr, r.Dn = p.Dn, r.Dk = p.Dk, r.Dv = p.Dv;
+  r.cB = a.cos.size(0), r.cN = a.cos.size(1), r.cS = a.cos.size(2);
+  r.addr = p.mode == Mode::kNorm ? cpu::LatentCacheAddr::kNorm
+                                 : (p.nz ? cpu::LatentCacheAddr::kPagedNz : cpu::LatentCacheAddr::kPagedNd);
+  r.cache_len = p.cache_len, r.block_size = p.block_size, r.kd0 = p.kd0, r.vd0 = p.vd0;
+  r.eps = a.epsilon;
+  r.kv = kvc.data_ptr();
+  r.gamma = gamma.data_ptr();
+  r.cos = cc.data_ptr();
+  r.sin = sc.data_ptr();
+  r.v = has_v ? vcont.data_ptr() : nullptr;
+  r.k_rope = k_rope.data_ptr();
+  r.c_kv = c_kv.data_ptr();
+  r.k_cache = a.k_cache.data_ptr();
+  r.ckv_cache = a.ckv_cache.data_ptr();
+  r.slots = slots.data();
+  for (int i = 0; i < 4; ++i) {
+    if (!q[i].t.defined()) continue;
+    r.quant[i] = q[i].t.data_ptr<float>();
+    r.quant_rows[i] = q[i].rows;
+    r.quant_cols[i] = q[i].cols;
+  }
+  cpu::kv_rms_norm_rope_cache_stub(r);
   return {k_rope, c_kv};
 }
 

@@ -38,7 +38,7 @@ inline void load_row(const T* src, int64_t n, A* dst) {
 }
 
 // out[j] = x[j] / sqrt(mean(x^2) + eps) * gamma[j], j < n. gamma is given in A (convert it once per call of the
-// op, not per row). out may alias nothing but may be x itself when T == A.
+// op, not per row). out may be x itself when T == A.
 template <typename T, typename A>
 inline void rms_norm_row(const T* x, int64_t n, const A* gamma, double eps, A* out) {
   using Vec = at::vec::Vectorized<A>;
@@ -59,14 +59,41 @@ inline void rms_norm_row(const T* x, int64_t n, const A* gamma, double eps, A* o
   for (; j < n; ++j) out[j] = out[j] * r * gamma[j];
 }
 
+namespace detail {
+
+// W values of p as a vector of A (converted through tmp when C is another type).
+template <typename C, typename A>
+inline at::vec::Vectorized<A> load_vec(const C* p, A* tmp) {
+  if constexpr (std::is_same_v<C, A>) {
+    return at::vec::Vectorized<A>::loadu(p);
+  } else {
+    load_row(p, at::vec::Vectorized<A>::size(), tmp);
+    return at::vec::Vectorized<A>::loadu(tmp);
+  }
+}
+
+}  // namespace detail
+
 // npu_interleave_rope of one row of d (even) values:
 //   q = [x0, x2, ..., x_{d-2}, x1, x3, ..., x_{d-1}]  (reshape [d/2, 2], transpose, flatten)
 //   out = q * cos + rotate_half(q) * sin,  rotate_half(q) = [-q_{d/2..d-1}, q_{0..d/2-1}]
 // cos/sin are the row's d values (any floating type C). out must not alias x.
 template <typename T, typename C, typename A>
 inline void interleave_rope_row(const T* x, const C* cos, const C* sin, int64_t d, A* out) {
+  using Vec = at::vec::Vectorized<A>;
+  constexpr int64_t W = Vec::size();
   const int64_t h = d / 2;
-  for (int64_t i = 0; i < h; ++i) {
+  int64_t i = 0;
+  A xa[2 * W], tmp[W];
+  for (; i + W <= h; i += W) {  // q[i..i+W) = x[2i], x[2i+2], ...; q[h+i..h+i+W) = x[2i+1], x[2i+3], ...
+    load_row(x + 2 * i, 2 * W, xa);
+    const auto eo = at::vec::deinterleave2(Vec::loadu(xa), Vec::loadu(xa + W));
+    const Vec& a = eo.first;
+    const Vec& b = eo.second;
+    (a * detail::load_vec(cos + i, tmp) - b * detail::load_vec(sin + i, tmp)).store(out + i);
+    (b * detail::load_vec(cos + h + i, tmp) + a * detail::load_vec(sin + h + i, tmp)).store(out + h + i);
+  }
+  for (; i < h; ++i) {
     const A a = static_cast<A>(x[2 * i]), b = static_cast<A>(x[2 * i + 1]);  // q[i], q[h + i]
     out[i] = a * static_cast<A>(cos[i]) - b * static_cast<A>(sin[i]);
     out[h + i] = b * static_cast<A>(cos[h + i]) + a * static_cast<A>(sin[h + i]);
@@ -125,21 +152,19 @@ inline void quantize_run(const A* v, int64_t n, const QuantParams& q, int64_t j0
   }
 }
 
-// Vectorised form for float rows with per-channel (or broadcast) scales.
+// Vectorised form for float rows (per-channel or per-tensor scale and offset).
 inline void quantize_run(const float* v, int64_t n, const QuantParams& q, int64_t j0, int8_t* dst) {
   using Vec = at::vec::Vectorized<float>;
   constexpr int64_t W = Vec::size();
+  const auto load = [](const float* p, int64_t stride, int64_t j) { return stride == 0 ? Vec(p[0]) : Vec::loadu(p + j); };
+  const Vec lo(-128.f), hi(127.f);
+  alignas(64) float buf[W];
   int64_t j = 0;
-  if (q.scale_stride == 1 && (q.offset == nullptr || q.offset_stride == 1)) {
-    const Vec lo(-128.f), hi(127.f);
-    alignas(64) float buf[W];
-    for (; j + W <= n; j += W) {
-      Vec y = Vec::loadu(v + j) * Vec::loadu(q.scale + j0 + j);
-      if (q.offset != nullptr) y = y + Vec::loadu(q.offset + j0 + j);
-      y = at::vec::clamp(y.round(), lo, hi);
-      y.store(buf);
-      for (int64_t k = 0; k < W; ++k) dst[j + k] = static_cast<int8_t>(buf[k]);
-    }
+  for (; j + W <= n; j += W) {
+    Vec y = Vec::loadu(v + j) * load(q.scale, q.scale_stride, j0 + j);
+    if (q.offset != nullptr) y = y + load(q.offset, q.offset_stride, j0 + j);
+    at::vec::clamp(y.round(), lo, hi).store(buf);
+    for (int64_t k = 0; k < W; ++k) dst[j + k] = static_cast<int8_t>(buf[k]);
   }
   quantize_run<float>(v + j, n - j, q, j0 + j, dst + j);
 }
