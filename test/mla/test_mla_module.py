@@ -186,3 +186,33 @@ def test_bad_inputs():
         m(torch.randn(4, H), cos, sin, cache, batch)
     with pytest.raises(ValueError, match="hidden_states"):
         m(torch.randn(5, 1, 1, H), cos, sin, cache, batch)
+
+
+@pytest.mark.parametrize("q_lora", [32, None])
+def test_runs_on_the_mla_ops(q_lora, monkeypatch):
+    """Each step goes through the package's MLA ops: the prolog (or, without a q LoRA, interleave_rope and
+    kv_rmsnorm_rope_cache) and the fused attention with the rope parts over the paged latent cache."""
+    from torch_ops_transformer import mla
+
+    calls = []
+
+    def spy(name):
+        fn = getattr(mla, name)
+
+        def wrapped(*args, **kwargs):
+            calls.append((name, kwargs))
+            return fn(*args, **kwargs)
+        monkeypatch.setattr(mla, name, wrapped)
+
+    for name in ("npu_mla_prolog_v3", "npu_interleave_rope", "npu_kv_rmsnorm_rope_cache",
+                 "npu_fused_infer_attention_score"):
+        spy(name)
+    m = make_module(q_lora)
+    run_steps(m, [torch.randn(4, H), torch.randn(3, H)], [3, 2], 1)
+    names = [c[0] for c in calls]
+    expected = (["npu_mla_prolog_v3"] if q_lora else ["npu_interleave_rope", "npu_kv_rmsnorm_rope_cache"])
+    assert names == (expected + ["npu_fused_infer_attention_score"]) * 2
+    fia = [kw for n, kw in calls if n == "npu_fused_infer_attention_score"]
+    assert [kw["input_layout"] for kw in fia] == ["TND", "BSND"] and [kw["sparse_mode"] for kw in fia] == [3, 0]
+    assert all(kw["query_rope"] is not None and kw["key_rope"] is not None and kw["block_table"] is not None
+               for kw in fia)
