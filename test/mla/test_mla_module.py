@@ -23,8 +23,9 @@ def make_module(q_lora=32, dtype=torch.float32, seed=0):
     return m.to(dtype)
 
 
-def rope_tables(positions, dim=DR, base=100.0):
-    """cos/sin in transformers' rotate-half form: cat(cos(p f), cos(p f)) [T, dim]."""
+def rope_tables(positions, dim=None, base=100.0):
+    """cos/sin in transformers' rotate-half form: cat(cos(p f), cos(p f)) [T, dim] (dim: DR)."""
+    dim = dim or DR
     f = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     ang = positions.double()[:, None] * f[None, :]
     return torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
@@ -104,6 +105,21 @@ def test_prefill_and_decode_match_float64_reference(q_lora, dtype):
         ref_lo = reference(m, x, pos, dtype)
         assert out.shape == ref64.shape
         check_tolerance(f"MLAAttention {dtype} q_lora={q_lora} seq of {n}", out, ref64, ref_lo)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deepseek_head_sizes(dtype, monkeypatch):
+    """DeepSeek-V3's per-head sizes (kv_lora_rank 512, rope 64, nope 128, v 128; upstream's absorbed-FIA sizes),
+    2 heads, block size 16."""
+    for name, value in dict(H=64, N=2, R=512, D=128, DR=64, DV=128).items():
+        monkeypatch.setitem(globals(), name, value)
+    m = make_module(48, dtype)
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(n + 3, H, generator=g).to(dtype) for n in (5, 19)]
+    outs, _, _ = run_steps(m, xs, [5, 19], 3, block_size=16, dtype=dtype)
+    for x, out, n in zip(xs, outs, (5, 19)):
+        pos = torch.arange(n + 3)
+        check_tolerance(f"MLAAttention DeepSeek sizes {dtype}", out, reference(m, x, pos), reference(m, x, pos, dtype))
 
 
 def test_latent_cache_holds_normalised_latent_and_roped_key():
