@@ -13,9 +13,12 @@ generated from native_functions.yaml. Public Python API:
   (TORCH_OPS_TRANSFORMER_TUNE, `tuning.tuned_tiles`, `tuning.clear_cache`, `tuning.cache_path`;
   `python -m torch_ops_transformer tune`);
 - `npu_rotary_mul` (+`_backward`), `npu_rotary_position_embedding`, `npu_apply_rotary_pos_emb`,
-  `rope_with_sin_cos_cache` — RoPE;
+  `rope_with_sin_cos_cache`, `npu_interleave_rope` — RoPE;
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`; `npu_scatter_pa_kv_cache`
-  (torch_npu's form of that write, ND and PA_NZ caches).
+  (torch_npu's form of that write, ND and PA_NZ caches); `npu_kv_rmsnorm_rope_cache` (+`_v2`, `_v2_functional`) —
+  MLA's RMSNorm + interleaved rope + latent-cache write.
+- `npu_mla_prolog`, `npu_mla_prolog_v2`, `npu_mla_prolog_v3`, `npu_mla_prolog_v3_functional` — the MLA prolog
+  (query absorption, interleaved rope, latent RMSNorm, in-place latent cache writes; module `mla_prolog`);
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`, `npu_attention_update` —
   inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
@@ -71,9 +74,22 @@ from .fa2 import (  # noqa: E402
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
 )
-from .kv_cache import PagedKVCache, npu_scatter_pa_kv_cache  # noqa: E402
+from .kv_cache import (  # noqa: E402
+    PagedKVCache,
+    npu_kv_rmsnorm_rope_cache,
+    npu_kv_rmsnorm_rope_cache_v2,
+    npu_kv_rmsnorm_rope_cache_v2_functional,
+    npu_scatter_pa_kv_cache,
+)
+from .mla_prolog import (  # noqa: E402
+    npu_mla_prolog,
+    npu_mla_prolog_v2,
+    npu_mla_prolog_v3,
+    npu_mla_prolog_v3_functional,
+)
 from .rope import (  # noqa: E402
     npu_apply_rotary_pos_emb,
+    npu_interleave_rope,
     npu_rotary_mul,
     npu_rotary_mul_backward,
     npu_rotary_position_embedding,
@@ -170,6 +186,7 @@ __all__ = [
     "npu_fusion_attention_grad_v2",
     "PagedKVCache",
     "npu_apply_rotary_pos_emb",
+    "npu_interleave_rope",
     "npu_rotary_mul",
     "npu_rotary_mul_backward",
     "npu_rotary_position_embedding",
@@ -181,6 +198,13 @@ __all__ = [
     "npu_prompt_flash_attention",
     "npu_incre_flash_attention",
     "npu_scatter_pa_kv_cache",
+    "npu_kv_rmsnorm_rope_cache",
+    "npu_kv_rmsnorm_rope_cache_v2",
+    "npu_kv_rmsnorm_rope_cache_v2_functional",
+    "npu_mla_prolog",
+    "npu_mla_prolog_v2",
+    "npu_mla_prolog_v3",
+    "npu_mla_prolog_v3_functional",
     "scaled_dot_product_attention",
     "sdpa_supported",
     "try_scaled_dot_product_attention",

@@ -1,5 +1,6 @@
 """A paged KV cache for decoding, written through `torch.ops.npu_fa.scatter_pa_kv_cache`, and torch_npu's form of
-that write, `npu_scatter_pa_kv_cache` (at the end of this module).
+that write, `npu_scatter_pa_kv_cache`, and MLA's fused latent-cache write `npu_kv_rmsnorm_rope_cache` (+ `_v2`,
+`_v2_functional`) (at the end of this module).
 
 The cache is `num_blocks` blocks of `block_size` token rows, shared by all sequences; each sequence owns a list of
 blocks taken from a free list as it grows and returned by `free()`. Layout "BSND" (default) stores
@@ -353,3 +354,101 @@ def npu_scatter_pa_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
                          f"must share num_blocks (dim 0) and block_size (dim 2) in cache_mode='PA_NZ'")
     _scatter(op, rows[0], rows[1], key_cache, value_cache, slot_mapping, "BNSD")
     return None
+
+
+# ---- MLA: RMSNorm + interleaved rope + cache write (torch.ops.npu_fa.kv_rms_norm_rope_cache) ----
+
+def _kv_rmsnorm_rope_cache(op, kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
+                           k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv):
+    for name, t in (("kv", kv), ("gamma", gamma), ("cos", cos), ("sin", sin), ("index", index),
+                    ("k_cache", k_cache), ("ckv_cache", ckv_cache)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor; got {type(t).__name__}")
+    if not isinstance(cache_mode, str):
+        raise TypeError(f"{op}: argument 'cache_mode' must be a str; got {type(cache_mode).__name__}")
+    try:
+        return _OPS.kv_rms_norm_rope_cache(
+            kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale,
+            k_rope_offset=k_rope_offset, c_kv_offset=c_kv_offset, v=v, epsilon=float(epsilon), cache_mode=cache_mode,
+            is_output_kv=bool(is_output_kv))
+    except (ValueError, TypeError, NotImplementedError) as e:
+        msg = str(e)
+        if not msg.startswith("kv_rms_norm_rope_cache:"):
+            raise
+        raise type(e)(f"{op}: {msg.split(': ', 1)[1]}") from None
+
+
+def _cache_dtype_args(op, k_cache_dtype, ckv_cache_dtype):
+    _args.not_implemented(op, "a cache dtype other than the cache tensor's own (HiFloat8/FP8 caches)",
+                          k_cache_dtype=k_cache_dtype, ckv_cache_dtype=ckv_cache_dtype)
+
+
+@_args.torch_npu_api
+def npu_kv_rmsnorm_rope_cache(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, index: Tensor, k_cache: Tensor,
+                              ckv_cache: Tensor, *, k_rope_scale: Optional[Tensor] = None,
+                              c_kv_scale: Optional[Tensor] = None, k_rope_offset: Optional[Tensor] = None,
+                              c_kv_offset: Optional[Tensor] = None, v: Optional[Tensor] = None,
+                              epsilon: float = 1e-5, cache_mode: str = "Norm", is_output_kv: bool = False):
+    """torch_npu.npu_kv_rmsnorm_rope_cache: MLA's K path fused — RMSNorm of the latent part of kv, interleaved RoPE
+    (npu_interleave_rope) of its rope part, both written **in place** into ckv_cache / k_cache. Returns
+    (k_cache, ckv_cache, k_rope, c_kv): the updated caches (the same tensors) and the un-quantised rows in kv's
+    dtype (filled whatever is_output_kv).
+
+    kv [B, N, S, Dn + Dr] (DeepSeek: N = 1, 512 + 64), gamma [Dn], cos/sin [B, N|1, S|1, Dr]; with v
+    [B, N, S, Dv] (K and V separate): RMSNorm over all of kv (gamma [D]), rope of its first Dr values, k_cache gets
+    that, ckv_cache gets v. cache_mode / index:
+
+    - 'Norm': caches [B, N, Sc, *], index [B, S] positions;
+    - 'PA' / 'PA_BNSD': caches [blocks, block_size, N, *], index [B*S] slots (block * block_size + offset);
+    - 'PA_BLK_BNSD': index [B*ceil(S/block_size)], the start slot of each block of a sequence;
+    - 'PA_NZ' / 'PA_BLK_NZ': as 'PA' / 'PA_BLK_BNSD' with the caches' memory in FRACTAL_NZ order
+      [blocks, D/d0, block_size, d0] (d0 = 16 for fp16/bf16, 32 for int8, 8 for fp32), N = 1.
+
+    A negative index skips its tokens; an index writing one row twice is an error. int8 caches (quantised):
+    k_rope_scale / c_kv_scale (fp32 [D], [1, D], [N, D] or [1]) are required, q = clamp(round(x * scale + offset),
+    -128, 127) with optional k_rope_offset / c_kv_offset. Other caches have kv's dtype. Implemented by
+    `torch.ops.npu_fa.kv_rms_norm_rope_cache` (docs/kv_cache.md)."""
+    k_rope, c_kv = _kv_rmsnorm_rope_cache("npu_kv_rmsnorm_rope_cache", kv, gamma, cos, sin, index, k_cache,
+                                          ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, v,
+                                          epsilon, cache_mode, is_output_kv)
+    return k_cache, ckv_cache, k_rope, c_kv
+
+
+@_args.torch_npu_api
+def npu_kv_rmsnorm_rope_cache_v2(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, index: Tensor,
+                                 k_cache: Tensor, ckv_cache: Tensor, *, k_rope_scale: Optional[Tensor] = None,
+                                 c_kv_scale: Optional[Tensor] = None, k_rope_offset: Optional[Tensor] = None,
+                                 c_kv_offset: Optional[Tensor] = None, v: Optional[Tensor] = None,
+                                 epsilon: float = 1e-5, cache_mode: str = "Norm", is_output_kv: bool = False,
+                                 k_cache_dtype: Optional[int] = None, ckv_cache_dtype: Optional[int] = None):
+    """torch_npu.npu_kv_rmsnorm_rope_cache_v2: npu_kv_rmsnorm_rope_cache writing k_cache / ckv_cache in place and
+    returning only (k_rope, c_kv). k_cache_dtype / ckv_cache_dtype (HiFloat8/FP8 caches held in int8 tensors) are
+    not implemented: they must be None."""
+    op = "npu_kv_rmsnorm_rope_cache_v2"
+    _cache_dtype_args(op, k_cache_dtype, ckv_cache_dtype)
+    return _kv_rmsnorm_rope_cache(op, kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale,
+                                  k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv)
+
+
+@_args.torch_npu_api
+def npu_kv_rmsnorm_rope_cache_v2_functional(kv: Tensor, gamma: Tensor, cos: Tensor, sin: Tensor, index: Tensor,
+                                            k_cache: Tensor, ckv_cache: Tensor, *,
+                                            k_rope_scale: Optional[Tensor] = None,
+                                            c_kv_scale: Optional[Tensor] = None,
+                                            k_rope_offset: Optional[Tensor] = None,
+                                            c_kv_offset: Optional[Tensor] = None, v: Optional[Tensor] = None,
+                                            epsilon: float = 1e-5, cache_mode: str = "Norm",
+                                            is_output_kv: bool = False, k_cache_dtype: Optional[int] = None,
+                                            ckv_cache_dtype: Optional[int] = None):
+    """torch_npu.npu_kv_rmsnorm_rope_cache_v2_functional: the out-of-place form — k_cache / ckv_cache are left
+    unchanged and updated copies are returned: (k_rope, c_kv, k_cache_out, ckv_cache_out)."""
+    op = "npu_kv_rmsnorm_rope_cache_v2_functional"
+    _cache_dtype_args(op, k_cache_dtype, ckv_cache_dtype)
+    for name, t in (("k_cache", k_cache), ("ckv_cache", ckv_cache)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor; got {type(t).__name__}")
+    k_out = k_cache.clone(memory_format=torch.contiguous_format)
+    ckv_out = ckv_cache.clone(memory_format=torch.contiguous_format)
+    k_rope, c_kv = _kv_rmsnorm_rope_cache(op, kv, gamma, cos, sin, index, k_out, ckv_out, k_rope_scale, c_kv_scale,
+                                          k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv)
+    return k_rope, c_kv, k_out, ckv_out

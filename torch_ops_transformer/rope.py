@@ -5,7 +5,9 @@
 - `npu_rotary_position_embedding(x, cos, sin, mode=0)` — the same with CANN's integer modes;
 - `npu_apply_rotary_pos_emb(query, key, cos, sin, layout='BSND', rotary_mode='half')` — in place on query and key,
   returns them (like torch_npu);
-- `rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, is_neox_style=True)` — vLLM-style.
+- `rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, is_neox_style=True)` — vLLM-style;
+- `npu_interleave_rope(x, cos, sin)` — DeepSeek's interleaved RoPE (MLA): pairs de-interleaved, then 'half'
+  (differentiable in x, cos, sin).
 
 Modes: 'half' (0, rotate_half, NeoX/LLaMA), 'interleave' (1, GPT-J), 'quarter' (2: cat(-x2, x1, -x4, x3) over the
 four quarters of D), 'interleave-half' (3: x is reordered to cat(x[..., 0::2], x[..., 1::2]), then 'half').
@@ -117,6 +119,24 @@ def npu_apply_rotary_pos_emb(query: Tensor, key: Tensor, cos: Tensor, sin: Tenso
             raise TypeError(f"{op}: argument '{name}' ({t.dtype}) must have the dtype of 'query' ({query.dtype})")
     _OPS.apply_rotary_pos_emb(query, key, cos, sin, layout, rotary_mode)
     return query, key
+
+
+@_args.torch_npu_api
+def npu_interleave_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """torch_npu.npu_interleave_rope: q = cat(x[..., 0::2], x[..., 1::2]) (the pairs of the last dim D
+    de-interleaved), returns q * cos + rotate_half(q) * sin — DeepSeek-V3's rope of q_pe / k_pe.
+
+    Upstream takes x [B, N, S, 64] and cos/sin [B, 1, S, 64] or [B, 1, 1, 64] in x's dtype (bf16/fp16). Here D is
+    any even size, x any rank, cos/sin (one shape, x's dtype) broadcast to x right-aligned, and fp32/fp64 work too;
+    computed in fp32 (fp64 for fp64). Differentiable in x, cos and sin (torch.ops.npu_fa.interleave_rope_grad)."""
+    op = "npu_interleave_rope"
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor; got {type(t).__name__}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dtype != x.dtype:
+            raise TypeError(f"{op}: argument '{name}' ({t.dtype}) must have the dtype of 'x' ({x.dtype})")
+    return _OPS.interleave_rope(x, cos, sin)
 
 
 def rope_with_sin_cos_cache(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor, head_size: int,

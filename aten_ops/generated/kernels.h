@@ -43,10 +43,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_np
 void apply_rotary_pos_emb_cpu(const ApplyRotaryPosEmbArgs& args);
 // rope_with_sin_cos_cache [CPU]
 std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const RopeWithSinCosCacheArgs& args);
+// interleave_rope [CPU]
+at::Tensor interleave_rope_cpu(const InterleaveRopeArgs& args);
+// interleave_rope_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> interleave_rope_grad_cpu(const InterleaveRopeGradArgs& args);
 // scatter_pa_kv_cache [CPU]
 void scatter_pa_kv_cache_cpu(const ScatterPaKvCacheArgs& args);
 // gather_pa_kv_cache [CPU]
 std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const GatherPaKvCacheArgs& args);
+// kv_rms_norm_rope_cache [CPU]
+std::tuple<at::Tensor, at::Tensor> kv_rms_norm_rope_cache_cpu(const KvRmsNormRopeCacheArgs& args);
 // prompt_flash_attention [CPU]
 at::Tensor prompt_flash_attention_cpu(const PromptFlashAttentionArgs& args);
 // fused_infer_attention_score [CPU]
@@ -59,6 +65,8 @@ std::tuple<at::Tensor, at::Tensor> attention_update_grad_cpu(const AttentionUpda
 at::Tensor incre_flash_attention_cpu(const IncreFlashAttentionArgs& args);
 // incre_flash_attention [PrivateUse1]
 at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args);
+// mla_prolog [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolog_cpu(const MlaPrologArgs& args);
 // all_gather_matmul [CPU]
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2(const AllGatherMatmulArgs& args);
 // all_gather_matmul [PrivateUse1]

@@ -153,6 +153,31 @@ decltype(auto) apply_args(const RopeWithSinCosCacheArgs& a, F&& f) {
   return f(a.positions, a.query, a.key, a.cos_sin_cache, a.head_size, a.is_neox_style);
 }
 
+// interleave_rope
+struct InterleaveRopeArgs {
+  const at::Tensor& x;
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const InterleaveRopeArgs& a, F&& f) {
+  return f(a.x, a.cos, a.sin);
+}
+
+// interleave_rope_grad
+struct InterleaveRopeGradArgs {
+  const at::Tensor& grad;
+  const at::Tensor& x;
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const InterleaveRopeGradArgs& a, F&& f) {
+  return f(a.grad, a.x, a.cos, a.sin);
+}
+
 // scatter_pa_kv_cache
 struct ScatterPaKvCacheArgs {
   const at::Tensor& key;
@@ -180,6 +205,30 @@ struct GatherPaKvCacheArgs {
 template <class F>
 decltype(auto) apply_args(const GatherPaKvCacheArgs& a, F&& f) {
   return f(a.key_cache, a.value_cache, a.block_table, a.seq_lens, a.cache_layout);
+}
+
+// kv_rms_norm_rope_cache
+struct KvRmsNormRopeCacheArgs {
+  const at::Tensor& kv;
+  const at::Tensor& gamma;
+  const at::Tensor& cos;
+  const at::Tensor& sin;
+  const at::Tensor& index;
+  const at::Tensor& k_cache;
+  const at::Tensor& ckv_cache;
+  const std::optional<at::Tensor>& k_rope_scale;
+  const std::optional<at::Tensor>& c_kv_scale;
+  const std::optional<at::Tensor>& k_rope_offset;
+  const std::optional<at::Tensor>& c_kv_offset;
+  const std::optional<at::Tensor>& v;
+  double epsilon;
+  c10::string_view cache_mode;
+  bool is_output_kv;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const KvRmsNormRopeCacheArgs& a, F&& f) {
+  return f(a.kv, a.gamma, a.cos, a.sin, a.index, a.k_cache, a.ckv_cache, a.k_rope_scale, a.c_kv_scale, a.k_rope_offset, a.c_kv_offset, a.v, a.epsilon, a.cache_mode, a.is_output_kv);
 }
 
 // prompt_flash_attention
@@ -302,6 +351,44 @@ struct IncreFlashAttentionArgs {
 template <class F>
 decltype(auto) apply_args(const IncreFlashAttentionArgs& a, F&& f) {
   return f(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths, a.block_table, a.kv_padding_size, a.num_heads, a.scale_value, a.input_layout, a.num_key_value_heads, a.block_size, a.inner_precise, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.learnable_sink);
+}
+
+// mla_prolog
+struct MlaPrologArgs {
+  const at::Tensor& token_x;
+  const at::Tensor& weight_dq;
+  const at::Tensor& weight_uq_qr;
+  const at::Tensor& weight_uk;
+  const at::Tensor& weight_dkv_kr;
+  const at::Tensor& rmsnorm_gamma_cq;
+  const at::Tensor& rmsnorm_gamma_ckv;
+  const at::Tensor& rope_sin;
+  const at::Tensor& rope_cos;
+  const at::Tensor& kv_cache;
+  const at::Tensor& kr_cache;
+  const std::optional<at::Tensor>& cache_index;
+  const std::optional<at::Tensor>& actual_seq_len;
+  const std::optional<at::Tensor>& dequant_scale_x;
+  const std::optional<at::Tensor>& dequant_scale_w_dq;
+  const std::optional<at::Tensor>& dequant_scale_w_uq_qr;
+  const std::optional<at::Tensor>& dequant_scale_w_dkv_kr;
+  const std::optional<at::Tensor>& quant_scale_ckv;
+  const std::optional<at::Tensor>& quant_scale_ckr;
+  const std::optional<at::Tensor>& smooth_scales_cq;
+  double rmsnorm_epsilon_cq;
+  double rmsnorm_epsilon_ckv;
+  c10::string_view cache_mode;
+  bool query_norm_flag;
+  int64_t weight_quant_mode;
+  int64_t kv_cache_quant_mode;
+  int64_t query_quant_mode;
+  double qc_qr_scale;
+  double kc_scale;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MlaPrologArgs& a, F&& f) {
+  return f(a.token_x, a.weight_dq, a.weight_uq_qr, a.weight_uk, a.weight_dkv_kr, a.rmsnorm_gamma_cq, a.rmsnorm_gamma_ckv, a.rope_sin, a.rope_cos, a.kv_cache, a.kr_cache, a.cache_index, a.actual_seq_len, a.dequant_scale_x, a.dequant_scale_w_dq, a.dequant_scale_w_uq_qr, a.dequant_scale_w_dkv_kr, a.quant_scale_ckv, a.quant_scale_ckr, a.smooth_scales_cq, a.rmsnorm_epsilon_cq, a.rmsnorm_epsilon_ckv, a.cache_mode, a.query_norm_flag, a.weight_quant_mode, a.kv_cache_quant_mode, a.query_quant_mode, a.qc_qr_scale, a.kc_scale);
 }
 
 // all_gather_matmul

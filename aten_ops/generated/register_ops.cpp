@@ -151,6 +151,23 @@ std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu_unboxed(const at:
   return npu_fa::rope_with_sin_cos_cache_cpu(npu_fa::RopeWithSinCosCacheArgs{positions, query, key, cos_sin_cache, head_size, is_neox_style});
 }
 
+at::Tensor interleave_rope_cpu_unboxed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  npu_fa::DeviceRule rule("interleave_rope");
+  rule.device_tensor("x", x);
+  rule.device_tensor("cos", cos);
+  rule.device_tensor("sin", sin);
+  return npu_fa::interleave_rope_cpu(npu_fa::InterleaveRopeArgs{x, cos, sin});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> interleave_rope_grad_cpu_unboxed(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  npu_fa::DeviceRule rule("interleave_rope_grad");
+  rule.device_tensor("grad", grad);
+  rule.device_tensor("x", x);
+  rule.device_tensor("cos", cos);
+  rule.device_tensor("sin", sin);
+  return npu_fa::interleave_rope_grad_cpu(npu_fa::InterleaveRopeGradArgs{grad, x, cos, sin});
+}
+
 void scatter_pa_kv_cache_cpu_unboxed(const at::Tensor& key, const at::Tensor& value, const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& slot_mapping, c10::string_view cache_layout) {
   npu_fa::DeviceRule rule("scatter_pa_kv_cache");
   rule.device_tensor("key", key);
@@ -177,6 +194,46 @@ std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu_unboxed(const at::Tens
   rule.device_tensor("block_table", block_table);
   rule.device_tensor("seq_lens", seq_lens);
   return npu_fa::gather_pa_kv_cache_cpu(npu_fa::GatherPaKvCacheArgs{key_cache, value_cache, block_table, seq_lens, cache_layout});
+}
+
+std::tuple<at::Tensor, at::Tensor> kv_rms_norm_rope_cache_cpu_unboxed(const at::Tensor& kv, const at::Tensor& gamma, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& index, const at::Tensor& k_cache, const at::Tensor& ckv_cache, const std::optional<at::Tensor>& k_rope_scale, const std::optional<at::Tensor>& c_kv_scale, const std::optional<at::Tensor>& k_rope_offset, const std::optional<at::Tensor>& c_kv_offset, const std::optional<at::Tensor>& v, double epsilon, c10::string_view cache_mode, bool is_output_kv) {
+  npu_fa::DeviceRule rule("kv_rms_norm_rope_cache");
+  rule.device_tensor("kv", kv);
+  rule.device_tensor("gamma", gamma);
+  rule.device_tensor("cos", cos);
+  rule.device_tensor("sin", sin);
+  rule.device_tensor("index", index);
+  rule.device_tensor("k_cache", k_cache);
+  rule.device_tensor("ckv_cache", ckv_cache);
+  rule.device_tensor("k_rope_scale", k_rope_scale);
+  rule.device_tensor("c_kv_scale", c_kv_scale);
+  rule.device_tensor("k_rope_offset", k_rope_offset);
+  rule.device_tensor("c_kv_offset", c_kv_offset);
+  rule.device_tensor("v", v);
+  npu_fa::check_no_self_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "kv", kv);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "gamma", gamma);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "cos", cos);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "sin", sin);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "index", index);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "ckv_cache", ckv_cache);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "k_rope_scale", k_rope_scale);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "c_kv_scale", c_kv_scale);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "k_rope_offset", k_rope_offset);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "c_kv_offset", c_kv_offset);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "k_cache", k_cache, "v", v);
+  npu_fa::check_no_self_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "kv", kv);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "gamma", gamma);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "cos", cos);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "sin", sin);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "index", index);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "k_rope_scale", k_rope_scale);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "c_kv_scale", c_kv_scale);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "k_rope_offset", k_rope_offset);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "c_kv_offset", c_kv_offset);
+  npu_fa::check_no_overlap("kv_rms_norm_rope_cache", "ckv_cache", ckv_cache, "v", v);
+  return npu_fa::kv_rms_norm_rope_cache_cpu(npu_fa::KvRmsNormRopeCacheArgs{kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv});
 }
 
 at::Tensor prompt_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& padding_mask, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, int64_t num_heads, double scale_value, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise) {
@@ -270,6 +327,70 @@ at::Tensor incre_flash_attention_npu_privateuse1(const at::Tensor& query, const 
   rule.host_tensor("kv_padding_size", kv_padding_size);
   const c10::DeviceGuard guard(rule.device());
   return npu_fa::incre_flash_attention_npu(npu_fa::IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, learnable_sink});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_prolog_cpu_unboxed(const at::Tensor& token_x, const at::Tensor& weight_dq, const at::Tensor& weight_uq_qr, const at::Tensor& weight_uk, const at::Tensor& weight_dkv_kr, const at::Tensor& rmsnorm_gamma_cq, const at::Tensor& rmsnorm_gamma_ckv, const at::Tensor& rope_sin, const at::Tensor& rope_cos, const at::Tensor& kv_cache, const at::Tensor& kr_cache, const std::optional<at::Tensor>& cache_index, const std::optional<at::Tensor>& actual_seq_len, const std::optional<at::Tensor>& dequant_scale_x, const std::optional<at::Tensor>& dequant_scale_w_dq, const std::optional<at::Tensor>& dequant_scale_w_uq_qr, const std::optional<at::Tensor>& dequant_scale_w_dkv_kr, const std::optional<at::Tensor>& quant_scale_ckv, const std::optional<at::Tensor>& quant_scale_ckr, const std::optional<at::Tensor>& smooth_scales_cq, double rmsnorm_epsilon_cq, double rmsnorm_epsilon_ckv, c10::string_view cache_mode, bool query_norm_flag, int64_t weight_quant_mode, int64_t kv_cache_quant_mode, int64_t query_quant_mode, double qc_qr_scale, double kc_scale) {
+  npu_fa::DeviceRule rule("mla_prolog");
+  rule.device_tensor("token_x", token_x);
+  rule.device_tensor("weight_dq", weight_dq);
+  rule.device_tensor("weight_uq_qr", weight_uq_qr);
+  rule.device_tensor("weight_uk", weight_uk);
+  rule.device_tensor("weight_dkv_kr", weight_dkv_kr);
+  rule.device_tensor("rmsnorm_gamma_cq", rmsnorm_gamma_cq);
+  rule.device_tensor("rmsnorm_gamma_ckv", rmsnorm_gamma_ckv);
+  rule.device_tensor("rope_sin", rope_sin);
+  rule.device_tensor("rope_cos", rope_cos);
+  rule.device_tensor("kv_cache", kv_cache);
+  rule.device_tensor("kr_cache", kr_cache);
+  rule.device_tensor("cache_index", cache_index);
+  rule.device_tensor("dequant_scale_x", dequant_scale_x);
+  rule.device_tensor("dequant_scale_w_dq", dequant_scale_w_dq);
+  rule.device_tensor("dequant_scale_w_uq_qr", dequant_scale_w_uq_qr);
+  rule.device_tensor("dequant_scale_w_dkv_kr", dequant_scale_w_dkv_kr);
+  rule.device_tensor("quant_scale_ckv", quant_scale_ckv);
+  rule.device_tensor("quant_scale_ckr", quant_scale_ckr);
+  rule.device_tensor("smooth_scales_cq", smooth_scales_cq);
+  rule.host_tensor("actual_seq_len", actual_seq_len);
+  npu_fa::check_no_self_overlap("mla_prolog", "kv_cache", kv_cache);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "token_x", token_x);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "weight_dq", weight_dq);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "weight_uq_qr", weight_uq_qr);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "weight_uk", weight_uk);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "weight_dkv_kr", weight_dkv_kr);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "rmsnorm_gamma_cq", rmsnorm_gamma_cq);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "rmsnorm_gamma_ckv", rmsnorm_gamma_ckv);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "rope_sin", rope_sin);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "rope_cos", rope_cos);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "kr_cache", kr_cache);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "cache_index", cache_index);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "actual_seq_len", actual_seq_len);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "dequant_scale_x", dequant_scale_x);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "dequant_scale_w_dq", dequant_scale_w_dq);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "dequant_scale_w_uq_qr", dequant_scale_w_uq_qr);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "dequant_scale_w_dkv_kr", dequant_scale_w_dkv_kr);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "quant_scale_ckv", quant_scale_ckv);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "quant_scale_ckr", quant_scale_ckr);
+  npu_fa::check_no_overlap("mla_prolog", "kv_cache", kv_cache, "smooth_scales_cq", smooth_scales_cq);
+  npu_fa::check_no_self_overlap("mla_prolog", "kr_cache", kr_cache);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "token_x", token_x);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "weight_dq", weight_dq);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "weight_uq_qr", weight_uq_qr);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "weight_uk", weight_uk);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "weight_dkv_kr", weight_dkv_kr);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "rmsnorm_gamma_cq", rmsnorm_gamma_cq);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "rmsnorm_gamma_ckv", rmsnorm_gamma_ckv);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "rope_sin", rope_sin);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "rope_cos", rope_cos);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "cache_index", cache_index);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "actual_seq_len", actual_seq_len);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "dequant_scale_x", dequant_scale_x);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "dequant_scale_w_dq", dequant_scale_w_dq);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "dequant_scale_w_uq_qr", dequant_scale_w_uq_qr);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "dequant_scale_w_dkv_kr", dequant_scale_w_dkv_kr);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "quant_scale_ckv", quant_scale_ckv);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "quant_scale_ckr", quant_scale_ckr);
+  npu_fa::check_no_overlap("mla_prolog", "kr_cache", kr_cache, "smooth_scales_cq", smooth_scales_cq);
+  return npu_fa::mla_prolog_cpu(npu_fa::MlaPrologArgs{token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, cache_index, actual_seq_len, dequant_scale_x, dequant_scale_w_dq, dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr, quant_scale_ckv, quant_scale_ckr, smooth_scales_cq, rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv, cache_mode, query_norm_flag, weight_quant_mode, kv_cache_quant_mode, query_quant_mode, qc_qr_scale, kc_scale});
 }
 
 std::tuple<at::Tensor, at::Tensor> all_gather_matmul_mc2_unboxed(const at::Tensor& x1, const at::Tensor& x2, c10::string_view group_name, int64_t world_size, const std::optional<at::Tensor>& bias, int64_t gather_index, bool gather_output, int64_t chunks) {
@@ -691,13 +812,17 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("rotary_position_embedding_grad(Tensor grad, Tensor cos, Tensor sin, Tensor x, int mode=0) -> (Tensor dx, Tensor dcos, Tensor dsin)", {at::Tag::pt2_compliant_tag});
   m.def("apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout=\"BSND\", str rotary_mode=\"half\") -> ()", {at::Tag::pt2_compliant_tag});
   m.def("rope_with_sin_cos_cache(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool is_neox_style=True) -> (Tensor query_out, Tensor key_out)", {at::Tag::pt2_compliant_tag});
+  m.def("interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("interleave_rope_grad(Tensor grad, Tensor x, Tensor cos, Tensor sin) -> (Tensor dx, Tensor dcos, Tensor dsin)", {at::Tag::pt2_compliant_tag});
   m.def("scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, str cache_layout=\"BSND\") -> ()", {at::Tag::pt2_compliant_tag});
   m.def("gather_pa_kv_cache(Tensor key_cache, Tensor value_cache, Tensor block_table, Tensor seq_lens, str cache_layout=\"BSND\") -> (Tensor key, Tensor value)", {at::Tag::pt2_compliant_tag});
+  m.def("kv_rms_norm_rope_cache(Tensor kv, Tensor gamma, Tensor cos, Tensor sin, Tensor index, Tensor(a!) k_cache, Tensor(b!) ckv_cache, *, Tensor? k_rope_scale=None, Tensor? c_kv_scale=None, Tensor? k_rope_offset=None, Tensor? c_kv_offset=None, Tensor? v=None, float epsilon=1e-5, str cache_mode=\"Norm\", bool is_output_kv=False) -> (Tensor k_rope, Tensor c_kv)", {at::Tag::pt2_compliant_tag});
   m.def("prompt_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? padding_mask=None, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, int num_heads=1, float scale_value=1.0, int pre_tokens=2147483647, int next_tokens=0, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("fused_infer_attention_score(Tensor query, Tensor key, Tensor value, Tensor? pse_shift=None, Tensor? atten_mask=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, bool softmax_lse_flag=False, Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, Tensor? query_rope=None, Tensor? key_rope=None) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
   m.def("attention_update(Tensor lse, Tensor out) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
   m.def("attention_update_grad(Tensor lse, Tensor out, Tensor softmax_lse, Tensor attention_out, Tensor grad_attention_out, Tensor grad_softmax_lse) -> (Tensor grad_lse, Tensor grad_out)", {at::Tag::pt2_compliant_tag});
   m.def("incre_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? block_table=None, Tensor? kv_padding_size=None, int num_heads=1, float scale_value=1.0, str input_layout=\"BSH\", int num_key_value_heads=0, int block_size=0, int inner_precise=1, Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, Tensor? learnable_sink=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("mla_prolog(Tensor token_x, Tensor weight_dq, Tensor weight_uq_qr, Tensor weight_uk, Tensor weight_dkv_kr, Tensor rmsnorm_gamma_cq, Tensor rmsnorm_gamma_ckv, Tensor rope_sin, Tensor rope_cos, Tensor(a!) kv_cache, Tensor(b!) kr_cache, Tensor? cache_index=None, Tensor? actual_seq_len=None, Tensor? dequant_scale_x=None, Tensor? dequant_scale_w_dq=None, Tensor? dequant_scale_w_uq_qr=None, Tensor? dequant_scale_w_dkv_kr=None, Tensor? quant_scale_ckv=None, Tensor? quant_scale_ckr=None, Tensor? smooth_scales_cq=None, float rmsnorm_epsilon_cq=1e-05, float rmsnorm_epsilon_ckv=1e-05, str cache_mode=\"PA_BSND\", bool query_norm_flag=False, int weight_quant_mode=0, int kv_cache_quant_mode=0, int query_quant_mode=0, float qc_qr_scale=1.0, float kc_scale=1.0) -> (Tensor query, Tensor query_rope, Tensor dequant_scale_q_nope, Tensor query_norm, Tensor dequant_scale_q_norm)", {at::Tag::pt2_compliant_tag});
   m.def("all_gather_matmul(Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int gather_index=0, bool gather_output=True, int chunks=0) -> (Tensor out, Tensor gather_out)", {at::Tag::pt2_compliant_tag});
   m.def("all_gather_matmul_grad(Tensor grad_out, Tensor x1, Tensor x2, Tensor gather_out, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> (Tensor dx1, Tensor dx2, Tensor dbias)", {at::Tag::pt2_compliant_tag});
   m.def("matmul_reduce_scatter(Tensor x1, Tensor x2, str group_name, int world_size, Tensor? bias=None, int chunks=0) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -744,13 +869,17 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("rotary_position_embedding_grad", TORCH_FN(rotary_position_embedding_grad_cpu_unboxed));
   m.impl("apply_rotary_pos_emb", TORCH_FN(apply_rotary_pos_emb_cpu_unboxed));
   m.impl("rope_with_sin_cos_cache", TORCH_FN(rope_with_sin_cos_cache_cpu_unboxed));
+  m.impl("interleave_rope", TORCH_FN(interleave_rope_cpu_unboxed));
+  m.impl("interleave_rope_grad", TORCH_FN(interleave_rope_grad_cpu_unboxed));
   m.impl("scatter_pa_kv_cache", TORCH_FN(scatter_pa_kv_cache_cpu_unboxed));
   m.impl("gather_pa_kv_cache", TORCH_FN(gather_pa_kv_cache_cpu_unboxed));
+  m.impl("kv_rms_norm_rope_cache", TORCH_FN(kv_rms_norm_rope_cache_cpu_unboxed));
   m.impl("prompt_flash_attention", TORCH_FN(prompt_flash_attention_cpu_unboxed));
   m.impl("fused_infer_attention_score", TORCH_FN(fused_infer_attention_score_cpu_unboxed));
   m.impl("attention_update", TORCH_FN(attention_update_cpu_unboxed));
   m.impl("attention_update_grad", TORCH_FN(attention_update_grad_cpu_unboxed));
   m.impl("incre_flash_attention", TORCH_FN(incre_flash_attention_cpu_unboxed));
+  m.impl("mla_prolog", TORCH_FN(mla_prolog_cpu_unboxed));
   m.impl("all_gather_matmul", TORCH_FN(all_gather_matmul_mc2_unboxed));
   m.impl("all_gather_matmul_grad", TORCH_FN(all_gather_matmul_grad_mc2_unboxed));
   m.impl("matmul_reduce_scatter", TORCH_FN(matmul_reduce_scatter_mc2_unboxed));

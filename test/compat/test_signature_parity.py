@@ -160,6 +160,17 @@ def _scatter():
             ), {"cache_mode": "Norm"}
 
 
+def _mla(legacy=False):
+    from test.mla.mla_prolog_cases import make_inputs, paged_caches, positional
+    inputs = make_inputs((2, 3), torch.bfloat16)
+    kv, kr = paged_caches(inputs)
+    args = positional(inputs, kv, kr)
+    index = torch.tensor([[0, 5, 9], [17, 33, 40]])
+    if legacy:  # cache_index is positional, before the caches
+        return (*args[:9], index, kv, kr), {}
+    return args, {"cache_index": index}
+
+
 def _dispatch_args():
     return (torch.randn(3, 8), torch.tensor([[0, 2], [1, 3], [2, 0]], dtype=torch.int32), _group(), 1, 0, 4), {}
 
@@ -168,6 +179,16 @@ def _combine_args(name):
     (x, ids, group, world, rank, experts), _ = _dispatch_args()
     out = getattr(tot, name)(x, ids, group, world, rank, experts)
     return (out[0], ids, out[2], out[4], torch.rand(3, 2), group, world, rank, experts), {}
+
+
+def _kv_rmsnorm():
+    """DeepSeek's latent row (512 + 64) of 2 tokens into PA_BNSD caches of 2 blocks of 16."""
+    kv = torch.randn(2, 1, 1, 576, dtype=torch.bfloat16)
+    cos, sin = torch.randn(2, 1, 1, 64, dtype=torch.bfloat16), torch.randn(2, 1, 1, 64, dtype=torch.bfloat16)
+    k_cache = torch.zeros(2, 16, 1, 64, dtype=torch.bfloat16)
+    ckv_cache = torch.zeros(2, 16, 1, 512, dtype=torch.bfloat16)
+    return ((kv, torch.rand(512, dtype=torch.bfloat16), cos, sin, torch.tensor([3, 17]), k_cache, ckv_cache),
+            dict(cache_mode="PA_BNSD", is_output_kv=True))
 
 
 SAMPLES = {
@@ -186,6 +207,10 @@ SAMPLES = {
     "npu_attention_update": lambda: (([torch.randn(6), torch.randn(6)], [torch.randn(6, 8), torch.randn(6, 8)], 1),
                                      {}),
     "npu_scatter_pa_kv_cache": _scatter,
+    "npu_mla_prolog": lambda: _mla(legacy=True),
+    "npu_mla_prolog_v2": lambda: _mla(legacy=True),
+    "npu_mla_prolog_v3": _mla,
+    "npu_mla_prolog_v3_functional": _mla,
     "npu_rotary_mul": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), torch.randn(1, 3, 1, 8)), {}),
     "npu_rotary_mul_backward": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
                                          torch.randn(1, 3, 1, 8)), {"rotary_mode": "interleave"}),
@@ -193,6 +218,11 @@ SAMPLES = {
                                                torch.randn(1, 3, 1, 8)), {}),
     "npu_apply_rotary_pos_emb": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8),
                                           torch.randn(1, 3, 1, 8)), {}),
+    "npu_interleave_rope": lambda: ((torch.randn(2, 3, 1, 64), torch.randn(2, 1, 1, 64), torch.randn(2, 1, 1, 64)),
+                                    {}),
+    "npu_kv_rmsnorm_rope_cache": lambda: _kv_rmsnorm(),
+    "npu_kv_rmsnorm_rope_cache_v2": lambda: _kv_rmsnorm(),
+    "npu_kv_rmsnorm_rope_cache_v2_functional": lambda: _kv_rmsnorm(),
     "npu_grouped_matmul": lambda: (([torch.randn(6, 4)], [torch.randn(2, 4, 5)]),
                                    dict(group_list=torch.tensor([2, 6]), split_item=2, group_type=0)),
     "npu_grouped_matmul_swiglu_quant": lambda: ((torch.randint(-9, 9, (4, 8), dtype=torch.int8),

@@ -41,11 +41,13 @@ def test_rtol_equal_criterion():
     assert not _passes(x.bfloat16(), (x * 2).bfloat16())
 
 
-def test_format_cast_plain_formats_only():
+def test_format_cast_keeps_logical_values():
     x = torch.randn(4, 4)
     assert testing.npu_format_cast(x, 2) is x and testing.get_npu_format(x) == 2
-    with pytest.raises(NotImplementedError, match="acl_format 29"):
-        testing.npu_format_cast(x, 29)
+    nz = testing.npu_format_cast(x, 29)  # a storage format: same logical values, a new tensor, tagged
+    assert torch.equal(nz, x) and nz.data_ptr() != x.data_ptr() and testing.get_npu_format(nz) == 29
+    with pytest.raises(ValueError, match="'acl_format'.*got 28"):
+        testing.npu_format_cast(x, 28)
     cpu, dev = testing.create_common_tensor([np.float32, 2, (3, 4)], -1, 1, device="cpu")
     assert torch.equal(cpu, dev) and cpu.dtype == torch.float32 and bool((cpu >= -1).all() and (cpu < 1).all())
 

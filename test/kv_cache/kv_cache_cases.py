@@ -34,7 +34,37 @@ def _head_major(gather):
     return make
 
 
+def _kv_rms(mode, with_v=False, int8=False):
+    """kv_rms_norm_rope_cache over a small MLA row (rms 32 + rope 8, or k 24 + v 16 with `v`)."""
+    def make():
+        b, s, nb, bs = 2, 3, 4, 4
+        d, dr = (24, 8) if with_v else (40, 8)
+        dk, dv = (24, 16) if with_v else (8, 32)
+        kv = torch.randn(b, 1, s, d)
+        gamma = torch.randn(d if with_v else 32)
+        cos, sin = torch.randn(b, 1, s, dr), torch.randn(b, 1, s, dr)
+        cdt = torch.int8 if int8 else torch.float32
+        if mode == "Norm":
+            index = torch.tensor([[0, 2, -1], [3, 1, 0]])
+            kc, vc = torch.zeros(b, 1, 5, dk, dtype=cdt), torch.zeros(b, 1, 5, dv, dtype=cdt)
+        else:
+            index = torch.tensor([0, 4] if "BLK" in mode else [5, 0, -1, 9, 14, 2])
+            kc, vc = torch.zeros(nb, bs, 1, dk, dtype=cdt), torch.zeros(nb, bs, 1, dv, dtype=cdt)
+        kw = {"cache_mode": mode}
+        if with_v:
+            kw["v"] = torch.randn(b, 1, s, dv)
+        if int8:
+            kw.update(k_rope_scale=torch.rand(dk) + 0.5, c_kv_scale=torch.rand(1, dv) + 0.5,
+                      c_kv_offset=torch.randn(dv))
+        return (kv, gamma, cos, sin, index, kc, vc), kw
+    return make
+
+
 OPCHECK_CASES = {
     "scatter_pa_kv_cache": {"bsnd": _scatter(False), "bsh": _scatter(True), "bnsd": _head_major(False)},
     "gather_pa_kv_cache": {"bsnd": _gather(False), "bsh": _gather(True), "bnsd": _head_major(True)},
+    "kv_rms_norm_rope_cache": {
+        "norm": _kv_rms("Norm"), "pa": _kv_rms("PA_BNSD"), "pa_nz": _kv_rms("PA_NZ"),
+        "pa_blk": _kv_rms("PA_BLK_BNSD"), "with_v_int8": _kv_rms("PA", with_v=True, int8=True),
+    },
 }

@@ -41,6 +41,17 @@ def _gmm_grad():
     return ([torch.zeros_like(out[0])], x, w, [], torch.tensor([0]), act), {}
 
 
+def _mla_prolog(lead, cache):
+    """mla_prolog with He 32, Hcq 24, N 2, D 4, Dr 16, Hckv 8: no tokens (T or B = 0) or a cache of 0 blocks."""
+    he, hcq, n, d, dr, hckv = 32, 24, 2, 4, 16, 8
+    t = 1
+    for x in lead:
+        t *= x
+    args = (_r(*lead, he), _r(he, hcq), _r(hcq, n * (d + dr)), _r(n, d, hckv), _r(he, hckv + dr), _r(hcq), _r(hckv),
+            _r(*lead, dr), _r(*lead, dr), _z(*cache, hckv), _z(*cache, dr))
+    return args, dict(cache_index=torch.full(lead, -1, dtype=I64), query_norm_flag=True)
+
+
 CASES = {
     "flash_attention_score": {
         "bnsd_sq0": (lambda: ((_r(1, 2, 0, 16), _r(1, 2, 4, 16), _r(1, 2, 4, 16), 2, "BNSD"), {}),
@@ -65,10 +76,24 @@ CASES = {
                                              {}), None)},
     "rope_with_sin_cos_cache": {"t0": (lambda: ((_z(0, dtype=I64), _r(0, 32), _r(0, 32), _r(8, 16), 16), {}),
                                        [(0, 32), (0, 32)])},
+    "interleave_rope": {"s0": (lambda: ((_r(2, 4, 0, 16), _r(2, 1, 0, 16), _r(2, 1, 0, 16)), {}), [(2, 4, 0, 16)])},
+    "interleave_rope_grad": {
+        "s0": (lambda: ((_r(2, 4, 0, 16), _r(2, 4, 0, 16), _r(2, 1, 0, 16), _r(2, 1, 0, 16)), {}),
+               [(2, 4, 0, 16), (2, 1, 0, 16), (2, 1, 0, 16)])},
+    "kv_rms_norm_rope_cache": {
+        "b0_pa": (lambda: ((_r(0, 1, 1, 40), _r(32), _r(0, 1, 1, 8), _r(0, 1, 1, 8), _z(0, dtype=I64),
+                            _z(4, 16, 1, 8), _z(4, 16, 1, 32)), dict(cache_mode="PA")), [(0, 1, 1, 8), (0, 1, 1, 32)]),
+        "s0_norm": (lambda: ((_r(2, 1, 0, 40), _r(32), _r(2, 1, 0, 8), _r(2, 1, 0, 8), _z(2, 0, dtype=I64),
+                              _z(2, 1, 4, 8), _z(2, 1, 4, 32)), {}), [(2, 1, 0, 8), (2, 1, 0, 32)])},
     "scatter_pa_kv_cache": {"t0": (lambda: ((_r(0, 2, 16), _r(0, 2, 16), _z(4, 8, 2, 16), _z(4, 8, 2, 16),
                                              _z(0, dtype=I32)), {}), None)},
     "gather_pa_kv_cache": {"len0": (lambda: ((_r(4, 8, 2, 16), _r(4, 8, 2, 16), _z(1, 2, dtype=I32),
                                               _z(1, dtype=I32)), {}), [(0, 2, 16), (0, 2, 16)])},
+    "mla_prolog": {
+        "t0": (lambda: _mla_prolog((0,), (4, 16, 1)), [(0, 2, 8), (0, 2, 16), (0,), (0, 24), (0,)]),
+        "b0": (lambda: _mla_prolog((0, 3), (4, 16, 1)), [(0, 3, 2, 8), (0, 3, 2, 16), (0,), (0, 3, 24), (0,)]),
+        "blocks0": (lambda: _mla_prolog((2,), (0, 16, 1)), [(2, 2, 8), (2, 2, 16), (0,), (2, 24), (0,)]),
+    },
     "prompt_flash_attention": {
         "bnsd_sq0": (lambda: ((_r(2, 2, 0, 16), _r(2, 2, 4, 16), _r(2, 2, 4, 16)),
                               dict(num_heads=2, input_layout="BNSD")), [(2, 2, 0, 16)]),

@@ -32,6 +32,21 @@ def _cache(q_shape, k_shape, head_size, rot, neox):
     return make
 
 
+def _interleave(x_shape, c_shape, dtype=torch.float32, grad=True):
+    def make():
+        x = torch.randn(x_shape, dtype=dtype, requires_grad=grad)
+        cos = torch.randn(c_shape, dtype=dtype, requires_grad=grad)
+        sin = torch.randn(c_shape, dtype=dtype, requires_grad=grad)
+        return (x, cos, sin), {}
+    return make
+
+
+def _interleave_grad(x_shape, c_shape):
+    def make():
+        return (torch.randn(x_shape), torch.randn(x_shape), torch.randn(c_shape), torch.randn(c_shape)), {}
+    return make
+
+
 OPCHECK_CASES = {
     "rotary_position_embedding": {
         "half_bsnd_1s1d": _rpe(0, (2, 5, 3, 8), (1, 5, 1, 8)),
@@ -50,5 +65,13 @@ OPCHECK_CASES = {
     "rope_with_sin_cos_cache": {
         "neox_flat": _cache((5, 4 * 16), (5, 2 * 16), 16, 16, True),
         "gptj_partial_3d": _cache((5, 4, 16), (5, 2, 16), 16, 8, False),
+    },
+    "interleave_rope": {
+        "bnsd_b1sd": _interleave((2, 4, 3, 16), (2, 1, 3, 16)),
+        "decode_bf16": _interleave((3, 4, 1, 64), (3, 1, 1, 64), torch.bfloat16),
+    },
+    "interleave_rope_grad": {
+        "broadcast": _interleave_grad((2, 4, 3, 16), (2, 1, 3, 16)),
+        "full": _interleave_grad((2, 3, 8), (2, 3, 8)),
     },
 }

@@ -26,13 +26,17 @@ OPS = {
     'rotary_position_embedding_grad': OpInfo("Backward of rotary_position_embedding: dx (x's shape and dtype), dcos and dsin reduced over the broadcast dimensions to cos's and sin's shapes and dtypes.", ('CPU', 'PrivateUse1'), False, True),
     'apply_rotary_pos_emb': OpInfo("In-place rotary embedding of query and key (CANN ApplyRotaryPosEmb). layout BSND (alias BSH), BNSD, SBND (4-D) or TND (3-D); rotary_mode 'half', 'interleave', 'quarter' or 'interleave-half' (as rotary_position_embedding). cos/sin broadcast to query and key (query and key may have different head counts); a 2-D [S, D] cos/sin is placed on the layout's sequence axis. Not differentiable.", ('CPU',), False, True),
     'rope_with_sin_cos_cache': OpInfo("vLLM-style rotary embedding with a cos/sin cache: cos_sin_cache [max_position, rot_dim] holds cos in its first rot_dim/2 columns and sin in the rest; positions (int64, shape P, e.g. [T]) index its rows. query/key are [*P, N*head_size] or [*P, N, head_size]; each head's first rot_dim values are rotated (NeoX halves when is_neox_style, GPT-J pairs otherwise), the rest pass through. Returns new contiguous tensors. Positions outside [0, max_position) are an error. Not differentiable.", ('CPU',), False, True),
+    'interleave_rope': OpInfo("torch_npu's npu_interleave_rope (CANN InterleaveRope): over the last dim D (even), the pairs of x are first de-interleaved, q = cat(x[..., 0::2], x[..., 1::2]), then out = q*cos + rotate_half(q)*sin, rotate_half(q) = cat(-q[D/2:], q[:D/2]) (DeepSeek's interleaved rope; output in q's order). x of any rank >= 1 (upstream: 4-D [B, N, S, 64]); cos/sin of one shape, ending in D and broadcasting to x by the usual right-aligned rules (e.g. [B, 1, S, D] or [B, 1, 1, D]). fp32/fp16/bf16/fp64, computed in fp32 (fp64 for fp64). Returns a new contiguous tensor of x's shape and dtype.", ('CPU',), True, True),
+    'interleave_rope_grad': OpInfo("Backward of interleave_rope: dx (x's shape and dtype), dcos and dsin reduced over the broadcast dimensions to cos's and sin's shapes and dtypes.", ('CPU',), False, True),
     'scatter_pa_kv_cache': OpInfo('Writes T new K/V token rows ([T, N2, D] or [T, N2*D]) into a paged cache, in place: token t goes to slot slot_mapping[t] = block*block_size + offset; -1 skips the token (padding). Caches are contiguous (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D) with cache_layout "BSND", or (num_blocks, N2, block_size, D) with "BNSD" (the head-major paged layout of incre_flash_attention); value\'s D may differ from key\'s. Slots must be distinct (a repeated slot is an error). Not differentiable.', ('CPU',), False, True),
     'gather_pa_kv_cache': OpInfo('Packs the first seq_lens[b] tokens of each sequence of a paged cache into contiguous K/V of shape [sum(seq_lens), *cache.shape[2:]] ([sum(seq_lens), N2, D] for cache_layout "BNSD"), sequence after sequence. block_table int32/int64 [B, max_blocks] maps logical to physical blocks (entries past ceil(seq_lens[b]/block_size) are ignored); seq_lens int64/int32 [B]. The output length is data-dependent (an unbacked size under torch.compile).', ('CPU',), False, True),
+    'kv_rms_norm_rope_cache': OpInfo("MLA's fused K path (CANN KvRmsNormRopeCache / V2): per token row of kv [B, N, S, D], RMSNorm (fp32, gamma, epsilon) and npu_interleave_rope, written in place into k_cache / ckv_cache. Without v: c_kv = RMSNorm(kv[..., :D-Dr]) -> ckv_cache, k_rope = interleave_rope(kv[..., D-Dr:]) -> k_cache (Dr = cos.size(-1)); with v [B, N, S, Dv]: y = RMSNorm(kv), k_rope = cat(interleave_rope(y[..., :Dr]), y[..., Dr:]) -> k_cache, c_kv = v -> ckv_cache. cache_mode: 'Norm' (caches [B, N, Sc, *], index [B, S] positions), 'PA'/'PA_BNSD' (alias 'PA_BSND'; caches [blocks, block_size, N, *], index [B*S] slots), 'PA_BLK_BNSD' (index [B*ceil(S/block_size)] block start slots), 'PA_NZ'/'PA_BLK_NZ' (same, caches stored [blocks, D/d0, block_size, d0], d0 = 32 bytes; N=1). Negative index entries skip their tokens. int8 caches: q = clamp(round(x*scale + offset), -128, 127) with k_rope_scale/c_kv_scale (fp32 [D], [1, D], [N, D] or [1]) and optional offsets. Returns k_rope and c_kv in kv's dtype (always filled; is_output_kv is accepted for torch_npu). Not differentiable.", ('CPU',), False, True),
     'prompt_flash_attention': OpInfo("Prefill attention (CANN PromptFlashAttention): out = Softmax(Mask(scale_value*Q Kᵀ + pse_shift)) V. Layouts BSH, BSND, BNSD, BNSD_BSND (BNSD in, BSND out), TND. actual_seq_lengths / actual_seq_lengths_kv are int64/int32 tensors of per-batch lengths (each <= the padded S) for the dense layouts, cumulative ends for TND; query rows beyond a sequence's length are zeros. num_key_value_heads (0 = num_heads) for GQA. sparse_mode 0-4 as flash_attention_score; in mode 0 without atten_mask pre_tokens/next_tokens are ignored (full attention), with a mask the band i-pre_tokens <= j <= i+next_tokens is applied too (next_tokens defaults to 0: causal). padding_mask is reserved (must be None). Returns attention_out in q's dtype.", ('CPU',), False, True),
     'fused_infer_attention_score': OpInfo("CANN FusedInferAttentionScore: prefill and decode in one entry. Without block_table it runs the prompt_flash_attention path (same layouts, lengths, masks, sparse modes, pse_shift; any Sq, so also contiguous-cache decode). With block_table (paged KV cache) every argument means the same as on the keys laid out contiguously: one-token calls whose band hides no key run npu_fa::incre_flash_attention in place (actual_seq_lengths_kv as its per-batch KV lengths), the rest the prefill path on the gathered blocks (mask and pse_shift indexed by key position, last dim >= the longest sequence). A physical block may appear in several block_table entries (read-only). Returns (attention_out, softmax_lse): softmax_lse is fp32 [B,N,Sq,1] ([T,N,1] for TND) = logsumexp of the scaled, masked scores (-inf for rows that see no key or lie beyond their sequence) when softmax_lse_flag, else an empty tensor. The antiquant arguments (int8 key/value) mean what they mean for incre_flash_attention; the decode route passes them on (no copy of the cache), the prefill route dequantises the keys it uses (the gathered blocks when paged, else the cache) to fp32 first. MLA: query_rope / key_rope (both or neither; the query's and the key's shapes with the rope dim last, one dtype with query/key) add q_rope·k_ropeᵀ to the scores. With one KV head (num_key_value_heads 1; required for D=512, the absorbed latent case, where upstream also fixes the rope dim to 64) and sparse_mode 0 (no mask), 2, 3 or 4 a dedicated kernel runs (cpu/inference/mla_kernels_isa.cpp): every query head of a sequence against each key tile as one GEMM, reading key, key_rope and value (read once when it is key) in place from a contiguous or paged cache. Other cases (GQA, masks, pse_shift, int8) append the rope parts to the heads and take the paths above. softmax_lse_flag is supported in both.", ('CPU',), False, True),
     'attention_update': OpInfo('Merges K partial attention results computed over disjoint key ranges (ring / context-parallel attention): lse [K, ...] fp32 (or fp64), out [K, ..., D]; returns attention_out [..., D] = sum_i exp(lse_i - L) out_i and softmax_lse [...] = L = log sum_i exp(lse_i). A partial lse of -inf (empty key range) gets weight exactly 0; if all are -inf the row is 0 with L = -inf. Differentiable in both inputs.', ('CPU',), True, True),
     'attention_update_grad': OpInfo('Backward of attention_update: with w_i = exp(lse_i - L), grad_out_i = w_i g and grad_lse_i = w_i (grad_softmax_lse + out_i·g - attention_out·g); zero for -inf partial lse.', ('CPU',), False, True),
     'incre_flash_attention': OpInfo("Decode attention (CANN IncreFlashAttention): one query token per sequence against a KV cache, out = Softmax(Mask(scale_value * q Kᵀ + pse_shift)) V per query head, GQA/MQA through num_key_value_heads. query BSH [B,1,N1*D], BSND [B,1,N1,D] or BNSD [B,N1,1,D]; output has query's shape and dtype. Contiguous cache: key/value [B,S,N2*D] (BSH), [B,S,N2,D] (BSND), [B,N2,S,D] (BNSD); sequence b reads cache positions [S - pad - len_b, S - pad) with pad = kv_padding_size (0 when absent; a one-element int tensor) and len_b = actual_seq_lengths[b] (S when absent). Paged cache (block_table int32 [B, max_blocks_per_seq] given): key/value (num_blocks, block_size, N2*D) or, for BNSD, (num_blocks, N2, block_size, D); logical key j of sequence b is row j % block_size of physical block block_table[b, j // block_size] (a block may back several logical blocks: the cache is only read); actual_seq_lengths is required. atten_mask (bool/uint8, True = masked; (B,S), (B,1,S), (B,1,1,S)) and pse_shift ([B or 1, N1, 1, S], added after scaling) are indexed by cache position (logical key index for a paged cache). Query heads without any visible key (length 0 or fully masked) give zeros. fp32 accumulation for fp32/fp16/bf16; deterministic. int8 KV cache (CANN's KV antiquant): key/value int8 with an fp16/bf16 query, dequantised in the kernel as (x + offset) * scale (offset optional). Scales per KV tensor, either stacked for key and value in antiquant_scale/antiquant_offset ([2, ...], mode antiquant_mode) or separately in key_/value_antiquant_scale/offset (modes key_/value_antiquant_mode; these win when both forms are given). Modes: 0 per-channel ([N2*D] values, e.g. [1, N2, 1, D], [1, N2, D], [1, H], [N2, D], [H]) or per-tensor (one value); 1 per-token ([1, B, S] or [B, S] fp32, indexed by cache position as atten_mask); 2 per-tensor per-head ([N2]); 3 per-token per-head ([B, N2, S]). key mode 0 with value mode 1 may be mixed, otherwise the modes match. Paged int8 caches need block_size % 32 == 0. learnable_sink (our extension, for FIA v2's learnable_sink on its decode route): float [N1], one more logit per query head in the softmax denominator with a zero value row (gpt-oss attention sinks): out = Σ_j e^{s_j} v_j / (Σ_j e^{s_j} + e^{sink}); a head without visible keys gives zeros.", ('CPU', 'PrivateUse1'), False, True),
+    'mla_prolog': OpInfo("MLA prolog (CANN MlaPrologV3): token_x [T, He] or [B, S, He] gives c^Q = qc_qr_scale * RmsNorm(x W_dq; rmsnorm_gamma_cq, rmsnorm_epsilon_cq) [T, Hcq] and c^Q W_uq_qr [T, N, D+Dr] split per head into q_nope [D] and q_pe [Dr]; query = q_nope absorbed through weight_uk [N, D, Hckv] (per-head q_nope W_uk[n]) [.., N, Hckv]; query_rope = rope(q_pe) [.., N, Dr]. The KV path x W_dkv_kr [T, Hckv+Dr] splits into c_kv (kc_scale * RmsNorm with rmsnorm_gamma_ckv) and k_pe (rope), written in place into kv_cache / kr_cache (Nkv heads each get the row). rope is the interleaved one (cat(x[0::2], x[1::2]) rotated by half with rope_sin/rope_cos of [.., Dr]). cache_mode: PA_BSND (caches [BlockNum, BlockSize, Nkv, Hckv|Dr], cache_index = slot per token, [T] or [B, S]), PA_NZ (same shape, each block's memory stored as [Nkv*Hckv/c, BlockSize, c], c = 32 bytes of elements), PA_BLK_BSND / PA_BLK_NZ (cache_index = block per BlockSize tokens of each sequence, [B, ceil(S/BlockSize)] or, for 2-D token_x, the blocks of the sequences whose cumulative ends are actual_seq_len (int32 [B]), sequence after sequence), BSND (caches [B, S, Nkv, ..], 3-D token_x) and TND (caches [T, Nkv, ..], 2-D token_x) without cache_index. Slot/block -1 skips the token; a repeated slot is written by the last token. Float inputs (fp32/bf16/fp16, outputs in rope_sin's dtype; GEMMs in that dtype, norms and rope in fp32). Quantised (upstream's int8 formulas): weight_quant_mode 1 (int8 weight_uq_qr, per-channel dequant_scale_w_uq_qr [1, N*(D+Dr)], c^Q quantised per token with optional smooth_scales_cq [1, Hcq]), 2 (also int8 token_x with dequant_scale_x [T, 1], weight_dq / weight_dkv_kr with per-channel scales); kv_cache_quant_mode 1 (int8 kv_cache = round(c_kv * quant_scale_ckv[0]), with query_quant_mode 1: query int8 per token and head, its scale in dequant_scale_q_nope [T, N, 1], query_rope multiplied by quant_scale_ckv / that scale), 2 (int8 kv_cache and kr_cache with per-channel quant_scale_ckv [1, Hckv] / quant_scale_ckr [1, Dr]). query_norm (query_norm_flag) is c^Q ([.., Hcq]; int8 with its per-token dequant_scale_q_norm [T, 1] when weight_quant_mode > 0); results not produced are empty tensors. Not differentiable.", ('CPU',), False, True),
     'all_gather_matmul': OpInfo("MC2 AllGatherMatmul: out = AllGather(x1) @ x2 + bias over the process group named group_name (world_size ranks; AllGather concatenates every rank's x1 [m, k] along rows, rank-major, into [world_size*m, k]). gather_out is that gathered x1 when gather_output, else an empty tensor. gather_index must be 0 (x1 is gathered). x1 is split into `chunks` row chunks (0 = automatic from the shapes and world size): the gather of chunk c+1 runs while chunk c is multiplied. Backward: dx1 = matmul_reduce_scatter(dout, x2ᵀ), dx2 = gathered_x1ᵀ dout, dbias = column sums of dout.", ('CPU', 'PrivateUse1'), True, True),
     'all_gather_matmul_grad': OpInfo('Backward of all_gather_matmul: dx1 = ReduceScatter(grad_out @ x2ᵀ) (the fused matmul_reduce_scatter pipeline), dx2 = gather_out ᵀ grad_out (x1 is gathered again, overlapped with dx1, when gather_out is empty), dbias = grad_out summed over rows (empty without bias).', ('CPU', 'PrivateUse1'), False, True),
     'matmul_reduce_scatter': OpInfo("MC2 MatmulReduceScatter: ReduceScatter(x1 @ x2) + bias over the process group named group_name: the sum of every rank's [m, n] product, of which rank r keeps rows [r*m/world_size, (r+1)*m/world_size) (m must be divisible by world_size). bias is added once, after the reduction (a row-parallel Linear's bias); its gradient is the group total, identical on every rank. Each rank's row block is split into `chunks` (0 = automatic): the reduce-scatter of chunk c runs while chunk c+1 is multiplied. Backward: dx1 = AllGather(dout) @ x2ᵀ (the fused all_gather_matmul pipeline), dx2 = x1ᵀ AllGather(dout).", ('CPU', 'PrivateUse1'), True, True),
@@ -171,6 +175,24 @@ def _fake_rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_siz
     return _fake_kernel('torch_ops_transformer.fake.rope', 'rope_with_sin_cos_cache')(a)
 
 
+InterleaveRopeArgs = collections.namedtuple('InterleaveRopeArgs', ['x', 'cos', 'sin'])
+
+
+def _fake_interleave_rope(x, cos, sin):
+    a = InterleaveRopeArgs(x, cos, sin)
+    check_devices('interleave_rope', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.rope', 'interleave_rope')(a)
+
+
+InterleaveRopeGradArgs = collections.namedtuple('InterleaveRopeGradArgs', ['grad', 'x', 'cos', 'sin'])
+
+
+def _fake_interleave_rope_grad(grad, x, cos, sin):
+    a = InterleaveRopeGradArgs(grad, x, cos, sin)
+    check_devices('interleave_rope_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.rope', 'interleave_rope_grad')(a)
+
+
 ScatterPaKvCacheArgs = collections.namedtuple('ScatterPaKvCacheArgs', ['key', 'value', 'key_cache', 'value_cache', 'slot_mapping', 'cache_layout'])
 
 
@@ -187,6 +209,15 @@ def _fake_gather_pa_kv_cache(key_cache, value_cache, block_table, seq_lens, cach
     a = GatherPaKvCacheArgs(key_cache, value_cache, block_table, seq_lens, cache_layout)
     check_devices('gather_pa_kv_cache', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.fake.kv_cache', 'gather_pa_kv_cache')(a)
+
+
+KvRmsNormRopeCacheArgs = collections.namedtuple('KvRmsNormRopeCacheArgs', ['kv', 'gamma', 'cos', 'sin', 'index', 'k_cache', 'ckv_cache', 'k_rope_scale', 'c_kv_scale', 'k_rope_offset', 'c_kv_offset', 'v', 'epsilon', 'cache_mode', 'is_output_kv'])
+
+
+def _fake_kv_rms_norm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None, k_rope_offset=None, c_kv_offset=None, v=None, epsilon=1e-5, cache_mode="Norm", is_output_kv=False):
+    a = KvRmsNormRopeCacheArgs(kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv)
+    check_devices('kv_rms_norm_rope_cache', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.fake.kv_cache', 'kv_rms_norm_rope_cache')(a)
 
 
 PromptFlashAttentionArgs = collections.namedtuple('PromptFlashAttentionArgs', ['query', 'key', 'value', 'padding_mask', 'atten_mask', 'pse_shift', 'actual_seq_lengths', 'actual_seq_lengths_kv', 'num_heads', 'scale_value', 'pre_tokens', 'next_tokens', 'input_layout', 'num_key_value_heads', 'sparse_mode', 'inner_precise'])
@@ -232,6 +263,15 @@ def _fake_incre_flash_attention(query, key, value, atten_mask=None, pse_shift=No
     a = IncreFlashAttentionArgs(query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, learnable_sink)
     check_devices('incre_flash_attention', a._asdict().items(), host=('actual_seq_lengths', 'kv_padding_size'))
     return _fake_kernel('torch_ops_transformer.fake.inference', 'incre_flash_attention')(a)
+
+
+MlaPrologArgs = collections.namedtuple('MlaPrologArgs', ['token_x', 'weight_dq', 'weight_uq_qr', 'weight_uk', 'weight_dkv_kr', 'rmsnorm_gamma_cq', 'rmsnorm_gamma_ckv', 'rope_sin', 'rope_cos', 'kv_cache', 'kr_cache', 'cache_index', 'actual_seq_len', 'dequant_scale_x', 'dequant_scale_w_dq', 'dequant_scale_w_uq_qr', 'dequant_scale_w_dkv_kr', 'quant_scale_ckv', 'quant_scale_ckr', 'smooth_scales_cq', 'rmsnorm_epsilon_cq', 'rmsnorm_epsilon_ckv', 'cache_mode', 'query_norm_flag', 'weight_quant_mode', 'kv_cache_quant_mode', 'query_quant_mode', 'qc_qr_scale', 'kc_scale'])
+
+
+def _fake_mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, cache_index=None, actual_seq_len=None, dequant_scale_x=None, dequant_scale_w_dq=None, dequant_scale_w_uq_qr=None, dequant_scale_w_dkv_kr=None, quant_scale_ckv=None, quant_scale_ckr=None, smooth_scales_cq=None, rmsnorm_epsilon_cq=1e-05, rmsnorm_epsilon_ckv=1e-05, cache_mode="PA_BSND", query_norm_flag=False, weight_quant_mode=0, kv_cache_quant_mode=0, query_quant_mode=0, qc_qr_scale=1.0, kc_scale=1.0):
+    a = MlaPrologArgs(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, cache_index, actual_seq_len, dequant_scale_x, dequant_scale_w_dq, dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr, quant_scale_ckv, quant_scale_ckr, smooth_scales_cq, rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv, cache_mode, query_norm_flag, weight_quant_mode, kv_cache_quant_mode, query_quant_mode, qc_qr_scale, kc_scale)
+    check_devices('mla_prolog', a._asdict().items(), host=('actual_seq_len',))
+    return _fake_kernel('torch_ops_transformer.fake.mla', 'mla_prolog')(a)
 
 
 AllGatherMatmulArgs = collections.namedtuple('AllGatherMatmulArgs', ['x1', 'x2', 'group_name', 'world_size', 'bias', 'gather_index', 'gather_output', 'chunks'])
@@ -653,6 +693,27 @@ def _backward_rotary_position_embedding(ctx, grad_result0):
         grads[1] if _needs_grad(ctx, 1) else None,  # cos
         grads[2] if _needs_grad(ctx, 2) else None,  # sin
         None,  # mode
+    )
+
+
+def _setup_interleave_rope(ctx, inputs, output):
+    (x, cos, sin,) = inputs
+    result0 = output
+    ctx.save_for_backward(x, cos, sin)
+
+
+def _backward_interleave_rope(ctx, grad_result0):
+    (x, cos, sin,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.interleave_rope_grad.default(
+        grad_result0,
+        x,
+        cos,
+        sin,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        grads[1] if _needs_grad(ctx, 1) else None,  # cos
+        grads[2] if _needs_grad(ctx, 2) else None,  # sin
     )
 
 
@@ -1110,7 +1171,7 @@ def _backward_swiglu(ctx, grad_result0):
 
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.distribute', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.moe', 'torch_ops_transformer.fake.quant', 'torch_ops_transformer.fake.rope']:
+    for m in ['torch_ops_transformer.fake.attention', 'torch_ops_transformer.fake.distribute', 'torch_ops_transformer.fake.inference', 'torch_ops_transformer.fake.kv_cache', 'torch_ops_transformer.fake.mc2', 'torch_ops_transformer.fake.mla', 'torch_ops_transformer.fake.moe', 'torch_ops_transformer.fake.quant', 'torch_ops_transformer.fake.rope']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1121,14 +1182,19 @@ def register():
     torch.library.register_fake("npu_fa::rotary_position_embedding_grad", _fake_rotary_position_embedding_grad)
     torch.library.register_fake("npu_fa::apply_rotary_pos_emb", _fake_apply_rotary_pos_emb)
     torch.library.register_fake("npu_fa::rope_with_sin_cos_cache", _fake_rope_with_sin_cos_cache)
+    torch.library.register_fake("npu_fa::interleave_rope", _fake_interleave_rope)
+    torch.library.register_autograd("npu_fa::interleave_rope", _backward_interleave_rope, setup_context=_setup_interleave_rope)
+    torch.library.register_fake("npu_fa::interleave_rope_grad", _fake_interleave_rope_grad)
     torch.library.register_fake("npu_fa::scatter_pa_kv_cache", _fake_scatter_pa_kv_cache)
     torch.library.register_fake("npu_fa::gather_pa_kv_cache", _fake_gather_pa_kv_cache)
+    torch.library.register_fake("npu_fa::kv_rms_norm_rope_cache", _fake_kv_rms_norm_rope_cache)
     torch.library.register_fake("npu_fa::prompt_flash_attention", _fake_prompt_flash_attention)
     torch.library.register_fake("npu_fa::fused_infer_attention_score", _fake_fused_infer_attention_score)
     torch.library.register_fake("npu_fa::attention_update", _fake_attention_update)
     torch.library.register_autograd("npu_fa::attention_update", _backward_attention_update, setup_context=_setup_attention_update)
     torch.library.register_fake("npu_fa::attention_update_grad", _fake_attention_update_grad)
     torch.library.register_fake("npu_fa::incre_flash_attention", _fake_incre_flash_attention)
+    torch.library.register_fake("npu_fa::mla_prolog", _fake_mla_prolog)
     torch.library.register_fake("npu_fa::all_gather_matmul", _fake_all_gather_matmul)
     torch.library.register_autograd("npu_fa::all_gather_matmul", _backward_all_gather_matmul, setup_context=_setup_all_gather_matmul)
     torch.library.register_fake("npu_fa::all_gather_matmul_grad", _fake_all_gather_matmul_grad)

@@ -15,21 +15,31 @@ from torch.testing._internal import common_utils
 # follow (override with TOT_NPU_SOC to run a test written for another SoC).
 SIMULATED_SOC = os.environ.get("TOT_NPU_SOC", "Ascend910B")
 
-# Formats torch_npu can give a tensor: the plain ones are the only ones here.
-ND_FORMATS = {-1: "UNDEFINED", 0: "NCHW", 1: "NHWC", 2: "ND"}
+# torch_npu's ACL storage formats (torch_npu.npu_format_cast's acl_format codes).
+ACL_FORMATS = {-1: "UNDEFINED", 0: "NCHW", 1: "NHWC", 2: "ND", 3: "NC1HWC0", 4: "FRACTAL_Z", 12: "NC1HWC0_C04",
+               16: "HWCN", 27: "NDHWC", 29: "FRACTAL_NZ", 30: "NCDHW", 32: "NDC1HWC0", 33: "FRACTAL_Z_3D", 35: "NC",
+               47: "NCL"}
+PLAIN_FORMATS = (-1, 0, 1, 2)
 
 
 def npu_format_cast(self: torch.Tensor, acl_format: int, customize_dtype=None) -> torch.Tensor:
-    """torch_npu.npu_format_cast: plain formats (NCHW, NHWC, ND) are how every tensor is stored here; the private
-    formats (NC1HWC0, FRACTAL_Z, FRACTAL_NZ, ...) exist only on Ascend hardware."""
-    if acl_format not in ND_FORMATS:
-        raise NotImplementedError(f"torch_npu.npu_format_cast: acl_format {acl_format} is a private NPU format "
-                                  f"(FRACTAL_NZ is 29), not simulated; plain formats {sorted(ND_FORMATS)} are")
-    return self if customize_dtype is None else self.to(customize_dtype)
+    """torch_npu.npu_format_cast. A storage format changes how the NPU lays a tensor out in memory, never its logical
+    shape or values (every op reads the logical tensor), so a private format (FRACTAL_NZ = 29 for weights and
+    caches, NC1HWC0, ...) gives a new tensor with the same values, tagged with the format for get_npu_format; plain
+    formats return the tensor itself. Unknown codes raise ValueError."""
+    if isinstance(acl_format, bool) or acl_format not in ACL_FORMATS:
+        raise ValueError(f"torch_npu.npu_format_cast: argument 'acl_format' must be one of torch_npu's ACL formats "
+                         f"{sorted(ACL_FORMATS)}; got {acl_format!r}")
+    out = self if customize_dtype is None else self.to(customize_dtype)
+    if acl_format in PLAIN_FORMATS:
+        return out
+    out = out.clone() if out is self else out  # a new storage, as on the NPU
+    out._npu_format = acl_format
+    return out
 
 
 def get_npu_format(self: torch.Tensor) -> int:
-    return 2  # ND
+    return getattr(self, "_npu_format", 2)  # ND unless npu_format_cast tagged it
 
 
 def _numpy(t: torch.Tensor):

@@ -17,3 +17,23 @@ def gather_pa_kv_cache(a):
     k = a.key_cache.new_empty((total, *row(a.key_cache)))
     v = a.value_cache.new_empty((total, *row(a.value_cache)))
     return k, v
+
+
+_KV_RMS_NORM_MODES = ("Norm", "PA", "PA_BNSD", "PA_BSND", "PA_NZ", "PA_BLK_BNSD", "PA_BLK_NZ")
+
+
+def kv_rms_norm_rope_cache(a):
+    op = "kv_rms_norm_rope_cache"
+    torch._check(a.cache_mode in _KV_RMS_NORM_MODES,
+                 lambda: f"{op}: argument 'cache_mode' must be one of {_KV_RMS_NORM_MODES}; got {a.cache_mode!r}")
+    torch._check(a.kv.dim() == 4, lambda: f"{op}: argument 'kv' must be 4-D [B, N, S, D]; got {tuple(a.kv.shape)}")
+    torch._check(a.cos.dim() == 4, lambda: f"{op}: argument 'cos' must be 4-D; got {tuple(a.cos.shape)}")
+    torch._check(a.gamma.dim() == 1, lambda: f"{op}: argument 'gamma' must be 1-D; got {tuple(a.gamma.shape)}")
+    b, n, s, d = a.kv.shape
+    if a.v is None:
+        dk, dv = a.cos.shape[-1], a.gamma.shape[0]
+        torch._check(dk + dv == d, lambda: f"{op}: kv's last dim D = {d} must be gamma's rms_size {dv} + cos's "
+                                           f"rope_size {dk}")
+    else:
+        dk, dv = d, a.v.shape[-1]
+    return a.kv.new_empty((b, n, s, dk)), a.kv.new_empty((b, n, s, dv))

@@ -42,3 +42,25 @@ def rope_with_sin_cos_cache(a):
     torch._check(rot % 2 == 0 and rot <= a.head_size,
                  lambda: f"{op}: rot_dim ({rot}) must be even, positive and at most head_size={a.head_size}")
     return a.query.new_empty(a.query.shape), a.key.new_empty(a.key.shape)
+
+
+def _check_interleave(op, x, cos, sin):
+    torch._check(x.dim() >= 1, lambda: f"{op}: x must have at least one dimension")
+    d = x.shape[-1]
+    torch._check(d % 2 == 0 and d > 0,
+                 lambda: f"{op}: argument 'x' must end in an even, positive head dimension D; got shape {tuple(x.shape)}")
+    torch._check(tuple(cos.shape) == tuple(sin.shape),
+                 lambda: f"{op}: arguments 'cos' {tuple(cos.shape)} and 'sin' {tuple(sin.shape)} must have the same shape")
+    torch._check(1 <= cos.dim() <= x.dim() and cos.shape[-1] == d,
+                 lambda: f"{op}: cos of shape {tuple(cos.shape)} must end in the head dimension D={d} and have at "
+                         f"most x's rank")
+
+
+def interleave_rope(a):
+    _check_interleave("interleave_rope", a.x, a.cos, a.sin)
+    return a.x.new_empty(a.x.shape)
+
+
+def interleave_rope_grad(a):
+    _check_interleave("interleave_rope_grad", a.x, a.cos, a.sin)
+    return a.x.new_empty(a.x.shape), a.cos.new_empty(a.cos.shape), a.sin.new_empty(a.sin.shape)

@@ -1,0 +1,1 @@
+"""Paged KV cache helpers. Case builders: kv_cache_cases.py."""
