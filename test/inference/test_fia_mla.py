@@ -408,3 +408,22 @@ def test_mask_and_pse_take_the_appended_path():
                                                  num_key_value_heads=1, scale=0.05, input_layout="BSND")
     ref, _ = reference(qn, qr, c[:, :30], kr[:, :30], v[:, :30], [Sq], [30], 0.05)
     assert (out.double() - ref).abs().max().item() < 1e-5
+
+
+def test_paged_appended_path_reads_only_table_blocks():
+    # a mask on a paged pool with NaN in the blocks the table does not use: the appended path copies only the
+    # table's blocks, so the NaN never reaches the result
+    B, Sq, S, N, bs = 2, 2, 48, 4, 16
+    qn, qr, c, kr, v = make(B, Sq, S, N, 512, 64, torch.float32)
+    table, nb = table_for(B, S, bs)
+    cache, rope = paged(c, bs, table, nb, "bsnd"), paged(kr, bs, table, nb, "bsnd")
+    mask = torch.zeros(B, 1, Sq, S, dtype=torch.bool)
+    mask[0, ..., 40:] = True
+    out, lse = tot.npu_fused_infer_attention_score(qn, cache, cache, query_rope=qr, key_rope=rope, atten_mask=mask,
+                                                   num_heads=N, num_key_value_heads=1, scale=0.05,
+                                                   input_layout="BSND", block_table=table, block_size=bs,
+                                                   actual_seq_lengths_kv=[S, 30], softmax_lse_flag=True)
+    for b, kv in ((0, 40), (1, 30)):
+        ref, ref_lse = reference(qn[b:b + 1], qr[b:b + 1], c[b:b + 1], kr[b:b + 1], v[b:b + 1], [Sq], [kv], 0.05)
+        assert (out[b:b + 1].double() - ref).abs().max().item() < 1e-5
+        assert (lse[b:b + 1, ..., 0].double() - ref_lse).abs().max().item() < 1e-4

@@ -117,11 +117,38 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
   const bool kernel = N2 == 1 && !a.pse_shift.has_value() && band_only && same_dtype &&
                       (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) && q.device().is_cpu();
   if (!kernel) {
-    // The rope parts appended to every head: [q, q_rope]·[k, k_rope] is the same score.
-    const at::Tensor q2 = append_rope(q, qr_in, q_packed, N), k2 = append_rope(a.key, kr_in, k_packed, N2);
+    // The rope parts appended to every head: [q, q_rope]·[k, k_rope] is the same score. A paged cache is first cut
+    // to the blocks the table uses (a copy of B x max_blocks blocks instead of the whole pool), renumbered in order.
+    at::Tensor key = a.key, key_rope = kr_in, value = a.value;
+    std::optional<at::Tensor> table = a.block_table;
+    if (paged && a.actual_seq_lengths_kv.has_value() && a.block_table->dim() == 2 && a.block_size > 0 &&
+        a.key.dim() >= 3 && a.key.size(0) == a.value.size(0) && a.key.size(0) == kr_in.size(0)) {
+      const at::Tensor& bt = *a.block_table;
+      const int64_t rows = bt.size(0), M = bt.size(1), bs = a.block_size, nb = a.key.size(0);
+      std::vector<int64_t> lens;
+      attention::read_per_batch_lengths(op, "actual_seq_lengths_kv", *a.actual_seq_lengths_kv, rows, M * bs, lens);
+      at::Tensor idx = bt.to(at::kCPU, at::kLong).contiguous().clone();
+      int64_t* ip = idx.data_ptr<int64_t>();
+      bool in_range = true;
+      for (int64_t b = 0; b < rows; ++b)
+        for (int64_t i = 0; i < M; ++i) {
+          int64_t& e = ip[b * M + i];
+          if (i * bs >= lens[b]) e = 0;  // never read: any valid block
+          in_range = in_range && e >= 0 && e < nb;
+        }
+      if (in_range && rows * M > 0) {  // (out-of-range entries: the ordinary path names them)
+        const at::Tensor flat = idx.flatten().to(a.key.device());
+        const bool same = a.value.is_same(a.key);
+        key = a.key.index_select(0, flat);
+        value = same ? key : a.value.index_select(0, flat);
+        key_rope = kr_in.index_select(0, flat);
+        table = at::arange(rows * M, bt.options().dtype(at::kInt)).view({rows, M});
+      }
+    }
+    const at::Tensor q2 = append_rope(q, qr_in, q_packed, N), k2 = append_rope(key, key_rope, k_packed, N2);
     const std::optional<at::Tensor> none;
-    const FusedInferAttentionScoreArgs g{q2, k2, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths,
-                                         a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens,
+    const FusedInferAttentionScoreArgs g{q2, k2, value, a.pse_shift, a.atten_mask, a.actual_seq_lengths,
+                                         a.actual_seq_lengths_kv, table, a.num_heads, a.scale, a.pre_tokens,
                                          a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode,
                                          a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale,
                                          a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset,

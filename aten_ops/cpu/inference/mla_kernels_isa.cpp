@@ -25,6 +25,10 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/native/CPUBlas.h>
 
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -46,6 +50,23 @@ constexpr int64_t kMinChunk = 512;     // smallest key chunk worth a partial res
 constexpr int64_t kBig = int64_t(1) << 40;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Two bf16 rows interleaved element by element (VNNI pairs): out[d] = r0[d] | r1[d] << 16.
+inline void interleave_rows(const uint16_t* r0, const uint16_t* r1, uint32_t* out, int64_t n) {
+  int64_t d = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+  // unpacklo/hi pair the low/high 4 elements of each 128-bit lane; the permutes restore the element order.
+  const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+  const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+  for (; d + 32 <= n; d += 32) {
+    const __m512i a = _mm512_loadu_si512(r0 + d), b = _mm512_loadu_si512(r1 + d);
+    const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+    _mm512_storeu_si512(out + d, _mm512_permutex2var_epi64(lo, first, hi));
+    _mm512_storeu_si512(out + d + 16, _mm512_permutex2var_epi64(lo, second, hi));
+  }
+#endif
+  for (; d < n; ++d) out[d] = uint32_t(r0[d]) | (uint32_t(r1[d]) << 16);
+}
 
 // c[m, n] (+)= a[m, k] · b[k, n], row-major; b VNNI-packed for bf16 (element (kk, j) at ((kk / 2) * ldb + j) * 2 +
 // kk % 2, k even).
@@ -231,8 +252,7 @@ struct Worker {
         const auto* r0 = reinterpret_cast<const uint16_t*>(v0 + x * p.v.ss);
         uint32_t* o = dst + (x / 2) * Dv;
         if (x + 1 < L) {
-          const auto* r1 = reinterpret_cast<const uint16_t*>(v0 + (x + 1) * p.v.ss);
-          for (int64_t d = 0; d < Dv; ++d) o[d] = uint32_t(r0[d]) | (uint32_t(r1[d]) << 16);
+          interleave_rows(r0, reinterpret_cast<const uint16_t*>(v0 + (x + 1) * p.v.ss), o, Dv);
         } else {
           for (int64_t d = 0; d < Dv; ++d) o[d] = uint32_t(r0[d]);
         }
