@@ -1,1 +1,1 @@
-"""Paged KV cache helpers. Case builders: kv_cache_cases.py."""
+"""The MLA latent path: mla_prolog and the MLAAttention building block."""
