@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cpu/attention/kernels.h"
+#include "cpu/brgemm_probe.h"
 #include "cpu/attention/logits.h"
 #include "cpu/online_softmax.h"
 
@@ -56,34 +57,6 @@ inline void mm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 inline void mm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb,
                float* c, int64_t ldc, bool add) {
   at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, true);
-}
-
-// Whether bf16 brgemm accepts our VNNI layout with an arbitrary ldb (oneDNN's AVX512-BF16 kernels do; some
-// builds or CPUs want another packing or refuse). Probed once with a small product against a scalar result.
-inline bool bf16_brgemm_usable() {
-  if (!at::globalContext().userEnabledMkldnn()) return false;
-  static const bool ok = [] {
-    constexpr int64_t M = 5, N = 37, K = 6, LDB = 40;
-    std::vector<BFloat16> a(M * K), b(K / 2 * LDB * 2, BFloat16(0.f));
-    std::vector<float> c(M * N, 0.f);
-    for (int64_t i = 0; i < M * K; ++i) a[i] = BFloat16(float(i % 7) - 3.f);
-    for (int64_t kk = 0; kk < K; ++kk)
-      for (int64_t j = 0; j < N; ++j) b[((kk / 2) * LDB + j) * 2 + kk % 2] = BFloat16(float((kk * N + j) % 5) - 2.f);
-    try {
-      mm(M, N, K, a.data(), K, b.data(), LDB, c.data(), N, false);
-      at::native::cpublas::brgemm_release(true);
-    } catch (const std::exception&) {
-      return false;
-    }
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) {
-        float ref = 0.f;
-        for (int64_t kk = 0; kk < K; ++kk) ref += float(a[i * K + kk]) * float(b[((kk / 2) * LDB + j) * 2 + kk % 2]);
-        if (ref != c[i * N + j]) return false;
-      }
-    return true;
-  }();
-  return ok;
 }
 
 // ---- Row primitives on fp32 score rows. ----
@@ -890,7 +863,7 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
 template <typename T>
 void forward_typed(const AttentionParams& p, const AttentionInputs& in, ForwardOutputs& o) {
   if constexpr (std::is_same_v<T, BFloat16>) {
-    if (bf16_brgemm_usable()) {
+    if (brgemm_usable(at::kBFloat16)) {
       if (p.int8_kv()) return forward_impl<T, BFloat16, int8_t>(p, in, o);
       return forward_impl<T, BFloat16>(p, in, o);
     }

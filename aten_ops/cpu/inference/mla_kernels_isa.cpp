@@ -11,6 +11,7 @@
 // the K tile still in cache. Key chunks (flash-decoding, when few items) have sizes that depend only on the shapes
 // and lengths, never on the thread count, and are merged in chunk order by their log-sum-exp: results are
 // bit-identical for any number of threads.
+#include "cpu/brgemm_probe.h"
 #include "cpu/inference/mla_kernels.h"
 #include "cpu/online_softmax.h"
 
@@ -77,33 +78,6 @@ inline void mm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, con
 inline void mm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb,
                float* c, int64_t ldc, bool add) {
   at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, true);
-}
-
-// Whether bf16 brgemm takes our VNNI layout with an arbitrary ldb (probed once against a scalar product).
-bool bf16_brgemm_usable() {
-  if (!at::globalContext().userEnabledMkldnn()) return false;
-  static const bool ok = [] {
-    constexpr int64_t M = 5, N = 37, K = 6, LDB = 40;
-    std::vector<BFloat16> a(M * K), b(K / 2 * LDB * 2, BFloat16(0.f));
-    std::vector<float> c(M * N, 0.f);
-    for (int64_t i = 0; i < M * K; ++i) a[i] = BFloat16(float(i % 7) - 3.f);
-    for (int64_t kk = 0; kk < K; ++kk)
-      for (int64_t j = 0; j < N; ++j) b[((kk / 2) * LDB + j) * 2 + kk % 2] = BFloat16(float((kk * N + j) % 5) - 2.f);
-    try {
-      mm(M, N, K, a.data(), K, b.data(), LDB, c.data(), N, false);
-      at::native::cpublas::brgemm_release(true);
-    } catch (const std::exception&) {
-      return false;
-    }
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) {
-        float ref = 0.f;
-        for (int64_t kk = 0; kk < K; ++kk) ref += float(a[i * K + kk]) * float(b[((kk / 2) * LDB + j) * 2 + kk % 2]);
-        if (ref != c[i * N + j]) return false;
-      }
-    return true;
-  }();
-  return ok;
 }
 
 struct Band {
@@ -400,7 +374,7 @@ void mla_attention(const MlaParams& p, const at::Tensor& q, const at::Tensor& q_
       using T = BFloat16;
       const T *a = q.const_data_ptr<T>(), *b = q_rope.const_data_ptr<T>(), *c = key.const_data_ptr<T>(),
               *d = key_rope.const_data_ptr<T>(), *e = value.const_data_ptr<T>();
-      if (bf16_brgemm_usable() && p.dim % 2 == 0 && p.rope_dim % 2 == 0)
+      if (brgemm_usable(at::kBFloat16) && p.dim % 2 == 0 && p.rope_dim % 2 == 0)
         return run_all<T, T>(p, a, b, c, d, e, out.data_ptr<T>(), lse);
       return run_all<T, float>(p, a, b, c, d, e, out.data_ptr<T>(), lse);
     }

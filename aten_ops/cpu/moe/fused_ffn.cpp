@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/brgemm_probe.h"
 #include "cpu/moe/fused_ffn_kernels.h"
 #include "cpu/moe/routing_helpers.h"
 #include "generated/kernels.h"
@@ -83,39 +84,6 @@ at::Tensor unpack(const at::Tensor& packed, bool gated, int64_t n) {
   if (!gated) return b.reshape({E, kp, nb * kFfnBlock}).narrow(2, 0, n);
   auto half = [&](int64_t i) { return b.narrow(3, i * kFfnHalf, kFfnHalf).reshape({E, kp, nb * kFfnHalf}).narrow(2, 0, n); };
   return at::cat({half(0), half(1)}, 2);
-}
-
-// Does brgemm give exact small-integer products in our layout here (and not throw)? Probed once per dtype.
-template <typename T>
-bool brgemm_works() {
-  if (!at::globalContext().userEnabledMkldnn()) return false;
-  constexpr int64_t M = 5, K = 6, N = kFfnBlock;
-  std::vector<T> a(M * K), b(K * N);
-  std::vector<float> c(M * N, -1.f);
-  constexpr bool vnni = sizeof(T) == 2;
-  auto bval = [](int64_t kk, int64_t j) { return float((kk * 7 + j) % 5) - 2.f; };
-  for (int64_t i = 0; i < M * K; ++i) a[i] = T(float(i % 7) - 3.f);
-  for (int64_t kk = 0; kk < K; ++kk)
-    for (int64_t j = 0; j < N; ++j) b[vnni ? ((kk / 2) * N + j) * 2 + kk % 2 : kk * N + j] = T(bval(kk, j));
-  try {
-    at::native::cpublas::brgemm(M, N, K, K, N, N, false, a.data(), b.data(), c.data(), vnni);
-    at::native::cpublas::brgemm_release(vnni);
-  } catch (const std::exception&) {
-    return false;
-  }
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) {
-      float ref = 0.f;
-      for (int64_t kk = 0; kk < K; ++kk) ref += float(a[i * K + kk]) * bval(kk, j);
-      if (c[i * N + j] != ref) return false;
-    }
-  return true;
-}
-
-bool fast_path(c10::ScalarType d) {
-  static const bool f32 = brgemm_works<float>();
-  static const bool bf16 = brgemm_works<at::BFloat16>();
-  return (d == at::kFloat && f32) || (d == at::kBFloat16 && bf16);
 }
 
 // The reference-speed path: per expert at::mm in fp32 (fp64 for fp64) on plain [E, K, N] weights.
@@ -255,7 +223,7 @@ at::Tensor moe_ffn_cpu(const MoeFfnArgs& args) {
   std::vector<int64_t> pos(keys.size());
   for (int64_t r = 0; r < int64_t(s.order.size()); ++r) pos[s.order[r]] = r;
 
-  if (!fast_path(dt) || F == 0) {  // F == 0: no product to run, only the biases
+  if (!cpu::brgemm_usable(dt) || F == 0) {  // F == 0: no product to run, only the biases
     at::Tensor a, b;
     if (packed) {
       a = unpack(w13, gated, F).narrow(1, 0, H);
