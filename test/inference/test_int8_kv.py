@@ -266,7 +266,8 @@ def test_paged_kv_cache_int8(layout, given):
         vd = cache.value_cache.double().reshape(16, bs, N2, D) * cache.value_scale.double()
         ref_cache.key_cache.copy_(kd.float())
         ref_cache.value_cache.copy_(vd.float())
-        ref_cache._blocks, ref_cache._lens = {r: cache.blocks(i) for r, i in zip(rids, ids)}, dict(
+        # the float cache's allocator gets the int8 cache's block lists (its bookkeeping, set directly)
+        ref_cache._alloc._blocks, ref_cache._alloc._lens = {r: cache.blocks(i) for r, i in zip(rids, ids)}, dict(
             zip(rids, cache.seq_lens(ids).tolist()))
         ref = ref_cache.attention(q.float(), rids, num_heads=N1, scale_value=D ** -0.5)
         assert (out.float() - ref).abs().max() < 2e-2
