@@ -27,7 +27,7 @@ inline namespace CPU_CAPABILITY {
 template <typename T>
 using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// dst[j] = A(src[j]), j < n.
+// dst[j] = A(src[j]), j < n (also a row's values converted to a cache dtype).
 template <typename T, typename A>
 inline void load_row(const T* src, int64_t n, A* dst) {
   if constexpr (std::is_same_v<T, A>) {
@@ -169,15 +169,6 @@ inline void quantize_run(const float* v, int64_t n, const QuantParams& q, int64_
   quantize_run<float>(v + j, n - j, q, j0 + j, dst + j);
 }
 
-template <typename A, typename Out>
-inline void convert_run(const A* v, int64_t n, Out* dst) {
-  if constexpr (std::is_same_v<A, Out>) {
-    std::copy(v, v + n, dst);
-  } else {
-    at::vec::convert(v, dst, n);
-  }
-}
-
 }  // namespace detail
 
 // Writes the n values v (A) of one row at cache + addr.offset in addr.layout. Out is the cache dtype: int8_t caches
@@ -194,7 +185,7 @@ inline void write_cache_row(const A* v, int64_t n, Out* cache, const RowAddr& ad
     if constexpr (std::is_same_v<Out, int8_t>) {
       detail::quantize_run(v + j0, len, *quant, j0, d);
     } else {
-      detail::convert_run(v + j0, len, d);
+      load_row(v + j0, len, d);
     }
   }
 }
