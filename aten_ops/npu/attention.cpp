@@ -27,9 +27,6 @@ using attention::AttentionParams;
 using attention::Layout;
 using npu_host::from_bnsd;
 using npu_host::to_bnsd;
-#ifndef TOT_WITH_CANN
-using npu_host::device_alias;
-#endif
 using ScoreOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 constexpr const char* kOp = "flash_attention_score";
 constexpr int64_t kMaxHeadDim = 512;
@@ -53,15 +50,7 @@ const char* unsupported_after_parsing(const AttentionParams& p) {
 }
 
 ScoreOutputs run_cpu_kernel(const char* reason, const FlashAttentionScoreArgs& args) {
-#ifdef TOT_WITH_CANN
-  TORCH_CHECK(false, kOp, ": the Ascend C kernel does not support ", reason, " yet");
-#else
-  (void)reason;
-  auto r = npu_host::call_with_cpu_aliases(args, flash_attention_score_cpu);
-  const c10::Device d = args.query.device();
-  return {device_alias(std::get<0>(r), d), device_alias(std::get<1>(r), d), device_alias(std::get<2>(r), d),
-          device_alias(std::get<3>(r), d), device_alias(std::get<4>(r), d), device_alias(std::get<5>(r), d)};
-#endif
+  return npu_host::fallback_to_cpu(kOp, reason, args, flash_attention_score_cpu, args.query.device());
 }
 
 tot_ascendc::FaDtype kernel_dtype(at::ScalarType t) {

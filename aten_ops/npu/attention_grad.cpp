@@ -45,17 +45,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
   const AttentionParams p = attention::parse_backward_params(kOp, args, in);
 
   if (!kernel_supports(p, args.query, args.key)) {
-#ifndef TOT_WITH_CANN
-    // Simulated device: the CPU kernel on CPU aliases of the npu tensors, results aliased back.
-    auto [dq, dk, dv, dpse, dsink] = npu_host::call_with_cpu_aliases(args, flash_attention_score_grad_cpu);
-    const c10::Device dev = args.query.device();
-    return {npu_host::device_alias(dq, dev), npu_host::device_alias(dk, dev), npu_host::device_alias(dv, dev),
-            npu_host::device_alias(dpse, dev), npu_host::device_alias(dsink, dev)};
-#else
-    TORCH_CHECK(false, kOp, ": the Ascend C kernel supports dense layouts without pse, softcap, dropout and sink; got ",
-                "layout ", args.input_layout, args.pse.has_value() ? " with pse" : "", p.softcap > 0.f ? " with softcap" : "",
-                p.has_dropout() ? " with dropout" : "", p.sink ? " with sink" : "");
-#endif
+    const std::string why = std::string("layout ") + std::string(args.input_layout) +
+                            (args.pse.has_value() ? " with pse" : "") + (p.softcap > 0.f ? " with softcap" : "") +
+                            (p.has_dropout() ? " with dropout" : "") + (p.sink ? " with sink" : "") +
+                            " (it runs dense layouts without pse, softcap, dropout and sink)";
+    return npu_host::fallback_to_cpu(kOp, why, args, flash_attention_score_grad_cpu, args.query.device());
   }
 
   const int64_t B = p.batch, N1 = p.q_heads, N2 = p.kv_heads, S1 = p.max_q_len, S2 = p.max_kv_len;

@@ -2,8 +2,8 @@
 // common/inference/decode_params), then launch the Ascend C decode kernel
 // (ascendc/kernels/inference/incre_flash_attention_kernel.cpp) on a contiguous or paged KV cache.
 // Argument combinations the kernel does not implement (atten_mask, pse_shift, an int8 cache, shapes whose tiles
-// cannot fit UB, an empty cache) run the CPU kernel on CPU aliases of the npu tensors — simulated device only; see
-// docs/ascendc_inference.md.
+// cannot fit UB, an empty cache) go to npu_host::fallback_to_cpu (the CPU kernel on the simulated device; an error
+// on CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1); see docs/ascendc_inference.md.
 #include <ATen/ATen.h>
 
 #include <string>
@@ -70,10 +70,6 @@ std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, 
 
 }  // namespace
 
-#ifndef TOT_WITH_CANN
-using npu_host::device_alias;
-#endif
-
 at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args) {
   const attention::DecodeInputs in = attention::validate_decode(args);
   const auto& p = in.params;
@@ -81,17 +77,16 @@ at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args) {
   if (p.batch == 0 || p.q_heads == 0) return out;
 
   const std::string layout(args.input_layout);
-  const at::Tensor k = in.key.contiguous(), v = in.value.contiguous();
+  // The kernel reads a contiguous cache; a strided one is copied only once the kernel is known to take the call.
   tot_ascendc::IncreFlashAttentionTiling tiling;
-  const std::string unsupported = plan_kernel(in, k, layout, args.atten_mask.has_value(), args.pse_shift.has_value(),
-                                              args.query.scalar_type(), tiling);
+  const std::string unsupported = plan_kernel(in, in.key, layout, args.atten_mask.has_value(),
+                                              args.pse_shift.has_value(), args.query.scalar_type(), tiling);
   if (!unsupported.empty()) {
-#ifdef TOT_WITH_CANN
-    TORCH_CHECK(false, kOp, ": the NPU kernel does not support ", unsupported);
-#else
-    const at::Tensor cpu_out = npu_host::call_with_cpu_aliases(args, incre_flash_attention_cpu);
-    return device_alias(cpu_out, args.query.device());
-#endif
+    return npu_host::fallback_to_cpu(kOp, unsupported, args, incre_flash_attention_cpu, args.query.device());
+  }
+  const at::Tensor k = in.key.contiguous(), v = in.value.contiguous();
+  if (!k.is_same(in.key)) {  // the tiling's cache strides are the copy's
+    plan_kernel(in, k, layout, false, false, args.query.scalar_type(), tiling);
   }
 
   // Per sequence: first cache position and length (kv_padding_size and actual_seq_lengths resolved on the host).

@@ -58,15 +58,6 @@ std::string kernel_refusal(const at::Tensor& x, const moe::GatingShape& g, const
   return tot_ascendc::MoeGatingTopKSoftmaxTilingFor(shape, tot_ascendc::Ascend910B(), tiling);
 }
 
-#ifndef TOT_WITH_CANN
-using npu_host::device_alias;
-
-Outputs on_device(const Outputs& out, const c10::Device& device) {
-  return {device_alias(std::get<0>(out), device), device_alias(std::get<1>(out), device),
-          device_alias(std::get<2>(out), device)};
-}
-#endif
-
 struct GatingOutputs {
   at::Tensor y, expert, row_idx, softmax;
 };
@@ -114,11 +105,7 @@ Outputs gating_npu(const char* op, const Args& args, int64_t renorm, bool want_s
     if (x.numel() > 0) launch_gating(x, finished, tiling, o);
     return {o.y, o.expert, want_row_idx ? o.row_idx : o.softmax};
   }
-#ifdef TOT_WITH_CANN
-  TORCH_CHECK(false, op, ": not supported by the Ascend C kernel: ", refusal);
-#else
-  return on_device(npu_host::call_with_cpu_aliases(args, cpu_kernel), x.device());
-#endif
+  return npu_host::fallback_to_cpu(op, refusal, args, cpu_kernel, x.device());
 }
 
 }  // namespace

@@ -115,18 +115,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_kernel(const Plan& p, const 
   return {dx, dcos.view(cos.sizes()).to(cos.scalar_type()), dsin.view(sin.sizes()).to(sin.scalar_type())};
 }
 
-#ifndef TOT_WITH_CANN
-// TOT_NPU_SIM_NO_FALLBACK=1 makes the simulated device behave like the NPU build (no CPU kernel behind the kernel's
-// back), so tests can prove a case ran the Ascend C kernel.
-void check_fallback_allowed(const char* op, const std::string& why_not) {
-  const char* env = std::getenv("TOT_NPU_SIM_NO_FALLBACK");
-  TORCH_CHECK(!env || std::string(env) != "1", op, ": the Ascend C kernel does not handle ", why_not,
-              " (TOT_NPU_SIM_NO_FALLBACK=1 forbids the CPU kernel fallback)");
-}
-
-using npu_host::device_alias;
-#endif
-
 }  // namespace
 
 at::Tensor rotary_position_embedding_npu(const RotaryPositionEmbeddingArgs& args) {
@@ -137,12 +125,7 @@ at::Tensor rotary_position_embedding_npu(const RotaryPositionEmbeddingArgs& args
                                             args.x.options().memory_format(at::MemoryFormat::Contiguous));
   const Plan p = plan(args.x, args.cos, args.sin, args.mode, /*grad=*/false);
   if (p.why_not.empty()) return forward_kernel(p, args.x, args.cos, args.sin);
-#ifndef TOT_WITH_CANN
-  check_fallback_allowed(op, p.why_not);
-  return device_alias(npu_host::call_with_cpu_aliases(args, rotary_position_embedding_cpu), args.x.device());
-#else
-  TORCH_CHECK(false, op, ": the Ascend C kernel does not handle ", p.why_not);
-#endif
+  return npu_host::fallback_to_cpu(op, p.why_not, args, rotary_position_embedding_cpu, args.x.device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_npu(
@@ -153,14 +136,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rotary_position_embedding_grad_np
   rope::check_tables(op, args.x, args.cos, args.sin);
   const Plan p = args.x.numel() ? plan(args.x, args.cos, args.sin, args.mode, /*grad=*/true) : Plan{"empty x"};
   if (!p.why_not.empty()) {
-#ifndef TOT_WITH_CANN
-    check_fallback_allowed(op, p.why_not);
-    auto [dx, dcos, dsin] = npu_host::call_with_cpu_aliases(args, rotary_position_embedding_grad_cpu);
-    return {device_alias(dx, args.x.device()), device_alias(dcos, args.x.device()), device_alias(dsin, args.x.device())};
-#else
-    TORCH_CHECK(args.x.numel() != 0, op, ": empty x is not supported on the NPU");
-    TORCH_CHECK(false, op, ": the Ascend C kernel does not handle ", p.why_not);
-#endif
+    return npu_host::fallback_to_cpu(op, p.why_not, args, rotary_position_embedding_grad_cpu, args.x.device());
   }
   return grad_kernel(p, args.grad, args.cos, args.sin, args.x);
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "generated/simulated_npu_ops.h"
+#include "npu/host_alias.h"
 
 namespace {
 
@@ -184,6 +185,10 @@ void check_device(const c10::OperatorHandle& op, const c10::Argument& arg, const
 
 void run_cpu_kernel_on_sim(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
+  // Like a CANN build, which has no kernel for these ops: tests use the switch to prove which kernel ran.
+  TORCH_CHECK(!npu_fa::npu_host::fallback_forbidden(), schema.name(),
+              ": has no Ascend C kernel; on the simulated npu device its CPU kernel runs, which "
+              "TOT_NPU_SIM_NO_FALLBACK=1 forbids");
   const size_t n_args = schema.arguments().size();
   const size_t first = stack->size() - n_args;
   std::vector<c10::IValue> originals(stack->begin() + first, stack->end());
