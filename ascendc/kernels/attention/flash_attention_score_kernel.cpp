@@ -156,6 +156,9 @@ class FlashAttentionScoreKernel {
       const uint32_t j0 = kb * t_.s2_block, nk = kb + 1 == t_.s2_blocks ? t_.s2_tail : t_.s2_block;
       const int kind = Classify(i0_, rows_, j0, nk);
       if (kind == 0) continue;  // the band hides the whole block: no cube or vector work
+      // A tail block's vector passes cover its columns rounded up to 64 (whole fp32 repeats for the count-form
+      // compares, whole mask bytes and P DataBlocks in every dtype), not the full block width.
+      w_ = nk == t_.s2_block ? t_.s2_block : Min(t_.s2_block, (nk + 63) / 64 * 64);
       // 1. S = Q·Kᵀ into the workspace, row pitch s2_block.
       mm1.SetTensorA(qGm_[q_off]);
       mm1.SetTensorB(kGm_[k_base + uint64_t(j0) * t_.head_dim], true);
@@ -182,9 +185,14 @@ class FlashAttentionScoreKernel {
   __aicore__ inline uint32_t RealRows(uint32_t c0, uint32_t cr) const { return c0 >= rows_ ? 0 : Min(cr, rows_ - c0); }
 
   __aicore__ inline void SoftmaxChunk(uint32_t c0, uint32_t cr, uint32_t j0, uint32_t nk, bool limits) {
-    const uint32_t w = t_.s2_block, n = cr * w, n8 = cr * kFp32PerBlock;
+    const uint32_t w = w_, n = cr * w, n8 = cr * kFp32PerBlock;
     LocalTensor<float> s = sIn_.AllocTensor<float>();
-    DataCopy(s, sWs_[uint64_t(c0) * w], n);
+    if (w == t_.s2_block) {
+      DataCopy(s, sWs_[uint64_t(c0) * w], n);
+    } else {  // the first w columns of each workspace row (pitch s2_block)
+      DataCopy(s, sWs_[uint64_t(c0) * t_.s2_block],
+               DataCopyParams(uint16_t(cr), uint16_t(w / kFp32PerBlock), uint16_t((t_.s2_block - w) / kFp32PerBlock), 0));
+    }
     sIn_.EnQue(s);
     s = sIn_.DeQue<float>();
     Muls(s, s, t_.scale, int32_t(n));
@@ -208,29 +216,39 @@ class FlashAttentionScoreKernel {
     RowReduce(rowSum8, s, cr, false);
     Mul(l8, l8, alpha8, int32_t(n8));
     Add(l8, l8, rowSum8, int32_t(n8));
-    StoreP(s, c0, n);
+    StoreP(s, c0, cr);
     sIn_.FreeTensor(s);
   }
 
-  // P in the input dtype -> workspace rows [c0, c0 + cr).
-  __aicore__ inline void StoreP(const LocalTensor<float>& s, uint32_t c0, uint32_t n) {
+  // P in the input dtype -> workspace rows [c0, c0 + cr), w_ columns each (row pitch s2_block).
+  __aicore__ inline void StoreP(const LocalTensor<float>& s, uint32_t c0, uint32_t cr) {
     if constexpr (IsSame<T, float>::value) {
       WaitPipe<HardEvent::V_MTE3>();
-      DataCopy(pWs_[uint64_t(c0) * t_.s2_block], s, n);
+      CopyPRows(s, c0, cr);
     } else {
       LocalTensor<T> p = pOut_.AllocTensor<T>();
-      Cast(p, s, RoundMode::CAST_RINT, n);
+      Cast(p, s, RoundMode::CAST_RINT, cr * w_);
       pOut_.EnQue(p);
       p = pOut_.DeQue<T>();
-      DataCopy(pWs_[uint64_t(c0) * t_.s2_block], p, n);
+      CopyPRows(p, c0, cr);
       pOut_.FreeTensor(p);
     }
   }
 
-  // dst8[r, :] = max (or sum) of s[r, 0:s2_block] for r < cr: fold 64-column chunks with level-0 Max/Add into
+  __aicore__ inline void CopyPRows(const LocalTensor<T>& p, uint32_t c0, uint32_t cr) {
+    if (w_ == t_.s2_block) {
+      DataCopy(pWs_[uint64_t(c0) * t_.s2_block], p, cr * w_);
+    } else {
+      constexpr uint32_t perBlock = 32 / sizeof(T);
+      DataCopy(pWs_[uint64_t(c0) * t_.s2_block], p,
+               DataCopyParams(uint16_t(cr), uint16_t(w_ / perBlock), 0, uint16_t((t_.s2_block - w_) / perBlock)));
+    }
+  }
+
+  // dst8[r, :] = max (or sum) of s[r, 0:w_] for r < cr: fold 64-column chunks with level-0 Max/Add into
   // [cr, 64], WholeReduce each row to one value, Brcb to the [cr, 8] layout.
   __aicore__ inline void RowReduce(const LocalTensor<float>& dst8, const LocalTensor<float>& s, uint32_t cr, bool max) {
-    const uint32_t w = t_.s2_block;
+    const uint32_t w = w_;
     const uint8_t pitch = uint8_t(w / kFp32PerBlock);
     LocalTensor<float> rowVec = rowVec_.Get<float>();
     LocalTensor<float> src = s;
@@ -255,7 +273,7 @@ class FlashAttentionScoreKernel {
 
   // Explicit mask: uint8 tile (1 = masked) -> half -> Select bits (1 = visible) -> -inf where masked.
   __aicore__ inline void ApplyMask(const LocalTensor<float>& s, uint32_t c0, uint32_t cr, uint32_t j0, uint32_t nk) {
-    const uint32_t w = t_.s2_block, real = RealRows(c0, cr);
+    const uint32_t w = w_, real = RealRows(c0, cr);
     LocalTensor<uint8_t> m = maskIn_.AllocTensor<uint8_t>();
     if (real > 0) {
       const uint64_t off = b_ * t_.mask_batch_stride + n_ * t_.mask_head_stride + uint64_t(i0_ + c0) * t_.s2 + j0;
@@ -277,7 +295,7 @@ class FlashAttentionScoreKernel {
   // Band / causal limits and the columns past a tail block: row i keeps keys j0 + c with
   // i + band_lo <= j0 + c <= min(i + band_hi, j0 + nk - 1).
   __aicore__ inline void ApplyBand(const LocalTensor<float>& s, uint32_t c0, uint32_t cr, uint32_t j0, uint32_t nk) {
-    const uint32_t w = t_.s2_block, real = RealRows(c0, cr);
+    const uint32_t w = w_, real = RealRows(c0, cr);
     LocalTensor<float> col = colIdx_.Get<float>();
     LocalTensor<uint8_t> bits = selBits_.Get<uint8_t>();
     for (uint32_t r = 0; r < real; ++r) {
@@ -343,6 +361,7 @@ class FlashAttentionScoreKernel {
 
   FlashAttentionScoreTilingData t_;
   uint32_t aiv_ = 0, b_ = 0, n_ = 0, i0_ = 0, rows_ = 0, rowsPad_ = 0;
+  uint32_t w_ = 0;  // vector width (score columns) of the current S2 block
   GlobalTensor<T> qGm_, kGm_, vGm_, outGm_, pWs_;
   GlobalTensor<float> maxGm_, sumGm_, sWs_, oWs_;
   GlobalTensor<uint8_t> maskGm_;
