@@ -47,7 +47,7 @@ static void CheckInvariants(const FlashAttentionTilingInput& in, const FlashAtte
   }
   for (uint32_t k = 0; k < t.total_tasks; ++k) CHECK(seen[k] == 1, "%s: task %u seen %d times", what, k, seen[k]);
   // workspace: three slices per AIV, inside the total
-  CHECK(t.ws_p_offset >= uint64_t(t.s1_block) * t.s2_block * 4 &&
+  CHECK(t.ws_p_offset >= 2 * uint64_t(t.s1_block) * t.s2_block * 4 &&
              t.ws_o_offset >= t.ws_p_offset + uint64_t(t.s1_block) * t.s2_block * t.elem_bytes &&
              t.ws_per_aiv >= t.ws_o_offset + uint64_t(t.s1_block) * t.v_dim_pad * 4 &&
              t.workspace_bytes == t.ws_per_aiv * t.aiv_num,

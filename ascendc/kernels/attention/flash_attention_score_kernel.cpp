@@ -91,7 +91,7 @@ class FlashAttentionScoreKernel {
       maskGm_.SetGlobalBuffer((__gm__ uint8_t*)mask, mb * mn * t.s1 * t.s2);
     }
     GM_ADDR ws = GetUserWorkspace(workspace) + t.ws_per_aiv * aiv_;
-    sWs_.SetGlobalBuffer((__gm__ float*)(ws + t.ws_s_offset), uint64_t(t.s1_block) * t.s2_block);
+    sWs_.SetGlobalBuffer((__gm__ float*)(ws + t.ws_s_offset), 2 * SliceElems());
     pWs_.SetGlobalBuffer((__gm__ T*)(ws + t.ws_p_offset), uint64_t(t.s1_block) * t.s2_block);
     oWs_.SetGlobalBuffer((__gm__ float*)(ws + t.ws_o_offset), uint64_t(t.s1_block) * t.v_dim_pad);
     InitBuffers(pipe);
@@ -152,33 +152,55 @@ class FlashAttentionScoreKernel {
     Duplicate(max8_.Get<float>(), kNegInf, int32_t(rowsPad_ * kFp32PerBlock));
     Duplicate(sum8_.Get<float>(), 0.0f, int32_t(rowsPad_ * kFp32PerBlock));
     Duplicate(acc_.Get<float>(), 0.0f, int32_t(rowsPad_ * t_.v_dim_pad));
-    for (uint32_t kb = 0; kb < t_.s2_blocks; ++kb) {
-      const uint32_t j0 = kb * t_.s2_block, nk = kb + 1 == t_.s2_blocks ? t_.s2_tail : t_.s2_block;
+    // Software pipeline over the visible key blocks: while the vector units run softmax on block kb (one S slice),
+    // the cube computes Q·Kᵀ of the next visible block into the other slice (IterateAll<false>).
+    uint32_t kb = NextVisible(0), slice = 0;
+    if (kb < t_.s2_blocks) IssueScores(q_off, k_base, kb, slice);
+    while (kb < t_.s2_blocks) {
+      const uint32_t next = NextVisible(kb + 1);
+      const uint32_t j0 = kb * t_.s2_block, nk = BlockKeys(kb);
       const int kind = Classify(i0_, rows_, j0, nk);
-      if (kind == 0) continue;  // the band hides the whole block: no cube or vector work
+      mm1.WaitIterateAll();  // S of block kb is in its slice
+      if (next < t_.s2_blocks) IssueScores(q_off, k_base, next, slice ^ 1u);
+      sCur_ = sWs_[uint64_t(slice) * SliceElems()];
       // A tail block's vector passes cover its columns rounded up to 64 (whole fp32 repeats for the count-form
       // compares, whole mask bytes and P DataBlocks in every dtype), not the full block width.
       w_ = nk == t_.s2_block ? t_.s2_block : Min(t_.s2_block, (nk + 63) / 64 * 64);
-      // 1. S = Q·Kᵀ into the workspace, row pitch s2_block.
-      mm1.SetTensorA(qGm_[q_off]);
-      mm1.SetTensorB(kGm_[k_base + uint64_t(j0) * t_.head_dim], true);
-      mm1.SetOrgShape(int(rows_), int(nk), int(t_.head_dim), int(t_.head_dim), int(t_.s2_block));
-      mm1.SetSingleShape(int(rows_), int(nk), int(t_.head_dim));
-      mm1.IterateAll(sWs_);
-      // 2. softmax, chunk by chunk; band limits for partial blocks and for the columns past a tail block.
+      // softmax, chunk by chunk; band limits for partial blocks and for the columns past a tail block.
       const bool limits = kind == 2 || nk < t_.s2_block;
       for (uint32_t c0 = 0; c0 < rowsPad_; c0 += t_.vec_rows) SoftmaxChunk(c0, Min(t_.vec_rows, rowsPad_ - c0), j0, nk, limits);
       PipeBarrier<PIPE_ALL>();  // P is in GM before the cube reads it
-      // 3. O_part = P·V, row pitch v_dim_pad.
+      // O_part = P·V, row pitch v_dim_pad.
       mm2.SetTensorA(pWs_);
       mm2.SetTensorB(vGm_[v_base + uint64_t(j0) * t_.v_head_dim]);
       mm2.SetOrgShape(int(rows_), int(t_.v_head_dim), int(t_.s2_block), int(nk), int(t_.v_dim_pad));
       mm2.SetSingleShape(int(rows_), int(t_.v_head_dim), int(nk));
       mm2.IterateAll(oWs_);
-      // 4. acc = acc * alpha + O_part.
+      // acc = acc * alpha + O_part.
       for (uint32_t c0 = 0; c0 < rowsPad_; c0 += t_.vec_rows) AccumulateChunk(c0, Min(t_.vec_rows, rowsPad_ - c0));
+      kb = next;
+      slice ^= 1u;
     }
     for (uint32_t c0 = 0; c0 < rowsPad_; c0 += t_.vec_rows) WriteChunk(c0, Min(t_.vec_rows, rowsPad_ - c0));
+  }
+
+  __aicore__ inline uint64_t SliceElems() const { return uint64_t(t_.s1_block) * t_.s2_block; }
+  __aicore__ inline uint32_t BlockKeys(uint32_t kb) const { return kb + 1 == t_.s2_blocks ? t_.s2_tail : t_.s2_block; }
+
+  // The first key block at or after kb that the band leaves (partly) visible; s2_blocks when none.
+  __aicore__ inline uint32_t NextVisible(uint32_t kb) const {
+    while (kb < t_.s2_blocks && Classify(i0_, rows_, kb * t_.s2_block, BlockKeys(kb)) == 0) ++kb;
+    return kb;
+  }
+
+  // S = Q·Kᵀ of key block kb into S slice `slice` (fp32, row pitch s2_block), asynchronously.
+  __aicore__ inline void IssueScores(uint64_t q_off, uint64_t k_base, uint32_t kb, uint32_t slice) {
+    const uint32_t nk = BlockKeys(kb);
+    mm1.SetTensorA(qGm_[q_off]);
+    mm1.SetTensorB(kGm_[k_base + uint64_t(kb) * t_.s2_block * t_.head_dim], true);
+    mm1.SetOrgShape(int(rows_), int(nk), int(t_.head_dim), int(t_.head_dim), int(t_.s2_block));
+    mm1.SetSingleShape(int(rows_), int(nk), int(t_.head_dim));
+    mm1.template IterateAll<false>(sWs_[uint64_t(slice) * SliceElems()]);
   }
 
   // Rows of chunk [c0, c0 + cr) that exist (the last chunk of a tail block is padded to 8 rows).
@@ -188,9 +210,9 @@ class FlashAttentionScoreKernel {
     const uint32_t w = w_, n = cr * w, n8 = cr * kFp32PerBlock;
     LocalTensor<float> s = sIn_.AllocTensor<float>();
     if (w == t_.s2_block) {
-      DataCopy(s, sWs_[uint64_t(c0) * w], n);
+      DataCopy(s, sCur_[uint64_t(c0) * w], n);
     } else {  // the first w columns of each workspace row (pitch s2_block)
-      DataCopy(s, sWs_[uint64_t(c0) * t_.s2_block],
+      DataCopy(s, sCur_[uint64_t(c0) * t_.s2_block],
                DataCopyParams(uint16_t(cr), uint16_t(w / kFp32PerBlock), uint16_t((t_.s2_block - w) / kFp32PerBlock), 0));
     }
     sIn_.EnQue(s);
@@ -363,7 +385,7 @@ class FlashAttentionScoreKernel {
   uint32_t aiv_ = 0, b_ = 0, n_ = 0, i0_ = 0, rows_ = 0, rowsPad_ = 0;
   uint32_t w_ = 0;  // vector width (score columns) of the current S2 block
   GlobalTensor<T> qGm_, kGm_, vGm_, outGm_, pWs_;
-  GlobalTensor<float> maxGm_, sumGm_, sWs_, oWs_;
+  GlobalTensor<float> maxGm_, sumGm_, sWs_, sCur_, oWs_;  // sCur_: the S slice the vector reads
   GlobalTensor<uint8_t> maskGm_;
   TQue<TPosition::VECIN, 2> sIn_, oIn_;
   TQue<TPosition::VECIN, 1> maskIn_;

@@ -140,7 +140,8 @@ std::string FlashAttentionScoreTiling(const FlashAttentionTilingInput& in, const
 
   // Workspace slice of one AIV: S = Q·Kᵀ (fp32), P (input dtype), O partial (fp32), each 512-byte aligned.
   t.ws_s_offset = 0;
-  t.ws_p_offset = AlignUp(uint64_t(t.s1_block) * t.s2_block * 4, 512);
+  // Two S slices: the cube writes the next key block's scores into one while the vector reads the other.
+  t.ws_p_offset = 2 * AlignUp(uint64_t(t.s1_block) * t.s2_block * 4, 512);
   t.ws_o_offset = t.ws_p_offset + AlignUp(uint64_t(t.s1_block) * t.s2_block * t.elem_bytes, 512);
   t.ws_per_aiv = t.ws_o_offset + AlignUp(uint64_t(t.s1_block) * t.v_dim_pad * 4, 512);
   t.workspace_bytes = t.ws_per_aiv * t.aiv_num;

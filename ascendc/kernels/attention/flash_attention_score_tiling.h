@@ -37,7 +37,7 @@ struct FlashAttentionScoreTilingData {
   uint32_t s1_blocks, s2_blocks, s1_tail, s2_tail;  // tails = size of the last block (== block when it divides)
   uint32_t block_dim, aiv_num, total_tasks;  // block_dim AI Core groups (MIX 1:2) -> aiv_num = 2 * block_dim
   uint32_t task_begin[kFaMaxAiv + 1];        // AIV a owns tasks [task_begin[a], task_begin[a + 1])
-  uint64_t ws_s_offset, ws_p_offset, ws_o_offset;  // byte offsets inside one AIV's workspace slice
+  uint64_t ws_s_offset, ws_p_offset, ws_o_offset;  // byte offsets inside one AIV's workspace slice (two S slices)
   uint64_t ws_per_aiv, workspace_bytes;
   uint32_t ub_bytes, l1_bytes;               // planned use (checked against the platform)
 };
