@@ -31,6 +31,7 @@ uint32_t DecodeUbBytes(uint32_t tile_rows, uint32_t group, uint32_t head_dim_pad
   uint64_t bytes = 2 * 2 * tile_in;                   // K and V input queues, double-buffered
   bytes += 3 * tile_f32;                              // K and V in fp32, the q*k products
   bytes += uint64_t(group) * tile_rows * kFloat;      // scores (then probabilities) per query head
+  bytes += uint64_t(tile_rows) * kBlock;              // probabilities spread one DataBlock per row (P·V)
   bytes += group_in + 2 * group_f32;                  // query as stored, query fp32, accumulator
   bytes += group_in;                                  // output staging in the output dtype
   bytes += 4ull * group * kStatFloats * kFloat;       // m, l, new m, rescale factor
