@@ -234,6 +234,7 @@ class FlashAttentionGrad {
         Block(b, n, i0, nq, j0, nkv, k, v);
       }
     }
+    WaitDk();
     // dK, dV of this task's keys in the output dtype.
     const uint32_t rows_per = t_.ub_chunk_elems / (t_.d_pitch > t_.dv_pitch ? t_.d_pitch : t_.dv_pitch);
     LocalTensor<float> a = buf_a_.Get<float>();
@@ -265,24 +266,39 @@ class FlashAttentionGrad {
     mmABt.SetOrgShape(int(nq), int(nkv), dv, dv, kp);
     mmABt.SetSingleShape(int(nq), int(nkv), dv);
     mmABt.IterateAll(dp_ws_);
+    WaitDk();  // the previous block's dK product has read dS before SoftmaxGrad rewrites it
     SoftmaxGrad(b, n, i0, nq, j0, nkv, row0);
-    // dV += Pᵀ dy, dK += dSᵀ Q (atomic accumulation into this task's fp32 accumulators).
-    mmAtB.SetTensorA(p_ws_, true);
-    mmAtB.SetTensorB(dy);
-    mmAtB.SetOrgShape(kp, dv, int(nq), int(nq), int(t_.dv_pitch));
-    mmAtB.SetSingleShape(int(nkv), dv, int(nq));
-    mmAtB.IterateAll(dv_acc_, 1);
-    mmAtB.SetTensorA(ds_ws_, true);
-    mmAtB.SetTensorB(q);
-    mmAtB.SetOrgShape(kp, d, int(nq), int(nq), int(t_.d_pitch));
-    mmAtB.SetSingleShape(int(nkv), d, int(nq));
-    mmAtB.IterateAll(dk_acc_, 1);
-    // dQ part = dS K, then added to the shared dQ accumulator atomically (other AIVs own other key blocks).
+    // dQ part = dS K first (synchronous), so that its atomic add into the shared dQ accumulator (other AIVs own
+    // other key blocks) runs on this AIV while the cube computes dV += Pᵀ dy; dK += dSᵀ Q is then left in flight
+    // until the next block's SoftmaxGrad or the task's end (atomic accumulation into this task's fp32 accumulators).
     mmAB.SetTensorA(ds_ws_);
     mmAB.SetTensorB(k);
     mmAB.SetOrgShape(int(nq), d, kp, int(nkv), int(t_.d_pitch));
     mmAB.SetSingleShape(int(nq), d, int(nkv));
     mmAB.IterateAll(dqp_ws_);
+    mmAtB.SetTensorA(p_ws_, true);
+    mmAtB.SetTensorB(dy);
+    mmAtB.SetOrgShape(kp, dv, int(nq), int(nq), int(t_.dv_pitch));
+    mmAtB.SetSingleShape(int(nkv), dv, int(nq));
+    mmAtB.template IterateAll<false>(dv_acc_, 1);
+    AddDqPart(row0, nq);
+    mmAtB.WaitIterateAll();
+    mmAtB.SetTensorA(ds_ws_, true);
+    mmAtB.SetTensorB(q);
+    mmAtB.SetOrgShape(kp, d, int(nq), int(nq), int(t_.d_pitch));
+    mmAtB.SetSingleShape(int(nkv), d, int(nq));
+    mmAtB.template IterateAll<false>(dk_acc_, 1);
+    dk_pending_ = true;
+  }
+
+  __aicore__ inline void WaitDk() {
+    if (!dk_pending_) return;
+    mmAtB.WaitIterateAll();
+    dk_pending_ = false;
+  }
+
+  // dq_acc rows [row0, row0 + nq) += the fp32 dQ part in the workspace (atomic add: AIVs share dQ rows).
+  __aicore__ inline void AddDqPart(uint64_t row0, uint32_t nq) {
     const uint32_t pitch = t_.d_pitch, rows_per = t_.ub_chunk_elems / pitch;
     LocalTensor<float> a = buf_a_.Get<float>();
     for (uint32_t r = 0; r < nq; r += rows_per) {
@@ -377,6 +393,7 @@ class FlashAttentionGrad {
   }
 
   FlashAttentionScoreGradTiling t_;
+  bool dk_pending_ = false;  // a dK += dSᵀ Q product is in flight on the cube
   TPipe pipe_;
   TBuf<TPosition::VECCALC> buf_a_, buf_b_, buf_c_, buf_d_, max_buf_, sum_buf_, di_buf_, mask_buf_, mask_half_buf_,
       bits_buf_, col_buf_, tmp_buf_;
