@@ -110,12 +110,14 @@ class Pipeline:
     overlap between AIC and AIV (they serialise). double_buffered: False when an AIV step's working set does not fit
     twice in UB, so its copies cannot overlap its vector work. synchronous: every AIV waits for its own cube jobs
     (IterateAll<true>), so its critical path holds its share of the AIC's time; the AIC shared by the group's AIVs
-    overlaps one AIV's cube job with the other's vector work."""
+    overlaps one AIV's cube job with the other's vector work. waited_share: the part of an AIV's cube work it waits
+    for; the rest is issued ahead (IterateAll<false>) and runs under its vector work."""
 
     steps: float = 1.0
     runs: float = 1.0
     double_buffered: bool = True
     synchronous: bool = False
+    waited_share: float = 1.0
 
 
 @dataclass
@@ -226,7 +228,7 @@ def _group_time(block: int, cores: List[CoreTime], hw: Ascend910B, p: Pipeline) 
     aiv = max(aivs, default=0.0)
     has_both = aic > 0 and aiv > 0
     if has_both and p.synchronous:
-        bubble = max(aic, aiv + aic / len(aivs)) - max(aic, aiv)
+        bubble = max(aic, aiv + aic * p.waited_share / len(aivs)) - max(aic, aiv)
     else:
         bubble = min(aic, aiv) * min(1.0, p.runs / p.steps) if has_both else 0.0
     sync = p.steps * hw.sync_s if has_both else 0.0
@@ -298,12 +300,14 @@ def fa_tasks_per_aiv(shape: AttentionShape, s1_block: int, hw: Ascend910B = Asce
 
 
 def fa_pipeline(shape: AttentionShape, s1_block: int, s2_block: int, hw: Ascend910B = Ascend910B()) -> Pipeline:
-    """How our FA forward's AIVs use the cube: each AIV runs its tasks one S2 block at a time with two synchronous
-    Matmul calls (S = Q K^T, then P V) — 2 hand-offs per step on its critical path; the two AIVs of a group share
-    the AIC. Vector work double-buffers its row chunks whenever the UB plan fits."""
+    """How our FA forward's AIVs use the cube: each AIV runs its tasks one S2 block at a time with two Matmul calls
+    — 2 hand-offs per step on its critical path; the two AIVs of a group share the AIC. S = Q K^T of the next block
+    is issued ahead (IterateAll<false>) and runs under the softmax, so an AIV waits for its P V products only: their
+    share of the cube work is v_dim / (head_dim + v_dim), one half here. Vector work double-buffers its row chunks
+    whenever the UB plan fits."""
     steps = 2 * fa_tasks_per_aiv(shape, s1_block, hw) * _ceil_div(shape.seq, s2_block)
     fits = fa_vec_rows(s1_block, s2_block, shape.head_dim, shape.dtype_bytes, hw) > 0
-    return Pipeline(steps=steps, runs=steps, double_buffered=fits, synchronous=True)
+    return Pipeline(steps=steps, runs=steps, double_buffered=fits, synchronous=True, waited_share=0.5)
 
 
 def fa_forward_counts(shape: AttentionShape, s1_block: int, s2_block: int,
