@@ -99,6 +99,8 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const Matm
 bool mc2_validation(int64_t enable);
 // grouped_matmul [CPU]
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(const GroupedMatmulArgs& args);
+// grouped_matmul [PrivateUse1]
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_npu(const GroupedMatmulArgs& args);
 // grouped_matmul_grad [CPU]
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(const GroupedMatmulGradArgs& args);
 // grouped_matmul_quant [CPU]

@@ -539,6 +539,16 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu_
   return npu_fa::grouped_matmul_cpu(npu_fa::GroupedMatmulArgs{x, weight, bias, group_list, group_type, group_list_type, act_type});
 }
 
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_npu_privateuse1(at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type) {
+  npu_fa::DeviceRule rule("grouped_matmul");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("bias", bias);
+  rule.host_tensor("group_list", group_list);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::grouped_matmul_npu(npu_fa::GroupedMatmulArgs{x, weight, bias, group_list, group_type, group_list_type, act_type});
+}
+
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu_unboxed(at::TensorList grad_out, at::TensorList x, at::TensorList weight, at::TensorList bias, const std::optional<at::Tensor>& group_list, at::TensorList act_input, int64_t group_type, int64_t group_list_type, int64_t act_type) {
   npu_fa::DeviceRule rule("grouped_matmul_grad");
   rule.device_tensor("grad_out", grad_out);
@@ -930,6 +940,7 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("matmul_all_reduce", TORCH_FN(matmul_all_reduce_mc2_privateuse1));
   m.impl("matmul_all_reduce_grad", TORCH_FN(matmul_all_reduce_grad_mc2_privateuse1));
   m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(matmul_all_reduce_add_rms_norm_mc2_privateuse1));
+  m.impl("grouped_matmul", TORCH_FN(grouped_matmul_npu_privateuse1));
   m.impl("moe_gating_top_k_softmax", TORCH_FN(moe_gating_top_k_softmax_npu_privateuse1));
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_npu_privateuse1));
 }

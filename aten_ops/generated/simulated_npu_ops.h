@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 39> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 38> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
@@ -23,7 +23,6 @@ inline constexpr std::array<const char*, 39> kSimulatedNpuCpuKernelOps = {
     "attention_update",
     "attention_update_grad",
     "mla_prolog",
-    "grouped_matmul",
     "grouped_matmul_grad",
     "grouped_matmul_quant",
     "grouped_matmul_swiglu_quant",
@@ -57,7 +56,6 @@ inline bool is_host_tensor(std::string_view op, std::string_view arg) {
   if (op == "npu_fa::prompt_flash_attention") return arg == "actual_seq_lengths" || arg == "actual_seq_lengths_kv";
   if (op == "npu_fa::fused_infer_attention_score") return arg == "actual_seq_lengths" || arg == "actual_seq_lengths_kv";
   if (op == "npu_fa::mla_prolog") return arg == "actual_seq_len";
-  if (op == "npu_fa::grouped_matmul") return arg == "group_list";
   if (op == "npu_fa::grouped_matmul_grad") return arg == "group_list";
   if (op == "npu_fa::grouped_matmul_quant") return arg == "group_list";
   if (op == "npu_fa::grouped_matmul_swiglu_quant") return arg == "group_list";

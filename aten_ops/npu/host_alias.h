@@ -58,6 +58,7 @@ const T& cpu_arg(const T& v) { return v; }
 inline at::Tensor cpu_arg(const at::Tensor& t) { return cpu_alias(t); }
 inline std::optional<at::Tensor> cpu_arg(const std::optional<at::Tensor>& t) { return cpu_alias(t); }
 inline std::vector<at::Tensor> cpu_arg(const std::vector<at::Tensor>& ts) { return cpu_alias(ts); }
+inline std::vector<at::Tensor> cpu_arg(at::TensorList ts) { return cpu_alias(ts.vec()); }
 
 // Runs an op's CPU kernel on its generated argument struct with every tensor replaced by its CPU alias.
 template <class Args, class CpuKernel>
