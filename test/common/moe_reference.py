@@ -23,6 +23,18 @@ def act_ref(x, act):
     return x
 
 
+def split_m_ref(x, w, b, counts, act, dtype):
+    """Group by group in `dtype`: rows of group e times w[e] (+ b[e]), then the activation."""
+    outs, r0 = [], 0
+    for e, c in enumerate(counts):
+        y = x[r0:r0 + c].to(dtype) @ w[e].to(dtype)
+        if b is not None:
+            y = y + b[e].to(dtype)
+        outs.append(act_ref(y, act))
+        r0 += c
+    return torch.cat(outs)
+
+
 def top_k_stable(v: Tensor, k: int) -> Tensor:
     """Indices of the k largest entries of the last dim, lower index first on ties."""
     return torch.sort(v.double(), dim=-1, descending=True, stable=True).indices[..., :k]

@@ -4,24 +4,12 @@ without recompiles for new group sizes, and one test per bad-input rule."""
 import pytest
 import torch
 
-from test.common.moe_reference import act_ref
+from test.common.moe_reference import act_ref, split_m_ref
 from test.common.reference import check_tolerance
 from torch_ops_transformer import grouped_matmul, npu_grouped_matmul
 
 GMM = torch.ops.npu_fa.grouped_matmul
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def split_m_ref(x, w, b, counts, act, dtype):
-    """Group by group in `dtype`: rows of group e times w[e] (+ b[e]), then the activation."""
-    outs, r0 = [], 0
-    for e, c in enumerate(counts):
-        y = x[r0:r0 + c].to(dtype) @ w[e].to(dtype)
-        if b is not None:
-            y = y + b[e].to(dtype)
-        outs.append(act_ref(y, act))
-        r0 += c
-    return torch.cat(outs)
 
 
 def _inputs(counts, k, n, dtype, bias=True, seed=0):

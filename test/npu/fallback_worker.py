@@ -6,28 +6,14 @@ generic path (aten_ops/npu_sim/device.cpp). With the switch at 1 both raise, nam
 CANN build does; with it unset they give the CPU op's result. One unsupported case per glue file, plus an op
 without a kernel; and the decode glue with a strided (non-contiguous) cache on both paths.
 """
-import contextlib
-import os
-
 import torch
 
 from test.attention.attention_cases import Case as FaCase, make_inputs
 from test.inference.decode_cases import OPS, Case as DecodeCase, build
+from test.npu.runner import no_fallback
 
 SWITCH = "TOT_NPU_SIM_NO_FALLBACK"
 
-
-@contextlib.contextmanager
-def _switch(value):
-    old = os.environ.get(SWITCH)
-    os.environ[SWITCH] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(SWITCH)
-        else:
-            os.environ[SWITCH] = old
 
 
 def _npu(x):
@@ -35,7 +21,7 @@ def _npu(x):
 
 
 def _refused(fn, *words):
-    with _switch("1"):
+    with no_fallback(True):
         try:
             fn()
         except RuntimeError as e:
@@ -46,7 +32,7 @@ def _refused(fn, *words):
 
 
 def _allowed_and_equal(fn, cpu_fn):
-    with _switch("0"):
+    with no_fallback(False):
         npu = fn()
     cpu = cpu_fn()
     npu = npu if isinstance(npu, (tuple, list)) else (npu,)
@@ -72,7 +58,7 @@ def case_flash_attention_backward():
     args = _fa_pse_args()
     q = args["query"].to("npu").requires_grad_()
     rest = {k: _npu(v) for k, v in args.items() if k != "query"}
-    with _switch("0"):
+    with no_fallback(False):
         out = OPS.flash_attention_score(q, **rest)[0]
     _refused(lambda: out.backward(torch.ones_like(out)), "flash_attention_score_grad", "pse")
 
@@ -99,7 +85,7 @@ def case_incre_flash_attention_strided_cache():
             args[i] = args[i].transpose(1, 2).contiguous().transpose(1, 2)
             assert not args[i].is_contiguous()
         cpu = OPS.incre_flash_attention(*args)
-        with _switch("1" if mask is None else "0"):
+        with no_fallback(mask is None):
             npu = OPS.incre_flash_attention(*[_npu(a) for a in args]).cpu()
         assert torch.allclose(npu, cpu, rtol=1e-5, atol=1e-5), (mask, (npu - cpu).abs().max())
 

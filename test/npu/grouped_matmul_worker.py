@@ -2,30 +2,16 @@
 run by the CPU runtime — against a float64 reference and the CPU backend, run by test_grouped_matmul.py through
 runner_worker. Kernel cases run under TOT_NPU_SIM_NO_FALLBACK=1, so a silent fallback to the CPU kernel would fail
 them; the documented fallbacks are checked for really being fallbacks and for giving the CPU op's answer."""
-import contextlib
-import os
-
 import torch
-import torch.nn.functional as F
 
+from test.common.moe_reference import split_m_ref
 from test.common.reference import check_tolerance
+from test.npu.runner import no_fallback
 
 OPS = torch.ops.npu_fa
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-ACTS = {0: lambda t: t, 1: torch.relu, 4: lambda t: t * torch.sigmoid(1.702 * t), 5: F.silu}
+ACTS = (0, 1, 4, 5)  # the kernel's activations: none, relu, fast_gelu, silu
 
-
-@contextlib.contextmanager
-def _switch(value):
-    old = os.environ.get("TOT_NPU_SIM_NO_FALLBACK")
-    os.environ["TOT_NPU_SIM_NO_FALLBACK"] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TOT_NPU_SIM_NO_FALLBACK")
-        else:
-            os.environ["TOT_NPU_SIM_NO_FALLBACK"] = old
 
 
 def _npu(v):
@@ -35,16 +21,8 @@ def _npu(v):
 
 
 def _reference(x, w, bias, rows, act, dtype):
-    """act(x_e @ w[e] + b[e]) per group, and the pre-activation, computed in `dtype`."""
-    pre, start = [], 0
-    for e, r in enumerate(rows):
-        y = x[start:start + r].to(dtype) @ w[e].to(dtype)
-        if bias is not None:
-            y = y + bias[e].to(dtype)
-        pre.append(y)
-        start += r
-    pre = torch.cat(pre)
-    return ACTS[act](pre), pre
+    """act(x_e @ w[e] + b[e]) per group and the pre-activation, computed in `dtype`."""
+    return split_m_ref(x, w, bias, rows, act, dtype), split_m_ref(x, w, bias, rows, 0, dtype)
 
 
 def _inputs(m_rows, k, n, dtype, bias_dtype=torch.float32, bias=True, seed=0):
@@ -62,7 +40,7 @@ def _check(rows, k, n, dtype, act, list_type=1, bias=True, bias_dtype=torch.floa
     counts = torch.tensor(rows, dtype=group_list_dtype)
     gl = counts if list_type == 1 else counts.cumsum(0).to(group_list_dtype)
     bl = [b] if bias else []
-    with _switch("1"):
+    with no_fallback(True):
         out, act_in = OPS.grouped_matmul(_npu([x]), _npu([w]), _npu(bl), _npu(gl) if group_list_on_npu else gl, 0,
                                          list_type, act)
     assert out[0].device.type == "npu" and out[0].dtype == dtype and out[0].shape == (sum(rows), n)
@@ -102,14 +80,14 @@ def case_more_items_than_cores():
 
 
 def _refused_then_equal(args, why):
-    with _switch("1"):
+    with no_fallback(True):
         try:
             OPS.grouped_matmul(*[_npu(a) for a in args])
         except RuntimeError as e:
             assert "TOT_NPU_SIM_NO_FALLBACK" in str(e) and why in str(e), str(e)
         else:
             raise AssertionError("the fallback was not refused")
-    with _switch("0"):
+    with no_fallback(False):
         npu = OPS.grouped_matmul(*[_npu(a) for a in args])
     cpu = OPS.grouped_matmul(*args)
     for a, b in zip(npu[0] + npu[1], cpu[0] + cpu[1]):

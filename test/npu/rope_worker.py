@@ -4,12 +4,10 @@ reference, run by test_rope.py through runner.py (see its docstring).
 Cases the Ascend C kernel handles run with TOT_NPU_SIM_NO_FALLBACK=1, so a silent fall back to the CPU kernel
 would fail them; the documented fallback combinations (docs/ascendc_rope.md) are checked for right answers and for
 really being fallbacks (strict mode refuses them)."""
-import contextlib
-import os
-
 import torch
 
 from test.common.reference import check_tolerance
+from test.npu.runner import no_fallback as _strict
 
 OPS = torch.ops.npu_fa
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -24,20 +22,6 @@ def _rotate(x, mode):
 
 def _ref(x, cos, sin, mode):
     return x * cos + _rotate(x, mode) * sin
-
-
-@contextlib.contextmanager
-def _strict(on=True):
-    """TOT_NPU_SIM_NO_FALLBACK: the npu glue raises instead of running the CPU kernel."""
-    old = os.environ.get("TOT_NPU_SIM_NO_FALLBACK")
-    os.environ["TOT_NPU_SIM_NO_FALLBACK"] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TOT_NPU_SIM_NO_FALLBACK")
-        else:
-            os.environ["TOT_NPU_SIM_NO_FALLBACK"] = old
 
 
 def _inputs(x_shape, t_shape, dtype, t_dtype=None, seed=0):

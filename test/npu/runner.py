@@ -6,6 +6,7 @@ In a test file (the `results` fixture is this folder's conftest.py's: run_module
     @pytest.mark.parametrize("case", case_names(WORKER))
     def test_rope_on_npu(results, case): assert results.get(case) == "ok", results.get(case, "did not run")
 """
+import contextlib
 import json
 import os
 import subprocess
@@ -25,3 +26,18 @@ def run_module(module_name, timeout=900):
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
     assert proc.returncode == 0, f"runner_worker {module_name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def no_fallback(on=True):
+    """TOT_NPU_SIM_NO_FALLBACK for the calls inside (worker side): 1 makes every npu glue raise instead of running
+    the CPU kernel, 0 allows the fallback; the previous value is restored."""
+    old = os.environ.get("TOT_NPU_SIM_NO_FALLBACK")
+    os.environ["TOT_NPU_SIM_NO_FALLBACK"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TOT_NPU_SIM_NO_FALLBACK")
+        else:
+            os.environ["TOT_NPU_SIM_NO_FALLBACK"] = old
