@@ -75,6 +75,10 @@ def _device_module() -> types.ModuleType:
     from .npu_amp import amp_module
 
     mod.amp = amp_module()
+    # Inductor's code generators for the device, looked up by name when it first compiles for npu (npu_inductor.py)
+    from .npu_inductor import device_module_attr
+
+    mod.__getattr__ = device_module_attr
     return mod
 
 

@@ -226,7 +226,7 @@ def case_dropout_uses_our_philox_stream_in_forward_and_backward():
 
 def case_torch_compile_fullgraph():
     """Dynamo + AOTAutograd trace SDPA on npu tensors into the overrideable ops (the choice runs on fake tensors);
-    backend aot_eager because Inductor has no code generator registered for the simulated device."""
+    backend aot_eager (Inductor on the device: inductor_worker.py)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     def fn(q, k, v, mask):
