@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Sequence
 
 AIC, AIV = "AIC", "AIV"
-VALUES_PER_CORE = 8  # layout of tot_ascendc_last_stats: type, block_idx, then the six counters
+VALUES_PER_CORE = 10  # layout of tot_ascendc_last_stats: type, block_idx, then the eight counters
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Ascend910B:
     clock_hz: float = 1.8e9
     cube_macs_per_cycle: int = 4096        # fp16/bf16: a 16x16x16 cube per AIC -> 24*4096*2*1.8e9 ≈ 354 TFLOP/s
     vector_repeats_per_cycle: float = 1.0  # one 256-byte repeat per cycle per AIV (128 fp16 / 64 fp32 lanes)
+    vector_issue_cycles: float = 16.0      # fixed cost per vector instruction (issue + pipeline head), a guess
     hbm_bytes_per_s: float = 1.6e12        # GM (HBM) bandwidth, shared by all cores
     l2_bytes_per_s: float = 7.0e12         # L2 read/write bandwidth (192 MB L2), shared by all cores
     l2_bytes: int = 192 * 1024 * 1024
@@ -50,7 +51,8 @@ class Ascend910B:
             f"{self.aic_cores} AIC (cube) + {self.aiv_cores} AIV (vector) at {self.clock_hz / 1e9:.1f} GHz",
             f"cube: {self.cube_macs_per_cycle} fp16 MAC/cycle/AIC = {self.cube_flops_per_s / 1e12:.0f} TFLOP/s fp16",
             f"vector: {self.vector_repeats_per_cycle:g} x 256-byte repeat/cycle/AIV "
-            f"= {self.vector_repeats_per_cycle * 256 * self.clock_hz * self.aiv_cores / 1e12:.1f} TB/s of operands",
+            f"= {self.vector_repeats_per_cycle * 256 * self.clock_hz * self.aiv_cores / 1e12:.1f} TB/s of operands, "
+            f"+ {self.vector_issue_cycles:g} cycles per vector instruction",
             f"HBM {self.hbm_bytes_per_s / 1e12:.1f} TB/s; L2 {self.l2_bytes // 2**20} MB at "
             f"{self.l2_bytes_per_s / 1e12:.0f} TB/s (re-read and workspace bytes assumed L2 hits)",
             f"per copy instruction {self.copy_latency_s * 1e6:.2f} us; per AIC<->AIV hand-off "
@@ -70,6 +72,8 @@ class CoreCounts:
     vector_elements: int = 0
     vector_repeats: int = 0
     copies: int = 0
+    vector_instrs: int = 0
+    cube_jobs: int = 0  # Matmul jobs served (AIC): hand-offs with its AIVs
 
     @property
     def gm_bytes(self) -> int:
@@ -77,7 +81,7 @@ class CoreCounts:
 
 
 def records_from_flat(values: Sequence[int], cores: int) -> List[CoreCounts]:
-    """Parse the 8-values-per-core array of tot_ascendc_last_stats (type 0=AIC/1=AIV, block_idx, 6 counters)."""
+    """Parse the 9-values-per-core array of tot_ascendc_last_stats (type 0=AIC/1=AIV, block_idx, 8 counters)."""
     if len(values) < cores * VALUES_PER_CORE:
         raise ValueError(f"records_from_flat: need {cores * VALUES_PER_CORE} values for {cores} cores, "
                          f"got {len(values)}")
@@ -91,12 +95,12 @@ def records_from_flat(values: Sequence[int], cores: int) -> List[CoreCounts]:
 
 
 def parse_counter_lines(text: str) -> List[CoreCounts]:
-    """Records from lines `core <AIC|AIV> <block_idx> <read> <write> <macs> <elements> <repeats> <copies>`
-    (what the C++ test programs print)."""
+    """Records from lines `core <AIC|AIV> <block_idx> <read> <write> <macs> <elements> <repeats> <copies>
+    <vector_instrs> <cube_jobs>` (what the C++ test programs print)."""
     out = []
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 9 and parts[0] == "core":
+        if len(parts) == 11 and parts[0] == "core":
             out.append(CoreCounts(parts[1], *map(int, parts[2:])))
     return out
 
@@ -176,7 +180,8 @@ def total_counts(records: Iterable[CoreCounts]) -> CoreCounts:
     for r in records:
         t = CoreCounts("all", -1, t.gm_read_bytes + r.gm_read_bytes, t.gm_write_bytes + r.gm_write_bytes,
                        t.cube_macs + r.cube_macs, t.vector_elements + r.vector_elements,
-                       t.vector_repeats + r.vector_repeats, t.copies + r.copies)
+                       t.vector_repeats + r.vector_repeats, t.copies + r.copies, t.vector_instrs + r.vector_instrs,
+                       t.cube_jobs + r.cube_jobs)
     return t
 
 
@@ -184,7 +189,7 @@ def core_time(r: CoreCounts, hw: Ascend910B, bytes_per_s: float, double_buffered
     """One core's busy time: its pipes overlap (max) when double-buffered, else vector and memory serialise.
     bytes_per_s: the core's own GM port bandwidth; each copy instruction adds a fixed cost."""
     cube = r.cube_macs / (hw.cube_macs_per_cycle * hw.clock_hz)
-    vector = r.vector_repeats / (hw.vector_repeats_per_cycle * hw.clock_hz)
+    vector = (r.vector_repeats / hw.vector_repeats_per_cycle + r.vector_instrs * hw.vector_issue_cycles) / hw.clock_hz
     memory = r.gm_bytes / bytes_per_s + r.copies * hw.copy_latency_s
     busy = max(cube, vector, memory) if double_buffered or r.core_type == AIC else max(cube, vector + memory)
     return CoreTime(r, cube, vector, memory, busy)
@@ -233,6 +238,44 @@ def _group_time(block: int, cores: List[CoreTime], hw: Ascend910B, p: Pipeline) 
         bubble = min(aic, aiv) * min(1.0, p.runs / p.steps) if has_both else 0.0
     sync = p.steps * hw.sync_s if has_both else 0.0
     return GroupTime(block, cores, bubble, sync, max(aic, aiv) + bubble + sync)
+
+
+def pipeline_from_counts(records: Sequence[CoreCounts], waited_share: float = 1.0,
+                         double_buffered: bool = True) -> Pipeline:
+    """The pipeline of a launch whose AIVs wait for their cube jobs (all our MIX kernels), from its counters: each
+    AIC serves two AIVs, so an AIV's critical path holds half the jobs of its group's busiest AIC, each a hand-off.
+    waited_share: the part of an AIV's cube work it waits for (the rest is issued ahead with IterateAll<false>).
+    Vector-only launches have no hand-offs."""
+    jobs = max((r.cube_jobs for r in records if r.core_type == AIC), default=0)
+    if not jobs:
+        return Pipeline(double_buffered=double_buffered)
+    steps = jobs / 2
+    return Pipeline(steps=steps, runs=steps, double_buffered=double_buffered, synchronous=True,
+                    waited_share=waited_share)
+
+
+@dataclass
+class PeakShares:
+    """What a predicted launch makes of the chip: each fraction is work / (peak rate x predicted time)."""
+
+    cube: float       # cube MACs over all AICs' peak
+    vector: float     # vector repeats over all AIVs' peak (issue costs excluded: they are not useful work)
+    bandwidth: float  # the chip-level bandwidth floor over the predicted time
+    issue: float      # on the busiest AIV, the part of its vector time spent on per-instruction issue costs
+
+
+def peak_shares(pred: Prediction, hw: Ascend910B = Ascend910B()) -> PeakShares:
+    t = pred.totals
+    cube_peak = hw.cube_macs_per_cycle * hw.clock_hz * hw.aic_cores
+    vector_peak = hw.vector_repeats_per_cycle * hw.clock_hz * hw.aiv_cores
+    body = pred.time_s / pred.scale  # totals are those of the simulated part
+    aivs = [c for g in pred.groups for c in g.cores if c.counts.core_type == AIV]
+    busiest = max(aivs, key=lambda c: c.vector_s, default=None)
+    issue = 0.0
+    if busiest is not None and busiest.vector_s > 0:
+        issue = busiest.counts.vector_instrs * hw.vector_issue_cycles / hw.clock_hz / busiest.vector_s
+    return PeakShares(t.cube_macs / (cube_peak * body), t.vector_repeats / (vector_peak * body),
+                      pred.bandwidth_floor_s / pred.time_s, issue)
 
 
 # ---- FlashAttention forward: analytic counters (fallback without the kernel's count hooks; cross-check) -------
@@ -326,7 +369,7 @@ def fa_forward_counts(shape: AttentionShape, s1_block: int, s2_block: int,
     out: List[CoreCounts] = []
     aic = dict(r=0, w=0, macs=0)
     for a, tasks in enumerate(_fa_tasks(shape, s1_block, hw)):
-        v = dict(r=0, w=0, el=0, rep=0, cp=0)
+        v = dict(r=0, w=0, el=0, rep=0, cp=0, ins=0)
         for s1, n_tasks in tasks.items():
             chunks = _counted(_block_sizes(s1, vec_rows))
             for s2, n_steps in _counted(_block_sizes(shape.seq, s2_block)).items():
@@ -339,23 +382,25 @@ def fa_forward_counts(shape: AttentionShape, s1_block: int, s2_block: int,
                     v["r"] += tc * (cr * s2 + cr * d) * 4
                     v["w"] += tc * cr * s2 * b
                     v["cp"] += tc * 4  # S in, P out, P.V in, the new row max (UB -> UB)
-                    _vector(v, 6 * cr * s2, 4, tc)  # scale, 2 row folds, subtract, exp, cast
-                    _vector(v, (2 * cr * 64 if s2 > 64 else 0) + 8 * cr * 8, 4, tc)  # row reduces, [rows, 8] ops
-                    _vector(v, 2 * cr * d, 4, tc)  # acc * alpha + P.V
-            _vector(v, s1 * (2 * 8 + d), 4, n_tasks)  # zero the statistics and the accumulator
+                    _vector(v, 6 * cr * s2, 4, tc, 6)  # scale, 2 row folds, subtract, exp, cast
+                    _vector(v, (2 * cr * 64 if s2 > 64 else 0) + 8 * cr * 8, 4, tc, 10)  # row reduces, [rows, 8] ops
+                    _vector(v, 2 * cr * d, 4, tc, 2)  # acc * alpha + P.V
+            _vector(v, s1 * (2 * 8 + d), 4, n_tasks, 3)  # zero the statistics and the accumulator
             for cr, n_chunks in chunks.items():
                 tc = n_tasks * n_chunks
                 v["w"] += tc * (cr * d * b + 2 * cr * 8 * 4)
                 v["cp"] += tc * 3
-                _vector(v, 2 * cr * d + 3 * cr * 8, 4, tc)  # softmax_max + 0·sum (NaN rows), acc / sum, cast
-        out.append(CoreCounts(AIV, a, v["r"], v["w"], 0, v["el"], v["rep"], v["cp"]))
+                _vector(v, 2 * cr * d + 3 * cr * 8, 4, tc, 5)  # softmax_max + 0·sum (NaN rows), acc / sum, cast
+        out.append(CoreCounts(AIV, a, v["r"], v["w"], 0, v["el"], v["rep"], v["cp"], v["ins"]))
         if a % 2 == 1:  # the group's AIC served both of its AIVs
             out.append(CoreCounts(AIC, a // 2, aic["r"], aic["w"], aic["macs"], 0, 0, 0))
             aic = dict(r=0, w=0, macs=0)
     return out
 
 
-def _vector(acc: dict, elements: int, elem_bytes: int, times: int = 1) -> None:
+def _vector(acc: dict, elements: int, elem_bytes: int, times: int = 1, instrs: int = 1) -> None:
+    """`times` rounds of `instrs` vector instructions over `elements` elements in all."""
+    acc["ins"] += times * instrs
     acc["el"] += times * elements
     acc["rep"] += times * _ceil_div(elements * elem_bytes, 256)
 

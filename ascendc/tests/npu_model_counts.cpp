@@ -1,7 +1,7 @@
 // Counter source for the performance model's tests (test/npu/test_perf_model.py): a MIX GEMM kernel (each AIV asks
 // its group's cube for a [rows x N] = [rows x K] x [K x N] slice) and a vector add kernel, launched through the CPU
 // runtime. Prints one line per core: `core <AIC|AIV> <block_idx> <gm_read> <gm_write> <cube_macs> <vector_elements>
-// <vector_repeats> <copies>`, after a `launch <name>` line. Usage: npu_model_counts [count-only (0/1)]
+// <vector_repeats> <copies> <vector_instrs> <cube_jobs>`, after a `launch <name>` line. Usage: npu_model_counts [count-only (0/1)]
 #include <cstdio>
 #include <cstdlib>
 
@@ -73,10 +73,11 @@ static void PrintStats() {
   std::printf("launch %s\n", st.kernel.c_str());
   for (const cpu::CoreStats& c : st.cores) {
     const cpu::Counters& k = c.counters;
-    std::printf("core %s %d %llu %llu %llu %llu %llu %llu\n", c.type == cpu::CoreType::AIC ? "AIC" : "AIV",
+    std::printf("core %s %d %llu %llu %llu %llu %llu %llu %llu %llu\n", c.type == cpu::CoreType::AIC ? "AIC" : "AIV",
                 c.block_idx, (unsigned long long)k.gm_read_bytes, (unsigned long long)k.gm_write_bytes,
                 (unsigned long long)k.cube_macs, (unsigned long long)k.vector_elements,
-                (unsigned long long)k.vector_repeats, (unsigned long long)k.copies);
+                (unsigned long long)k.vector_repeats, (unsigned long long)k.copies,
+                (unsigned long long)k.vector_instrs, (unsigned long long)k.cube_jobs);
   }
 }
 

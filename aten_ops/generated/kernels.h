@@ -55,8 +55,12 @@ std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const GatherPaKvCacheA
 std::tuple<at::Tensor, at::Tensor> kv_rms_norm_rope_cache_cpu(const KvRmsNormRopeCacheArgs& args);
 // prompt_flash_attention [CPU]
 at::Tensor prompt_flash_attention_cpu(const PromptFlashAttentionArgs& args);
+// prompt_flash_attention [PrivateUse1]
+at::Tensor prompt_flash_attention_npu(const PromptFlashAttentionArgs& args);
 // fused_infer_attention_score [CPU]
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedInferAttentionScoreArgs& args);
+// fused_infer_attention_score [PrivateUse1]
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_npu(const FusedInferAttentionScoreArgs& args);
 // attention_update [CPU]
 std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const AttentionUpdateArgs& args);
 // attention_update_grad [CPU]
@@ -135,6 +139,8 @@ at::Tensor moe_init_routing_v2_grad_cpu(const MoeInitRoutingV2GradArgs& args);
 at::Tensor moe_compute_expert_tokens_cpu(const MoeComputeExpertTokensArgs& args);
 // moe_finalize_routing [CPU]
 at::Tensor moe_finalize_routing_cpu(const MoeFinalizeRoutingArgs& args);
+// moe_finalize_routing [PrivateUse1]
+at::Tensor moe_finalize_routing_npu(const MoeFinalizeRoutingArgs& args);
 // moe_finalize_routing_grad [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_grad_cpu(const MoeFinalizeRoutingGradArgs& args);
 // moe_token_permute [CPU]

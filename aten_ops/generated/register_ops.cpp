@@ -249,6 +249,20 @@ at::Tensor prompt_flash_attention_cpu_unboxed(const at::Tensor& query, const at:
   return npu_fa::prompt_flash_attention_cpu(npu_fa::PromptFlashAttentionArgs{query, key, value, padding_mask, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise});
 }
 
+at::Tensor prompt_flash_attention_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& padding_mask, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, int64_t num_heads, double scale_value, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise) {
+  npu_fa::DeviceRule rule("prompt_flash_attention");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("padding_mask", padding_mask);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("pse_shift", pse_shift);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::prompt_flash_attention_npu(npu_fa::PromptFlashAttentionArgs{query, key, value, padding_mask, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise});
+}
+
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table, int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size, bool softmax_lse_flag, const std::optional<at::Tensor>& antiquant_scale, const std::optional<at::Tensor>& antiquant_offset, const std::optional<at::Tensor>& key_antiquant_scale, const std::optional<at::Tensor>& key_antiquant_offset, const std::optional<at::Tensor>& value_antiquant_scale, const std::optional<at::Tensor>& value_antiquant_offset, int64_t antiquant_mode, int64_t key_antiquant_mode, int64_t value_antiquant_mode, const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope) {
   npu_fa::DeviceRule rule("fused_infer_attention_score");
   rule.device_tensor("query", query);
@@ -268,6 +282,28 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu_unboxed(const
   rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
   rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
   return npu_fa::fused_infer_attention_score_cpu(npu_fa::FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope});
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& pse_shift, const std::optional<at::Tensor>& atten_mask, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& block_table, int64_t num_heads, double scale, int64_t pre_tokens, int64_t next_tokens, c10::string_view input_layout, int64_t num_key_value_heads, int64_t sparse_mode, int64_t inner_precise, int64_t block_size, bool softmax_lse_flag, const std::optional<at::Tensor>& antiquant_scale, const std::optional<at::Tensor>& antiquant_offset, const std::optional<at::Tensor>& key_antiquant_scale, const std::optional<at::Tensor>& key_antiquant_offset, const std::optional<at::Tensor>& value_antiquant_scale, const std::optional<at::Tensor>& value_antiquant_offset, int64_t antiquant_mode, int64_t key_antiquant_mode, int64_t value_antiquant_mode, const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope) {
+  npu_fa::DeviceRule rule("fused_infer_attention_score");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("pse_shift", pse_shift);
+  rule.device_tensor("atten_mask", atten_mask);
+  rule.device_tensor("block_table", block_table);
+  rule.device_tensor("antiquant_scale", antiquant_scale);
+  rule.device_tensor("antiquant_offset", antiquant_offset);
+  rule.device_tensor("key_antiquant_scale", key_antiquant_scale);
+  rule.device_tensor("key_antiquant_offset", key_antiquant_offset);
+  rule.device_tensor("value_antiquant_scale", value_antiquant_scale);
+  rule.device_tensor("value_antiquant_offset", value_antiquant_offset);
+  rule.device_tensor("query_rope", query_rope);
+  rule.device_tensor("key_rope", key_rope);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::fused_infer_attention_score_npu(npu_fa::FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope});
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_update_cpu_unboxed(const at::Tensor& lse, const at::Tensor& out) {
@@ -698,6 +734,19 @@ at::Tensor moe_finalize_routing_cpu_unboxed(const at::Tensor& expanded_permuted_
   return npu_fa::moe_finalize_routing_cpu(npu_fa::MoeFinalizeRoutingArgs{expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode});
 }
 
+at::Tensor moe_finalize_routing_npu_privateuse1(const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& skip2, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode) {
+  npu_fa::DeviceRule rule("moe_finalize_routing");
+  rule.device_tensor("expanded_permuted_rows", expanded_permuted_rows);
+  rule.device_tensor("skip1", skip1);
+  rule.device_tensor("skip2", skip2);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("scales", scales);
+  rule.device_tensor("expanded_src_to_dst_row", expanded_src_to_dst_row);
+  rule.device_tensor("export_for_source_row", export_for_source_row);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::moe_finalize_routing_npu(npu_fa::MoeFinalizeRoutingArgs{expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_grad_cpu_unboxed(const at::Tensor& grad_out, const at::Tensor& expanded_permuted_rows, const std::optional<at::Tensor>& skip1, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales, const at::Tensor& expanded_src_to_dst_row, const std::optional<at::Tensor>& export_for_source_row, int64_t drop_pad_mode) {
   npu_fa::DeviceRule rule("moe_finalize_routing_grad");
   rule.device_tensor("grad_out", grad_out);
@@ -932,6 +981,8 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("flash_attention_score_grad", TORCH_FN(flash_attention_score_grad_npu_privateuse1));
   m.impl("rotary_position_embedding", TORCH_FN(rotary_position_embedding_npu_privateuse1));
   m.impl("rotary_position_embedding_grad", TORCH_FN(rotary_position_embedding_grad_npu_privateuse1));
+  m.impl("prompt_flash_attention", TORCH_FN(prompt_flash_attention_npu_privateuse1));
+  m.impl("fused_infer_attention_score", TORCH_FN(fused_infer_attention_score_npu_privateuse1));
   m.impl("incre_flash_attention", TORCH_FN(incre_flash_attention_npu_privateuse1));
   m.impl("all_gather_matmul", TORCH_FN(all_gather_matmul_mc2_privateuse1));
   m.impl("all_gather_matmul_grad", TORCH_FN(all_gather_matmul_grad_mc2_privateuse1));
@@ -943,4 +994,5 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("grouped_matmul", TORCH_FN(grouped_matmul_npu_privateuse1));
   m.impl("moe_gating_top_k_softmax", TORCH_FN(moe_gating_top_k_softmax_npu_privateuse1));
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_npu_privateuse1));
+  m.impl("moe_finalize_routing", TORCH_FN(moe_finalize_routing_npu_privateuse1));
 }

@@ -14,6 +14,7 @@
 #include "npu/ascendc_control.h"
 #include "npu/ascendc_launch.h"
 #include "npu/bnsd_layout.h"
+#include "npu/flash_forward.h"
 #include "npu/host_alias.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
@@ -43,12 +44,6 @@ const char* unsupported_before_parsing(const FlashAttentionScoreArgs& args) {
   return nullptr;
 }
 
-const char* unsupported_after_parsing(const AttentionParams& p) {
-  if (p.max_kv_len == 0) return "an empty key sequence";
-  if (p.head_dim > kMaxHeadDim) return "head dim > 512";
-  return nullptr;
-}
-
 ScoreOutputs run_cpu_kernel(const char* reason, const FlashAttentionScoreArgs& args) {
   return npu_host::fallback_to_cpu(kOp, reason, args, flash_attention_score_cpu, args.query.device());
 }
@@ -75,6 +70,54 @@ at::Tensor host_long(uint64_t v, const c10::Device& device) {
 
 }  // namespace
 
+namespace npu_host {
+
+const char* flash_forward_refusal(const attention::AttentionParams& p) {
+  if (p.max_kv_len == 0) return "an empty key sequence";
+  if (p.head_dim > kMaxHeadDim) return "head dim > 512";
+  return nullptr;
+}
+
+at::Tensor run_flash_forward(const char* op, const attention::AttentionParams& p, const at::Tensor& query,
+                             const at::Tensor& key, const at::Tensor& value,
+                             const std::optional<at::Tensor>& atten_mask, const at::Tensor& smax,
+                             const at::Tensor& ssum) {
+  const auto opts = query.options();
+  tot_ascendc::FlashAttentionTilingInput in;
+  in.batch = uint32_t(p.batch);
+  in.q_heads = uint32_t(p.q_heads);
+  in.group = uint32_t(p.group);
+  in.s1 = uint32_t(p.max_q_len);
+  in.s2 = uint32_t(p.max_kv_len);
+  in.head_dim = uint32_t(p.head_dim);
+  in.v_head_dim = uint32_t(p.v_head_dim);
+  in.dtype = kernel_dtype(query.scalar_type());
+  in.scale = p.scale;
+  const attention::Band band = p.band(0);  // dense layouts: every sequence has the same lengths
+  in.band_lo = band.lo;
+  in.band_hi = band.hi;
+  at::Tensor mask;
+  if (p.mask) mask = kernel_mask(*atten_mask, in);
+  tot_ascendc::FlashAttentionTilingOptions options;
+  ascendc::FlashAttentionBlocks(&options.s1_block, &options.s2_block);
+  tot_ascendc::FlashAttentionScoreTilingData tiling;
+  const std::string err = tot_ascendc::FlashAttentionScoreTiling(in, options, tot_ascendc::Ascend910B(), &tiling);
+  TORCH_CHECK(err.empty(), op, ": ", err);
+
+  const at::Tensor q = to_bnsd(query, p.layout, p.q_heads);
+  const at::Tensor k = to_bnsd(key, p.layout, p.kv_heads);
+  const at::Tensor v = to_bnsd(value, p.layout, p.kv_heads);
+  at::Tensor out = at::empty({p.batch, p.q_heads, p.max_q_len, p.v_head_dim}, opts);
+  ascendc::Launch launch(op);
+  uint8_t* mask_gm = mask.defined() ? launch.Gm(mask) : nullptr;
+  TOT_ASCENDC_RUN(launch, flash_attention_score, tiling.block_dim, AscendC::KernelMode::MIX_MODE, launch.Gm(q),
+                  launch.Gm(k), launch.Gm(v), mask_gm, launch.Gm(out), launch.Gm(smax), launch.Gm(ssum),
+                  launch.Workspace(int64_t(tiling.workspace_bytes), opts), launch.Tiling(tiling, opts));
+  return out;
+}
+
+}  // namespace npu_host
+
 ScoreOutputs flash_attention_score_npu(const FlashAttentionScoreArgs& args) {
   auto fallback = [&](const char* reason) {
     return run_cpu_kernel(reason, args);
@@ -90,38 +133,10 @@ ScoreOutputs flash_attention_score_npu(const FlashAttentionScoreArgs& args) {
     return {at::empty(attention::output_shape(p, args.query), opts), smax, ssum, at::empty({0}, opts),
             host_long(p.seed, device), host_long(p.offset, device)};
   }
-  if (const char* reason = unsupported_after_parsing(p)) return fallback(reason);
+  if (const char* reason = npu_host::flash_forward_refusal(p)) return fallback(reason);
 
-  tot_ascendc::FlashAttentionTilingInput in;
-  in.batch = uint32_t(p.batch);
-  in.q_heads = uint32_t(p.q_heads);
-  in.group = uint32_t(p.group);
-  in.s1 = uint32_t(p.max_q_len);
-  in.s2 = uint32_t(p.max_kv_len);
-  in.head_dim = uint32_t(p.head_dim);
-  in.v_head_dim = uint32_t(p.v_head_dim);
-  in.dtype = kernel_dtype(args.query.scalar_type());
-  in.scale = p.scale;
-  const attention::Band band = p.band(0);  // dense layouts: every sequence has the same lengths
-  in.band_lo = band.lo;
-  in.band_hi = band.hi;
-  at::Tensor mask;
-  if (p.mask) mask = kernel_mask(*args.atten_mask, in);
-  tot_ascendc::FlashAttentionTilingOptions options;
-  ascendc::FlashAttentionBlocks(&options.s1_block, &options.s2_block);
-  tot_ascendc::FlashAttentionScoreTilingData tiling;
-  const std::string err = tot_ascendc::FlashAttentionScoreTiling(in, options, tot_ascendc::Ascend910B(), &tiling);
-  TORCH_CHECK(err.empty(), kOp, ": ", err);
-
-  const at::Tensor q = to_bnsd(args.query, p.layout, p.q_heads);
-  const at::Tensor k = to_bnsd(args.key, p.layout, p.kv_heads);
-  const at::Tensor v = to_bnsd(args.value, p.layout, p.kv_heads);
-  at::Tensor out = at::empty({p.batch, p.q_heads, p.max_q_len, p.v_head_dim}, opts);
-  ascendc::Launch launch(kOp);
-  uint8_t* mask_gm = mask.defined() ? launch.Gm(mask) : nullptr;
-  TOT_ASCENDC_RUN(launch, flash_attention_score, tiling.block_dim, AscendC::KernelMode::MIX_MODE, launch.Gm(q),
-                  launch.Gm(k), launch.Gm(v), mask_gm, launch.Gm(out), launch.Gm(smax), launch.Gm(ssum),
-                  launch.Workspace(int64_t(tiling.workspace_bytes), opts), launch.Tiling(tiling, opts));
+  const at::Tensor out = npu_host::run_flash_forward(kOp, p, args.query, args.key, args.value, args.atten_mask,
+                                                      smax, ssum);
   return {from_bnsd(out, p.layout), smax, ssum, at::empty({0}, opts), host_long(p.seed, device),
           host_long(p.offset, device)};
 }

@@ -1,17 +1,22 @@
-// incre_flash_attention on the npu device (PrivateUse1): validate exactly like the CPU op (shared
-// common/inference/decode_params), then launch the Ascend C decode kernel
-// (ascendc/kernels/inference/incre_flash_attention_kernel.cpp) on a contiguous or paged KV cache.
-// Argument combinations the kernel does not implement (atten_mask, pse_shift, an int8 cache, shapes whose tiles
-// cannot fit UB, an empty cache) go to npu_host::fallback_to_cpu (the CPU kernel on the simulated device; an error
-// on CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1); see docs/ascendc_inference.md.
+// The inference attention ops on the npu device (PrivateUse1), validated exactly like the CPU ops (shared
+// common/inference/*_params):
+//   - incre_flash_attention: the Ascend C decode kernel (ascendc/kernels/inference/incre_flash_attention_kernel.cpp)
+//     on a contiguous or paged KV cache;
+//   - prompt_flash_attention and fused_infer_attention_score (dense, non-paged calls): the FlashAttention forward
+//     kernel (npu/flash_forward.h), which computes the same softmax(scale·QKᵀ + mask)·V.
+// Argument combinations the kernels do not implement go to npu_host::fallback_to_cpu (the CPU kernel on the
+// simulated device; an error on CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1); see docs/ascendc_inference.md.
 #include <ATen/ATen.h>
 
 #include <string>
 
 #include "common/inference/decode_params.h"
+#include "common/inference/prefill_params.h"
 #include "inference/incre_flash_attention_tiling.h"
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
+#include "npu/bnsd_layout.h"
+#include "npu/flash_forward.h"
 #include "npu/host_alias.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
@@ -68,7 +73,86 @@ std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, 
   return tot_ascendc::IncreFlashAttentionTilingFn(s, tot_ascendc::Ascend910B(), tiling);
 }
 
+// ---- prefill on the FlashAttention forward kernel ---------------------------------------------------------------
+// What only the CPU kernels implement, decided from the raw arguments (their validation then runs in the CPU op).
+const char* prefill_refusal_before_parsing(const PromptFlashAttentionArgs& a) {
+  if (a.input_layout == "TND") return "TND (variable-length) layout";
+  if (a.pse_shift.has_value()) return "pse_shift";
+  return nullptr;
+}
+
+const char* prefill_refusal_before_parsing(const FusedInferAttentionScoreArgs& a) {
+  if (a.input_layout == "TND") return "TND (variable-length) layout";
+  if (a.pse_shift.has_value()) return "pse_shift";
+  if (a.block_table.has_value() || a.block_size != 0) return "a paged KV cache (block_table)";
+  if (a.query_rope.has_value() || a.key_rope.has_value()) return "query_rope / key_rope (MLA)";
+  if (a.key.scalar_type() == at::kChar || a.value.scalar_type() == at::kChar) return "an int8 KV cache";
+  const bool antiquant = a.antiquant_scale.has_value() || a.antiquant_offset.has_value() ||
+                         a.key_antiquant_scale.has_value() || a.key_antiquant_offset.has_value() ||
+                         a.value_antiquant_scale.has_value() || a.value_antiquant_offset.has_value() ||
+                         a.antiquant_mode != 0 || a.key_antiquant_mode != 0 || a.value_antiquant_mode != 0;
+  if (antiquant) return "antiquant arguments";
+  return nullptr;
+}
+
+// Per-batch lengths shorter than the padded ones: the kernel computes whole sequences only.
+bool has_short_sequences(const attention::AttentionParams& p) {
+  for (int64_t b = 0; b < p.batch; ++b)
+    if (p.q_len[b] < p.max_q_len || p.kv_len[b] < p.max_kv_len) return true;
+  return false;
+}
+
+struct PrefillResult {
+  at::Tensor out, smax, ssum;  // out in the op's output layout; statistics [B, N1, S1, 8] fp32
+  std::string refusal;         // non-empty: the CPU kernel must run instead
+};
+
+// Validates like the CPU op, then runs the kernel unless the parsed call needs the CPU kernel.
+template <class Args>
+PrefillResult run_prefill_kernel(const char* op, const Args& a) {
+  PrefillResult res;
+  if (const char* why = prefill_refusal_before_parsing(a)) {
+    res.refusal = why;
+    return res;
+  }
+  attention::AttentionInputs in;
+  const attention::PromptParams r = attention::parse_prompt_params(op, a.query, a.key, a.value, a, in);
+  const attention::AttentionParams& p = r.p;
+  res.smax = at::empty({p.batch, p.q_heads, p.max_q_len, 8}, a.query.options().dtype(at::kFloat));
+  res.ssum = at::empty_like(res.smax);
+  if (p.batch == 0 || p.max_q_len == 0) {  // nothing to compute
+    res.out = at::empty(r.out_shape, a.query.options());
+    return res;
+  }
+  if (has_short_sequences(p)) res.refusal = "per-batch lengths shorter than the padded sequences";
+  else if (const char* why = npu_host::flash_forward_refusal(p)) res.refusal = why;
+  if (!res.refusal.empty()) return res;
+  const at::Tensor out = npu_host::run_flash_forward(op, p, a.query, a.key, a.value, a.atten_mask, res.smax, res.ssum);
+  res.out = r.bsnd_out ? out.transpose(1, 2).contiguous() : npu_host::from_bnsd(out, p.layout);
+  return res;
+}
+
 }  // namespace
+
+at::Tensor prompt_flash_attention_npu(const PromptFlashAttentionArgs& args) {
+  static constexpr const char* op = "prompt_flash_attention";
+  attention::check_prompt_flags(op, args);
+  PrefillResult res = run_prefill_kernel(op, args);
+  if (!res.refusal.empty())
+    return npu_host::fallback_to_cpu(op, res.refusal, args, prompt_flash_attention_cpu, args.query.device());
+  return res.out;
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_npu(const FusedInferAttentionScoreArgs& args) {
+  static constexpr const char* op = "fused_infer_attention_score";
+  attention::check_prompt_flags(op, args);
+  PrefillResult res = run_prefill_kernel(op, args);
+  if (!res.refusal.empty())
+    return npu_host::fallback_to_cpu(op, res.refusal, args, fused_infer_attention_score_cpu, args.query.device());
+  if (!args.softmax_lse_flag) return {res.out, at::empty({0}, args.query.options().dtype(at::kFloat))};
+  // lse = max + log(sum) per row, as the CPU op returns it ([B, N, S, 1]); rows that saw no key: -inf.
+  return {res.out, at::log(res.ssum.narrow(-1, 0, 1)).add_(res.smax.narrow(-1, 0, 1))};
+}
 
 at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args) {
   const attention::DecodeInputs in = attention::validate_decode(args);

@@ -212,22 +212,25 @@ def case_control_functions_count_only_and_stats():
     args = _on_npu(make_inputs(Case(dtype="fp16", layout="BNSD", batch=1, q_len=20, kv_len=40, q_heads=2,
                                     kv_heads=1, head_dim=16)))
     OPS.flash_attention_score(**args)
-    stats = (ctypes.c_ulonglong * (8 * 80))()
+    W = 10  # values per core: type, block, read, write, MACs, elements, repeats, copies, instructions, jobs
+    stats = (ctypes.c_ulonglong * (W * 80))()
     n = lib.tot_ascendc_last_stats(stats, 80)
-    rows = [list(stats[8 * i: 8 * i + 8]) for i in range(n)]
+    rows = [list(stats[W * i: W * i + W]) for i in range(n)]
     aic = [r for r in rows if r[0] == 0]
     aiv = [r for r in rows if r[0] == 1]
     assert len(aiv) == 2 * len(aic) and aic, rows
     # Cube work = Q·Kᵀ + P·V over the (padded-free) shapes: 2 heads x 20 rows x 40 keys x (16 + 16).
     assert sum(r[4] for r in rows) == 2 * 20 * 40 * 32, sum(r[4] for r in rows)
     assert sum(r[5] for r in aiv) > 0 and sum(r[2] for r in rows) > 0
+    # Every Matmul job is one the AIVs asked for: Q·Kᵀ and P·V per (task, key block).
+    assert sum(r[9] for r in aic) > 0 and all(r[9] == 0 for r in aiv) and all(r[8] > 0 for r in aiv)
     lib.tot_ascendc_set_count_only(1)
     try:
         OPS.flash_attention_score(**args)
     finally:
         lib.tot_ascendc_set_count_only(0)
     n2 = lib.tot_ascendc_last_stats(stats, 80)
-    assert n2 == n and sum(stats[8 * i + 4] for i in range(n2)) == 2 * 20 * 40 * 32
+    assert n2 == n and sum(stats[W * i + 4] for i in range(n2)) == 2 * 20 * 40 * 32
     OPS.npu_attention_tile_config(12, 64)
     try:
         OPS.flash_attention_score(**args)

@@ -26,9 +26,9 @@ class FakeHooks:
         recs = pm.fa_forward_counts(self.shape, *self.blocks)
         for i, r in enumerate(recs[:max_cores]):
             row = [0 if r.core_type == pm.AIC else 1, r.block_idx, r.gm_read_bytes, r.gm_write_bytes, r.cube_macs,
-                   r.vector_elements, r.vector_repeats, r.copies]
+                   r.vector_elements, r.vector_repeats, r.copies, r.vector_instrs, r.cube_jobs]
             for j, x in enumerate(row):
-                buf[8 * i + j] = x
+                buf[pm.VALUES_PER_CORE * i + j] = x
         return len(recs)
 
 
@@ -61,5 +61,27 @@ def case_real_hooks_or_a_clear_note():
         for x, y in zip(sim, ana):
             assert (x.gm_read_bytes, x.gm_write_bytes, x.cube_macs, x.copies) == \
                 (y.gm_read_bytes, y.gm_write_bytes, y.cube_macs, y.copies)
-    buf = (ctypes.c_ulonglong * 8)()
+    buf = (ctypes.c_ulonglong * pm.VALUES_PER_CORE)()
     assert lib.tot_ascendc_last_stats(buf, 1) > 1  # counts every core, writes at most one row
+
+
+def case_per_kernel_peak_shares():
+    """Every Ascend C kernel counted on a small shape: MIX kernels use the cube and hand work to their AIVs, vector
+    kernels do not; each share of a peak lies in (0, 1]."""
+    from torch_ops_transformer.bench import npu_model_kernels as nk
+
+    lib, why = npu_model.runtime_hooks()
+    assert lib is not None, why
+    rows = nk.predict_kernels(lib, nk.kernel_cases(quick=True), pm.Ascend910B())
+    names = [r.case.name for r in rows]
+    assert names == ["flash_attention_score", "flash_attention_score_grad", "incre_flash_attention",
+                     "rotary_position_embedding", "moe_gating_top_k_softmax", "grouped_matmul",
+                     "moe_finalize_routing"], names
+    for r in rows:
+        mix = r.case.name in ("flash_attention_score", "flash_attention_score_grad", "grouped_matmul")
+        s = r.shares
+        assert (s.cube > 0) == mix and 0 < s.vector <= 1 and 0 < s.bandwidth <= 1 and 0 <= s.issue < 1, (r.case, s)
+        assert (r.pred.slowest.sync_s > 0) == mix, r.case.name
+        assert r.pred.totals.vector_instrs > 0
+    table = nk.kernel_table(rows)
+    assert "moe_finalize_routing" in table and "vector issue" in table

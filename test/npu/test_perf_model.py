@@ -90,14 +90,14 @@ def test_scaling_pays_the_launch_once():
 
 
 def test_records_from_flat_and_errors():
-    flat = [0, 0, 10, 20, 30, 0, 0, 0, 1, 1, 1, 2, 0, 5, 1, 3]
+    flat = [0, 0, 10, 20, 30, 0, 0, 0, 0, 2, 1, 1, 1, 2, 0, 5, 1, 3, 4, 0]
     recs = m.records_from_flat(flat, 2)
-    assert recs[0] == m.CoreCounts(m.AIC, 0, 10, 20, 30, 0, 0, 0)
-    assert recs[1] == m.CoreCounts(m.AIV, 1, 1, 2, 0, 5, 1, 3)
-    with pytest.raises(ValueError, match="need 16 values for 2 cores, got 8"):
-        m.records_from_flat(flat[:8], 2)
+    assert recs[0] == m.CoreCounts(m.AIC, 0, 10, 20, 30, 0, 0, 0, 0, 2)
+    assert recs[1] == m.CoreCounts(m.AIV, 1, 1, 2, 0, 5, 1, 3, 4, 0)
+    with pytest.raises(ValueError, match="need 20 values for 2 cores, got 10"):
+        m.records_from_flat(flat[:10], 2)
     with pytest.raises(ValueError, match="type 7"):
-        m.records_from_flat([7] + flat[1:8], 1)
+        m.records_from_flat([7] + flat[1:10], 1)
     with pytest.raises(ValueError, match="no core records"):
         m.predict([], HW)
 
@@ -126,6 +126,7 @@ def test_gemm_cube_time_matches_macs_over_peak(runtime_launches):
     recs = runtime_launches[1]["gemm_slices"]
     m_rows, n, k, groups = 512, 128, 256, 4
     assert sum(r.cube_macs for r in recs) == m_rows * n * k
+    assert sum(r.cube_jobs for r in recs if r.core_type == m.AIC) == 8  # one job per AIV request
     hw = m.Ascend910B(launch_s=0.0)
     p = m.predict(recs, hw)
     aic_times = [c for g in p.groups for c in g.cores if c.counts.core_type == m.AIC]
@@ -152,13 +153,38 @@ def test_vector_kernel_time_matches_repeats_and_bytes(runtime_launches):
     assert len(recs) == cores and all(r.core_type == m.AIV for r in recs)
     assert all(r.vector_repeats == n_per_core * 2 // 256 and r.vector_elements == n_per_core for r in recs)
     assert all(r.gm_read_bytes == 2 * n_per_core * 2 and r.gm_write_bytes == n_per_core * 2 for r in recs)
-    assert all(r.copies == 3 * 4 for r in recs)
+    assert all(r.copies == 3 * 4 and r.vector_instrs == 4 for r in recs)  # 4 tiles: one Add each
     hw = m.Ascend910B(launch_s=0.0)
     p = m.predict(recs, hw)
     port_s = 3 * n_per_core * 2 / (hw.core_gm_bytes_per_cycle * GHZ)
     assert p.time_s == pytest.approx(port_s + 12 * hw.copy_latency_s)
     assert p.bottleneck == "memory"
-    assert p.slowest.cores[0].vector_s == pytest.approx(32 / GHZ)
+    assert p.slowest.cores[0].vector_s == pytest.approx((32 + 4 * hw.vector_issue_cycles) / GHZ)
+
+
+def test_vector_issue_cost_favours_fewer_longer_instructions():
+    """The same repeats in 128 instructions or in 12: the model charges each instruction's issue cost, so the
+    batched form (decode's P·V: 528 repeats in 12 instructions vs 256 in 128 Axpy) predicts faster."""
+    hw = m.Ascend910B(launch_s=0.0)
+    axpy = m.core_time(m.CoreCounts(m.AIV, 0, vector_repeats=256, vector_instrs=128), hw, 1e11)
+    batched = m.core_time(m.CoreCounts(m.AIV, 0, vector_repeats=528, vector_instrs=12), hw, 1e11)
+    assert batched.vector_s < axpy.vector_s
+    assert axpy.vector_s == pytest.approx((256 + 128 * hw.vector_issue_cycles) / GHZ)
+
+
+def test_pipeline_and_peak_shares_from_counts():
+    hw = m.Ascend910B(launch_s=0.0, sync_s=0.0)
+    aic = m.CoreCounts(m.AIC, 0, cube_macs=int(4096 * GHZ * 1e-3), cube_jobs=40)  # 1 ms of cube work
+    aivs = [m.CoreCounts(m.AIV, i, vector_repeats=int(GHZ * 0.5e-3)) for i in (0, 1)]  # 0.5 ms each
+    pipe = m.pipeline_from_counts([aic] + aivs, waited_share=0.5)
+    assert (pipe.steps, pipe.synchronous, pipe.waited_share) == (20, True, 0.5)
+    assert m.pipeline_from_counts(aivs) == m.Pipeline()  # vector-only: no hand-offs
+    p = m.predict([aic] + aivs, hw, pipe)
+    shares = m.peak_shares(p, hw)
+    # one AIC of 24 busy for the whole kernel: 1/24 of the cube peak; two AIVs of 48 busy half the time
+    assert p.time_s == pytest.approx(1e-3)
+    assert shares.cube == pytest.approx(1 / 24) and shares.vector == pytest.approx(2 * 0.5 / 48)
+    assert shares.issue == 0.0
 
 
 # ---- analytic FlashAttention counters and the tables --------------------------------------------------------------

@@ -9,6 +9,9 @@ published Ascend figures as predictions, with the published numbers beside ours:
    when the extension exports the hooks for it; otherwise from the analytic dataflow of a straightforward MIX
    FlashAttention forward (the table says which).
 2. Attention memory, standard (S x S scores and probabilities per head) vs flash (tiles), analytic.
+
+Then, per Ascend C kernel of the npu backend, the share of the cube / vector / bandwidth peaks the model predicts
+it uses (bench/npu_model_kernels.py).
 """
 import ctypes
 import time
@@ -46,6 +49,24 @@ def runtime_hooks() -> Tuple[Optional[ctypes.CDLL], str]:
     return lib, ""
 
 
+def counted_launch(lib, launch, count_only: bool = True) -> List[pm.CoreCounts]:
+    """Per-core counters of the last Ascend C launch made by `launch()`, run on the simulated npu in count-only
+    mode (every instruction checked and counted, no data moved or computed) unless count_only is False."""
+    import torch
+
+    lib.tot_ascendc_set_count_only(1 if count_only else 0)
+    try:
+        with torch.no_grad():
+            launch()
+        buf = (ctypes.c_ulonglong * (pm.VALUES_PER_CORE * MAX_CORES))()
+        cores = lib.tot_ascendc_last_stats(buf, MAX_CORES)
+    finally:
+        lib.tot_ascendc_set_count_only(0)
+    if cores <= 0:
+        raise RuntimeError(f"tot_ascendc_last_stats returned {cores}: the launch recorded no cores")
+    return pm.records_from_flat(list(buf), min(cores, MAX_CORES))
+
+
 def simulated_fa_counts(lib, shape: pm.AttentionShape, s1_block: int, s2_block: int) -> List[pm.CoreCounts]:
     """Run our FlashAttention forward on the simulated npu in count-only mode; the per-core counters. The kernel's
     tiles are forced with the op npu_attention_tile_config (or the stand-in of a test's hooks object)."""
@@ -59,18 +80,11 @@ def simulated_fa_counts(lib, shape: pm.AttentionShape, s1_block: int, s2_block: 
     size = (shape.batch, shape.heads, shape.seq, shape.head_dim)
     q, k, v = (torch.zeros(size, dtype=dtype).to("npu") for _ in range(3))
     tile_config(s1_block, s2_block)
-    lib.tot_ascendc_set_count_only(1)
     try:
-        with torch.no_grad():
-            torch.ops.npu_fa.flash_attention_score(q, k, v, shape.heads, "BNSD", scale=shape.head_dim ** -0.5)
-        buf = (ctypes.c_ulonglong * (pm.VALUES_PER_CORE * MAX_CORES))()
-        cores = lib.tot_ascendc_last_stats(buf, MAX_CORES)
+        return counted_launch(lib, lambda: torch.ops.npu_fa.flash_attention_score(
+            q, k, v, shape.heads, "BNSD", scale=shape.head_dim ** -0.5))
     finally:
-        lib.tot_ascendc_set_count_only(0)
         tile_config(-1, -1)
-    if cores <= 0:
-        raise RuntimeError(f"tot_ascendc_last_stats returned {cores}: the launch recorded no cores")
-    return pm.records_from_flat(list(buf), min(cores, MAX_CORES))
 
 
 # ---- the block-size table ---------------------------------------------------------------------------------------
@@ -219,6 +233,9 @@ def main(quick: bool = False, reps: int = 1) -> None:
     print(memory_table(shape))
     print("  the published 16.2 / 3.8 GB are whole-device readings (weights, KV cache, activations); only the "
           "published ≈ 8 GB score estimate is the same quantity as a row here.")
+    from .npu_model_kernels import print_section
+
+    print_section(lib, hw, quick)
 
 
 # Count-only simulation of all 4 x 32 heads takes minutes per block size on this 2-core machine (every vector

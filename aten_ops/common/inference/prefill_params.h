@@ -14,6 +14,19 @@ inline double prompt_scale(const FusedInferAttentionScoreArgs& a) { return a.sca
 inline const char* prompt_scale_name(const PromptFlashAttentionArgs&) { return "scale_value"; }
 inline const char* prompt_scale_name(const FusedInferAttentionScoreArgs&) { return "scale"; }
 
+// The checks each prefill op makes before parsing (shared by the CPU and npu kernels).
+inline void check_prompt_flags(const char* op, const PromptFlashAttentionArgs& a) {
+  TORCH_CHECK_VALUE(!a.padding_mask.has_value(), op,
+                    ": argument 'padding_mask' is reserved upstream and not supported; "
+                    "pass atten_mask (True = masked out) or actual_seq_lengths");
+  TORCH_CHECK_VALUE(a.inner_precise >= 0 && a.inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
+                    a.inner_precise);
+}
+inline void check_prompt_flags(const char* op, const FusedInferAttentionScoreArgs& a) {
+  TORCH_CHECK_VALUE(a.inner_precise >= 0 && a.inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
+                    a.inner_precise);
+}
+
 struct PromptParams {
   AttentionParams p;
   bool bsnd_out = false;       // BNSD_BSND: BNSD inputs, BSND output

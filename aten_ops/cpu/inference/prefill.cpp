@@ -258,20 +258,13 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
 
 at::Tensor prompt_flash_attention_cpu(const PromptFlashAttentionArgs& args) {
   static constexpr const char* op = "prompt_flash_attention";
-  TORCH_CHECK_VALUE(!args.padding_mask.has_value(), op,
-                    ": argument 'padding_mask' is reserved upstream and not supported; "
-                    "pass atten_mask (True = masked out) or actual_seq_lengths");
-  TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 3, op,
-                    ": argument 'inner_precise' must be in [0, 3]; got ",
-                    args.inner_precise);
+  attention::check_prompt_flags(op, args);
   return run_prefill(op, args.query, args.key, args.value, args).out;
 }
 
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedInferAttentionScoreArgs& args) {
   static constexpr const char* op = "fused_infer_attention_score";
-  TORCH_CHECK_VALUE(args.inner_precise >= 0 && args.inner_precise <= 3, op,
-                    ": argument 'inner_precise' must be in [0, 3]; got ",
-                    args.inner_precise);
+  attention::check_prompt_flags(op, args);
   // MLA: scores gain query_rope·key_ropeᵀ (cpu/inference/mla.cpp).
   if (args.query_rope.has_value() || args.key_rope.has_value()) return fused_infer_attention_score_mla(op, args);
   const bool int8 = is_int8_kv(args);

@@ -67,6 +67,8 @@ struct Counters {
   uint64_t vector_elements = 0;
   uint64_t vector_repeats = 0;
   uint64_t copies = 0;  // DataCopy/DataCopyPad instructions issued (each pays a fixed latency on hardware)
+  uint64_t vector_instrs = 0;  // vector instructions issued (each pays a fixed issue cost however many repeats)
+  uint64_t cube_jobs = 0;      // Matmul jobs an AIC served (each is an AIC<->AIV hand-off in MIX mode)
   void Add(const Counters& o) {
     gm_read_bytes += o.gm_read_bytes;
     gm_write_bytes += o.gm_write_bytes;
@@ -74,6 +76,8 @@ struct Counters {
     vector_elements += o.vector_elements;
     vector_repeats += o.vector_repeats;
     copies += o.copies;
+    vector_instrs += o.vector_instrs;
+    cube_jobs += o.cube_jobs;
   }
 };
 

@@ -156,6 +156,7 @@ class Matmul {
                         "] with row stride ", ldc, " exceeds the output tensor's ", out_size, " elements");
       auto& k = cpu::Core().counters;
       k.cube_macs += uint64_t(M) * N * K;
+      ++k.cube_jobs;
       k.gm_read_bytes += (uint64_t(M) * K * sizeof(SrcAT) + uint64_t(K) * N * sizeof(SrcBT));
       if (to_gm) k.gm_write_bytes += uint64_t(M) * N * sizeof(DstT);
       if (cpu::CountOnly()) return;

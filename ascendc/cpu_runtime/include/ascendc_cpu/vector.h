@@ -45,6 +45,7 @@ inline void CountVector(uint64_t elements, size_t elem_bytes) {
   auto& k = Core().counters;
   k.vector_elements += elements;
   k.vector_repeats += (elements * elem_bytes + kRepeatBytes - 1) / kRepeatBytes;
+  ++k.vector_instrs;
 }
 
 template <typename T>
@@ -145,6 +146,7 @@ void Level0Binary(const LocalTensor<T>& dst, const LocalTensor<T>& a, const Loca
   auto& k = Core().counters;
   k.vector_elements += n;
   k.vector_repeats += repeat;
+  ++k.vector_instrs;
 }
 
 template <typename T, typename F>
@@ -162,6 +164,7 @@ void Level0Unary(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Mas
   auto& k = Core().counters;
   k.vector_elements += n;
   k.vector_repeats += repeat;
+  ++k.vector_instrs;
 }
 
 template <typename T>
@@ -286,6 +289,7 @@ __aicore__ inline void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src
   auto& k = cpu::Core().counters;
   k.vector_elements += uint64_t(repeatTime) * 8 * per_block;
   k.vector_repeats += repeatTime;
+  ++k.vector_instrs;
 }
 
 // Docs: 矢量计算/精度转换指令/Cast.md.
@@ -458,6 +462,7 @@ __aicore__ inline void WholeReduceMax(const LocalTensor<T>& dst, const LocalTens
   }
   auto& k = cpu::Core().counters;
   k.vector_repeats += repeatTime;
+  ++k.vector_instrs;
   k.vector_elements += uint64_t(repeatTime) * cpu::Mask<T>::kPerRepeat;
 }
 template <typename T, bool isSetMask = true>
@@ -479,6 +484,7 @@ __aicore__ inline void WholeReduceSum(const LocalTensor<T>& dst, const LocalTens
   }
   auto& k = cpu::Core().counters;
   k.vector_repeats += repeatTime;
+  ++k.vector_instrs;
   k.vector_elements += uint64_t(repeatTime) * cpu::Mask<T>::kPerRepeat;
 }
 

@@ -1,0 +1,95 @@
+// Argument checks of moe_finalize_routing (and its backward) shared by the CPU kernels
+// (aten_ops/cpu/moe/finalize_routing.cpp) and the npu kernel (aten_ops/npu/moe.cpp), so both raise the same errors:
+// shapes, dtypes, the pair order of drop_pad_mode and every destination row / expert index, read on the host.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "common/moe/routing.h"
+
+namespace npu_fa {
+namespace moe {
+
+struct FinalizePlan {
+  int64_t N = 0, k = 0, H = 0, R = 0;
+  std::vector<int64_t> src;     // per (i, j) at i*k + j: row of expanded or -1
+  std::vector<int64_t> expert;  // per (i, j), when bias is given
+};
+
+// Index tensors are read on the host (a device-to-host copy for npu tensors): every destination row and expert is
+// checked before a kernel reads through it.
+inline std::vector<int64_t> read_index_on_host(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + c.numel());
+}
+
+inline FinalizePlan plan_finalize(const char* op, const at::Tensor& expanded, const std::optional<at::Tensor>& skip1,
+                                  const std::optional<at::Tensor>& skip2, const std::optional<at::Tensor>& bias,
+                                  const std::optional<at::Tensor>& scales, const at::Tensor& dst_row,
+                                  const std::optional<at::Tensor>& experts, int64_t drop_pad_mode) {
+  check_float(op, "expanded_permuted_rows", expanded);
+  TORCH_CHECK_VALUE(expanded.dim() >= 2, op, ": argument 'expanded_permuted_rows' must be [rows, H] (or [E, C, H]); ",
+                    "got shape ", expanded.sizes());
+  TORCH_CHECK_VALUE(drop_pad_mode >= 0 && drop_pad_mode <= 3, op, ": argument 'drop_pad_mode' must be 0-3 (0/1: ",
+                    "column-major pairs j*N+i, 2/3: token-major i*k+j; 1/3 capacity layout); got ", drop_pad_mode);
+  check_index(op, "expanded_src_to_dst_row", dst_row);
+  FinalizePlan fz;
+  fz.H = expanded.size(-1);
+  fz.R = expanded.numel() / std::max<int64_t>(fz.H, 1);
+  if (skip1.has_value()) fz.N = skip1->size(0);
+  else if (scales.has_value()) fz.N = scales->size(0);
+  else if (experts.has_value()) fz.N = experts->size(0);
+  else TORCH_CHECK_VALUE(false, op, ": one of 'skip1', 'scales' or 'export_for_source_row' is needed to know the ",
+                         "token count N");
+  const int64_t n = dst_row.numel();
+  TORCH_CHECK_VALUE(dst_row.dim() == 1 && (fz.N == 0 ? n == 0 : n % fz.N == 0), op, ": argument ",
+                    "'expanded_src_to_dst_row' of shape ", dst_row.sizes(), " must be 1-D [N*k] with N = ", fz.N);
+  fz.k = fz.N ? n / fz.N : 0;
+  // With no tokens, k is read from the [N, k] arguments so an empty batch gives an empty result.
+  if (fz.N == 0 && scales.has_value() && scales->dim() == 2) fz.k = scales->size(1);
+  else if (fz.N == 0 && experts.has_value() && experts->dim() == 2) fz.k = experts->size(1);
+  for (const auto& [name, t] : {std::pair<const char*, const std::optional<at::Tensor>*>{"skip1", &skip1},
+                                {"skip2", &skip2}}) {
+    if (!t->has_value()) continue;
+    check_same_dtype(op, name, **t, "expanded_permuted_rows", expanded);
+    TORCH_CHECK_VALUE((*t)->dim() == 2 && (*t)->size(0) == fz.N && (*t)->size(1) == fz.H, op, ": argument '", name,
+                      "' of shape ", (*t)->sizes(), " must be [N, H] = [", fz.N, ", ", fz.H, "]");
+  }
+  if (scales.has_value()) {
+    check_float(op, "scales", *scales);
+    TORCH_CHECK_VALUE(scales->dim() == 2 && scales->size(0) == fz.N && scales->size(1) == fz.k, op,
+                      ": argument 'scales' of shape ", scales->sizes(), " must be [N, k] = [", fz.N, ", ", fz.k,
+                      "] (k = the length ", n, " of 'expanded_src_to_dst_row' / N)");
+  }
+  const std::vector<int64_t> raw = read_index_on_host(dst_row);
+  check_destinations(op, "expanded_src_to_dst_row", raw, fz.R, true);
+  const bool column_major = drop_pad_mode <= 1;
+  fz.src.resize(n);
+  for (int64_t i = 0; i < fz.N; ++i)
+    for (int64_t j = 0; j < fz.k; ++j) fz.src[i * fz.k + j] = raw[column_major ? j * fz.N + i : i * fz.k + j];
+  if (bias.has_value()) {
+    check_same_dtype(op, "bias", *bias, "expanded_permuted_rows", expanded);
+    TORCH_CHECK_VALUE(bias->dim() == 2 && bias->size(1) == fz.H, op, ": argument 'bias' of shape ", bias->sizes(),
+                      " must be [E, H] with H = ", fz.H);
+    TORCH_CHECK_VALUE(experts.has_value(), op, ": argument 'export_for_source_row' (the expert of each pair) is ",
+                      "required with bias");
+    check_index(op, "export_for_source_row", *experts);
+    TORCH_CHECK_VALUE(experts->dim() == 2 && experts->size(0) == fz.N && experts->size(1) == fz.k, op,
+                      ": argument 'export_for_source_row' of shape ", experts->sizes(), " must be [N, k] = [", fz.N,
+                      ", ", fz.k, "]");
+    fz.expert = read_index_on_host(*experts);
+    for (size_t f = 0; f < fz.expert.size(); ++f)
+      TORCH_CHECK_VALUE(fz.expert[f] >= 0 && fz.expert[f] < bias->size(0), op, ": argument 'export_for_source_row'[",
+                        f, "] = ", fz.expert[f], " is out of range [0, E = bias.size(0) = ", bias->size(0), ")");
+  }
+  return fz;
+}
+
+
+}  // namespace moe
+}  // namespace npu_fa

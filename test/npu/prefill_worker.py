@@ -1,0 +1,143 @@
+"""prompt_flash_attention and fused_infer_attention_score prefill on the simulated npu device: the FlashAttention
+forward Ascend C kernel (through the CPU runtime) against the float64 reference of test/inference/prefill_cases.py
+and the CPU backend. Run by test_prefill.py through runner_worker.py (the device is already enabled here).
+
+The grid runs with CPU fallbacks refused, so it proves the kernel ran: layouts BSH / BSND / BNSD / BNSD_BSND, GQA,
+fp32 / fp16 / bf16, sparse modes 0-4 with and without masks, query and key lengths that are not multiples of the
+tiles. Calls the kernel does not take (per-batch lengths, TND, pse_shift, paged or int8 caches) run the CPU kernel
+and give its result.
+"""
+import torch
+
+from test.common.reference import check_tolerance
+from test.inference.prefill_cases import MAX, make_inputs, reference
+from test.npu.runner import no_fallback
+
+OPS = torch.ops.npu_fa
+NPU = "npu"
+SCALE = 0.3
+
+
+def _on(d, device):
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+
+
+def _mask(mode, sq, skv, b):
+    if mode in (2, 3, 4):
+        return torch.ones(2048, 2048, dtype=torch.bool).triu(1)  # the compressed mask of modes 2-4
+    g = torch.Generator().manual_seed(sq * 100 + skv)
+    return torch.rand(b, 1, sq, skv, generator=g) < 0.3
+
+
+def _pfa(layout, dtype, mode, use_mask, pre=MAX, nxt=0, B=2, N1=4, N2=2, Sq=37, Skv=53, D=32, seed=0):
+    args, bnsd, lens = make_inputs(layout, B=B, N1=N1, N2=N2, Sq=Sq, Skv=Skv, D=D, dtype=dtype, seed=seed)
+    mask = _mask(mode, Sq, Skv, B) if use_mask else None
+    kw = dict(num_heads=N1, num_key_value_heads=N2, scale_value=SCALE, input_layout=layout, sparse_mode=mode,
+              pre_tokens=pre, next_tokens=nxt, atten_mask=mask)
+    return args, kw, bnsd, lens, mask
+
+
+def _check_pfa(layout, dtype, mode, use_mask, **shape):
+    args, kw, bnsd, lens, mask = _pfa(layout, dtype, mode, use_mask, **shape)
+    what = f"pfa {layout} {dtype} mode {mode} mask {use_mask} {shape}"
+    out = OPS.prompt_flash_attention(**_on(args, NPU), **_on(kw, NPU))
+    assert out.device.type == NPU and out.dtype == dtype, what
+    ref64, _ = reference(bnsd, lens, layout, SCALE, mask=mask, pre=kw["pre_tokens"], nxt=kw["next_tokens"], mode=mode)
+    same, _ = reference(bnsd, lens, layout, SCALE, mask=mask, pre=kw["pre_tokens"], nxt=kw["next_tokens"], mode=mode,
+                        dtype=dtype)
+    check_tolerance(what, out.cpu(), ref64, same)
+    cpu = OPS.prompt_flash_attention(**args, **kw)
+    assert cpu.shape == out.shape, what
+
+
+def case_layouts_dtypes_gqa():
+    with no_fallback(True):
+        for layout in ("BSH", "BSND", "BNSD", "BNSD_BSND"):
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                _check_pfa(layout, dtype, 3, True)
+
+
+def case_sparse_modes_and_masks():
+    with no_fallback(True):
+        for mode, use_mask, pre, nxt in [(0, False, MAX, 0), (0, True, MAX, 0), (0, True, 5, 3), (1, True, MAX, 0),
+                                         (2, True, MAX, 0), (3, True, MAX, 0), (4, True, 7, 2)]:
+            _check_pfa("BNSD", torch.float32, mode, use_mask, pre=pre, nxt=nxt)
+            _check_pfa("BSND", torch.float16, mode, use_mask, pre=pre, nxt=nxt, Sq=53, Skv=37, N2=1)
+
+
+def case_long_sequences_span_several_tiles():
+    with no_fallback(True):
+        _check_pfa("BSH", torch.bfloat16, 3, True, B=1, N1=2, N2=2, Sq=300, Skv=300, D=64)
+
+
+def case_fia_prefill_out_and_lse():
+    with no_fallback(True):
+        for layout, dtype in (("BSND", torch.float32), ("BNSD_BSND", torch.bfloat16)):
+            args, kw, bnsd, lens, mask = _pfa(layout, dtype, 3, True)
+            kw["scale"] = kw.pop("scale_value")
+            out, lse = OPS.fused_infer_attention_score(**_on(args, NPU), **_on(kw, NPU), softmax_lse_flag=True)
+            ref64, lse64 = reference(bnsd, lens, layout, SCALE, mode=3)
+            same, _ = reference(bnsd, lens, layout, SCALE, mode=3, dtype=dtype)
+            check_tolerance(f"fia {layout}", out.cpu(), ref64, same)
+            cpu_out, cpu_lse = OPS.fused_infer_attention_score(**args, **kw, softmax_lse_flag=True)
+            assert lse.shape == cpu_lse.shape and lse.dtype == cpu_lse.dtype
+            torch.testing.assert_close(lse.cpu()[..., 0], lse64.float(), rtol=1e-4, atol=1e-4)
+            out, lse = OPS.fused_infer_attention_score(**_on(args, NPU), **_on(kw, NPU))
+            assert lse.numel() == 0
+
+
+def case_fully_masked_rows_are_zero_with_lse_minus_inf():
+    args, kw, bnsd, lens, _ = _pfa("BNSD", torch.float32, 0, False, Sq=8, Skv=8)
+    mask = torch.zeros(2, 1, 8, 8, dtype=torch.bool)
+    mask[:, :, 3] = True  # row 3 sees no key
+    kw.update(atten_mask=mask, scale=kw.pop("scale_value"))
+    with no_fallback(True):
+        out, lse = OPS.fused_infer_attention_score(**_on(args, NPU), **_on(kw, NPU), softmax_lse_flag=True)
+    cpu_out, cpu_lse = OPS.fused_infer_attention_score(**args, **kw, softmax_lse_flag=True)
+    assert torch.all(out.cpu()[:, :, 3] == 0) and torch.all(torch.isneginf(lse.cpu()[:, :, 3]))
+    torch.testing.assert_close(out.cpu(), cpu_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.cpu(), cpu_lse, rtol=1e-5, atol=1e-5)
+
+
+def case_what_the_kernel_does_not_take_runs_the_cpu_kernel():
+    """Per-batch lengths, TND and pse_shift: the CPU kernel's result (and a refusal naming the reason when CPU
+    fallbacks are refused)."""
+    args, bnsd, lens = make_inputs("BSND", B=2, N1=2, N2=2, Sq=9, Skv=11, D=16, q_lens=[9, 4], kv_lens=[11, 6])
+    kw = dict(num_heads=2, scale_value=SCALE, input_layout="BSND", sparse_mode=0)
+    out = OPS.prompt_flash_attention(**_on(args, NPU), **kw)
+    torch.testing.assert_close(out.cpu(), OPS.prompt_flash_attention(**args, **kw))
+    with no_fallback(True):
+        try:
+            OPS.prompt_flash_attention(**_on(args, NPU), **kw)
+        except RuntimeError as e:
+            assert "per-batch lengths" in str(e), str(e)
+        else:
+            raise AssertionError("no refusal with fallbacks off")
+    targs, _, _ = make_inputs("TND", B=2, N1=2, N2=2, Sq=5, Skv=6, D=16, q_lens=[5, 2], kv_lens=[6, 3])
+    tkw = dict(num_heads=2, scale_value=SCALE, input_layout="TND", sparse_mode=0)
+    torch.testing.assert_close(OPS.prompt_flash_attention(**_on(targs, NPU), **tkw).cpu(),
+                               OPS.prompt_flash_attention(**targs, **tkw))
+
+
+def case_bad_input_errors_match_the_cpu_op():
+    args, kw, _, _, _ = _pfa("BSND", torch.float32, 0, False, Sq=6, Skv=6)
+    bad = [dict(num_heads=3), dict(input_layout="SBH"), dict(sparse_mode=9), dict(inner_precise=7),
+           dict(num_key_value_heads=3), dict(scale_value=float("inf"))]
+    with no_fallback(True):
+        for change in bad:
+            messages = []
+            for device in ("cpu", NPU):
+                try:
+                    OPS.prompt_flash_attention(**_on(args, device), **{**kw, **change})
+                except (ValueError, TypeError, RuntimeError) as e:
+                    messages.append((type(e), str(e).split("\n")[0]))
+                else:
+                    messages.append(None)
+            assert messages[0] is not None and messages[0] == messages[1], (change, messages)
+
+
+def case_empty_query():
+    args, kw, _, _, _ = _pfa("BNSD", torch.float32, 0, False, B=0, Sq=4, Skv=4)
+    with no_fallback(True):
+        out = OPS.prompt_flash_attention(**_on(args, NPU), **kw)
+    assert out.shape == OPS.prompt_flash_attention(**args, **kw).shape and out.device.type == NPU
