@@ -8,9 +8,12 @@
 // simulated device; an error on CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1); see docs/ascendc_inference.md.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "common/inference/decode_params.h"
+#include "common/inference/paged_params.h"
 #include "common/inference/prefill_params.h"
 #include "inference/incre_flash_attention_tiling.h"
 #include "generated/kernels.h"
@@ -84,7 +87,6 @@ const char* prefill_refusal_before_parsing(const PromptFlashAttentionArgs& a) {
 const char* prefill_refusal_before_parsing(const FusedInferAttentionScoreArgs& a) {
   if (a.input_layout == "TND") return "TND (variable-length) layout";
   if (a.pse_shift.has_value()) return "pse_shift";
-  if (a.block_table.has_value() || a.block_size != 0) return "a paged KV cache (block_table)";
   if (a.query_rope.has_value() || a.key_rope.has_value()) return "query_rope / key_rope (MLA)";
   if (a.key.scalar_type() == at::kChar || a.value.scalar_type() == at::kChar) return "an int8 KV cache";
   const bool antiquant = a.antiquant_scale.has_value() || a.antiquant_offset.has_value() ||
@@ -143,15 +145,75 @@ at::Tensor prompt_flash_attention_npu(const PromptFlashAttentionArgs& args) {
   return res.out;
 }
 
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> fused_outputs(const FusedInferAttentionScoreArgs& a, const PrefillResult& res) {
+  if (!a.softmax_lse_flag) return {res.out, at::empty({0}, a.query.options().dtype(at::kFloat))};
+  // lse = max + log(sum) per row, as the CPU op returns it ([B, N, S, 1]); rows that saw no key: -inf.
+  return {res.out, at::log(res.ssum.narrow(-1, 0, 1)).add_(res.smax.narrow(-1, 0, 1))};
+}
+
+// Keys [0, kv_used) of every sequence of a paged cache, gathered into a contiguous tensor of the query's layout
+// (BSH, BSND or BNSD): one index_select over the blocks the sequences use.
+at::Tensor gather_pages(const attention::CacheRows& r, const attention::PagedPlan& pl, c10::string_view layout) {
+  const int64_t B = pl.batch, bs = pl.block_size, used_blocks = (pl.kv_used + bs - 1) / bs;
+  const int64_t table_stride = std::max<int64_t>(pl.max_blocks, 1);
+  std::vector<int64_t> ids;
+  ids.reserve(B * used_blocks);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < used_blocks; ++i) ids.push_back(pl.blocks[b * table_stride + i]);
+  const at::Tensor rows = r.cache.as_strided({r.cache.size(0), bs, r.heads, r.dim},
+                                             {r.block_stride, r.seq_stride, r.head_stride, 1},
+                                             r.cache.storage_offset());
+  const at::Tensor index = at::tensor(ids, at::kLong).to(r.cache.device());
+  at::Tensor keys = rows.index_select(0, index).reshape({B, used_blocks * bs, r.heads, r.dim}).narrow(1, 0, pl.kv_used);
+  if (layout == "BSH") return keys.reshape({B, pl.kv_used, r.heads * r.dim});
+  if (layout == "BNSD") return keys.transpose(1, 2).contiguous();
+  return keys.contiguous();
+}
+
+// A paged fused call: one-token calls through the decode op (its Ascend C kernel reads the cache in place), the
+// others on the FlashAttention kernel over the gathered keys when every sequence has the same length.
+std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedInferAttentionScoreArgs& a) {
+  auto fallback = [&](const std::string& why) {
+    return npu_host::fallback_to_cpu(op, why, a, fused_infer_attention_score_cpu, a.query.device());
+  };
+  const bool int8 = attention::is_int8_kv(a);
+  if (!int8)  // antiquant arguments without an int8 cache are an error, as on CPU
+    attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(a), false, 0, 0, 0, 0);
+  if (attention::decode_route_fits(op, a))
+    return {attention::paged_decode(op, a), at::empty({0}, a.query.options().dtype(at::kFloat))};
+  if (int8) return fallback("an int8 paged cache with more than one query token");
+  const attention::PagedPlan pl = attention::plan_paged(op, a);
+  if (pl.tnd) return fallback("TND (variable-length) layout");
+  if (pl.pse.has_value()) return fallback("pse_shift");
+  for (int64_t len : pl.lens)
+    if (len != pl.kv_used) return fallback("paged sequences of different lengths");
+  const c10::string_view layout = a.input_layout;
+  const FusedInferAttentionScoreArgs g{a.query, gather_pages(pl.k, pl, layout), gather_pages(pl.v, pl, layout),
+                                       std::nullopt, pl.mask, a.actual_seq_lengths, std::nullopt, std::nullopt,
+                                       a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout,
+                                       a.num_key_value_heads, a.sparse_mode, a.inner_precise, /*block_size=*/0,
+                                       a.softmax_lse_flag, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                                       std::nullopt, std::nullopt, 0, 0, 0, std::nullopt, std::nullopt};
+  const PrefillResult res = run_prefill_kernel(op, g);
+  if (!res.refusal.empty()) return fallback(res.refusal);
+  return fused_outputs(a, res);
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_npu(const FusedInferAttentionScoreArgs& args) {
   static constexpr const char* op = "fused_infer_attention_score";
   attention::check_prompt_flags(op, args);
-  PrefillResult res = run_prefill_kernel(op, args);
+  if (args.block_table.has_value() && !args.query_rope.has_value() && !args.key_rope.has_value())
+    return fused_paged_npu(op, args);
+  TORCH_CHECK_VALUE(args.block_table.has_value() || args.block_size == 0, op,
+                    ": argument 'block_size' is only used with block_table (paged KV); got ", args.block_size);
+  const PrefillResult res = run_prefill_kernel(op, args);
   if (!res.refusal.empty())
     return npu_host::fallback_to_cpu(op, res.refusal, args, fused_infer_attention_score_cpu, args.query.device());
-  if (!args.softmax_lse_flag) return {res.out, at::empty({0}, args.query.options().dtype(at::kFloat))};
-  // lse = max + log(sum) per row, as the CPU op returns it ([B, N, S, 1]); rows that saw no key: -inf.
-  return {res.out, at::log(res.ssum.narrow(-1, 0, 1)).add_(res.smax.narrow(-1, 0, 1))};
+  return fused_outputs(args, res);
 }
 
 at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args) {

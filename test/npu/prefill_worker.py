@@ -10,7 +10,7 @@ and give its result.
 import torch
 
 from test.common.reference import check_tolerance
-from test.inference.prefill_cases import MAX, make_inputs, reference
+from test.inference.prefill_cases import MAX, make_inputs, reference, to_layout
 from test.npu.runner import no_fallback
 
 OPS = torch.ops.npu_fa
@@ -141,3 +141,79 @@ def case_empty_query():
     with no_fallback(True):
         out = OPS.prompt_flash_attention(**_on(args, NPU), **kw)
     assert out.shape == OPS.prompt_flash_attention(**args, **kw).shape and out.device.type == NPU
+
+
+# ---- paged caches (block_table) -------------------------------------------------------------------------------------
+def _paged_call(layout, sq, kv_lens, dtype=torch.float32, overrides=None, **kw):
+    """A fused call on a paged cache (test_fia_paged's layout of blocks, NaN in unused ones), on npu and on CPU;
+    `overrides` replaces paging arguments (bad-input cases)."""
+    from test.inference import test_fia_paged as P
+
+    q, k, v = P._inputs(sq, dtype)
+    caches = [P._paged(t, layout, P.TABLE) for t in (k, v)]
+    args = dict(block_table=P.TABLE, block_size=P.BS, actual_seq_lengths_kv=torch.tensor(kv_lens), **kw)
+    args.update(overrides or {})
+
+    def call(device):
+        on = {k_: (v_.to(device) if isinstance(v_, torch.Tensor) else v_) for k_, v_ in args.items()}
+        return OPS.fused_infer_attention_score(to_layout(q, layout).to(device), caches[0].to(device),
+                                               caches[1].to(device), num_heads=P.N1, num_key_value_heads=P.N2,
+                                               scale=P.SCALE, input_layout=layout, **on)
+    return call
+
+
+def case_paged_prefill_gathers_blocks_onto_the_kernel():
+    """Sq > 1 on a paged cache, every sequence of the same length: the blocks are gathered and the FlashAttention
+    kernel runs (fallbacks refused); out and lse equal the CPU op's paged path."""
+    for layout in ("BSH", "BSND", "BNSD"):
+        for sq, lens, mode in ((37, [37, 37], 3), (9, [40, 40], 0), (16, [48, 48], 2)):
+            call = _paged_call(layout, sq, lens, sparse_mode=mode, softmax_lse_flag=True)
+            with no_fallback(True):
+                out, lse = call(NPU)
+            ref_out, ref_lse = call("cpu")
+            torch.testing.assert_close(out.cpu(), ref_out, rtol=2e-5, atol=2e-5, msg=f"{layout} {sq} {lens}")
+            torch.testing.assert_close(lse.cpu(), ref_lse, rtol=2e-5, atol=2e-5, msg=f"{layout} lse")
+
+
+def case_paged_decode_runs_the_decode_kernel():
+    """One query token on a paged cache: the decode op's Ascend C kernel reads the cache in place (fallbacks
+    refused), also for sequences of different lengths."""
+    for layout in ("BSH", "BNSD"):
+        call = _paged_call(layout, 1, [20, 37])
+        with no_fallback(True):
+            out, _ = call(NPU)
+        ref, _ = call("cpu")
+        torch.testing.assert_close(out.cpu(), ref, rtol=2e-5, atol=2e-5, msg=layout)
+
+
+def case_paged_prefill_of_unequal_lengths_runs_the_cpu_kernel():
+    call = _paged_call("BSND", 12, [20, 37], sparse_mode=3)
+    out, _ = call(NPU)
+    ref, _ = call("cpu")
+    torch.testing.assert_close(out.cpu(), ref)
+    with no_fallback(True):
+        try:
+            call(NPU)
+        except RuntimeError as e:
+            assert "paged sequences of different lengths" in str(e), str(e)
+        else:
+            raise AssertionError("no refusal with fallbacks off")
+
+
+def case_paged_bad_inputs_raise_the_cpu_ops_errors():
+    from test.inference import test_fia_paged as P
+
+    bad = [dict(block_size=0), dict(block_table=P.TABLE.float()), dict(block_table=P.TABLE + 100),
+           dict(actual_seq_lengths_kv=torch.tensor([20, 99]))]
+    with no_fallback(True):
+        for change in bad:
+            call = _paged_call("BSND", 5, [20, 37], overrides=change)
+            messages = []
+            for device in ("cpu", NPU):
+                try:
+                    call(device)
+                except (ValueError, TypeError, RuntimeError) as e:
+                    messages.append((type(e), str(e).split("\n")[0]))
+                else:
+                    messages.append(None)
+            assert messages[0] is not None and messages[0] == messages[1], (change, messages)

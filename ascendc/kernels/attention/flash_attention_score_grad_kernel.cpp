@@ -154,7 +154,8 @@ class FlashAttentionGrad {
     } else {
       DataCopyPad(stage, src, p, DataCopyPadExtParams<T>());
       PipeSync<HardEvent::MTE2_V>();
-      for (uint32_t r = 0; r < rows; ++r) Cast(dst[r * pitch], stage[r * pitch], RoundMode::CAST_NONE, cols);
+      // One instruction over the whole chunk: the pad columns of each row are converted too and never read.
+      Cast(dst, stage, RoundMode::CAST_NONE, rows * pitch);
     }
   }
 
@@ -167,7 +168,7 @@ class FlashAttentionGrad {
       PipeSync<HardEvent::V_MTE3>();
       DataCopyPad(dst, src.template ReinterpretCast<T>(), p);
     } else {
-      for (uint32_t r = 0; r < rows; ++r) Cast(stage[r * pitch], src[r * pitch], RoundMode::CAST_RINT, cols);
+      Cast(stage, src, RoundMode::CAST_RINT, rows * pitch);  // one instruction; pad columns are not stored
       PipeSync<HardEvent::V_MTE3>();
       DataCopyPad(dst, stage, p);
     }
@@ -379,10 +380,9 @@ class FlashAttentionGrad {
         DataCopy(p_ws_[r0 * kp], s.template ReinterpretCast<T>(), cnt * kp);
         DataCopy(ds_ws_[r0 * kp], dp.template ReinterpretCast<T>(), cnt * kp);
       } else {
-        for (uint32_t r = 0; r < cnt; ++r) {
-          Cast(p_out[r * kp], s[r * kp], RoundMode::CAST_RINT, nkv);
-          Cast(ds_out[r * kp], dp[r * kp], RoundMode::CAST_RINT, nkv);
-        }
+        // One instruction each over the chunk (pad columns included: the cube reads nkv columns per row).
+        Cast(p_out, s, RoundMode::CAST_RINT, cnt * kp);
+        Cast(ds_out, dp, RoundMode::CAST_RINT, cnt * kp);
         PipeSync<HardEvent::V_MTE3>();
         DataCopy(p_ws_[r0 * kp], p_out, cnt * kp);
         DataCopy(ds_ws_[r0 * kp], ds_out, cnt * kp);

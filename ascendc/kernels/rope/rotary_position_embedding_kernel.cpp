@@ -182,7 +182,9 @@ class RopeKernel {
     DataCopy(dst, src[t_.half_pitch], p);
   }
 
-  // dst[i] = a[i] * table[row of x row i]; one instruction when every x row has its own table row.
+  // dst[i] = a[i] * table[row of x row i]; one instruction when every x row has its own table row. When runs of x
+  // rows share a table row (the heads of a token), each 64-lane chunk of the row is one instruction over the whole
+  // run: the x rows are its repeats (repeat stride = one row) and the table row is read with repeat stride 0.
   __aicore__ inline void MulTable(const LocalTensor<float>& dst, const LocalTensor<float>& a,
                                   const LocalTensor<float>& table, uint64_t r0, uint32_t n, uint64_t q0) {
     const uint32_t P = t_.row_pitch;
@@ -190,9 +192,28 @@ class RopeKernel {
       Mul(dst, a, table, int32_t(n * P));
       return;
     }
-    for (uint32_t i = 0; i < n; ++i) {
-      const uint32_t j = uint32_t((r0 + i) / t_.repeat - q0);
-      Mul(dst[i * P], a[i * P], table[j * P], int32_t(P));
+    constexpr uint32_t kLanes = 64, kMaxRepeat = 255;  // fp32 lanes per repeat; repeatTime is 8-bit
+    const bool batched = P / 8 <= 255;                 // the row pitch in DataBlocks must fit the 8-bit stride
+    for (uint32_t i = 0; i < n;) {
+      const uint64_t row = r0 + i;
+      const uint32_t j = uint32_t(row / t_.repeat - q0);
+      const uint64_t left = t_.repeat - row % t_.repeat;  // rows from here on that share table row j
+      const uint32_t run = uint32_t(left < n - i ? left : n - i);
+      if (!batched) {
+        for (uint32_t r = 0; r < run; ++r) Mul(dst[(i + r) * P], a[(i + r) * P], table[j * P], int32_t(P));
+        i += run;
+        continue;
+      }
+      const uint8_t pitch = uint8_t(P / 8);
+      for (uint32_t done = 0; done < run; done += kMaxRepeat) {
+        const uint32_t rows = run - done < kMaxRepeat ? run - done : kMaxRepeat;
+        for (uint32_t c = 0; c < P; c += kLanes) {
+          const uint64_t lanes = P - c < kLanes ? P - c : kLanes;
+          Mul(dst[(i + done) * P + c], a[(i + done) * P + c], table[j * P + c], lanes, uint8_t(rows),
+              BinaryRepeatParams(1, 1, 1, pitch, pitch, 0));
+        }
+      }
+      i += run;
     }
   }
 
