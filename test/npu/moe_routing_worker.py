@@ -12,7 +12,7 @@ import torch
 
 from test.common import moe_reference as ref
 from test.common.reference import DTYPES, check_tolerance
-from test.npu.runner import no_fallback
+from test.npu.runner import assert_same_error, no_fallback
 
 OPS = torch.ops.npu_fa
 NPU = "npu"
@@ -149,15 +149,7 @@ def case_bad_input_errors_match_the_cpu_op():
     ]
     with no_fallback(True):
         for a in bad:
-            messages = []
-            for device in ("cpu", NPU):
-                try:
-                    _call(a, device)
-                except (ValueError, TypeError, RuntimeError) as e:
-                    messages.append((type(e), str(e).split("\n")[0]))
-                else:
-                    messages.append(None)
-            assert messages[0] is not None and messages[0] == messages[1], messages
+            assert_same_error(lambda device: _call(a, device))
 
 
 def case_empty_batch():

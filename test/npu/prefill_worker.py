@@ -11,7 +11,7 @@ import torch
 
 from test.common.reference import check_tolerance
 from test.inference.prefill_cases import MAX, make_inputs, reference, to_layout
-from test.npu.runner import no_fallback
+from test.npu.runner import assert_same_error, no_fallback
 
 OPS = torch.ops.npu_fa
 NPU = "npu"
@@ -125,15 +125,7 @@ def case_bad_input_errors_match_the_cpu_op():
            dict(num_key_value_heads=3), dict(scale_value=float("inf"))]
     with no_fallback(True):
         for change in bad:
-            messages = []
-            for device in ("cpu", NPU):
-                try:
-                    OPS.prompt_flash_attention(**_on(args, device), **{**kw, **change})
-                except (ValueError, TypeError, RuntimeError) as e:
-                    messages.append((type(e), str(e).split("\n")[0]))
-                else:
-                    messages.append(None)
-            assert messages[0] is not None and messages[0] == messages[1], (change, messages)
+            assert_same_error(lambda device: OPS.prompt_flash_attention(**_on(args, device), **{**kw, **change}), change)
 
 
 def case_empty_query():
@@ -207,13 +199,4 @@ def case_paged_bad_inputs_raise_the_cpu_ops_errors():
            dict(actual_seq_lengths_kv=torch.tensor([20, 99]))]
     with no_fallback(True):
         for change in bad:
-            call = _paged_call("BSND", 5, [20, 37], overrides=change)
-            messages = []
-            for device in ("cpu", NPU):
-                try:
-                    call(device)
-                except (ValueError, TypeError, RuntimeError) as e:
-                    messages.append((type(e), str(e).split("\n")[0]))
-                else:
-                    messages.append(None)
-            assert messages[0] is not None and messages[0] == messages[1], (change, messages)
+            assert_same_error(_paged_call("BSND", 5, [20, 37], overrides=change), change)

@@ -41,3 +41,17 @@ def no_fallback(on=True):
             os.environ.pop("TOT_NPU_SIM_NO_FALLBACK")
         else:
             os.environ["TOT_NPU_SIM_NO_FALLBACK"] = old
+
+
+def assert_same_error(call, what=""):
+    """call(device) raises on "cpu" and raises the same exception type and first message line on "npu" (worker
+    side: the bad-input rules of an op hold identically on both backends)."""
+    messages = []
+    for device in ("cpu", "npu"):
+        try:
+            call(device)
+        except (ValueError, TypeError, RuntimeError) as e:
+            messages.append((type(e), str(e).split("\n")[0]))
+        else:
+            messages.append(None)
+    assert messages[0] is not None and messages[0] == messages[1], (what, messages)
