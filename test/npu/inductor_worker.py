@@ -174,3 +174,31 @@ def case_refuses_next_to_a_gpu():
             assert "cuda" in str(e) and "aot_eager" in str(e), str(e)
         else:
             raise AssertionError("no error with a GPU present")
+
+
+def case_hugging_face_llama_compiled_on_npu():
+    """A tiny Hugging Face Llama (SDPA attention, GQA) compiled with Inductor on npu: inference logits and a training
+    step's loss and gradients equal the CPU eager model's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    cpu = LlamaForCausalLM(cfg).eval()
+    npu = LlamaForCausalLM(cfg).eval()
+    npu.load_state_dict(cpu.state_dict())
+    npu = npu.npu()
+    ids = torch.randint(0, 128, (2, 17))
+    compiled = torch.compile(npu)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids.npu()).logits.cpu(), cpu(ids).logits, **TOL)
+    npu.train()
+    cpu.train()
+    loss = compiled(ids.npu(), labels=ids.npu()).loss
+    loss.backward()
+    ref = cpu(ids, labels=ids).loss
+    ref.backward()
+    torch.testing.assert_close(loss.cpu(), ref, **TOL)
+    for (name, a), (_, b) in zip(npu.named_parameters(), cpu.named_parameters()):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, **TOL, msg=f"grad of {name}")
