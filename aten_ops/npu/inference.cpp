@@ -88,7 +88,7 @@ const char* prefill_refusal_before_parsing(const FusedInferAttentionScoreArgs& a
   if (a.input_layout == "TND") return "TND (variable-length) layout";
   if (a.pse_shift.has_value()) return "pse_shift";
   if (a.query_rope.has_value() || a.key_rope.has_value()) return "query_rope / key_rope (MLA)";
-  if (a.key.scalar_type() == at::kChar || a.value.scalar_type() == at::kChar) return "an int8 KV cache";
+  if (attention::is_int8_kv(a)) return "an int8 KV cache";
   const bool antiquant = a.antiquant_scale.has_value() || a.antiquant_offset.has_value() ||
                          a.key_antiquant_scale.has_value() || a.key_antiquant_offset.has_value() ||
                          a.value_antiquant_scale.has_value() || a.value_antiquant_offset.has_value() ||
@@ -149,23 +149,28 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor> fused_outputs(const FusedInferAttentionScoreArgs& a, const PrefillResult& res) {
   if (!a.softmax_lse_flag) return {res.out, at::empty({0}, a.query.options().dtype(at::kFloat))};
-  // lse = max + log(sum) per row, as the CPU op returns it ([B, N, S, 1]); rows that saw no key: -inf.
-  return {res.out, at::log(res.ssum.narrow(-1, 0, 1)).add_(res.smax.narrow(-1, 0, 1))};
+  return {res.out, attention::lse_from_statistics(res.smax, res.ssum)};  // [B, N, S, 1], as the CPU op
+}
+
+// The blocks holding keys [0, kv_used) of every sequence, in order, as a device index tensor.
+at::Tensor used_blocks_index(const attention::PagedPlan& pl, const c10::Device& device) {
+  const int64_t used_blocks = (pl.kv_used + pl.block_size - 1) / pl.block_size;
+  const int64_t table_stride = std::max<int64_t>(pl.max_blocks, 1);
+  std::vector<int64_t> ids;
+  ids.reserve(pl.batch * used_blocks);
+  for (int64_t b = 0; b < pl.batch; ++b)
+    for (int64_t i = 0; i < used_blocks; ++i) ids.push_back(pl.blocks[b * table_stride + i]);
+  return at::tensor(ids, at::kLong).to(device);
 }
 
 // Keys [0, kv_used) of every sequence of a paged cache, gathered into a contiguous tensor of the query's layout
-// (BSH, BSND or BNSD): one index_select over the blocks the sequences use.
-at::Tensor gather_pages(const attention::CacheRows& r, const attention::PagedPlan& pl, c10::string_view layout) {
+// (BSH, BSND or BNSD): one index_select over the blocks the sequences use (`index`: used_blocks_index).
+at::Tensor gather_pages(const attention::CacheRows& r, const attention::PagedPlan& pl, const at::Tensor& index,
+                        c10::string_view layout) {
   const int64_t B = pl.batch, bs = pl.block_size, used_blocks = (pl.kv_used + bs - 1) / bs;
-  const int64_t table_stride = std::max<int64_t>(pl.max_blocks, 1);
-  std::vector<int64_t> ids;
-  ids.reserve(B * used_blocks);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < used_blocks; ++i) ids.push_back(pl.blocks[b * table_stride + i]);
   const at::Tensor rows = r.cache.as_strided({r.cache.size(0), bs, r.heads, r.dim},
                                              {r.block_stride, r.seq_stride, r.head_stride, 1},
                                              r.cache.storage_offset());
-  const at::Tensor index = at::tensor(ids, at::kLong).to(r.cache.device());
   at::Tensor keys = rows.index_select(0, index).reshape({B, used_blocks * bs, r.heads, r.dim}).narrow(1, 0, pl.kv_used);
   if (layout == "BSH") return keys.reshape({B, pl.kv_used, r.heads * r.dim});
   if (layout == "BNSD") return keys.transpose(1, 2).contiguous();
@@ -190,7 +195,9 @@ std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedIn
   for (int64_t len : pl.lens)
     if (len != pl.kv_used) return fallback("paged sequences of different lengths");
   const c10::string_view layout = a.input_layout;
-  const FusedInferAttentionScoreArgs g{a.query, gather_pages(pl.k, pl, layout), gather_pages(pl.v, pl, layout),
+  const at::Tensor index = used_blocks_index(pl, a.key.device());
+  const FusedInferAttentionScoreArgs g{a.query, gather_pages(pl.k, pl, index, layout),
+                                       gather_pages(pl.v, pl, index, layout),
                                        std::nullopt, pl.mask, a.actual_seq_lengths, std::nullopt, std::nullopt,
                                        a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout,
                                        a.num_key_value_heads, a.sparse_mode, a.inner_precise, /*block_size=*/0,

@@ -3,6 +3,8 @@
 // (per-batch sequence lengths for the dense layouts, the BNSD_BSND layout, pse_shift, num_key_value_heads).
 #pragma once
 
+#include <ATen/ATen.h>
+
 #include "common/attention/params.h"
 #include "generated/op_args.h"
 
@@ -25,6 +27,12 @@ inline void check_prompt_flags(const char* op, const PromptFlashAttentionArgs& a
 inline void check_prompt_flags(const char* op, const FusedInferAttentionScoreArgs& a) {
   TORCH_CHECK_VALUE(a.inner_precise >= 0 && a.inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; got ",
                     a.inner_precise);
+}
+
+// The softmax lse of the inference ops ([..., 1]) from the kernels' [..., 8] max / sum statistics:
+// max + log(sum); rows that saw no key give -inf.
+inline at::Tensor lse_from_statistics(const at::Tensor& softmax_max, const at::Tensor& softmax_sum) {
+  return at::log(softmax_sum.narrow(-1, 0, 1)).add_(softmax_max.narrow(-1, 0, 1));
 }
 
 struct PromptParams {

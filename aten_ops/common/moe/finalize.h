@@ -20,14 +20,6 @@ struct FinalizePlan {
   std::vector<int64_t> expert;  // per (i, j), when bias is given
 };
 
-// Index tensors are read on the host (a device-to-host copy for npu tensors): every destination row and expert is
-// checked before a kernel reads through it.
-inline std::vector<int64_t> read_index_on_host(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* p = c.data_ptr<int64_t>();
-  return std::vector<int64_t>(p, p + c.numel());
-}
-
 inline FinalizePlan plan_finalize(const char* op, const at::Tensor& expanded, const std::optional<at::Tensor>& skip1,
                                   const std::optional<at::Tensor>& skip2, const std::optional<at::Tensor>& bias,
                                   const std::optional<at::Tensor>& scales, const at::Tensor& dst_row,
@@ -66,7 +58,7 @@ inline FinalizePlan plan_finalize(const char* op, const at::Tensor& expanded, co
                       ": argument 'scales' of shape ", scales->sizes(), " must be [N, k] = [", fz.N, ", ", fz.k,
                       "] (k = the length ", n, " of 'expanded_src_to_dst_row' / N)");
   }
-  const std::vector<int64_t> raw = read_index_on_host(dst_row);
+  const std::vector<int64_t> raw = read_index(dst_row);
   check_destinations(op, "expanded_src_to_dst_row", raw, fz.R, true);
   const bool column_major = drop_pad_mode <= 1;
   fz.src.resize(n);
@@ -82,14 +74,13 @@ inline FinalizePlan plan_finalize(const char* op, const at::Tensor& expanded, co
     TORCH_CHECK_VALUE(experts->dim() == 2 && experts->size(0) == fz.N && experts->size(1) == fz.k, op,
                       ": argument 'export_for_source_row' of shape ", experts->sizes(), " must be [N, k] = [", fz.N,
                       ", ", fz.k, "]");
-    fz.expert = read_index_on_host(*experts);
+    fz.expert = read_index(*experts);
     for (size_t f = 0; f < fz.expert.size(); ++f)
       TORCH_CHECK_VALUE(fz.expert[f] >= 0 && fz.expert[f] < bias->size(0), op, ": argument 'export_for_source_row'[",
                         f, "] = ", fz.expert[f], " is out of range [0, E = bias.size(0) = ", bias->size(0), ")");
   }
   return fz;
 }
-
 
 }  // namespace moe
 }  // namespace npu_fa

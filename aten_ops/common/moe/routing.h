@@ -57,6 +57,14 @@ inline GatingShape check_gating(const char* op, const at::Tensor& x, const std::
   return g;
 }
 
+// Index tensors are read as a contiguous int64 host copy: simple, their size (N*k) is small next to the rows, and
+// every index is checked before a kernel reads through it (for npu tensors this is a device-to-host copy).
+inline std::vector<int64_t> read_index(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + c.numel());
+}
+
 inline void check_gating_renorm(const char* op, int64_t renorm) {
   TORCH_CHECK_VALUE(renorm == 0 || renorm == 1, op, ": argument 'renorm' must be 0 (softmax, then top-k) or 1 (top-k, ",
                     "then softmax over the k); got ", renorm);

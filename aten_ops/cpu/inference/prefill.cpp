@@ -109,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
     in.value = vr.cache;
   });
   if (!a.softmax_lse_flag) return {res.out, at::empty({0}, a.query.options().dtype(at::kFloat))};
-  return {res.out, at::log(res.softmax_sum.narrow(-1, 0, 1)).add_(res.softmax_max.narrow(-1, 0, 1))};
+  return {res.out, attention::lse_from_statistics(res.softmax_max, res.softmax_sum)};
 }
 
 }  // namespace
@@ -141,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedIn
   Prefill r = run_prefill(op, args.query, args.key, args.value, args);
   if (!args.softmax_lse_flag) return {r.out, at::empty({0}, args.query.options().dtype(at::kFloat))};
   // lse = max + log(sum); rows that saw no key: -inf + log(0) = -inf.
-  at::Tensor lse = at::log(r.softmax_sum.narrow(-1, 0, 1)).add_(r.softmax_max.narrow(-1, 0, 1));
+  at::Tensor lse = attention::lse_from_statistics(r.softmax_max, r.softmax_sum);
   return {r.out, lse};
 }
 

@@ -23,13 +23,6 @@ namespace npu_fa::moe {
 template <typename scalar_t>
 using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
 
-// Index tensors are read as a contiguous int64 copy: simple, and their size (N*k) is small next to the rows.
-inline std::vector<int64_t> read_index(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kLong).contiguous();
-  const int64_t* p = c.data_ptr<int64_t>();
-  return std::vector<int64_t>(p, p + c.numel());
-}
-
 // Stable sort of n keys in [0, buckets) by key: a counting sort (linear), parallel over chunks of the input whose
 // per-chunk histograms are laid out (key, chunk) so that chunk order — hence input order — is kept within a key.
 // Returns order[p] = the input position at sorted position p, and the per-key counts.
