@@ -133,6 +133,8 @@ at::Tensor moe_gating_top_k_grad_cpu(const MoeGatingTopKGradArgs& args);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu(const MoeInitRoutingArgs& args);
 // moe_init_routing_v2 [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(const MoeInitRoutingV2Args& args);
+// moe_init_routing_v2 [PrivateUse1]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_npu(const MoeInitRoutingV2Args& args);
 // moe_init_routing_v2_grad [CPU]
 at::Tensor moe_init_routing_v2_grad_cpu(const MoeInitRoutingV2GradArgs& args);
 // moe_compute_expert_tokens [CPU]

@@ -707,6 +707,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
   return npu_fa::moe_init_routing_v2_cpu(npu_fa::MoeInitRoutingV2Args{x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type});
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_npu_privateuse1(const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale, const std::optional<at::Tensor>& offset, int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode, int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode, at::IntArrayRef active_expert_range, int64_t row_idx_type) {
+  npu_fa::DeviceRule rule("moe_init_routing_v2");
+  rule.device_tensor("x", x);
+  rule.device_tensor("expert_idx", expert_idx);
+  rule.device_tensor("scale", scale);
+  rule.device_tensor("offset", offset);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::moe_init_routing_v2_npu(npu_fa::MoeInitRoutingV2Args{x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type});
+}
+
 at::Tensor moe_init_routing_v2_grad_cpu_unboxed(const at::Tensor& grad_expanded_x, const at::Tensor& expanded_row_idx, const at::Tensor& x, const at::Tensor& expert_idx, int64_t row_idx_type) {
   npu_fa::DeviceRule rule("moe_init_routing_v2_grad");
   rule.device_tensor("grad_expanded_x", grad_expanded_x);
@@ -994,5 +1004,6 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("grouped_matmul", TORCH_FN(grouped_matmul_npu_privateuse1));
   m.impl("moe_gating_top_k_softmax", TORCH_FN(moe_gating_top_k_softmax_npu_privateuse1));
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_npu_privateuse1));
+  m.impl("moe_init_routing_v2", TORCH_FN(moe_init_routing_v2_npu_privateuse1));
   m.impl("moe_finalize_routing", TORCH_FN(moe_finalize_routing_npu_privateuse1));
 }

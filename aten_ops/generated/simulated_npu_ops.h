@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 35> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 34> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
@@ -30,7 +30,6 @@ inline constexpr std::array<const char*, 35> kSimulatedNpuCpuKernelOps = {
     "moe_gating_top_k",
     "moe_gating_top_k_grad",
     "moe_init_routing",
-    "moe_init_routing_v2",
     "moe_init_routing_v2_grad",
     "moe_compute_expert_tokens",
     "moe_finalize_routing_grad",

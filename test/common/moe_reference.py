@@ -142,7 +142,8 @@ def init_routing_v2(x: Tensor, expert_idx: Tensor, active_num=-1, expert_capacit
         tokens = cnt if expert_tokens_num_type == 1 else cnt.cumsum(0)
     expanded_scale = torch.empty(0)
     if scale is not None:
-        expanded_scale = torch.where(src >= 0, scale[(src // k).clamp(min=0)], torch.zeros(()))
+        gathered = scale[(src // k).clamp(min=0)] if scale.numel() else torch.zeros(src.shape)  # (no tokens)
+        expanded_scale = torch.where(src >= 0, gathered, torch.zeros(()))
     return out, row_out.int(), tokens, expanded_scale
 
 

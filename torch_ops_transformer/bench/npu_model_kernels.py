@@ -114,11 +114,28 @@ def _finalize(tokens=2048, k=8, hidden=2048):
                       1.0, "-")
 
 
+def _init_routing(tokens=2048, k=8, hidden=2048, experts=64):
+    import torch
+
+    def build():
+        g = torch.Generator().manual_seed(0)
+        x = _npu(torch.zeros(tokens, hidden, dtype=torch.bfloat16))[0]
+        idx = _npu(torch.randint(0, experts, (tokens, k), generator=g, dtype=torch.int32))[0]
+        return (lambda: torch.ops.npu_fa.moe_init_routing_v2(
+            x, idx, active_num=tokens * k, expert_num=experts, expert_tokens_num_type=1,
+            expert_tokens_num_flag=True, active_expert_range=[0, experts])), [x, idx]
+    # The sort's control flow reads the counters (run for real; the counts are those of a count-only walk).
+    return KernelCase("moe_init_routing_v2", f"{tokens} tokens x k={k} over {experts} experts, H={hidden} bf16",
+                      build, 0.0, "-", count_only=False)
+
+
 def kernel_cases(quick: bool = False) -> List[KernelCase]:
     if quick:
         return [_fa_forward(1, 2, 256, 64), _fa_backward(1, 2, 128, 64), _decode(2, 8, 2, 512, 64),
-                _rope(128, 8, 64), _gating(256, 16, 4), _grouped_matmul(256, 128, 256, 4), _finalize(64, 2, 256)]
-    return [_fa_forward(), _fa_backward(), _decode(), _rope(), _gating(), _grouped_matmul(), _finalize()]
+                _rope(128, 8, 64), _gating(256, 16, 4), _init_routing(64, 2, 256, 8), _grouped_matmul(256, 128, 256, 4),
+                _finalize(64, 2, 256)]
+    return [_fa_forward(), _fa_backward(), _decode(), _rope(), _gating(), _init_routing(), _grouped_matmul(),
+            _finalize()]
 
 
 def _nbytes(values) -> int:

@@ -3,6 +3,7 @@
 #include "common/checked_math.h"
 #include <limits>
 
+#include "common/moe/init_routing.h"
 #include "cpu/moe/routing_helpers.h"
 #include "cpu/quant/quant_kernels.h"
 #include "generated/kernels.h"
@@ -66,85 +67,29 @@ struct V2Plan {
   std::vector<int64_t> experts;      // per pair f: its expert
 };
 
-V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx, int64_t active_num,
-               int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode, at::IntArrayRef range) {
-  check_rows2d(op, "x", x);
-  moe::check_index(op, "expert_idx", expert_idx);
-  TORCH_CHECK_VALUE((expert_idx.dim() == 2 || expert_idx.dim() == 1) && expert_idx.size(0) == x.size(0), op,
-                    ": argument 'expert_idx' of shape ", expert_idx.sizes(), " must be [N, k] or [N] with N = ",
-                    "x.size(0) = ", x.size(0));
-  TORCH_CHECK_VALUE(drop_pad_mode == 0 || drop_pad_mode == 1, op, ": argument 'drop_pad_mode' must be 0 (dropless) ",
-                    "or 1 (capacity drop/pad); got ", drop_pad_mode);
+// The stable counting sort of the pairs by key (common/moe/init_routing.h: the checks shared with the npu kernel)
+// and the destination of every pair.
+V2Plan plan_v2(const char* op, const moe::InitRoutingV2Shape& sh, const at::Tensor& expert_idx,
+               int64_t expert_capacity) {
   V2Plan pl;
-  pl.N = x.size(0);
-  pl.k = expert_idx.dim() == 2 ? expert_idx.size(1) : 1;
-  pl.H = x.size(1);
-  pl.capacity = drop_pad_mode == 1;
-  const int64_t n = pl.N * pl.k;
+  pl.N = sh.N;
+  pl.k = sh.k;
+  pl.H = sh.H;
+  pl.capacity = sh.capacity;
+  const int64_t n = sh.pairs, lo = sh.lo, hi = sh.hi;
   const std::vector<int64_t> experts = moe::read_index(expert_idx);
-  int64_t lo = 0, hi = -1;  // the experts routed: [lo, hi); hi = -1 means "any >= 0"
-  bool drop_outside = false;
-  // In capacity mode the range can only be every expert, [0, expert_num) (as torch_npu documents): no range then.
-  if (!range.empty() && pl.capacity && range.size() == 2 && range[0] == 0 && range[1] == expert_num) range = {};
-  if (!range.empty()) {
-    TORCH_CHECK_VALUE(range.size() == 2 && range[0] >= 0 && range[0] < range[1], op, ": argument ",
-                      "'active_expert_range' must be [start, end) with 0 <= start < end; got ", range);
-    TORCH_CHECK_VALUE(!pl.capacity, op, ": argument 'active_expert_range' must be empty or [0, expert_num) in ",
-                      "capacity mode (drop_pad_mode 1); got ", range);
-    lo = range[0];
-    hi = range[1];
-    drop_outside = true;
-  } else if (expert_num > 0) {
-    hi = expert_num;
-  }
-  if (pl.capacity) {
-    TORCH_CHECK_VALUE(expert_num > 0, op, ": argument 'expert_num' must be > 0 in capacity mode (drop_pad_mode 1); ",
-                      "got ", expert_num);
-    TORCH_CHECK_VALUE(expert_capacity > 0, op, ": argument 'expert_capacity' must be > 0 in capacity mode ",
-                      "(drop_pad_mode 1); got ", expert_capacity);
-  }
-  std::vector<int64_t> keys(n);
-  int64_t buckets;
-  if (hi >= 0) {
-    // Three counters per expert of the span (plus the dropped bucket) are allocated below (the sort's buckets, the
-    // counts, the token numbers): a span given by the user is bounded before those allocations.
-    const char* what = range.empty() ? "argument 'expert_num' (three counters per expert)"
-                                     : "argument 'active_expert_range' (three counters per expert of end - start)";
-    check_alloc(op, what, checked_add(op, what, hi - lo, 1), 3 * static_cast<int64_t>(sizeof(int64_t)));
-  }
-  if (pl.capacity) {
-    // The output is [expert_num, expert_capacity, H]: bounded before it and the slot table are allocated.
-    const int64_t slots = checked_mul(op, "arguments 'expert_num' * 'expert_capacity'", expert_num, expert_capacity);
-    const char* what = "the output [expert_num, expert_capacity, H] (arguments 'expert_num', 'expert_capacity')";
-    check_alloc(op, what, checked_mul(op, what, slots, pl.H),
-                static_cast<int64_t>(x.element_size()));
-    check_alloc(op, "the slot table of expert_num * expert_capacity rows", slots, static_cast<int64_t>(sizeof(int64_t)));
-  }
-  if (hi >= 0) {  // keys relative to lo; experts outside the range go to the last bucket (sorted last, dropped)
-    const int64_t width = hi - lo;
-    for (int64_t f = 0; f < n; ++f) {
-      const int64_t e = experts[f];
-      const bool inside = e >= lo && e < hi;
-      TORCH_CHECK_VALUE(inside || (drop_outside && e >= 0), op, ": argument 'expert_idx'[", f, "] = ", e,
-                        " is out of range; expected an expert in [", lo, ", ", hi, ")",
-                        drop_outside ? " or another non-negative expert (dropped)" : " (expert_num)");
-      keys[f] = inside ? e - lo : width;
-    }
-    buckets = width + 1;
-  } else {
-    buckets = expert_buckets(op, "expert_idx", experts);
-    keys = experts;
-  }
+  const std::vector<int64_t> keys = moe::init_routing_v2_keys(op, sh, experts);
+  const int64_t buckets = hi >= 0 ? hi - lo + 1 : expert_buckets(op, "expert_idx", experts);
   const moe::KeySort s = moe::counting_sort(keys, buckets);
   pl.experts = experts;
   const int64_t width = hi >= 0 ? hi - lo : buckets;
   const int64_t routed = n - (hi >= 0 ? s.counts[buckets - 1] : 0);  // pairs inside the range
   pl.first_expert = lo;
-  pl.num_counted = hi >= 0 ? width : 0;
+  pl.num_counted = sh.num_counted;
   pl.dest.assign(n, -1);
   pl.counts.assign(pl.num_counted, 0);
   if (!pl.capacity) {
-    pl.rows_out = active_num > 0 ? std::min(active_num, n) : n;
+    pl.rows_out = sh.rows_out;
     pl.src.assign(pl.rows_out, -1);
     const int64_t kept = std::min(routed, pl.rows_out);
     for (int64_t p = 0; p < kept; ++p) {
@@ -155,7 +100,7 @@ V2Plan plan_v2(const char* op, const at::Tensor& x, const at::Tensor& expert_idx
     }
   } else {
     const int64_t C = expert_capacity;
-    pl.rows_out = expert_num * C;
+    pl.rows_out = sh.rows_out;
     pl.src.assign(pl.rows_out, -1);
     int64_t p = 0;
     for (int64_t e = 0; e < width; ++e) {
@@ -252,41 +197,9 @@ at::Tensor quantize_expanded(const char* op, const MoeInitRoutingV2Args& args, c
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(const MoeInitRoutingV2Args& args) {
   const char* op = "moe_init_routing_v2";
-  TORCH_CHECK_VALUE(args.quant_mode >= -1 && args.quant_mode <= 1, op,
-                    ": argument 'quant_mode' must be -1 (no quantisation), 0 (static int8) or 1 (dynamic per-row ",
-                    "int8); got ", args.quant_mode);
-  TORCH_CHECK_VALUE(args.quant_mode == 0 || !args.offset.has_value(), op,
-                    ": argument 'offset' is only used by the static quantisation (quant_mode 0); pass None");
-  const bool quant = args.quant_mode >= 0;
-  if (quant)
-    TORCH_CHECK_TYPE(args.x.scalar_type() == at::kFloat || args.x.scalar_type() == at::kHalf ||
-                         args.x.scalar_type() == at::kBFloat16,
-                     op, ": argument 'x' must be float16, bfloat16 or float32 when quant_mode is ", args.quant_mode,
-                     " (it is quantised to int8); got ", args.x.scalar_type());
-  TORCH_CHECK_VALUE(args.row_idx_type == 0 || args.row_idx_type == 1, op,
-                    ": argument 'row_idx_type' must be 0 (gather index: ",
-                    "destination row per pair) or 1 (scatter index: pair per sorted row); got ", args.row_idx_type);
-  TORCH_CHECK_VALUE(args.row_idx_type == 0 || args.drop_pad_mode == 0, op,
-                    ": argument 'row_idx_type' 1 is supported in ",
-                    "dropless mode (drop_pad_mode 0) only");
-  TORCH_CHECK_VALUE(args.expert_tokens_num_type >= 0 && args.expert_tokens_num_type <= 2, op, ": argument ",
-                    "'expert_tokens_num_type' must be 0 (cumsum), 1 (count) or 2 ((expert, count) pairs); got ",
-                    args.expert_tokens_num_type);
-  V2Plan pl = plan_v2(op, args.x, args.expert_idx, args.active_num, args.expert_capacity, args.expert_num,
-                      args.drop_pad_mode, args.active_expert_range);
-  if (args.expert_tokens_num_flag) {
-    TORCH_CHECK_VALUE(pl.num_counted > 0, op, ": expert_tokens_num_flag needs 'expert_num' > 0 or an ",
-                      "'active_expert_range' (the experts to count)");
-    TORCH_CHECK_VALUE(!pl.capacity || args.expert_tokens_num_type == 1, op, ": in capacity mode (drop_pad_mode 1) the ",
-                      "expert token numbers are counts: 'expert_tokens_num_type' must be 1; got ",
-                      args.expert_tokens_num_type);
-    // key_value: one (expert, count) row per expert of the range, in a [expert_num, 2] output.
-    TORCH_CHECK_VALUE(args.expert_tokens_num_type != 2 ||
-                          (args.expert_num > 0 && pl.first_expert + pl.num_counted <= args.expert_num),
-                      op, ": 'expert_tokens_num_type' 2 needs 'expert_num' > 0 and the counted experts [",
-                      pl.first_expert, ", ", pl.first_expert + pl.num_counted, ") inside [0, expert_num = ",
-                      args.expert_num, ")");
-  }
+  const moe::InitRoutingV2Shape sh = moe::check_init_routing_v2(op, args);
+  const bool quant = sh.quant;
+  V2Plan pl = plan_v2(op, sh, args.expert_idx, args.expert_capacity);
   const int64_t n = pl.N * pl.k;
   const auto out_opts = quant ? args.x.options().dtype(at::kChar) : args.x.options();
   at::Tensor expanded_x = pl.capacity ? at::empty({args.expert_num, args.expert_capacity, pl.H}, out_opts)
@@ -324,12 +237,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
   at::Tensor expanded_scale = at::empty({0}, args.x.options().dtype(at::kFloat));
   if (quant) {
     expanded_scale = quantize_expanded(op, args, pl, src_token, expanded_x);
-  } else if (args.scale.has_value()) {
-    TORCH_CHECK_TYPE(args.scale->scalar_type() == at::kFloat, op, ": argument 'scale' must be float32; got ",
-                     args.scale->scalar_type());
-    TORCH_CHECK_VALUE(args.scale->dim() == 1 && args.scale->size(0) == pl.N, op, ": argument 'scale' of shape ",
-                      args.scale->sizes(),
-                      " must be [N] = [", pl.N, "] (one scale per token) in the unquantised mode");
+  } else if (args.scale.has_value()) {  // checked by check_init_routing_v2
     const at::Tensor sc = args.scale->contiguous();
     const float* sp = sc.data_ptr<float>();
     expanded_scale = at::empty({pl.rows_out}, args.x.options().dtype(at::kFloat));
