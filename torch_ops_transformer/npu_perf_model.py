@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Sequence
 
 AIC, AIV = "AIC", "AIV"
-VALUES_PER_CORE = 10  # layout of tot_ascendc_last_stats: type, block_idx, then the eight counters
+VALUES_PER_CORE = 12  # layout of tot_ascendc_last_stats: type, block_idx, then the ten counters
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,8 @@ class Ascend910B:
     core_gm_bytes_per_cycle: float = 128.0  # one core's own GM port (MTE2+MTE3), a guess: ~230 GB/s at 1.8 GHz
     ub_bytes: int = 192 * 1024             # per AIV
     copy_latency_s: float = 0.05e-6        # fixed MTE cost per DataCopy instruction (~90 cycles), on the memory pipe
+    scalar_ub_cycles: float = 2.0          # one scalar load/store of UB (GetValue/SetValue), a guess
+    scalar_gm_cycles: float = 20.0         # one scalar GM access: data-cache hits plus a miss per 64-byte line, a guess
     sync_s: float = 0.2e-6                 # one AIC<->AIV hand-off through GM flags, on the critical path
     launch_s: float = 5e-6                 # kernel launch + first/last DMA latency, once per kernel
 
@@ -55,6 +57,8 @@ class Ascend910B:
             f"+ {self.vector_issue_cycles:g} cycles per vector instruction",
             f"HBM {self.hbm_bytes_per_s / 1e12:.1f} TB/s; L2 {self.l2_bytes // 2**20} MB at "
             f"{self.l2_bytes_per_s / 1e12:.0f} TB/s (re-read and workspace bytes assumed L2 hits)",
+            f"scalar: {self.scalar_ub_cycles:g} cycles per UB access, {self.scalar_gm_cycles:g} per GM access "
+            f"(added to the core's busy time)",
             f"per copy instruction {self.copy_latency_s * 1e6:.2f} us; per AIC<->AIV hand-off "
             f"{self.sync_s * 1e6:.2f} us; per launch {self.launch_s * 1e6:.0f} us",
         ]
@@ -74,6 +78,8 @@ class CoreCounts:
     copies: int = 0
     vector_instrs: int = 0
     cube_jobs: int = 0  # Matmul jobs served (AIC): hand-offs with its AIVs
+    scalar_gm: int = 0  # scalar GetValue/SetValue on GM
+    scalar_ub: int = 0  # scalar GetValue/SetValue on UB
 
     @property
     def gm_bytes(self) -> int:
@@ -81,7 +87,7 @@ class CoreCounts:
 
 
 def records_from_flat(values: Sequence[int], cores: int) -> List[CoreCounts]:
-    """Parse the 9-values-per-core array of tot_ascendc_last_stats (type 0=AIC/1=AIV, block_idx, 8 counters)."""
+    """Parse the VALUES_PER_CORE array of tot_ascendc_last_stats (type 0=AIC/1=AIV, block_idx, the counters)."""
     if len(values) < cores * VALUES_PER_CORE:
         raise ValueError(f"records_from_flat: need {cores * VALUES_PER_CORE} values for {cores} cores, "
                          f"got {len(values)}")
@@ -96,11 +102,11 @@ def records_from_flat(values: Sequence[int], cores: int) -> List[CoreCounts]:
 
 def parse_counter_lines(text: str) -> List[CoreCounts]:
     """Records from lines `core <AIC|AIV> <block_idx> <read> <write> <macs> <elements> <repeats> <copies>
-    <vector_instrs> <cube_jobs>` (what the C++ test programs print)."""
+    <vector_instrs> <cube_jobs> <scalar_gm> <scalar_ub>` (what the C++ test programs print)."""
     out = []
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 11 and parts[0] == "core":
+        if len(parts) == VALUES_PER_CORE + 1 and parts[0] == "core":
             out.append(CoreCounts(parts[1], *map(int, parts[2:])))
     return out
 
@@ -131,10 +137,11 @@ class CoreTime:
     vector_s: float
     memory_s: float
     busy_s: float
+    scalar_s: float = 0.0
 
     @property
     def bottleneck(self) -> str:
-        pipes = {"cube": self.cube_s, "vector": self.vector_s, "memory": self.memory_s}
+        pipes = {"cube": self.cube_s, "vector": self.vector_s, "memory": self.memory_s, "scalar": self.scalar_s}
         return max(pipes, key=pipes.get)
 
 
@@ -164,7 +171,7 @@ class Prediction:
         if self.bandwidth_floor_s >= self.slowest.time_s * self.scale:
             return "bandwidth (chip)"
         core = max(self.slowest.cores, key=lambda c: c.busy_s)
-        parts = {core.bottleneck: max(core.cube_s, core.vector_s, core.memory_s),
+        parts = {core.bottleneck: max(core.cube_s, core.vector_s, core.memory_s, core.scalar_s),
                  "sync": self.slowest.sync_s, "pipeline fill": self.slowest.bubble_s}
         return max(parts, key=parts.get)
 
@@ -181,18 +188,20 @@ def total_counts(records: Iterable[CoreCounts]) -> CoreCounts:
         t = CoreCounts("all", -1, t.gm_read_bytes + r.gm_read_bytes, t.gm_write_bytes + r.gm_write_bytes,
                        t.cube_macs + r.cube_macs, t.vector_elements + r.vector_elements,
                        t.vector_repeats + r.vector_repeats, t.copies + r.copies, t.vector_instrs + r.vector_instrs,
-                       t.cube_jobs + r.cube_jobs)
+                       t.cube_jobs + r.cube_jobs, t.scalar_gm + r.scalar_gm, t.scalar_ub + r.scalar_ub)
     return t
 
 
 def core_time(r: CoreCounts, hw: Ascend910B, bytes_per_s: float, double_buffered: bool = True) -> CoreTime:
-    """One core's busy time: its pipes overlap (max) when double-buffered, else vector and memory serialise.
+    """One core's busy time: its pipes overlap (max) when double-buffered, else vector and memory serialise; the
+    scalar unit's own accesses are added (it issues every instruction and waits on their flags: no overlap assumed).
     bytes_per_s: the core's own GM port bandwidth; each copy instruction adds a fixed cost."""
     cube = r.cube_macs / (hw.cube_macs_per_cycle * hw.clock_hz)
     vector = (r.vector_repeats / hw.vector_repeats_per_cycle + r.vector_instrs * hw.vector_issue_cycles) / hw.clock_hz
     memory = r.gm_bytes / bytes_per_s + r.copies * hw.copy_latency_s
+    scalar = (r.scalar_ub * hw.scalar_ub_cycles + r.scalar_gm * hw.scalar_gm_cycles) / hw.clock_hz
     busy = max(cube, vector, memory) if double_buffered or r.core_type == AIC else max(cube, vector + memory)
-    return CoreTime(r, cube, vector, memory, busy)
+    return CoreTime(r, cube, vector, memory, busy + scalar, scalar)
 
 
 def group_of(r: CoreCounts, mix: bool) -> int:

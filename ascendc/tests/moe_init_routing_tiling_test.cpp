@@ -70,5 +70,7 @@ int main() {
   CHECK(!MoeInitRoutingV2TilingFor(Shape(8, 2, 8, 4, 3), Ascend910B(), &t).empty(), "3-byte elements refused");
   CHECK(!MoeInitRoutingV2TilingFor(Shape(1 << 20, 8, 8192, 4, 2), Ascend910B(), &t).empty(),
         "element offsets beyond int32 refused");
+  CHECK(!MoeInitRoutingV2TilingFor(Shape(1 << 21, 8, 0, 4, 2), Ascend910B(), &t).empty(),
+        "2^24 pairs refused (the vector adds of the counts must stay exact)");
   return tot_test::FinishChecks();
 }

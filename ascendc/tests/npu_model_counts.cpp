@@ -73,11 +73,12 @@ static void PrintStats() {
   std::printf("launch %s\n", st.kernel.c_str());
   for (const cpu::CoreStats& c : st.cores) {
     const cpu::Counters& k = c.counters;
-    std::printf("core %s %d %llu %llu %llu %llu %llu %llu %llu %llu\n", c.type == cpu::CoreType::AIC ? "AIC" : "AIV",
+    std::printf("core %s %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu\n", c.type == cpu::CoreType::AIC ? "AIC" : "AIV",
                 c.block_idx, (unsigned long long)k.gm_read_bytes, (unsigned long long)k.gm_write_bytes,
                 (unsigned long long)k.cube_macs, (unsigned long long)k.vector_elements,
                 (unsigned long long)k.vector_repeats, (unsigned long long)k.copies,
-                (unsigned long long)k.vector_instrs, (unsigned long long)k.cube_jobs);
+                (unsigned long long)k.vector_instrs, (unsigned long long)k.cube_jobs,
+                (unsigned long long)k.scalar_gm, (unsigned long long)k.scalar_ub);
   }
 }
 

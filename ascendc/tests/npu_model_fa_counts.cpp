@@ -41,11 +41,12 @@ int main(int argc, char** argv) {
   std::printf("tiling %u %u %u %u %u\n", t.s1_block, t.s2_block, t.vec_rows, t.block_dim, t.total_tasks);
   for (const auto& c : AscendC::cpu::LastLaunchStats().cores) {
     const auto& x = c.counters;
-    std::printf("core %s %d %llu %llu %llu %llu %llu %llu %llu %llu\n", c.type == AscendC::cpu::CoreType::AIC ? "AIC" : "AIV",
+    std::printf("core %s %d %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu\n", c.type == AscendC::cpu::CoreType::AIC ? "AIC" : "AIV",
                 c.block_idx, (unsigned long long)x.gm_read_bytes, (unsigned long long)x.gm_write_bytes,
                 (unsigned long long)x.cube_macs, (unsigned long long)x.vector_elements,
                 (unsigned long long)x.vector_repeats, (unsigned long long)x.copies,
-                (unsigned long long)x.vector_instrs, (unsigned long long)x.cube_jobs);
+                (unsigned long long)x.vector_instrs, (unsigned long long)x.cube_jobs,
+                (unsigned long long)x.scalar_gm, (unsigned long long)x.scalar_ub);
   }
   for (uint8_t* p : {q, k, v, out, smax, ssum, ws, tiling}) AscendC::GmFree(p);
   return 0;

@@ -46,14 +46,15 @@ std::vector<int64_t> npu_attention_tile_config(int64_t s1_block, int64_t s2_bloc
 #ifndef TOT_WITH_CANN
 TOT_EXPORT void tot_ascendc_set_count_only(int on) { AscendC::cpu::SetCountOnly(on != 0); }
 
-// Per core of the last launch, 10 values: type (0 AIC, 1 AIV), block_idx, gm_read_bytes, gm_write_bytes,
-// cube_macs, vector_elements, vector_repeats, copies, vector_instrs, cube_jobs. Writes at most max_cores rows; returns the core count.
+// Per core of the last launch, 12 values: type (0 AIC, 1 AIV), block_idx, gm_read_bytes, gm_write_bytes,
+// cube_macs, vector_elements, vector_repeats, copies, vector_instrs, cube_jobs, scalar_gm, scalar_ub. Writes at most
+// max_cores rows; returns the core count.
 TOT_EXPORT int tot_ascendc_last_stats(unsigned long long* out, int max_cores) {
   const AscendC::cpu::LaunchStats stats = AscendC::cpu::LastLaunchStats();
   const int n = int(stats.cores.size());
   for (int i = 0; i < n && i < max_cores && out; ++i) {
     const auto& c = stats.cores[i];
-    unsigned long long* row = out + 10 * i;
+    unsigned long long* row = out + 12 * i;
     row[0] = c.type == AscendC::cpu::CoreType::AIC ? 0 : 1;
     row[1] = static_cast<unsigned long long>(c.block_idx);
     row[2] = c.counters.gm_read_bytes;
@@ -64,6 +65,8 @@ TOT_EXPORT int tot_ascendc_last_stats(unsigned long long* out, int max_cores) {
     row[7] = c.counters.copies;
     row[8] = c.counters.vector_instrs;
     row[9] = c.counters.cube_jobs;
+    row[10] = c.counters.scalar_gm;
+    row[11] = c.counters.scalar_ub;
   }
   return n;
 }

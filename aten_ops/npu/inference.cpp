@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -97,11 +98,59 @@ const char* prefill_refusal_before_parsing(const FusedInferAttentionScoreArgs& a
   return nullptr;
 }
 
-// Per-batch lengths shorter than the padded ones: the kernel computes whole sequences only.
+// Per-batch lengths shorter than the padded ones: the kernel computes whole sequences, so each sequence gets its
+// own launch (run_per_sequence).
 bool has_short_sequences(const attention::AttentionParams& p) {
   for (int64_t b = 0; b < p.batch; ++b)
     if (p.q_len[b] < p.max_q_len || p.kv_len[b] < p.max_kv_len) return true;
   return false;
+}
+
+// Positions [0, len) of sequence b of a dense-layout tensor.
+at::Tensor sequence_slice(const at::Tensor& t, attention::Layout layout, int64_t b, int64_t len) {
+  using attention::Layout;
+  const int64_t batch_dim = layout == Layout::SBH ? 1 : 0;
+  const int64_t seq_dim = layout == Layout::BNSD ? 2 : layout == Layout::SBH ? 0 : 1;
+  return t.narrow(batch_dim, b, 1).narrow(seq_dim, 0, len);
+}
+
+// The explicit mask of sequence b: rows [0, q_len), keys [0, kv_len), its batch entry when the mask has one.
+at::Tensor sequence_mask(const at::Tensor& m, int64_t batch, int64_t b, int64_t q_len, int64_t kv_len) {
+  at::Tensor s = m.narrow(-2, 0, q_len).narrow(-1, 0, kv_len);
+  return m.dim() >= 3 && batch > 1 && m.size(0) == batch ? s.narrow(0, b, 1) : s;
+}
+
+// Sequences of different lengths: one launch of the FlashAttention kernel per sequence on its own rows and keys
+// (its band from its own lengths). Rows past a sequence's length, and the rows of a sequence without keys, are
+// zeros with max -inf and sum 0, as the CPU op gives them. Returns the BNSD output; fills smax / ssum.
+template <class Args>
+at::Tensor run_per_sequence(const char* op, const attention::AttentionParams& p, const Args& a, at::Tensor& smax,
+                            at::Tensor& ssum) {
+  at::Tensor out = at::zeros({p.batch, p.q_heads, p.max_q_len, p.v_head_dim}, a.query.options());
+  smax.fill_(-std::numeric_limits<float>::infinity());
+  ssum.zero_();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t q = p.q_len[b], kv = p.kv_len[b];
+    if (q == 0 || kv == 0) continue;
+    attention::AttentionParams one = p;
+    one.batch = 1;
+    one.max_q_len = q;
+    one.max_kv_len = kv;
+    one.q_len = {q};
+    one.kv_len = {kv};
+    one.q_start = {0};
+    one.kv_start = {0};
+    at::Tensor sm = at::empty({1, p.q_heads, q, 8}, smax.options()), ss = at::empty_like(sm);
+    const std::optional<at::Tensor> mask =
+        p.mask ? std::optional<at::Tensor>(sequence_mask(*a.atten_mask, p.batch, b, q, kv)) : std::nullopt;
+    const at::Tensor o = npu_host::run_flash_forward(op, one, sequence_slice(a.query, p.layout, b, q),
+                                                     sequence_slice(a.key, p.layout, b, kv),
+                                                     sequence_slice(a.value, p.layout, b, kv), mask, sm, ss);
+    out.narrow(0, b, 1).narrow(2, 0, q).copy_(o);
+    smax.narrow(0, b, 1).narrow(2, 0, q).copy_(sm);
+    ssum.narrow(0, b, 1).narrow(2, 0, q).copy_(ss);
+  }
+  return out;
 }
 
 struct PrefillResult {
@@ -126,10 +175,14 @@ PrefillResult run_prefill_kernel(const char* op, const Args& a) {
     res.out = at::empty(r.out_shape, a.query.options());
     return res;
   }
-  if (has_short_sequences(p)) res.refusal = "per-batch lengths shorter than the padded sequences";
-  else if (const char* why = npu_host::flash_forward_refusal(p)) res.refusal = why;
+  const bool per_sequence = has_short_sequences(p);
+  if (const char* why = npu_host::flash_forward_refusal(p)) {
+    if (!per_sequence || p.max_kv_len > 0) res.refusal = why;  // (per sequence, keyless sequences launch nothing)
+  }
   if (!res.refusal.empty()) return res;
-  const at::Tensor out = npu_host::run_flash_forward(op, p, a.query, a.key, a.value, a.atten_mask, res.smax, res.ssum);
+  const at::Tensor out = per_sequence ? run_per_sequence(op, p, a, res.smax, res.ssum)
+                                      : npu_host::run_flash_forward(op, p, a.query, a.key, a.value, a.atten_mask,
+                                                                    res.smax, res.ssum);
   res.out = r.bsnd_out ? out.transpose(1, 2).contiguous() : npu_host::from_bnsd(out, p.layout);
   return res;
 }
@@ -152,7 +205,8 @@ std::tuple<at::Tensor, at::Tensor> fused_outputs(const FusedInferAttentionScoreA
   return {res.out, attention::lse_from_statistics(res.smax, res.ssum)};  // [B, N, S, 1], as the CPU op
 }
 
-// The blocks holding keys [0, kv_used) of every sequence, in order, as a device index tensor.
+// The blocks holding keys [0, kv_used) of every sequence, in order, as a device index tensor (past a shorter
+// sequence's own blocks the plan's table holds block 0: keys beyond its length, never read).
 at::Tensor used_blocks_index(const attention::PagedPlan& pl, const c10::Device& device) {
   const int64_t used_blocks = (pl.kv_used + pl.block_size - 1) / pl.block_size;
   const int64_t table_stride = std::max<int64_t>(pl.max_blocks, 1);
@@ -178,7 +232,7 @@ at::Tensor gather_pages(const attention::CacheRows& r, const attention::PagedPla
 }
 
 // A paged fused call: one-token calls through the decode op (its Ascend C kernel reads the cache in place), the
-// others on the FlashAttention kernel over the gathered keys when every sequence has the same length.
+// others on the FlashAttention kernel over the gathered keys (sequences of different lengths: one launch each).
 std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedInferAttentionScoreArgs& a) {
   auto fallback = [&](const std::string& why) {
     return npu_host::fallback_to_cpu(op, why, a, fused_infer_attention_score_cpu, a.query.device());
@@ -192,13 +246,11 @@ std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedIn
   const attention::PagedPlan pl = attention::plan_paged(op, a);
   if (pl.tnd) return fallback("TND (variable-length) layout");
   if (pl.pse.has_value()) return fallback("pse_shift");
-  for (int64_t len : pl.lens)
-    if (len != pl.kv_used) return fallback("paged sequences of different lengths");
   const c10::string_view layout = a.input_layout;
   const at::Tensor index = used_blocks_index(pl, a.key.device());
   const FusedInferAttentionScoreArgs g{a.query, gather_pages(pl.k, pl, index, layout),
                                        gather_pages(pl.v, pl, index, layout),
-                                       std::nullopt, pl.mask, a.actual_seq_lengths, std::nullopt, std::nullopt,
+                                       std::nullopt, pl.mask, a.actual_seq_lengths, pl.kv_lens, std::nullopt,
                                        a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout,
                                        a.num_key_value_heads, a.sparse_mode, a.inner_precise, /*block_size=*/0,
                                        a.softmax_lse_flag, std::nullopt, std::nullopt, std::nullopt, std::nullopt,

@@ -26,7 +26,7 @@ class FakeHooks:
         recs = pm.fa_forward_counts(self.shape, *self.blocks)
         for i, r in enumerate(recs[:max_cores]):
             row = [0 if r.core_type == pm.AIC else 1, r.block_idx, r.gm_read_bytes, r.gm_write_bytes, r.cube_macs,
-                   r.vector_elements, r.vector_repeats, r.copies, r.vector_instrs, r.cube_jobs]
+                   r.vector_elements, r.vector_repeats, r.copies, r.vector_instrs, r.cube_jobs, r.scalar_gm, r.scalar_ub]
             for j, x in enumerate(row):
                 buf[pm.VALUES_PER_CORE * i + j] = x
         return len(recs)
@@ -75,13 +75,15 @@ def case_per_kernel_peak_shares():
     rows = nk.predict_kernels(lib, nk.kernel_cases(quick=True), pm.Ascend910B())
     names = [r.case.name for r in rows]
     assert names == ["flash_attention_score", "flash_attention_score_grad", "incre_flash_attention",
-                     "rotary_position_embedding", "moe_gating_top_k_softmax", "grouped_matmul",
-                     "moe_finalize_routing"], names
+                     "rotary_position_embedding", "moe_gating_top_k_softmax", "moe_init_routing_v2",
+                     "grouped_matmul", "moe_finalize_routing"], names
     for r in rows:
         mix = r.case.name in ("flash_attention_score", "flash_attention_score_grad", "grouped_matmul")
         s = r.shares
         assert (s.cube > 0) == mix and 0 < s.vector <= 1 and 0 < s.bandwidth <= 1 and 0 <= s.issue < 1, (r.case, s)
         assert (r.pred.slowest.sync_s > 0) == mix, r.case.name
         assert r.pred.totals.vector_instrs > 0
+        if r.case.name == "moe_init_routing_v2":  # the counting sort runs on the scalar units
+            assert r.pred.totals.scalar_gm > 0 and r.pred.totals.scalar_ub > 0, r.pred.totals
     table = nk.kernel_table(rows)
     assert "moe_finalize_routing" in table and "vector issue" in table

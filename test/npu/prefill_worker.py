@@ -4,8 +4,8 @@ and the CPU backend. Run by test_prefill.py through runner_worker.py (the device
 
 The grid runs with CPU fallbacks refused, so it proves the kernel ran: layouts BSH / BSND / BNSD / BNSD_BSND, GQA,
 fp32 / fp16 / bf16, sparse modes 0-4 with and without masks, query and key lengths that are not multiples of the
-tiles. Calls the kernel does not take (per-batch lengths, TND, pse_shift, paged or int8 caches) run the CPU kernel
-and give its result.
+tiles; per-batch lengths (one launch per sequence), also on paged caches. Calls the kernel does not take (TND,
+pse_shift, int8 caches) run the CPU kernel and give its result.
 """
 import torch
 
@@ -99,24 +99,54 @@ def case_fully_masked_rows_are_zero_with_lse_minus_inf():
     torch.testing.assert_close(lse.cpu(), cpu_lse, rtol=1e-5, atol=1e-5)
 
 
-def case_what_the_kernel_does_not_take_runs_the_cpu_kernel():
-    """Per-batch lengths, TND and pse_shift: the CPU kernel's result (and a refusal naming the reason when CPU
-    fallbacks are refused)."""
-    args, bnsd, lens = make_inputs("BSND", B=2, N1=2, N2=2, Sq=9, Skv=11, D=16, q_lens=[9, 4], kv_lens=[11, 6])
-    kw = dict(num_heads=2, scale_value=SCALE, input_layout="BSND", sparse_mode=0)
-    out = OPS.prompt_flash_attention(**_on(args, NPU), **kw)
-    torch.testing.assert_close(out.cpu(), OPS.prompt_flash_attention(**args, **kw))
+def _check_lengths(layout, dtype, mode, q_lens, kv_lens, use_mask=False, pre=MAX, nxt=0, fused=False):
+    B, Sq, Skv = len(q_lens), 9, 11
+    args, bnsd, lens = make_inputs(layout, B=B, N1=4, N2=2, Sq=Sq, Skv=Skv, D=16, dtype=dtype, q_lens=q_lens,
+                                   kv_lens=kv_lens, seed=len(q_lens) + mode)
+    mask = _mask(mode, Sq, Skv, B) if use_mask else None
+    kw = dict(num_heads=4, num_key_value_heads=2, input_layout=layout, sparse_mode=mode, pre_tokens=pre,
+              next_tokens=nxt, atten_mask=mask)
+    what = f"lengths {layout} {dtype} mode {mode} mask {use_mask} {q_lens} {kv_lens} fused {fused}"
+    ref64, lse64 = reference(bnsd, lens, layout, SCALE, mask=mask, pre=pre, nxt=nxt, mode=mode)
+    same, _ = reference(bnsd, lens, layout, SCALE, mask=mask, pre=pre, nxt=nxt, mode=mode, dtype=dtype)
+    if fused:
+        out, lse = OPS.fused_infer_attention_score(**_on(args, NPU), **_on(kw, NPU), scale=SCALE,
+                                                   softmax_lse_flag=True)
+        cpu_out, cpu_lse = OPS.fused_infer_attention_score(**args, **kw, scale=SCALE, softmax_lse_flag=True)
+        torch.testing.assert_close(lse.cpu(), cpu_lse, rtol=1e-4, atol=1e-4, msg=what)
+    else:
+        out = OPS.prompt_flash_attention(**_on(args, NPU), **_on(kw, NPU), scale_value=SCALE)
+        cpu_out = OPS.prompt_flash_attention(**args, **kw, scale_value=SCALE)
+    assert out.shape == cpu_out.shape and out.device.type == NPU, what
+    check_tolerance(what, out.cpu(), ref64, same)
+
+
+def case_per_batch_lengths_launch_once_per_sequence():
+    """actual_seq_lengths / actual_seq_lengths_kv shorter than the padded tensors (what serving engines pass):
+    one kernel launch per sequence with its own band; padded rows and keyless sequences are zero (lse -inf)."""
     with no_fallback(True):
-        try:
-            OPS.prompt_flash_attention(**_on(args, NPU), **kw)
-        except RuntimeError as e:
-            assert "per-batch lengths" in str(e), str(e)
-        else:
-            raise AssertionError("no refusal with fallbacks off")
+        for layout in ("BSH", "BSND", "BNSD", "BNSD_BSND"):
+            _check_lengths(layout, torch.float32, 3, [9, 4, 7], [11, 6, 7])
+        for mode, use_mask, pre, nxt in [(0, False, MAX, 0), (0, True, MAX, 0), (0, True, 3, 2), (2, True, MAX, 0),
+                                         (4, True, 4, 1)]:
+            _check_lengths("BNSD", torch.float16, mode, [9, 5], [11, 8], use_mask, pre, nxt)
+        _check_lengths("BSND", torch.bfloat16, 3, [9, 0, 3], [11, 4, 0], fused=True)
+        _check_lengths("BSH", torch.float32, 0, [2, 9], [11, 3], True, fused=True)
+
+
+def case_what_the_kernel_does_not_take_runs_the_cpu_kernel():
+    """TND: the CPU kernel's result (and a refusal naming the reason when CPU fallbacks are refused)."""
     targs, _, _ = make_inputs("TND", B=2, N1=2, N2=2, Sq=5, Skv=6, D=16, q_lens=[5, 2], kv_lens=[6, 3])
     tkw = dict(num_heads=2, scale_value=SCALE, input_layout="TND", sparse_mode=0)
     torch.testing.assert_close(OPS.prompt_flash_attention(**_on(targs, NPU), **tkw).cpu(),
                                OPS.prompt_flash_attention(**targs, **tkw))
+    with no_fallback(True):
+        try:
+            OPS.prompt_flash_attention(**_on(targs, NPU), **tkw)
+        except RuntimeError as e:
+            assert "TND" in str(e), str(e)
+        else:
+            raise AssertionError("no refusal with fallbacks off")
 
 
 def case_bad_input_errors_match_the_cpu_op():
@@ -178,18 +208,16 @@ def case_paged_decode_runs_the_decode_kernel():
         torch.testing.assert_close(out.cpu(), ref, rtol=2e-5, atol=2e-5, msg=layout)
 
 
-def case_paged_prefill_of_unequal_lengths_runs_the_cpu_kernel():
-    call = _paged_call("BSND", 12, [20, 37], sparse_mode=3)
-    out, _ = call(NPU)
-    ref, _ = call("cpu")
-    torch.testing.assert_close(out.cpu(), ref)
-    with no_fallback(True):
-        try:
-            call(NPU)
-        except RuntimeError as e:
-            assert "paged sequences of different lengths" in str(e), str(e)
-        else:
-            raise AssertionError("no refusal with fallbacks off")
+def case_paged_prefill_of_unequal_lengths_runs_the_kernel_per_sequence():
+    """Sequences of different lengths on a paged cache: blocks gathered up to the longest, one launch per sequence
+    (fallbacks refused); out and lse equal the CPU op's paged path."""
+    for layout, sq, lens, mode in (("BSND", 12, [20, 37], 3), ("BNSD", 9, [40, 9], 0), ("BSH", 16, [16, 48], 2)):
+        call = _paged_call(layout, sq, lens, sparse_mode=mode, softmax_lse_flag=True)
+        with no_fallback(True):
+            out, lse = call(NPU)
+        ref_out, ref_lse = call("cpu")
+        torch.testing.assert_close(out.cpu(), ref_out, rtol=2e-5, atol=2e-5, msg=f"{layout} {lens}")
+        torch.testing.assert_close(lse.cpu(), ref_lse, rtol=2e-5, atol=2e-5, msg=f"{layout} {lens} lse")
 
 
 def case_paged_bad_inputs_raise_the_cpu_ops_errors():

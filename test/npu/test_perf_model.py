@@ -89,15 +89,25 @@ def test_scaling_pays_the_launch_once():
     assert p48.bandwidth_floor_s == pytest.approx(6e-6) and p48.scaled(43).bottleneck == "vector"
 
 
+def test_scalar_accesses_add_to_the_core_time():
+    """The scalar unit's GM and UB accesses are added to the busy time of the pipes (no overlap assumed)."""
+    base = m.CoreCounts(m.AIV, 0, gm_read_bytes=10**6)
+    scalar = m.CoreCounts(m.AIV, 0, gm_read_bytes=10**6, scalar_gm=1000, scalar_ub=5000)
+    t0 = m.core_time(base, HW, 1e11)
+    t1 = m.core_time(scalar, HW, 1e11)
+    want = (1000 * HW.scalar_gm_cycles + 5000 * HW.scalar_ub_cycles) / HW.clock_hz
+    assert t1.scalar_s == pytest.approx(want) and t1.busy_s == pytest.approx(t0.busy_s + want)
+
+
 def test_records_from_flat_and_errors():
-    flat = [0, 0, 10, 20, 30, 0, 0, 0, 0, 2, 1, 1, 1, 2, 0, 5, 1, 3, 4, 0]
+    flat = [0, 0, 10, 20, 30, 0, 0, 0, 0, 2, 7, 8, 1, 1, 1, 2, 0, 5, 1, 3, 4, 0, 9, 6]
     recs = m.records_from_flat(flat, 2)
-    assert recs[0] == m.CoreCounts(m.AIC, 0, 10, 20, 30, 0, 0, 0, 0, 2)
-    assert recs[1] == m.CoreCounts(m.AIV, 1, 1, 2, 0, 5, 1, 3, 4, 0)
-    with pytest.raises(ValueError, match="need 20 values for 2 cores, got 10"):
-        m.records_from_flat(flat[:10], 2)
+    assert recs[0] == m.CoreCounts(m.AIC, 0, 10, 20, 30, 0, 0, 0, 0, 2, 7, 8)
+    assert recs[1] == m.CoreCounts(m.AIV, 1, 1, 2, 0, 5, 1, 3, 4, 0, 9, 6)
+    with pytest.raises(ValueError, match="need 24 values for 2 cores, got 12"):
+        m.records_from_flat(flat[:12], 2)
     with pytest.raises(ValueError, match="type 7"):
-        m.records_from_flat([7] + flat[1:10], 1)
+        m.records_from_flat([7] + flat[1:12], 1)
     with pytest.raises(ValueError, match="no core records"):
         m.predict([], HW)
 

@@ -5,8 +5,9 @@
 //   1. histogram: the scalar unit reads each pair's expert from GM and counts it into a UB counter of its bucket
 //      (expert - first_expert inside the span, `width` outside: the dropped bucket, sorted last); MTE3 writes the
 //      core's counters to its row of the GM workspace.                                                  -> SyncAll
-//   2. ranks: every core streams the block_dim histogram rows back (MTE2) and sums, on the scalar unit, each
-//      bucket's total and its count in earlier shares; base[b] = pairs in buckets < b, next[b] = base[b] + earlier.
+//   2. ranks: every core streams the block_dim histogram rows back (MTE2) and adds them up on the vector unit
+//      (int32 Add: each bucket's total and its count in earlier shares); then one scalar scan over the buckets:
+//      base[b] = pairs in buckets < b, next[b] = base[b] + the earlier shares' count.
 //   3. scatter: the core walks its pairs again; pair f goes to position p = next[key]++ (stable: earlier shares and
 //      earlier pairs first). Dropless: row p when p < rows_out (routed pairs come before dropped ones); capacity:
 //      slot key*C + (p - base[key]) when that is < C. The row x[f / k] is moved GM -> UB -> GM in chunks through two
@@ -114,24 +115,23 @@ class KernelMoeInitRouting {
     DataCopy(histGm_[uint64_t(core_) * t_.buckets_aligned], hist, t_.buckets_aligned);
   }
 
-  // 2. Totals per bucket, the pairs of each bucket in earlier shares, then base / next.
+  // 2. Totals per bucket, the pairs of each bucket in earlier shares (vector adds of the histogram rows; the
+  // counts are below 2^24, the tiling's limit, so they stay exact however the adds round), then base / next.
   __aicore__ inline void RankBuckets() {
     LocalTensor<int32_t> row = hist_.Get<int32_t>(), total = total_.Get<int32_t>(), next = next_.Get<int32_t>(),
                          base = base_.Get<int32_t>();
     ZeroCounters(total);
     ZeroCounters(next);
+    const int32_t lanes = int32_t(t_.buckets_aligned);
+    for (uint32_t c = 0; c < t_.block_dim; ++c) {
+      Order<HardEvent::V_MTE2>();  // the row buffer is refilled only after the adds read it
+      DataCopy(row, histGm_[uint64_t(c) * t_.buckets_aligned], t_.buckets_aligned);
+      Order<HardEvent::MTE2_V>();
+      Add(total, total, row, lanes);
+      if (c < core_) Add(next, next, row, lanes);
+    }
     Order<HardEvent::V_S>();
     const uint32_t buckets = t_.width + 1;
-    for (uint32_t c = 0; c < t_.block_dim; ++c) {
-      DataCopy(row, histGm_[uint64_t(c) * t_.buckets_aligned], t_.buckets_aligned);
-      Order<HardEvent::MTE2_S>();
-      for (uint32_t b = 0; b < buckets; ++b) {
-        const int32_t v = row.GetValue(b);
-        total.SetValue(b, total.GetValue(b) + v);
-        if (c < core_) next.SetValue(b, next.GetValue(b) + v);
-      }
-      Order<HardEvent::S_MTE2>();  // the row buffer is refilled only after the scalar reads
-    }
     int32_t run = 0;
     for (uint32_t b = 0; b < buckets; ++b) {
       base.SetValue(b, run);

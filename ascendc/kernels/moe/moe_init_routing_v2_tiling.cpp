@@ -33,6 +33,9 @@ std::string MoeInitRoutingV2TilingFor(const MoeInitRoutingV2Shape& s, const Plat
     return std::string(op) + ": elements of 1, 2, 4 or 8 bytes";
   // Pair, row and element offsets are uint32 in the kernel; expert ids and positions are int32.
   const int64_t limit = int64_t(INT32_MAX);
+  // The ranks add the per-core counts on the vector unit: exact while every count stays below 2^24.
+  if (pairs >= (int64_t(1) << 24))
+    return std::string(op) + ": N*k must be below 2^24 (the vector adds of the per-core counts stay exact)";
   if (pairs > limit || s.rows_out > limit || pairs * s.hidden > limit || s.rows_out * s.hidden > limit ||
       s.first_expert + s.width > limit || s.expert_num > limit)
     return std::string(op) + ": N*k, the output rows and their elements must fit int32";

@@ -69,6 +69,8 @@ struct Counters {
   uint64_t copies = 0;  // DataCopy/DataCopyPad instructions issued (each pays a fixed latency on hardware)
   uint64_t vector_instrs = 0;  // vector instructions issued (each pays a fixed issue cost however many repeats)
   uint64_t cube_jobs = 0;      // Matmul jobs an AIC served (each is an AIC<->AIV hand-off in MIX mode)
+  uint64_t scalar_gm = 0;      // GlobalTensor GetValue/SetValue: scalar accesses to GM (through the data cache)
+  uint64_t scalar_ub = 0;      // LocalTensor GetValue/SetValue/operator(): scalar accesses to UB
   void Add(const Counters& o) {
     gm_read_bytes += o.gm_read_bytes;
     gm_write_bytes += o.gm_write_bytes;
@@ -78,6 +80,8 @@ struct Counters {
     copies += o.copies;
     vector_instrs += o.vector_instrs;
     cube_jobs += o.cube_jobs;
+    scalar_gm += o.scalar_gm;
+    scalar_ub += o.scalar_ub;
   }
 };
 

@@ -64,11 +64,13 @@ class GlobalTensor {
   __aicore__ inline T GetValue(const uint64_t offset) const {
     CheckIndex(offset, "GlobalTensor::GetValue");
     cpu::Core().counters.gm_read_bytes += sizeof(T);
+    ++cpu::Core().counters.scalar_gm;
     return addr_[offset];
   }
   __aicore__ inline void SetValue(const uint64_t offset, T value) {
     CheckIndex(offset, "GlobalTensor::SetValue");
     cpu::Core().counters.gm_write_bytes += sizeof(T);
+    ++cpu::Core().counters.scalar_gm;
     addr_[offset] = value;
   }
   __aicore__ inline uint64_t GetSize() const { return size_; }

@@ -39,15 +39,18 @@ class LocalTensor {
   }
   __aicore__ inline T GetValue(const uint32_t index) const {
     CheckIndex(index, "LocalTensor::GetValue");
+    ++cpu::Core().counters.scalar_ub;
     return addr_[index];
   }
   template <typename S>
   __aicore__ inline void SetValue(const uint32_t index, const S value) const {
     CheckIndex(index, "LocalTensor::SetValue");
+    ++cpu::Core().counters.scalar_ub;
     addr_[index] = static_cast<T>(value);
   }
   __aicore__ inline T& operator()(const uint32_t index) const {
     CheckIndex(index, "LocalTensor::operator()");
+    ++cpu::Core().counters.scalar_ub;
     return addr_[index];
   }
   __aicore__ inline void SetSize(const uint32_t size) {
