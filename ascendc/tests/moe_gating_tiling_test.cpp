@@ -61,7 +61,10 @@ static void CheckBudget(const MoeGatingTopKSoftmaxTiling& t, const char* what) {
   CHECK(t.buffer_num == 1 || t.buffer_num == 2, "%s: buffer_num %u", what, t.buffer_num);
   // Maximal: one more row would not fit (unless the tile already holds a whole core share or the cap).
   const uint32_t share = t.rows_per_core + (t.rows_remainder ? 1 : 0);
-  if (t.tile_rows < share && t.tile_rows < 1024)
+  const uint32_t cap = t.batched ? 248u : 1024u;
+  CHECK(t.batched == (t.experts <= 64 ? 1u : 0u) && t.tile_rows <= cap, "%s: batched %u, tile_rows %u", what,
+        t.batched, t.tile_rows);
+  if (t.tile_rows < share && t.tile_rows < cap)
     CHECK(MoeGatingUbBytes(t, t.tile_rows + 1, t.buffer_num) > usable, "%s: tile_rows %u not maximal", what,
           t.tile_rows);
   CHECK(t.tile_rows >= 1 && t.tile_rows <= share, "%s: tile_rows %u vs share %u", what, t.tile_rows, share);

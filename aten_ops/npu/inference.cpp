@@ -89,13 +89,22 @@ const char* prefill_refusal_before_parsing(const FusedInferAttentionScoreArgs& a
   if (a.input_layout == "TND") return "TND (variable-length) layout";
   if (a.pse_shift.has_value()) return "pse_shift";
   if (a.query_rope.has_value() || a.key_rope.has_value()) return "query_rope / key_rope (MLA)";
-  if (attention::is_int8_kv(a)) return "an int8 KV cache";
-  const bool antiquant = a.antiquant_scale.has_value() || a.antiquant_offset.has_value() ||
-                         a.key_antiquant_scale.has_value() || a.key_antiquant_offset.has_value() ||
-                         a.value_antiquant_scale.has_value() || a.value_antiquant_offset.has_value() ||
-                         a.antiquant_mode != 0 || a.key_antiquant_mode != 0 || a.value_antiquant_mode != 0;
-  if (antiquant) return "antiquant arguments";
   return nullptr;
+}
+
+// An int8 key or value (KV antiquant) dequantised on the device, (x + offset) * scale in fp32 rounded to the
+// query's dtype — what the hardware's antiquant does before its fp16/bf16 matmul — in the op's layout again.
+at::Tensor dequantized(const at::Tensor& x, const attention::AttentionParams& p, const attention::Antiquant& q,
+                       const at::Tensor& scale, const at::Tensor& offset, at::ScalarType dtype) {
+  using attention::Layout;
+  const int64_t B = x.size(0), N2 = p.kv_heads;
+  at::Tensor bnsd = x;  // [B, N2, S, D] view
+  if (p.layout == Layout::BSND) bnsd = x.permute({0, 2, 1, 3});
+  else if (p.layout == Layout::BSH) bnsd = x.reshape({B, x.size(1), N2, -1}).permute({0, 2, 1, 3});
+  const at::Tensor y = attention::dequantize_kv(bnsd, q, scale, offset).to(dtype);
+  if (p.layout == Layout::BSND) return y.permute({0, 2, 1, 3});
+  if (p.layout == Layout::BSH) return y.permute({0, 2, 1, 3}).reshape({B, y.size(2), -1});
+  return y;
 }
 
 // Per-batch lengths shorter than the padded ones: the kernel computes whole sequences, so each sequence gets its
@@ -124,8 +133,8 @@ at::Tensor sequence_mask(const at::Tensor& m, int64_t batch, int64_t b, int64_t 
 // (its band from its own lengths). Rows past a sequence's length, and the rows of a sequence without keys, are
 // zeros with max -inf and sum 0, as the CPU op gives them. Returns the BNSD output; fills smax / ssum.
 template <class Args>
-at::Tensor run_per_sequence(const char* op, const attention::AttentionParams& p, const Args& a, at::Tensor& smax,
-                            at::Tensor& ssum) {
+at::Tensor run_per_sequence(const char* op, const attention::AttentionParams& p, const Args& a, const at::Tensor& key,
+                            const at::Tensor& value, at::Tensor& smax, at::Tensor& ssum) {
   at::Tensor out = at::zeros({p.batch, p.q_heads, p.max_q_len, p.v_head_dim}, a.query.options());
   smax.fill_(-std::numeric_limits<float>::infinity());
   ssum.zero_();
@@ -144,8 +153,8 @@ at::Tensor run_per_sequence(const char* op, const attention::AttentionParams& p,
     const std::optional<at::Tensor> mask =
         p.mask ? std::optional<at::Tensor>(sequence_mask(*a.atten_mask, p.batch, b, q, kv)) : std::nullopt;
     const at::Tensor o = npu_host::run_flash_forward(op, one, sequence_slice(a.query, p.layout, b, q),
-                                                     sequence_slice(a.key, p.layout, b, kv),
-                                                     sequence_slice(a.value, p.layout, b, kv), mask, sm, ss);
+                                                     sequence_slice(key, p.layout, b, kv),
+                                                     sequence_slice(value, p.layout, b, kv), mask, sm, ss);
     out.narrow(0, b, 1).narrow(2, 0, q).copy_(o);
     smax.narrow(0, b, 1).narrow(2, 0, q).copy_(sm);
     ssum.narrow(0, b, 1).narrow(2, 0, q).copy_(ss);
@@ -180,8 +189,14 @@ PrefillResult run_prefill_kernel(const char* op, const Args& a) {
     if (!per_sequence || p.max_kv_len > 0) res.refusal = why;  // (per sequence, keyless sequences launch nothing)
   }
   if (!res.refusal.empty()) return res;
-  const at::Tensor out = per_sequence ? run_per_sequence(op, p, a, res.smax, res.ssum)
-                                      : npu_host::run_flash_forward(op, p, a.query, a.key, a.value, a.atten_mask,
+  at::Tensor key = a.key, value = a.value;
+  if (p.int8_kv()) {
+    const at::ScalarType dt = a.query.scalar_type();
+    key = dequantized(a.key, p, p.k_quant, in.k_scale, in.k_offset, dt);
+    value = dequantized(a.value, p, p.v_quant, in.v_scale, in.v_offset, dt);
+  }
+  const at::Tensor out = per_sequence ? run_per_sequence(op, p, a, key, value, res.smax, res.ssum)
+                                      : npu_host::run_flash_forward(op, p, a.query, key, value, a.atten_mask,
                                                                     res.smax, res.ssum);
   res.out = r.bsnd_out ? out.transpose(1, 2).contiguous() : npu_host::from_bnsd(out, p.layout);
   return res;
@@ -267,8 +282,15 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_npu(const FusedIn
   attention::check_prompt_flags(op, args);
   if (args.block_table.has_value() && !args.query_rope.has_value() && !args.key_rope.has_value())
     return fused_paged_npu(op, args);
+  const bool rope = args.query_rope.has_value() || args.key_rope.has_value();  // MLA: the CPU kernel validates
+  const bool int8 = !rope && attention::is_int8_kv(args);
+  if (!rope && !int8)  // antiquant arguments without an int8 cache are an error, as on CPU
+    attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(args), false, 0, 0, 0, 0);
   TORCH_CHECK_VALUE(args.block_table.has_value() || args.block_size == 0, op,
                     ": argument 'block_size' is only used with block_table (paged KV); got ", args.block_size);
+  // An int8 cache: one-token calls take the decode op (as on CPU); longer ones the kernel on dequantised keys.
+  if (int8 && attention::decode_route_fits(op, args))
+    return {attention::paged_decode(op, args), at::empty({0}, args.query.options().dtype(at::kFloat))};
   const PrefillResult res = run_prefill_kernel(op, args);
   if (!res.refusal.empty())
     return npu_host::fallback_to_cpu(op, res.refusal, args, fused_infer_attention_score_cpu, args.query.device());

@@ -228,3 +228,34 @@ def case_paged_bad_inputs_raise_the_cpu_ops_errors():
     with no_fallback(True):
         for change in bad:
             assert_same_error(_paged_call("BSND", 5, [20, 37], overrides=change), change)
+
+
+def case_int8_kv_prefill_dequantises_onto_the_kernel():
+    """An int8 cache (KV antiquant) with more than one query row, or one row with the lse: the factors dequantise
+    the keys on the device to the query's dtype, then the kernel runs (per sequence: the lengths differ) —
+    against the float64 reference of the dequantised cache (fallbacks refused)."""
+    from test.inference import int8_cases as I
+    from test.inference.test_int8_kv import _prefill_reference
+
+    cases = [I.Case(layout="BNSD", dtype="bf16", kv_len=80, lens=(80, 33, 5), k_mode=0, v_mode=1, q_heads=4),
+             I.Case(layout="BNSD", dtype="fp16", kv_len=80, lens=(80, 33, 5), k_mode=3, v_mode=3, q_heads=4,
+                    offset=False),
+             I.Case(layout="BNSD", dtype="fp16", kv_len=64, lens=(64, 64, 64), form="stacked", k_mode=1, v_mode=1,
+                    q_heads=4)]
+    for case in cases:
+        inp = I.build(case)
+        a, dt = inp.args, I.DTYPES[case.dtype]
+        for sq in (4, 1):
+            q = torch.randn(case.batch, case.q_heads, sq, case.head_dim, generator=torch.Generator().manual_seed(sq))
+            q = q.to(dt)
+            kw = dict(num_heads=a[8], scale=a[9], input_layout=a[10], num_key_value_heads=a[11],
+                      actual_seq_lengths_kv=a[5], softmax_lse_flag=True, **inp.kwargs)
+            with no_fallback(True):
+                out, lse = OPS.fused_infer_attention_score(q.to(NPU), a[1].to(NPU), a[2].to(NPU), **_on(kw, NPU))
+            what = f"int8 {case} Sq={sq}"
+            ref, ref_lse = _prefill_reference(q, inp.kd, inp.vd, inp.lens, case.scale, torch.float64)
+            same, same_lse = _prefill_reference(q, inp.kd, inp.vd, inp.lens, case.scale, dt)
+            check_tolerance(what, out.cpu(), ref, same)
+            finite = torch.isfinite(ref_lse)
+            assert torch.equal(torch.isfinite(lse.cpu()[..., 0]), finite), what
+            check_tolerance(what + " lse", lse.cpu()[..., 0][finite], ref_lse[finite], same_lse[finite])

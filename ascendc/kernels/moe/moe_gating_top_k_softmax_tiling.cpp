@@ -10,6 +10,8 @@ namespace {
 constexpr uint32_t kBlock = 32;          // bytes of a DataBlock: UB rows start on one
 constexpr uint32_t kMaxTileRows = 1024;  // DataCopyPad blockCount is at most 4095; 1024 rows already amortise it
 constexpr int64_t kMaxK = 1024;          // as the CPU op
+constexpr uint32_t kBatchedMaxE = 64;    // one fp32 repeat per row
+constexpr uint32_t kBatchedMaxRows = 248;  // repeat counts are 8-bit; a multiple of 8 (whole Brcb repeats)
 
 // ReduceMax(calIndex) / ReduceSum work space for `count` fp32 elements: one (value, index) pair per 64-element
 // repeat, then a second level over those pairs, each rounded up to a DataBlock, plus one DataBlock of slack
@@ -30,7 +32,15 @@ uint64_t MoeGatingUbBytes(const MoeGatingTopKSoftmaxTiling& t, uint32_t tile_row
   uint64_t bytes = bn * r * t.x_row_stride * s;                        // x tiles (VECIN)
   if (t.has_finished) bytes += bn * AlignUp(r, kBlock);                // finished flags (VECIN), 1 byte per row
   if (s != 4) bytes += r * t.x_row_stride * 4;                         // fp32 copy of the logits (selection keys)
-  bytes += uint64_t(t.x_row_stride) * 4;                               // exp of one row
+  if (t.batched) {
+    const uint64_t r8 = AlignUp(r, 8);
+    bytes += r * t.x_row_stride * 4;                                   // exp of the tile's rows
+    bytes += 3 * r8 * 4;                                               // per-row (value, index) pairs, sums
+    bytes += r8 * 8 * 4;                                               // [rows, 8] broadcast row values
+    bytes += r8 * 4;                                                   // per-row "only -inf left" flags
+  } else {
+    bytes += uint64_t(t.x_row_stride) * 4;                             // exp of one row
+  }
   bytes += bn * r * t.y_row_stride * s;                                // y tiles (VECOUT)
   if (s != 4) bytes += r * t.y_row_stride * 4;                         // y in fp32 before the cast
   bytes += bn * r * t.idx_row_stride * 4;                              // expert_idx tiles (VECOUT)
@@ -67,6 +77,7 @@ std::string MoeGatingTopKSoftmaxTilingFor(const MoeGatingTopKSoftmaxShape& shape
   t.y_row_stride = AlignUp(t.k, kBlock / s);
   t.idx_row_stride = AlignUp(t.k, 8);
   t.reduce_tmp_bytes = ReduceTmpBytes(std::max(t.experts, t.k));
+  t.batched = t.experts <= kBatchedMaxE;
 
   t.block_dim = uint32_t(std::min<int64_t>(platform.aiv_cores, shape.rows));
   t.rows_per_core = t.rows / t.block_dim;
@@ -77,7 +88,7 @@ std::string MoeGatingTopKSoftmaxTilingFor(const MoeGatingTopKSoftmaxShape& shape
   // Double-buffered if at least one row fits that way, else single-buffered; then the most rows that fit.
   for (uint32_t bn : {2u, 1u}) {
     if (MoeGatingUbBytes(t, 1, bn) > budget) continue;
-    uint32_t lo = 1, hi = std::min(largest_share, kMaxTileRows);
+    uint32_t lo = 1, hi = std::min(largest_share, t.batched ? kBatchedMaxRows : kMaxTileRows);
     while (lo < hi) {  // largest r in [lo, hi] that fits
       const uint32_t mid = lo + (hi - lo + 1) / 2;
       if (MoeGatingUbBytes(t, mid, bn) <= budget) lo = mid;

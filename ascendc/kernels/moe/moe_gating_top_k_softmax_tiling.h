@@ -4,6 +4,9 @@
 // Work split: the N rows (tokens) are spread over the AIVs as evenly as possible (the first `rows_remainder` cores
 // take one row more); each core walks its rows in UB tiles of `tile_rows` rows (the last tile is the tail), with
 // the GM->UB and UB->GM queues double-buffered when two tiles fit UB, single-buffered when only one does.
+// Rows of at most 64 experts (one fp32 repeat) are `batched`: each step of the softmax and each top-k round is one
+// level-0 instruction over all the tile's rows (one repeat per row), so tiles then hold at most 248 rows (the
+// repeat count is 8 bits).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,7 @@ struct MoeGatingTopKSoftmaxTiling {
   uint32_t y_row_stride = 0;    // elements of y's dtype per UB row (k rounded up to a DataBlock)
   uint32_t idx_row_stride = 0;  // int32 elements per index UB row (k rounded up to 8)
   uint32_t reduce_tmp_bytes = 0;  // sharedTmpBuffer of ReduceMax / ReduceSum
+  uint32_t batched = 0;         // E <= 64: whole tiles per instruction (one repeat per row)
   uint32_t ub_bytes_used = 0;   // what Init carves out of UB (checked against the budget by the unit test)
 };
 
