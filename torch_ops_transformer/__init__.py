@@ -49,6 +49,8 @@ generated from native_functions.yaml. Public Python API:
 - `npu_dynamic_quant` (+`_asymmetric`), `npu_swiglu` (+`_backward`) — per-token int8/int4 activation quantisation
   and SwiGLU (module `quant`).
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
+- `oracle` — a differential oracle: every device call of our ops also computed by the CPU kernels and judged
+  (`with oracle.check(mode="warn" | "raise" | "sample")` or TOT_ORACLE=...; docs/oracle.md).
 - `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
   overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
 - `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
@@ -275,6 +277,10 @@ from . import tuning  # noqa: E402
 tuning._autoload()  # this machine's tuned tile sizes (docs/attention.md, "Block-size tuning")
 
 npu_sim.enable_from_environment()
+
+from . import oracle  # noqa: E402
+
+oracle.from_env()  # TOT_ORACLE=warn|raise|sample: check every device call of our ops (docs/oracle.md)
 
 from . import _hf_autoregister  # noqa: E402
 

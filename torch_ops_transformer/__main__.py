@@ -4,6 +4,8 @@
   bench  the benchmark tables (same as `python -m torch_ops_transformer.bench`)
   tune   tune the CPU FlashAttention tile sizes of the common shapes on this machine, print the measured table and
          write the per-machine cache (docs/attention.md, "Block-size tuning")
+  oracle `oracle replay FILE`: recompute a call the differential oracle saved on CPU and judge it again
+         (docs/oracle.md)
 
 `python -m torch_ops_transformer <command> --help` lists a command's options. A missing optional package
 (transformers for demo, matplotlib for bench --plot) prints one line with its install command and exits with 2.
@@ -12,7 +14,7 @@ import sys
 
 from ._optional import run_cli
 
-COMMANDS = ("demo", "bench", "tune")
+COMMANDS = ("demo", "bench", "tune", "oracle")
 
 
 def main(argv=None) -> int:
@@ -27,6 +29,8 @@ def main(argv=None) -> int:
         from .bench.__main__ import main as run
     elif command == "tune":
         from .tuning import main as run
+    elif command == "oracle":
+        from .oracle.replay import main as run
     else:
         print(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}\n{__doc__}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@
 // device only (docs/ascendc_attention.md lists them).
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -64,6 +65,30 @@ at::Tensor kernel_mask(const at::Tensor& m, tot_ascendc::FlashAttentionTilingInp
   return u8.contiguous();
 }
 
+// TOT_NPU_SIM_FAULT (simulated device only, for testing the differential oracle): a deliberately broken
+// variant of the FlashAttention kernel's arguments — "scale" (5% too large), "window" (one more key visible above
+// the band: an off-by-one window) or "mask_tail" (the explicit mask ignored from key 512, or the second half of
+// shorter key sequences, on). Never compiled into CANN builds.
+std::string injected_fault() {
+#ifdef TOT_WITH_CANN
+  return "";
+#else
+  const char* env = std::getenv("TOT_NPU_SIM_FAULT");
+  return env ? std::string(env) : "";
+#endif
+}
+
+void inject_fault(tot_ascendc::FlashAttentionTilingInput& in, at::Tensor& mask) {
+  const std::string fault = injected_fault();
+  if (fault == "scale") in.scale *= 1.05f;
+  if (fault == "window") in.band_hi = in.band_hi >= (int64_t(1) << 40) ? in.band_hi : in.band_hi + 1;
+  if (fault == "mask_tail" && mask.defined()) {
+    const int64_t from = std::min<int64_t>(512, (mask.size(-1) + 1) / 2);
+    mask = mask.clone();
+    mask.narrow(-1, from, mask.size(-1) - from).zero_();
+  }
+}
+
 at::Tensor host_long(uint64_t v, const c10::Device& device) {
   return at::scalar_tensor(static_cast<int64_t>(v), at::kLong).to(device);
 }
@@ -98,6 +123,7 @@ at::Tensor run_flash_forward(const char* op, const attention::AttentionParams& p
   in.band_hi = band.hi;
   at::Tensor mask;
   if (p.mask) mask = kernel_mask(*atten_mask, in);
+  inject_fault(in, mask);
   tot_ascendc::FlashAttentionTilingOptions options;
   ascendc::FlashAttentionBlocks(&options.s1_block, &options.s2_block);
   tot_ascendc::FlashAttentionScoreTilingData tiling;

@@ -1,0 +1,238 @@
+"""The differential oracle (torch_ops_transformer.oracle) on the simulated npu device. Run by test_oracle.py through
+runner_worker.py (the device is already enabled here).
+
+Fault injection (TOT_NPU_SIM_FAULT, read by the npu glue of the FlashAttention kernel on the simulated device only):
+a wrong scale, an off-by-one window and a mask ignored past key 512 must each be caught and reported with the op,
+its arguments and the worst element; correct kernels over the npu test grids of prefill, attention, RoPE and the
+MoE ops must produce no report; the modes, lists, saving and replay, the torch_npu route (an `npu::` op of
+torch_npu's schema, mapped to the shim's function) and the calls that are not re-run behave as documented.
+"""
+import contextlib
+import importlib
+import logging
+import os
+import subprocess
+import sys
+
+import torch
+
+from torch_ops_transformer import oracle
+from test.npu.runner import no_fallback
+
+OPS = torch.ops.npu_fa
+NPU = "npu"
+
+
+@contextlib.contextmanager
+def fault(name):
+    old = os.environ.get("TOT_NPU_SIM_FAULT")
+    os.environ["TOT_NPU_SIM_FAULT"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TOT_NPU_SIM_FAULT")
+        else:
+            os.environ["TOT_NPU_SIM_FAULT"] = old
+
+
+def _fia_inputs(skv=600, sq=4, seed=0):
+    """A fused prefill call with an explicit [B, 1, Sq, Skv] mask that hides keys past 512 (serving's padded
+    mask), fp32 so that small errors show."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, sq, 32, generator=g)
+    k = torch.randn(2, 2, skv, 32, generator=g)
+    v = torch.randn(2, 2, skv, 32, generator=g)
+    mask = torch.zeros(2, 1, sq, skv, dtype=torch.bool)
+    mask[..., skv - 60:] = True  # the tail the "mask_tail" fault drops
+    kw = dict(num_heads=4, num_key_value_heads=2, scale=0.2, input_layout="BNSD", sparse_mode=0)
+    return (q, k, v), mask, kw
+
+
+def _fia(device, inputs, mask, kw):
+    q, k, v = (t.to(device) for t in inputs)
+    return OPS.fused_infer_attention_score(q, k, v, atten_mask=mask.to(device), **kw)
+
+
+def _expect_caught(what, call):
+    try:
+        with oracle.check(mode="raise"):
+            call()
+    except oracle.OracleMismatch as e:
+        rep = e.report
+        assert rep.op.startswith("npu_fa::") and rep.mismatch.where is not None, (what, rep.text())
+        assert "@npu" in rep.arguments, rep.arguments
+        return rep
+    raise AssertionError(f"{what}: the oracle did not catch the fault")
+
+
+def case_injected_faults_are_caught():
+    inputs, mask, kw = _fia_inputs()
+    with no_fallback(True):
+        with fault("scale"):
+            rep = _expect_caught("scale", lambda: _fia(NPU, inputs, mask, kw))
+        assert "fused_infer_attention_score" in rep.op and rep.mismatch.error > rep.mismatch.allowed, rep.text()
+        with fault("mask_tail"):
+            _expect_caught("mask_tail", lambda: _fia(NPU, inputs, mask, kw))
+        # The off-by-one window: a causal band (sparse mode 3) shows each row one key too many.
+        q, k, v = (torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+        causal = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+        call = (lambda: OPS.prompt_flash_attention(q.to(NPU), k.to(NPU), v.to(NPU), atten_mask=causal.to(NPU),
+                                                   num_heads=2, scale_value=0.25, input_layout="BNSD",
+                                                   sparse_mode=3))
+        with fault("window"):
+            _expect_caught("window", call)
+        # The same calls without a fault: no report.
+        before = len(oracle.reports())
+        with oracle.check(mode="raise"):
+            _fia(NPU, inputs, mask, kw)
+            call()
+        assert len(oracle.reports()) == before
+
+
+def _run_cases(module_name):
+    module = importlib.import_module(module_name)
+    for name in sorted(n for n in dir(module) if n.startswith("case_")):
+        getattr(module, name)()
+
+
+def case_correct_kernels_produce_no_report_over_the_test_grids():
+    """Every npu call of these test grids is re-run on CPU and judged: no report (raise mode would stop)."""
+    before = oracle.stats().checked
+    with oracle.check(mode="raise"):
+        for m in ("test.npu.prefill_worker", "test.npu.moe_dispatch_worker", "test.npu.moe_routing_worker",
+                  "test.npu.moe_worker", "test.npu.rope_worker", "test.npu.grouped_matmul_worker"):
+            _run_cases(m)
+    assert oracle.stats().checked - before > 200, oracle.stats()
+
+
+def case_attention_forward_and_backward_are_checked():
+    """Autograd's backward op (flash_attention_score_grad) is checked like the forward."""
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=torch.Generator().manual_seed(i)).to(NPU).requires_grad_()
+               for i in range(3))
+    seen = oracle.stats().checked
+    with oracle.check(mode="raise", ops=["flash_attention_score", "npu_fa::flash_attention_score_grad"]):
+        out = OPS.flash_attention_score(q, k, v, 2, "BNSD", scale=0.25, sparse_mode=2,
+                                        atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1).to(NPU))[0]
+        out.square().sum().backward()
+    assert oracle.stats().checked - seen == 2, oracle.stats()
+
+
+class _Capture(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def case_modes_lists_and_summary():
+    inputs, mask, kw = _fia_inputs(skv=80)
+    handler = _Capture()
+    oracle.log.addHandler(handler)
+    try:
+        with no_fallback(True), fault("scale"):
+            with oracle.check(mode="warn"):  # logs and continues: both calls return
+                a = _fia(NPU, inputs, mask, kw)
+                b = _fia(NPU, inputs, mask, kw)
+            assert a[0].shape == b[0].shape and len(handler.messages) == 2, handler.messages
+            assert "fused_infer_attention_score" in handler.messages[0]
+            s0 = oracle.stats()
+            checked, sampled = s0.checked, s0.sampled_out
+            with oracle.check(mode="sample", every=3):  # calls 0 and 3 of the op are checked
+                for _ in range(5):
+                    _fia(NPU, inputs, mask, kw)
+            assert oracle.stats().checked - checked == 2 and oracle.stats().sampled_out - sampled == 3
+            assert len(handler.messages) == 4
+            with oracle.check(mode="raise", skip=["fused_infer_attention_score"]):  # denied: not checked
+                _fia(NPU, inputs, mask, kw)
+            with oracle.check(mode="raise", ops=["torch.ops.npu_fa.rotary_position_embedding"]):  # not allowed
+                _fia(NPU, inputs, mask, kw)
+    finally:
+        oracle.log.removeHandler(handler)
+    for bad in (dict(mode="loud"), dict(mode="sample", every=0)):
+        try:
+            with oracle.check(**bad):
+                pass
+        except ValueError as e:
+            assert "oracle" in str(e)
+        else:
+            raise AssertionError(f"{bad} accepted")
+
+
+def case_not_rerun_calls():
+    """Generator-drawn dropout is not re-run (the CPU run would draw another mask): counted, never reported."""
+    q = torch.randn(1, 2, 16, 8).to(NPU)
+    s = oracle.stats().not_rerun
+    with oracle.check(mode="raise"):
+        OPS.flash_attention_score(q, q, q, 2, "BNSD", keep_prob=0.9)
+    assert oracle.stats().not_rerun - s == 1
+    # A CPU call is never checked (nothing to compare).
+    c = oracle.stats().calls_seen
+    with oracle.check(mode="raise"):
+        OPS.flash_attention_score(q.cpu(), q.cpu(), q.cpu(), 2, "BNSD")
+    assert oracle.stats().calls_seen == c
+
+
+def case_saved_inputs_replay_on_cpu_alone(tmp=None):
+    import tempfile
+
+    inputs, mask, kw = _fia_inputs(skv=64)
+    with tempfile.TemporaryDirectory() as d:
+        with no_fallback(True), fault("scale"):
+            with oracle.check(mode="warn", save_dir=d):
+                _fia(NPU, inputs, mask, kw)
+        files = sorted(os.listdir(d))
+        assert len(files) == 1 and files[0].endswith("fused_infer_attention_score.pt"), files
+        path = os.path.join(d, files[0])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOT_NPU_SIM")}
+        proc = subprocess.run([sys.executable, "-m", "torch_ops_transformer", "oracle", "replay", path],
+                              capture_output=True, text=True, env=env)
+        assert proc.returncode == 1 and "reproduced on CPU" in proc.stdout, (proc.stdout, proc.stderr)
+        saved = torch.load(path, weights_only=False)
+        assert all(t.device.type == "cpu" for t in saved["args"] if isinstance(t, torch.Tensor))
+
+
+def case_torch_npu_ops_map_to_the_shim():
+    """A torch_npu op (namespace npu, torch_npu's schema) is judged against the shim's function of that name: a
+    broken implementation is caught, a correct one passes. (A stand-in for the real torch_npu, absent here.)"""
+    from torch_ops_transformer import compat
+
+    lib = torch.library.Library("npu", "DEF")
+    lib.define("npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) "
+               "-> Tensor")
+    broken = {"on": True}
+
+    def impl(x, r1, r2, rotary_mode="half", rotate=None):
+        shim = compat.module()
+        out = shim.npu_rotary_mul(x.cpu(), r1.cpu(), r2.cpu(), rotary_mode).to(x.device)
+        return out * 1.01 if broken["on"] else out
+
+    lib.impl("npu_rotary_mul", impl, "PrivateUse1")
+    g = torch.Generator().manual_seed(3)
+    x, c, s = (torch.randn(1, 6, 2, 16, generator=g).to(NPU) for _ in range(3))
+    try:
+        with oracle.check(mode="raise"):
+            torch.ops.npu.npu_rotary_mul(x, c, s)
+    except oracle.OracleMismatch as e:
+        assert e.report.op == "npu::npu_rotary_mul", e.report.text()
+    else:
+        raise AssertionError("the broken torch_npu op was not caught")
+    broken["on"] = False
+    with oracle.check(mode="raise"):
+        torch.ops.npu.npu_rotary_mul(x, c, s)
+
+
+def case_environment_switch():
+    """TOT_ORACLE turns the oracle on for a whole program; the counters are printed at exit."""
+    code = ("import torch, torch_ops_transformer as tot\n"
+            "q = torch.randn(1, 2, 16, 8).to('npu')\n"
+            "torch.ops.npu_fa.flash_attention_score(q, q, q, 2, 'BNSD', scale=0.3)\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TOT_")}
+    base.update(TOT_NPU_SIM="1", TOT_ORACLE="raise", TOT_NPU_SIM_FAULT="scale")
+    bad = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=base)
+    assert bad.returncode != 0 and "OracleMismatch" in bad.stderr, bad.stderr[-2000:]
+    base.update(TOT_ORACLE="warn", TOT_NPU_SIM_FAULT="")
+    good = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=base)
+    assert good.returncode == 0 and "oracle: 1 calls checked (0 mismatches)" in good.stderr, good.stderr[-2000:]

@@ -1,0 +1,63 @@
+"""`python -m torch_ops_transformer oracle replay FILE`: a call the oracle saved (its CPU inputs, the device's
+outputs, the report) recomputed by the CPU kernels on this machine — no device needed — and judged by the same rule.
+Exit status 1 when the saved device result still disagrees (the mismatch reproduces), 0 when it now passes.
+"""
+import argparse
+import sys
+
+import torch
+
+from . import _outputs, float64_reference
+from .compare import compare, least_precise
+
+
+def _reference(op: str):
+    ns, name = op.split("::", 1)
+    if ns == "npu":
+        from .. import compat
+
+        return getattr(compat.module(), name)
+    packet = getattr(getattr(torch.ops, ns), name)
+    return packet.default if hasattr(packet, "default") else packet
+
+
+def replay(path: str) -> int:
+    saved = torch.load(path, weights_only=False)
+    op, args, kwargs, devs = saved["op"], saved["args"], saved["kwargs"], saved["device_outputs"]
+    print(f"replaying {op} from {path}\nsaved report:\n{saved['report']}\n")
+    run = _reference(op)
+    clone = (lambda x: x.clone() if isinstance(x, torch.Tensor) else x)
+    a = [clone(x) for x in args]
+    k = {n: clone(v) for n, v in kwargs.items()}
+    try:
+        cpus = _outputs(run(*a, **k))
+    except Exception as e:
+        print(f"the CPU kernel raises {type(e).__name__}: {e}")
+        return 1
+    refs = float64_reference(run, args, kwargs)
+    # Written arguments (caches) follow the outputs in the saved device list; compare what both sides have.
+    precision = least_precise(list(args) + list(kwargs.values()))
+    bad = compare(devs[:len(cpus)], cpus, refs[:len(cpus)] if refs is not None else None, precision)
+    if bad is None:
+        print("the saved device outputs now pass against the CPU kernels of this build")
+        return 0
+    print(f"reproduced on CPU: output {bad.output}: {bad.what}")
+    if bad.allowed or bad.error:
+        print(f"  max error {bad.error:.6g} > allowed {bad.allowed:.6g}")
+    if bad.where is not None:
+        print(f"  worst element {list(bad.where)}: device {bad.device!r}, cpu {bad.cpu!r}, float64 {bad.ref64!r}")
+    return 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m torch_ops_transformer oracle",
+                                     description="the differential oracle's tools (docs/oracle.md)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rp = sub.add_parser("replay", help="recompute a saved mismatching call on CPU and judge it again")
+    rp.add_argument("file")
+    ns = parser.parse_args(argv)
+    return replay(ns.file)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
