@@ -247,7 +247,9 @@ at::Tensor gather_pages(const attention::CacheRows& r, const attention::PagedPla
 }
 
 // A paged fused call: one-token calls through the decode op (its Ascend C kernel reads the cache in place), the
-// others on the FlashAttention kernel over the gathered keys (sequences of different lengths: one launch each).
+// others on the FlashAttention kernel over the gathered keys (sequences of different lengths: one launch each; an
+// int8 cache is gathered as int8, its factors index the keys by their position in the sequence, as before the
+// gather, and the prefill path dequantises what it gathered).
 std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedInferAttentionScoreArgs& a) {
   auto fallback = [&](const std::string& why) {
     return npu_host::fallback_to_cpu(op, why, a, fused_infer_attention_score_cpu, a.query.device());
@@ -257,7 +259,6 @@ std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedIn
     attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(a), false, 0, 0, 0, 0);
   if (attention::decode_route_fits(op, a))
     return {attention::paged_decode(op, a), at::empty({0}, a.query.options().dtype(at::kFloat))};
-  if (int8) return fallback("an int8 paged cache with more than one query token");
   const attention::PagedPlan pl = attention::plan_paged(op, a);
   if (pl.tnd) return fallback("TND (variable-length) layout");
   if (pl.pse.has_value()) return fallback("pse_shift");
@@ -268,8 +269,10 @@ std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedIn
                                        std::nullopt, pl.mask, a.actual_seq_lengths, pl.kv_lens, std::nullopt,
                                        a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout,
                                        a.num_key_value_heads, a.sparse_mode, a.inner_precise, /*block_size=*/0,
-                                       a.softmax_lse_flag, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
-                                       std::nullopt, std::nullopt, 0, 0, 0, std::nullopt, std::nullopt};
+                                       a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset,
+                                       a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale,
+                                       a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode,
+                                       a.value_antiquant_mode, std::nullopt, std::nullopt};
   const PrefillResult res = run_prefill_kernel(op, g);
   if (!res.refusal.empty()) return fallback(res.refusal);
   return fused_outputs(a, res);

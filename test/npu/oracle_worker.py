@@ -7,7 +7,6 @@ its arguments and the worst element; correct kernels over the npu test grids of 
 backward, the SDPA route, RoPE and the MoE ops must produce no report; the modes, lists, saving and replay, the torch_npu route (an `npu::` op of
 torch_npu's schema, mapped to the shim's function) and the calls that are not re-run behave as documented.
 """
-import contextlib
 import importlib
 import logging
 import os
@@ -17,23 +16,15 @@ import sys
 import torch
 
 from torch_ops_transformer import oracle
-from test.npu.runner import no_fallback
+from test.npu.runner import env_var, no_fallback
 
 OPS = torch.ops.npu_fa
 NPU = "npu"
 
 
-@contextlib.contextmanager
 def fault(name):
-    old = os.environ.get("TOT_NPU_SIM_FAULT")
-    os.environ["TOT_NPU_SIM_FAULT"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TOT_NPU_SIM_FAULT")
-        else:
-            os.environ["TOT_NPU_SIM_FAULT"] = old
+    """TOT_NPU_SIM_FAULT: a broken variant of the FlashAttention kernel's arguments (simulated device only)."""
+    return env_var("TOT_NPU_SIM_FAULT", name)
 
 
 def _fia_inputs(skv=600, sq=4, seed=0):

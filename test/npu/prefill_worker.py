@@ -184,17 +184,24 @@ def _paged_call(layout, sq, kv_lens, dtype=torch.float32, overrides=None, **kw):
     return call
 
 
+def _check_paged_prefill(layout, sq, lens, mode):
+    call = _paged_call(layout, sq, lens, sparse_mode=mode, softmax_lse_flag=True)
+    with no_fallback(True):
+        out, lse = call(NPU)
+    ref_out, ref_lse = call("cpu")
+    torch.testing.assert_close(out.cpu(), ref_out, rtol=2e-5, atol=2e-5, msg=f"{layout} {sq} {lens}")
+    torch.testing.assert_close(lse.cpu(), ref_lse, rtol=2e-5, atol=2e-5, msg=f"{layout} {sq} {lens} lse")
+
+
 def case_paged_prefill_gathers_blocks_onto_the_kernel():
-    """Sq > 1 on a paged cache, every sequence of the same length: the blocks are gathered and the FlashAttention
-    kernel runs (fallbacks refused); out and lse equal the CPU op's paged path."""
+    """Sq > 1 on a paged cache: the blocks are gathered and the FlashAttention kernel runs (fallbacks refused) —
+    once when every sequence has the same length, once per sequence when they differ; out and lse equal the CPU
+    op's paged path."""
     for layout in ("BSH", "BSND", "BNSD"):
         for sq, lens, mode in ((37, [37, 37], 3), (9, [40, 40], 0), (16, [48, 48], 2)):
-            call = _paged_call(layout, sq, lens, sparse_mode=mode, softmax_lse_flag=True)
-            with no_fallback(True):
-                out, lse = call(NPU)
-            ref_out, ref_lse = call("cpu")
-            torch.testing.assert_close(out.cpu(), ref_out, rtol=2e-5, atol=2e-5, msg=f"{layout} {sq} {lens}")
-            torch.testing.assert_close(lse.cpu(), ref_lse, rtol=2e-5, atol=2e-5, msg=f"{layout} lse")
+            _check_paged_prefill(layout, sq, lens, mode)
+    for layout, sq, lens, mode in (("BSND", 12, [20, 37], 3), ("BNSD", 9, [40, 9], 0), ("BSH", 16, [16, 48], 2)):
+        _check_paged_prefill(layout, sq, lens, mode)
 
 
 def case_paged_decode_runs_the_decode_kernel():
@@ -208,18 +215,6 @@ def case_paged_decode_runs_the_decode_kernel():
         torch.testing.assert_close(out.cpu(), ref, rtol=2e-5, atol=2e-5, msg=layout)
 
 
-def case_paged_prefill_of_unequal_lengths_runs_the_kernel_per_sequence():
-    """Sequences of different lengths on a paged cache: blocks gathered up to the longest, one launch per sequence
-    (fallbacks refused); out and lse equal the CPU op's paged path."""
-    for layout, sq, lens, mode in (("BSND", 12, [20, 37], 3), ("BNSD", 9, [40, 9], 0), ("BSH", 16, [16, 48], 2)):
-        call = _paged_call(layout, sq, lens, sparse_mode=mode, softmax_lse_flag=True)
-        with no_fallback(True):
-            out, lse = call(NPU)
-        ref_out, ref_lse = call("cpu")
-        torch.testing.assert_close(out.cpu(), ref_out, rtol=2e-5, atol=2e-5, msg=f"{layout} {lens}")
-        torch.testing.assert_close(lse.cpu(), ref_lse, rtol=2e-5, atol=2e-5, msg=f"{layout} {lens} lse")
-
-
 def case_paged_bad_inputs_raise_the_cpu_ops_errors():
     from test.inference import test_fia_paged as P
 
@@ -231,9 +226,9 @@ def case_paged_bad_inputs_raise_the_cpu_ops_errors():
 
 
 def case_int8_kv_prefill_dequantises_onto_the_kernel():
-    """An int8 cache (KV antiquant) with more than one query row, or one row with the lse: the factors dequantise
-    the keys on the device to the query's dtype, then the kernel runs (per sequence: the lengths differ) —
-    against the float64 reference of the dequantised cache (fallbacks refused)."""
+    """An int8 cache (KV antiquant), contiguous or paged, with more than one query row, or one row with the lse:
+    the factors dequantise the keys on the device to the query's dtype, then the kernel runs (per sequence: the
+    lengths differ) — against the float64 reference of the dequantised cache (fallbacks refused)."""
     from test.inference import int8_cases as I
     from test.inference.test_int8_kv import _prefill_reference
 
@@ -241,7 +236,11 @@ def case_int8_kv_prefill_dequantises_onto_the_kernel():
              I.Case(layout="BNSD", dtype="fp16", kv_len=80, lens=(80, 33, 5), k_mode=3, v_mode=3, q_heads=4,
                     offset=False),
              I.Case(layout="BNSD", dtype="fp16", kv_len=64, lens=(64, 64, 64), form="stacked", k_mode=1, v_mode=1,
-                    q_heads=4)]
+                    q_heads=4),
+             # paged int8 caches: the blocks gathered as int8, then dequantised
+             I.Case(layout="BNSD", dtype="bf16", kv_len=256, block=128, lens=(256, 100, 1), paged_4d=True, q_heads=4),
+             I.Case(layout="BNSD", dtype="fp16", kv_len=256, block=128, lens=(250, 128, 3), form="stacked", k_mode=1,
+                    v_mode=1, q_heads=4)]
     for case in cases:
         inp = I.build(case)
         a, dt = inp.args, I.DTYPES[case.dtype]
@@ -250,6 +249,8 @@ def case_int8_kv_prefill_dequantises_onto_the_kernel():
             q = q.to(dt)
             kw = dict(num_heads=a[8], scale=a[9], input_layout=a[10], num_key_value_heads=a[11],
                       actual_seq_lengths_kv=a[5], softmax_lse_flag=True, **inp.kwargs)
+            if case.block:
+                kw.update(block_table=a[6], block_size=a[12])
             with no_fallback(True):
                 out, lse = OPS.fused_infer_attention_score(q.to(NPU), a[1].to(NPU), a[2].to(NPU), **_on(kw, NPU))
             what = f"int8 {case} Sq={sq}"

@@ -29,18 +29,24 @@ def run_module(module_name, timeout=900):
 
 
 @contextlib.contextmanager
-def no_fallback(on=True):
-    """TOT_NPU_SIM_NO_FALLBACK for the calls inside (worker side): 1 makes every npu glue raise instead of running
-    the CPU kernel, 0 allows the fallback; the previous value is restored."""
-    old = os.environ.get("TOT_NPU_SIM_NO_FALLBACK")
-    os.environ["TOT_NPU_SIM_NO_FALLBACK"] = "1" if on else "0"
+def env_var(name, value):
+    """os.environ[name] = value for the calls inside (worker side: read by the npu glue at each call); the previous
+    value is restored."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop("TOT_NPU_SIM_NO_FALLBACK")
+            os.environ.pop(name)
         else:
-            os.environ["TOT_NPU_SIM_NO_FALLBACK"] = old
+            os.environ[name] = old
+
+
+def no_fallback(on=True):
+    """TOT_NPU_SIM_NO_FALLBACK for the calls inside: 1 makes every npu glue raise instead of running the CPU
+    kernel, 0 allows the fallback."""
+    return env_var("TOT_NPU_SIM_NO_FALLBACK", "1" if on else "0")
 
 
 def assert_same_error(call, what=""):

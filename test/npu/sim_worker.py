@@ -195,7 +195,8 @@ def case_host_lengths_may_stay_on_the_cpu():
     kw = dict(actual_seq_lengths=lens, num_heads=2, scale_value=0.25, input_layout="BSH")
     ref = torch.ops.npu_fa.prompt_flash_attention(q, k, v, **kw)
     got = torch.ops.npu_fa.prompt_flash_attention(q.npu(), k.npu(), v.npu(), **kw)
-    assert got.device.type == "npu" and torch.equal(got.cpu(), ref)
+    assert got.device.type == "npu"  # (the Ascend C kernel, per sequence: equal up to rounding)
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-5, atol=1e-5)
     try:
         torch.ops.npu_fa.prompt_flash_attention(q.npu(), k.npu(), v.npu(), atten_mask=torch.ones(6, 6, dtype=torch.bool),
                                                 sparse_mode=1, num_heads=2, input_layout="BSH")
