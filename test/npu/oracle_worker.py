@@ -231,3 +231,22 @@ def case_environment_switch():
     base.update(TOT_ORACLE="warn", TOT_NPU_SIM_FAULT="")
     good = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=base)
     assert good.returncode == 0 and "oracle: 1 calls checked (0 mismatches)" in good.stderr, good.stderr[-2000:]
+
+
+def case_hugging_face_llama_on_npu_is_checked():
+    """A tiny Hugging Face Llama on npu, eager: with attn_implementation="npu_fa" (our attention) and "sdpa" (the
+    SDPA drop-in reaches our ops): a training step runs under raise mode, its attention calls forward and backward
+    are checked, no report."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    for impl in ("npu_fa", "sdpa"):
+        cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                          attn_implementation=impl)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(cfg).npu()
+        ids = torch.randint(0, 128, (2, 17)).npu()
+        seen = oracle.stats().checked
+        with oracle.check(mode="raise"):
+            model(ids, labels=ids).loss.backward()
+        assert oracle.stats().checked - seen >= 4, (impl, oracle.stats())  # 2 layers x (forward + backward)

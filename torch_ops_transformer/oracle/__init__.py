@@ -1,6 +1,7 @@
 """A differential oracle: every call of a mirrored op on a device (Ascend NPU, or the simulated "npu") is also
 computed by our CPU kernels on CPU copies of its inputs, and the device result is judged under the op's tolerance
-rule (oracle/compare.py) — to find the one op call behind a silent model-accuracy problem (docs/oracle.md).
+rule (oracle/compare.py). PyTorch's SDPA hook on the device (whose kernel is ours) is judged against PyTorch's SDPA
+semantics in plain math — to find the one op call behind a silent model-accuracy problem (docs/oracle.md).
 
     from torch_ops_transformer import oracle
     with oracle.check(mode="raise"):          # or "warn", or "sample" (one call in `every`)
@@ -135,26 +136,91 @@ def _why_not_rerun(func, args, kwargs) -> Optional[str]:
     keep = values.get("keep_prob")
     if isinstance(keep, float) and keep < 1.0 and values.get("seed") is None and values.get("dropout_mask") is None:
         return "dropout drawn from the generator"
+    if isinstance(values.get("dropout_p"), float) and values["dropout_p"] > 0.0:
+        return "dropout drawn from the generator"
     return None
 
 
 @dataclass
 class _Reference:
-    """How to recompute a call on CPU: the same overload (our ops) or the torch_npu shim's function."""
+    """How to recompute a call on CPU: the same overload (our ops), the torch_npu shim's function, or plain PyTorch
+    (the SDPA hook); `outputs`: which of the op's outputs are judged (all by default)."""
 
     run: Callable[..., Any]
+    outputs: Optional[slice] = None
+
+    def pick(self, outs: List[torch.Tensor]) -> List[torch.Tensor]:
+        return outs if self.outputs is None else outs[self.outputs]
+
+
+def _sdpa_probabilities(query, key, attn_bias, is_causal, scale):
+    """softmax(scale * Q Kᵀ + bias) of PyTorch's SDPA semantics in plain PyTorch (math), with its logsumexp; GQA
+    keys repeated over the query heads of their group. (Also used for the backward: inside a dispatch mode the
+    autograd keys are excluded, so the reference computes gradients by the formulas, not by autograd.)"""
+    group = query.shape[-3] // key.shape[-3]
+    k = key.repeat_interleave(group, -3)
+    s = (query @ k.transpose(-1, -2)) * (scale if scale is not None else query.shape[-1] ** -0.5)
+    L, S = s.shape[-2], s.shape[-1]
+    if is_causal:
+        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    if attn_bias is not None and attn_bias.numel():
+        s = s.masked_fill(~attn_bias, float("-inf")) if attn_bias.dtype == torch.bool else s + attn_bias.to(s.dtype)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    p = torch.exp(s - lse).nan_to_num(0.0)  # rows that see no key: 0 (PyTorch's convention too)
+    return p, lse.squeeze(-1), group
+
+
+def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                  scale=None):
+    """The overrideable SDPA hook's out and logsumexp, by PyTorch's SDPA semantics in plain math."""
+    p, lse, group = _sdpa_probabilities(query, key, attn_bias, is_causal, scale)
+    out = p @ value.repeat_interleave(group, -3)
+    lse = lse.reshape(-1, lse.shape[-2], lse.shape[-1])  # [B, H, L] (B = 1 for 3-D inputs), as the hook returns
+    return out.to(query.dtype), lse.float() if query.dtype != torch.float64 else lse
+
+
+def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k,
+                   max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    """dq, dk, dv of the same math: dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(dO ∘ O)), dQ = c dS K, dK = c dSᵀ Q."""
+    p, _, group = _sdpa_probabilities(query, key, attn_bias, is_causal, scale)
+    c = scale if scale is not None else query.shape[-1] ** -0.5
+    v = value.repeat_interleave(group, -3)
+    o = p @ v
+    dv = p.transpose(-1, -2) @ grad_out
+    ds = p * (grad_out @ v.transpose(-1, -2) - (grad_out * o).sum(-1, keepdim=True))
+    dq = c * ds @ key.repeat_interleave(group, -3)
+    dk = c * ds.transpose(-1, -2) @ query
+
+    def per_kv_head(g):  # the query heads of a group share their key/value head
+        shape = g.shape[:-3] + (g.shape[-3] // group, group) + g.shape[-2:]
+        return g.reshape(shape).sum(-3)
+    return dq.to(query.dtype), per_kv_head(dk).to(key.dtype), per_kv_head(dv).to(value.dtype)
+
+
+_SDPA_HOOK_OPS = ("_scaled_dot_product_fused_attention_overrideable.default",
+                  "_scaled_dot_product_fused_attention_overrideable_backward.default")
+_SDPA_HOOK = {"aten::_scaled_dot_product_fused_attention_overrideable": _Reference(_sdpa_forward, slice(0, 2)),
+              "aten::_scaled_dot_product_fused_attention_overrideable_backward": _Reference(_sdpa_backward,
+                                                                                             slice(0, 3))}
 
 
 def _reference_for(func) -> Optional[_Reference]:
-    ns = func.namespace
+    return reference_for_name(_op_name(func), func)
+
+
+def reference_for_name(name: str, func=None) -> Optional[_Reference]:
+    """The CPU reference of an op by its qualified name ("npu_fa::...", "npu::...", or the SDPA hook's aten ops)."""
+    ns, short = name.split("::", 1)
+    if ns == "aten":
+        return _SDPA_HOOK.get(name)
     if ns == OUR_NAMESPACE:
-        return _Reference(lambda *a, **k: func(*a, **k))
+        op = func if func is not None else getattr(torch.ops.npu_fa, short).default
+        return _Reference(lambda *a, **k: op(*a, **k))
     if ns == TORCH_NPU_NAMESPACE:
         from .. import compat
 
-        name = _short(_op_name(func))
-        fn = getattr(compat.module(), name, None)
-        if fn is None or getattr(fn, "__name__", "") == name and "not implemented" in (fn.__doc__ or ""):
+        fn = getattr(compat.module(), short, None)
+        if fn is None or getattr(fn, "__name__", "") == short and "not implemented" in (fn.__doc__ or ""):
             return None
         return _Reference(fn)
     return None
@@ -235,7 +301,7 @@ class _OracleMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         ns = getattr(func, "namespace", "")
-        if ns not in (OUR_NAMESPACE, TORCH_NPU_NAMESPACE):
+        if ns not in (OUR_NAMESPACE, TORCH_NPU_NAMESPACE) and getattr(func, "__name__", "") not in _SDPA_HOOK_OPS:
             return func(*args, **kwargs)
         flat, _ = tree_flatten((args, kwargs))
         name = _op_name(func)
@@ -269,7 +335,7 @@ class _OracleMode(TorchDispatchMode):
         return result
 
     def _check(self, func, reference, args, kwargs, cpu_args, cpu_kwargs, result):
-        devs = [t.detach().cpu() for t in _outputs(result) + _mutated(func, args, kwargs)]
+        devs = [t.detach().cpu() for t in reference.pick(_outputs(result)) + _mutated(func, args, kwargs)]
         saved_inputs = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (cpu_args, cpu_kwargs))
         try:
             cpu_result = reference.run(*cpu_args, **cpu_kwargs)
@@ -277,8 +343,8 @@ class _OracleMode(TorchDispatchMode):
             self._report(func, args, kwargs, saved_inputs, devs,
                          Mismatch(0, f"the CPU kernel raised {type(e).__name__}: {str(e).splitlines()[0]}"))
             return
-        cpus = _outputs(cpu_result) + _mutated(func, cpu_args, cpu_kwargs)
-        refs = float64_reference(reference.run, *saved_inputs, mutated=lambda a, k: _mutated(func, a, k))
+        cpus = reference.pick(_outputs(cpu_result)) + _mutated(func, cpu_args, cpu_kwargs)
+        refs = float64_reference(reference, *saved_inputs, mutated=lambda a, k: _mutated(func, a, k))
         flat, _ = tree_flatten(saved_inputs)
         bad = compare(devs, cpus, refs, least_precise(flat))
         if bad is not None:
@@ -296,14 +362,14 @@ class _OracleMode(TorchDispatchMode):
         log.warning(rep.text())
 
 
-def float64_reference(run, args, kwargs, mutated=None) -> Optional[List[torch.Tensor]]:
-    """The op's outputs (and written arguments) with its floating inputs in float64, or None when the CPU kernel
-    takes no float64 for this call (then the device result is held to the CPU kernel's at the call's dtype)."""
+def float64_reference(reference: "_Reference", args, kwargs, mutated=None) -> Optional[List[torch.Tensor]]:
+    """The op's judged outputs (and written arguments) with its floating inputs in float64, or None when the CPU
+    kernel takes no float64 for this call (then the device result is held to the CPU kernel's at the call's dtype)."""
     flat, _ = tree_flatten((args, kwargs))
     for which in (None, _main_float_dtype(flat)):
         a64, k64 = tree_map(lambda x: _upcast(x, which), (args, kwargs))
         try:
-            out = _outputs(run(*a64, **k64))
+            out = reference.pick(_outputs(reference.run(*a64, **k64)))
         except Exception:
             continue
         return out + (mutated(a64, k64) if mutated else [])
