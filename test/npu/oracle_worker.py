@@ -82,11 +82,10 @@ def case_injected_faults_are_caught():
 
 
 def _run_cases(module_name):
-    """Every case of a worker module, but those that compile (a compiled region does not pass through the oracle's
-    dispatch mode) or read the profiler (the oracle's CPU runs would appear in it)."""
+    """Every case of a worker module, but those that read the profiler (the oracle's CPU runs would appear in it)."""
     module = importlib.import_module(module_name)
     for name in sorted(n for n in dir(module) if n.startswith("case_")):
-        if "compile" not in name and "profiler" not in name:
+        if "profiler" not in name:
             getattr(module, name)()
 
 
@@ -99,6 +98,18 @@ def case_correct_kernels_produce_no_report_over_the_test_grids():
                   "test.npu.moe_worker", "test.npu.rope_worker", "test.npu.grouped_matmul_worker"):
             _run_cases(m)
     assert oracle.stats().checked - before > 200, oracle.stats()
+
+
+def case_compiled_code_runs_and_its_extern_calls_are_checked():
+    """torch.compile(fullgraph=True) traces as if the oracle were off; the compiled artifact's calls of our ops
+    (extern kernels, forward and backward) are checked when it runs."""
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=torch.Generator().manual_seed(i)).to(NPU).requires_grad_()
+               for i in range(3))
+    f = torch.compile(lambda q, k, v: OPS.flash_attention_score(q, k, v, 2, "BNSD", scale=0.25)[0], fullgraph=True)
+    seen = oracle.stats().checked
+    with oracle.check(mode="raise"):
+        f(q, k, v).sum().backward()
+    assert oracle.stats().checked - seen == 2, oracle.stats()
 
 
 def case_attention_forward_and_backward_are_checked():

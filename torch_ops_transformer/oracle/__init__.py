@@ -10,8 +10,9 @@ semantics in plain math — to find the one op call behind a silent model-accura
 or, for a whole program, `TOT_ORACLE=warn python serve.py` (see `from_env`). Checked: the `torch.ops.npu_fa.*` ops
 (whatever reaches them: our Python API, the torch_npu shim, the SDPA and Hugging Face drop-ins, autograd's backward
 ops) and, with a real torch_npu, its `torch.ops.npu.*` ops that this package mirrors (the reference is then the
-shim's function of the same name). The interception is a TorchDispatchMode: eager calls only (a compiled region
-is not checked); every op of the program pays one Python dispatch hop while the oracle is on.
+shim's function of the same name). The interception is a TorchDispatchMode that torch.compile ignores while
+tracing (compiled artifacts' calls of our ops are checked when they run); every op of the program pays one Python
+dispatch hop while the oracle is on.
 
 Not re-run: ops that talk to a process group (their `group*` argument: a second collective would deadlock) and
 dropout drawn from the generator (keep_prob < 1 without an explicit seed). A call that raises on the device is not
@@ -280,6 +281,12 @@ def _main_float_dtype(flat: Sequence[Any]) -> Optional[torch.dtype]:
 
 # ---- the mode ----------------------------------------------------------------------------------------------------
 class _OracleMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile traces as if the oracle were off (no fallback to eager, no graph breaks); the compiled
+        # artifact runs with it on, so its calls of our ops as extern kernels are still checked.
+        return True
+
     def __init__(self, mode: str, every: int, ops: Optional[Sequence[str]], skip: Optional[Sequence[str]],
                  save_dir: Optional[str]):
         super().__init__()
