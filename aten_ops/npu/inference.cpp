@@ -96,15 +96,8 @@ const char* prefill_refusal_before_parsing(const FusedInferAttentionScoreArgs& a
 // query's dtype — what the hardware's antiquant does before its fp16/bf16 matmul — in the op's layout again.
 at::Tensor dequantized(const at::Tensor& x, const attention::AttentionParams& p, const attention::Antiquant& q,
                        const at::Tensor& scale, const at::Tensor& offset, at::ScalarType dtype) {
-  using attention::Layout;
-  const int64_t B = x.size(0), N2 = p.kv_heads;
-  at::Tensor bnsd = x;  // [B, N2, S, D] view
-  if (p.layout == Layout::BSND) bnsd = x.permute({0, 2, 1, 3});
-  else if (p.layout == Layout::BSH) bnsd = x.reshape({B, x.size(1), N2, -1}).permute({0, 2, 1, 3});
-  const at::Tensor y = attention::dequantize_kv(bnsd, q, scale, offset).to(dtype);
-  if (p.layout == Layout::BSND) return y.permute({0, 2, 1, 3});
-  if (p.layout == Layout::BSH) return y.permute({0, 2, 1, 3}).reshape({B, y.size(2), -1});
-  return y;
+  const at::Tensor y = attention::dequantize_kv(npu_host::bnsd_view(x, p.layout, p.kv_heads), q, scale, offset);
+  return npu_host::layout_view(y.to(dtype), p.layout);
 }
 
 // Per-batch lengths shorter than the padded ones: the kernel computes whole sequences, so each sequence gets its

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .compare import Mismatch, compare, least_precise
 
-__all__ = ["check", "from_env", "OracleMismatch", "Report", "Stats", "active", "reports", "stats"]
+__all__ = ["check", "from_env", "OracleMismatch", "Report", "Stats", "reports", "stats"]
 
 log = logging.getLogger("torch_ops_transformer.oracle")
 MODES = ("warn", "raise", "sample")
@@ -88,7 +88,6 @@ class Stats:
 _lock = threading.Lock()
 _stats = Stats()
 _reports: List[Report] = []
-_active: List["_OracleMode"] = []
 
 
 def stats() -> Stats:
@@ -99,10 +98,6 @@ def stats() -> Stats:
 def reports() -> List[Report]:
     """Every mismatch reported since the process started (also in modes warn and sample)."""
     return list(_reports)
-
-
-def active() -> bool:
-    return bool(_active)
 
 
 # ---- which calls -------------------------------------------------------------------------------------------------
@@ -343,7 +338,10 @@ class _OracleMode(TorchDispatchMode):
 
     def _check(self, func, reference, args, kwargs, cpu_args, cpu_kwargs, result):
         devs = [t.detach().cpu() for t in reference.pick(_outputs(result)) + _mutated(func, args, kwargs)]
-        saved_inputs = tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, (cpu_args, cpu_kwargs))
+        # The CPU run writes the arguments an op writes (caches): keep the inputs for the float64 run and the file.
+        writes = bool(_mutated(func, cpu_args, cpu_kwargs))
+        saved_inputs = tree_map(lambda x: x.clone() if writes and isinstance(x, torch.Tensor) else x,
+                                (cpu_args, cpu_kwargs))
         try:
             cpu_result = reference.run(*cpu_args, **cpu_kwargs)
         except Exception as e:  # the device accepted what the CPU kernel rejects
@@ -416,12 +414,10 @@ def check(mode: str = "warn", every: int = 100, ops: Optional[Sequence[str]] = N
     """
     m = _OracleMode(mode, every, ops, skip, save_dir)
     before = Stats(**vars(_stats))
-    _active.append(m)
     try:
         with m:
             yield m
     finally:
-        _active.remove(m)
         if summary:
             now = _stats
             delta = Stats(*(getattr(now, f) - getattr(before, f) for f in vars(now)))
@@ -445,6 +441,5 @@ def from_env(environ=None) -> bool:
     _env_mode = _OracleMode(mode, int(env.get("TOT_ORACLE_EVERY", "100")), split(env.get("TOT_ORACLE_OPS")),
                             split(env.get("TOT_ORACLE_SKIP")), env.get("TOT_ORACLE_SAVE") or None)
     _env_mode.__enter__()
-    _active.append(_env_mode)
     atexit.register(lambda: print(_stats.text(), file=sys.stderr))
     return True

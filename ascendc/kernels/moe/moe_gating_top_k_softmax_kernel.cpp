@@ -133,11 +133,23 @@ class KernelMoeGating {
     LocalTensor<float> sm;
     if (t_.want_softmax) sm = outSm_.AllocTensor<float>();
 
-    if (t_.batched) {
-      ComputeTile(keys, rows, yf, idx, sm);
-      FlagsAndRowIdx(first, rows, fin, idx, rowIdx);
-    }
-    for (uint32_t r = 0; r < (t_.batched ? 0 : rows); ++r) {
+    if (t_.batched) ComputeTile(keys, rows, yf, idx, sm);
+    else ComputeRowByRow(keys, rows, yf, idx, sm);
+    FlagsAndRowIdx(first, rows, fin, idx, rowIdx);
+    if constexpr (!kIsFloat) Cast(y, yf, RoundMode::CAST_RINT, rows * t_.y_row_stride);
+
+    outY_.EnQue(y);
+    outIdx_.EnQue(idx);
+    if (t_.want_row_idx) outRow_.EnQue(rowIdx);
+    if (t_.want_softmax) outSm_.EnQue(sm);
+    if (t_.has_finished) inFin_.FreeTensor(fin);
+    inX_.FreeTensor(x);
+  }
+
+  // Rows of more than 64 experts: level-2 instructions over one row at a time.
+  __aicore__ inline void ComputeRowByRow(const LocalTensor<float>& keys, uint32_t rows, const LocalTensor<float>& yf,
+                                         const LocalTensor<int32_t>& idx, const LocalTensor<float>& sm) {
+    for (uint32_t r = 0; r < rows; ++r) {
       LocalTensor<float> logits = keys[r * t_.x_row_stride];
       LocalTensor<float> yRow = yf[r * t_.y_row_stride];
       LocalTensor<int32_t> idxRow = idx[r * t_.idx_row_stride];
@@ -150,22 +162,7 @@ class KernelMoeGating {
         inv = SoftmaxInPlace(yRow, t_.k);
         Muls(yRow, yRow, inv, int32_t(t_.k));
       }
-      VectorToScalar();
-      const uint32_t row = rowStart_ + first + r;  // global row i
-      if (t_.has_finished && fin.GetValue(r) != 0)
-        for (uint32_t j = 0; j < t_.k; ++j) idxRow.SetValue(j, int32_t(t_.experts));
-      if (t_.want_row_idx)
-        for (uint32_t j = 0; j < t_.k; ++j) rowIdx.SetValue(r * t_.idx_row_stride + j, int32_t(j * t_.rows + row));
-      ScalarToVector();
     }
-    if constexpr (!kIsFloat) Cast(y, yf, RoundMode::CAST_RINT, rows * t_.y_row_stride);
-
-    outY_.EnQue(y);
-    outIdx_.EnQue(idx);
-    if (t_.want_row_idx) outRow_.EnQue(rowIdx);
-    if (t_.want_softmax) outSm_.EnQue(sm);
-    if (t_.has_finished) inFin_.FreeTensor(fin);
-    inX_.FreeTensor(x);
   }
 
   __aicore__ inline void CopyOut(uint32_t first, uint32_t rows) {
@@ -264,7 +261,7 @@ class KernelMoeGating {
     }
   }
 
-  // Finished rows get expert E; row_idx[i, j] = j*N + i (scalar writes, after the tile's vector work).
+  // Finished rows get expert E; row_idx[i, j] = j*N + i (scalar writes, after the tile's vector work; both paths).
   __aicore__ inline void FlagsAndRowIdx(uint32_t first, uint32_t rows, const LocalTensor<uint8_t>& fin,
                                         const LocalTensor<int32_t>& idx, const LocalTensor<int32_t>& rowIdx) {
     if (!t_.has_finished && !t_.want_row_idx) return;

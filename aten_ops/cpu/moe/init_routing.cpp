@@ -88,9 +88,9 @@ V2Plan plan_v2(const char* op, const moe::InitRoutingV2Shape& sh, const at::Tens
   pl.num_counted = sh.num_counted;
   pl.dest.assign(n, -1);
   pl.counts.assign(pl.num_counted, 0);
+  pl.rows_out = sh.rows_out;
+  pl.src.assign(pl.rows_out, -1);
   if (!pl.capacity) {
-    pl.rows_out = sh.rows_out;
-    pl.src.assign(pl.rows_out, -1);
     const int64_t kept = std::min(routed, pl.rows_out);
     for (int64_t p = 0; p < kept; ++p) {
       const int64_t f = s.order[p];
@@ -100,8 +100,6 @@ V2Plan plan_v2(const char* op, const moe::InitRoutingV2Shape& sh, const at::Tens
     }
   } else {
     const int64_t C = expert_capacity;
-    pl.rows_out = sh.rows_out;
-    pl.src.assign(pl.rows_out, -1);
     int64_t p = 0;
     for (int64_t e = 0; e < width; ++e) {
       for (int64_t pos = 0; pos < s.counts[e]; ++pos, ++p) {
