@@ -38,3 +38,34 @@ def test_infinities_nan_integers_and_shapes():
     assert "shape/dtype" in compare_one(0, idx.long(), idx, None).what
     assert "outputs" in compare([idx], [idx, idx], None).what
     assert compare([torch.empty(0)], [torch.empty(0)], None) is None
+
+
+def test_a_float32_reference_for_a_half_call():
+    from torch_ops_transformer.oracle.compare import Evidence
+
+    ref32 = torch.linspace(-2, 2, 64)
+    cpu = ref32.to(torch.bfloat16)
+    assert compare([cpu.clone()], [cpu], [Evidence(ref=ref32, ref_kind="the CPU kernel in float32")]) is None
+    off = cpu.clone()
+    off[3] = off[3] * 1.2
+    bad = compare([off], [cpu], [Evidence(ref=ref32, ref_kind="the CPU kernel in float32")])
+    assert bad is not None and "float32" in bad.what and bad.where == (3,)
+
+
+def test_the_rounding_noise_rule_scales_with_the_noise():
+    cpu = torch.randn(100)
+    dev = cpu + 3e-4
+    # A long reduction whose perturbed runs move by 1e-4: 3e-4 is inside 4x the noise; with no noise it is not.
+    assert compare_one(0, dev, cpu, None, noise=1e-4) is None
+    bad = compare_one(0, dev, cpu, None, noise=1e-6)
+    assert bad is not None and "perturbed-input noise" in bad.what
+
+
+def test_an_fp32_statistic_of_half_inputs_is_held_to_fp32():
+    """The float64 reference saw the same rounded inputs: a 1% error in an fp32 output is caught even when the
+    call's inputs were bf16 (the bound is not widened to bf16's ulp)."""
+    ref = torch.linspace(1, 12, 32, dtype=torch.float64)
+    cpu = ref.float()
+    dev = cpu.clone()
+    dev[-1] *= 1.005
+    assert compare_one(0, dev, cpu, ref, precision=torch.bfloat16) is not None

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .compare import Mismatch, compare, least_precise
+from .evidence import cpu_chain, gather
 
 __all__ = ["check", "from_env", "OracleMismatch", "Report", "Stats", "reports", "stats"]
 
@@ -63,7 +64,7 @@ class Report:
         if m.allowed or m.error:
             lines.append(f"  max error {m.error:.6g} > allowed {m.allowed:.6g}")
         if m.where is not None:
-            lines.append(f"  worst element {list(m.where)}: device {m.device!r}, cpu {m.cpu!r}, float64 {m.ref64!r}")
+            lines.append(f"  worst element {list(m.where)}: device {m.device!r}, cpu {m.cpu!r}, reference {m.ref64!r}")
         lines.append(f"  arguments: {self.arguments}")
         if self.saved:
             lines.append(f"  inputs saved: {self.saved}  (python -m torch_ops_transformer oracle replay {self.saved})")
@@ -244,14 +245,6 @@ def _to_cpu(x: Any) -> Any:
     return x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else x
 
 
-def _upcast(x: Any, which: Optional[torch.dtype]) -> Any:
-    """float64 copies of the floating tensors (all of them, or only those of dtype `which`); copies of the others
-    (the run may write its arguments)."""
-    if isinstance(x, torch.Tensor):
-        return x.double() if x.is_floating_point() and (which is None or x.dtype == which) else x.clone()
-    return x
-
-
 def _outputs(result: Any) -> List[torch.Tensor]:
     flat, _ = tree_flatten(result)
     return [t for t in flat if isinstance(t, torch.Tensor)]
@@ -265,13 +258,6 @@ def _mutated(func, args, kwargs) -> List[torch.Tensor]:
         if a.alias_info is not None and a.alias_info.is_write and isinstance(values.get(a.name), torch.Tensor):
             out.append(values[a.name])
     return out
-
-
-def _main_float_dtype(flat: Sequence[Any]) -> Optional[torch.dtype]:
-    for t in flat:
-        if isinstance(t, torch.Tensor) and t.is_floating_point():
-            return t.dtype
-    return None
 
 
 # ---- the mode ----------------------------------------------------------------------------------------------------
@@ -338,20 +324,22 @@ class _OracleMode(TorchDispatchMode):
 
     def _check(self, func, reference, args, kwargs, cpu_args, cpu_kwargs, result):
         devs = [t.detach().cpu() for t in reference.pick(_outputs(result)) + _mutated(func, args, kwargs)]
-        # The CPU run writes the arguments an op writes (caches): keep the inputs for the float64 run and the file.
+        # The CPU run writes the arguments an op writes (caches): keep the inputs for the other runs and the file.
         writes = bool(_mutated(func, cpu_args, cpu_kwargs))
         saved_inputs = tree_map(lambda x: x.clone() if writes and isinstance(x, torch.Tensor) else x,
                                 (cpu_args, cpu_kwargs))
+        run = judged_run(reference, func)
         try:
-            cpu_result = reference.run(*cpu_args, **cpu_kwargs)
+            cpus = run(*cpu_args, **cpu_kwargs)
         except Exception as e:  # the device accepted what the CPU kernel rejects
             self._report(func, args, kwargs, saved_inputs, devs,
                          Mismatch(0, f"the CPU kernel raised {type(e).__name__}: {str(e).splitlines()[0]}"))
             return
-        cpus = reference.pick(_outputs(cpu_result)) + _mutated(func, cpu_args, cpu_kwargs)
-        refs = float64_reference(reference, *saved_inputs, mutated=lambda a, k: _mutated(func, a, k))
+        names = (lambda a, k: _schema_args(func, a, k))
+        cpus = cpu_chain(_op_name(func), saved_inputs, names) or cpus
+        evidence = gather(_op_name(func), run, saved_inputs, cpus, names)
         flat, _ = tree_flatten(saved_inputs)
-        bad = compare(devs, cpus, refs, least_precise(flat))
+        bad = compare(devs, cpus, evidence, least_precise(flat))
         if bad is not None:
             self._report(func, args, kwargs, saved_inputs, devs, bad)
 
@@ -367,18 +355,12 @@ class _OracleMode(TorchDispatchMode):
         log.warning(rep.text())
 
 
-def float64_reference(reference: "_Reference", args, kwargs, mutated=None) -> Optional[List[torch.Tensor]]:
-    """The op's judged outputs (and written arguments) with its floating inputs in float64, or None when the CPU
-    kernel takes no float64 for this call (then the device result is held to the CPU kernel's at the call's dtype)."""
-    flat, _ = tree_flatten((args, kwargs))
-    for which in (None, _main_float_dtype(flat)):
-        a64, k64 = tree_map(lambda x: _upcast(x, which), (args, kwargs))
-        try:
-            out = reference.pick(_outputs(reference.run(*a64, **k64)))
-        except Exception:
-            continue
-        return out + (mutated(a64, k64) if mutated else [])
-    return None
+def judged_run(reference: "_Reference", func=None) -> Callable[..., List[torch.Tensor]]:
+    """A CPU run of the reference returning the judged outputs, then the arguments the op writes (with `func`)."""
+    def run(*args, **kwargs):
+        outs = reference.pick(_outputs(reference.run(*args, **kwargs)))
+        return outs + (_mutated(func, args, kwargs) if func is not None else [])
+    return run
 
 
 def _normalise(op: str) -> str:
