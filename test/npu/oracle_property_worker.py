@@ -387,6 +387,37 @@ def case_moe():
     _moe_property()
 
 
+def case_every_op_sample_calls():
+    """Every op with tensors, through its opcheck cases (the family case builders), on the device under raise: no
+    report. Most ops without an Ascend C kernel run their CPU kernel on the device, so this checks the rules' ladder
+    (chains, float64 / float32 runs, perturbations) on every op's outputs and written arguments. The MC2 cases (a
+    process group) are left out: collectives are never re-run."""
+    from test.ops.test_opcheck import CASE_MODULES
+    from test.mc2 import mc2_cases
+
+    checked = 0
+    for module in CASE_MODULES:
+        if module is mc2_cases:
+            continue
+        for op, cases in sorted(module.OPCHECK_CASES.items()):
+            for name, build in sorted(cases.items()):
+                args, kwargs = build()
+                func = getattr(OPS, op).default
+                before = oracle.stats().checked
+                try:
+                    with oracle.check(mode="raise"):
+                        func(*_to(args, NPU), **_to(kwargs, NPU))
+                except oracle.OracleMismatch as e:
+                    RATES.false_alarms.append(f"{op} opcheck case {name}\n{e.report.text()}")
+                    continue
+                except (ValueError, TypeError, RuntimeError, NotImplementedError):
+                    continue  # a host-only argument on the device, etc.: the device raised, nothing to judge
+                checked += oracle.stats().checked - before
+                RATES.draws += 1
+                RATES.count("every op (opcheck cases)", "draws")
+    assert checked >= 60, checked
+
+
 def case_zz_rates():
     """The rates over every draw above (cases run in name order): zero false alarms, zero misses."""
     summary = dict(draws=RATES.draws, false_alarms=len(RATES.false_alarms), faults_effective=RATES.faults_effective,

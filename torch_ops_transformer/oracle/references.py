@@ -9,7 +9,7 @@ the device forward's rounding. These functions recompute what the op means from 
 
 (the saved softmax_max / softmax_sum / attention_in of the call are not read). Each returns a list aligned with the
 op's outputs, None where it has no float64 value (seeds, the unused softmax_out), or None altogether when the call
-uses something these chains do not model (dropout, sinks, ALiBi, sparse modes 5-8, a softmax_layout): the oracle then
+uses something these chains do not model (dropout, sinks, ALiBi, sparse modes 5-8): the oracle then
 falls back to its next rule (docs/oracle.md). Semantics follow CANN's FlashAttentionScore documentation and this
 package's op docs (native_functions.yaml): True in atten_mask hides a key; sparse_mode 0 is the band
 i - pre_tokens <= j <= i + next_tokens plus the mask, 1 the mask alone, 2 causal from the top left, 3 causal from the
@@ -85,12 +85,15 @@ class _Sequences:
             return out
         return _dense_from_bnsd(torch.stack(per_seq), self.layout).reshape(like_shape)
 
-    def stats(self, per_seq: List[Tensor], n: int) -> Tensor:
-        """Per-sequence [N, Sq] row statistics as the op's [B, N, Sq, 8] (dense) or [T, N, 8] (TND)."""
+    def stats(self, per_seq: List[Tensor], n: int, tnd_order: bool = False) -> Tensor:
+        """Per-sequence [N, Sq] row statistics as the op's [B, N, Sq, 8] (dense) or [T, N, 8] (TND: rows in NTD order
+        inside that shape, as torch_npu, or in TND order with `tnd_order`)."""
         if self.layout == "TND":
             out = torch.zeros(self.total, n, dtype=F64)
             for (a, b), t in zip(self.q_spans, per_seq):
                 out[a:b] = t.transpose(0, 1)
+            if not tnd_order:
+                out = out.transpose(0, 1).reshape(self.total, n)
             return out.unsqueeze(-1).expand(-1, -1, 8)
         return torch.stack(per_seq).unsqueeze(-1).expand(-1, -1, -1, 8)
 
@@ -160,7 +163,7 @@ def _sequence_part(t: Optional[Tensor], b: int, sq: int, skv: int, tnd: bool) ->
 def _fa_applies(a: Dict[str, Any]) -> bool:
     """The calls whose semantics the chain models."""
     pse = a.get("pse")
-    if a.get("keep_prob", 1.0) < 1.0 or a.get("sink") is not None or a.get("softmax_layout", ""):
+    if a.get("keep_prob", 1.0) < 1.0 or a.get("sink") is not None or a.get("softmax_layout", "") not in ("", "TND"):
         return False
     if a.get("sparse_mode", 0) not in (0, 1, 2, 3, 4) or a.get("pse_type", 1) not in (0, 1):
         return False
@@ -207,7 +210,9 @@ def flash_attention_score(a: Dict[str, Any]) -> Optional[List[Optional[Tensor]]]
     out = seqs.merge([f.out for f in fwds], out_shape) if fwds else torch.zeros(out_shape, dtype=F64)
     if not fwds:
         return [out, None, None, None, None, None]
-    return [out, seqs.stats([f.max for f in fwds], n1), seqs.stats([f.sum for f in fwds], n1), None, None, None]
+    tnd_order = a.get("softmax_layout", "") == "TND"
+    return [out, seqs.stats([f.max for f in fwds], n1, tnd_order), seqs.stats([f.sum for f in fwds], n1, tnd_order),
+            None, None, None]
 
 
 def flash_attention_score_grad(a: Dict[str, Any]) -> Optional[List[Optional[Tensor]]]:
