@@ -16,6 +16,7 @@ with `torch_npu_api`) therefore raise `ArgumentError`, a ValueError that is also
 for either convention catches it.
 """
 import functools
+import operator
 from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
@@ -87,14 +88,34 @@ def int_scalar_tensor(op: str, name: str, value: Union[int, Tensor, None], devic
 
 
 def window(op: str, name: str, value) -> Tuple[int, int]:
-    """A (left, right) window of FlashAttention-2: two ints, each >= -1 (-1 = unbounded)."""
-    try:
-        left, right = value
-    except (TypeError, ValueError):
-        raise ValueError(f"{op}: argument '{name}' must be a pair (left, right); got {value!r}") from None
-    if left < -1 or right < -1:
-        raise ValueError(f"{op}: argument '{name}' entries must be >= -1 (-1 = unbounded); got {value!r}")
-    return left, right
+    """A (left, right) window of FlashAttention-2 as two Python ints, each >= -1 (-1 = unbounded).
+
+    FlashAttention-2 takes the pair in any form that unpacks to two integers; its own tests pass a 2-element tensor
+    (`torch.randint(0, seqlen, (2,))`), so a tuple, a list and a 1-D integer tensor of 2 elements are all accepted
+    (entries may be ints, numpy integers or 0-d integer tensors; bools and floats are not)."""
+    expected = (f"{op}: argument '{name}' must be a pair (left, right) of ints >= -1 (-1 = unbounded): a tuple, a "
+                f"list or a 2-element integer tensor; got {value!r}")
+    if isinstance(value, Tensor):
+        if value.dtype == torch.bool or value.dtype.is_floating_point or value.dtype.is_complex:
+            raise TypeError(f"{expected} of dtype {value.dtype}")
+        if value.dim() != 1 or value.numel() != 2:
+            raise ValueError(f"{expected} of shape {list(value.shape)}")
+        entries = value.tolist()
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        entries = list(value)
+    else:
+        raise ValueError(expected)
+    pair = []
+    for entry in entries:
+        if isinstance(entry, bool) or (isinstance(entry, Tensor) and entry.dtype == torch.bool):
+            raise TypeError(expected)
+        try:
+            pair.append(operator.index(entry))  # int, numpy integer, 0-d integer tensor; not a float
+        except TypeError:
+            raise TypeError(expected) from None
+    if pair[0] < -1 or pair[1] < -1:
+        raise ValueError(expected)
+    return pair[0], pair[1]
 
 
 def _given(value, empty_is_none: bool) -> bool:

@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from . import _args
 from .attention import flash_attn_func, flash_attn_varlen_func
 
 _OPS = torch.ops.npu_fa
@@ -34,7 +35,7 @@ def flash_attn_qkvpacked_func(qkv: Tensor, dropout_p: float = 0.0, softmax_scale
                               alibi_slopes: Optional[Tensor] = None, deterministic: bool = False,
                               return_attn_probs: bool = False):
     """FlashAttention-2's flash_attn_qkvpacked_func: qkv [B, S, 3, N, D] -> out [B, S, N, D]
-    (with return_attn_probs: (out, softmax_lse [B, N, S] fp32, None))."""
+    (with return_attn_probs: (out, softmax_lse [B, N, S] fp32, S_dmask), S_dmask None without dropout)."""
     op = "flash_attn_qkvpacked_func"
     q, k, v = _packed(op, "qkv", qkv, 2, 3, "B,S,3,N,D")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size,
@@ -202,10 +203,7 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
                              f"place); got strides {t.stride()}")
     if not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"{op}: argument 'num_splits' must be an int >= 0 (0 = heuristic); got {num_splits!r}")
-    left, right = window_size if isinstance(window_size, (tuple, list)) and len(window_size) == 2 else (None, None)
-    if not all(isinstance(w, int) and w >= -1 for w in (left, right)):
-        raise ValueError(f"{op}: argument 'window_size' must be a pair (left, right) of ints >= -1 (-1 = "
-                         f"unbounded); got {window_size!r}")
+    left, right = _args.window(op, "window_size", window_size)
     if paged:
         _check_block_table(op, block_table, b)
         if cache_batch_idx is not None:
@@ -242,6 +240,13 @@ def flash_attn_with_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Opti
             if t.dtype != q.dtype:
                 raise TypeError(f"{op}: argument '{name}' must have the dtype of 'q' ({q.dtype}); got {t.dtype}")
     for i, (s, lp) in enumerate(zip(seqlens, leftpad)):
+        if paged and s >= 0 and s + new > capacity:
+            # FlashAttention-2 blames the block table here (a RuntimeError naming it): its columns are what bound a
+            # paged sequence, the pool of blocks may be far larger.
+            raise _args.ArgumentError(
+                f"{op}: argument 'block_table' must have enough columns for cache_seqlens[b] + the {new} new tokens: "
+                f"its {block_table.shape[1]} blocks per sequence of page_block_size {block_size} hold {capacity} "
+                f"tokens; got cache_seqlens {s} (+ {new} new = {s + new}) for sequence {i}")
         if s < 0 or s + new > capacity:
             raise ValueError(f"{op}: argument 'cache_seqlens' must be in [0, {capacity - new}] (cache length "
                              f"{capacity} minus the {new} new tokens); got {s} for sequence {i}")

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ import torch_ops_transformer as tot
 from test.attention.fa2_reference import attend, rotary
 from test.common.reference import DTYPES, check_tolerance
 from torch_ops_transformer import fa2
+from torch_ops_transformer._args import ArgumentError
 
 CAP = 40  # logical cache length per sequence (contiguous); paged caches round it up to whole blocks
 
@@ -292,8 +294,11 @@ BAD = {
     "block_table_batch": (_paged(block_table=torch.tensor([[0, 1]], dtype=torch.int32)), ValueError,
                           r"argument 'block_table' must have shape \[batch, max_blocks_per_seq\] with batch = 2; "
                           r"got \[1, 2\]"),
-    "paged_seqlens_past_blocks": (_paged(cache_seqlens=torch.tensor([3, 32], dtype=torch.int32)), ValueError,
-                                  r"argument 'cache_seqlens' must be in \[0, 31\] .* got 32"),
+    # past the paged cache: FlashAttention-2 raises a RuntimeError naming block_table (ArgumentError is both)
+    "paged_seqlens_past_blocks": (_paged(cache_seqlens=torch.tensor([3, 32], dtype=torch.int32)), ArgumentError,
+                                  r"argument 'block_table' must have enough columns .* its 2 blocks per sequence of "
+                                  r"page_block_size 16 hold 32 tokens; got cache_seqlens 32 \(\+ 1 new = 33\) for "
+                                  r"sequence 1"),
     "block_table_entry_range": (_paged(block_table=torch.tensor([[0, 1], [2, 6]], dtype=torch.int32),
                                        cache_seqlens=torch.tensor([3, 20], dtype=torch.int32)), ValueError,
                                 r"argument 'block_table' entries of the blocks in use must be in \[0, 6\) .* got 6 for "
@@ -322,6 +327,14 @@ BAD = {
                          r"argument 'rotary_sin' must have shape .* = \[16, 4\]; got \[16, 2\]"),
     "window_size": (_base(window_size=(-2, 0)), ValueError,
                     r"argument 'window_size' must be a pair \(left, right\) of ints >= -1 .* got \(-2, 0\)"),
+    "window_size_3_entries": (_base(window_size=torch.tensor([4, 0, 1])), ValueError,
+                              r"argument 'window_size' must be a pair .* 2-element integer tensor; got tensor\(\[4, 0, "
+                              r"1\]\) of shape \[3\]"),
+    "window_size_float_tensor": (_base(window_size=torch.tensor([4.0, 0.0])), TypeError,
+                                 r"argument 'window_size' must be a pair .* of dtype torch.float32"),
+    "window_size_floats": (_base(window_size=(4.5, 0)), TypeError,
+                           r"argument 'window_size' must be a pair \(left, right\) of ints .* got \(4.5, 0\)"),
+    "window_size_not_a_pair": (_base(window_size=4), ValueError, r"argument 'window_size' must be a pair .* got 4$"),
     "num_splits": (_base(num_splits=-1), ValueError, r"argument 'num_splits' must be an int >= 0 .* got -1"),
 }
 
@@ -370,3 +383,60 @@ def test_under_torch_compile():
     want = step(q, k2, v2)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert torch.equal(k_cache, k2) and torch.equal(v_cache, v2)
+
+
+# ---- FlashAttention-2's forms of its arguments ----
+
+@pytest.mark.parametrize("form", ["list", "tensor", "int32_tensor", "numpy", "0d_tensors"])
+@pytest.mark.parametrize("kind", ["contiguous", "paged16"])
+def test_window_size_any_pair_form(form, kind):
+    """FlashAttention-2 takes window_size as any pair (its kvcache test passes torch.randint(0, seqlen_k, (2,))):
+    a list, a 2-element tensor, numpy or 0-d tensor entries give exactly the tuple's result and cache writes."""
+    sc = SCENARIOS["window_local_rope"]
+    q, k_cache, v_cache, args, _ = _setup(sc, kind, torch.float32)
+    left, right = sc.window
+    forms = {"list": [left, right], "tensor": torch.tensor([left, right]),
+             "int32_tensor": torch.tensor([left, right], dtype=torch.int32),
+             "numpy": (np.int64(left), np.int32(right)), "0d_tensors": (torch.tensor(left), torch.tensor(right))}
+    kc, vc = k_cache.clone(), v_cache.clone()
+    want = tot.flash_attn_with_kvcache(q, kc, vc, **args)
+    args["window_size"] = forms[form]
+    got = tot.flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(k_cache, kc) and torch.equal(v_cache, vc)
+
+
+def test_window_size_tensor_past_the_cache_is_unbounded():
+    """A window side at least the cache length is unbounded (FlashAttention-2), also when given as a tensor."""
+    sc = SCENARIOS["window_past_cache_rope"]
+    q, k_cache, v_cache, args, seqlist = _setup(sc, "contiguous", torch.float32)
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    args["window_size"] = torch.tensor(sc.window)
+    out, lse = tot.flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+    ref, ref_lse, _ = _reference(q, k0, v0, args, seqlist, sc, torch.float64)
+    same, same_lse, _ = _reference(q, k0, v0, args, seqlist, sc, torch.float32)
+    check_tolerance("out", out, ref, same)
+    check_tolerance("lse", lse, ref_lse, same_lse)
+
+
+@pytest.mark.parametrize("append", [False, True])
+def test_paged_cache_seqlens_past_block_table(append):
+    """FlashAttention-2's guard for its paged cache: cache_seqlens (+ the new keys) beyond block_table's columns *
+    page_block_size raise a RuntimeError naming block_table, even when the pool has free blocks; exactly at capacity
+    is fine."""
+    gen = torch.Generator().manual_seed(0)
+    block = 256
+    k_cache, v_cache = (torch.randn(4, block, 1, 64, generator=gen, dtype=torch.float16) for _ in range(2))
+    block_table = torch.zeros(1, 1, dtype=torch.int32)
+    q = torch.randn(1, 1, 1, 64, generator=gen, dtype=torch.float16)
+    new = dict(k=torch.randn(1, 1, 1, 64, dtype=torch.float16), v=torch.randn(1, 1, 1, 64, dtype=torch.float16))
+    extra = new if append else {}
+    seqlens = torch.tensor([block if append else block + 1], dtype=torch.int32)
+    k0 = k_cache.clone()
+    with pytest.raises(RuntimeError, match="block_table") as info:
+        tot.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=block_table, **extra)
+    assert isinstance(info.value, ValueError) and f"hold {block} tokens" in str(info.value)
+    assert torch.equal(k_cache, k0), "a rejected call must not touch the cache"
+    out = tot.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([block], dtype=torch.int32),
+                                      block_table=block_table)
+    assert out.shape == (1, 1, 1, 64) and not out.isnan().any()

@@ -317,3 +317,34 @@ def test_compile_fullgraph_varlen_kvpacked():
     torch.testing.assert_close(loss, loss_e)
     for a, b in zip(grads, grads_e):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("form", ["list", "tensor", "int32_tensor", "0d_tensors"])
+def test_window_size_any_pair_form(form):
+    """window_size as any pair FlashAttention-2 takes (its tests pass a 2-element tensor): the tuple's result, for the
+    dense, varlen and packed functions alike."""
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 9, 3, 2, 16, generator=gen)
+    q, k, v = qkv.unbind(2)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    forms = {"list": [3, 1], "tensor": torch.tensor([3, 1]), "int32_tensor": torch.tensor([3, 1], dtype=torch.int32),
+             "0d_tensors": (torch.tensor(3), torch.tensor(1))}
+    calls = {
+        "flash_attn_func": lambda w: tot.flash_attn_func(q, k, v, window_size=w),
+        "flash_attn_varlen_func": lambda w: tot.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 5, 5, window_size=w),
+        "flash_attn_qkvpacked_func": lambda w: tot.flash_attn_qkvpacked_func(qkv, window_size=w),
+        "flash_attn_varlen_kvpacked_func": lambda w: tot.flash_attn_varlen_kvpacked_func(
+            q[0], qkv[0, :, 1:], cu, cu, 5, 5, window_size=w),
+    }
+    for name, call in calls.items():
+        assert torch.equal(call(forms[form]), call((3, 1))), name
+    ref, _ = _dense_ref(q.double(), k.double(), v.double(), 16 ** -0.5, False, (3, 1))
+    torch.testing.assert_close(calls["flash_attn_func"](forms[form]).double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad,exc", [(torch.tensor([3, 1, 0]), ValueError), (torch.tensor([3.0, 1.0]), TypeError),
+                                     ((3, True), TypeError), (3, ValueError)])
+def test_window_size_bad_forms(bad, exc):
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(exc, match=r"flash_attn_func: argument 'window_size' must be a pair \(left, right\) of ints"):
+        tot.flash_attn_func(q, q, q, window_size=bad)
