@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from . import _args
+from . import _args, fa2_dmask
 from .layout import attention_dims
 
 _OPS = torch.ops.npu_fa
@@ -459,8 +459,10 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     j <= i + Skv - Sq), as in FlashAttention-2 — unlike SDPA's top-left `is_causal`. `softcap` > 0 caps the scaled
     scores to softcap * tanh(score / softcap) before the ALiBi bias and the mask. `alibi_slopes` (fp32 [N1] or
     [B, N1]) adds -slope * |i + Skv - Sq - j| (no gradient for the slopes, as in FlashAttention-2). Backward is
-    always deterministic. With `return_attn_probs` returns (out, softmax_lse [B,N1,Sq] fp32, None); rows that see
-    no key have lse = +inf.
+    always deterministic. With `return_attn_probs` returns (out, softmax_lse [B,N1,Sq] fp32, S_dmask); rows that see
+    no key have lse = +inf. S_dmask is None without dropout; with dropout it is FlashAttention-2's dropout pattern
+    [B, N1, round128(Sq), round128(Skv)] (sign = kept / dropped, magnitude = un-normalised probability; see
+    fa2_dmask) of the mask this call applied.
     """
     op = "flash_attn_func"
     _check_fa2_args(op, dropout_p, softcap)
@@ -469,19 +471,23 @@ def flash_attn_func(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0, sof
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     keep = 1.0 - dropout_p
     seed, offset = _draw_seed(keep, q.device)
-    out, smax, ssum, _, _, _ = _OPS.flash_attention_score(
+    out, smax, ssum, _, seed, offset = _OPS.flash_attention_score(
         q, k, v, q.shape[2], "BSND", pse=pse, scale=scale, keep_prob=keep, pre_tokens=pre, next_tokens=nxt,
         sparse_mode=mode, pse_type=pse_type, seed=seed, offset=offset, softcap=float(softcap),
         alibi_bottom_right=True)
     if not return_attn_probs:
         return out
+    # FlashAttention-2 returns the dropout pattern only with dropout (None without), from the seed/offset used.
+    s_dmask = None if keep >= 1.0 else fa2_dmask.dense(
+        q, k, scale=scale, softcap=float(softcap), pse=pse, pre=pre, nxt=nxt, keep_prob=keep, seed=seed,
+        offset=offset, causal=causal)
     lse = _lse(smax, ssum)
     if pse is not None and _fa2_causal(mode, pre, nxt, k.shape[1]):
         # FlashAttention-2's causal kernels add slope * j instead of -slope * |i + Skv - Sq - j| (the softmax cancels
         # the row constant slope * (i + Skv - Sq)); its softmax_lse carries that constant, so add it.
         row = torch.arange(q.shape[1], device=lse.device, dtype=lse.dtype) + (k.shape[1] - q.shape[1])
         lse = lse + pse.unsqueeze(-1) * row
-    return out, lse, None
+    return out, lse, s_dmask
 
 
 def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
@@ -495,8 +501,9 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     `cu_seqlens_*` are int32/int64 tensors [batch+1] starting at 0 (FlashAttention convention; CANN's TND
     wants them without the leading 0). `max_seqlen_*` are accepted for compatibility (lengths come from
     cu_seqlens). `softcap` and `alibi_slopes` ([N1] or [batch, N1] fp32; distance i + Skv_b - Sq_b - j within each
-    sequence) as in flash_attn_func. With `return_attn_probs` returns (out, softmax_lse [N1,T] fp32, None); rows
-    that see no key have lse = +inf. With `block_table` (int32 [batch, max_blocks]) k/v are a paged cache
+    sequence) as in flash_attn_func. With `return_attn_probs` returns (out, softmax_lse [N1,T] fp32, S_dmask); rows
+    that see no key have lse = +inf; S_dmask as in flash_attn_func, [batch, N1, round128(max_seqlen_q),
+    round128(max_seqlen_k)] with each sequence from row / column 0. With `block_table` (int32 [batch, max_blocks]) k/v are a paged cache
     [num_blocks, page_block_size, N2, D] and cu_seqlens_k gives each sequence's KV length.
     """
     op = "flash_attn_varlen_func"
@@ -531,13 +538,16 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
             if ends[-1] != packed.shape[0]:
                 raise ValueError(f"{op}: argument '{name}' must end at the {packed.shape[0]} tokens of the packed "
                                  f"tensor; got {ends[-1]}")
-    out, smax, ssum, _, _, _ = _OPS.flash_attention_score(
+    out, smax, ssum, _, seed, offset = _OPS.flash_attention_score(
         q, k, v, q.shape[1], "TND", pse=pse, actual_seq_qlen=cu_seqlens_q[1:].to(torch.int64),
         actual_seq_kvlen=cu_seqlens_k[1:].to(torch.int64), scale=scale, keep_prob=keep, pre_tokens=pre,
         next_tokens=nxt, sparse_mode=mode, pse_type=pse_type, seed=seed, offset=offset, softcap=float(softcap),
         alibi_bottom_right=True)
     if not return_attn_probs:
         return out
+    s_dmask = None if keep >= 1.0 else fa2_dmask.varlen(
+        q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale=scale, softcap=float(softcap), pse=pse,
+        pre=pre, nxt=nxt, keep_prob=keep, seed=seed, offset=offset, causal=causal)
     # The default softmax_layout keeps the [T, N1, 8] statistics in NTD order: viewed as [N1, T, 8] they give
     # FlashAttention's softmax_lse [N1, T] contiguous.
     n1, t = q.shape[1], q.shape[0]
@@ -549,7 +559,7 @@ def flash_attn_varlen_func(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
         shift = (cu_k[1:] - cu_k[:-1] - cu_q[1:] + cu_q[:-1])[seq]
         slopes = pse if pse.dim() == 1 else pse[seq].transpose(0, 1)  # [N1] or [N1, T]
         lse = lse + (slopes if pse.dim() == 2 else slopes.unsqueeze(-1)) * (row + shift).to(lse.dtype)
-    return out, lse, None
+    return out, lse, s_dmask
 
 
 class FlashAttention(nn.Module):

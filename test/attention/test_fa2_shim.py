@@ -20,6 +20,9 @@ USES_FA2 = textwrap.dedent("""
     from flash_attn.bert_padding import index_first_axis, pad_input, unpad_input
     import torch_ops_transformer as tot
     assert f2 is flash_attn_func is tot.flash_attn_func and kv2 is flash_attn_with_kvcache
+    from flash_attn.flash_attn_interface import _get_block_size_n, USE_TRITON_ROCM
+    from torch_ops_transformer import fa2_dmask
+    assert _get_block_size_n is fa2_dmask.get_block_size_n and USE_TRITON_ROCM is False
     q = torch.randn(1, 4, 2, 8)
     out = flash_attn_qkvpacked_func(torch.stack([q, q, q], dim=2), causal=True)
     assert out.shape == (1, 4, 2, 8)

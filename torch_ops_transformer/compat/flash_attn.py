@@ -49,6 +49,12 @@ def _fill(mod: types.ModuleType, interface: types.ModuleType) -> types.ModuleTyp
         for name in FUNCTIONS:
             setattr(m, name, getattr(tot, name))
         setattr(m, SHIM_MARK, True)
+    # The interface's helpers code around the functions imports: the key-block width that S_dmask's running maxima
+    # use (return_attn_probs with dropout), and the flag of FlashAttention-2's ROCm Triton backend (not in use).
+    from torch_ops_transformer import fa2_dmask
+
+    interface._get_block_size_n = fa2_dmask.get_block_size_n
+    interface.USE_TRITON_ROCM = False
     mod.__version__ = f"{API_VERSION}+torch_ops_transformer.{tot.__version__}"
     mod.__doc__ = interface.__doc__ = __doc__
     mod.flash_attn_interface = interface
