@@ -48,10 +48,10 @@ def _round(n: int) -> int:
 
 def _running_max(s: Tensor, block: int) -> Tensor:
     """Per score of s [N, Sq, Sk]: the maximum of its row over its key block and all later blocks (-inf -> 0)."""
-    block_max = torch.stack([part.amax(-1) for part in s.split(block, dim=-1)], dim=-1)
+    parts = s.split(block, dim=-1)
+    block_max = torch.stack([part.amax(-1) for part in parts], dim=-1)
     after = block_max.flip(-1).cummax(-1).values.flip(-1)
-    widths = torch.tensor([part.shape[-1] for part in s.split(block, dim=-1)])
-    m = after.repeat_interleave(widths, dim=-1)
+    m = after.repeat_interleave(torch.tensor([part.shape[-1] for part in parts]), dim=-1)
     return m.masked_fill(torch.isneginf(m), 0.0)
 
 
@@ -99,7 +99,7 @@ def dense(q: Tensor, k: Tensor, *, scale: float, softcap: float, pse: Optional[T
     keep = _keep_mask(seed, offset, b * n * sq * sk, keep_prob).view(b, n, sq, sk)
     out = torch.zeros(b, n, _round(sq), _round(sk), dtype=q.dtype)
     qc, kc = q.detach().cpu(), k.detach().cpu()
-    for i in range(b):
+    for i in range(b if sq and sk else 0):
         out[i, :, :sq, :sk] = _encode(qc[i], kc[i], keep[i], scale, softcap, _slopes_of(pse, i), pre, nxt, block)
     return out.to(q.device)
 

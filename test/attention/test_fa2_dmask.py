@@ -196,3 +196,10 @@ def test_it_does_not_change_the_output_or_the_gradient():
     plain = tot.flash_attn_func(q, k, v, P, causal=True)
     assert torch.equal(out, plain) and not s_dmask.requires_grad
     assert torch.equal(torch.autograd.grad(out.sum(), q)[0], torch.autograd.grad(plain.sum(), q)[0])
+
+
+@pytest.mark.parametrize("sq,sk", [(0, 5), (3, 0)])
+def test_zero_sizes(sq, sk):
+    q, k = torch.randn(2, sq, 2, 16), torch.randn(2, sk, 2, 16)
+    _, _, s_dmask = tot.flash_attn_func(q, k, k, P, return_attn_probs=True)
+    assert s_dmask.shape == (2, 2, math.ceil(sq / 128) * 128, math.ceil(sk / 128) * 128) and not s_dmask.any()
