@@ -5,7 +5,7 @@
 // device only (docs/ascendc_attention.md lists them).
 #include <ATen/ATen.h>
 
-#include <cstdlib>
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -17,6 +17,7 @@
 #include "npu/bnsd_layout.h"
 #include "npu/flash_forward.h"
 #include "npu/host_alias.h"
+#include "npu/injected_fault.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
 #include "attention/flash_attention_score_kernel.h"
@@ -55,33 +56,26 @@ tot_ascendc::FaDtype kernel_dtype(at::ScalarType t) {
   return tot_ascendc::FA_FLOAT32;
 }
 
-// The explicit mask as contiguous uint8 [B or 1, N or 1, S1, S2] (the parser accepted its shape).
+// The explicit mask as contiguous uint8 [B or 1, N or 1, S1, S2] (the parser accepted its shape): a 2-D [S1, S2]
+// mask is shared by every batch and head, and a 3-D one — only the prefill ops take it — is [B or 1, S1, S2],
+// shared by the heads (the kernel would otherwise read its S1 axis as heads, past the end of the buffer).
 at::Tensor kernel_mask(const at::Tensor& m, tot_ascendc::FlashAttentionTilingInput& in) {
   at::Tensor u8 = m.scalar_type() == at::kBool ? m.to(at::kByte) : m;
   if (u8.dim() == 2) u8 = u8.unsqueeze(0).unsqueeze(0);
+  if (u8.dim() == 3) u8 = u8.unsqueeze(1);
   in.mask_kind = tot_ascendc::FA_MASK_EXPLICIT;
   in.mask_per_batch = u8.size(0) != 1;
   in.mask_per_head = u8.size(1) != 1;
   return u8.contiguous();
 }
 
-// TOT_NPU_SIM_FAULT (simulated device only, for testing the differential oracle): a deliberately broken
-// variant of the FlashAttention kernel's arguments — "scale" (5% too large), "window" (one more key visible above
-// the band: an off-by-one window) or "mask_tail" (the explicit mask ignored from key 512, or the second half of
-// shorter key sequences, on). Never compiled into CANN builds.
-std::string injected_fault() {
-#ifdef TOT_WITH_CANN
-  return "";
-#else
-  const char* env = std::getenv("TOT_NPU_SIM_FAULT");
-  return env ? std::string(env) : "";
-#endif
-}
-
+// TOT_NPU_SIM_FAULT (npu/injected_fault.h, simulated device only, for testing the differential oracle): the forward
+// kernel's faults — "scale" (5% too large), "window" (one more key visible above the band: an off-by-one window) or
+// "mask_tail" (the explicit mask ignored from key 512, or the second half of shorter key sequences, on).
 void inject_fault(tot_ascendc::FlashAttentionTilingInput& in, at::Tensor& mask) {
-  const std::string fault = injected_fault();
+  const std::string fault = npu_host::injected_fault();
   if (fault == "scale") in.scale *= 1.05f;
-  if (fault == "window") in.band_hi = in.band_hi >= (int64_t(1) << 40) ? in.band_hi : in.band_hi + 1;
+  if (fault == "window") in.band_hi = npu_host::widened_band_hi(in.band_hi);
   if (fault == "mask_tail" && mask.defined()) {
     const int64_t from = std::min<int64_t>(512, (mask.size(-1) + 1) / 2);
     mask = mask.clone();

@@ -13,6 +13,7 @@
 #include "npu/ascendc_launch.h"
 #include "npu/bnsd_layout.h"
 #include "npu/host_alias.h"
+#include "npu/injected_fault.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
 #include "attention/flash_attention_score_grad_kernel.h"
@@ -35,6 +36,14 @@ tot_ascendc::FagDtype kernel_dtype(at::ScalarType t) {
 bool kernel_supports(const AttentionParams& p, const at::Tensor& query, const at::Tensor& key) {
   return !p.pse.has_value() && !p.has_logit_transform() && !p.has_dropout() && p.sink == nullptr && p.layout != Layout::TND &&
          query.numel() > 0 && key.numel() > 0;
+}
+
+// TOT_NPU_SIM_FAULT (npu/injected_fault.h, simulated device only, for testing the differential oracle): the
+// backward kernel's faults — "bwd_scale" (5% too large) or "bwd_window" (one more key visible above the band).
+void inject_fault(tot_ascendc::FlashAttentionScoreGradShape& shape) {
+  const std::string fault = npu_host::injected_fault();
+  if (fault == "bwd_scale") shape.scale *= 1.05f;
+  if (fault == "bwd_window") shape.band_hi = npu_host::widened_band_hi(shape.band_hi);
 }
 
 }  // namespace
@@ -82,6 +91,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_att
     shape.mask_batches = m.size(0);
     shape.mask_heads = m.size(1);
   }
+  inject_fault(shape);
   tot_ascendc::FlashAttentionScoreGradTiling tiling;
   const std::string err = tot_ascendc::FlashAttentionScoreGradTilingFunc(shape, tot_ascendc::Ascend910B(), tiling);
   TORCH_CHECK_VALUE(err.empty(), err);  // names the op and the impossible input

@@ -22,6 +22,7 @@
 #include "npu/bnsd_layout.h"
 #include "npu/flash_forward.h"
 #include "npu/host_alias.h"
+#include "npu/injected_fault.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
 #include "inference/incre_flash_attention_kernel.h"
@@ -51,6 +52,11 @@ void cache_strides(const at::Tensor& k, bool paged, const std::string& layout, i
   }
 }
 
+// TOT_NPU_SIM_FAULT (npu/injected_fault.h, simulated device only, for testing the differential oracle): the decode
+// kernel's faults — "decode_scale" (5% too large) or "decode_tail" (the last key of every sequence ignored: its
+// kv length one short).
+bool fault_is(const char* name) { return npu_host::injected_fault() == name; }
+
 // Why the Ascend C kernel cannot run this call ("" when it can), filling its tiling otherwise.
 std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, const std::string& layout,
                         bool has_mask, bool has_pse, at::ScalarType dtype,
@@ -72,7 +78,7 @@ std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, 
   s.max_blocks = uint32_t(p.max_blocks);
   s.seq_capacity = p.paged ? 0 : uint32_t(k.dim() == 3 || layout == "BSND" ? k.size(1) : k.size(2));
   s.kv_elems = uint64_t(k.numel());
-  s.scale = p.scale;
+  s.scale = fault_is("decode_scale") ? p.scale * 1.05f : p.scale;
   cache_strides(k, p.paged, layout, p.head_dim, s);
   return tot_ascendc::IncreFlashAttentionTilingFn(s, tot_ascendc::Ascend910B(), tiling);
 }
@@ -315,9 +321,10 @@ at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args) {
   // Per sequence: first cache position and length (kv_padding_size and actual_seq_lengths resolved on the host).
   at::Tensor seq_host = at::empty({p.batch, 2}, at::TensorOptions().dtype(at::kInt));
   int32_t* seq = seq_host.data_ptr<int32_t>();
+  const int64_t short_by = fault_is("decode_tail") ? 1 : 0;
   for (int64_t b = 0; b < p.batch; ++b) {
     seq[2 * b] = int32_t(p.kv_start[b]);
-    seq[2 * b + 1] = int32_t(p.kv_len[b]);
+    seq[2 * b + 1] = int32_t(std::max<int64_t>(p.kv_len[b] - short_by, 0));
   }
   const at::Tensor seq_info = seq_host.to(args.query.device());
   const at::Tensor q = args.query.contiguous();  // [B, N1, D] in memory for every layout (Sq = 1)

@@ -148,6 +148,63 @@ def case_band_mode4_and_mode0_tokens():
                   mask="SS", q_heads=2, kv_heads=1, head_dim=16), blocks=(8, 64))
 
 
+def _with_mask(args, kind, seed=0):
+    """args with an atten_mask of the named shape (the op takes [Sq,Skv], [B or 1, N or 1, Sq, Skv]; "BSS" is a 3-D
+    mask it rejects), row 1 fully masked."""
+    q, n = args["query"], args["head_num"]
+    b, sq, skv = q.shape[0], q.shape[2], args["key"].shape[2]  # BNSD
+    shape = {"SS": (sq, skv), "11SS": (1, 1, sq, skv), "B1SS": (b, 1, sq, skv), "BNSS": (b, n, sq, skv),
+             "1NSS": (1, n, sq, skv), "BSS": (b, sq, skv)}[kind]
+    m = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < 0.3
+    m[..., 1, :] = True
+    return {**args, "atten_mask": m}
+
+
+def case_every_mask_shape_runs_the_kernel():
+    """Every mask shape the op accepts (and the compressed 2048x2048 mask of modes 2-4) on the kernel, fallbacks
+    refused: forward against float64 and the CPU op, gradients through autograd against float64; a 3-D mask is an
+    error naming atten_mask, the same on both devices."""
+    from test.npu.runner import assert_same_error, no_fallback
+
+    base = make_inputs(Case(dtype="fp32", layout="BNSD", batch=2, q_heads=4, kv_heads=2, q_len=13, kv_len=21,
+                            head_dim=16))
+    with no_fallback(True):
+        for i, kind in enumerate(("SS", "11SS", "B1SS", "BNSS", "1NSS")):
+            for mode, pre, nxt in ((0, 6, 2), (1, 2147483647, 2147483647)):
+                args = {**_with_mask(base, kind, seed=i), "sparse_mode": mode, "pre_tokens": pre, "next_tokens": nxt}
+                npu = [t.cpu() for t in OPS.flash_attention_score(**_on_npu(args))]
+                cpu = OPS.flash_attention_score(**args)
+                _check_out(f"mask {kind} mode {mode}", args, cpu[0], npu[0])
+                _check_stats(f"mask {kind} mode {mode}", cpu, npu)
+            _check_mask_grads(kind, _with_mask(base, kind, seed=i))
+        for mode in (2, 3, 4):
+            args = {**base, "sparse_mode": mode, "pre_tokens": 5, "next_tokens": 1,
+                    "atten_mask": torch.ones(2048, 2048, dtype=torch.bool).triu(1)}
+            npu = [t.cpu() for t in OPS.flash_attention_score(**_on_npu(args))]
+            cpu = OPS.flash_attention_score(**args)
+            _check_out(f"compressed mode {mode}", args, cpu[0], npu[0])
+        bad = _with_mask(base, "BSS")
+        assert_same_error(lambda d: OPS.flash_attention_score(**{k: (v.to(d) if isinstance(v, torch.Tensor) else v)
+                                                                 for k, v in bad.items()}), "3-D mask")
+
+
+def _check_mask_grads(kind, args):
+    """dq/dk/dv on npu (forward and backward kernels) within the tolerance rule of float64, as the CPU op's."""
+    dy = dy_like(OPS.flash_attention_score(**args)[0])
+    grads = {}
+    for device in ("cpu", "npu"):
+        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+        leaves = [kw[n].detach().requires_grad_(True) for n in ("query", "key", "value")]
+        kw.update(query=leaves[0], key=leaves[1], value=leaves[2])
+        out = OPS.flash_attention_score(**kw)[0]
+        grads[device] = [g.cpu() for g in torch.autograd.grad(out, leaves, dy.to(device))]
+    _, _, ref = reference_with_grads({n: args[n] for n in ("query", "key", "value")}, dy, torch.float64,
+                                     **reference_kwargs(args, None))
+    for i, name in enumerate(("query", "key", "value")):
+        err, base = max_abs_err(grads["npu"][i], ref[name]), max_abs_err(grads["cpu"][i], ref[name])
+        assert err <= 2 * base + 1e-5, f"mask {kind} d{name}: npu {err:.3e} vs cpu {base:.3e}"
+
+
 # ---- fallback (CPU kernel on CPU aliases of the npu tensors): pse, dropout, TND ----
 
 def _check_fallback_equal(case):

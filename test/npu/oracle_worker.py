@@ -1,9 +1,10 @@
 """The differential oracle (torch_ops_transformer.oracle) on the simulated npu device. Run by test_oracle.py through
 runner_worker.py (the device is already enabled here).
 
-Fault injection (TOT_NPU_SIM_FAULT, read by the npu glue of the FlashAttention kernel on the simulated device only):
-a wrong scale, an off-by-one window and a mask ignored past key 512 must each be caught and reported with the op,
-its arguments and the worst element; correct kernels over the npu test grids of prefill, decode, the attention
+Fault injection (TOT_NPU_SIM_FAULT, read by the npu glue of the attention kernels on the simulated device only): in
+the FlashAttention forward a wrong scale, an off-by-one window and a mask ignored past key 512, in its backward a
+wrong scale and an off-by-one window, in the decode kernel a wrong scale and the last key of each sequence ignored,
+must each be caught and reported with the op, its arguments and the worst element; correct kernels over the npu test grids of prefill, decode, the attention
 backward, the SDPA route, RoPE and the MoE ops must produce no report; the modes, lists, saving and replay, the torch_npu route (an `npu::` op of
 torch_npu's schema, mapped to the shim's function) and the calls that are not re-run behave as documented.
 """
@@ -16,6 +17,7 @@ import sys
 import torch
 
 from torch_ops_transformer import oracle
+from test.inference.prefill_cases import to_layout
 from test.npu.runner import env_var, no_fallback
 
 OPS = torch.ops.npu_fa
@@ -23,7 +25,7 @@ NPU = "npu"
 
 
 def fault(name):
-    """TOT_NPU_SIM_FAULT: a broken variant of the FlashAttention kernel's arguments (simulated device only)."""
+    """TOT_NPU_SIM_FAULT: a broken variant of an attention kernel's arguments (simulated device only)."""
     return env_var("TOT_NPU_SIM_FAULT", name)
 
 
@@ -78,6 +80,65 @@ def case_injected_faults_are_caught():
         with oracle.check(mode="raise"):
             _fia(NPU, inputs, mask, kw)
             call()
+        assert len(oracle.reports()) == before
+
+
+def _causal_backward(mode):
+    """An fp32 flash_attention_score forward + backward on npu with a causal band (sparse mode 2 or 3, the
+    compressed mask), through autograd."""
+    g = torch.Generator().manual_seed(mode)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g).to(NPU).requires_grad_() for _ in range(3))
+    causal = torch.ones(2048, 2048, dtype=torch.bool).triu(1).to(NPU)
+    out = OPS.flash_attention_score(q, k, v, 2, "BNSD", scale=0.25, sparse_mode=mode, atten_mask=causal)[0]
+    out.square().sum().backward()
+
+
+def _decode_calls():
+    """One-token calls that reach the Ascend C decode kernel — incre_flash_attention on a contiguous and on a
+    paged cache, fused_infer_attention_score (Sq = 1) on a paged cache — as (name, call) pairs (fp32, sequences of
+    different lengths)."""
+    from test.inference import test_fia_paged as P
+    from test.inference.decode_cases import Case, build
+
+    def incre(case):
+        args = [a.to(NPU) if isinstance(a, torch.Tensor) else a for a in build(case, 0).args]
+        return lambda: OPS.incre_flash_attention(*args)
+
+    contiguous = Case(layout="BSH", batch=2, q_heads=4, kv_heads=2, head_dim=16, kv_len=40, lens=(37, 9),
+                      dtype="fp32")
+    paged = Case(layout="BSND", batch=2, q_heads=4, kv_heads=2, head_dim=16, kv_len=48, block=16, lens=(20, 41),
+                 dtype="fp32")
+    q, k, v = P._inputs(1)
+    caches = [P._paged(t, "BSH", P.TABLE).to(NPU) for t in (k, v)]
+    qn = to_layout(q, "BSH").to(NPU)
+    fia = (lambda: OPS.fused_infer_attention_score(qn, caches[0], caches[1], num_heads=P.N1,
+                                                   num_key_value_heads=P.N2, scale=P.SCALE, input_layout="BSH",
+                                                   block_table=P.TABLE.to(NPU), block_size=P.BS,
+                                                   actual_seq_lengths_kv=torch.tensor([20, 37]).to(NPU)))
+    return [("incre contiguous", incre(contiguous)), ("incre paged", incre(paged)), ("fia paged Sq=1", fia)]
+
+
+def case_backward_and_decode_faults_are_caught():
+    """The faults of the FlashAttention backward kernel (bwd_scale, bwd_window: caught in the gradient op, not in the
+    forward) and of the decode kernel (decode_scale, decode_tail: in incre_flash_attention and the paged one-token
+    fused call) are each caught; the same calls without a fault give no report."""
+    with no_fallback(True):
+        for name, mode in (("bwd_scale", 2), ("bwd_window", 3)):
+            with fault(name):
+                rep = _expect_caught(name, lambda: _causal_backward(mode))
+            assert rep.op == "npu_fa::flash_attention_score_grad", (name, rep.text())
+        for name in ("decode_scale", "decode_tail"):
+            for what, call in _decode_calls():
+                with fault(name):
+                    rep = _expect_caught(f"{name} {what}", call)
+                op = "npu_fa::fused_infer_attention_score" if what.startswith("fia") else "npu_fa::incre_flash_attention"
+                assert rep.op == op, (name, what, rep.text())
+        before = len(oracle.reports())
+        with oracle.check(mode="raise"):
+            for mode in (2, 3):
+                _causal_backward(mode)
+            for _, call in _decode_calls():
+                call()
         assert len(oracle.reports()) == before
 
 

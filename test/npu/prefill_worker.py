@@ -4,13 +4,14 @@ and the CPU backend. Run by test_prefill.py through runner_worker.py (the device
 
 The grid runs with CPU fallbacks refused, so it proves the kernel ran: layouts BSH / BSND / BNSD / BNSD_BSND, GQA,
 fp32 / fp16 / bf16, sparse modes 0-4 with and without masks, query and key lengths that are not multiples of the
-tiles; per-batch lengths (one launch per sequence), also on paged caches. Calls the kernel does not take (TND,
-pse_shift, int8 caches) run the CPU kernel and give its result.
+tiles; per-batch lengths (one launch per sequence), also on paged caches; every shape of atten_mask the ops take
+(2-D, 3-D [B or 1, Sq, Skv], 4-D with or without batch and head axes; the compressed 2048x2048 mask of modes 2-4).
+Calls the kernel does not take (TND, pse_shift, int8 caches) run the CPU kernel and give its result.
 """
 import torch
 
 from test.common.reference import check_tolerance
-from test.inference.prefill_cases import MAX, make_inputs, reference, to_layout
+from test.inference.prefill_cases import MAX, TOL, make_inputs, reference, to_layout
 from test.npu.runner import assert_same_error, no_fallback
 
 OPS = torch.ops.npu_fa
@@ -134,6 +135,99 @@ def case_per_batch_lengths_launch_once_per_sequence():
         _check_lengths("BSH", torch.float32, 0, [2, 9], [11, 3], True, fused=True)
 
 
+# ---- every atten_mask shape of modes 0 / 1 ------------------------------------------------------------------------
+# (The 2048x2048 compressed mask of modes 2-4 is in case_sparse_modes_and_masks and the per-batch / paged cases.)
+MASK_SHAPES = {  # name -> shape for (B, N1, Sq, Skv)
+    "SS": lambda b, n, sq, skv: (sq, skv),
+    "BSS": lambda b, n, sq, skv: (b, sq, skv),
+    "1SS": lambda b, n, sq, skv: (1, sq, skv),
+    "B1SS": lambda b, n, sq, skv: (b, 1, sq, skv),
+    "BNSS": lambda b, n, sq, skv: (b, n, sq, skv),
+    "11SS": lambda b, n, sq, skv: (1, 1, sq, skv),
+    "1NSS": lambda b, n, sq, skv: (1, n, sq, skv),
+}
+
+
+def _shaped_mask(kind, b, n, sq, skv, seed=0):
+    """A random bool mask (True = masked out) of the named shape, its row 1 fully masked (zeros, never NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.rand(MASK_SHAPES[kind](b, n, sq, skv), generator=g) < 0.3
+    m[..., 1, :] = True
+    return m
+
+
+def _as_4d(mask):
+    """The same mask as [B or 1, N or 1, Sq, Skv] (how the ops read a 2-D / 3-D one)."""
+    return mask[None, None] if mask.dim() == 2 else mask[:, None] if mask.dim() == 3 else mask
+
+
+def _check_mask_call(what, call, ref_kw, bnsd, lens, layout, dtype, mask):
+    """call(device, mask) on npu (fallbacks refused) against float64, the CPU op and the same call with the mask as
+    an equivalent 4-D tensor (the kernel must read both alike)."""
+    with no_fallback(True):
+        out = call(NPU, mask)
+        out4 = call(NPU, _as_4d(mask))
+    assert out.device.type == NPU and out.dtype == dtype, what
+    ref64, _ = reference(bnsd, lens, layout, SCALE, mask=mask, **ref_kw)
+    same, _ = reference(bnsd, lens, layout, SCALE, mask=mask, dtype=dtype, **ref_kw)
+    check_tolerance(what, out.cpu(), ref64, same)
+    cpu = call("cpu", mask)
+    torch.testing.assert_close(out.cpu(), cpu, rtol=TOL[dtype], atol=TOL[dtype], msg=what)
+    assert torch.equal(out.cpu(), out4.cpu()), f"{what}: differs from its 4-D form"
+
+
+def _check_mask_shape(fused, kind, layout, dtype, mode, pre=MAX, nxt=0, q_lens=None, kv_lens=None):
+    B, N1, Sq, Skv = 2, 4, 19, 37
+    args, bnsd, lens = make_inputs(layout, B=B, N1=N1, N2=2, Sq=Sq, Skv=Skv, D=16, dtype=dtype, q_lens=q_lens,
+                                   kv_lens=kv_lens, seed=len(kind))
+    kw = dict(num_heads=N1, num_key_value_heads=2, input_layout=layout, sparse_mode=mode, pre_tokens=pre,
+              next_tokens=nxt)
+
+    def call(device, mask):
+        if fused:
+            return OPS.fused_infer_attention_score(**_on(args, device), **kw, atten_mask=mask.to(device),
+                                                   scale=SCALE)[0]
+        return OPS.prompt_flash_attention(**_on(args, device), **kw, atten_mask=mask.to(device), scale_value=SCALE)
+
+    what = f"{'fia' if fused else 'pfa'} mask {kind} {layout} {dtype} mode {mode} pre {pre} next {nxt} lens {lens}"
+    mask = _shaped_mask(kind, B, N1, Sq, Skv, seed=mode)
+    _check_mask_call(what, call, dict(pre=pre, nxt=nxt, mode=mode), bnsd, lens, layout, dtype, mask)
+
+
+def case_every_mask_shape_runs_the_kernel():
+    """2-D, 3-D and 4-D masks, with and without batch / head axes, in modes 0 (with a band) and 1: the kernel reads
+    each as the CPU op does (a 3-D [B, Sq, Skv] mask is per batch, shared by the heads)."""
+    for i, kind in enumerate(MASK_SHAPES):
+        layout = ("BNSD", "BSND", "BSH", "BNSD_BSND")[i % 4]
+        dtype = (torch.float32, torch.float16, torch.bfloat16)[i % 3]
+        _check_mask_shape(False, kind, layout, dtype, 0, pre=9, nxt=4)
+        _check_mask_shape(True, kind, layout, torch.float32, 1)
+
+
+def case_every_mask_shape_with_per_batch_lengths():
+    """Sequences shorter than the padded tensors (one launch per sequence): each launch gets its sequence's slice of
+    the mask, whatever its shape."""
+    for i, kind in enumerate(MASK_SHAPES):
+        _check_mask_shape(i % 2 == 0, kind, ("BSND", "BNSD")[i % 2], torch.float32, i % 2, q_lens=[19, 7],
+                          kv_lens=[30, 37])
+
+
+def case_torch_npu_fia_causal_3d_mask_example():
+    """torch_npu's documented FIA prefill example with a (1, Q_S, KV_S) bool mask built by tril, computed literally
+    with CANN's polarity (True = masked out, so the last row sees no key and is zero)."""
+    q = torch.randn(1, 2, 16, 64, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    mask = torch.tril(torch.ones(16, 16, dtype=torch.bool))[None]
+    lens = ([16], [16])
+    with no_fallback(True):
+        out, _ = OPS.fused_infer_attention_score(q.to(NPU), q.to(NPU), q.to(NPU), atten_mask=mask.to(NPU),
+                                                 num_heads=2, input_layout="BNSD", scale=0.125)
+    ref64, _ = reference((q, q, q), lens, "BNSD", 0.125, mask=mask, pre=MAX, nxt=MAX)
+    same, _ = reference((q, q, q), lens, "BNSD", 0.125, mask=mask, pre=MAX, nxt=MAX, dtype=torch.float16)
+    check_tolerance("torch_npu FIA example 3", out.cpu(), ref64, same)
+    cpu, _ = OPS.fused_infer_attention_score(q, q, q, atten_mask=mask, num_heads=2, input_layout="BNSD", scale=0.125)
+    torch.testing.assert_close(out.cpu(), cpu, rtol=TOL[torch.float16], atol=TOL[torch.float16])
+
+
 def case_what_the_kernel_does_not_take_runs_the_cpu_kernel():
     """TND: the CPU kernel's result (and a refusal naming the reason when CPU fallbacks are refused)."""
     targs, _, _ = make_inputs("TND", B=2, N1=2, N2=2, Sq=5, Skv=6, D=16, q_lens=[5, 2], kv_lens=[6, 3])
@@ -176,7 +270,9 @@ def _paged_call(layout, sq, kv_lens, dtype=torch.float32, overrides=None, **kw):
     args = dict(block_table=P.TABLE, block_size=P.BS, actual_seq_lengths_kv=torch.tensor(kv_lens), **kw)
     args.update(overrides or {})
 
-    def call(device):
+    def call(device, atten_mask=None):
+        if atten_mask is not None:
+            args["atten_mask"] = atten_mask
         on = {k_: (v_.to(device) if isinstance(v_, torch.Tensor) else v_) for k_, v_ in args.items()}
         return OPS.fused_infer_attention_score(to_layout(q, layout).to(device), caches[0].to(device),
                                                caches[1].to(device), num_heads=P.N1, num_key_value_heads=P.N2,
@@ -202,6 +298,26 @@ def case_paged_prefill_gathers_blocks_onto_the_kernel():
             _check_paged_prefill(layout, sq, lens, mode)
     for layout, sq, lens, mode in (("BSND", 12, [20, 37], 3), ("BNSD", 9, [40, 9], 0), ("BSH", 16, [16, 48], 2)):
         _check_paged_prefill(layout, sq, lens, mode)
+
+
+def _check_paged_mask(kind, layout, mode, lens, seed=0):
+    """A paged prefill call (Sq = 7) with a mask of the named shape, its last dim covering the longest sequence
+    (indexed by key position), fallbacks refused."""
+    from test.inference import test_fia_paged as P
+
+    sq = 7
+    mask = _shaped_mask(kind, P.B, P.N1, sq, P.S, seed=seed)
+    call = _paged_call(layout, sq, lens, sparse_mode=mode, pre_tokens=MAX, next_tokens=MAX)
+    what = f"paged mask {kind} {layout} mode {mode} lens {lens}"
+    _check_mask_call(what, lambda device, m: call(device, m)[0], dict(mode=mode, pre=MAX, nxt=MAX), P._inputs(sq),
+                     ([sq] * P.B, lens), layout, torch.float32, mask)
+
+
+def case_paged_prefill_every_mask_shape():
+    """A paged prefill call with a mask of every shape: the gathered keys and the sliced mask run on the kernel,
+    once (equal lengths) or per sequence."""
+    for i, kind in enumerate(MASK_SHAPES):
+        _check_paged_mask(kind, ("BSH", "BSND", "BNSD")[i % 3], i % 2, [37, 37] if i % 2 else [20, 37], seed=i)
 
 
 def case_paged_decode_runs_the_decode_kernel():
