@@ -381,3 +381,26 @@ def test_bad_attention_update_shapes():
         OPS.attention_update(torch.randn(2, 3), torch.randn(2, 4, 8))
     with pytest.raises(TypeError, match="lse"):
         OPS.attention_update(torch.randn(2, 3).half(), torch.randn(2, 3, 8))
+
+
+@pytest.mark.parametrize("op", ["prompt_flash_attention", "fused_infer_attention_score", "flash_attention_score"])
+def test_compressed_mask_in_torch_npus_three_shapes(op):
+    """Modes 2-4: the compressed causal mask as [2048,2048], [1,2048,2048] or [1,1,2048,2048] (torch_npu's
+    documented shapes) at the op level, with identical results; another leading size or other content is refused."""
+    q = torch.randn(1, 2, 16, 8, generator=torch.Generator().manual_seed(0))
+    causal = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+
+    def call(mask):
+        if op == "flash_attention_score":
+            return OPS.flash_attention_score(q, q, q, 2, "BNSD", atten_mask=mask, sparse_mode=3, scale=0.3)[0]
+        if op == "prompt_flash_attention":
+            return OPS.prompt_flash_attention(q, q, q, atten_mask=mask, num_heads=2, input_layout="BNSD",
+                                              sparse_mode=3, scale_value=0.3)
+        return OPS.fused_infer_attention_score(q, q, q, atten_mask=mask, num_heads=2, input_layout="BNSD",
+                                               sparse_mode=3, scale=0.3)[0]
+    base = call(causal)
+    for mask in (causal[None], causal[None, None]):
+        assert torch.equal(call(mask), base)
+    for bad in (causal[None].expand(2, 2048, 2048), (~causal)[None, None]):
+        with pytest.raises(ValueError, match="atten_mask"):
+            call(bad)

@@ -139,16 +139,20 @@ MaskView mask_view(const char* op, const at::Tensor& m, const AttentionParams& p
 }
 
 // Modes 2-4 build their pattern internally; CANN passes a compressed 2048x2048 upper-triangular mask (1 above the
-// diagonal). Accept exactly that, so a real mask is never silently ignored.
+// diagonal), which torch_npu's inference docs also show as [1,2048,2048] or [1,1,2048,2048]. Accept exactly that
+// content, so a real mask is never silently ignored.
 void check_compressed_mask(const char* op, const at::Tensor& m, int64_t mode) {
-  const bool shape_ok = m.dim() == 2 && m.size(0) == 2048 && m.size(1) == 2048;
+  bool leading_ones = m.dim() >= 2 && m.dim() <= 4;
+  for (int64_t d = 0; leading_ones && d + 2 < m.dim(); ++d) leading_ones = m.size(d) == 1;
+  const bool shape_ok = leading_ones && m.size(-2) == 2048 && m.size(-1) == 2048;
   bool content_ok = false;
   if (shape_ok) {
     const at::Tensor expect = at::ones({2048, 2048}, m.options().dtype(at::kBool)).triu(1);
-    content_ok = at::equal(m.to(at::kBool), expect);
+    content_ok = at::equal(m.reshape({2048, 2048}).to(at::kBool), expect);
   }
   TORCH_CHECK_VALUE(shape_ok && content_ok, op, ": sparse_mode ", mode, " generates its mask internally; argument "
-                    "'atten_mask' must be None or the compressed 2048x2048 mask with 1 strictly above the diagonal "
+                    "'atten_mask' must be None or the compressed 2048x2048 mask ([2048,2048], [1,2048,2048] or [1,1,2048,2048]) "
+                    "with 1 strictly above the diagonal "
                     "(CANN convention); got ", shape_ok ? "a 2048x2048 mask with other content" : "shape " + shape_str(m.sizes()),
                     ". Use sparse_mode 0 or 1 for an arbitrary mask");
 }
