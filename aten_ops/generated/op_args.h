@@ -721,11 +721,12 @@ struct MoeInitRoutingV2GradArgs {
   const at::Tensor& x;
   const at::Tensor& expert_idx;
   int64_t row_idx_type;
+  at::IntArrayRef active_expert_range;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const MoeInitRoutingV2GradArgs& a, F&& f) {
-  return f(a.grad_expanded_x, a.expanded_row_idx, a.x, a.expert_idx, a.row_idx_type);
+  return f(a.grad_expanded_x, a.expanded_row_idx, a.x, a.expert_idx, a.row_idx_type, a.active_expert_range);
 }
 
 // moe_compute_expert_tokens

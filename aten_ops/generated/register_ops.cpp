@@ -717,13 +717,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_n
   return npu_fa::moe_init_routing_v2_npu(npu_fa::MoeInitRoutingV2Args{x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type});
 }
 
-at::Tensor moe_init_routing_v2_grad_cpu_unboxed(const at::Tensor& grad_expanded_x, const at::Tensor& expanded_row_idx, const at::Tensor& x, const at::Tensor& expert_idx, int64_t row_idx_type) {
+at::Tensor moe_init_routing_v2_grad_cpu_unboxed(const at::Tensor& grad_expanded_x, const at::Tensor& expanded_row_idx, const at::Tensor& x, const at::Tensor& expert_idx, int64_t row_idx_type, at::IntArrayRef active_expert_range) {
   npu_fa::DeviceRule rule("moe_init_routing_v2_grad");
   rule.device_tensor("grad_expanded_x", grad_expanded_x);
   rule.device_tensor("expanded_row_idx", expanded_row_idx);
   rule.device_tensor("x", x);
   rule.device_tensor("expert_idx", expert_idx);
-  return npu_fa::moe_init_routing_v2_grad_cpu(npu_fa::MoeInitRoutingV2GradArgs{grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type});
+  return npu_fa::moe_init_routing_v2_grad_cpu(npu_fa::MoeInitRoutingV2GradArgs{grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type, active_expert_range});
 }
 
 at::Tensor moe_compute_expert_tokens_cpu_unboxed(const at::Tensor& sorted_expert_for_source_row, int64_t num_expert) {
@@ -913,7 +913,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("moe_gating_top_k_grad(Tensor x_norm, Tensor grad_y, Tensor expert_idx, int renorm=0, int norm_type=0, float routed_scaling_factor=1.0, float eps=1e-20, Tensor? x=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_init_routing(Tensor x, Tensor row_idx, Tensor expert_idx, int active_num) -> (Tensor expanded_x, Tensor expanded_row_idx, Tensor expanded_expert_idx)", {at::Tag::pt2_compliant_tag});
   m.def("moe_init_routing_v2(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=-1, int[] active_expert_range=[], int row_idx_type=0) -> (Tensor expanded_x, Tensor expanded_row_idx, Tensor expert_tokens_count_or_cumsum, Tensor expanded_scale)", {at::Tag::pt2_compliant_tag});
-  m.def("moe_init_routing_v2_grad(Tensor grad_expanded_x, Tensor expanded_row_idx, Tensor x, Tensor expert_idx, int row_idx_type=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("moe_init_routing_v2_grad(Tensor grad_expanded_x, Tensor expanded_row_idx, Tensor x, Tensor expert_idx, int row_idx_type=0, int[] active_expert_range=[]) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_compute_expert_tokens(Tensor sorted_expert_for_source_row, int num_expert) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_finalize_routing(Tensor expanded_permuted_rows, Tensor? skip1, Tensor? skip2, Tensor? bias, Tensor? scales, Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int drop_pad_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_finalize_routing_grad(Tensor grad_out, Tensor expanded_permuted_rows, Tensor? skip1, Tensor? bias, Tensor? scales, Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int drop_pad_mode=0) -> (Tensor grad_expanded_permuted_rows, Tensor grad_skip, Tensor grad_scales, Tensor grad_bias)", {at::Tag::pt2_compliant_tag});

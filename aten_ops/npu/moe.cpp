@@ -160,7 +160,10 @@ at::Tensor moe_finalize_routing_npu(const MoeFinalizeRoutingArgs& args) {
   const c10::Device device = rows.device();
   const at::ScalarType dt = rows.scalar_type();
   const at::Tensor rc = rows.contiguous();
-  const at::Tensor dst = args.expanded_src_to_dst_row.to(device, at::kInt).contiguous();
+  // Positions past the rows (dropless modes) contribute nothing, as -1 does: the kernel reads them as -1.
+  at::Tensor dst = args.expanded_src_to_dst_row.to(device, at::kInt);
+  if (fz.past_rows) dst = dst.masked_fill(dst >= fz.R, -1);
+  dst = dst.contiguous();
   const auto skip1 = contiguous_on(args.skip1, device, dt), skip2 = contiguous_on(args.skip2, device, dt);
   const auto bias = contiguous_on(args.bias, device, dt);
   const auto scales = contiguous_on(args.scales, device, at::kFloat);

@@ -30,9 +30,43 @@ namespace {
 
 using Outputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// The experts as the kernel reads them (int32) and the buckets it sorts into before its last one.
+struct KernelExperts {
+  std::vector<int32_t> ids;  // empty: expert_idx itself (converted on the device)
+  int64_t sort_width = 0;
+};
+
+// The scatter index (row_idx_type 1) lists the pairs outside active_expert_range too, those above the span by
+// expert (moe::dropped_sort_key). The kernel gives such experts buckets after the span's: here each is replaced by
+// lo + width + its rank among the distinct keys above the span, so the buckets stay as few as those experts however
+// large their ids; keys of INT32_MAX (ids beyond int32) tie with the experts below the span, in the last bucket.
+KernelExperts kernel_experts(const MoeInitRoutingV2Args& a, const moe::InitRoutingV2Shape& s,
+                             const std::vector<int64_t>& experts) {
+  const int64_t width = s.hi - s.lo;
+  if (a.row_idx_type != 1 || !s.drop_outside) return {{}, width};
+  std::vector<int64_t> above;
+  for (const int64_t e : experts)
+    if (e >= s.hi && moe::dropped_sort_key(e, s.lo) < INT32_MAX) above.push_back(e);
+  std::sort(above.begin(), above.end());
+  above.erase(std::unique(above.begin(), above.end()), above.end());
+  KernelExperts k{std::vector<int32_t>(experts.size()), width + static_cast<int64_t>(above.size())};
+  for (size_t f = 0; f < experts.size(); ++f) {
+    const int64_t e = experts[f];
+    if (e < s.hi) {
+      k.ids[f] = static_cast<int32_t>(e);  // inside the span, or below it (the last bucket)
+    } else if (moe::dropped_sort_key(e, s.lo) == INT32_MAX) {
+      k.ids[f] = static_cast<int32_t>(s.lo - 1);  // below the span as far as the kernel can tell: the last bucket
+    } else {
+      const int64_t rank = std::lower_bound(above.begin(), above.end(), e) - above.begin();
+      k.ids[f] = static_cast<int32_t>(s.lo + width + rank);  // fits int32: the tiling checks lo + sort_width
+    }
+  }
+  return k;
+}
+
 // Why the Ascend C kernel cannot run this (validated) call ("" when it can); fills the tiling when it can.
 std::string init_routing_refusal(const MoeInitRoutingV2Args& a, const moe::InitRoutingV2Shape& s,
-                                 tot_ascendc::MoeInitRoutingV2Tiling* tiling) {
+                                 int64_t sort_width, tot_ascendc::MoeInitRoutingV2Tiling* tiling) {
   if (s.quant) return "quant_mode " + std::to_string(a.quant_mode) + " (int8 rows)";
   if (s.hi < 0) return "a call without 'expert_num' or 'active_expert_range' (the expert count would come from the data)";
   tot_ascendc::MoeInitRoutingV2Shape t;
@@ -44,6 +78,7 @@ std::string init_routing_refusal(const MoeInitRoutingV2Args& a, const moe::InitR
   t.expert_capacity = a.expert_capacity;
   t.first_expert = s.lo;
   t.width = s.hi - s.lo;
+  t.sort_width = sort_width;
   t.row_idx_type = a.row_idx_type;
   t.tokens_flag = a.expert_tokens_num_flag;
   t.tokens_type = a.expert_tokens_num_type;
@@ -78,10 +113,11 @@ Outputs moe_init_routing_v2_npu(const MoeInitRoutingV2Args& args) {
   const char* op = "moe_init_routing_v2";
   const moe::InitRoutingV2Shape s = moe::check_init_routing_v2(op, args);
   tot_ascendc::MoeInitRoutingV2Tiling t;
-  const std::string refusal = s.pairs == 0 && !s.quant ? "" : init_routing_refusal(args, s, &t);
+  const std::vector<int64_t> experts = moe::read_index(args.expert_idx);
+  const KernelExperts kx = s.quant || s.hi < 0 ? KernelExperts{} : kernel_experts(args, s, experts);
+  const std::string refusal = s.pairs == 0 && !s.quant ? "" : init_routing_refusal(args, s, kx.sort_width, &t);
   if (!refusal.empty()) return npu_host::fallback_to_cpu(op, refusal, args, moe_init_routing_v2_cpu, args.x.device());
   // The experts are validated on the host, as the CPU op does (the same errors on both backends).
-  const std::vector<int64_t> experts = moe::read_index(args.expert_idx);
   moe::init_routing_v2_keys(op, s, experts);
   Outputs out = allocate_outputs(args, s);
   if (s.pairs == 0) {  // nothing routed: zero rows, zero counts, zero scales
@@ -89,7 +125,9 @@ Outputs moe_init_routing_v2_npu(const MoeInitRoutingV2Args& args) {
     return out;
   }
   const at::Tensor xc = args.x.contiguous();
-  const at::Tensor idx = experts_as_int32(args.expert_idx, experts);
+  const at::Tensor idx = kx.ids.empty()
+                             ? experts_as_int32(args.expert_idx, experts)
+                             : at::tensor(at::ArrayRef<int32_t>(kx.ids), at::kInt).to(args.x.device());
   const std::optional<at::Tensor> scale =
       args.scale.has_value() ? std::optional<at::Tensor>(args.scale->contiguous()) : std::nullopt;
   auto& [ex, row_idx, tokens, ex_scale] = out;

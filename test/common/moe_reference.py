@@ -102,14 +102,18 @@ def init_routing_v2(x: Tensor, expert_idx: Tensor, active_num=-1, expert_capacit
     flat = expert_idx.flatten().long()
     lo, hi = (active_expert_range if len(active_expert_range) else (0, expert_num if expert_num > 0 else None))
     inside = (flat >= lo) & (flat < hi) if hi is not None else torch.ones_like(flat, dtype=torch.bool)
-    key = torch.where(inside, flat, torch.full_like(flat, 1 << 40))
+    # The NPU sorts int32 expert ids with the experts below the range replaced by INT32_MAX: the routed pairs come
+    # first, then the others above the range by expert, then those below it (ties in pair order, a stable sort).
+    int32_max = torch.iinfo(torch.int32).max
+    key = torch.where(flat < lo, torch.full_like(flat, int32_max), flat.clamp(max=int32_max))
+    key = torch.where(inside, flat - (1 << 40), key)  # (the routed ones before every other, also int32_max)
     order = torch.sort(key, stable=True).indices
     routed = int(inside.sum())
     dest = torch.full((n * k,), -1, dtype=torch.long)
     if drop_pad_mode == 0:
         rows = min(active_num, n * k) if active_num > 0 else n * k
         kept = min(routed, rows)
-        dest[order[:kept]] = torch.arange(kept)
+        dest[order[:routed]] = torch.arange(routed)  # sorted positions, also past the rows active_num keeps
         out = torch.zeros(rows, x.shape[1], dtype=x.dtype)
         out[:kept] = x[order[:kept] // k]
         src = torch.full((rows,), -1, dtype=torch.long)
@@ -129,10 +133,8 @@ def init_routing_v2(x: Tensor, expert_idx: Tensor, active_num=-1, expert_capacit
         src = torch.full((expert_num * c,), -1, dtype=torch.long)
         src[slots[ok]] = order[ok]
         counted = flat
-    if row_idx_type == 1:
-        rows_out = src.shape[0]
-        row_out = torch.full((n * k,), -1, dtype=torch.long)
-        row_out[:min(rows_out, n * k)] = src[:n * k]
+    if row_idx_type == 1:  # the whole sorted order, the pairs outside the range included
+        row_out = order
     else:
         row_out = dest
     tokens = torch.empty(0, dtype=torch.long)
@@ -149,7 +151,8 @@ def init_routing_v2(x: Tensor, expert_idx: Tensor, active_num=-1, expert_capacit
 
 def finalize(rows: Tensor, skip1, skip2, bias, scales, dst_row: Tensor, experts, drop_pad_mode=0, n=None,
              dtype=torch.float64):
-    """moe_finalize_routing: out[i] = skip1 + skip2 + sum_j scales[i,j] * (rows[r] + bias[e]), r = -1 skipped."""
+    """moe_finalize_routing: out[i] = skip1 + skip2 + sum_j scales[i,j] * (rows[r] + bias[e]); r = -1, or a sorted
+    position past the rows (dropless modes), skipped. Pairs may read the same row."""
     h = rows.shape[-1]
     rows = rows.reshape(-1, h).to(dtype)
     n = n if n is not None else next(t.shape[0] for t in (skip1, scales, experts) if t is not None)
@@ -160,8 +163,8 @@ def finalize(rows: Tensor, skip1, skip2, bias, scales, dst_row: Tensor, experts,
         if t is not None:
             out = out + t.to(dtype)
     for j in range(k):
-        valid = (r[:, j] >= 0).to(dtype)[:, None]
-        term = rows[r[:, j].clamp(min=0)]
+        valid = ((r[:, j] >= 0) & (r[:, j] < rows.shape[0])).to(dtype)[:, None]
+        term = rows[r[:, j].clamp(min=0, max=max(rows.shape[0] - 1, 0))]
         if bias is not None:
             term = term + bias.to(dtype)[experts[:, j].long()]
         w = scales[:, j].to(dtype)[:, None] if scales is not None else 1.0

@@ -230,12 +230,105 @@ def test_finalize_routing_gradcheck(mode):
     assert torch.autograd.gradcheck(fn, leaves)
 
 
+@pytest.mark.asan
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp64"])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+def test_finalize_routing_rows_read_by_several_pairs(dtype, mode):
+    """expanded_src_to_dst_row only says which row each pair reads (in every drop_pad_mode), so two pairs may name
+    the same row: each adds it. Against the float64 reference, with -1 entries mixed in."""
+    dt = LOW.get(dtype, torch.float64)
+    g = torch.Generator().manual_seed(mode)
+    n, k, e, h = 9, 3, 4, 7
+    rows = torch.randn(e, 5, h, generator=g).to(dt) if mode in (1, 3) else torch.randn(n * k, h, generator=g).to(dt)
+    total = rows.numel() // h
+    dst = torch.randint(-1, total, (n * k,), generator=g, dtype=torch.int32)
+    dst[:4] = 2  # certainly repeated
+    skip1, skip2 = torch.randn(n, h, generator=g).to(dt), torch.randn(n, h, generator=g).to(dt)
+    bias, scales = torch.randn(e, h, generator=g).to(dt), torch.rand(n, k, generator=g).to(dt)
+    expert = torch.randint(0, e, (n, k), generator=g, dtype=torch.int32)
+    out = OPS.moe_finalize_routing(rows, skip1, skip2, bias, scales, dst, expert, mode)
+    want = ref.finalize(rows, skip1, skip2, bias, scales, dst, expert, mode)
+    same = ref.finalize(rows, skip1, skip2, bias, scales, dst, expert, mode, dtype=dt)
+    check_tolerance("out", out, want, same)
+
+
+@pytest.mark.parametrize("mode", [0, 3])
+def test_finalize_routing_gradcheck_with_repeated_rows(mode):
+    """The gradient of a row read by several pairs is the sum of theirs (the backward accumulates)."""
+    g = torch.Generator().manual_seed(5)
+    n, k, e, h = 4, 2, 3, 3
+    rows = torch.randn(e, 2, h, dtype=torch.float64, generator=g) if mode == 3 else \
+        torch.randn(n * k, h, dtype=torch.float64, generator=g)
+    dst = torch.tensor([1, 1, 4, -1, 1, 0, 4, 5], dtype=torch.int32)
+    expert = torch.randint(0, e, (n, k), generator=g, dtype=torch.int32)
+    leaves = [t.detach().clone().requires_grad_() for t in
+              (rows, torch.randn(n, h, dtype=torch.float64), torch.randn(e, h, dtype=torch.float64),
+               torch.rand(n, k, dtype=torch.float64))]
+    fn = lambda r, s1, b, sc: OPS.moe_finalize_routing(r, s1, None, b, sc, dst, expert, mode)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, leaves)
+    # and against autograd through the plain-PyTorch reference (a gather: its backward sums the repeats)
+    ref_leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    ref.finalize(ref_leaves[0], ref_leaves[1], None, ref_leaves[2], ref_leaves[3], dst, expert, mode).sum().backward()
+    fn(*leaves).sum().backward()
+    for ours, want in zip(leaves, ref_leaves):
+        torch.testing.assert_close(ours.grad, want.grad)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_finalize_routing_torch_npu_documented_examples(mode):
+    """torch_npu's documented calls of npu_moe_finalize_routing: the index drawn with torch.randint, so rows repeat
+    (dropless: [0, N*k); drop pad: [-1, E*C - 1) over [E, C, H] rows)."""
+    expert_num, token_len, top_k, num_rows, capacity = 16, 10, 4, 50, 8
+    g = torch.Generator().manual_seed(mode)
+    if mode == 0:
+        rows = torch.randn(num_rows * top_k, token_len, generator=g)
+        dst = torch.randint(0, num_rows * top_k, (num_rows * top_k,), generator=g, dtype=torch.int32)
+    else:
+        rows = torch.randn(expert_num, capacity, token_len, generator=g)
+        dst = torch.randint(-1, expert_num * capacity - 1, (num_rows * top_k,), generator=g, dtype=torch.int32)
+    assert dst.unique().numel() < dst.numel()  # the example's index repeats rows
+    skip1, skip2 = torch.randn(num_rows, token_len, generator=g), torch.randn(num_rows, token_len, generator=g)
+    bias, scales = torch.randn(expert_num, token_len, generator=g), torch.randn(num_rows, top_k, generator=g)
+    expert = torch.randint(0, expert_num, (num_rows, top_k), generator=g, dtype=torch.int32)
+    out = tot.npu_moe_finalize_routing(rows, skip1, skip2, bias, scales, dst, expert, mode)
+    assert out.shape == (num_rows, token_len) and out.dtype == torch.float32
+    want = ref.finalize(rows, skip1, skip2, bias, scales, dst, expert, mode)
+    same = ref.finalize(rows, skip1, skip2, bias, scales, dst, expert, mode, dtype=torch.float32)
+    check_tolerance("out", out, want, same)
+
+
 def test_init_routing_v2_gradcheck():
     x, expert = routing_inputs(6, 2, 4, 3, torch.float64)
     x.requires_grad_()
+    # (the index lists pairs without a row: past active_num's rows, and outside active_expert_range)
     for kw in (dict(active_num=9), dict(drop_pad_mode=1, expert_num=4, expert_capacity=2),
-               dict(row_idx_type=1)):
+               dict(row_idx_type=1), dict(row_idx_type=1, active_num=5), dict(active_expert_range=[1, 3]),
+               dict(row_idx_type=1, active_expert_range=[1, 3]),
+               dict(row_idx_type=1, active_expert_range=[1, 3], active_num=7)):
         assert torch.autograd.gradcheck(lambda t: tot.npu_moe_init_routing_v2(t, expert, **kw)[0], (x,))
+
+
+def test_init_routing_v2_index_lists_what_the_npu_writes():
+    """Worked example. Pairs f = i*k + j of experts [[3, 0], [5, 1], [0, 4], [2, 1]], range [1, 3): routed are
+    f = 3 (expert 1), 7 (1), 6 (2) at sorted positions 0, 1, 2; then the others, above the range by expert (f = 0
+    (3), 5 (4), 2 (5)), then below it in pair order (f = 1, 4: expert 0)."""
+    x = torch.arange(8.0).view(4, 2)
+    expert = torch.tensor([[3, 0], [5, 1], [0, 4], [2, 1]], dtype=torch.int32)
+    rng = dict(active_expert_range=[1, 3])
+    ex, scatter, _, _ = tot.npu_moe_init_routing_v2(x, expert, row_idx_type=1, **rng)
+    assert scatter.tolist() == [3, 7, 6, 0, 5, 2, 1, 4]
+    assert torch.equal(ex[:3], x[[1, 3, 3]]) and not ex[3:].any()  # rows past the routed pairs are zero
+    _, gather, _, _ = tot.npu_moe_init_routing_v2(x, expert, **rng)
+    assert gather.tolist() == [-1, -1, -1, 0, -1, -1, 2, 1]
+    # active_num keeps 2 rows; the index still gives every routed pair its sorted position (as the NPU does)
+    ex, gather, _, _ = tot.npu_moe_init_routing_v2(x, expert, active_num=2, **rng)
+    assert ex.shape == (2, 2) and gather.tolist() == [-1, -1, -1, 0, -1, -1, 2, 1]
+    _, scatter, _, _ = tot.npu_moe_init_routing_v2(x, expert, active_num=2, row_idx_type=1, **rng)
+    assert scatter.tolist() == [3, 7, 6, 0, 5, 2, 1, 4]
+    # capacity mode: a pair beyond its expert's capacity has no slot: -1
+    _, slots, _, _ = tot.npu_moe_init_routing_v2(x, torch.tensor([[1, 0], [1, 0], [1, 1], [0, 1]]), drop_pad_mode=1,
+                                                 expert_num=2, expert_capacity=2)
+    assert slots.tolist() == [2, 0, 3, 1, -1, -1, -1, -1]
 
 
 # ---- token permute / unpermute ----------------------------------------------------------------------------------
@@ -406,8 +499,21 @@ def test_init_routing_v2_grad_rejects_bad_scatter_indices():
     with expect(ValueError, "'expanded_row_idx'", "pair 3", "at most once"):
         OPS.moe_init_routing_v2_grad(grad, torch.tensor([5, 0, 3, 1, 3, 2], dtype=torch.int32), x, expert,
                                      row_idx_type=1)
-    with expect(ValueError, "'expanded_row_idx'", "grad_expanded_x"):
-        OPS.moe_init_routing_v2_grad(grad[:4], good, x, expert, row_idx_type=1)
+    # positions past the rows of grad_expanded_x (the forward lists every pair; active_num keeps fewer rows) carry
+    # no gradient: pairs 4 and 2 (tokens 2 and 1) get nothing
+    got = OPS.moe_init_routing_v2_grad(grad[:4], good, x, expert, row_idx_type=1)
+    want = torch.stack([grad[1] + grad[3], grad[2], grad[0]])
+    torch.testing.assert_close(got, want)
+    with expect(ValueError, "'active_expert_range'", "[start, end)"):
+        OPS.moe_init_routing_v2_grad(grad, good, x, expert, row_idx_type=1, active_expert_range=[3, 1])
+    # row_idx_type 0: sorted positions past the rows are accepted (no gradient), repeats are not
+    dest = torch.tensor([0, 5, 1, 4, 2, 3], dtype=torch.int32)
+    got = OPS.moe_init_routing_v2_grad(grad[:4], dest, x, expert, row_idx_type=0)
+    torch.testing.assert_close(got, torch.stack([grad[0], grad[1], grad[2] + grad[3]]))
+    with expect(ValueError, "'expanded_row_idx'", "more than once"):
+        OPS.moe_init_routing_v2_grad(grad, torch.tensor([0, 1, 1, 2, 3, 4], dtype=torch.int32), x, expert)
+    with expect(ValueError, "'expanded_row_idx'", "out of range"):
+        OPS.moe_init_routing_v2_grad(grad[:4], torch.tensor([0, 1, 2, 3, 6, -1], dtype=torch.int32), x, expert)
 
 
 @pytest.mark.asan
@@ -416,6 +522,8 @@ def test_bad_finalize_and_permute_inputs():
     skip = torch.randn(10, 6)
     with expect(ValueError, "'expanded_src_to_dst_row'", "out of range"):
         OPS.moe_finalize_routing(rows, skip, None, None, None, dst + 100, expert, 0)
+    with expect(ValueError, "'expanded_src_to_dst_row'", "out of range", "-1 (dropped)"):
+        OPS.moe_finalize_routing(rows, skip, None, None, None, torch.full_like(dst, -2), expert, 0)
     with expect(TypeError, "'skip1'", "dtype"):
         OPS.moe_finalize_routing(rows, skip.double(), None, None, None, dst, expert, 0)
     with expect(ValueError, "'scales'", "[N, k]"):

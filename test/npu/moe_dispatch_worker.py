@@ -113,6 +113,20 @@ def case_experts_outside_the_range_and_h_zero():
         _check(x0, idx0, None, "H = 0", expert_num=3, expert_tokens_num_flag=True)
 
 
+def case_scatter_index_lists_the_dropped_pairs_in_npu_order():
+    """row_idx_type 1 with active_expert_range: every position holds a pair, the dropped ones after the routed ones
+    (above the range by expert, far ids and ids beyond int32 included, then below it), across the cores' shares;
+    row_idx_type 0 gives routed pairs their positions also past active_num's rows."""
+    with no_fallback(True):
+        x, idx, scale = _inputs(300, 3, 24, torch.float16, 40, 14)
+        wide = idx.long()
+        wide[0, 0], wide[5, 1], wide[7, 2], wide[9, 0] = 1 << 20, 2**31 - 1, 2**33, 1 << 20
+        for active, rit in itertools.product((-1, 100), (0, 1)):
+            _check(x, wide, scale, f"dropped pairs, active_num {active}, row_idx_type {rit}",
+                   active_expert_range=[10, 20], active_num=active, row_idx_type=rit, expert_tokens_num_flag=True,
+                   expert_tokens_num_type=1)
+
+
 def case_gradients_match_the_cpu_path():
     x, idx, _ = _inputs(6, 2, 16, torch.float32, 4, 11)
     grads = {}
@@ -122,6 +136,12 @@ def case_gradients_match_the_cpu_path():
         (out.square() * torch.arange(out.numel(), device=device).view_as(out)).sum().backward()
         grads[device] = xs.grad.cpu()
     torch.testing.assert_close(grads[NPU], grads["cpu"])
+    for kw in (dict(active_expert_range=[1, 3], row_idx_type=1), dict(active_expert_range=[1, 3], active_num=5)):
+        for device in (NPU, "cpu"):
+            xs = x.detach().to(device).requires_grad_()
+            OPS.moe_init_routing_v2(xs, idx.to(device), **kw)[0].square().sum().backward()
+            grads[device] = xs.grad.cpu()
+        torch.testing.assert_close(grads[NPU], grads["cpu"])
 
 
 def case_fallbacks_refused_and_equal_without_the_switch():

@@ -3,8 +3,9 @@ moe_finalize_routing_kernel.cpp, through the CPU runtime) against the float64 re
 CPU backend. Run by test_moe_routing.py through runner_worker.py (the device is already enabled here).
 
 The grid covers the dtypes, the four drop_pad_modes (column- and token-major pairs, capacity layout), every
-optional argument present or absent, dropped pairs (-1), int32 and int64 indices, hidden sizes with tails and
-several UB chunks, and more tokens than AIVs. The grid runs with CPU fallbacks refused, so it proves the kernel ran.
+optional argument present or absent, dropped pairs (-1), rows read by several pairs, int32 and int64 indices, hidden
+sizes with tails and several UB chunks, and more tokens than AIVs. The grid runs with CPU fallbacks refused, so it
+proves the kernel ran.
 """
 import itertools
 
@@ -18,8 +19,9 @@ OPS = torch.ops.npu_fa
 NPU = "npu"
 
 
-def _case(n, k, h, dtype, mode, optional, seed, drop=0.2, index_dtype=torch.int32, experts=4):
-    """Inputs of one call: optional = (skip1, skip2, bias, scales) present or not."""
+def _case(n, k, h, dtype, mode, optional, seed, drop=0.2, index_dtype=torch.int32, experts=4, repeats=False):
+    """Inputs of one call: optional = (skip1, skip2, bias, scales) present or not; repeats: the rows are drawn with
+    replacement (pairs may read the same row, as in torch_npu's documented examples)."""
     g = torch.Generator().manual_seed(seed)
     has_skip1, has_skip2, has_bias, has_scales = optional
     pairs = n * k
@@ -29,7 +31,7 @@ def _case(n, k, h, dtype, mode, optional, seed, drop=0.2, index_dtype=torch.int3
     else:
         rows = torch.randn(pairs + 3, h, generator=g).to(dtype)
     total = rows.numel() // h
-    dst = torch.randperm(total, generator=g)[:pairs]
+    dst = torch.randint(0, total, (pairs,), generator=g) if repeats else torch.randperm(total, generator=g)[:pairs]
     dst[torch.rand(pairs, generator=g) < drop] = -1
     args = dict(
         rows=rows,
@@ -107,13 +109,33 @@ def case_every_pair_dropped_and_k_one():
 
 
 def case_gradients_match_the_cpu_path():
-    a = _case(4, 2, 24, torch.float32, 3, (True, True, True, True), 11)
-    leaves = {name: a[name].clone().requires_grad_() for name in ("rows", "skip1", "skip2", "bias", "scales")}
+    _gradients_match(_case(4, 2, 24, torch.float32, 3, (True, True, True, True), 11))
+
+
+def case_rows_read_by_several_pairs():
+    """expanded_src_to_dst_row naming a row more than once (every drop_pad_mode reads through it): each pair adds
+    its row, on the kernel as in the float64 reference and on the CPU backend; gradients sum over those pairs."""
+    with no_fallback(True):
+        for mode in range(4):
+            a = _case(6, 3, 40, torch.float32, mode, (True, True, True, True), 20 + mode, drop=0.1, repeats=True)
+            a["dst"][1] = a["dst"][0] = max(int(a["dst"][0]), 0)  # at least one row named twice
+            _check(a, f"repeated rows, mode {mode}")
+        every = _case(4, 2, 16, torch.bfloat16, 2, (True, False, False, True), 24, drop=0.0)
+        every["dst"].fill_(3)  # all pairs read one row
+        _check(every, "one row for every pair")
+    a = _case(4, 2, 24, torch.float32, 0, (True, False, True, True), 25, drop=0.0, repeats=True)
+    a["dst"][:3] = 2
+    _gradients_match(a)
+
+
+def _gradients_match(a):
+    leaves = {name: a[name].clone().requires_grad_() for name in ("rows", "skip1", "skip2", "bias", "scales")
+              if a[name] is not None}
     grads = {}
     for device in (NPU, "cpu"):
         xs = {name: t.detach().to(device).requires_grad_() for name, t in leaves.items()}
-        out = OPS.moe_finalize_routing(xs["rows"], xs["skip1"], xs["skip2"], xs["bias"], xs["scales"],
-                                       a["dst"].to(device), a["experts"].to(device), a["mode"])
+        out = OPS.moe_finalize_routing(xs["rows"], xs.get("skip1"), xs.get("skip2"), xs.get("bias"),
+                                       xs.get("scales"), a["dst"].to(device), a["experts"].to(device), a["mode"])
         out.square().sum().backward()
         grads[device] = {name: t.grad.cpu() for name, t in xs.items()}
     for name in leaves:
@@ -135,11 +157,9 @@ def case_bad_input_errors_match_the_cpu_op():
         a.update(changes)
         return a
 
-    dup = base["dst"].clone()
-    dup[1] = dup[0]
     bad = [
         with_(dst=torch.full_like(base["dst"], 99)),            # destination row out of range
-        with_(dst=dup),                                           # the same row twice
+        with_(dst=torch.full_like(base["dst"], -2)),            # below -1
         with_(experts=torch.full_like(base["experts"], 7)),      # expert beyond bias rows
         with_(scales=base["scales"][:, :1]),                      # scales not [N, k]
         with_(mode=4),                                            # drop_pad_mode
@@ -158,3 +178,15 @@ def case_empty_batch():
     with no_fallback(True):
         out = _call(a, NPU)
     assert out.shape == (0, 8) and out.device.type == NPU
+
+
+def case_positions_past_the_rows():
+    """Dropless modes: an entry in [rows, N*k) is a sorted position past the rows (moe_init_routing_v2 with
+    active_num gives those pairs no row): the pair adds nothing, as -1, on the kernel as on the CPU backend."""
+    with no_fallback(True):
+        for mode in (0, 2):
+            a = _case(5, 2, 24, torch.float32, mode, (True, False, True, True), 30 + mode, drop=0.1)
+            rows = a["rows"].shape[0]
+            a["rows"] = a["rows"][:rows - 6]  # the last six rows gone: entries naming them are past the rows
+            a["dst"][a["dst"] >= rows - 6] = rows - 4
+            _check(a, f"past the rows, mode {mode}")

@@ -595,8 +595,9 @@ def test_finalize_routing_destinations_and_experts(data, seed):
         r, xe = ints(d, "expanded_src_to_dst_row"), ints(ex, "export_for_source_row")
         if d.dim() != 1 or d.numel() != n * k:
             raise Invalid("expanded_src_to_dst_row shape")  # scales fix N and k
-        real = [v for v in r.tolist() if v != -1]
-        if any(not 0 <= v < rows for v in real) or len(set(real)) != len(real):
+        # every drop_pad_mode only reads rows through it: repeated rows are valid, each pair adds its row; these
+        # dropless modes also take sorted positions past the rows (nothing added)
+        if any(not 0 <= v < max(rows, n * k) for v in r.tolist() if v != -1):
             raise Invalid("expanded_src_to_dst_row entries")
         if ex.shape != (n, k) or (xe.numel() and not (0 <= int(xe.min()) and int(xe.max()) < e)):
             raise Invalid("export_for_source_row")
@@ -658,7 +659,6 @@ def test_init_routing_v2_grad_expanded_row_idx(data, seed):
     n, k, e, h, x, experts = _routing_inputs(draw, gen)
     ei = torch.tensor(experts, dtype=torch.int32).reshape(n, k)
     row_idx_type = draw(st.integers(0, 1))
-    # the scatter form (row_idx_type 1) names a pair for each of the first N*k gradient rows at most
     rows = draw(st.integers(0, n * k + (1 if row_idx_type == 0 else 0)))
     grad = randn(gen, (rows, h))
     valid = (permutation(gen, max(rows, n * k))[:n * k] - (max(rows, n * k) - rows)).clamp(min=-1)
@@ -674,18 +674,20 @@ def test_init_routing_v2_grad_expanded_row_idx(data, seed):
         v = ints(idx, "expanded_row_idx").reshape(-1).tolist()
         if idx.numel() != n * k:
             raise Invalid("expanded_row_idx size")
-        dest = v
-        if row_idx_type == 1:
-            dest = [-1] * (n * k)
+        if row_idx_type == 1:  # a partial permutation of the pairs; positions past the rows carry no gradient
+            dest, seen = [-1] * (n * k), set()
             for p, f in enumerate(v):
                 if f == -1:
                     continue
-                if not 0 <= f < n * k or p >= rows or dest[f] != -1:
+                if not 0 <= f < n * k or f in seen:
                     raise Invalid("scatter entries")
-                dest[f] = p
-        real = [r for r in dest if r != -1]
-        if any(not 0 <= r < rows for r in real) or len(set(real)) != len(real):
-            raise Invalid("destinations")
+                seen.add(f)
+                dest[f] = p if p < rows else -1
+        else:  # a row, a sorted position past the rows (no gradient) or -1; distinct
+            real = [r for r in v if r != -1]
+            if any(not 0 <= r < max(rows, n * k) for r in real) or len(set(real)) != len(real):
+                raise Invalid("destinations")
+            dest = [r if r < rows else -1 for r in v]
         out = torch.zeros(n, h, dtype=torch.float64)
         for f, r in enumerate(dest):
             if r >= 0:

@@ -3,8 +3,9 @@
 //
 // Every AIV owns a contiguous, ordered share of the pairs (tiling: moe_init_routing_v2_tiling.h):
 //   1. histogram: the scalar unit reads each pair's expert from GM and counts it into a UB counter of its bucket
-//      (expert - first_expert inside the span, `width` outside: the dropped bucket, sorted last); MTE3 writes the
-//      core's counters to its row of the GM workspace.                                                  -> SyncAll
+//      (expert - first_expert inside the span [0, width) and, for row_idx_type 1, above it up to `sort_width`, so
+//      the dropped pairs above the span sort by expert; `sort_width` for the rest: below the span, sorted last);
+//      MTE3 writes the core's counters to its row of the GM workspace.                                 -> SyncAll
 //   2. ranks: every core streams the block_dim histogram rows back (MTE2) and adds them up on the vector unit
 //      (int32 Add: each bucket's total and its count in earlier shares); then one scalar scan over the buckets:
 //      base[b] = pairs in buckets < b, next[b] = base[b] + the earlier shares' count.
@@ -12,10 +13,11 @@
 //      earlier pairs first). Dropless: row p when p < rows_out (routed pairs come before dropped ones); capacity:
 //      slot key*C + (p - base[key]) when that is < C. The row x[f / k] is moved GM -> UB -> GM in chunks through two
 //      ping-pong buffers (MTE2 of one chunk overlaps MTE3 of the other), scale[f / k] follows it, and the index is
-//      written: row_idx_type 0 stages the destinations of the share in UB (one DataCopyPad per 1024), type 1 writes
-//      f at position p (a 4-byte DataCopyPad).
+//      written as the NPU writes it: row_idx_type 0 stages per pair its slot, or (dropless) its sorted position
+//      when routed, also past rows_out, else -1 (one DataCopyPad per 1024); type 1 writes f at position p for every
+//      pair, dropped ones included (a 4-byte DataCopyPad): the whole sorted order.
 //   4. fill: the core's share of the output rows gets zeros where no pair landed (dropless: rows >= the kept count;
-//      capacity: slots past an expert's count), type 1 gets -1 at positions >= kept; core 0 writes the token counts.
+//      capacity: slots past an expert's count); core 0 writes the token counts.
 // Rows are moved as bytes, so every dtype of x takes the kernel (T is the integer type of the element size).
 #include "kernel_operator.h"
 #include "moe/moe_init_routing_v2_kernel.h"
@@ -29,7 +31,6 @@ using Tiling = tot_ascendc::MoeInitRoutingV2Tiling;
 constexpr uint32_t kIndexChunk = tot_ascendc::kInitRoutingIndexChunk;
 
 __aicore__ inline uint32_t MinU32(uint32_t a, uint32_t b) { return a < b ? a : b; }
-__aicore__ inline uint32_t MaxU32(uint32_t a, uint32_t b) { return a > b ? a : b; }
 
 // Orders two pipes of this core (producer -> consumer) at a point where nothing overlaps them anyway.
 template <HardEvent E>
@@ -94,7 +95,7 @@ class KernelMoeInitRouting {
   __aicore__ inline uint32_t KeyOf(uint32_t f) {
     const int32_t e = expertGm_.GetValue(f);
     const int64_t rel = int64_t(e) - t_.first_expert;
-    return rel >= 0 && rel < int64_t(t_.width) ? uint32_t(rel) : t_.width;
+    return rel >= 0 && rel < int64_t(t_.sort_width) ? uint32_t(rel) : t_.sort_width;
   }
 
   // Zero `count` int32 counters (bit pattern 0 = 0.0f: one Duplicate on the float view).
@@ -131,14 +132,14 @@ class KernelMoeInitRouting {
       if (c < core_) Add(next, next, row, lanes);
     }
     Order<HardEvent::V_S>();
-    const uint32_t buckets = t_.width + 1;
+    const uint32_t buckets = t_.sort_width + 1;
     int32_t run = 0;
     for (uint32_t b = 0; b < buckets; ++b) {
       base.SetValue(b, run);
       next.SetValue(b, run + next.GetValue(b));
       run += total.GetValue(b);
     }
-    const uint32_t routed = t_.pairs - uint32_t(total.GetValue(t_.width));
+    const uint32_t routed = uint32_t(base.GetValue(t_.width));  // the pairs in the span's buckets
     kept_ = t_.capacity ? 0 : MinU32(routed, t_.rows_out);
   }
 
@@ -147,9 +148,9 @@ class KernelMoeInitRouting {
     Order<HardEvent::V_MTE3>();
   }
 
-  // The destination row of the pair at sorted position p of bucket key, or -1 (dropped).
+  // The row of expanded_x the pair at sorted position p of bucket key is copied to, or -1 (none).
   __aicore__ inline int32_t Destination(uint32_t key, uint32_t p) {
-    if (key == t_.width) return -1;  // outside the span
+    if (key >= t_.width) return -1;  // outside the span
     if (!t_.capacity) return p < t_.rows_out ? int32_t(p) : -1;
     const uint32_t pos = p - uint32_t(base_.Get<int32_t>().GetValue(key));
     return pos < t_.expert_capacity ? int32_t(key * t_.expert_capacity + pos) : -1;
@@ -168,10 +169,11 @@ class KernelMoeInitRouting {
         const uint32_t token = f / t_.k;
         MoveRow(token, uint32_t(dest));
         if (t_.has_scale) WriteOne(expandedScaleGm_, uint32_t(dest), scaleGm_.GetValue(token));
-        if (t_.row_idx_type == 1) WriteOne(rowIdxGm_, p, int32_t(f));
       }
+      if (t_.row_idx_type == 1) WriteOne(rowIdxGm_, p, int32_t(f));
       if (t_.row_idx_type == 0) {
-        stage.SetValue(staged++, dest);
+        // Dropless: a routed pair's sorted position, also past rows_out (active_num); capacity: its slot.
+        stage.SetValue(staged++, t_.capacity || key >= t_.width ? dest : int32_t(p));
         if (staged == kIndexChunk) {
           FlushStage(rowIdxGm_, stage, stagedFrom, staged);
           stagedFrom += staged;
@@ -230,7 +232,7 @@ class KernelMoeInitRouting {
     return pos >= uint32_t(total_.Get<int32_t>().GetValue(e));
   }
 
-  // 4. Zeros in the empty rows of this core's row share (and their scales), -1 at unused type-1 positions.
+  // 4. Zeros in the empty rows of this core's row share (and their scales).
   __aicore__ inline void FillShare() {
     const LocalTensor<T> zeros = zeros_.Get<T>();
     const uint32_t zeroElems = rowBytes_ / t_.elem_bytes;
@@ -243,17 +245,6 @@ class KernelMoeInitRouting {
       if (t_.has_scale)
         DataCopyPad(expandedScaleGm_[r], zeros_.Get<float>(), DataCopyExtParams(1, 4, 0, 0, 0));
     }
-    if (t_.row_idx_type != 1) return;
-    const uint32_t from = MaxU32(pairStart_, kept_);
-    if (from >= pairEnd_) return;
-    LocalTensor<int32_t> stage = stage_.Get<int32_t>();
-    for (uint32_t i = 0; i < kIndexChunk; ++i) stage.SetValue(i, -1);
-    for (uint32_t p = from; p < pairEnd_; p += kIndexChunk) {
-      const uint32_t count = MinU32(kIndexChunk, pairEnd_ - p);
-      Order<HardEvent::S_MTE3>();
-      DataCopyPad(rowIdxGm_[p], stage, DataCopyExtParams(1, count * 4, 0, 0, 0));
-    }
-    Order<HardEvent::MTE3_S>();
   }
 
   // The routed pairs of bucket b that were kept (dropless: the first kept positions; capacity: before dropping).

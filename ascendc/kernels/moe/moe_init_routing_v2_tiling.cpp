@@ -36,8 +36,9 @@ std::string MoeInitRoutingV2TilingFor(const MoeInitRoutingV2Shape& s, const Plat
   // The ranks add the per-core counts on the vector unit: exact while every count stays below 2^24.
   if (pairs >= (int64_t(1) << 24))
     return std::string(op) + ": N*k must be below 2^24 (the vector adds of the per-core counts stay exact)";
+  const int64_t sort_width = std::max(s.width, s.sort_width);
   if (pairs > limit || s.rows_out > limit || pairs * s.hidden > limit || s.rows_out * s.hidden > limit ||
-      s.first_expert + s.width > limit || s.expert_num > limit)
+      s.first_expert + sort_width > limit || s.expert_num > limit)
     return std::string(op) + ": N*k, the output rows and their elements must fit int32";
 
   MoeInitRoutingV2Tiling t;
@@ -50,7 +51,8 @@ std::string MoeInitRoutingV2TilingFor(const MoeInitRoutingV2Shape& s, const Plat
   t.expert_capacity = uint32_t(s.capacity ? s.expert_capacity : 0);
   t.first_expert = int32_t(s.first_expert);
   t.width = uint32_t(s.width);
-  t.buckets_aligned = AlignUp(uint64_t(s.width) + 1, 8);
+  t.sort_width = uint32_t(sort_width);
+  t.buckets_aligned = AlignUp(uint64_t(sort_width) + 1, 8);
   t.row_idx_type = uint32_t(s.row_idx_type);
   t.tokens_flag = s.tokens_flag;
   t.tokens_type = uint32_t(s.tokens_type);
@@ -69,7 +71,7 @@ std::string MoeInitRoutingV2TilingFor(const MoeInitRoutingV2Shape& s, const Plat
   uint32_t h = std::min(AlignUp(std::max<int64_t>(s.hidden, 1), kLanes), kMaxTile);
   while (h > kLanes && MoeInitRoutingV2UbBytes(t, h) > budget) h -= kLanes;
   if (MoeInitRoutingV2UbBytes(t, h) > budget)
-    return std::string(op) + ": the counters of " + std::to_string(s.width) + " experts do not fit the " +
+    return std::string(op) + ": the counters of " + std::to_string(sort_width) + " experts do not fit the " +
            std::to_string(budget) + " usable UB bytes";
   t.h_tile = h;
   t.ub_bytes_used = uint32_t(MoeInitRoutingV2UbBytes(t, h));

@@ -27,8 +27,11 @@ struct MoeInitRoutingV2Tiling {
   uint32_t capacity = 0;         // drop_pad_mode 1
   uint32_t expert_capacity = 0;  // C (capacity mode)
   int32_t first_expert = 0;      // the routed span [first_expert, first_expert + width)
-  uint32_t width = 0;            // experts in the span; bucket `width` holds the pairs outside it (dropped)
-  uint32_t buckets_aligned = 0;  // width + 1 rounded up to 8 (whole DataBlocks of int32 counters)
+  uint32_t width = 0;            // experts in the span [first_expert, first_expert + width): the routed pairs
+  uint32_t sort_width = 0;       // buckets before the last: >= width, the experts above the span that get their own
+                                 // bucket (row_idx_type 1 lists the dropped pairs by expert); the last bucket,
+                                 // `sort_width`, holds every other pair (below the span), in pair order
+  uint32_t buckets_aligned = 0;  // sort_width + 1 rounded up to 8 (whole DataBlocks of int32 counters)
   uint32_t row_idx_type = 0;     // 0: destination row per pair, 1: pair per sorted row
   uint32_t tokens_flag = 0;      // write expert_tokens_count_or_cumsum
   uint32_t tokens_type = 0;      // 0 cumsum, 1 count, 2 (expert, count) rows
@@ -49,6 +52,7 @@ struct MoeInitRoutingV2Shape {
   bool capacity = false;
   int64_t expert_capacity = 0;
   int64_t first_expert = 0, width = 0;  // the span [first, first + width); width >= 1
+  int64_t sort_width = 0;               // 0 or < width: width (the dropped pairs need no order among themselves)
   int64_t row_idx_type = 0;
   bool tokens_flag = false;
   int64_t tokens_type = 0, expert_num = 0;

@@ -1,6 +1,11 @@
 // Argument checks of moe_finalize_routing (and its backward) shared by the CPU kernels
 // (aten_ops/cpu/moe/finalize_routing.cpp) and the npu kernel (aten_ops/npu/moe.cpp), so both raise the same errors:
-// shapes, dtypes, the pair order of drop_pad_mode and every destination row / expert index, read on the host.
+// shapes, dtypes, the pair order of drop_pad_mode and every source row / expert index, read on the host.
+//
+// expanded_src_to_dst_row names, per (token, slot) pair, the row of expanded_permuted_rows that pair reads, in every
+// drop_pad_mode (0/2 dropless rows, 1/3 capacity slots of [E, C, H]); the forward op never writes through it. So two
+// pairs may name the same row (torch_npu's documented examples draw the index at random, with repeats): only the
+// range is checked. The backward scatters gradients through it and sums the pairs that share a row.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -18,6 +23,8 @@ struct FinalizePlan {
   int64_t N = 0, k = 0, H = 0, R = 0;
   std::vector<int64_t> src;     // per (i, j) at i*k + j: row of expanded or -1
   std::vector<int64_t> expert;  // per (i, j), when bias is given
+  bool repeated_rows = false;   // some row is read by more than one pair (the backward then accumulates)
+  bool past_rows = false;       // some entry is a sorted position past the rows (src holds -1 for it)
 };
 
 inline FinalizePlan plan_finalize(const char* op, const at::Tensor& expanded, const std::optional<at::Tensor>& skip1,
@@ -59,11 +66,20 @@ inline FinalizePlan plan_finalize(const char* op, const at::Tensor& expanded, co
                       "] (k = the length ", n, " of 'expanded_src_to_dst_row' / N)");
   }
   const std::vector<int64_t> raw = read_index(dst_row);
-  check_destinations(op, "expanded_src_to_dst_row", raw, fz.R, true);
+  // Dropless modes (0/2) also accept a sorted position past the rows, [R, N*k): moe_init_routing_v2 gives every
+  // routed pair its position, also the pairs active_num leaves without a row. Such a pair contributes nothing, as
+  // -1 does (moe_token_unpermute's rule for the pairs num_out_tokens drops). Capacity modes: -1 or a slot.
+  const bool dropless = drop_pad_mode == 0 || drop_pad_mode == 2;
+  check_rows_in_range(op, "expanded_src_to_dst_row", raw, dropless ? std::max(fz.R, n) : fz.R, true);
   const bool column_major = drop_pad_mode <= 1;
   fz.src.resize(n);
   for (int64_t i = 0; i < fz.N; ++i)
-    for (int64_t j = 0; j < fz.k; ++j) fz.src[i * fz.k + j] = raw[column_major ? j * fz.N + i : i * fz.k + j];
+    for (int64_t j = 0; j < fz.k; ++j) {
+      const int64_t r = raw[column_major ? j * fz.N + i : i * fz.k + j];
+      fz.past_rows = fz.past_rows || r >= fz.R;
+      fz.src[i * fz.k + j] = r >= fz.R ? -1 : r;
+    }
+  fz.repeated_rows = has_repeated_rows(fz.src, fz.R);
   if (bias.has_value()) {
     check_same_dtype(op, "bias", *bias, "expanded_permuted_rows", expanded);
     TORCH_CHECK_VALUE(bias->dim() == 2 && bias->size(1) == fz.H, op, ": argument 'bias' of shape ", bias->sizes(),

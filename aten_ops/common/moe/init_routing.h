@@ -146,5 +146,13 @@ inline std::vector<int64_t> init_routing_v2_keys(const char* op, const InitRouti
   return keys;
 }
 
+// The sort key of a pair outside the routed span [lo, hi) (experts of active_expert_range's complement): those
+// pairs follow the routed ones in the sorted order that expanded_row_idx's scatter form (row_idx_type 1) lists, and
+// among themselves they sort by expert as the NPU's int32 key sees it: experts above the span by value, experts
+// below it as INT32_MAX (after every other; as do experts beyond int32), ties in pair order.
+inline int64_t dropped_sort_key(int64_t expert, int64_t lo) {
+  return expert < lo ? INT32_MAX : std::min<int64_t>(expert, INT32_MAX);
+}
+
 }  // namespace moe
 }  // namespace npu_fa

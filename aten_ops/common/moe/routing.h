@@ -70,19 +70,41 @@ inline void check_gating_renorm(const char* op, int64_t renorm) {
                     "then softmax over the k); got ", renorm);
 }
 
-// Every value in [0, limit) or -1 (when allowed), and no value twice: the rows written through it must be distinct.
-inline void check_destinations(const char* op, const char* name, const std::vector<int64_t>& v, int64_t limit,
-                               bool allow_minus_one) {
-  std::vector<uint8_t> seen(std::max<int64_t>(limit, 0), 0);
+// Every value in [0, limit) or -1 (when allowed). Enough for an index the op only reads rows through: two pairs
+// may read the same row.
+inline void check_rows_in_range(const char* op, const char* name, const std::vector<int64_t>& v, int64_t limit,
+                                bool allow_minus_one) {
   for (size_t f = 0; f < v.size(); ++f) {
     const int64_t r = v[f];
     if (r == -1 && allow_minus_one) continue;
     TORCH_CHECK_VALUE(r >= 0 && r < limit, op, ": argument '", name, "'[", f, "] = ", r, " is out of range; expected ",
                       allow_minus_one ? "-1 (dropped) or " : "", "a row in [0, ", limit, ")");
+  }
+}
+
+// In range (as above) and no value twice: the rows written through it must be distinct, or two pairs would write
+// the same row and the result would depend on their order.
+inline void check_destinations(const char* op, const char* name, const std::vector<int64_t>& v, int64_t limit,
+                               bool allow_minus_one) {
+  check_rows_in_range(op, name, v, limit, allow_minus_one);
+  std::vector<uint8_t> seen(std::max<int64_t>(limit, 0), 0);
+  for (const int64_t r : v) {
+    if (r < 0) continue;
     TORCH_CHECK_VALUE(!seen[r], op, ": argument '", name, "' names row ", r,
                       " more than once; every (token, slot) pair needs its own row");
     seen[r] = 1;
   }
+}
+
+// Whether any row in v (values -1 or in [0, limit), checked) is named twice.
+inline bool has_repeated_rows(const std::vector<int64_t>& v, int64_t limit) {
+  std::vector<uint8_t> seen(std::max<int64_t>(limit, 0), 0);
+  for (const int64_t r : v) {
+    if (r < 0) continue;
+    if (seen[r]) return true;
+    seen[r] = 1;
+  }
+  return false;
 }
 
 // The 2-D [N, H] view checks shared by the ops that take token rows.

@@ -37,6 +37,30 @@ at::Tensor moe_finalize_routing_cpu(const MoeFinalizeRoutingArgs& args) {
   return out;
 }
 
+namespace {
+
+// d_rows[r] = sum of scales[i, j] * grad_out[i] over the pairs (i, j) that read row r, for an index that names some
+// row more than once: summed in the accumulation type, parallel over column blocks (each thread owns whole columns,
+// and adds the pairs in the same order on every run: deterministic).
+template <typename scalar_t, typename A>
+void accumulate_row_grads(const moe::FinalizePlan& fz, const scalar_t* gp, const A* wp, at::Tensor& d_rows) {
+  const int64_t N = fz.N, k = fz.k, H = fz.H;
+  at::Tensor acc = at::zeros({fz.R, H}, d_rows.options().dtype(c10::CppTypeToScalarType<A>::value));
+  A* ap = acc.data_ptr<A>();
+  at::parallel_for(0, H, 64, [&](int64_t h0, int64_t h1) {
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = fz.src[i * k + j];
+        if (r < 0) continue;
+        const A s = wp ? wp[i * k + j] : A(1);
+        for (int64_t h = h0; h < h1; ++h) ap[r * H + h] += s * static_cast<A>(gp[i * H + h]);
+      }
+  });
+  d_rows.view({fz.R, H}).copy_(acc);
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_grad_cpu(
     const MoeFinalizeRoutingGradArgs& args) {
   const char* op = "moe_finalize_routing_grad";
@@ -76,7 +100,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_
     const int64_t N = fz.N, k = fz.k, H = fz.H;
     at::Tensor dsc = at::zeros({N, k}, g.options().dtype(c10::CppTypeToScalarType<A>::value));
     A* dsp = dsc.data_ptr<A>();
-    // Rows and scales: pair (i, j) writes only its own row of d_rows (destinations are distinct) and d_scales[i, j].
+    // Scales, and the rows when every row is read by one pair: pair (i, j) writes only d_scales[i, j] and its own
+    // row of d_rows. Rows read by several pairs are summed afterwards (accumulate_row_grads).
+    const bool own_rows = !fz.repeated_rows;
     at::parallel_for(0, N, row_grain(H * k), [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         for (int64_t j = 0; j < k; ++j) {
@@ -89,13 +115,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_finalize_routing_
           A dot = 0;
           for (int64_t h = 0; h < H; ++h) {
             const A gv = static_cast<A>(gi[h]);
-            drp[r * H + h] = static_cast<scalar_t>(s * gv);
+            if (own_rows) drp[r * H + h] = static_cast<scalar_t>(s * gv);
             dot += gv * (static_cast<A>(row[h]) + (b ? static_cast<A>(b[h]) : A(0)));
           }
           dsp[i * k + j] = dot;
         }
       }
     });
+    if (!own_rows) accumulate_row_grads<scalar_t, A>(fz, gp, wp, d_rows);
     if (args.scales.has_value()) d_scales.copy_(dsc);
     if (args.bias.has_value()) {  // parallel over column blocks: every thread owns whole columns of d_bias
       const int64_t E = args.bias->size(0);

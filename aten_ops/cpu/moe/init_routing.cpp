@@ -61,8 +61,9 @@ struct V2Plan {
   bool capacity;
   int64_t rows_out;                  // rows of expanded_x (flattened E*C in capacity mode)
   int64_t first_expert, num_counted; // experts [first, first + num_counted) in the counts output
-  std::vector<int64_t> dest;         // per pair f: destination row or -1
+  std::vector<int64_t> dest;         // per pair f: its row_idx_type 0 entry (row, sorted position or -1)
   std::vector<int64_t> src;          // per output row: source pair f or -1
+  std::vector<int64_t> order;        // per sorted position: pair f (routed pairs first, then the dropped ones)
   std::vector<int64_t> counts;       // per counted expert
   std::vector<int64_t> experts;      // per pair f: its expert
 };
@@ -80,10 +81,14 @@ V2Plan plan_v2(const char* op, const moe::InitRoutingV2Shape& sh, const at::Tens
   const std::vector<int64_t> experts = moe::read_index(expert_idx);
   const std::vector<int64_t> keys = moe::init_routing_v2_keys(op, sh, experts);
   const int64_t buckets = hi >= 0 ? hi - lo + 1 : expert_buckets(op, "expert_idx", experts);
-  const moe::KeySort s = moe::counting_sort(keys, buckets);
+  moe::KeySort s = moe::counting_sort(keys, buckets);
   pl.experts = experts;
   const int64_t width = hi >= 0 ? hi - lo : buckets;
   const int64_t routed = n - (hi >= 0 ? s.counts[buckets - 1] : 0);  // pairs inside the range
+  // The dropped pairs (bucket `width`, in pair order) in the NPU's order among themselves (init_routing.h).
+  std::stable_sort(s.order.begin() + routed, s.order.end(), [&](int64_t a, int64_t b) {
+    return moe::dropped_sort_key(experts[a], lo) < moe::dropped_sort_key(experts[b], lo);
+  });
   pl.first_expert = lo;
   pl.num_counted = sh.num_counted;
   pl.dest.assign(n, -1);
@@ -91,10 +96,13 @@ V2Plan plan_v2(const char* op, const moe::InitRoutingV2Shape& sh, const at::Tens
   pl.rows_out = sh.rows_out;
   pl.src.assign(pl.rows_out, -1);
   if (!pl.capacity) {
+    // Every routed pair gets its sorted position, also past the rows kept by active_num (as the NPU writes it);
+    // only the first `kept` positions are rows of expanded_x.
     const int64_t kept = std::min(routed, pl.rows_out);
-    for (int64_t p = 0; p < kept; ++p) {
+    for (int64_t p = 0; p < routed; ++p) {
       const int64_t f = s.order[p];
       pl.dest[f] = p;
+      if (p >= kept) continue;
       pl.src[p] = f;
       if (pl.num_counted) ++pl.counts[keys[f]];
     }
@@ -111,6 +119,7 @@ V2Plan plan_v2(const char* op, const moe::InitRoutingV2Shape& sh, const at::Tens
       pl.counts[e] = s.counts[e];  // before dropping
     }
   }
+  pl.order = std::move(s.order);
   return pl;
 }
 
@@ -209,8 +218,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
   int32_t* rp = row_out.data_ptr<int32_t>();
   if (args.row_idx_type == 0) {
     for (int64_t f = 0; f < n; ++f) rp[f] = static_cast<int32_t>(pl.dest[f]);
-  } else {
-    for (int64_t p = 0; p < n; ++p) rp[p] = p < pl.rows_out ? static_cast<int32_t>(pl.src[p]) : -1;
+  } else {  // the whole sorted order, dropped pairs included (they follow the rows of expanded_x)
+    for (int64_t p = 0; p < n; ++p) rp[p] = static_cast<int32_t>(pl.order[p]);
   }
   at::Tensor tokens = at::empty({args.expert_tokens_num_flag ? pl.num_counted : 0}, args.x.options().dtype(at::kLong));
   if (args.expert_tokens_num_flag && args.expert_tokens_num_type == 2) {
@@ -245,6 +254,56 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
   return {expanded_x, row_out, tokens, expanded_scale};
 }
 
+namespace {
+
+// Per pair: whether it was routed, i.e. its expert lies in active_expert_range (every pair without a range).
+std::vector<uint8_t> routed_pairs(const char* op, const MoeInitRoutingV2GradArgs& a, int64_t n) {
+  const at::IntArrayRef range = a.active_expert_range;
+  if (range.empty()) return std::vector<uint8_t>(n, 1);
+  TORCH_CHECK_VALUE(range.size() == 2 && range[0] >= 0 && range[0] < range[1], op, ": argument ",
+                    "'active_expert_range' must be [start, end) with 0 <= start < end; got ", range);
+  TORCH_CHECK_VALUE(a.expert_idx.numel() == n, op, ": argument 'expert_idx' must have N*k = ", n, " entries; got ",
+                    a.expert_idx.numel());
+  const std::vector<int64_t> experts = moe::read_index(a.expert_idx);
+  std::vector<uint8_t> routed(n);
+  for (int64_t f = 0; f < n; ++f) routed[f] = experts[f] >= range[0] && experts[f] < range[1];
+  return routed;
+}
+
+// row_idx_type 0: entry f is pair f's row, or (dropless with active_num) its sorted position past the R rows of
+// grad_expanded_x, or -1; only rows carry a gradient. Entries name distinct rows / positions.
+std::vector<int64_t> grad_rows_from_gather_index(const char* op, const std::vector<int64_t>& idx, int64_t R) {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  moe::check_destinations(op, "expanded_row_idx", idx, std::max(R, n), true);
+  std::vector<int64_t> dest(idx);
+  for (int64_t& r : dest)
+    if (r >= R) r = -1;
+  return dest;
+}
+
+// row_idx_type 1: entry p is the pair at sorted position p — a permutation of the pairs (-1 accepted for an empty
+// position). The pair's gradient is row p when p is a row of grad_expanded_x and the pair was routed (the pairs
+// outside active_expert_range follow the routed ones, over zero rows). An entry outside [0, N*k) or a pair named
+// twice has no meaning, and skipping or overwriting it would return a wrong gradient silently.
+std::vector<int64_t> grad_rows_from_scatter_index(const char* op, const std::vector<int64_t>& idx, int64_t R,
+                                                  const std::vector<uint8_t>& routed) {
+  const int64_t n = static_cast<int64_t>(idx.size());
+  std::vector<int64_t> dest(n, -1), position(n, -1);
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t v = idx[p];
+    if (v == -1) continue;
+    TORCH_CHECK_VALUE(v >= 0 && v < n, op, ": argument 'expanded_row_idx'[", p, "] = ", v,
+                      " is out of range; expected -1 (empty row) or a (token, slot) pair in [0, N*k = ", n, ")");
+    TORCH_CHECK_VALUE(position[v] == -1, op, ": argument 'expanded_row_idx' names pair ", v, " at positions ",
+                      position[v], " and ", p, "; expected every pair at most once (a permutation)");
+    position[v] = p;
+    if (p < R && routed[v]) dest[v] = p;
+  }
+  return dest;
+}
+
+}  // namespace
+
 at::Tensor moe_init_routing_v2_grad_cpu(const MoeInitRoutingV2GradArgs& args) {
   const char* op = "moe_init_routing_v2_grad";
   moe::check_float(op, "grad_expanded_x", args.grad_expanded_x);
@@ -258,26 +317,9 @@ at::Tensor moe_init_routing_v2_grad_cpu(const MoeInitRoutingV2GradArgs& args) {
   TORCH_CHECK_VALUE(args.row_idx_type == 0 || args.row_idx_type == 1, op,
                     ": argument 'row_idx_type' must be 0 (gather index) or 1 (scatter index); got ", args.row_idx_type);
   const std::vector<int64_t> idx = moe::read_index(args.expanded_row_idx);
-  std::vector<int64_t> dest(n, -1);  // the gather form: destination row per pair
-  if (args.row_idx_type == 0) {
-    dest = idx;
-  } else {
-    // The scatter form lists, per gradient row, the (token, slot) pair copied there (-1: an empty row). It must be
-    // a partial permutation of the pairs: an entry outside [0, N*k) or a pair named twice has no meaning, and
-    // skipping or overwriting it would return a wrong gradient silently.
-    for (int64_t p = 0; p < n; ++p) {
-      const int64_t v = idx[p];
-      if (v == -1) continue;
-      TORCH_CHECK_VALUE(v >= 0 && v < n, op, ": argument 'expanded_row_idx'[", p, "] = ", v,
-                        " is out of range; expected -1 (empty row) or a (token, slot) pair in [0, N*k = ", n, ")");
-      TORCH_CHECK_VALUE(p < R, op, ": argument 'expanded_row_idx'[", p, "] = ", v, " names gradient row ", p,
-                        "; expected a row of grad_expanded_x, which has ", R);
-      TORCH_CHECK_VALUE(dest[v] == -1, op, ": argument 'expanded_row_idx' names pair ", v, " at rows ", dest[v],
-                        " and ", p, "; expected every pair at most once (a permutation)");
-      dest[v] = p;
-    }
-  }
-  moe::check_destinations(op, "expanded_row_idx", dest, R, true);
+  const std::vector<int64_t> dest = args.row_idx_type == 0
+                                        ? grad_rows_from_gather_index(op, idx, R)
+                                        : grad_rows_from_scatter_index(op, idx, R, routed_pairs(op, args, n));
   const at::Tensor g = args.grad_expanded_x.to(args.x.scalar_type()).contiguous();
   at::Tensor dx = at::empty({N, H}, args.x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.x.scalar_type(), "moe_init_routing_v2_grad", [&] {
