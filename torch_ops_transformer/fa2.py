@@ -107,10 +107,15 @@ def gather_paged_kv(op: str, k_cache: Tensor, v_cache: Tensor, block_table: Tens
     if not torch.compiler.is_compiling():
         capacity = block_table.shape[1] * k_cache.shape[1]
         bad = [(b, n) for b, n in enumerate(lens.tolist()) if n < 0 or n > capacity]
-        if bad:
+        if bad and bad[0][1] < 0:
             b, n = bad[0]
             raise ValueError(f"{op}: argument 'cu_seqlens_k' must give each sequence a length in [0, {capacity}] "
                              f"(block_table.shape[1] * page_block_size); got {n} for sequence {b}")
+        if bad:  # the table is too short for the lengths: FlashAttention-2 names block_table (a RuntimeError there)
+            b, n = bad[0]
+            raise _args.ArgumentError(
+                f"{op}: argument 'block_table' holds {block_table.shape[1]} blocks of {k_cache.shape[1]} = "
+                f"{capacity} slots per sequence, fewer than the {n} keys cu_seqlens_k gives sequence {b}")
     return _OPS.gather_pa_kv_cache(k_cache.contiguous(), v_cache.contiguous(), block_table,
                                    lens.to(block_table.device))
 

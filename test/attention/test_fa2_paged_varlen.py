@@ -83,9 +83,13 @@ BAD = {
     "k_not_paged": (_bad(k=torch.randn(22, 2, 16)), ValueError,
                     r"argument 'k' must be a paged cache \[num_blocks, page_block_size, N2, D\] when block_table "
                     r"is given; got \[22, 2, 16\]"),
+    # Past the table's capacity: an ArgumentError (ValueError and RuntimeError) naming block_table, as FA2.
     "length_past_blocks": (_bad(cu_seqlens_k=torch.tensor([0, 10, 60], dtype=torch.int32), max_seqlen_k=50),
-                           ValueError, r"argument 'cu_seqlens_k' must give each sequence a length in \[0, 32\] .* "
-                                       r"got 50 for sequence 1"),
+                           RuntimeError, r"argument 'block_table' holds 2 blocks of 16 = 32 slots per sequence, "
+                                         r"fewer than the 50 keys cu_seqlens_k gives sequence 1"),
+    "negative_length": (_bad(cu_seqlens_k=torch.tensor([0, 10, 5], dtype=torch.int32)),
+                        ValueError, r"argument 'cu_seqlens_k' must give each sequence a length in \[0, 32\] .* "
+                                    r"got -5 for sequence 1"),
 }
 
 
