@@ -157,7 +157,9 @@ def test_dispatch_experts_combine_round_trip(c):
     # the experts: row r of pair f is scaled by f_e with e = expert_idx[f]; rows no pair reads stay as they are
     flat_rows = rows.reshape(-1, h)
     routed = flat_rows.clone()
-    kept = dst_token_major.long() >= 0
+    # Pairs the dispatch did not place: -1, or (dropless, active_num below the routed count) a sorted position past
+    # the rows it returned, as the NPU writes it; combine reads nothing for either.
+    kept = (dst_token_major.long() >= 0) & (dst_token_major.long() < flat_rows.shape[0])
     dest = dst_token_major.long()[kept]
     routed[dest] = (flat_rows[dest].double() * _expert_scale(expert.reshape(-1)[kept])[:, None]).to(dt)
     routed = routed.view(rows.shape)
