@@ -176,7 +176,7 @@ def case_every_mask_shape_runs_the_kernel():
                 cpu = OPS.flash_attention_score(**args)
                 _check_out(f"mask {kind} mode {mode}", args, cpu[0], npu[0])
                 _check_stats(f"mask {kind} mode {mode}", cpu, npu)
-            _check_mask_grads(kind, _with_mask(base, kind, seed=i))
+            _check_grads_against_float64(kind, _with_mask(base, kind, seed=i))
         for mode in (2, 3, 4):
             args = {**base, "sparse_mode": mode, "pre_tokens": 5, "next_tokens": 1,
                     "atten_mask": torch.ones(2048, 2048, dtype=torch.bool).triu(1)}
@@ -188,21 +188,24 @@ def case_every_mask_shape_runs_the_kernel():
                                                                  for k, v in bad.items()}), "3-D mask")
 
 
-def _check_mask_grads(kind, args):
-    """dq/dk/dv on npu (forward and backward kernels) within the tolerance rule of float64, as the CPU op's."""
-    dy = dy_like(OPS.flash_attention_score(**args)[0])
+def _check_grads_against_float64(what, args, dy=None):
+    """dq/dk/dv through autograd on npu (forward and backward kernels) within the tolerance rule of float64, as the
+    CPU op's; the gradients land on the inputs' device."""
     grads = {}
     for device in ("cpu", "npu"):
         kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
         leaves = [kw[n].detach().requires_grad_(True) for n in ("query", "key", "value")]
         kw.update(query=leaves[0], key=leaves[1], value=leaves[2])
         out = OPS.flash_attention_score(**kw)[0]
-        grads[device] = [g.cpu() for g in torch.autograd.grad(out, leaves, dy.to(device))]
+        dy = dy_like(out.detach().cpu()) if dy is None else dy
+        got = torch.autograd.grad(out, leaves, dy.to(device))
+        assert all(g.device.type == device for g in got), [g.device for g in got]
+        grads[device] = [g.cpu() for g in got]
     _, _, ref = reference_with_grads({n: args[n] for n in ("query", "key", "value")}, dy, torch.float64,
                                      **reference_kwargs(args, None))
     for i, name in enumerate(("query", "key", "value")):
         err, base = max_abs_err(grads["npu"][i], ref[name]), max_abs_err(grads["cpu"][i], ref[name])
-        assert err <= 2 * base + 1e-5, f"mask {kind} d{name}: npu {err:.3e} vs cpu {base:.3e}"
+        assert err <= 2 * base + 1e-5, f"{what} d{name}: npu {err:.3e} vs cpu {base:.3e}"
 
 
 # ---- fallback (CPU kernel on CPU aliases of the npu tensors): pse, dropout, TND ----
@@ -232,24 +235,7 @@ def case_fallback_tnd():
 
 def case_autograd_grads_match_cpu():
     case = Case(dtype="fp32", layout="BSND", q_len=13, kv_len=17, mask="B1SS", **SMALL)
-    args = make_inputs(case)
-    dy = None
-    grads = {}
-    for device in ("cpu", "npu"):
-        kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
-        leaves = [kw[n].detach().requires_grad_(True) for n in ("query", "key", "value")]
-        kw.update(query=leaves[0], key=leaves[1], value=leaves[2])
-        out = OPS.flash_attention_score(**kw)[0]
-        dy = dy_like(out.detach().cpu()) if dy is None else dy
-        got = torch.autograd.grad(out, leaves, dy.to(device))
-        assert all(g.device.type == device for g in got), [g.device for g in got]
-        grads[device] = [g.cpu() for g in got]
-    _, _, ref = reference_with_grads({n: args[n] for n in ("query", "key", "value")}, dy, torch.float64,
-                                     **reference_kwargs(args, None))
-    for i, name in enumerate(("query", "key", "value")):
-        err = max_abs_err(grads["npu"][i], ref[name])
-        base = max_abs_err(grads["cpu"][i], ref[name])
-        assert err <= 2 * base + 1e-5, f"d{name}: npu {err:.3e} vs cpu {base:.3e}"
+    _check_grads_against_float64("autograd", make_inputs(case))
 
 
 def case_errors_match_cpu():

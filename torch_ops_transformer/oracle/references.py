@@ -28,24 +28,17 @@ NO_LIMIT = 2147483647
 # ---- layouts -----------------------------------------------------------------------------------------------------
 def _dense_to_bnsd(t: Tensor, layout: str, heads: int) -> Tensor:
     """[B, N, S, D] view of a BSH / SBH / BSND / BNSD tensor with `heads` heads."""
-    if layout == "BNSD":
-        return t
-    if layout == "BSND":
-        return t.transpose(1, 2)
-    if layout == "SBH":
-        t = t.transpose(0, 1)
-    b, s, h = t.shape
-    return t.reshape(b, s, heads, h // heads).transpose(1, 2)
+    if layout in ("BSH", "SBH"):
+        t = t.unflatten(-1, (heads, -1))  # [B, S, N, D] or [S, B, N, D]
+        return t.permute(1, 2, 0, 3) if layout == "SBH" else t.permute(0, 2, 1, 3)
+    return t if layout == "BNSD" else t.permute(0, 2, 1, 3)
 
 
 def _dense_from_bnsd(t: Tensor, layout: str) -> Tensor:
     if layout == "BNSD":
         return t
-    if layout == "BSND":
-        return t.transpose(1, 2)
-    b, n, s, d = t.shape
-    bsh = t.transpose(1, 2).reshape(b, s, n * d)
-    return bsh.transpose(0, 1) if layout == "SBH" else bsh
+    t = t.permute(2, 0, 1, 3) if layout == "SBH" else t.permute(0, 2, 1, 3)
+    return t if layout == "BSND" else t.flatten(-2)
 
 
 def _cumulative_ends(x) -> List[int]:
