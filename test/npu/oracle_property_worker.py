@@ -11,7 +11,7 @@ Seeded (derandomized) in the default profile; HYPOTHESIS_PROFILE=long draws 25x 
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ from test.attention.attention_cases import Case as TrainCase, dy_like, make_inpu
 from test.inference import decode_cases
 from test.inference.prefill_cases import make_inputs as prefill_inputs
 from test.npu.runner import env_var
+from test.ops.zero_size_cases import to_device as _to
 from test.properties.strategies import PROFILE, examples
 
 OPS = torch.ops.npu_fa
@@ -50,16 +51,6 @@ class Rates:
 
 
 RATES = Rates()
-
-
-def _to(x, device):
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_to(t, device) for t in x)
-    if isinstance(x, dict):
-        return {k: _to(v, device) for k, v in x.items()}
-    return x
 
 
 def _tensors(result) -> List[torch.Tensor]:
@@ -120,13 +111,15 @@ def _judge(family: str, describe: str, call: Callable[[], object], faults: Seque
             RATES.misses.append(f"{family} with fault {name}: {describe}")
 
 
-def _valid_on_cpu(call_cpu: Callable[[], object]) -> bool:
-    """Draws the op rejects are not calls of the space (the bad-input rules have their own tests)."""
+def _judge_if_valid(family: str, describe: str, build: Callable[[str], Callable[[], object]],
+                    faults: Sequence[str]) -> None:
+    """`build(device)` gives the drawn call on that device; draws the op rejects on the CPU are not calls of the
+    space (the bad-input rules have their own tests) and are skipped."""
     try:
-        call_cpu()
+        build("cpu")()
     except (ValueError, TypeError, RuntimeError, NotImplementedError):
-        return False
-    return True
+        return
+    _judge(family, describe, build(NPU), faults)
 
 
 # ---- FlashAttention training: forward + backward ------------------------------------------------------------------
@@ -183,9 +176,8 @@ def _train_call(case: TrainCase, device: str):
 @settings(SETTINGS, max_examples=examples(40))
 @given(case=train_cases())
 def _train_property(case):
-    if not _valid_on_cpu(_train_call(case, "cpu")):
-        return
-    _judge("flash_attention_score fwd+bwd", repr(case), _train_call(case, NPU), FA_FORWARD_FAULTS + FA_BACKWARD_FAULTS)
+    _judge_if_valid("flash_attention_score fwd+bwd", repr(case), lambda device: _train_call(case, device),
+                    FA_FORWARD_FAULTS + FA_BACKWARD_FAULTS)
 
 
 def case_flash_attention_training():
@@ -254,9 +246,7 @@ def _prefill_call(d, device):
 @settings(SETTINGS, max_examples=examples(40))
 @given(d=prefill_draws())
 def _prefill_property(d):
-    if not _valid_on_cpu(_prefill_call(d, "cpu")):
-        return
-    _judge("prefill", repr(d), _prefill_call(d, NPU), FA_FORWARD_FAULTS)
+    _judge_if_valid("prefill", repr(d), lambda device: _prefill_call(d, device), FA_FORWARD_FAULTS)
 
 
 def case_prefill():
@@ -304,9 +294,7 @@ def _decode_call(case, op, seed, device):
 @given(d=decode_draws())
 def _decode_property(d):
     case, op, seed = d
-    if not _valid_on_cpu(_decode_call(case, op, seed, "cpu")):
-        return
-    _judge("decode", repr(d), _decode_call(case, op, seed, NPU), DECODE_FAULTS)
+    _judge_if_valid("decode", repr(d), lambda device: _decode_call(case, op, seed, device), DECODE_FAULTS)
 
 
 def case_decode():

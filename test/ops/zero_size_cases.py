@@ -189,13 +189,14 @@ def _shapes(result):
     return [[list(t.shape) for t in r] if isinstance(r, (list, tuple)) else list(r.shape) for r in result]
 
 
-def _to(value, device):
+def to_device(value, device):
+    """Tensors (also inside lists, tuples and dicts) moved to `device`; other values as they are."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, (list, tuple)):
-        return type(value)(_to(v, device) for v in value)
+        return type(value)(to_device(v, device) for v in value)
     if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
+        return {k: to_device(v, device) for k, v in value.items()}
     return value
 
 
@@ -208,7 +209,7 @@ def run(op: str, case: str, device: str = "cpu"):
         torch_ops_transformer.npu_sim.enable()
     build, _ = CASES[op][case]
     args, kwargs = build()
-    result = getattr(OPS, op)(*_to(args, device), **_to(kwargs, device))
+    result = getattr(OPS, op)(*to_device(args, device), **to_device(kwargs, device))
     return _shapes(result)
 
 

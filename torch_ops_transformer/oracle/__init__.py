@@ -60,11 +60,7 @@ class Report:
 
     def text(self) -> str:
         m = self.mismatch
-        lines = [f"oracle: {self.op} disagrees with the CPU kernel: output {m.output}: {m.what}"]
-        if m.allowed or m.error:
-            lines.append(f"  max error {m.error:.6g} > allowed {m.allowed:.6g}")
-        if m.where is not None:
-            lines.append(f"  worst element {list(m.where)}: device {m.device!r}, cpu {m.cpu!r}, reference {m.ref64!r}")
+        lines = [f"oracle: {self.op} disagrees with the CPU kernel: output {m.output}: {m.what}"] + m.details()
         lines.append(f"  arguments: {self.arguments}")
         if self.saved:
             lines.append(f"  inputs saved: {self.saved}  (python -m torch_ops_transformer oracle replay {self.saved})")
@@ -335,11 +331,7 @@ class _OracleMode(TorchDispatchMode):
             self._report(func, args, kwargs, saved_inputs, devs,
                          Mismatch(0, f"the CPU kernel raised {type(e).__name__}: {str(e).splitlines()[0]}"))
             return
-        names = (lambda a, k: _schema_args(func, a, k))
-        cpus = cpu_chain(_op_name(func), saved_inputs, names) or cpus
-        evidence = gather(_op_name(func), run, saved_inputs, cpus, names)
-        flat, _ = tree_flatten(saved_inputs)
-        bad = compare(devs, cpus, evidence, least_precise(flat))
+        bad = judge(_op_name(func), func, run, saved_inputs, cpus, devs)
         if bad is not None:
             self._report(func, args, kwargs, saved_inputs, devs, bad)
 
@@ -361,6 +353,15 @@ def judged_run(reference: "_Reference", func=None) -> Callable[..., List[torch.T
         outs = reference.pick(_outputs(reference.run(*args, **kwargs)))
         return outs + (_mutated(func, args, kwargs) if func is not None else [])
     return run
+
+
+def judge(name: str, func, run, inputs, cpus: List[torch.Tensor], devs: List[torch.Tensor]) -> Optional[Mismatch]:
+    """The device outputs `devs` of a call judged against the CPU kernels' `cpus` (from `run` on `inputs`), with
+    the evidence of oracle/evidence.py; `func` (our op's overload, or None) names the arguments for the chains."""
+    names = (lambda a, k: _schema_args(func, a, k)) if func is not None else None
+    cpus = cpu_chain(name, inputs, names) or cpus
+    flat, _ = tree_flatten(inputs)
+    return compare(devs, cpus, gather(name, run, inputs, cpus, names), least_precise(flat))
 
 
 def _normalise(op: str) -> str:

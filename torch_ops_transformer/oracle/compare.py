@@ -42,7 +42,15 @@ class Mismatch:
     where: Optional[Tuple[int, ...]] = None   # the worst element
     device: Optional[float] = None   # its values
     cpu: Optional[float] = None
-    ref64: Optional[float] = None
+    reference: Optional[float] = None  # the value of the reference the rule used (None: judged against the CPU)
+
+    def details(self) -> list:
+        """The report's lines of numbers: the error and its bound, the worst element."""
+        lines = [f"  max error {self.error:.6g} > allowed {self.allowed:.6g}"] if self.allowed or self.error else []
+        if self.where is not None:
+            lines.append(f"  worst element {list(self.where)}: device {self.device!r}, cpu {self.cpu!r}, "
+                         f"reference {self.reference!r}")
+        return lines
 
 
 def _eps(dtype: torch.dtype) -> float:
@@ -106,7 +114,7 @@ def compare_one(index: int, dev: Tensor, cpu: Tensor, ref: Optional[Tensor],
     if bool(bad_special.any()) or bool(bad_finite.any()):
         where = _worst((bad_special | bad_finite).to(torch.uint8))
         return Mismatch(index, "non-finite values differ from the reference (inf/NaN must match)", where=where,
-                        device=_value(d, where), cpu=_value(c, where), ref64=_value(base, where))
+                        device=_value(d, where), cpu=_value(c, where), reference=_value(ref, where))
     finite = torch.isfinite(base)
     err = torch.where(finite, (d - base).abs(), torch.zeros((), dtype=torch.float64))
     scale = float(base[finite].abs().max()) if bool(finite.any()) else 0.0

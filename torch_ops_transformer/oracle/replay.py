@@ -7,9 +7,7 @@ import sys
 
 import torch
 
-from . import OUR_NAMESPACE, _schema_args, judged_run, reference_for_name
-from .compare import compare, least_precise
-from .evidence import cpu_chain, gather
+from . import OUR_NAMESPACE, judge, judged_run, reference_for_name
 
 
 def replay(path: str) -> int:
@@ -30,19 +28,12 @@ def replay(path: str) -> int:
     except Exception as e:
         print(f"the CPU kernel raises {type(e).__name__}: {e}")
         return 1
-    names = (lambda a_, k_: _schema_args(func, a_, k_)) if func is not None else None
-    cpus = cpu_chain(op, (tuple(args), dict(kwargs)), names) or cpus
-    evidence = gather(op, run, (tuple(args), dict(kwargs)), cpus, names)
-    precision = least_precise(list(args) + list(kwargs.values()))
-    bad = compare(devs[:len(cpus)], cpus, evidence, precision)
+    # Written arguments (caches) follow the outputs in the saved device list; compare what both sides have.
+    bad = judge(op, func, run, (tuple(args), dict(kwargs)), cpus, devs[:len(cpus)])
     if bad is None:
         print("the saved device outputs now pass against the CPU kernels of this build")
         return 0
-    print(f"reproduced on CPU: output {bad.output}: {bad.what}")
-    if bad.allowed or bad.error:
-        print(f"  max error {bad.error:.6g} > allowed {bad.allowed:.6g}")
-    if bad.where is not None:
-        print(f"  worst element {list(bad.where)}: device {bad.device!r}, cpu {bad.cpu!r}, reference {bad.ref64!r}")
+    print("\n".join([f"reproduced on CPU: output {bad.output}: {bad.what}"] + bad.details()))
     return 1
 
 
