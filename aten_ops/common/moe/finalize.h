@@ -79,7 +79,7 @@ inline FinalizePlan plan_finalize(const char* op, const at::Tensor& expanded, co
       fz.past_rows = fz.past_rows || r >= fz.R;
       fz.src[i * fz.k + j] = r >= fz.R ? -1 : r;
     }
-  fz.repeated_rows = has_repeated_rows(fz.src, fz.R);
+  fz.repeated_rows = first_repeated_row(fz.src, fz.R) >= 0;
   if (bias.has_value()) {
     check_same_dtype(op, "bias", *bias, "expanded_permuted_rows", expanded);
     TORCH_CHECK_VALUE(bias->dim() == 2 && bias->size(1) == fz.H, op, ": argument 'bias' of shape ", bias->sizes(),

@@ -82,29 +82,25 @@ inline void check_rows_in_range(const char* op, const char* name, const std::vec
   }
 }
 
+// The first row in v (values -1 or in [0, limit), checked) named a second time, or -1.
+inline int64_t first_repeated_row(const std::vector<int64_t>& v, int64_t limit) {
+  std::vector<uint8_t> seen(std::max<int64_t>(limit, 0), 0);
+  for (const int64_t r : v) {
+    if (r < 0) continue;
+    if (seen[r]) return r;
+    seen[r] = 1;
+  }
+  return -1;
+}
+
 // In range (as above) and no value twice: the rows written through it must be distinct, or two pairs would write
 // the same row and the result would depend on their order.
 inline void check_destinations(const char* op, const char* name, const std::vector<int64_t>& v, int64_t limit,
                                bool allow_minus_one) {
   check_rows_in_range(op, name, v, limit, allow_minus_one);
-  std::vector<uint8_t> seen(std::max<int64_t>(limit, 0), 0);
-  for (const int64_t r : v) {
-    if (r < 0) continue;
-    TORCH_CHECK_VALUE(!seen[r], op, ": argument '", name, "' names row ", r,
-                      " more than once; every (token, slot) pair needs its own row");
-    seen[r] = 1;
-  }
-}
-
-// Whether any row in v (values -1 or in [0, limit), checked) is named twice.
-inline bool has_repeated_rows(const std::vector<int64_t>& v, int64_t limit) {
-  std::vector<uint8_t> seen(std::max<int64_t>(limit, 0), 0);
-  for (const int64_t r : v) {
-    if (r < 0) continue;
-    if (seen[r]) return true;
-    seen[r] = 1;
-  }
-  return false;
+  const int64_t r = first_repeated_row(v, limit);
+  TORCH_CHECK_VALUE(r < 0, op, ": argument '", name, "' names row ", r,
+                    " more than once; every (token, slot) pair needs its own row");
 }
 
 // The 2-D [N, H] view checks shared by the ops that take token rows.
