@@ -14,6 +14,7 @@ os.environ.pop("TORCH_OPS_TRANSFORMER_TUNE", None)
 
 import torch_ops_transformer  # noqa: E402
 from test.common.checkout import ROOT  # noqa: E402
+from test.common.tiers import IS_FULL, TIER  # noqa: E402
 
 assert os.path.dirname(os.path.dirname(os.path.abspath(torch_ops_transformer.__file__))) == ROOT, (
     f"tests must run against this checkout ({ROOT}); imported {torch_ops_transformer.__file__}")
@@ -23,6 +24,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: compiles with Inductor or runs larger shapes (deselect with -m 'not slow')")
     config.addinivalue_line("markers", "asan: index, stride and zero-size tests that `python -m tools.asan` also runs "
                                        "against the AddressSanitizer build (docs/sanitizers.md)")
+    config.addinivalue_line("markers", "full: exhaustive variant, run only in the full tier (TOT_TEST_TIER=full, "
+                                       "test/common/tiers.py, docs/testing.md)")
+
+
+def pytest_report_header(config):
+    return f"test tier: {TIER} (docs/testing.md)"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The default tier deselects what is marked `full` (deselected, not skipped: the summary counts them apart)."""
+    if IS_FULL:
+        return
+    kept = [item for item in items if item.get_closest_marker("full") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full") is not None])
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

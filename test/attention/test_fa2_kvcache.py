@@ -14,6 +14,7 @@ import torch
 import torch_ops_transformer as tot
 from test.attention.fa2_reference import attend, rotary
 from test.common.reference import DTYPES, check_tolerance
+from test.common.tiers import pairwise
 from torch_ops_transformer import fa2
 from torch_ops_transformer._args import ArgumentError
 
@@ -162,15 +163,8 @@ def _expected_caches(k_cache, v_cache, args, seqlist, k_rot, sc: Scenario):
     return ke, ve
 
 
-def _params():
-    for name in SCENARIOS:
-        for kind in KINDS:
-            yield pytest.param(name, kind, id=f"{name}-{kind}")
-
-
-@pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("name,kind", list(_params()))
-def test_kvcache(dtype, name, kind):
+@pytest.mark.parametrize("name,kind,dtype", pairwise(name=list(SCENARIOS), kind=KINDS, dtype=list(DTYPES)))
+def test_kvcache(name, kind, dtype):
     sc = SCENARIOS[name]
     dt = DTYPES[dtype]
     q, k_cache, v_cache, args, seqlist = _setup(sc, kind, dt)

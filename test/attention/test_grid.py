@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from test.attention.attention_cases import Case, compare_with_reference, make_inputs, run_ours
+from test.common.tiers import pairwise
 from torch_ops_transformer import attention_tiles_override
 
 LAYOUTS = ["BSH", "SBH", "BSND", "BNSD", "TND"]
@@ -31,9 +32,7 @@ def _case(layout: str, **kw) -> Case:
     return Case(layout=layout, **kw)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout,mode,dtype", pairwise(layout=LAYOUTS, mode=list(MODES), dtype=DTYPES))
 def test_layouts_by_sparse_modes(layout, mode, dtype):
     compare_with_reference(_case(layout, dtype=dtype, **MODES[mode]))
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
+from test.common.tiers import pairwise
 
 MAX = 2147483647
 N1, N2, D = 4, 2, 16
@@ -276,10 +277,9 @@ def test_int8_optimised_mask():
 WINDOWS = [(0, 0), (1, 0), (4, 0), (3, 2), (MAX, 0)]   # (pre_tokens, next_tokens); (MAX, 0) = causal
 
 
-@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"pre{min(w[0], 99)}_next{w[1]}")
-@pytest.mark.parametrize("layout", ["TND", "BSND", "BNSD", "BSH"])
-@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
-@pytest.mark.parametrize("batch", ["decode", "chunked", "mixed"])
+@pytest.mark.parametrize("batch,paged,layout,window", pairwise(
+    batch=["decode", "chunked", "mixed"], paged={"contiguous": False, "paged": True},
+    layout=["TND", "BSND", "BNSD", "BSH"], window={f"pre{min(w[0], 99)}_next{w[1]}": w for w in WINDOWS}))
 def test_sliding_window(batch, paged, layout, window):
     pre, nxt = window
     b = Batch(*BATCHES[batch], seed=11)

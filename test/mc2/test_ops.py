@@ -12,6 +12,7 @@ import torch
 
 import torch_ops_transformer as tot
 from test.common.checkout import pythonpath
+from test.common.tiers import FULL
 from torch_ops_transformer._spawn import describe, launch
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops_worker.py")
@@ -38,6 +39,7 @@ def test_world2_ops_backward_tp_opcheck_compile_and_bad_input():
     assert results[0].stdout.count("MC2-RAISED") >= 13, report
 
 
+@FULL
 def test_world4_ops_and_tp():
     scenarios = ["ops_core", "tp"]
     results, report = run_ranks(4, scenarios, timeout=180.0, pg_timeout=90)  # 4 ranks on 2 cores: slow when loaded

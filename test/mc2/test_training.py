@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from test.common.checkout import ROOT, pythonpath
+from test.common.tiers import full_only
 from torch_ops_transformer import MC2DistributedDataParallel, MC2Optimizer
 from torch_ops_transformer._spawn import free_port, rank_env
 
@@ -79,7 +80,7 @@ def results(world: int) -> dict:
     return by_name
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, *full_only(4)])
 @pytest.mark.parametrize("case", SAME_BUCKETS_AS_DDP + OWN_BUCKETS)
 def test_equals_ddp_plus_torch_optimizer(world, case):
     per_rank = results(world)[case]
@@ -91,7 +92,7 @@ def test_equals_ddp_plus_torch_optimizer(world, case):
             assert r["max_diff"] <= ROUNDING_TOL, f"rank {rank}: {r}"
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, *full_only(4)])
 def test_mc2_ddp_updates_during_backward(world):
     """With MC2Optimizer the update of each bucket runs in the comm hook (params move inside backward);
     with a plain torch optimizer MC2-DDP behaves as DDP (params move only in step())."""
@@ -104,19 +105,19 @@ def test_mc2_ddp_updates_during_backward(world):
                 assert not any(r["moved_in_backward"]), (name, r)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, *full_only(4)])
 def test_second_backward_without_step_errors_on_every_rank(world):
     for r in results(world)["two-backwards-error"]:
         assert r["error"] and "call optimizer.step() after every synchronised backward" in r["error"]
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, *full_only(4)])
 def test_mismatched_models_error_on_every_rank(world):
     for r in results(world)["mismatched-models-error"]:
         assert r["error"] and "ranks do not hold the same parameters" in r["error"]
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, *full_only(4)])
 def test_failing_rank_makes_every_rank_error(world):
     for rank, (code, out, err) in enumerate(run_job(world)):
         assert code != 0, f"rank {rank} exited cleanly after its peer failed"

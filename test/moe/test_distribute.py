@@ -12,6 +12,7 @@ import torch
 
 import torch_ops_transformer as tot
 from test.common.ranks import run_ranks
+from test.common.tiers import FULL
 from test.mc2.mc2_cases import single_rank_group
 from test.moe import distribute_worker
 from test.moe.distribute_cases import (active_pairs, apply_local_experts, expert_weights, make_ranks,
@@ -228,5 +229,6 @@ def test_world2_matches_reference_and_a_failing_rank_ends_the_others_with_an_err
     run_ranks(distribute_worker.main_worker, 2, tmp_path, timeout_s=150.0)
 
 
+@FULL
 def test_world4_matches_reference(tmp_path):
     run_ranks(distribute_worker.main_worker, 4, tmp_path, timeout_s=150.0)

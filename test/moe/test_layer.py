@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from test.common.moe_reference import act_ref
 from torch_ops_transformer import MOELayer
 from test.common.ranks import run_ranks
+from test.common.tiers import full_only
 
 ACT = {"gelu": 2, "relu": 1, "silu": 5, "fast_gelu": 4}
 
@@ -219,6 +220,6 @@ def _ep_check(rank, world, capacity):
     torch.testing.assert_close(gate_grad, full.gate.weight.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{tag}: {m}")
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, *full_only(4)])
 def test_expert_parallel_matches_single_process(world, tmp_path):
     run_ranks(_ep_worker, world, tmp_path)

@@ -1,10 +1,11 @@
 """Build and run the torch-free C++ programs under ascendc/ (kernel host programs, tiling unit tests, runtime
-fault tests) against the CPU runtime, the way a CANN CPU-debug build would: g++ + tikicpulib.h. Binaries are cached
-under build/ascendc_programs keyed by the content of every source and header involved."""
+fault tests) against the CPU runtime, the way a CANN CPU-debug build would: g++ + tikicpulib.h. Objects and
+programs are cached under build/ascendc_programs, keyed by the content of every source and header involved."""
 import glob
 import hashlib
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 from test.common.checkout import ROOT
 
@@ -13,27 +14,45 @@ INCLUDES = [os.path.join(RUNTIME, "include"), os.path.join(ROOT, "ascendc", "ker
 FLAGS = ["-std=c++17", "-O1", "-g", "-pthread", "-Wall", "-Wno-unused-parameter", "-Wno-unused-variable"]
 
 
-def _digest(paths, flags):
+def _digest(path, flags):
+    """Key of one object: the flags, the source and every header under ascendc/ (any of them may be included)."""
     h = hashlib.sha1(" ".join(flags).encode())
     headers = sorted(glob.glob(os.path.join(ROOT, "ascendc", "**", "*.h"), recursive=True))
-    for p in sorted(paths) + headers:
+    for p in [path] + headers:
         with open(p, "rb") as f:
-            h.update(p.encode() + f.read())
+            h.update(os.path.relpath(p, ROOT).encode() + f.read())
     return h.hexdigest()[:12]
 
 
+def _run_compiler(cmd, what):
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise AssertionError(f"compiling {what} failed:\n{' '.join(cmd)}\n{res.stderr[-6000:]}")
+
+
+def _object(path, flags, out_dir):
+    """The object of one source, compiled unless an object with the same key exists (the runtime and the kernel
+    sources are shared by several programs: each is compiled once)."""
+    obj = os.path.join(out_dir, "obj", f"{os.path.splitext(os.path.basename(path))[0]}-{_digest(path, flags)}.o")
+    if not os.path.exists(obj):
+        os.makedirs(os.path.dirname(obj), exist_ok=True)
+        cxx = os.environ.get("CXX", "g++")
+        _run_compiler([cxx, *flags, *[f"-I{i}" for i in INCLUDES], "-c", path, "-o", obj + ".tmp"], path)
+        os.replace(obj + ".tmp", obj)
+    return obj
+
+
 def build(name, sources, flags=()):
-    """Compile sources (paths relative to the repo root) + the runtime into one program; returns its path."""
+    """Compile sources (paths relative to the repo root) + the runtime into one program; returns its path. Objects
+    are compiled two at a time (the machine's two cores) and cached by content; linking is cheap."""
     paths = [os.path.join(ROOT, s) for s in sources] + [os.path.join(RUNTIME, "src", "runtime.cpp")]
     all_flags = FLAGS + list(flags)
     out_dir = os.path.join(ROOT, "build", "ascendc_programs")
-    os.makedirs(out_dir, exist_ok=True)
-    exe = os.path.join(out_dir, f"{name}-{_digest(paths, all_flags)}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        objects = list(pool.map(lambda p: _object(p, all_flags, out_dir), paths))
+    exe = os.path.join(out_dir, f"{name}-{hashlib.sha1(' '.join(objects).encode()).hexdigest()[:12]}")
     if not os.path.exists(exe):
-        cmd = [os.environ.get("CXX", "g++"), *all_flags, *[f"-I{i}" for i in INCLUDES], *paths, "-o", exe + ".tmp"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise AssertionError(f"compiling {name} failed:\n{' '.join(cmd)}\n{res.stderr[-6000:]}")
+        _run_compiler([os.environ.get("CXX", "g++"), *all_flags, *objects, "-o", exe + ".tmp"], name)
         os.replace(exe + ".tmp", exe)
     return exe
 

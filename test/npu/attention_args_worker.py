@@ -1,5 +1,5 @@
 """npu_fusion_attention(_grad) with sink, softmax_layout, dropout_mask, seed/offset and host sequence lengths on the
-simulated npu device, run by test_attention_args.py through runner.run_module.
+simulated npu device, run by test_attention_args.py through runner.run_cases.
 
 These arguments run the CPU kernels on aliases of the npu tensors (docs/attention.md, "On the npu device"): every
 result must be on the npu and equal, bit for bit, to the same call on CPU tensors, forward and backward.

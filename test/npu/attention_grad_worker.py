@@ -1,5 +1,5 @@
 """flash_attention_score_grad on the simulated npu device (Ascend C backward kernel), run by
-test_attention_grad.py through runner.run_module.
+test_attention_grad.py through runner.run_cases.
 
 Each case runs the CPU forward op, moves its inputs and outputs (attention_in, softmax_max/sum) to the npu, calls
 torch.ops.npu_fa.flash_attention_score_grad there, and checks dq/dk/dv — and the CPU grad op's — against a float64

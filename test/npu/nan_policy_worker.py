@@ -1,5 +1,5 @@
 """The NaN policy (docs/attention.md, "NaN and infinities") on the simulated npu device, run by test_nan_policy.py
-through runner.run_module: the Ascend C FlashAttention forward and backward kernels and the decode kernel give the
+through runner.run_cases: the Ascend C FlashAttention forward and backward kernels and the decode kernel give the
 float64 reference's NaN pattern and values, with the poison cases of test/attention/test_nan_policy.py.
 
 Only argument combinations the Ascend C kernels run themselves are used (no pse, no per-batch lengths for

@@ -1,30 +1,48 @@
-"""Pytest side of runner_worker.py: run a case module once in a child process and report each case as a test.
+"""Pytest side of runner_worker.py: the `case_*` functions of the *_worker modules run on the simulated npu device in
+one child process per pytest session, and each case is reported as a test.
 
-In a test file (the `results` fixture is this folder's conftest.py's: run_module of the test module's WORKER):
+In a test file (the `results` fixture is this folder's conftest.py's: the results of the module's WORKER):
     from test.npu import rope_worker as WORKER
     from test.npu.runner import case_names
     @pytest.mark.parametrize("case", case_names(WORKER))
     def test_rope_on_npu(results, case): assert results.get(case) == "ok", results.get(case, "did not run")
+
+A worker marks an exhaustive case with @full_case: it runs only in the full tier (test/common/tiers.py).
 """
 import contextlib
 import json
 import os
 import subprocess
 import sys
+from typing import Dict, List
+
+import pytest
 
 from test.common.checkout import ROOT, pythonpath
+from test.common.tiers import FULL
+
+
+def full_case(case):
+    """Worker side: this case runs only in the full tier."""
+    case.full_tier = True
+    return case
 
 
 def case_names(module):
-    return sorted(n for n in dir(module) if n.startswith("case_"))
+    """The parameter values of a module's cases; a @full_case carries the `full` marker."""
+    names = sorted(n for n in dir(module) if n.startswith("case_"))
+    return [pytest.param(n, marks=FULL) if getattr(getattr(module, n), "full_tier", False) else n for n in names]
 
 
-def run_module(module_name, timeout=900):
+def run_cases(selection: Dict[str, List[str]], timeout=1800) -> Dict[str, Dict[str, str]]:
+    """{module: {case: "ok" | traceback}} for the selected cases of each worker module, run in one child process
+    (renaming PrivateUse1 to "npu" is permanent for a process, so it never happens in the pytest session itself;
+    one child for all modules pays the torch and extension import once)."""
     env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
     env["PYTHONPATH"] = pythonpath()
-    proc = subprocess.run([sys.executable, "-m", "test.npu.runner_worker", module_name],
+    proc = subprocess.run([sys.executable, "-m", "test.npu.runner_worker", json.dumps(selection)],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
-    assert proc.returncode == 0, f"runner_worker {module_name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, f"runner_worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

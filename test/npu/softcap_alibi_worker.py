@@ -1,5 +1,5 @@
 """softcap and in-kernel ALiBi (pse_type 2/3) of flash_attention_score(_grad) on the simulated npu device, run by
-test_softcap_alibi.py through runner.run_module.
+test_softcap_alibi.py through runner.run_cases.
 
 The Ascend C kernels have no softcap or ALiBi path, so these calls run the CPU kernels on aliases of the npu tensors
 (aten_ops/npu/attention.cpp, attention_grad.cpp): every result must be on the npu and equal, bit for bit, to the

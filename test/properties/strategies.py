@@ -10,8 +10,10 @@ import os
 import torch
 from hypothesis import strategies as st
 
+from test.common.tiers import IS_FULL
+
 PROFILES = {"ci": 1, "long": 25}  # profile name -> example multiplier
-PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "long" if IS_FULL else "ci")  # the full tier searches longer
 MAX_TOKENS = 2147483647
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

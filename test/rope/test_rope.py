@@ -8,6 +8,7 @@ import torch
 
 import torch_ops_transformer as tot
 from test.common.reference import DTYPES
+from test.common.tiers import pairwise
 
 OPS = torch.ops.npu_fa
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float64: 1e-12}
@@ -70,13 +71,15 @@ LAYOUTS = {
     "SBND": ((S, B, N, D), [(S, 1, 1, D), (S, B, 1, D)]),
     "TND": ((7, N, D), [(7, 1, D), (7, N, D), (D,)]),
 }
-GRID = [(lay, cs, mode, dt) for lay, (_, shapes) in LAYOUTS.items() for cs in shapes for mode in range(4)
-        for dt in DTYPES]
+# Pairwise over (layout and its cos/sin shape) x mode x dtype; the full tier runs the whole product.
+GRID = pairwise(shape={f"{lay}-{'x'.join(map(str, cs))}": (lay, cs) for lay, (_, shapes) in LAYOUTS.items()
+                       for cs in shapes}, mode=range(4), dtype=list(DTYPES))
 
 
 @pytest.mark.asan
-@pytest.mark.parametrize("layout,cshape,mode,dtype", GRID)
-def test_forward_vs_reference(layout, cshape, mode, dtype):
+@pytest.mark.parametrize("shape,mode,dtype", GRID)
+def test_forward_vs_reference(shape, mode, dtype):
+    layout, cshape = shape
     dt = DTYPES[dtype]
     x = torch.randn(LAYOUTS[layout][0]).to(dt)
     cos, sin = tables(cshape, dt)

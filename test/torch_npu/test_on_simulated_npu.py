@@ -1,16 +1,20 @@
 """Re-runs this folder's ported torch_npu tests in a child process on the simulated npu device, with
-`import torch_npu` giving the shim (PYTHONPATH from `python -m torch_ops_transformer.compat --pythonpath`)."""
+`import torch_npu` giving the shim (PYTHONPATH from `python -m torch_ops_transformer.compat --pythonpath`). Full tier:
+the default tier runs the port once, on the CPU (the npu glue and the Ascend C kernels have their own tests in
+test/npu, on the same semantic space)."""
 import os
 import subprocess
 import sys
 
 from test.common.checkout import ROOT, pythonpath
+from test.common.tiers import FULL
 from test.torch_npu.common import DEVICE, DEVICE_ENV
 from torch_ops_transformer import compat
 
 import pytest
 
 
+@FULL
 @pytest.mark.skipif(DEVICE == "npu", reason="this is the launcher of the npu run itself")
 def test_ported_torch_npu_tests_on_simulated_npu():
     env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
