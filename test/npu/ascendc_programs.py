@@ -5,6 +5,7 @@ import glob
 import hashlib
 import os
 import subprocess
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from test.common.checkout import ROOT
@@ -30,15 +31,30 @@ def _run_compiler(cmd, what):
         raise AssertionError(f"compiling {what} failed:\n{' '.join(cmd)}\n{res.stderr[-6000:]}")
 
 
+# One lock per object path: programs built on parallel threads share the runtime's object, which must be compiled
+# once, not by two threads writing the same file.
+_OBJECT_LOCKS = {}
+_OBJECT_LOCKS_GUARD = threading.Lock()
+
+
+def _private_tmp(path):
+    """A temporary name no other thread or process writes (the result is renamed into place atomically)."""
+    return f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+
+
 def _object(path, flags, out_dir):
     """The object of one source, compiled unless an object with the same key exists (the runtime and the kernel
     sources are shared by several programs: each is compiled once)."""
     obj = os.path.join(out_dir, "obj", f"{os.path.splitext(os.path.basename(path))[0]}-{_digest(path, flags)}.o")
-    if not os.path.exists(obj):
-        os.makedirs(os.path.dirname(obj), exist_ok=True)
-        cxx = os.environ.get("CXX", "g++")
-        _run_compiler([cxx, *flags, *[f"-I{i}" for i in INCLUDES], "-c", path, "-o", obj + ".tmp"], path)
-        os.replace(obj + ".tmp", obj)
+    with _OBJECT_LOCKS_GUARD:
+        lock = _OBJECT_LOCKS.setdefault(obj, threading.Lock())
+    with lock:
+        if not os.path.exists(obj):
+            os.makedirs(os.path.dirname(obj), exist_ok=True)
+            tmp = _private_tmp(obj)
+            _run_compiler([os.environ.get("CXX", "g++"), *flags, *[f"-I{i}" for i in INCLUDES], "-c", path, "-o", tmp],
+                          path)
+            os.replace(tmp, obj)
     return obj
 
 
@@ -52,8 +68,9 @@ def build(name, sources, flags=()):
         objects = list(pool.map(lambda p: _object(p, all_flags, out_dir), paths))
     exe = os.path.join(out_dir, f"{name}-{hashlib.sha1(' '.join(objects).encode()).hexdigest()[:12]}")
     if not os.path.exists(exe):
-        _run_compiler([os.environ.get("CXX", "g++"), *all_flags, *objects, "-o", exe + ".tmp"], name)
-        os.replace(exe + ".tmp", exe)
+        tmp = _private_tmp(exe)
+        _run_compiler([os.environ.get("CXX", "g++"), *all_flags, *objects, "-o", tmp], name)
+        os.replace(tmp, exe)
     return exe
 
 
