@@ -112,7 +112,8 @@ MUTANTS = [
            old="run.Gm(xc), run.Gm(cc), run.Gm(sc), run.Gm(out)",
            new="run.Gm(xc), run.Gm(sc), run.Gm(cc), run.Gm(out)",
            what="the npu rotary_position_embedding launches the Ascend C kernel with cos and sin swapped",
-           tests=["test/npu/test_rope.py"]),
+           # the torch_npu port on the simulated npu (full tier only) catches it too: the default tier must as well
+           tests=["test/npu/test_rope.py", "test/torch_npu/test_on_simulated_npu.py"]),
     # ---- MC2 collectives (C++) -------------------------------------------------------------------------------------
     Mutant("mc2-validation-skipped-for-two-ranks", layer="CPU kernel", family="mc2",
            path="aten_ops/cpu/mc2/collectives.cpp",
