@@ -22,6 +22,7 @@ Conventions (from the spec):
     before the product with V); the logsumexp includes it.
   * rows whose keys are all masked give output 0 and logsumexp -inf.
 """
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -323,11 +324,28 @@ def max_abs_err(a: Tensor, ref: Tensor) -> float:
     return float((a[finite] - ref[finite]).abs().max())
 
 
+def output_rounding(ref64: Tensor, dtype: torch.dtype) -> float:
+    """Half a unit in the last place of `dtype` at the largest finite |ref64|: the error of rounding the exact
+    result to the output dtype, which no same-dtype computation avoids except by luck. Zero for float64."""
+    if not dtype.is_floating_point or dtype == torch.float64:
+        return 0.0
+    finite = ref64[torch.isfinite(ref64)].abs()
+    top = float(finite.max()) if finite.numel() else 0.0
+    if top == 0.0:
+        return 0.0
+    return torch.finfo(dtype).eps * 2.0 ** math.floor(math.log2(top)) / 2
+
+
 def check_tolerance(name: str, ours: Tensor, ref64: Tensor, same: Tensor, floor: float = 1e-5) -> None:
-    """The project's tolerance rule: max|ours - ref64| <= 2 * max|torch_same_dtype - ref64| + floor."""
+    """The project's tolerance rule: max|ours - ref64| <= 2 * max|torch_same_dtype - ref64| + floor.
+
+    PyTorch's error counts as at least the output's own rounding (output_rounding): over a tensor of thousands of
+    elements it always is, but over a handful (a 1x1 output of a random tiny shape) PyTorch's result can land next
+    to the exact value by luck, and a kernel that rounds P to bf16 as FlashAttention does would then fail by one
+    unit in the last place."""
     assert not torch.isnan(ours.detach().float()).any(), f"{name}: NaN in our result"
     err = max_abs_err(ours, ref64)
-    base = max_abs_err(same, ref64)
+    base = max(max_abs_err(same, ref64), output_rounding(ref64, ours.dtype))
     tol = 2.0 * base + floor
     assert err <= tol, (f"{name}: max|ours - ref64| = {err:.3e} exceeds 2*max|torch_same_dtype - ref64| + {floor:g} "
                         f"= {tol:.3e} (torch_same_dtype error {base:.3e})")
