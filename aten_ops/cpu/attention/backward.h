@@ -17,7 +17,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,6 +29,7 @@
 
 #include "cpu/attention/kernels.h"
 #include "cpu/attention/logits.h"
+#include "cpu/brgemm.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
 namespace bwd {
@@ -44,87 +44,11 @@ constexpr int64_t kDefaultBlockQ = 64, kDefaultBlockKv = 128;
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_even(int64_t a) { return (a + 1) & ~int64_t(1); }
 
-// ---------------------------------------------------------------------------------------------------------------
-// GEMM and operand packing
-// ---------------------------------------------------------------------------------------------------------------
-
-// C[m x n] (+)= A[m x k] . B[k x n], row-major. For 16-bit G, B is VNNI-packed in panels of `panel` columns, each
-// [k/2][w][2] (k even), which is what the oneDNN micro-kernel wants.
-template <typename G>
-void gemm(int64_t m, int64_t n, int64_t k, const G* a, int64_t lda, const G* b, int64_t ldb, float* c, int64_t ldc,
-          bool add, int64_t panel) {
-  if (m == 0 || n == 0) return;
-  if constexpr (std::is_same_v<G, float>) {
-    at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, false);
-  } else {
-    for (int64_t c0 = 0; c0 < n; c0 += panel) {
-      const int64_t w = std::min(panel, n - c0);
-      at::native::cpublas::brgemm(m, w, k, lda, w, ldc, add, a, b + c0 * k, c + c0, true);
-    }
-  }
-}
-
-// VNNI B = X, X being k rows x n columns (row stride ld): rows 2p and 2p+1 interleave; an odd k gets a zero row.
-template <typename G>
-void pack_rows_vnni(const G* x, int64_t ld, int64_t k, int64_t n, int64_t panel, G* out) {
-  static_assert(sizeof(G) == 2, "VNNI packing is for 16-bit types");
-  const int64_t k2 = round_even(k);
-  for (int64_t c0 = 0; c0 < n; c0 += panel) {
-    const int64_t w = std::min(panel, n - c0);
-    uint16_t* o = reinterpret_cast<uint16_t*>(out + c0 * k2);
-    for (int64_t r = 0; r < k2; r += 2, o += 2 * w) {
-      const uint16_t* x0 = reinterpret_cast<const uint16_t*>(x + r * ld + c0);
-      if (r + 1 < k) {
-        const uint16_t* x1 = x0 + ld;
-        for (int64_t j = 0; j < w; ++j) { o[2 * j] = x0[j]; o[2 * j + 1] = x1[j]; }
-      } else {
-        for (int64_t j = 0; j < w; ++j) { o[2 * j] = x0[j]; o[2 * j + 1] = 0; }
-      }
-    }
-  }
-}
-
-// VNNI B = X^T, X being n rows x k columns (k even): the 32-bit word (X[j][2p], X[j][2p+1]) goes to pair p, column j.
-template <typename G>
-void pack_cols_vnni(const G* x, int64_t ld, int64_t n, int64_t k, int64_t panel, G* out) {
-  for (int64_t c0 = 0; c0 < n; c0 += panel) {
-    const int64_t w = std::min(panel, n - c0);
-    G* o = out + c0 * k;
-    for (int64_t j = 0; j < w; ++j) {
-      const G* xr = x + (c0 + j) * ld;
-      for (int64_t q = 0; q < k / 2; ++q) std::memcpy(o + 2 * (q * w + j), xr + 2 * q, 2 * sizeof(G));
-    }
-  }
-}
-
-// Does brgemm take VNNI-packed G with B panels of w columns here? Checked on exact small integers.
-template <typename G>
-bool vnni_works(int64_t w) {
-  const int64_t m = 5, k = 34, n = w;
-  std::vector<G> a(m * k), b(k * n), bp(k * n);
-  std::vector<float> c(m * n, 0.f), ref(m * n, 0.f);
-  for (int64_t i = 0; i < m * k; ++i) a[i] = G(float(i * 7 % 5 - 2));
-  for (int64_t i = 0; i < k * n; ++i) b[i] = G(float(i * 3 % 5 - 2));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t l = 0; l < k; ++l)
-      for (int64_t j = 0; j < n; ++j) ref[i * n + j] += float(a[i * k + l]) * float(b[l * n + j]);
-  pack_rows_vnni(b.data(), n, k, n, w, bp.data());
-  try {
-    gemm<G>(m, n, k, a.data(), k, bp.data(), 0, c.data(), n, false, w);
-    at::native::cpublas::brgemm_release(true);
-  } catch (const std::exception&) {
-    return false;
-  }
-  return c == ref;
-}
-
-// Widest VNNI B panel that works for G (0: use fp32 GEMMs). AMX kernels take at most 64 columns.
-template <typename G>
-int64_t vnni_panel() {
-  if (!at::globalContext().userEnabledMkldnn()) return 0;
-  static const int64_t w = vnni_works<G>(128) ? 128 : vnni_works<G>(64) ? 64 : 0;
-  return w;
-}
+// GEMMs and their operand packing: cpu/brgemm.h. For 16-bit G, B operands are VNNI-packed in panels of `panel`
+// columns (brgemm_vnni_panel), each [k/2][w][2] (k even), which is what the oneDNN micro-kernel wants.
+using brgemm::mm_panels;
+using brgemm::pack_cols_vnni;
+using brgemm::pack_rows_vnni;
 
 template <typename S, typename D>
 inline void convert_row(const S* src, D* dst, int64_t n) {
@@ -277,8 +201,8 @@ class Worker {
     const G* q = rows_as(c_.q, p_.q, b, n, i0, nq, D_, qa_.data(), lq);
     const G* dy = rows_as(c_.dy, p_.out, b, n, i0, nq, vD_, dya_.data(), ldy);
     const int64_t kt_ld = kVnni ? 0 : bkv_;
-    gemm<G>(nq, nkv, D_, q, lq, kt_.data(), kt_ld, s_.data(), bkv_, false, panel);     // S = Q K^T
-    gemm<G>(nq, nkv, vD_, dy, ldy, vt_.data(), kt_ld, dp_.data(), bkv_, false, panel);  // dP = dY V^T
+    mm_panels<G>(nq, nkv, D_, q, lq, kt_.data(), kt_ld, s_.data(), bkv_, false, panel);     // S = Q K^T
+    mm_panels<G>(nq, nkv, vD_, dy, ldy, vt_.data(), kt_ld, dp_.data(), bkv_, false, panel);  // dP = dY V^T
     if (p_.softcap > 0.f) {  // s_ <- dropout(P), dp_ <- scale * dS
       softmax_grad<true>(b, n, slice, i0, nq, j0, nkv, kind);
     } else {
@@ -304,11 +228,12 @@ class Worker {
       at::vec::transpose_mxn<float>(dp_.data(), bkv_, ds_t_.data(), bq_, nq, nkv);
       ds = dp_.data();
     }
-    gemm<G>(nkv, vD_, nq2, pd_t_.data(), bq2_, dyb, ldyb, dv_acc_.data(), vD_, true, panel);  // dV += P^T dY
-    gemm<G>(nkv, D_, nq2, ds_t_.data(), bq2_, qb, lqb, dk_acc_.data(), D_, true, panel);      // dK += dS^T Q
+    mm_panels<G>(nkv, vD_, nq2, pd_t_.data(), bq2_, dyb, ldyb, dv_acc_.data(), vD_, true, panel);  // dV += P^T dY
+    mm_panels<G>(nkv, D_, nq2, ds_t_.data(), bq2_, qb, lqb, dk_acc_.data(), D_, true, panel);      // dK += dS^T Q
     const RowMap& rid = p_.row_id;
     float* dq = c_.dq_part + slice * c_.dq_part_stride + rid.at(b, n, i0) * D_;
-    gemm<G>(nq, D_, nkv2, ds, kVnni ? bkv2_ : bkv_, kb_.data(), D_, dq, rid.seq_stride * D_, true, panel);  // dQ += dS K
+    // dQ += dS K
+    mm_panels<G>(nq, D_, nkv2, ds, kVnni ? bkv2_ : bkv_, kb_.data(), D_, dq, rid.seq_stride * D_, true, panel);
   }
 
   // fp32 rows x cols (ld bkv_) -> G (ld bkv2_), with a zero row / column making both sizes even.
@@ -582,7 +507,7 @@ void run(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     Worker<T, G> w(c);
     for (int64_t i = next++; i < static_cast<int64_t>(items.size()); i = next++) w.run(items[i]);
-    if constexpr (!std::is_same_v<G, float>) at::native::cpublas::brgemm_release(true);
+    if constexpr (!std::is_same_v<G, float>) brgemm::release(true);
   });
 
   finish_dq<T>(p, t, dq_part.const_data_ptr<float>(), slices, rows * D);
@@ -593,7 +518,7 @@ void run(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t
 // bf16/fp16 GEMMs in their own dtype need the VNNI micro-kernel and even head dims (the K of S and dP).
 template <typename T>
 void run_low_precision(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t) {
-  const int64_t panel = vnni_panel<T>();
+  const int64_t panel = brgemm_vnni_panel(c10::CppTypeToScalarType<T>::value);
   if (panel > 0 && p.head_dim % 2 == 0 && p.v_head_dim % 2 == 0) return run<T, T>(p, in, t, panel);
   run<T, float>(p, in, t, 0);
 }

@@ -7,12 +7,12 @@
 // band's key range, skip Empty tiles, mask Partial ones per element, and keep an online softmax (running max m,
 // running sum l, fp32 accumulator acc) per row.
 //
-// Both products run on at::native::cpublas::brgemm (oneDNN's JIT micro-kernels; cpublas::gemm is not exported
-// from libtorch). brgemm takes no transposes, so K is repacked as Kᵀ (keys contiguous) once per KV head; when a
-// head feeds a single item (decoding) nothing is repacked: Sᵀ = K·Qᵀ reads K in place, and too few items are
-// split along the keys and merged (flash-decoding). Two compute types: fp32 (fp32 inputs; fp16 inputs, and bf16
-// where the bf16 kernel is unavailable, are converted while packing) and bf16 with VNNI-packed operands (the
-// fast path on CPUs with AVX512-BF16 or AMX).
+// Both products run on at::native::cpublas::brgemm (oneDNN's JIT micro-kernels, through cpu/brgemm.h; cpublas::gemm
+// is not exported from libtorch). brgemm takes no transposes, so K is repacked as Kᵀ (keys contiguous) once per KV
+// head; when a head feeds a single item (decoding) nothing is repacked: Sᵀ = K·Qᵀ reads K in place, and too few
+// items are split along the keys and merged (flash-decoding). Two compute types: fp32 (fp32 inputs; fp16 inputs,
+// and bf16 where the bf16 kernel is unavailable, are converted while packing) and bf16 with VNNI-packed operands
+// (the fast path on CPUs with AVX512-BF16 or AMX).
 #pragma once
 
 #include <ATen/Context.h>
@@ -20,7 +20,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -31,8 +30,8 @@
 #include <vector>
 
 #include "cpu/attention/kernels.h"
-#include "cpu/brgemm_probe.h"
 #include "cpu/attention/logits.h"
+#include "cpu/brgemm.h"
 #include "cpu/online_softmax.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
@@ -46,18 +45,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// ---- Matrix products: c[m, n] (+)= a[m, k] · b[k, n], row-major; b is VNNI-packed for bf16. ----
-
-inline void mm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-               int64_t ldc, bool add) {
-  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, false);
-}
-
-// b in VNNI layout: element (kk, j) at b[((kk / 2) * ldb + j) * 2 + kk % 2]; k must be even.
-inline void mm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb,
-               float* c, int64_t ldc, bool add) {
-  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, true);
-}
+// Matrix products: c[m, n] (+)= a[m, k] · b[k, n], row-major; b is VNNI-packed for bf16 (cpu/brgemm.h).
+using brgemm::mm;
 
 // ---- Row primitives on fp32 score rows. ----
 
@@ -200,23 +189,18 @@ class KvPacker {
       } else {
         std::vector<C> rows(2 * vD);
         for (int64_t j = j0; j < j1; j += 2) {
+          const bool pair = j + 1 < j1;
           dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j), b, n2, j, vD, rows.data());
-          if (j + 1 < j1) dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j + 1), b, n2, j + 1, vD, rows.data() + vD);
-          else std::fill_n(rows.data() + vD, vD, C(0.f));
-          interleave(rows.data(), rows.data() + vD, vD, dst + (j - col0) * vD);
+          if (pair) dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j + 1), b, n2, j + 1, vD, rows.data() + vD);
+          brgemm::interleave_rows(rows.data(), pair ? rows.data() + vD : nullptr, vD, dst + (j - col0) * vD);
         }
       }
     } else if constexpr (!kVnni) {
       for (int64_t j = j0; j < j1; ++j) at::vec::convert(v_ + p_.v.at(b, n2, j), dst + (j - col0) * vD, vD);
     } else {
       for (int64_t j = j0; j < j1; j += 2) {
-        const T* r0 = v_ + p_.v.at(b, n2, j);
         const T* r1 = j + 1 < j1 ? v_ + p_.v.at(b, n2, j + 1) : nullptr;
-        C* out = dst + (j - col0) * vD;
-        for (int64_t c = 0; c < vD; ++c) {
-          out[2 * c] = r0[c];
-          out[2 * c + 1] = r1 ? r1[c] : C(0.f);
-        }
+        brgemm::interleave_rows(v_ + p_.v.at(b, n2, j), r1, vD, dst + (j - col0) * vD);
       }
     }
   }
@@ -309,14 +293,6 @@ class KvPacker {
         at::vec::map2([](Vec v, Vec s) { return v * s; }, buf, buf, sc, m);
       }
       at::vec::convert(buf, out + c0, m);
-    }
-  }
-
-  // VNNI pairs of two rows: out[2c + w] = (w ? r1 : r0)[c].
-  static void interleave(const C* r0, const C* r1, int64_t n, C* out) {
-    for (int64_t c = 0; c < n; ++c) {
-      out[2 * c] = r0[c];
-      out[2 * c + 1] = r1[c];
     }
   }
 
@@ -545,9 +521,7 @@ class ForwardKernel {
     }
     if (!transposed) return;
     if (qt_.size() < static_cast<size_t>(R * Dp_)) qt_.resize(R * Dp_);
-    constexpr int64_t kW = kVnni ? 2 : 1;
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t d = 0; d < Dp_; ++d) qt_[((d / kW) * R + r) * kW + d % kW] = qpack_[r * Dp_ + d];
+    for (int64_t r = 0; r < R; ++r) brgemm::store_transposed_row(qpack_.data() + r * Dp_, Dp_, r, R, qt_.data());
   }
 
   // One KV tile [j0, j1) for all R packed rows: scores, masking, online softmax, P·V.
@@ -782,7 +756,7 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
     at::parallel_for(0, std::min(threads, units), 1, [&](int64_t, int64_t) {
       ForwardKernel<T, C, KT> kernel(p, in, o, packer, plan.max_rows, tc.block_kv);
       for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) body(kernel, u);
-      at::native::cpublas::brgemm_release(std::is_same_v<C, BFloat16>);
+      brgemm::release(kVnni);
     });
   };
 

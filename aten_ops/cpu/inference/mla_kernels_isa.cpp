@@ -11,7 +11,7 @@
 // the K tile still in cache. Key chunks (flash-decoding, when few items) have sizes that depend only on the shapes
 // and lengths, never on the thread count, and are merged in chunk order by their log-sum-exp: results are
 // bit-identical for any number of threads.
-#include "cpu/brgemm_probe.h"
+#include "cpu/brgemm.h"
 #include "cpu/inference/mla_kernels.h"
 #include "cpu/online_softmax.h"
 
@@ -24,11 +24,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <ATen/native/CPUBlas.h>
-
-#if defined(CPU_CAPABILITY_AVX512)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -52,33 +47,8 @@ constexpr int64_t kBig = int64_t(1) << 40;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Two bf16 rows interleaved element by element (VNNI pairs): out[d] = r0[d] | r1[d] << 16.
-inline void interleave_rows(const uint16_t* r0, const uint16_t* r1, uint32_t* out, int64_t n) {
-  int64_t d = 0;
-#if defined(CPU_CAPABILITY_AVX512)
-  // unpacklo/hi pair the low/high 4 elements of each 128-bit lane; the permutes restore the element order.
-  const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
-  const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-  for (; d + 32 <= n; d += 32) {
-    const __m512i a = _mm512_loadu_si512(r0 + d), b = _mm512_loadu_si512(r1 + d);
-    const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
-    _mm512_storeu_si512(out + d, _mm512_permutex2var_epi64(lo, first, hi));
-    _mm512_storeu_si512(out + d + 16, _mm512_permutex2var_epi64(lo, second, hi));
-  }
-#endif
-  for (; d < n; ++d) out[d] = uint32_t(r0[d]) | (uint32_t(r1[d]) << 16);
-}
-
-// c[m, n] (+)= a[m, k] · b[k, n], row-major; b VNNI-packed for bf16 (element (kk, j) at ((kk / 2) * ldb + j) * 2 +
-// kk % 2, k even).
-inline void mm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-               int64_t ldc, bool add) {
-  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, false);
-}
-inline void mm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb,
-               float* c, int64_t ldc, bool add) {
-  at::native::cpublas::brgemm(m, n, k, lda, ldb, ldc, add, a, b, c, true);
-}
+// c[m, n] (+)= a[m, k] · b[k, n], row-major; b VNNI-packed for bf16 (cpu/brgemm.h).
+using brgemm::mm;
 
 struct Band {
   int64_t lo, hi;  // key j is visible to query position i iff i + lo <= j <= i + hi
@@ -126,11 +96,7 @@ struct Worker {
       for (int64_t h = 0; h < H; ++h) {
         const int64_t m = il * H + h;
         const T* src = base + t.b * r.sb + (p.q_off[t.b] + t.i0 + il) * r.ss + h * r.sh;
-        if constexpr (std::is_same_v<C, BFloat16>) {
-          for (int64_t d = 0; d < D; ++d) dst[((d / 2) * R + m) * 2 + d % 2] = src[d];
-        } else {
-          for (int64_t d = 0; d < D; ++d) dst[d * R + m] = static_cast<float>(src[d]);
-        }
+        brgemm::store_transposed_row(src, D, m, R, dst.data());
       }
   }
 
@@ -220,17 +186,7 @@ struct Worker {
     // acc += P·V.
     if constexpr (std::is_same_v<C, BFloat16>) {
       vb.resize(Lp * Dv);
-      const T* v0 = row(v, p.v_block, p.v, b, j);
-      auto* dst = reinterpret_cast<uint32_t*>(vb.data());
-      for (int64_t x = 0; x < Lp; x += 2) {
-        const auto* r0 = reinterpret_cast<const uint16_t*>(v0 + x * p.v.ss);
-        uint32_t* o = dst + (x / 2) * Dv;
-        if (x + 1 < L) {
-          interleave_rows(r0, reinterpret_cast<const uint16_t*>(v0 + (x + 1) * p.v.ss), o, Dv);
-        } else {
-          for (int64_t d = 0; d < Dv; ++d) o[d] = uint32_t(r0[d]);
-        }
-      }
+      brgemm::pack_rows_vnni(row(v, p.v_block, p.v, b, j), p.v.ss, L, Dv, Dv, vb.data());
       mm(R, Dv, Lp, pm.data(), Lp, vb.data(), Dv, acc.data(), Dv, true);
     } else if constexpr (std::is_same_v<T, float>) {
       mm(R, Dv, L, pm.data(), L, row(v, p.v_block, p.v, b, j), p.v.ss, acc.data(), Dv, true);
@@ -319,7 +275,6 @@ void run_all(const MlaParams& p, const T* q, const T* qr, const T* k, const T* k
     }
   }
   std::vector<float> partial(slot_floats);
-  constexpr bool vnni = std::is_same_v<C, BFloat16>;
   at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t i0, int64_t i1) {
     Worker<T, C> w{p, q, qr, k, kr, v, out, lse};
     for (int64_t x = i0; x < i1; ++x) {
@@ -329,7 +284,7 @@ void run_all(const MlaParams& p, const T* q, const T* qr, const T* k, const T* k
       float* base = it.slot >= 0 ? partial.data() + slot_off[it.slot] : nullptr;
       w.run(t, it, base, base ? base + R * Dv : nullptr, base ? base + R * (Dv + 1) : nullptr);
     }
-    at::native::cpublas::brgemm_release(vnni);
+    brgemm::release(brgemm::kVnni<C>);
   });
   // Merge the key chunks of split tiles in chunk order.
   std::vector<int64_t> split;

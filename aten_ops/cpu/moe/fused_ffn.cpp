@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/brgemm_probe.h"
+#include "cpu/brgemm.h"
 #include "cpu/moe/fused_ffn_kernels.h"
 #include "cpu/moe/routing_helpers.h"
 #include "generated/kernels.h"

@@ -12,6 +12,7 @@
 // thread keeps one B block in L2 across an expert's rows; each thread takes one contiguous run of items of about
 // equal cost. An item's result does not depend on which thread runs it, so results are thread-count independent.
 #include "cpu/moe/fused_ffn_kernels.h"
+#include "cpu/brgemm.h"
 #include "cpu/moe/activations.h"
 
 #ifndef CPU_CAPABILITY
@@ -22,7 +23,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <ATen/native/CPUBlas.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -39,11 +39,10 @@ using at::BFloat16;
 using moe_act::activate;
 using moe_act::sigmoid;
 
-inline void mm(int64_t m, int64_t k, const float* a, int64_t lda, const float* b, float* c) {
-  at::native::cpublas::brgemm(m, kFfnBlock, k, lda, kFfnBlock, kFfnBlock, false, a, b, c, false);
-}
-inline void mm(int64_t m, int64_t k, const BFloat16* a, int64_t lda, const BFloat16* b, float* c) {
-  at::native::cpublas::brgemm(m, kFfnBlock, k, lda, kFfnBlock, kFfnBlock, false, a, b, c, true);
+// c[m, kFfnBlock] = a[m, k] · b, b one packed block [k, kFfnBlock] (VNNI pairs of rows for bf16; cpu/brgemm.h).
+template <typename T>
+inline void mm_block(int64_t m, int64_t k, const T* a, int64_t lda, const T* b, float* c) {
+  brgemm::mm(m, kFfnBlock, k, a, lda, b, kFfnBlock, c, kFfnBlock, false);
 }
 
 struct Item {
@@ -72,7 +71,7 @@ void run_items(const std::vector<Item>& items, int64_t k, bool vnni, const Fn& f
   for (const auto& it : items) rows += it.r1 - it.r0;
   if (rows * kFfnBlock * k < kSerialMacs) {
     for (const auto& it : items) fn(it);
-    at::native::cpublas::brgemm_release(vnni);
+    brgemm::release(vnni);
     return;
   }
   const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
@@ -89,7 +88,7 @@ void run_items(const std::vector<Item>& items, int64_t k, bool vnni, const Fn& f
   at::parallel_for(0, threads, 1, [&](int64_t b, int64_t e) {
     for (int64_t th = b; th < e; ++th)
       for (int64_t i = first[th]; i < first[th + 1]; ++i) fn(items[i]);
-    at::native::cpublas::brgemm_release(vnni);
+    brgemm::release(vnni);
   });
 }
 
@@ -114,7 +113,7 @@ at::Tensor scratch(int64_t n) {
 
 template <typename T>
 void run(const FusedFfnParams& p) {
-  constexpr bool kVnni = sizeof(T) == 2;
+  constexpr bool kVnni = brgemm::kVnni<T>;
   const int64_t R = p.offsets[p.experts];
   const int64_t H = p.H, Hp = p.Hp, F = p.F, Fp = p.Fp;
   // Row strides off multiples of 4 KiB: brgemm reads several A rows at once, which would share cache sets.
@@ -148,7 +147,7 @@ void run(const FusedFfnParams& p) {
     alignas(64) float c[kFfnRows * kFfnBlock];
     alignas(64) float tmp[kFfnBlock];
     const int64_t m = it.r1 - it.r0, f0 = it.block * step, n = std::min(step, F - f0);
-    mm(m, Hp, xs + it.r0 * ldx, ldx, w13 + (it.e * p.nb1 + it.block) * Hp * kFfnBlock, c);
+    mm_block(m, Hp, xs + it.r0 * ldx, ldx, w13 + (it.e * p.nb1 + it.block) * Hp * kFfnBlock, c);
     const float* bias = p.b13 ? p.b13 + it.e * (gated ? 2 * F : F) : nullptr;
     for (int64_t r = 0; r < m; ++r) {
       const float* cr = c + r * kFfnBlock;
@@ -176,7 +175,7 @@ void run(const FusedFfnParams& p) {
   run_items(make_items(p.offsets, p.experts, p.nb2), Fp, kVnni, [&](const Item& it) {
     alignas(64) float c[kFfnRows * kFfnBlock];
     const int64_t m = it.r1 - it.r0, h0 = it.block * kFfnBlock, n = std::min(kFfnBlock, H - h0);
-    mm(m, Fp, hbuf + it.r0 * ldh, ldh, w2 + (it.e * p.nb2 + it.block) * Fp * kFfnBlock, c);
+    mm_block(m, Fp, hbuf + it.r0 * ldh, ldh, w2 + (it.e * p.nb2 + it.block) * Fp * kFfnBlock, c);
     const float* bias = p.b2 ? p.b2 + it.e * H + h0 : nullptr;
     for (int64_t r = 0; r < m; ++r) {
       const float* cr = c + r * kFfnBlock;
