@@ -228,19 +228,4 @@ struct Philox {
 // i.e. its word is below keep_prob * 2^32.
 void dropout_keep_run(uint64_t seed, uint64_t offset, float keep_prob, int64_t e0, int64_t n, uint8_t* keep);
 
-// ---- Tile sizes (process-wide, overridable through npu_fa::attention_tile_config). ----
-struct TileConfig {
-  int64_t block_q;
-  int64_t block_kv;
-};
-TileConfig tile_config();
-// Tile sizes for a kernel with head dim `head_dim` and `elem_size`-byte inputs, sized from the L2 cache; values
-// set through attention_tile_config win.
-TileConfig tile_config(int64_t head_dim, int64_t elem_size);
-// Only the sizes set explicitly through attention_tile_config (0 = not set), for kernels with their own defaults.
-TileConfig tile_config_override();
-// Built-in tiles before any override or tuning, for an ISA: "amx" (AMX-BF16 tiles drive the bf16 products),
-// "avx512", "avx2", "default", or "auto" (this CPU). See params.cpp for the reasoning.
-TileConfig default_tiles(int64_t head_dim, int64_t elem_size, c10::string_view isa);
-
 }  // namespace npu_fa::attention

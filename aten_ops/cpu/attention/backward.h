@@ -29,6 +29,7 @@
 
 #include "cpu/attention/kernels.h"
 #include "cpu/attention/logits.h"
+#include "cpu/attention/tiles.h"
 #include "cpu/brgemm.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {

@@ -31,6 +31,7 @@
 
 #include "cpu/attention/kernels.h"
 #include "cpu/attention/logits.h"
+#include "cpu/attention/tiles.h"
 #include "cpu/brgemm.h"
 #include "cpu/online_softmax.h"
 

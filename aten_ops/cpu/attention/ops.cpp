@@ -6,9 +6,9 @@
 #include <algorithm>
 
 #include "common/attention/params.h"
-#include "common/attention/tuning.h"
 #include "common/checked_math.h"
 #include "cpu/attention/kernels.h"
+#include "cpu/attention/tuning.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {

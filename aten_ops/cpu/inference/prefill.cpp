@@ -11,11 +11,11 @@
 #include <functional>
 #include <limits>
 
-#include "common/attention/tuning.h"
 #include "common/inference/decode_params.h"
 #include "common/inference/paged_params.h"
 #include "common/inference/prefill_params.h"
 #include "cpu/attention/kernels.h"
+#include "cpu/attention/tuning.h"
 #include "cpu/inference/mla.h"
 #include "generated/kernels.h"
 

@@ -10,8 +10,8 @@
 //   "1"         as unset, and a class without an entry is tuned on its first call: the kernel runs on the call's own
 //               inputs with a few candidate tile sizes, the fastest is kept in the table and its outputs are returned;
 //   "BQxBKV"    these tiles for every call (e.g. "128x512").
-// The tiles reach the kernels as a thread-local setting read by tile_config() / tile_config_override() in params.cpp,
-// so the kernel bodies do not change. Fake-tensor and compile-time runs never get here (they run the fake kernels).
+// The tiles reach the kernels as a thread-local setting read by tile_config() / tile_config_override() (tiles.h), so
+// the kernel bodies do not change. Fake-tensor and compile-time runs never get here (they run the fake kernels).
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -22,6 +22,7 @@
 #include <string>
 
 #include "common/attention/params.h"
+#include "cpu/attention/tiles.h"
 
 namespace npu_fa::attention::tuning {
 
