@@ -281,7 +281,7 @@ def host_sources(root: str, with_cann: bool) -> List[str]:
         return glob.glob(os.path.join(root, pattern), recursive=True)
 
     files = rel("aten_ops/cpu/**/*.cpp") + rel("aten_ops/common/**/*.cpp") + rel("aten_ops/npu_sim/*.cpp")
-    files += rel("aten_ops/npu/*.cpp") + rel("ascendc/kernels/**/*.cpp")
+    files += rel("aten_ops/npu/**/*.cpp") + rel("ascendc/kernels/**/*.cpp")
     files = [os.path.relpath(f, root) for f in files]
     files = [f for f in files if not f.endswith("_isa.cpp")]
     if with_cann:

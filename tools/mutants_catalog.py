@@ -108,7 +108,7 @@ MUTANTS = [
            what="the FlashAttention kernel leaves the first padding column of a tail key block unmasked",
            tests=["test/npu/test_ascendc_attention.py", "test/npu/test_attention.py"]),
     Mutant("npu-rope-launch-cos-sin-swapped", layer="npu glue", family="npu",
-           path="aten_ops/npu/rope.cpp",
+           path="aten_ops/npu/rope/rope.cpp",
            old="run.Gm(xc), run.Gm(cc), run.Gm(sc), run.Gm(out)",
            new="run.Gm(xc), run.Gm(sc), run.Gm(cc), run.Gm(out)",
            what="the npu rotary_position_embedding launches the Ascend C kernel with cos and sin swapped",

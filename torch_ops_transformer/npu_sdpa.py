@@ -1,9 +1,10 @@
 """`F.scaled_dot_product_attention` on npu tensors runs npu_fa.flash_attention_score, through PyTorch's official hook
 for out-of-tree devices (docs/npu_sdpa.md):
 
-1. PyTorch asks the PrivateUse1 `_fused_sdp_choice` stub which backend to use. The stub (aten_ops/npu/sdpa_choice.cpp)
-   calls the aten::_fused_sdp_choice operator at the PrivateUse1 key, registered here: `choose_backend` answers
-   SDPBackend.OVERRIDEABLE when our kernel can take the call, else SDPBackend.MATH (PyTorch's math path runs).
+1. PyTorch asks the PrivateUse1 `_fused_sdp_choice` stub which backend to use. The stub
+   (aten_ops/npu/attention/sdpa_choice.cpp) calls the aten::_fused_sdp_choice operator at the PrivateUse1 key,
+   registered here: `choose_backend` answers SDPBackend.OVERRIDEABLE when our kernel can take the call, else
+   SDPBackend.MATH (PyTorch's math path runs).
 2. For OVERRIDEABLE, PyTorch calls aten::_scaled_dot_product_fused_attention_overrideable (bool masks already turned
    into float 0/-inf by PyTorch; no enable_gqa argument: key/value keep their fewer heads) and, in backward,
    aten::_scaled_dot_product_fused_attention_overrideable_backward. Both are registered here for PrivateUse1 and run

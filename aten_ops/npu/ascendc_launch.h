@@ -5,7 +5,7 @@
 //     the generated aclrtlaunch_<kernel> entry. Launches are asynchronous there: the GM tensors this object keeps
 //     are released when the glue returns, which is safe because torch_npu's caching allocator reuses a block only
 //     for work queued later on the same stream.
-// Usage in aten_ops/npu/<family>.cpp:
+// Usage in the glue of a family, aten_ops/npu/<family>/*.cpp:
 //   npu_fa::ascendc::Launch launch("rope");
 //   TOT_ASCENDC_RUN(launch, rope_kernel, tiling.block_dim, AscendC::KernelMode::AIV_MODE,
 //                   launch.Gm(x), launch.Gm(cos), launch.Gm(out), launch.Workspace(0, x.options()),

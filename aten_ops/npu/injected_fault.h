@@ -1,14 +1,15 @@
 // TOT_NPU_SIM_FAULT: a deliberately broken variant of an attention kernel's arguments, so that tests can prove the
 // differential oracle (torch_ops_transformer/oracle, docs/oracle.md) catches a wrong device kernel. One value at a
 // time, read at every call; the glue that owns a kernel applies the faults that name it:
-//   FlashAttention forward (attention.cpp, also the prefill ops through flash_forward.h):
+//   FlashAttention forward (attention/attention.cpp, also the prefill ops through attention/flash_forward.h):
 //     "scale"     the scale 5% too large
 //     "window"    one more key visible above the band (an off-by-one window), where a band applies
 //     "mask_tail" the explicit mask ignored from key 512 (or the second half of shorter key sequences) on
-//   FlashAttention backward (attention_grad.cpp):
+//   FlashAttention backward (attention/attention_grad.cpp):
 //     "bwd_scale"  the scale 5% too large
 //     "bwd_window" one more key visible above the band, where a band applies
-//   one-token decode (inference.cpp: incre_flash_attention, and fused_infer_attention_score's decode route):
+//   one-token decode (inference/inference.cpp: incre_flash_attention, and fused_infer_attention_score's decode
+//   route):
 //     "decode_scale" the scale 5% too large
 //     "decode_tail"  the last key of every sequence ignored (its length one short)
 // Simulated device only: a CANN build never reads the variable.

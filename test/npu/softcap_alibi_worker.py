@@ -2,8 +2,8 @@
 test_softcap_alibi.py through runner.run_cases.
 
 The Ascend C kernels have no softcap or ALiBi path, so these calls run the CPU kernels on aliases of the npu tensors
-(aten_ops/npu/attention.cpp, attention_grad.cpp): every result must be on the npu and equal, bit for bit, to the
-same call on CPU tensors, forward and backward.
+(aten_ops/npu/attention/attention.cpp, attention_grad.cpp): every result must be on the npu and equal, bit for bit,
+to the same call on CPU tensors, forward and backward.
 """
 import torch
 

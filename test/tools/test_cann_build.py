@@ -150,7 +150,7 @@ def fake_repo(base):
     for rel in ["ascendc/kernels/rope/rope_kernel.cpp", "ascendc/kernels/rope/rope_tiling.cpp",
                 "ascendc/kernels/attention/fa_fwd_kernel.cpp", "ascendc/cpu_runtime/src/runtime.cpp",
                 "aten_ops/cpu/rope/ops.cpp", "aten_ops/cpu/rope/kernels_isa.cpp", "aten_ops/common/p.cpp",
-                "aten_ops/npu/rope.cpp", "aten_ops/npu_sim/device.cpp", "aten_ops/generated/register_ops.cpp"]:
+                "aten_ops/npu/rope/rope.cpp", "aten_ops/npu_sim/device.cpp", "aten_ops/generated/register_ops.cpp"]:
         (base / rel).parent.mkdir(parents=True, exist_ok=True)
         (base / rel).write_text("\n")
     return base
@@ -240,7 +240,7 @@ def test_extension_sources_and_flags_per_build(tmp_path):
     npu = cann.extension_kwargs(root, build, kernels)
     assert "ascendc/cpu_runtime/src/runtime.cpp" not in npu["sources"]
     assert not any(s.endswith("_kernel.cpp") for s in npu["sources"])
-    assert {"ascendc/kernels/rope/rope_tiling.cpp", "aten_ops/npu/rope.cpp"} <= set(npu["sources"])
+    assert {"ascendc/kernels/rope/rope_tiling.cpp", "aten_ops/npu/rope/rope.cpp"} <= set(npu["sources"])
     assert not any("cpu_runtime" in d for d in npu["include_dirs"])
     assert {"/bld/include", "/bld/gen", build.toolkit.include_dir, "/site/torch_npu/include"} <= set(
         npu["include_dirs"])

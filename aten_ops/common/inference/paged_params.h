@@ -1,7 +1,7 @@
 // The paged KV cache of fused_infer_attention_score, shared by the CPU kernels (cpu/inference/prefill.cpp) and the
-// npu kernels (npu/inference.cpp) so both validate it with the same messages and route one-token calls alike:
-// one-token calls the decode op computes identically go to npu_fa::incre_flash_attention (through the dispatcher,
-// so the npu device runs its Ascend C decode kernel); others read the cache rows through the block table.
+// npu kernels (npu/inference/inference.cpp) so both validate it with the same messages and route one-token calls
+// alike: one-token calls the decode op computes identically go to npu_fa::incre_flash_attention (through the
+// dispatcher, so the npu device runs its Ascend C decode kernel); others read the cache rows through the block table.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,6 +1,6 @@
 // Argument checks of moe_finalize_routing (and its backward) shared by the CPU kernels
-// (aten_ops/cpu/moe/finalize_routing.cpp) and the npu kernel (aten_ops/npu/moe.cpp), so both raise the same errors:
-// shapes, dtypes, the pair order of drop_pad_mode and every source row / expert index, read on the host.
+// (aten_ops/cpu/moe/finalize_routing.cpp) and the npu kernel (aten_ops/npu/moe/moe.cpp), so both raise the same
+// errors: shapes, dtypes, the pair order of drop_pad_mode and every source row / expert index, read on the host.
 //
 // expanded_src_to_dst_row names, per (token, slot) pair, the row of expanded_permuted_rows that pair reads, in every
 // drop_pad_mode (0/2 dropless rows, 1/3 capacity slots of [E, C, H]); the forward op never writes through it. So two

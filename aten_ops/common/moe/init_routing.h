@@ -1,5 +1,5 @@
 // Argument checks of moe_init_routing_v2 shared by the CPU kernel (aten_ops/cpu/moe/init_routing.cpp) and the npu
-// kernel (aten_ops/npu/moe_init_routing.cpp), so both raise the same errors: every argument and shape first
+// kernel (aten_ops/npu/moe/moe_init_routing.cpp), so both raise the same errors: every argument and shape first
 // (`check_init_routing_v2`), then the expert of every pair, read on the host (`init_routing_v2_keys`).
 #pragma once
 

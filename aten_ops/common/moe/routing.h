@@ -1,5 +1,5 @@
 // Argument checks of the MoE ops shared by every backend (the CPU kernels in aten_ops/cpu/moe, the npu kernels in
-// aten_ops/npu/moe.cpp), so all raise the same errors. The CPU-only helpers live in aten_ops/cpu/moe/routing_helpers.h.
+// aten_ops/npu/moe), so all raise the same errors. The CPU-only helpers live in aten_ops/cpu/moe/routing_helpers.h.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -28,7 +28,7 @@ inline void check_same_dtype(const char* op, const char* name, const at::Tensor&
 }
 
 // The argument checks of moe_gating_top_k_softmax(_v2, _grad), shared by the CPU kernels (gating.cpp) and the
-// npu kernels (aten_ops/npu/moe.cpp) so both backends raise identical errors.
+// npu kernels (aten_ops/npu/moe/moe.cpp) so both backends raise identical errors.
 struct GatingShape {
   int64_t rows, E;
   std::vector<int64_t> out_sizes;  // x.shape[:-1] + [k]

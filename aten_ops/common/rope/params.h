@@ -1,5 +1,5 @@
 // Input validation of the rotary position embedding ops, shared by the CPU kernels (aten_ops/cpu/rope) and the
-// PrivateUse1 kernels (aten_ops/npu/rope.cpp) so both backends reject bad input with the same messages.
+// PrivateUse1 kernels (aten_ops/npu/rope/rope.cpp) so both backends reject bad input with the same messages.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -3,7 +3,7 @@
 //   - incre_flash_attention: the Ascend C decode kernel (ascendc/kernels/inference/incre_flash_attention_kernel.cpp)
 //     on a contiguous or paged KV cache;
 //   - prompt_flash_attention and fused_infer_attention_score (dense, non-paged calls): the FlashAttention forward
-//     kernel (npu/flash_forward.h), which computes the same softmax(scale·QKᵀ + mask)·V.
+//     kernel (npu/attention/flash_forward.h), which computes the same softmax(scale·QKᵀ + mask)·V.
 // Argument combinations the kernels do not implement go to npu_host::fallback_to_cpu (the CPU kernel on the
 // simulated device; an error on CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1); see docs/ascendc_inference.md.
 #include <ATen/ATen.h>
@@ -19,8 +19,8 @@
 #include "inference/incre_flash_attention_tiling.h"
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
-#include "npu/bnsd_layout.h"
-#include "npu/flash_forward.h"
+#include "npu/attention/bnsd_layout.h"
+#include "npu/attention/flash_forward.h"
 #include "npu/host_alias.h"
 #include "npu/injected_fault.h"
 

@@ -14,8 +14,8 @@
 #include "generated/kernels.h"
 #include "npu/ascendc_control.h"
 #include "npu/ascendc_launch.h"
-#include "npu/bnsd_layout.h"
-#include "npu/flash_forward.h"
+#include "npu/attention/bnsd_layout.h"
+#include "npu/attention/flash_forward.h"
 #include "npu/host_alias.h"
 #include "npu/injected_fault.h"
 

@@ -11,7 +11,7 @@
 #include "attention/flash_attention_score_grad_tiling.h"
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
-#include "npu/bnsd_layout.h"
+#include "npu/attention/bnsd_layout.h"
 #include "npu/host_alias.h"
 #include "npu/injected_fault.h"
 
