@@ -6,7 +6,7 @@ generated from native_functions.yaml. Public Python API:
 - `npu_fusion_attention`, `npu_fusion_attention_grad` — torch_npu's exact signatures;
 - `flash_attn_func`, `flash_attn_varlen_func` — the FlashAttention-2 convention; `flash_attn_qkvpacked_func`,
   `flash_attn_kvpacked_func`, `flash_attn_varlen_qkvpacked_func`, `flash_attn_varlen_kvpacked_func`,
-  `flash_attn_with_kvcache` — the rest of FlashAttention-2's API (module `fa2`; opt-in `import flash_attn` shim:
+  `flash_attn_with_kvcache` — the rest of FlashAttention-2's API (module `attention.fa2`; opt-in `import flash_attn` shim:
   `torch_ops_transformer.compat.flash_attn`);
 - `FlashAttention` — an nn.Module: FlashAttention(head_dim, num_heads, causal);
 - `attention_tiles` — read or override the CPU tile sizes; `tuning` — the per-machine block-size tuning
@@ -21,7 +21,7 @@ generated from native_functions.yaml. Public Python API:
   (torch_npu's form of that write, ND and PA_NZ caches); `npu_kv_rmsnorm_rope_cache` (+`_v2`, `_v2_functional`) —
   MLA's RMSNorm + interleaved rope + latent-cache write.
 - `npu_mla_prolog`, `npu_mla_prolog_v2`, `npu_mla_prolog_v3`, `npu_mla_prolog_v3_functional` — the MLA prolog
-  (query absorption, interleaved rope, latent RMSNorm, in-place latent cache writes; module `mla_prolog`);
+  (query absorption, interleaved rope, latent RMSNorm, in-place latent cache writes; module `mla.prolog`);
 - `npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`, `npu_attention_update` —
   inference (prefill).
 - `npu_incre_flash_attention` — decode attention over a contiguous or paged KV cache (torch_npu signature).
@@ -30,7 +30,7 @@ generated from native_functions.yaml. Public Python API:
   `sdpa_override()` (this thread) and `enable_sdpa_override()`, `disable_sdpa_override()` (every thread) route
   F.scaled_dot_product_attention calls there (docs/sdpa_and_compile.md).
 - `enable_compile_lowering()`, `disable_compile_lowering()`, `compile_lowering()` — Inductor passes that rewrite
-  attention in torch.compile'd graphs to our ops (module `inductor_lowering`, imported on first use: it loads Inductor).
+  attention in torch.compile'd graphs to our ops (module `integrations.inductor_lowering`, imported on first use: it loads Inductor).
 - `npu_all_gather_base_mm`, `npu_mm_reduce_scatter_base`, `npu_mm_all_reduce_base`, `npu_mm_all_reduce_add_rms_norm`
   — MC2 matmul fused with collectives (torch_npu signatures); `tensor_parallel` — column/row-parallel Linear layers.
 - `register_hf_attention`, `replace_attention_with_flash` — the transformers drop-in (attn_implementation="npu_fa").
@@ -47,61 +47,43 @@ generated from native_functions.yaml. Public Python API:
 - `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
   torch.distributed group (docs/moe.md).
 - `npu_dynamic_quant` (+`_asymmetric`), `npu_swiglu` (+`_backward`) — per-token int8/int4 activation quantisation
-  and SwiGLU (module `quant`).
+  and SwiGLU (package `quant`).
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `oracle` — a differential oracle: every device call of our ops also computed by the CPU kernels and judged
   (`with oracle.check(mode="warn" | "raise" | "sample")` or TOT_ORACLE=...; docs/oracle.md).
-- `npu_sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
-  overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
+- `npu_sim.sdpa` — F.scaled_dot_product_attention on npu tensors runs our flash attention through PyTorch's
+  overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sim.sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
 - `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
   the optimizer update (an unchanged DDP training loop), on torch.distributed (docs/mc2.md).
+
+The package is laid out family-first, like aten_ops/cpu/ and test/: attention, inference, rope, kv_cache, mla, moe,
+mc2, quant (each with its torch_npu-compatible API, modules and fake kernels), the role packages integrations,
+npu_sim, compat, oracle, bench, and the private _internal and _library (docs/architecture.md). This file only
+re-exports; `_startup()` below is the one place that says what importing the package does, in order.
 """
-from ._ops_loader import load as _load
 
-_load()
-
-from ._generated.registrations import OPS  # noqa: E402
-from .attention import (  # noqa: E402
+from ._internal import aliases as _aliases
+from ._internal.version import __version__
+from ._library import loader as _loader
+from ._library.generated.registrations import OPS
+from .attention import (
     FlashAttention,
     attention_tiles,
     attention_tiles_override,
     flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
     flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+    flash_attn_with_kvcache,
     npu_fusion_attention,
     npu_fusion_attention_grad,
     npu_fusion_attention_grad_v2,
     npu_fusion_attention_v2,
+    tuning,
 )
-from .fa2 import (  # noqa: E402
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-)
-from .kv_cache import (  # noqa: E402
-    PagedKVCache,
-    npu_kv_rmsnorm_rope_cache,
-    npu_kv_rmsnorm_rope_cache_v2,
-    npu_kv_rmsnorm_rope_cache_v2_functional,
-    npu_scatter_pa_kv_cache,
-)
-from .mla import MLAAttention, MLALatentCache, PagedMLARunner  # noqa: E402
-from .mla_prolog import (  # noqa: E402
-    npu_mla_prolog,
-    npu_mla_prolog_v2,
-    npu_mla_prolog_v3,
-    npu_mla_prolog_v3_functional,
-)
-from .rope import (  # noqa: E402
-    npu_apply_rotary_pos_emb,
-    npu_interleave_rope,
-    npu_rotary_mul,
-    npu_rotary_mul_backward,
-    npu_rotary_position_embedding,
-    rope_with_sin_cos_cache,
-)
-from .inference import (  # noqa: E402
+from .inference import (
     attention_update,
     npu_attention_update,
     npu_fused_infer_attention_score,
@@ -109,32 +91,23 @@ from .inference import (  # noqa: E402
     npu_incre_flash_attention,
     npu_prompt_flash_attention,
 )
-from .sdpa import (  # noqa: E402
+from .integrations import (
     disable_sdpa_override,
     enable_sdpa_override,
     scaled_dot_product_attention,
     sdpa_override,
     try_scaled_dot_product_attention,
 )
-from .sdpa import supported as sdpa_supported  # noqa: E402
-
-
-def enable_compile_lowering() -> None:
-    """See torch_ops_transformer.inductor_lowering (imported lazily: it imports Inductor's pattern matcher)."""
-    from . import inductor_lowering as m
-    m.enable_compile_lowering()
-
-
-def disable_compile_lowering() -> None:
-    from . import inductor_lowering as m
-    m.disable_compile_lowering()
-
-
-def compile_lowering():
-    """Context manager: Inductor lowers attention to our ops for graphs compiled inside the block."""
-    from . import inductor_lowering as m
-    return m.compile_lowering()
-from .mc2 import (  # noqa: E402
+from .integrations import supported as sdpa_supported
+from .integrations import hf_autoregister as _hf_autoregister
+from .kv_cache import (
+    PagedKVCache,
+    npu_kv_rmsnorm_rope_cache,
+    npu_kv_rmsnorm_rope_cache_v2,
+    npu_kv_rmsnorm_rope_cache_v2_functional,
+    npu_scatter_pa_kv_cache,
+)
+from .mc2 import (
     MC2DistributedDataParallel,
     MC2Optimizer,
     mc2_validation,
@@ -144,11 +117,20 @@ from .mc2 import (  # noqa: E402
     npu_mm_reduce_scatter_base,
     tensor_parallel,
 )
-from .moe import (  # noqa: E402
+from .mla import (
+    MLAAttention,
+    MLALatentCache,
+    PagedMLARunner,
+    npu_mla_prolog,
+    npu_mla_prolog_v2,
+    npu_mla_prolog_v3,
+    npu_mla_prolog_v3_functional,
+)
+from .moe import (
     DeepseekV3MoEBlock,
     MOELayer,
-    Qwen3MoeBlock,
     MoeFfnWeights,
+    Qwen3MoeBlock,
     grouped_matmul,
     moe_ffn,
     moe_ffn_prepack,
@@ -156,6 +138,10 @@ from .moe import (  # noqa: E402
     npu_grouped_matmul_swiglu_quant,
     npu_grouped_matmul_swiglu_quant_v2,
     npu_moe_compute_expert_tokens,
+    npu_moe_distribute_combine,
+    npu_moe_distribute_combine_v2,
+    npu_moe_distribute_dispatch,
+    npu_moe_distribute_dispatch_v2,
     npu_moe_finalize_routing,
     npu_moe_gating_top_k,
     npu_moe_gating_top_k_backward,
@@ -166,12 +152,37 @@ from .moe import (  # noqa: E402
     npu_moe_token_permute,
     npu_moe_token_unpermute,
 )
-from .quant import (  # noqa: E402
-    npu_dynamic_quant,
-    npu_dynamic_quant_asymmetric,
-    npu_swiglu,
-    npu_swiglu_backward,
+from . import npu_sim, oracle
+from .quant import npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_swiglu, npu_swiglu_backward
+from .rope import (
+    npu_apply_rotary_pos_emb,
+    npu_interleave_rope,
+    npu_rotary_mul,
+    npu_rotary_mul_backward,
+    npu_rotary_position_embedding,
+    rope_with_sin_cos_cache,
 )
+
+
+def enable_compile_lowering() -> None:
+    """See torch_ops_transformer.integrations.inductor_lowering."""
+    from .integrations import inductor_lowering  # lazy: imports Inductor's pattern matcher (heavy)
+
+    inductor_lowering.enable_compile_lowering()
+
+
+def disable_compile_lowering() -> None:
+    from .integrations import inductor_lowering  # lazy: imports Inductor's pattern matcher (heavy)
+
+    inductor_lowering.disable_compile_lowering()
+
+
+def compile_lowering():
+    """Context manager: Inductor lowers attention to our ops for graphs compiled inside the block."""
+    from .integrations import inductor_lowering  # lazy: imports Inductor's pattern matcher (heavy)
+
+    return inductor_lowering.compile_lowering()
+
 
 __all__ = [
     "OPS",
@@ -260,39 +271,28 @@ __all__ = [
     "MC2Optimizer",
     "MC2DistributedDataParallel",
 ]
-from .moe import (  # noqa: E402
-    npu_moe_distribute_combine,
-    npu_moe_distribute_combine_v2,
-    npu_moe_distribute_dispatch,
-    npu_moe_distribute_dispatch_v2,
-)
-
 __all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
             "npu_moe_distribute_dispatch_v2"]
-__version__ = "0.1.0"
 
-from . import npu_sdpa, npu_sim  # noqa: E402
-from . import tuning  # noqa: E402
 
-tuning._autoload()  # this machine's tuned tile sizes (docs/attention.md, "Block-size tuning")
+def _startup() -> None:
+    """What importing the package does, in this order (each step needs the ones before it)."""
+    _loader.load()  # the compiled ops, then their fake kernels and autograd formulas (generated from the YAML)
+    tuning._autoload()  # this machine's tuned tile sizes (docs/attention.md, "Block-size tuning")
+    npu_sim.enable_from_environment()  # TOT_NPU_SIM=1: the simulated npu device (docs/npu_sim.md)
+    oracle.from_env()  # TOT_ORACLE=warn|raise|sample: check every device call of our ops (docs/oracle.md)
+    _hf_autoregister.install()  # attn_implementation="npu_fa" once transformers is imported (never imports it here)
+    _aliases.install()  # the old dotted module paths keep importing, with a DeprecationWarning
 
-npu_sim.enable_from_environment()
 
-from . import oracle  # noqa: E402
-
-oracle.from_env()  # TOT_ORACLE=warn|raise|sample: check every device call of our ops (docs/oracle.md)
-
-from . import _hf_autoregister  # noqa: E402
-
-_hf_autoregister.install()  # attn_implementation="npu_fa" once transformers is imported (never imports it here)
+_startup()
 
 _LAZY_HF = ("register_hf_attention", "replace_attention_with_flash", "register_hf_experts", "replace_moe_blocks")
 
 
 def __getattr__(name):
-    # The Hugging Face integration imports transformers, so it is loaded only when asked for.
     if name in _LAZY_HF:
-        from . import hf
+        from .integrations import hf  # lazy: imports transformers (optional)
 
         return getattr(hf, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _aliases.attribute(name)  # an old module name (tot.sdpa, tot.fa2, ...), or AttributeError

@@ -12,7 +12,7 @@
 """
 import sys
 
-from ._optional import run_cli
+from ._internal.optional import run_cli
 
 COMMANDS = ("demo", "bench", "tune", "oracle")
 
@@ -24,11 +24,11 @@ def main(argv=None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "demo":
-        from .demo import main as run
+        from .bench.demo import main as run
     elif command == "bench":
         from .bench.__main__ import main as run
     elif command == "tune":
-        from .tuning import main as run
+        from .attention.tuning import main as run
     elif command == "oracle":
         from .oracle.replay import main as run
     else:

@@ -11,7 +11,7 @@ import torch
 
 import torch_ops_transformer as tot
 from test.common.reference import DTYPES, check_tolerance
-from torch_ops_transformer.fa2_dmask import get_block_size_n
+from torch_ops_transformer.attention.fa2 import get_block_size_n
 
 P = 0.17  # the dropout probability of FlashAttention-2's tests
 

@@ -15,8 +15,8 @@ import torch_ops_transformer as tot
 from test.attention.fa2_reference import attend, rotary
 from test.common.reference import DTYPES, check_tolerance
 from test.common.tiers import pairwise
-from torch_ops_transformer import fa2
-from torch_ops_transformer._args import ArgumentError
+from torch_ops_transformer.attention import fa2
+from torch_ops_transformer._internal.args import ArgumentError
 
 CAP = 40  # logical cache length per sequence (contiguous); paged caches round it up to whole blocks
 

@@ -1,11 +1,11 @@
-"""flash_attn.bert_padding's helpers (torch_ops_transformer.fa2_padding): unpad/pad round trips, the 2.6+ results
+"""flash_attn.bert_padding's helpers (torch_ops_transformer.compat.bert_padding): unpad/pad round trips, the 2.6+ results
 (seqused, unused_mask), concatenated samples, gradients, and the padded-batch pattern they serve: unpad q/k/v,
 flash_attn_varlen_func, pad the output — against the float64 reference per sequence."""
 import torch
 
 import torch_ops_transformer as tot
 from test.attention.fa2_reference import attend
-from torch_ops_transformer.fa2_padding import (index_first_axis, index_put_first_axis, pad_input, unpad_input,
+from torch_ops_transformer.compat.bert_padding import (index_first_axis, index_put_first_axis, pad_input, unpad_input,
                                                unpad_input_for_concatenated_sequences)
 
 

@@ -1,4 +1,4 @@
-"""Block-size tuning (torch_ops_transformer.tuning, TORCH_OPS_TRANSFORMER_TUNE): the cache file is written, read back
+"""Block-size tuning (torch_ops_transformer.attention.tuning, TORCH_OPS_TRANSFORMER_TUNE): the cache file is written, read back
 and reused without measuring again; corrupt and other-machine files are ignored with a warning; the switch's modes;
 results independent of the tiles under the tolerance rule; no measuring in torch.compile traces or fake-tensor runs.
 Every test uses a temporary cache directory and tiny shapes."""
@@ -12,7 +12,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from test.attention.attention_cases import Case, compare_with_reference
-from torch_ops_transformer import attention_tiles, attention_tiles_override, tuning
+from torch_ops_transformer import attention_tiles, attention_tiles_override
+from torch_ops_transformer.attention import tuning
 
 OPS = torch.ops.npu_fa
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from torch_ops_transformer._spawn import free_port
+from torch_ops_transformer._internal.spawn import free_port
 
 
 def run_ranks(worker, world: int, out_dir: str, timeout_s: float = 120.0) -> None:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
-from torch_ops_transformer import inference
+from torch_ops_transformer.inference import api as inference
 
 T, N, N2, D, BLOCK = 5, 4, 2, 16, 16
 

@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from test.common.checkout import ROOT, pythonpath
-from torch_ops_transformer import _args, compat
+from torch_ops_transformer import compat
+from torch_ops_transformer._internal import args as _args
 
 
 def _run(code: str, *, shim_on_path: bool = True, extra_path=(), args=()):

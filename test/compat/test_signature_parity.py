@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
-from torch_ops_transformer import _args
+from torch_ops_transformer._internal import args as _args
 from torch_ops_transformer.compat import upstream_functions
 
 # (function, argument) -> why it exists. Extra keyword-only arguments, or a default where upstream has none.

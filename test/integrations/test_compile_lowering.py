@@ -1,4 +1,4 @@
-"""torch_ops_transformer.inductor_lowering: Inductor passes rewrite attention in compiled graphs to our ops.
+"""torch_ops_transformer.integrations.inductor_lowering: Inductor passes rewrite attention in compiled graphs to our ops.
 The generated code must call npu_fa ops, results must match eager (forward and backward), and a new sequence length
 must not recompile."""
 import math
@@ -10,7 +10,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor import config as inductor_config
 from torch._inductor.utils import run_and_get_code
 
-from torch_ops_transformer import inductor_lowering as lowering
+from torch_ops_transformer.integrations import inductor_lowering as lowering
 
 pytestmark = pytest.mark.usefixtures("dynamo_reset")
 FA = "torch.ops.npu_fa.flash_attention_score.default("

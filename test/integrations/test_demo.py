@@ -6,7 +6,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from torch_ops_transformer import demo  # noqa: E402
+from torch_ops_transformer.bench import demo  # noqa: E402
 from torch_ops_transformer.__main__ import main as cli  # noqa: E402
 
 TABLE_ROWS = ("prefill peak memory growth (MiB, measured RSS)", "first-token latency (ms)",

@@ -11,7 +11,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import torch_ops_transformer as tot  # noqa: E402
-from torch_ops_transformer import hf, sdpa  # noqa: E402
+from torch_ops_transformer.integrations import hf  # noqa: E402
+from torch_ops_transformer.integrations import sdpa
 
 WINDOW = 4
 

@@ -1,4 +1,4 @@
-"""The F.scaled_dot_product_attention drop-in (torch_ops_transformer.sdpa): PyTorch's semantics on our ops, checked
+"""The F.scaled_dot_product_attention drop-in (torch_ops_transformer.integrations.sdpa): PyTorch's semantics on our ops, checked
 against an independent float64 reference with the project's tolerance rule (torch_same_dtype = PyTorch's own SDPA);
 dropout statistics; the decode route; every fallback returns PyTorch's answer and logs once; the TorchFunctionMode
 in eager and under torch.compile(fullgraph=True)."""
@@ -19,7 +19,7 @@ from torch_ops_transformer import (
     sdpa_supported,
     try_scaled_dot_product_attention,
 )
-from torch_ops_transformer import sdpa as sdpa_module
+from torch_ops_transformer.integrations import sdpa as sdpa_module
 
 B, N, E = 2, 4, 16
 
@@ -248,14 +248,14 @@ def test_fallback_returns_pytorch_answer_and_logs_once(case, caplog):
     assert reason is not None and not sdpa_supported(*args, **kw)
     assert try_scaled_dot_product_attention(*args, **kw) is None
     sdpa_module._logged_reasons.discard(reason)
-    with caplog.at_level(logging.DEBUG, logger="torch_ops_transformer.sdpa"):
+    with caplog.at_level(logging.DEBUG, logger="torch_ops_transformer.integrations.sdpa"):
         outs = [scaled_dot_product_attention(*args, **kw) for _ in range(2)]
     want = F.scaled_dot_product_attention(*args, **kw)
     for out in outs:
         assert out.shape == want.shape and out.dtype == want.dtype
         if out.device.type != "meta":
             assert torch.equal(out, want)
-    messages = [r.getMessage() for r in caplog.records if r.name == "torch_ops_transformer.sdpa"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "torch_ops_transformer.integrations.sdpa"]
     assert messages == [f"scaled_dot_product_attention falls back to PyTorch: {reason}"]
 
 

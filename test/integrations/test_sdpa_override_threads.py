@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_ops_transformer import disable_sdpa_override, enable_sdpa_override, sdpa_override
-from torch_ops_transformer import sdpa as sdpa_module
+from torch_ops_transformer.integrations import sdpa as sdpa_module
 
 BUILTIN_SDPA = torch._C._nn.scaled_dot_product_attention
 

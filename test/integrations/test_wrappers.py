@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from torch_ops_transformer._args import ArgumentError
+from torch_ops_transformer._internal.args import ArgumentError
 from test.attention.attention_cases import OPS
 from test.common.reference import attention_reference, check_tolerance
 from torch_ops_transformer import (FlashAttention, flash_attn_func, flash_attn_varlen_func, npu_fusion_attention,
@@ -238,7 +238,7 @@ def test_attention_tiles_roundtrip():
         OPS.attention_tile_config(0, 9000)
 
 
-# ---------------------------------------------------------------- one exception policy (torch_ops_transformer._args)
+# ---------------------------------------------------------------- one exception policy (torch_ops_transformer._internal.args)
 def _policy_cases():
     import torch_ops_transformer as tot
 

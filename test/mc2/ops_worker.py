@@ -1,4 +1,4 @@
-"""One rank of the MC2 multi-process tests (launched by test/mc2/test_ops.py through torch_ops_transformer._spawn,
+"""One rank of the MC2 multi-process tests (launched by test/mc2/test_ops.py through torch_ops_transformer._internal.spawn,
 with the repository root on PYTHONPATH).
 
     python test/mc2/ops_worker.py <rank> <world_size> <port> <scenario>

@@ -1,5 +1,5 @@
 """MC2 ops and tensor-parallel layers across processes: gloo ranks on localhost, launched by
-torch_ops_transformer._spawn with every wait bounded (subprocess timeout + process-group timeout).
+torch_ops_transformer._internal.spawn with every wait bounded (subprocess timeout + process-group timeout).
 
 Each test launches ops_worker.py with a list of scenarios; a scenario passes when every rank prints MC2-OK.
 opcheck of the ops runs in-process in a one-rank group (test/ops/test_opcheck.py, cases in mc2_cases.py) and with
@@ -13,7 +13,7 @@ import torch
 import torch_ops_transformer as tot
 from test.common.checkout import pythonpath
 from test.common.tiers import FULL
-from torch_ops_transformer._spawn import describe, launch
+from torch_ops_transformer._internal.spawn import describe, launch
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops_worker.py")
 OPS = torch.ops.npu_fa

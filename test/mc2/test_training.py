@@ -16,7 +16,7 @@ from torch import nn
 from test.common.checkout import ROOT, pythonpath
 from test.common.tiers import full_only
 from torch_ops_transformer import MC2DistributedDataParallel, MC2Optimizer
-from torch_ops_transformer._spawn import free_port, rank_env
+from torch_ops_transformer._internal.spawn import free_port, rank_env
 
 WORKER = "test.mc2.training_worker"  # run as `python -m` from the repository root
 JOB_TIMEOUT_S = 240  # a whole job (start-up dominates on a loaded 2-core machine); a hang fails, never blocks

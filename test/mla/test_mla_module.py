@@ -208,7 +208,7 @@ def test_bad_inputs():
 def test_runs_on_the_mla_ops(q_lora, monkeypatch):
     """Each step goes through the package's MLA ops: the prolog (or, without a q LoRA, interleave_rope and
     kv_rmsnorm_rope_cache) and the fused attention with the rope parts over the paged latent cache."""
-    from torch_ops_transformer import mla
+    from torch_ops_transformer.mla import attention as mla
 
     calls = []
 

@@ -14,7 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import torch_ops_transformer as tot  # noqa: E402
-from torch_ops_transformer import hf  # noqa: E402
+from torch_ops_transformer.integrations import hf  # noqa: E402
 from torch_ops_transformer.moe import blocks  # noqa: E402
 from torch_ops_transformer.moe.blocks import DeepseekV3MoEBlock, Qwen3MoeBlock, routed_experts  # noqa: E402
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE  # noqa: E402

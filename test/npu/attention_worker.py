@@ -18,7 +18,7 @@ SMALL = dict(batch=1, q_heads=4, kv_heads=2, head_dim=40)
 
 
 def _lib():
-    from torch_ops_transformer._ops_loader import extension_cdll
+    from torch_ops_transformer._library.loader import extension_cdll
 
     return extension_cdll()  # the already loaded extension: same globals as the op
 
@@ -255,7 +255,7 @@ def case_control_functions_count_only_and_stats():
     args = _on_npu(make_inputs(Case(dtype="fp16", layout="BNSD", batch=1, q_len=20, kv_len=40, q_heads=2,
                                     kv_heads=1, head_dim=16)))
     OPS.flash_attention_score(**args)
-    from torch_ops_transformer.npu_perf_model import VALUES_PER_CORE as W  # type, block, then the counters
+    from torch_ops_transformer.bench.npu_perf_model import VALUES_PER_CORE as W  # type, block, then the counters
     stats = (ctypes.c_ulonglong * (W * 80))()
     n = lib.tot_ascendc_last_stats(stats, 80)
     rows = [list(stats[W * i: W * i + W]) for i in range(n)]

@@ -12,7 +12,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.utils import run_and_get_code
 
 import torch_ops_transformer as tot
-from torch_ops_transformer import inductor_lowering
+from torch_ops_transformer.integrations import inductor_lowering
 from test.npu.runner import no_fallback
 
 TOL = dict(rtol=2e-5, atol=2e-5)
@@ -165,7 +165,7 @@ def case_refuses_next_to_a_gpu():
     """Inductor can generate C++ for npu only where no GPU compiles in the same process: the error says so."""
     from unittest import mock
 
-    from torch_ops_transformer import npu_inductor
+    from torch_ops_transformer.npu_sim import inductor as npu_inductor
 
     with mock.patch.object(torch.cuda, "is_available", return_value=True):
         try:

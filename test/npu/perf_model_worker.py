@@ -2,7 +2,7 @@
 bench's path from the extension's counter hooks to a prediction."""
 import ctypes
 
-from torch_ops_transformer import npu_perf_model as pm
+from torch_ops_transformer.bench import npu_perf_model as pm
 from torch_ops_transformer.bench import npu_model
 
 SHAPE = pm.AttentionShape(batch=1, heads=2, seq=256, head_dim=64)

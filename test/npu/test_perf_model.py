@@ -9,7 +9,7 @@ import pytest
 from test.npu import ascendc_programs
 from test.npu import perf_model_worker as WORKER
 from test.npu.runner import case_names
-from torch_ops_transformer import npu_perf_model as m
+from torch_ops_transformer.bench import npu_perf_model as m
 
 HW = m.Ascend910B()
 GHZ = HW.clock_hz

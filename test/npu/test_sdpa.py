@@ -1,5 +1,5 @@
 """F.scaled_dot_product_attention on the simulated npu device runs our flash attention through PyTorch's
-overrideable SDPA hook (torch_ops_transformer.npu_sdpa); the cases live in sdpa_worker.py and run in one child
+overrideable SDPA hook (torch_ops_transformer.npu_sim.sdpa); the cases live in sdpa_worker.py and run in one child
 process (renaming PrivateUse1 is permanent for a process)."""
 import pytest
 

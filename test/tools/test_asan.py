@@ -20,7 +20,7 @@ HAS_LIBASAN = os.path.isabs(subprocess.run([os.environ.get("CXX", "c++"), "-prin
 @pytest.mark.asan
 @pytest.mark.skipif(not UNDER_ASAN, reason="runs under `python -m tools.asan` (needs the ASan runtime)")
 def test_a_poisoned_read_in_a_kernel_is_reported_and_ends_the_process():
-    from torch_ops_transformer import _ops_loader
+    from torch_ops_transformer._library import loader as _ops_loader
     assert _ops_loader._library_path() == os.path.abspath(os.environ["TOT_EXTENSION"])
     code = textwrap.dedent("""
         import ctypes, torch, torch_ops_transformer

@@ -76,7 +76,7 @@ def test_saved_only_with_saves_a_stand_in_without_the_condition(tmp_path):
     """autograd.saved_only_with {x: y}: x is saved when y is given, else a storage-free stand-in of its shape."""
     import torch
 
-    from torch_ops_transformer._generated.registrations import _stand_in
+    from torch_ops_transformer._library.generated.registrations import _stand_in
 
     specs = _load_with(tmp_path, "gradients: {x: 0}", "gradients: {x: 0}\n    saved_only_with: {x: y}")
     text = gen_python.render(specs)["torch_ops_transformer/_generated/registrations.py"]

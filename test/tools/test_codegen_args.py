@@ -62,7 +62,7 @@ def test_new_optional_argument_reaches_struct_wrappers_and_fake_binding(tmp_path
 def test_fake_kernel_gets_bound_arguments_with_defaults():
     import torch
 
-    from torch_ops_transformer._generated import registrations
+    from torch_ops_transformer._library.generated import registrations
 
     a = registrations.FlashAttentionScoreArgs._fields
     assert a[:5] == ("query", "key", "value", "head_num", "input_layout") and a[-3:] == ("q_start_idx", "kv_start_idx", "alibi_bottom_right")
@@ -72,7 +72,7 @@ def test_fake_kernel_gets_bound_arguments_with_defaults():
         seen["args"] = args
         return "result"
 
-    import torch_ops_transformer.fake.attention as fake
+    import torch_ops_transformer.attention.fake as fake
 
     real = fake.flash_attention_score
     fake.flash_attention_score = spy

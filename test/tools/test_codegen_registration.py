@@ -9,7 +9,7 @@ import torch_ops_transformer  # noqa: F401  (loads the extension)
 from tools.codegen import gen_cpp
 from tools.codegen.main import ROOT
 from tools.codegen.model import load
-from torch_ops_transformer._generated import registrations
+from torch_ops_transformer._library.generated import registrations
 
 
 def test_simulated_npu_ops_are_a_generated_cpp_array():

@@ -111,7 +111,7 @@ def render(specs: List[OpSpec]) -> dict:
     modules = sorted({s.fake.split(":")[0] for s in specs if s.fake})
     lines = [HEADER + '"""Fake kernels and autograd formulas of every op, wired from native_functions.yaml."""',
              "import collections", "import importlib", "", "import torch", "",
-             "from torch_ops_transformer._args import check_devices", "", "",
+             "from torch_ops_transformer._internal.args import check_devices", "", "",
              "OpInfo = collections.namedtuple(\"OpInfo\", [\"doc\", \"dispatch_keys\", \"differentiable\", \"opcheck\"])",
              "OpInfo.__doc__ = (\"One op of native_functions.yaml: its user doc, the dispatch keys it has kernels for, whether \"",
              "                  \"it has an autograd formula, and whether test/ops/test_opcheck.py opchecks it.\")",
@@ -165,4 +165,4 @@ def render(specs: List[OpSpec]) -> dict:
             lines.append(f'    torch.library.register_autograd("{NAMESPACE}::{s.name}", _backward_{s.name}, '
                          f"setup_context=_setup_{s.name})")
     lines.append("")
-    return {"torch_ops_transformer/_generated/registrations.py": "\n".join(lines)}
+    return {"torch_ops_transformer/_library/generated/registrations.py": "\n".join(lines)}

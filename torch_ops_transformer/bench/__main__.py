@@ -55,6 +55,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from .._optional import run_cli
+    from .._internal.optional import run_cli
 
     sys.exit(run_cli(main, None, "torch_ops_transformer.bench"))

@@ -145,7 +145,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 def run_ranks(script: str, world: int, table: str, quick: bool, reps: int) -> None:
     """Runs a multi-process benchmark table: `script` launched once per rank (its `rank_main` times and rank 0
     prints the table), the output of rank 0 printed here; a failing rank is an error naming the table."""
-    from torch_ops_transformer._spawn import describe, launch
+    from torch_ops_transformer._internal.spawn import describe, launch
 
     results = launch(script, world, ["--quick" if quick else "--full", str(reps)],
                      timeout=600.0 if not quick else 180.0)

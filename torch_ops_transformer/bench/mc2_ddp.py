@@ -20,7 +20,7 @@ import time
 import torch
 
 from .common import format_table
-from .._spawn import free_port, rank_env
+from .._internal.spawn import free_port, rank_env
 
 RANKS = 2
 WORKER_TIMEOUT_S = 900

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from .. import npu_perf_model as pm
+from . import npu_perf_model as pm
 from .common import format_table
 
 BLOCKS = (64, 128, 256)
@@ -34,7 +34,7 @@ MAX_CORES = 128
 def runtime_hooks() -> Tuple[Optional[ctypes.CDLL], str]:
     """The extension's counter hooks (ctypes handle), or None and why not."""
     try:
-        from .._ops_loader import extension_cdll
+        from .._library.loader import extension_cdll
 
         lib = extension_cdll()
     except (ImportError, OSError) as e:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Sequence
 
-from .. import npu_perf_model as pm
+from . import npu_perf_model as pm
 from .common import format_table
 
 

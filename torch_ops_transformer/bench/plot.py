@@ -9,7 +9,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from .._optional import require
+from .._internal.optional import require
 from . import attention
 from .common import format_table
 

@@ -13,7 +13,6 @@ test/compat/test_signature_parity.py) and, for every other upstream function, a 
 naming it. `module()` builds the shim without installing anything (for tests that compare against the CPU backend).
 """
 import functools
-import importlib.machinery
 import importlib.util
 import os
 import runpy
@@ -23,10 +22,16 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+import torch
 import yaml
 
-SHIM_MARK = "__torch_ops_transformer_shim__"
-PYTHONPATH_DIR = Path(__file__).resolve().parent / "pythonpath"
+from .. import npu_sim
+from .._internal import args as _args
+from .._internal.real_torch_npu import (PYTHONPATH_DIR, SHIM_MARK, is_shim, real_module_spec,  # noqa: F401 (API)
+                                        real_torch_npu_loaded, real_torch_npu_spec)
+from .._internal.version import __version__
+from . import hccl_names, testing
+
 _FUNCTIONS_FILE = Path(__file__).resolve().parent / "torch_npu_functions.yaml"
 
 
@@ -37,16 +42,8 @@ def upstream_functions() -> dict:
         return yaml.safe_load(f)
 
 
-def is_shim(module) -> bool:
-    """The shim, or the placeholder module `import torch_npu` creates from PYTHONPATH_DIR before install() fills it."""
-    return bool(getattr(module, SHIM_MARK, False)) or str(getattr(module, "__file__", "")).startswith(
-        str(PYTHONPATH_DIR))
 
 
-def real_torch_npu_loaded() -> bool:
-    """A real torch_npu (not this shim) is imported in this process."""
-    loaded = sys.modules.get("torch_npu")
-    return loaded is not None and not is_shim(loaded)
 
 
 def _not_implemented_stub(name: str):
@@ -61,22 +58,15 @@ def _not_implemented_stub(name: str):
 
 def _fill(mod: types.ModuleType) -> types.ModuleType:
     """Puts the shim's contents into `mod` (a fresh module, or the placeholder `import torch_npu` created)."""
-    import torch
-
-    import torch_ops_transformer  # noqa: F401  (loads the kernels; fills _args.TORCH_NPU_API)
-    from torch_ops_transformer import _args, npu_sim
-
     for name in upstream_functions()["not_implemented"]:
         setattr(mod, name, _not_implemented_stub(name))
     for name, fn in _args.TORCH_NPU_API.items():
         setattr(mod, name, fn)
     for name, code in _args.TORCH_NPU_DTYPE_CODES.items():  # torch_npu.hifloat8, float4_e2m1fn_x2, ...
         setattr(mod, name, code)
-    from . import testing
-
     mod.npu_format_cast, mod.get_npu_format = testing.npu_format_cast, testing.get_npu_format
     setattr(mod, SHIM_MARK, True)
-    mod.__version__ = f"0+torch_ops_transformer.{torch_ops_transformer.__version__}"
+    mod.__version__ = f"0+torch_ops_transformer.{__version__}"
     mod.__doc__ = __doc__
     # torch_npu.npu is torch.npu (the device module) once the simulated device is installed.
     mod.npu = getattr(torch, "npu", None) if npu_sim.is_enabled() else npu_sim.unavailable_device_module()
@@ -90,12 +80,6 @@ def module() -> types.ModuleType:
     return _fill(types.ModuleType("torch_npu"))
 
 
-def real_module_spec(name: str, shim_dir: Path, exclude: Optional[str] = None):
-    """The import spec of an installed module `name` found outside the shim's PYTHONPATH directory (and `exclude`),
-    or None. Shared by the torch_npu and flash_attn shims."""
-    skip = {shim_dir} | ({Path(exclude).resolve()} if exclude is not None else set())
-    paths = [p for p in sys.path if Path(p or ".").resolve() not in skip]
-    return importlib.machinery.PathFinder.find_spec(name, paths)
 
 
 def import_real_module(name: str, spec, shim: str):
@@ -133,9 +117,6 @@ def run_with_shim(argv, usage: str, shim_dir: Path, install_shim) -> int:
     return 0
 
 
-def _real_torch_npu_spec(exclude: Optional[str] = None):
-    """The import spec of an installed torch_npu that is not this shim, or None."""
-    return real_module_spec("torch_npu", PYTHONPATH_DIR, exclude)
 
 
 def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
@@ -146,13 +127,11 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     current = sys.modules.get("torch_npu")
     if current is not None and current is not placeholder:
         return current
-    spec = _real_torch_npu_spec()
+    spec = real_torch_npu_spec()
     if spec is not None:
         real = import_real_module("torch_npu", spec, "torch_ops_transformer.compat")
         if real is not None:
             return real
-    from torch_ops_transformer import npu_sim
-
     npu_sim.enable(installed_torch_npu_failed=spec is not None)
     mod = _fill(placeholder if placeholder is not None else types.ModuleType("torch_npu"))
     sys.modules["torch_npu"] = mod
@@ -160,16 +139,11 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     utils = types.ModuleType("torch_npu.npu.utils")  # torch_npu's device utilities: the device module's functions
     utils.__dict__.update({k: v for k, v in vars(mod.npu).items() if not k.startswith("__")})
     mod.npu.utils = sys.modules["torch_npu.npu.utils"] = utils
-    from torch_ops_transformer.mc2 import hccl_names
-
     hccl_names.install()  # group.get_hccl_comm_name(rank) and friends, for the MC2 functions' `hcom`
-    from . import testing
-
     for name, sub in testing.modules().items():  # torch_npu.testing: what torch_npu's own tests import
         sys.modules[name] = sub
     mod.testing = sys.modules["torch_npu.testing"]
     # torch_npu adds these Tensor methods; plain formats only here
-    import torch
     torch.Tensor.npu_format_cast = testing.npu_format_cast
     return mod
 

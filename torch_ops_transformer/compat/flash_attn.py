@@ -17,9 +17,9 @@ import types
 from pathlib import Path
 from typing import Optional
 
-from . import import_real_module, real_module_spec, run_with_shim
+from .._internal.real_torch_npu import SHIM_MARK, real_module_spec
+from . import import_real_module, run_with_shim
 
-SHIM_MARK = "__torch_ops_transformer_shim__"
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "flash_attn_pythonpath"
 # The FlashAttention-2 release whose Python API (flash_attn_interface) the shim mirrors, with our version as local tag.
 API_VERSION = "2.7.4"
@@ -51,14 +51,14 @@ def _fill(mod: types.ModuleType, interface: types.ModuleType) -> types.ModuleTyp
         setattr(m, SHIM_MARK, True)
     # The interface's helpers code around the functions imports: the key-block width that S_dmask's running maxima
     # use (return_attn_probs with dropout), and the flag of FlashAttention-2's ROCm Triton backend (not in use).
-    from torch_ops_transformer import fa2_dmask
+    from torch_ops_transformer.attention import fa2 as fa2_dmask
 
     interface._get_block_size_n = fa2_dmask.get_block_size_n
     interface.USE_TRITON_ROCM = False
     mod.__version__ = f"{API_VERSION}+torch_ops_transformer.{tot.__version__}"
     mod.__doc__ = interface.__doc__ = __doc__
     mod.flash_attn_interface = interface
-    from torch_ops_transformer import fa2_padding
+    from torch_ops_transformer.compat import bert_padding as fa2_padding
 
     padding = types.ModuleType("flash_attn.bert_padding")
     for name in PADDING_FUNCTIONS:

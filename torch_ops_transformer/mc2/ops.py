@@ -15,7 +15,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from .. import _args
+from .._internal import args as _args
 
 OPS = torch.ops.npu_fa
 

@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .. import _args
+from .._internal import args as _args
 from ..mc2.ops import group_name
 
 _OPS = torch.ops.npu_fa

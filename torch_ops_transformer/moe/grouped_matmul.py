@@ -5,7 +5,7 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
-from .. import _args
+from .._internal import args as _args
 
 # act_type numbering of CANN / torch_npu; names accepted by `grouped_matmul(..., activation=...)`.
 ACT_TYPES = {"none": 0, "relu": 1, "gelu_tanh": 2, "gelu": 2, "fast_gelu": 4, "silu": 5}

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .. import _args
+from .._internal import args as _args
 
 _OPS = torch.ops.npu_fa
 

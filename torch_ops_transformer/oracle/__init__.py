@@ -210,7 +210,7 @@ def reference_for_name(name: str, func=None) -> Optional[_Reference]:
         op = func if func is not None else getattr(torch.ops.npu_fa, short).default
         return _Reference(lambda *a, **k: op(*a, **k))
     if ns == TORCH_NPU_NAMESPACE:
-        from .. import compat
+        from .. import compat  # lazy: the shim imports torch.testing's test utilities (heavy); torch_npu refs only
 
         fn = getattr(compat.module(), short, None)
         if fn is None or getattr(fn, "__name__", "") == short and "not implemented" in (fn.__doc__ or ""):

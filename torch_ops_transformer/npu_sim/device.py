@@ -1,0 +1,227 @@
+"""A simulated NPU: PyTorch's PrivateUse1 device renamed "npu", backed by CPU memory (docs/npu_sim.md).
+
+`enable()` installs it for the rest of the process (PyTorch cannot rename PrivateUse1 twice or unregister a
+backend); `TOT_NPU_SIM=1` in the environment enables it when the package is imported. It refuses when a real
+`torch_npu` is importable or PrivateUse1 already belongs to another backend, so it never shadows real hardware.
+
+On the device, `torch.ops.npu_fa.*` ops run their CPU kernels on CPU aliases of the same memory (the list comes
+from native_functions.yaml via the codegen); other aten ops run through PyTorch's boxed CPU fallback.
+"""
+import ctypes
+import os
+import sys
+import time
+import types
+
+import torch
+
+from .._internal.real_torch_npu import real_torch_npu_loaded, real_torch_npu_spec
+from .._library.loader import extension_cdll
+from . import amp, inductor, sdpa
+
+ENV_VAR = "TOT_NPU_SIM"
+_BACKEND = "npu"
+_enabled = False
+
+
+def is_enabled() -> bool:
+    """True once enable() has installed the simulated device in this process."""
+    return _enabled
+
+
+def _real_torch_npu_present(installed_torch_npu_failed: bool) -> bool:
+    """A real torch_npu imported, or installed (unless the caller tried importing it and it failed). Our own
+    torch_npu shim (torch_ops_transformer.compat) does not count."""
+    if real_torch_npu_loaded():
+        return True
+    return not installed_torch_npu_failed and real_torch_npu_spec() is not None
+
+
+def _refusal_reason(installed_torch_npu_failed: bool = False):
+    """Why the simulator must not be installed here, or None."""
+    if _real_torch_npu_present(installed_torch_npu_failed):
+        return ("torch_npu is installed: the real Ascend NPU backend owns the 'npu' device, so the simulated "
+                "NPU is not installed (unset TOT_NPU_SIM / do not call npu_sim.enable())")
+    name = torch._C._get_privateuse1_backend_name()
+    if name != "privateuseone":
+        return (f"the PrivateUse1 backend is already renamed to {name!r} by another extension; the simulated NPU "
+                "needs it unused (expected name 'privateuseone')")
+    return None
+
+
+def _device_module() -> types.ModuleType:
+    """torch.npu: what torch.compile, opcheck and the autograd engine ask of a device module."""
+    mod = types.ModuleType("torch_ops_transformer.npu_sim.device_module")
+    mod.is_available = lambda: True
+    mod.is_initialized = lambda: True
+    mod._lazy_init = lambda: None
+    mod.device_count = lambda: 1
+    mod.current_device = lambda: 0
+    mod.set_device = lambda device: None
+    mod.synchronize = lambda device=None: None  # every kernel runs synchronously on the host
+    mod._is_in_bad_fork = lambda: False
+    # Random numbers on the device are drawn by CPU kernels from the CPU default generator, so its state is ours.
+    mod.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    mod.manual_seed_all = lambda seed: torch.default_generator.manual_seed(int(seed))
+    mod.get_rng_state = lambda device="npu": torch.get_rng_state()
+    mod.set_rng_state = lambda new_state, device="npu": torch.set_rng_state(new_state)
+    mod.get_amp_supported_dtype = lambda: [torch.float16, torch.bfloat16]
+    mod.is_bf16_supported = lambda: True
+    mod.get_device_name = lambda device=None: "simulated NPU (CPU memory, torch_ops_transformer)"
+    mod.empty_cache = lambda: None
+    mod.memory_allocated = lambda device=None: 0
+    mod.max_memory_allocated = lambda device=None: 0
+    mod.reset_peak_memory_stats = lambda device=None: None
+    _add_streams(mod)
+    mod.set_compile_mode = _set_compile_mode
+    mod.config = types.SimpleNamespace(allow_internal_format=False)  # torch_npu's private formats (NZ): none here
+    mod.amp = amp.amp_module()
+    # Inductor's code generators for the device, looked up by name when it first compiles for npu (inductor.py)
+    mod.__getattr__ = inductor.device_module_attr
+    return mod
+
+
+def _set_compile_mode(jit_compile: bool = False) -> None:
+    """torch.npu.set_compile_mode: chooses online kernel compilation on Ascend; nothing to choose here."""
+    if not isinstance(jit_compile, bool):
+        raise TypeError(f"torch.npu.set_compile_mode: argument 'jit_compile' must be a bool; got {jit_compile!r}")
+
+
+class _Stream:
+    """torch.npu.Stream basics: one synchronous stream, so waiting and synchronising return at once."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.device = torch.device(_BACKEND, 0)
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else _Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Stream)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class _Event:
+    """torch.npu.Event basics: timing uses the host clock (every kernel has finished when it returns)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._time = None
+
+    def record(self, stream=None) -> None:
+        self._time = time.perf_counter()
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end) -> float:
+        if not self.enable_timing or self._time is None or end._time is None:
+            raise RuntimeError("torch.npu.Event.elapsed_time: both events must be created with enable_timing=True "
+                               "and recorded")
+        return (end._time - self._time) * 1000.0
+
+
+class _StreamContext:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __enter__(self):
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+class _NotSimulated:
+    """torch.npu.NPUGraph / torch.npu.graph: NPU graph capture replays recorded kernels on the device; there is
+    nothing to record on the simulated one, so using it raises NotImplementedError naming it."""
+
+    name = "torch.npu.NPUGraph"
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f"{self.name}: NPU graph capture is not simulated (the simulated npu device runs "
+                                  f"every kernel synchronously on the host); call the model eagerly")
+
+
+class _NotSimulatedGraphContext(_NotSimulated):
+    name = "torch.npu.graph"
+
+
+def _add_streams(mod: types.ModuleType) -> None:
+    mod.NPUGraph, mod.graph = _NotSimulated, _NotSimulatedGraphContext
+    default = _Stream()
+    mod.Stream, mod.Event = _Stream, _Event
+    mod.current_stream = lambda device=None: default
+    mod.default_stream = lambda device=None: default
+    mod.set_stream = lambda stream: None
+    mod.stream = _StreamContext
+
+
+def unavailable_device_module() -> types.ModuleType:
+    """torch_npu.npu of the shim when the simulated device is not enabled: says no device is available."""
+    mod = types.ModuleType("torch_npu.npu")
+    mod.is_available = lambda: False
+    mod.device_count = lambda: 0
+    mod.is_initialized = lambda: False
+    return mod
+
+
+def _install_cpp() -> None:
+    """Flips the C++ switch: the device, hooks and the npu_fa registrations (the list of ops served by their CPU
+    kernel is generated into the library) are installed by tot_npu_sim_enable."""
+    error = ctypes.create_string_buffer(2048)
+    fn = extension_cdll().tot_npu_sim_enable
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    if fn(error, len(error)) != 0:
+        raise RuntimeError(f"npu_sim.enable(): {error.value.decode(errors='replace')}")
+
+
+def enable(installed_torch_npu_failed: bool = False) -> None:
+    """Install the simulated "npu" device for this process (idempotent). Raises RuntimeError when refused.
+
+    `installed_torch_npu_failed`: the caller (the torch_npu shim) tried importing the installed torch_npu and it
+    failed (no CANN runtime), so it does not own the device."""
+    global _enabled
+    if _enabled:
+        return
+    reason = _refusal_reason(installed_torch_npu_failed)
+    if reason is not None:
+        raise RuntimeError(f"npu_sim.enable() refused: {reason}")
+    _install_cpp()
+    torch.utils.rename_privateuse1_backend(_BACKEND)
+    torch._register_device_module(_BACKEND, _device_module())
+    torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+    amp.install()
+    _enabled = True
+    # F.scaled_dot_product_attention on npu tensors -> our flash attention (PyTorch's overrideable SDPA hook).
+    sdpa.enable()
+
+
+def enable_from_environment() -> None:
+    """Called at package import: TOT_NPU_SIM=1 enables the simulated device."""
+    if os.environ.get(ENV_VAR, "") == "1":
+        enable()
