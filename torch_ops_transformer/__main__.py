@@ -23,14 +23,15 @@ def main(argv=None) -> int:
         print(__doc__)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    # lazy: each command imports only what it needs (demo: transformers; bench: the peers; tune: nothing more)
     if command == "demo":
-        from .bench.demo import main as run
+        from .bench.demo import main as run  # lazy: see above
     elif command == "bench":
-        from .bench.__main__ import main as run
+        from .bench.__main__ import main as run  # lazy: see above
     elif command == "tune":
-        from .attention.tuning import main as run
+        from .attention.tuning import main as run  # lazy: see above
     elif command == "oracle":
-        from .oracle.replay import main as run
+        from .oracle.replay import main as run  # lazy: see above
     else:
         print(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}\n{__doc__}", file=sys.stderr)
         return 2

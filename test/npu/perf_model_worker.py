@@ -2,8 +2,9 @@
 bench's path from the extension's counter hooks to a prediction."""
 import ctypes
 
+from torch_ops_transformer.bench import npu_counters, npu_model
+from torch_ops_transformer.bench import npu_model_kernels as nk
 from torch_ops_transformer.bench import npu_perf_model as pm
-from torch_ops_transformer.bench import npu_model
 
 SHAPE = pm.AttentionShape(batch=1, heads=2, seq=256, head_dim=64)
 
@@ -48,7 +49,7 @@ def case_simulated_path_parses_and_scales():
 
 
 def case_real_hooks_or_a_clear_note():
-    lib, why = npu_model.runtime_hooks()
+    lib, why = npu_counters.runtime_hooks()
     if lib is None:  # the FlashAttention kernel is not built into this extension: the bench says so
         assert "does not export" in why and "tot_ascendc_last_stats" in why
         return
@@ -68,9 +69,7 @@ def case_real_hooks_or_a_clear_note():
 def case_per_kernel_peak_shares():
     """Every Ascend C kernel counted on a small shape: MIX kernels use the cube and hand work to their AIVs, vector
     kernels do not; each share of a peak lies in (0, 1]."""
-    from torch_ops_transformer.bench import npu_model_kernels as nk
-
-    lib, why = npu_model.runtime_hooks()
+    lib, why = npu_counters.runtime_hooks()
     assert lib is not None, why
     rows = nk.predict_kernels(lib, nk.kernel_cases(quick=True), pm.Ascend910B())
     names = [r.case.name for r in rows]

@@ -1,4 +1,4 @@
-"""The 910B performance model (torch_ops_transformer/npu_perf_model.py): roofline arithmetic on hand-made and
+"""The 910B performance model (torch_ops_transformer/bench/npu_perf_model.py): roofline arithmetic on hand-made and
 runtime-produced counters, the analytic FlashAttention counts, the attention memory table and the block-size
 ranking. Every time here is a model prediction; nothing is timed."""
 import math
@@ -295,10 +295,10 @@ def test_memory_table_llama7b():
 
 # ---- the bench table ----------------------------------------------------------------------------------------------
 def test_bench_detects_missing_hooks(monkeypatch):
-    from torch_ops_transformer.bench import npu_model
+    from torch_ops_transformer.bench import npu_counters
 
-    monkeypatch.setattr(npu_model, "HOOKS", npu_model.HOOKS + ("tot_ascendc_no_such_hook",))
-    lib, why = npu_model.runtime_hooks()
+    monkeypatch.setattr(npu_counters, "HOOKS", npu_counters.HOOKS + ("tot_ascendc_no_such_hook",))
+    lib, why = npu_counters.runtime_hooks()
     assert lib is None and "tot_ascendc_no_such_hook" in why
 
 

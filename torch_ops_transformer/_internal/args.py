@@ -217,6 +217,7 @@ def host_int_tensor(op: str, name: str, value: IntList, device) -> Optional[Tens
 # quantised data, which this package does not implement.
 SCALAR_TYPE_CODES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
                       5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
+DTYPE_CODES = {dtype: code for code, dtype in SCALAR_TYPE_CODES.items()}  # the inverse: dtype -> its code
 # torch_npu's own dtype constants (integer codes of formats torch lacks), exposed by the shim so code naming them
 # runs; passing one selects a quantised format (NotImplementedError here).
 TORCH_NPU_DTYPE_CODES = {"hifloat8": 290, "float8_e8m0fnu": 293, "float4_e2m1fn_x2": 296, "float4_e1m2fn_x2": 297}

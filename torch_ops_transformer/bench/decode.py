@@ -64,9 +64,7 @@ def make_inputs(c: Case):
 
 
 def main(quick: bool = False, reps: int = 5) -> None:
-    import torch_ops_transformer  # noqa: F401  (loads the kernels)
-
-    ops = torch.ops.npu_fa
+    ops = torch.ops.npu_fa  # registered by the package's import, which ran before this module's
     threads = torch.get_num_threads()
     print(f"# decode: ours vs F.scaled_dot_product_attention(enable_gqa=True) (CPU), {threads} threads, median of "
           f"{reps}, memory read = the faster of k.sum() + v.sum() (bytes as fp32 words) and a 1 GiB fp32 sum, in the same alternation")

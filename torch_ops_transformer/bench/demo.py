@@ -21,9 +21,14 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from typing import Dict, List, Optional
 
+import torch
+
 from .._internal.optional import MissingDependency, missing_package, require
+from ..integrations import sdpa
+from .common import format_table, peak_memory_growth
 
 IMPLS = ("eager", "sdpa", "npu_fa")
 LABELS = {"eager": "eager (matmul+softmax)", "sdpa": "sdpa (PyTorch)", "npu_fa": "npu_fa (ours)"}
@@ -82,8 +87,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def _build_model(args, impl: str):
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM, LlamaConfig  # lazy: transformers (optional, checked by main)
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     if args.model_path:
@@ -111,8 +115,7 @@ class _StepClock:
 
 def _generate(model, ids, new_tokens: int):
     """Greedy generation of exactly `new_tokens` tokens; returns (tokens, first-token s, decode s per step)."""
-    import torch
-    from transformers import LogitsProcessorList
+    from transformers import LogitsProcessorList  # lazy: transformers (optional, checked by main)
 
     clock = _StepClock()
     start = time.perf_counter()
@@ -127,16 +130,12 @@ def _generate(model, ids, new_tokens: int):
 
 def run_worker(args, impl: str, report) -> None:
     """Everything one implementation does; progress and the result go to `report` (a queue)."""
-    import torch
-
     if args.threads:
         torch.set_num_threads(args.threads)
-    require("transformers", PROG)
-    import torch_ops_transformer as tot
-    from torch_ops_transformer.integrations import sdpa
-    from torch_ops_transformer.bench.common import peak_memory_growth
+    require("transformers", PROG)  # a missing one is MissingDependency here, reported as one line by the parent
+    from ..integrations.hf import register_hf_attention  # lazy: transformers (hf.py imports it)
 
-    tot.register_hf_attention()  # registered already if transformers was imported; idempotent
+    register_hf_attention()  # registered already if transformers was imported; idempotent
     sdpa.route_counts.clear()
     model = _build_model(args, impl)
     vocab = model.config.vocab_size
@@ -167,8 +166,6 @@ def _worker_entry(args, impl, report):
         if package is not None:  # the parent prints one line, no traceback
             report.put(("missing", impl, package))
             return
-        import traceback
-
         report.put(("error", impl, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
@@ -181,7 +178,7 @@ class _Progress:
 
     def __init__(self, total: int):
         try:
-            from tqdm import tqdm
+            from tqdm import tqdm  # lazy: tqdm (optional: plain lines without it)
 
             self.bar = tqdm(total=total, desc="demo", unit="stage", file=sys.stderr)
         except ImportError:
@@ -263,8 +260,6 @@ def check_tokens(results: Dict[str, dict]) -> List[str]:
 
 
 def table(results: Dict[str, dict], batch: int) -> str:
-    from .common import format_table
-
     mib = {k: r["memory"] / 2**20 for k, r in results.items()}
     first = {k: r["first"] * 1e3 for k, r in results.items()}
     step = {k: r["per_step"] * 1e3 for k, r in results.items()}

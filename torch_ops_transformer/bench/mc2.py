@@ -21,6 +21,7 @@ if __package__ in (None, ""):  # launched as a rank script: import the package t
 
 from torch_ops_transformer.bench.common import (  # noqa: E402
     format_table, init_rank, max_over_ranks, run_ranks, time_alternating)
+from torch_ops_transformer.mc2.ops import mc2_validation  # noqa: E402
 
 WORLD = 2
 
@@ -82,9 +83,7 @@ def _auto_chunks(op, m, k, n, W):
 
 def rank_main(rank, port, quick, reps):
     init_rank(rank, port, WORLD)
-    import torch_ops_transformer as tot
-
-    tot.mc2_validation(False)  # the unfused contenders do not validate either; its cost is reported below
+    mc2_validation(False)  # the unfused contenders do not validate either; its cost is reported below
     group = dist.group.WORLD.group_name
     rows = []
     for op, m, k, n in _cases(quick):
@@ -103,9 +102,9 @@ def rank_main(rank, port, quick, reps):
     call = lambda: torch.ops.npu_fa.matmul_all_reduce(x1, x2, group, None, 1)  # noqa: E731
 
     def validated():
-        tot.mc2_validation(True)
+        mc2_validation(True)
         call()
-        tot.mc2_validation(False)
+        mc2_validation(False)
     v = time_alternating({"off": lambda: [call() for _ in range(20)], "on": lambda: [validated() for _ in range(20)]},
                          reps=max(reps, 5), warmup=1)
     v = {k_: t / 20 for k_, t in v.items()}

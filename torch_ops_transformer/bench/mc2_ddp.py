@@ -13,14 +13,19 @@ rank 0 reports the median time per training step. Contenders:
 communication time that the contender hides behind computation (0 = fully serial).
 """
 import os
+import statistics
 import subprocess
 import sys
 import time
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .common import format_table
 from .._internal.spawn import free_port, rank_env
+from ..mc2.ddp import MC2DistributedDataParallel
+from ..mc2.optimizer import MC2Optimizer
+from .common import format_table
 
 RANKS = 2
 WORKER_TIMEOUT_S = 900
@@ -40,11 +45,6 @@ def _shape(quick: bool):
 
 
 def _contenders(width, depth, batch, bucket_mb):
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from torch_ops_transformer import MC2DistributedDataParallel, MC2Optimizer
-
     g = torch.Generator().manual_seed(dist.get_rank())
     x, y = torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
 
@@ -79,10 +79,6 @@ def _contenders(width, depth, batch, bucket_mb):
 
 def _time_in_lockstep(fns, reps: int, iters: int):
     """Median seconds per call; ranks enter every timed call together (barrier), contenders alternate."""
-    import statistics
-
-    import torch.distributed as dist
-
     samples = {k: [] for k in fns}
     for rep in range(reps + 1):  # the first round warms up (buckets rebuilt, optimizer state created)
         for name, fn in fns.items():
@@ -98,8 +94,6 @@ def _time_in_lockstep(fns, reps: int, iters: int):
 
 
 def _rank_main(quick: bool, reps: int):
-    import torch.distributed as dist
-
     torch.set_num_threads(1)
     cores = sorted(os.sched_getaffinity(0))
     # One core per rank, for every thread of the rank (the gloo worker threads are created by init and inherit

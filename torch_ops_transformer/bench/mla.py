@@ -24,6 +24,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 
+from ..inference.api import npu_fused_infer_attention_score
 from . import peers_vllm
 from .common import format_table, machine_line, time_alternating
 
@@ -76,12 +77,12 @@ def run_case(c: Case, reps: int):
     rope_cache = torch.empty(cache.shape[0], c.block, 1, ROPE, dtype=dt)
     rope_cache[table.flatten().long()] = k_pe.reshape(-1, c.block, 1, ROPE)
     lens = [S] * B
-    from .. import npu_fused_infer_attention_score as fia
 
     def ours():
-        return fia(q_abs[:, None], cache, cache, query_rope=q_pe[:, None], key_rope=rope_cache, num_heads=N,
-                   num_key_value_heads=1, scale=scale, input_layout="BSND", block_table=table,
-                   block_size=c.block, actual_seq_lengths_kv=lens)[0]
+        return npu_fused_infer_attention_score(
+            q_abs[:, None], cache, cache, query_rope=q_pe[:, None], key_rope=rope_cache, num_heads=N,
+            num_key_value_heads=1, scale=scale, input_layout="BSND", block_table=table, block_size=c.block,
+            actual_seq_lengths_kv=lens)[0]
 
     fns = {"ours": ours}
     sdpa_note = ""
@@ -93,7 +94,8 @@ def run_case(c: Case, reps: int):
         q_full = torch.cat([q_nope, q_pe], -1)[:, :, None]
         fns["sdpa"] = lambda: F.scaled_dot_product_attention(q_full, k, v, scale=scale)
         # our own attention over the same decompressed K/V (BNSD, one query token): the memory-bound yardstick
-        fns["ours_dec"] = lambda: fia(q_full, k, v, num_heads=N, scale=scale, input_layout="BNSD")[0]
+        fns["ours_dec"] = lambda: npu_fused_infer_attention_score(q_full, k, v, num_heads=N, scale=scale,
+                                                                  input_layout="BNSD")[0]
     else:
         sdpa_note = f"SDPA skipped: decompressed K/V would take {materialised / 2**30:.1f} GiB"
     ops = peers_vllm.load()

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from ..moe.layer import MOELayer
+from . import moe_distribute, moe_quant, moe_routing
 from .common import format_table, gemm_gflops, time_alternating
-
 
 
 def _counts(kind: str, experts: int, rows: int):
@@ -123,17 +123,11 @@ def main(quick: bool = False, reps: int = 5,
          tables=("grouped_matmul", "quant", "moe_layer", "routing", "distribute")):
     if "grouped_matmul" in tables:
         grouped_matmul_table(quick, reps)
-    if "quant" in tables:
-        from . import moe_quant  # W8A8 / weight-only grouped matmul (also `bench moe_quant`)
-
+    if "quant" in tables:  # W8A8 / weight-only grouped matmul (also `bench moe_quant`)
         moe_quant.main(quick=quick, reps=reps)
     if "moe_layer" in tables:
         moe_layer_table(quick, reps)
-    if "routing" in tables:
-        from . import moe_routing  # the routing ops' table (also `bench moe_routing`)
-
+    if "routing" in tables:  # the routing ops' table (also `bench moe_routing`)
         moe_routing.main(quick=quick, reps=reps)
-    if "distribute" in tables:
-        from . import moe_distribute  # expert-parallel dispatch/combine on 2 gloo ranks (also `bench moe-distribute`)
-
+    if "distribute" in tables:  # expert-parallel dispatch/combine on 2 gloo ranks (also `bench moe-distribute`)
         moe_distribute.main(quick=quick, reps=reps)

@@ -9,15 +9,15 @@ import sys
 
 import torch
 
+from ..moe.blocks import DeepseekV3MoEBlock, Qwen3MoeBlock
 from .common import format_table, time_alternating
 
 
 def _blocks(kind: str, quick: bool, dtype: torch.dtype):
+    # lazy: transformers (optional: main() skips the table without it)
     import transformers
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-
-    from ..moe.blocks import DeepseekV3MoEBlock, Qwen3MoeBlock
 
     h, i, e, k = (64, 32, 16, 4) if quick else (512, 128, 64, 8)
     if kind == "DeepSeek-V3":
@@ -44,7 +44,7 @@ def _blocks(kind: str, quick: bool, dtype: torch.dtype):
 
 def main(quick: bool = False, reps: int = 5):
     try:
-        import transformers  # noqa: F401
+        import transformers  # lazy: transformers (optional: without it this table is skipped)
     except ImportError:
         print("moe_block: transformers is not installed; skipped")
         return
@@ -90,10 +90,9 @@ def main(quick: bool = False, reps: int = 5):
 def w8a8_table(quick: bool, reps: int):
     """Forward of the DeepSeek-V3 block with W8A8 experts vs the same block in bf16 (same weights; the gate and the
     shared expert are bf16 in both); errors relative to the block in float32."""
+    # lazy: transformers (optional: main() skips the table without it)
     import transformers
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
-
-    from ..moe.blocks import DeepseekV3MoEBlock
 
     shapes = [(64, 32, 16, 4, 4, 2)] if quick else [(512, 128, 64, 8, 8, 4), (2048, 512, 16, 4, 4, 2)]
     rows = []

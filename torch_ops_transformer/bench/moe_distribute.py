@@ -23,6 +23,9 @@ if __package__ in (None, ""):  # launched as a rank script: import the package t
 
 from torch_ops_transformer.bench.common import (  # noqa: E402
     format_table, init_rank, max_over_ranks, run_ranks, time_alternating)
+from torch_ops_transformer.mc2.ops import mc2_validation  # noqa: E402
+from torch_ops_transformer.moe.distribute import (  # noqa: E402
+    npu_moe_distribute_combine_v2, npu_moe_distribute_dispatch_v2)
 
 WORLD = 2
 
@@ -55,8 +58,6 @@ def _baseline(x, ids, weights, experts):
 
 def rank_main(rank, port, quick, reps):
     init_rank(rank, port, WORLD)
-    import torch_ops_transformer as tot
-
     group = dist.group.WORLD.group_name
     rows = []
     for bs, h, k, experts in _cases(quick):
@@ -66,24 +67,23 @@ def rank_main(rank, port, quick, reps):
         weights = torch.rand(bs, k, generator=g)
 
         def dispatch(quant=0):
-            return tot.npu_moe_distribute_dispatch_v2(x, ids, group, WORLD, rank, experts, quant_mode=quant)
+            return npu_moe_distribute_dispatch_v2(x, ids, group, WORLD, rank, experts, quant_mode=quant)
 
         out = dispatch()
 
         def combine():
-            return tot.npu_moe_distribute_combine_v2(out[0], ids, out[2], out[4], weights, group, WORLD, rank,
-                                                     experts)
+            return npu_moe_distribute_combine_v2(out[0], ids, out[2], out[4], weights, group, WORLD, rank, experts)
 
         def validated_combine():
-            tot.mc2_validation(True)
+            mc2_validation(True)
             combine()
-            tot.mc2_validation(False)
+            mc2_validation(False)
 
         def step():
             o = dispatch()
-            return tot.npu_moe_distribute_combine_v2(o[0], ids, o[2], o[4], weights, group, WORLD, rank, experts)
+            return npu_moe_distribute_combine_v2(o[0], ids, o[2], o[4], weights, group, WORLD, rank, experts)
 
-        tot.mc2_validation(False)
+        mc2_validation(False)
         dist.barrier()
         fns = {"baseline": lambda: _baseline(x, ids, weights, experts), "dispatch": dispatch,
                "dispatch_int8": lambda: dispatch(2), "combine": combine, "step": step,

@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
+from ..moe.routing import npu_moe_init_routing_v2
 from .common import format_table, time_alternating
 
 # (tokens N, hidden H, experts E, top-k)
@@ -91,8 +92,6 @@ def _check(name, ours, theirs):
 
 
 def cases(N: int, H: int, E: int, k: int, dtype: torch.dtype) -> Dict[str, Tuple[Callable, Callable]]:
-    import torch_ops_transformer as tot
-
     ops = torch.ops.npu_fa
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, H, generator=g).to(dtype)
@@ -103,7 +102,7 @@ def cases(N: int, H: int, E: int, k: int, dtype: torch.dtype) -> Dict[str, Tuple
     groups = 4 if E >= 8 else 1
     k_group = max(1, groups // 2)
     capacity = max(1, int(1.25 * N * k / E))
-    rows, dst = tot.npu_moe_init_routing_v2(x, expert, expert_num=E)[:2]
+    rows, dst = npu_moe_init_routing_v2(x, expert, expert_num=E)[:2]
     permuted, sorted_idx = ops.moe_token_permute(x, expert, None, False)
     skip = torch.randn(N, H, generator=g).to(dtype)
     sorted_experts = torch.sort(expert.flatten()).values
@@ -113,12 +112,12 @@ def cases(N: int, H: int, E: int, k: int, dtype: torch.dtype) -> Dict[str, Tuple
             lambda: ops.moe_gating_top_k(logits, k, bias, k_group, groups, 1, 0, 1, False, 2.5, 1e-20)[:2],
             lambda: torch_group_gating(logits, k, bias, k_group, groups, 2.5)),
         "init_routing_v2 dropless": (
-            lambda: tot.npu_moe_init_routing_v2(x, expert, expert_num=E, expert_tokens_num_flag=True,
-                                                expert_tokens_num_type=1)[:3],
+            lambda: npu_moe_init_routing_v2(x, expert, expert_num=E, expert_tokens_num_flag=True,
+                                            expert_tokens_num_type=1)[:3],
             lambda: torch_dispatch(x, expert, E)),
         "init_routing_v2 capacity": (
-            lambda: tot.npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=E, expert_capacity=capacity,
-                                                expert_tokens_num_flag=True, expert_tokens_num_type=1)[:3],
+            lambda: npu_moe_init_routing_v2(x, expert, drop_pad_mode=1, expert_num=E, expert_capacity=capacity,
+                                            expert_tokens_num_flag=True, expert_tokens_num_type=1)[:3],
             lambda: torch_dispatch_capacity(x, expert, E, capacity)),
         "compute_expert_tokens": (lambda: ops.moe_compute_expert_tokens(sorted_experts, E),
                                   lambda: torch.bincount(sorted_experts, minlength=E).cumsum(0).int()),

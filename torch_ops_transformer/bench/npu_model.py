@@ -1,79 +1,41 @@
 """`python -m torch_ops_transformer.bench npu-model`: predicted Ascend 910B times from the CPU runtime's counters.
 
-No NPU is involved: every time printed is *predicted by the model* (torch_ops_transformer/npu_perf_model.py,
-assumptions printed first, crude spots in docs/ascendc_npu_model.md), never a measurement. Two tables reproduce
-published Ascend figures as predictions, with the published numbers beside ours:
+No NPU is involved: every time printed is *predicted by the model* (bench/npu_perf_model.py, assumptions printed
+first, crude spots in docs/ascendc_npu_model.md), never a measurement. Two tables reproduce published Ascend
+figures as predictions, with the published numbers beside ours:
 
 1. FlashAttention forward block sizes 64/128/256 on LLaMA-7B attention (batch 4, 32 heads, seq 4096, head dim 128,
    fp16). Counters come from our Ascend C FlashAttention kernel run in count-only mode on the simulated npu device
-   when the extension exports the hooks for it; otherwise from the analytic dataflow of a straightforward MIX
-   FlashAttention forward (the table says which).
+   (bench/npu_counters.py) when the extension exports the hooks for it; otherwise from the analytic dataflow of a
+   straightforward MIX FlashAttention forward (the table says which).
 2. Attention memory, standard (S x S scores and probabilities per head) vs flash (tiles), analytic.
 
 Then, per Ascend C kernel of the npu backend, the share of the cube / vector / bandwidth peaks the model predicts
-it uses (bench/npu_model_kernels.py).
+it uses (computed by bench/npu_model_kernels.py; this module prints every table).
 """
-import ctypes
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
+import torch
+
+from .. import npu_sim
 from . import npu_perf_model as pm
 from .common import format_table
+from .npu_counters import counted_launch, runtime_hooks
+from .npu_model_kernels import kernel_cases, kernel_table, predict_kernels
 
 BLOCKS = (64, 128, 256)
 # Published FlashAttention forward times per block size ("M=N=K=4096, Ascend 910") and the reasons given for them.
 PUBLISHED_BLOCK_MS = {64: 85.0, 128: 52.0, 256: 68.0}
 PUBLISHED_BLOCK_WHY = {64: "small blocks: low L2 use", 128: "balanced", 256: "L2 cannot hold the blocks"}
 QUICK_SHAPE = pm.AttentionShape(batch=1, heads=2, seq=512, head_dim=128)
-HOOKS = ("tot_ascendc_set_count_only", "tot_ascendc_last_stats")
-MAX_CORES = 128
 
 
 # ---- counters from the simulated kernel --------------------------------------------------------------------------
-def runtime_hooks() -> Tuple[Optional[ctypes.CDLL], str]:
-    """The extension's counter hooks (ctypes handle), or None and why not."""
-    try:
-        from .._library.loader import extension_cdll
-
-        lib = extension_cdll()
-    except (ImportError, OSError) as e:
-        return None, f"the compiled extension could not be opened ({e})"
-    missing = [h for h in HOOKS if not hasattr(lib, h)]
-    if missing:
-        return None, (f"the extension does not export {', '.join(missing)} "
-                      "(the FlashAttention Ascend C kernel is not built in)")
-    lib.tot_ascendc_set_count_only.argtypes = [ctypes.c_int]
-    lib.tot_ascendc_last_stats.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
-    lib.tot_ascendc_last_stats.restype = ctypes.c_int
-    return lib, ""
-
-
-def counted_launch(lib, launch, count_only: bool = True) -> List[pm.CoreCounts]:
-    """Per-core counters of the last Ascend C launch made by `launch()`, run on the simulated npu in count-only
-    mode (every instruction checked and counted, no data moved or computed) unless count_only is False."""
-    import torch
-
-    lib.tot_ascendc_set_count_only(1 if count_only else 0)
-    try:
-        with torch.no_grad():
-            launch()
-        buf = (ctypes.c_ulonglong * (pm.VALUES_PER_CORE * MAX_CORES))()
-        cores = lib.tot_ascendc_last_stats(buf, MAX_CORES)
-    finally:
-        lib.tot_ascendc_set_count_only(0)
-    if cores <= 0:
-        raise RuntimeError(f"tot_ascendc_last_stats returned {cores}: the launch recorded no cores")
-    return pm.records_from_flat(list(buf), min(cores, MAX_CORES))
-
-
 def simulated_fa_counts(lib, shape: pm.AttentionShape, s1_block: int, s2_block: int) -> List[pm.CoreCounts]:
     """Run our FlashAttention forward on the simulated npu in count-only mode; the per-core counters. The kernel's
     tiles are forced with the op npu_attention_tile_config (or the stand-in of a test's hooks object)."""
-    import torch
-
-    from .. import npu_sim
-
     tile_config = getattr(lib, "npu_attention_tile_config", None) or torch.ops.npu_fa.npu_attention_tile_config
     npu_sim.enable()
     dtype = {2: torch.float16, 4: torch.float32}[shape.dtype_bytes]
@@ -202,6 +164,21 @@ def memory_table(shape: pm.AttentionShape) -> str:
     return format_table(["item (one layer, forward)", "standard GiB", "flash GiB", "published"], rows)
 
 
+# ---- the per-kernel table ----------------------------------------------------------------------------------------
+def print_kernel_section(lib, hw: pm.Ascend910B, quick: bool) -> None:
+    """The per-kernel table (bench/npu_model_kernels.py), or why it cannot be counted."""
+    print("\nper kernel: share of the 910B peaks each Ascend C kernel is PREDICTED to use (count-only launches on "
+          "the simulated npu; 'vector issue' = part of the busiest AIV's vector time spent on per-instruction "
+          "costs):")
+    if lib is None:
+        print("  (not available: the extension's counter hooks are missing)")
+        return
+    start = time.perf_counter()
+    rows = predict_kernels(lib, kernel_cases(quick), hw)
+    print(kernel_table(rows))
+    print(f"  counting took {time.perf_counter() - start:.1f} s")
+
+
 # ---- entry point -----------------------------------------------------------------------------------------------------
 def main(quick: bool = False, reps: int = 1) -> None:
     shape = QUICK_SHAPE if quick else pm.LLAMA7B_B4_S4096
@@ -233,9 +210,8 @@ def main(quick: bool = False, reps: int = 1) -> None:
     print(memory_table(shape))
     print("  the published 16.2 / 3.8 GB are whole-device readings (weights, KV cache, activations); only the "
           "published ≈ 8 GB score estimate is the same quantity as a row here.")
-    from .npu_model_kernels import print_section
+    print_kernel_section(lib, hw, quick)
 
-    print_section(lib, hw, quick)
 
 
 # Count-only simulation of all 4 x 32 heads takes minutes per block size on this 2-core machine (every vector

@@ -2,7 +2,7 @@
 training shape and predicted on an Ascend 910B, with the share of the cube, vector and bandwidth peaks the model
 predicts it uses — the numbers the next step of kernel work is chosen from.
 
-Each kernel runs once on the simulated npu device in count-only mode (bench/npu_model.py `counted_launch`; the
+Each kernel runs once on the simulated npu device in count-only mode (bench/npu_counters.py `counted_launch`; the
 gating kernel, whose control flow reads vector results, runs for real — the counters are the same); its
 counters go through the model (npu_perf_model.predict) with the pipeline read from the counters
 (`pipeline_from_counts`: cube jobs per AIV = hand-offs) and the part of its cube work an AIV waits for, which is a
@@ -14,8 +14,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Sequence
 
+import torch
+
+from .. import npu_sim
 from . import npu_perf_model as pm
 from .common import format_table
+from .npu_counters import counted_launch
 
 
 @dataclass
@@ -33,8 +37,6 @@ def _npu(*tensors):
 
 
 def _fa_forward(b=1, n=8, s=2048, d=128):
-    import torch
-
     def build():
         q, k, v = _npu(*(torch.zeros(b, n, s, d, dtype=torch.float16) for _ in range(3)))
         return (lambda: torch.ops.npu_fa.flash_attention_score(q, k, v, n, "BNSD", scale=d ** -0.5)), [q, k, v]
@@ -43,8 +45,6 @@ def _fa_forward(b=1, n=8, s=2048, d=128):
 
 
 def _fa_backward(b=1, n=8, s=1024, d=128):
-    import torch
-
     def build():
         q, k, v, dy, out = _npu(*(torch.zeros(b, n, s, d, dtype=torch.float16) for _ in range(5)))
         smax, ssum = _npu(torch.zeros(b, n, s, 8), torch.ones(b, n, s, 8))
@@ -56,8 +56,6 @@ def _fa_backward(b=1, n=8, s=1024, d=128):
 
 
 def _decode(b=8, n=32, kvn=8, s=4096, d=128):
-    import torch
-
     def build():
         q = _npu(torch.zeros(b, n, 1, d, dtype=torch.float16))[0]
         k, v = _npu(*(torch.zeros(b, kvn, s, d, dtype=torch.float16) for _ in range(2)))
@@ -67,8 +65,6 @@ def _decode(b=8, n=32, kvn=8, s=4096, d=128):
 
 
 def _rope(s=2048, n=32, d=128):
-    import torch
-
     def build():
         x = _npu(torch.zeros(1, s, n, d, dtype=torch.float16))[0]
         cos, sin = _npu(*(torch.zeros(1, s, 1, d, dtype=torch.float16) for _ in range(2)))
@@ -77,8 +73,6 @@ def _rope(s=2048, n=32, d=128):
 
 
 def _gating(tokens=4096, experts=64, k=8):
-    import torch
-
     def build():
         x = _npu(torch.zeros(tokens, experts, dtype=torch.float16))[0]
         return (lambda: torch.ops.npu_fa.moe_gating_top_k_softmax(x, None, k)), [x]
@@ -88,8 +82,6 @@ def _gating(tokens=4096, experts=64, k=8):
 
 
 def _grouped_matmul(m=4096, k=1024, n=2048, experts=8):
-    import torch
-
     def build():
         x = _npu(torch.zeros(m, k, dtype=torch.float16))[0]
         w = _npu(torch.zeros(experts, k, n, dtype=torch.float16))[0]
@@ -100,8 +92,6 @@ def _grouped_matmul(m=4096, k=1024, n=2048, experts=8):
 
 
 def _finalize(tokens=2048, k=8, hidden=2048):
-    import torch
-
     def build():
         rows = _npu(torch.zeros(tokens * k, hidden, dtype=torch.bfloat16))[0]
         skip = _npu(torch.zeros(tokens, hidden, dtype=torch.bfloat16))[0]
@@ -115,8 +105,6 @@ def _finalize(tokens=2048, k=8, hidden=2048):
 
 
 def _init_routing(tokens=2048, k=8, hidden=2048, experts=64):
-    import torch
-
     def build():
         g = torch.Generator().manual_seed(0)
         x = _npu(torch.zeros(tokens, hidden, dtype=torch.bfloat16))[0]
@@ -139,8 +127,6 @@ def kernel_cases(quick: bool = False) -> List[KernelCase]:
 
 
 def _nbytes(values) -> int:
-    import torch
-
     if isinstance(values, torch.Tensor):
         return values.numel() * values.element_size()
     if isinstance(values, (list, tuple)):
@@ -157,9 +143,6 @@ class KernelRow:
 
 
 def predict_kernels(lib, cases: Sequence[KernelCase], hw: pm.Ascend910B) -> List[KernelRow]:
-    from .. import npu_sim
-    from .npu_model import counted_launch
-
     npu_sim.enable()
     rows = []
     for case in cases:
@@ -187,15 +170,3 @@ def kernel_table(rows: Sequence[KernelRow]) -> str:
                "wait+sync us", "bottleneck", "an AIV waits for"]
     return format_table(headers, out)
 
-
-def print_section(lib, hw: pm.Ascend910B, quick: bool) -> None:
-    print("\nper kernel: share of the 910B peaks each Ascend C kernel is PREDICTED to use (count-only launches on "
-          "the simulated npu; 'vector issue' = part of the busiest AIV's vector time spent on per-instruction "
-          "costs):")
-    if lib is None:
-        print("  (not available: the extension's counter hooks are missing)")
-        return
-    start = time.perf_counter()
-    rows = predict_kernels(lib, kernel_cases(quick), hw)
-    print(kernel_table(rows))
-    print(f"  counting took {time.perf_counter() - start:.1f} s")

@@ -24,6 +24,10 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from ..attention.fa2 import flash_attn_varlen_func
+from ..inference.api import npu_fused_infer_attention_score
+from ..moe.fused_ffn import moe_ffn, moe_ffn_prepack
+from ..moe.routing import npu_moe_gating_top_k_softmax
 from . import peers_vllm
 from .common import format_table, gemm_gflops, machine_line, memory_read_gbs, time_alternating
 
@@ -38,8 +42,7 @@ GEMM_SHARE_GOAL = 0.6   # dense forward GFLOP/s vs the same-run GEMM
 
 
 def _ops():
-    import torch_ops_transformer  # noqa: F401  (loads the kernels)
-
+    # The kernels are registered: importing any bench module imports the package first, which loads them.
     return torch.ops.npu_fa
 
 
@@ -131,7 +134,7 @@ class Context:
 
 def _flex():
     """(flex_attention, create_block_mask) or (None, reason): compiled FlexAttention needs Inductor's CPU backend."""
-    try:
+    try:  # lazy: flex_attention (absent from older torch; only section 2 needs it)
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError as e:
         return None, f"torch {torch.__version__} has no FlexAttention ({e})"
@@ -185,7 +188,7 @@ def flex_rows(ctx: Context) -> List[Row]:
     }
     ops, rows = _ops(), []
     cu = torch.tensor(docs).cumsum(0)
-    from torch import _dynamo
+    from torch import _dynamo  # lazy: torch._dynamo (heavy; only the compiled FlexAttention peer needs it)
 
     limit = "recompile_limit" if hasattr(_dynamo.config, "recompile_limit") else "cache_size_limit"
     patch = _dynamo.config.patch(**{limit: 64})   # one graph per mask and dtype
@@ -273,8 +276,6 @@ def varlen_rows(ctx: Context) -> List[Row]:
     skipped = _skip_vllm(ctx, "3 varlen prefill", cases)
     if skipped:
         return skipped
-    import torch_ops_transformer as tot
-
     rows = []
     cu = torch.tensor((0,) + lens).cumsum(0).to(torch.int32)
     for dtype in DTYPES:
@@ -286,8 +287,8 @@ def varlen_rows(ctx: Context) -> List[Row]:
             vllm = peers_vllm.PagedAttention(k.split(lens), v.split(lens), lens, n1, block, scale)
             out = torch.empty_like(q)
             peer = lambda: vllm(q, out)
-            ours = lambda: tot.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), softmax_scale=scale,
-                                                      causal=True)
+            ours = lambda: flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), softmax_scale=scale,
+                                                  causal=True)
             row = Row("3 varlen prefill", case, dtype, "vLLM cpu_attention_with_kv_cache")
             with torch.no_grad():
                 row.diff, row.tol = _check(ours(), peer(), dtype)
@@ -360,8 +361,6 @@ def mixed_rows(ctx: Context) -> List[Row]:
     skipped = _skip_vllm(ctx, "5 mixed batch", [case])
     if skipped:
         return skipped
-    import torch_ops_transformer as tot
-
     q_lens = [new] + [1] * decodes
     kv_lens = [cached + new] + [dec_cached + 1] * decodes
     rows = []
@@ -377,7 +376,7 @@ def mixed_rows(ctx: Context) -> List[Row]:
         kc, vc, table = _our_paged_cache(keys, values, block)
         q_ends = torch.tensor(q_lens).cumsum(0).tolist()
         causal = torch.ones(2048, 2048, dtype=torch.bool).triu(1)   # the optimised mask sparse_mode 3 takes
-        ours = lambda: tot.npu_fused_infer_attention_score(
+        ours = lambda: npu_fused_infer_attention_score(
             q, kc, vc, atten_mask=causal, actual_seq_lengths=q_ends, actual_seq_lengths_kv=kv_lens,
             block_table=table, num_heads=N1, num_key_value_heads=N2, scale=scale, input_layout="TND",
             sparse_mode=3, block_size=block)[0]
@@ -394,58 +393,21 @@ def mixed_rows(ctx: Context) -> List[Row]:
 
 # ---------------------------------------------------------------- 6. MoE FFN vs vLLM cpu_fused_moe
 
-class MoeOpsPath:
-    """Our MoE experts from the routing ops: moe_init_routing_v2 + grouped_matmul (gate/up) + swiglu +
-    grouped_matmul (down) + moe_finalize_routing. w13 [E, 2F, H] (gate rows first) and w2 [E, H, F] are vLLM's
-    layouts, passed to grouped_matmul as transposed views (no copy)."""
-
-    name = "init_routing_v2 + grouped_matmul + swiglu + grouped_matmul + finalize_routing"
-
-    @staticmethod
-    def available() -> bool:
-        return True
-
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor):
-        self.w_gate_up, self.w_down = w13.transpose(1, 2), w2.transpose(1, 2)
-
-    def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        from ..moe.blocks import routed_experts
-
-        return routed_experts(x, ids, weights, self.w_gate_up, self.w_down)
-
-
 class FusedMoeFfn:
-    """The fused MoE FFN op (moe_ffn) on weights prepacked once, as vLLM's are (used when the package has it)."""
+    """Our MoE experts: the fused MoE FFN op (moe_ffn) on weights prepacked once, as vLLM's are. w13 [E, 2F, H]
+    (gate rows first) and w2 [E, H, F] are vLLM's layouts."""
 
     name = "moe_ffn (fused, prepacked weights)"
 
-    @staticmethod
-    def available() -> bool:
-        try:
-            from ..moe.fused_ffn import moe_ffn, moe_ffn_prepack  # noqa: F401
-        except ImportError:
-            return False
-        return True
-
     def __init__(self, w13: torch.Tensor, w2: torch.Tensor):
-        from ..moe.fused_ffn import moe_ffn, moe_ffn_prepack
-
-        self.op = moe_ffn
         self.w13, self.w2 = moe_ffn_prepack(w13, "nk", True), moe_ffn_prepack(w2, "nk", False)
 
     def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        return self.op(x, self.w13, self.w2, weights, ids, weight_layout="packed")
-
-
-def ours_moe():
-    """Our best MoE experts path: the fused op when this build has it, else the routing-ops chain."""
-    return FusedMoeFfn if FusedMoeFfn.available() else MoeOpsPath
+        return moe_ffn(x, self.w13, self.w2, weights, ids, weight_layout="packed")
 
 
 def _our_gating(logits: torch.Tensor, k: int):
-    import torch_ops_transformer as tot
-
-    return tot.npu_moe_gating_top_k_softmax(logits, None, k=k)[:2]
+    return npu_moe_gating_top_k_softmax(logits, None, k=k)[:2]
 
 
 def moe_rows(ctx: Context) -> List[Row]:
@@ -464,7 +426,7 @@ def moe_rows(ctx: Context) -> List[Row]:
             w13 = (torch.randn(E, 2 * Fd, H, generator=g) / H ** 0.5).to(dtype)
             w2 = (torch.randn(E, H, Fd, generator=g) / Fd ** 0.5).to(dtype)
             vllm = peers_vllm.FusedMoE(w13, w2)   # prepacked once, outside the timing, as vLLM does at load
-            experts = ours_moe()(w13, w2)          # (the fused op prepacks likewise)
+            experts = FusedMoeFfn(w13, w2)         # (the fused op prepacks likewise)
             # Timed: routing (gating softmax top-k on x @ router) + experts, on both sides.
             ours = lambda: experts(x, *_our_gating(x @ router, k))
             peer = lambda: vllm(x, *peers_vllm.softmax_topk(x @ router, k))
@@ -504,7 +466,7 @@ def header(ctx: Context) -> str:
         f"# ours: 1-2 flash_attention_score (BNSD; TND for documents), 3 flash_attn_varlen_func, 4 "
         f"incre_flash_attention (paged: head-major BNSD or 3-D BSH cache; contiguous BNSD), 5 "
         f"npu_fused_infer_attention_score (TND, head-major paged cache), "
-        f"6 softmax top-k gating + {ours_moe().name}",
+        f"6 softmax top-k gating + {FusedMoeFfn.name}",
     ])
 
 

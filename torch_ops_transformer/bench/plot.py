@@ -22,7 +22,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def _pyplot():
     matplotlib = require("matplotlib", "torch_ops_transformer bench --plot")  # the tables run without it
     matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (optional, and the backend must be chosen first)
 
     return plt
 

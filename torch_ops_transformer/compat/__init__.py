@@ -30,7 +30,7 @@ from .._internal import args as _args
 from .._internal.real_torch_npu import (PYTHONPATH_DIR, SHIM_MARK, is_shim, real_module_spec,  # noqa: F401 (API)
                                         real_torch_npu_loaded, real_torch_npu_spec)
 from .._internal.version import __version__
-from . import hccl_names, testing
+from . import hccl_names
 
 _FUNCTIONS_FILE = Path(__file__).resolve().parent / "torch_npu_functions.yaml"
 
@@ -64,6 +64,8 @@ def _fill(mod: types.ModuleType) -> types.ModuleType:
         setattr(mod, name, fn)
     for name, code in _args.TORCH_NPU_DTYPE_CODES.items():  # torch_npu.hifloat8, float4_e2m1fn_x2, ...
         setattr(mod, name, code)
+    from . import testing  # lazy: torch.testing's test utilities (pytest, hypothesis: ~0.2 s), only for the shim
+
     mod.npu_format_cast, mod.get_npu_format = testing.npu_format_cast, testing.get_npu_format
     setattr(mod, SHIM_MARK, True)
     mod.__version__ = f"0+torch_ops_transformer.{__version__}"
@@ -140,6 +142,8 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     utils.__dict__.update({k: v for k, v in vars(mod.npu).items() if not k.startswith("__")})
     mod.npu.utils = sys.modules["torch_npu.npu.utils"] = utils
     hccl_names.install()  # group.get_hccl_comm_name(rank) and friends, for the MC2 functions' `hcom`
+    from . import testing  # lazy: as in _fill
+
     for name, sub in testing.modules().items():  # torch_npu.testing: what torch_npu's own tests import
         sys.modules[name] = sub
     mod.testing = sys.modules["torch_npu.testing"]

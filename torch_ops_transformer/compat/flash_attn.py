@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Optional
 
 from .._internal.real_torch_npu import SHIM_MARK, real_module_spec
-from . import import_real_module, run_with_shim
+from .._internal.version import __version__
+from ..attention import fa2
+from . import bert_padding, import_real_module, run_with_shim
 
 PYTHONPATH_DIR = Path(__file__).resolve().parent / "flash_attn_pythonpath"
 # The FlashAttention-2 release whose Python API (flash_attn_interface) the shim mirrors, with our version as local tag.
@@ -43,27 +45,21 @@ def installed() -> bool:
 
 def _fill(mod: types.ModuleType, interface: types.ModuleType) -> types.ModuleType:
     """Fills the package and its flash_attn_interface; returns the new bert_padding submodule."""
-    import torch_ops_transformer as tot
-
     for m in (mod, interface):
         for name in FUNCTIONS:
-            setattr(m, name, getattr(tot, name))
+            setattr(m, name, getattr(fa2, name))
         setattr(m, SHIM_MARK, True)
     # The interface's helpers code around the functions imports: the key-block width that S_dmask's running maxima
     # use (return_attn_probs with dropout), and the flag of FlashAttention-2's ROCm Triton backend (not in use).
-    from torch_ops_transformer.attention import fa2 as fa2_dmask
-
-    interface._get_block_size_n = fa2_dmask.get_block_size_n
+    interface._get_block_size_n = fa2.get_block_size_n
     interface.USE_TRITON_ROCM = False
-    mod.__version__ = f"{API_VERSION}+torch_ops_transformer.{tot.__version__}"
+    mod.__version__ = f"{API_VERSION}+torch_ops_transformer.{__version__}"
     mod.__doc__ = interface.__doc__ = __doc__
     mod.flash_attn_interface = interface
-    from torch_ops_transformer.compat import bert_padding as fa2_padding
-
     padding = types.ModuleType("flash_attn.bert_padding")
     for name in PADDING_FUNCTIONS:
-        setattr(padding, name, getattr(fa2_padding, name))
-    padding.__doc__ = fa2_padding.__doc__
+        setattr(padding, name, getattr(bert_padding, name))
+    padding.__doc__ = bert_padding.__doc__
     mod.bert_padding = padding
     return padding
 

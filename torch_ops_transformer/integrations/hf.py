@@ -10,7 +10,7 @@ whose experts use `@use_experts_implementation` through our routing ops and grou
 `replace_moe_blocks(model)` swaps whole DeepSeek-V3 / Qwen3-MoE blocks (gating included) for ours.
 
 transformers calls every attention layer through `AttentionInterface` with q/k/v in [B, H, S, D]. Our function
-hands them to `torch_ops_transformer.integrations.sdpa.scaled_dot_product_attention`, which has PyTorch SDPA's semantics and
+hands them to `integrations.sdpa.scaled_dot_product_attention`, which has PyTorch SDPA's semantics and
 routes prefill to the FlashAttention kernel and one-token decode steps to the decode kernel. Because the router
 speaks SDPA, "npu_fa" asks transformers for exactly the mask "sdpa" gets (`sdpa_mask`: a boolean [B, 1, Sq, Skv]
 mask, True = attend, or None when a plain causal / unmasked pattern is enough).
@@ -28,11 +28,12 @@ import torch
 
 from .._internal.optional import require
 
-require("transformers", "torch_ops_transformer.integrations.hf (attn_implementation='npu_fa')")  # else one-line ImportError
+# else a one-line ImportError naming the package
+require("transformers", "torch_ops_transformer.integrations.hf (attn_implementation='npu_fa')")
 from transformers import AttentionInterface, AttentionMaskInterface  # noqa: E402
 from transformers.masking_utils import sdpa_mask  # noqa: E402
 
-from ..moe.blocks import DeepseekV3MoEBlock, Qwen3MoeBlock, routed_experts  # noqa: E402
+from ..moe import blocks  # noqa: E402
 from .sdpa import scaled_dot_product_attention  # noqa: E402
 
 ATTN_IMPLEMENTATION = "npu_fa"
@@ -136,7 +137,7 @@ def npu_moe_experts_forward(module: torch.nn.Module, hidden_states: torch.Tensor
     if not getattr(module, "is_transposed", False):  # stored [E, N, K]: grouped_matmul takes [E, K, N] views
         w_gate_up, w_down = w_gate_up.transpose(1, 2), w_down.transpose(1, 2)
     has_bias = getattr(module, "has_bias", False)
-    out = routed_experts(hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, glu=module._apply_gate,
+    out = blocks.routed_experts(hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, glu=module._apply_gate,
                          bias_gate_up=module.gate_up_proj_bias if has_bias else None,
                          bias_down=module.down_proj_bias if has_bias else None)
     return out.to(hidden_states.dtype)
@@ -154,8 +155,8 @@ def register_hf_experts() -> str:
 # transformers' MoE block classes (by class name, so no model module is imported) -> our block's constructor.
 def _moe_block_types():
     # GLM-4.5's block (Glm4MoeMoE) is DeepSeek-V3's: same router, experts and shared expert.
-    return {"DeepseekV3MoE": DeepseekV3MoEBlock.from_hf, "Glm4MoeMoE": DeepseekV3MoEBlock.from_hf,
-            "Qwen3MoeSparseMoeBlock": Qwen3MoeBlock.from_hf}
+    return {"DeepseekV3MoE": blocks.DeepseekV3MoEBlock.from_hf, "Glm4MoeMoE": blocks.DeepseekV3MoEBlock.from_hf,
+            "Qwen3MoeSparseMoeBlock": blocks.Qwen3MoeBlock.from_hf}
 
 
 def replace_moe_blocks(model: torch.nn.Module, process_group=None) -> torch.nn.Module:

@@ -226,7 +226,19 @@ def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
     if enable_gqa and q.dim() == 4 and q.shape[1] != k.shape[1]:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    p, _ = math_probabilities(q, k, attn_mask, is_causal, scale, sink, softcap)
+    if dropout_p > 0.0:
+        p = F.dropout(p, dropout_p)
+    _count("math")
+    return (p @ v).to(query.dtype)
+
+
+def math_probabilities(q: Tensor, k: Tensor, attn_mask: Optional[Tensor] = None, is_causal: bool = False,
+                       scale: Optional[float] = None, sink: Optional[Tensor] = None, softcap: float = 0.0):
+    """The attention probabilities of PyTorch's SDPA semantics (plus sink and soft-capping) and their logsumexp, in
+    q's dtype, for k with q's heads: the package's one math implementation (math_attention, the oracle's SDPA
+    reference). A row without any finite score has probabilities 0 and logsumexp -inf."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     s = (q @ k.transpose(-2, -1)) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
@@ -234,17 +246,15 @@ def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
         sq, skv = s.shape[-2], s.shape[-1]
         s = s.masked_fill(torch.ones(sq, skv, dtype=torch.bool, device=s.device).triu(1), -math.inf)
     if attn_mask is not None:
-        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.to(acc)
+        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.to(s.dtype)
     if sink is not None:
-        col = sink.to(acc).view(-1, 1, 1) if s.dim() == 4 else sink.to(acc).view(1, 1)
+        col = sink.to(s.dtype).view(-1, 1, 1) if s.dim() == 4 else sink.to(s.dtype).view(1, 1)
         s = torch.cat([s, col.expand(*s.shape[:-1], 1)], -1)
-    p = torch.softmax(s, -1).nan_to_num(0.0)          # a row without any finite score: 0
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    p = torch.exp(s - lse).nan_to_num(0.0)  # a row without any finite score: 0
     if sink is not None:
         p = p[..., :-1]
-    if dropout_p > 0.0:
-        p = F.dropout(p, dropout_p)
-    _count("math")
-    return (p @ v).to(query.dtype)
+    return p, lse.squeeze(-1)
 
 
 def try_scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,

@@ -50,7 +50,7 @@ def group_name(hcom: GroupLike, op: str = "mc2", arg: str = "hcom") -> str:
         return hcom.group_name
     if not isinstance(hcom, str):
         raise TypeError(f"{op}: argument '{arg}' must be a group name (str) or a ProcessGroup; got {type(hcom).__name__}")
-    from torch.distributed.distributed_c10d import _resolve_process_group, _world
+    from torch.distributed.distributed_c10d import _resolve_process_group, _world  # lazy: needs dist.is_available()
 
     try:
         _resolve_process_group(hcom)
@@ -67,7 +67,7 @@ def group_name(hcom: GroupLike, op: str = "mc2", arg: str = "hcom") -> str:
 def _world_size(op: str, name: str, world_size: Optional[int]) -> int:
     if world_size is not None:
         return world_size
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.distributed_c10d import _resolve_process_group  # lazy: needs dist.is_available()
 
     return _resolve_process_group(name).size()
 

@@ -25,11 +25,45 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .._internal.args import DTYPE_CODES
 from .distribute import npu_moe_distribute_combine_v2, npu_moe_distribute_dispatch_v2
 from .fused_ffn import MoeFfnWeights, needs_grad
 
 _OPS = torch.ops.npu_fa
-_SCALAR_CODES = {torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}  # c10::ScalarType codes (output_dtype)
+# The op arguments these blocks use (docs/moe.md): dropless routing, per-expert counts (not a cumsum) as the group
+# list, token-major pair order on the way back (finalize mode 2), int8 rows with a per-row scale (quant mode 1).
+DROPLESS = 0            # moe_init_routing_v2 drop_pad_mode
+COUNTS = 1              # moe_init_routing_v2 expert_tokens_num_type, grouped_matmul(_quant) group_list_type
+NO_QUANT, PER_ROW_INT8 = -1, 1   # moe_init_routing_v2 quant_mode
+TOKEN_MAJOR_DROPLESS = 2         # moe_finalize_routing drop_pad_mode: pairs f = i*k + j, no capacity
+SPLIT_M = 0             # grouped_matmul group_type: the rows of x are split into the experts' groups
+NO_ACTIVATION = 0       # grouped_matmul act_type
+SIGMOID, GROUP_TOP2_SUM = 1, 1   # moe_gating_top_k norm_type, group_select_mode (a group scores its two best)
+
+
+def _route(x, idx, experts, quant_mode):
+    """moe_init_routing_v2, dropless: the routed rows grouped by expert, their row index, the per-expert counts
+    and (quant_mode 1) the rows' scales."""
+    return _OPS.moe_init_routing_v2(x, idx, expert_num=experts, drop_pad_mode=DROPLESS,
+                                    expert_tokens_num_type=COUNTS, expert_tokens_num_flag=True, quant_mode=quant_mode)
+
+
+def _grouped(x, weight, bias, counts):
+    """One grouped_matmul over the experts' row groups (`counts` rows each)."""
+    return _OPS.grouped_matmul([x], [weight], [] if bias is None else [bias], counts, group_type=SPLIT_M,
+                               group_list_type=COUNTS, act_type=NO_ACTIVATION)[0][0]
+
+
+def _grouped_int8(x, weight, weight_scale, x_scale, counts, dtype):
+    """grouped_matmul_quant of int8 rows and weights, dequantised with both scales into `dtype`."""
+    return _OPS.grouped_matmul_quant([x], [weight], [], [weight_scale], [x_scale], [], [], counts, group_type=SPLIT_M,
+                                     group_list_type=COUNTS, act_type=NO_ACTIVATION,
+                                     output_dtype=DTYPE_CODES[dtype])[0]
+
+
+def _combine(y, skip, weights, row_idx, idx):
+    """moe_finalize_routing: skip + the weighted sum of each token's k expert rows (fp32)."""
+    return _OPS.moe_finalize_routing(y, skip, None, None, weights, row_idx, idx, drop_pad_mode=TOKEN_MAJOR_DROPLESS)
 
 # The gated activations of transformers' configs (hidden_act) that the blocks accept.
 _ACTIVATIONS = {"silu": F.silu, "swish": F.silu, "gelu": F.gelu, "relu": F.relu,
@@ -73,11 +107,9 @@ def routed_experts(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Ten
     fp32 sum (a shared expert's output). Differentiable in x, weights, the expert weights, the biases and skip."""
     experts = w_gate_up.shape[0]
     idx = expert_idx.to(torch.int32)
-    rows, row_idx, counts, _ = _OPS.moe_init_routing_v2(x, idx, None, None, -1, -1, experts, 0, 1, True, -1, [], 0)
-    gate_up = _OPS.grouped_matmul([rows], [w_gate_up], [] if bias_gate_up is None else [bias_gate_up], counts, 0, 1,
-                                  0)[0][0]
-    y = _OPS.grouped_matmul([glu(gate_up)], [w_down], [] if bias_down is None else [bias_down], counts, 0, 1, 0)[0][0]
-    return _OPS.moe_finalize_routing(y, skip, None, None, weights, row_idx, idx, 2)
+    rows, row_idx, counts, _ = _route(x, idx, experts, NO_QUANT)
+    y = _grouped(glu(_grouped(rows, w_gate_up, bias_gate_up, counts)), w_down, bias_down, counts)
+    return _combine(y, skip, weights, row_idx, idx)
 
 
 def routed_experts_parallel(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor,
@@ -97,8 +129,7 @@ def routed_experts_parallel(x: torch.Tensor, expert_idx: torch.Tensor, weights: 
         x, idx, group, world, rank, num_experts, expert_scales=w32, global_bs=global_bs, expert_token_nums_type=1)
     rows = int(counts.sum())            # expand_x has capacity rows; the received ones come first
     received = expand_x[:rows]
-    gate_up = _OPS.grouped_matmul([received], [w_gate_up], [], counts, 0, 1, 0)[0][0]
-    y = _OPS.grouped_matmul([glu(gate_up)], [w_down], [], counts, 0, 1, 0)[0][0]
+    y = _grouped(glu(_grouped(received, w_gate_up, None, counts)), w_down, None, counts)
     y = F.pad(y, (0, 0, 0, expand_x.shape[0] - rows))
     return npu_moe_distribute_combine_v2(y, idx, assist, recv_counts, w32, group, world, rank, num_experts,
                                          shared_expert_x=skip, global_bs=global_bs).to(x.dtype)
@@ -191,18 +222,17 @@ def _w8a8_first_half(rows: torch.Tensor, row_scale: torch.Tensor, counts: torch.
                      s_gate_up: torch.Tensor, fused: bool):
     """int8 rows (grouped by expert, `counts` per expert) -> (int8 SwiGLU output, its per-row float32 scale)."""
     if fused:  # one kernel: int8 GEMM, dequantisation, SwiGLU and the requantisation
-        h, h_scale, _ = _OPS.grouped_matmul_swiglu_quant(rows, q_gate_up, counts, s_gate_up, row_scale, 1)
+        h, h_scale, _ = _OPS.grouped_matmul_swiglu_quant(rows, q_gate_up, counts, s_gate_up, row_scale,
+                                                         group_list_type=COUNTS)
         return h, h_scale
     # the unfused chain: dequantised gate/up kept in float32, swiglu, then dynamic_quant of its rows
-    gate_up = _OPS.grouped_matmul_quant([rows], [q_gate_up], [], [s_gate_up], [row_scale], [], [], counts, 0, 1, 0,
-                                        _SCALAR_CODES[torch.float32])[0]
-    h, h_scale, _ = _OPS.dynamic_quant(_OPS.swiglu(gate_up, -1), None, None, False, 8)
+    gate_up = _grouped_int8(rows, q_gate_up, s_gate_up, row_scale, counts, torch.float32)
+    h, h_scale, _ = _OPS.dynamic_quant(_OPS.swiglu(gate_up, dim=-1), bits=8)
     return h, h_scale
 
 
 def _w8a8_down(h, h_scale, counts, q_down, s_down, dtype):
-    return _OPS.grouped_matmul_quant([h], [q_down], [], [s_down], [h_scale], [], [], counts, 0, 1, 0,
-                                     _SCALAR_CODES[dtype])[0]
+    return _grouped_int8(h, q_down, s_down, h_scale, counts, dtype)
 
 
 def routed_experts_w8a8(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor, q_gate_up: torch.Tensor,
@@ -215,11 +245,10 @@ def routed_experts_w8a8(x: torch.Tensor, expert_idx: torch.Tensor, weights: torc
     float32, swiglu, dynamic_quant); the down grouped matmul dequantises into x's dtype; moe_finalize_routing
     weights and sums (+ skip) in float32."""
     idx = expert_idx.to(torch.int32)
-    rows, row_idx, counts, row_scale = _OPS.moe_init_routing_v2(x, idx, None, None, -1, -1, q_gate_up.shape[0], 0, 1,
-                                                                True, 1, [], 0)
+    rows, row_idx, counts, row_scale = _route(x, idx, q_gate_up.shape[0], PER_ROW_INT8)
     h, h_scale = _w8a8_first_half(rows, row_scale, counts, q_gate_up, s_gate_up, fused)
     y = _w8a8_down(h, h_scale, counts, q_down, s_down, x.dtype)
-    return _OPS.moe_finalize_routing(y, skip, None, None, weights, row_idx, idx, 2)
+    return _combine(y, skip, weights, row_idx, idx)
 
 
 def routed_experts_parallel_w8a8(x: torch.Tensor, expert_idx: torch.Tensor, weights: torch.Tensor,
@@ -345,9 +374,10 @@ class DeepseekV3Gate(nn.Module):
         """(weights [N, k] fp32, expert_idx [N, k] int32, router logits [N, E] fp32)."""
         logits = F.linear(x2.float(), self.weight.float())
         bias = self.e_score_correction_bias.float()
-        # group_select_mode 1: a group scores the sum of its two best biased scores; norm_type 1: sigmoid.
-        y, idx, _ = _OPS.moe_gating_top_k(logits, self.top_k, bias, self.topk_group, self.n_group, 1, 0, 1, False,
-                                          self.routed_scaling_factor, 1e-20)
+        y, idx, _ = _OPS.moe_gating_top_k(logits, self.top_k, bias, k_group=self.topk_group,
+                                          group_count=self.n_group, group_select_mode=GROUP_TOP2_SUM,
+                                          norm_type=SIGMOID, routed_scaling_factor=self.routed_scaling_factor,
+                                          eps=1e-20)
         if not self.norm_topk_prob:  # the op always renormalises sigmoid scores: take them unnormalised instead
             y = torch.sigmoid(logits).gather(1, idx.long()) * self.routed_scaling_factor
         return y, idx, logits
@@ -375,9 +405,9 @@ class SoftmaxTopKGate(nn.Module):
     def forward(self, x2: torch.Tensor):
         logits = F.linear(x2, self.weight).float()
         if self.norm_topk_prob:  # renorm 1: top-k of the logits, softmax over the k = renormalised top-k probs
-            y, idx, _ = _OPS.moe_gating_top_k_softmax_v2(logits, None, self.top_k, 1, False)
+            y, idx, _ = _OPS.moe_gating_top_k_softmax_v2(logits, k=self.top_k, renorm=1)
         else:
-            y, idx, _ = _OPS.moe_gating_top_k_softmax(logits, None, self.top_k)
+            y, idx, _ = _OPS.moe_gating_top_k_softmax(logits, k=self.top_k)
         return y, idx, logits
 
 

@@ -58,7 +58,7 @@ def _check_group_ends(op: str, ends: List[int], rows: List[int]) -> None:
 
 
 # torch dtype -> ScalarType code, for grouped_matmul_quant's `output_dtype` (torch_npu's own `int?` convention).
-_DTYPE_CODES = {v: k for k, v in _args.SCALAR_TYPE_CODES.items()}
+_DTYPE_CODES = _args.DTYPE_CODES
 _QUANT_OUT = (torch.bfloat16, torch.float16, torch.float32, torch.int8, torch.int32)
 
 

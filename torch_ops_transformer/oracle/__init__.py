@@ -32,6 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..integrations.sdpa import math_probabilities
 from .compare import Mismatch, compare, least_precise
 from .evidence import cpu_chain, gather
 
@@ -151,16 +152,9 @@ def _sdpa_probabilities(query, key, attn_bias, is_causal, scale):
     keys repeated over the query heads of their group. (Also used for the backward: inside a dispatch mode the
     autograd keys are excluded, so the reference computes gradients by the formulas, not by autograd.)"""
     group = query.shape[-3] // key.shape[-3]
-    k = key.repeat_interleave(group, -3)
-    s = (query @ k.transpose(-1, -2)) * (scale if scale is not None else query.shape[-1] ** -0.5)
-    L, S = s.shape[-2], s.shape[-1]
-    if is_causal:
-        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    if attn_bias is not None and attn_bias.numel():
-        s = s.masked_fill(~attn_bias, float("-inf")) if attn_bias.dtype == torch.bool else s + attn_bias.to(s.dtype)
-    lse = torch.logsumexp(s, -1, keepdim=True)
-    p = torch.exp(s - lse).nan_to_num(0.0)  # rows that see no key: 0 (PyTorch's convention too)
-    return p, lse.squeeze(-1), group
+    mask = attn_bias if attn_bias is not None and attn_bias.numel() else None
+    p, lse = math_probabilities(query, key.repeat_interleave(group, -3), mask, is_causal, scale)
+    return p, lse, group
 
 
 def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
