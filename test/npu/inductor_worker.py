@@ -1,5 +1,5 @@
 """torch.compile with the default backend (Inductor) on the simulated npu device, run by test_inductor.py through
-runner_worker (torch_ops_transformer/npu_inductor.py registers the device with Inductor).
+runner_worker (torch_ops_transformer/npu_sim/inductor.py registers the device with Inductor).
 
 Every case compiles with fullgraph=True, compares forward and backward with the same module run eagerly on CPU,
 and reads the generated wrapper code: our ops stay extern kernels (`torch.ops.npu_fa.*` calls), the rest is C++

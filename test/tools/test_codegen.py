@@ -79,7 +79,7 @@ def test_saved_only_with_saves_a_stand_in_without_the_condition(tmp_path):
     from torch_ops_transformer._library.generated.registrations import _stand_in
 
     specs = _load_with(tmp_path, "gradients: {x: 0}", "gradients: {x: 0}\n    saved_only_with: {x: y}")
-    text = gen_python.render(specs)["torch_ops_transformer/_generated/registrations.py"]
+    text = gen_python.render(specs)["torch_ops_transformer/_library/generated/registrations.py"]
     assert "ctx.save_for_backward(x if y is not None else _stand_in(x))" in text
     t = torch.randn(3, 4, dtype=torch.float64)
     stand_in = _stand_in(t)
@@ -149,7 +149,7 @@ def test_every_wrapper_applies_the_device_and_overlap_rules(tmp_path):
         'npu_fa::check_no_overlap("write_op", "w2", w2, "r", r);',
         'npu_fa::check_no_overlap("write_op", "w2", w2, "lens", lens);',
         "return npu_fa::write_op_cpu(npu_fa::WriteOpArgs{w1, w2, r, lens});"]
-    py = gen_python.render(specs)["torch_ops_transformer/_generated/registrations.py"]
+    py = gen_python.render(specs)["torch_ops_transformer/_library/generated/registrations.py"]
     assert "check_devices('write_op', a._asdict().items(), host=('lens',))" in py
 
 
@@ -168,7 +168,7 @@ def test_cpu_only_yaml_has_no_privateuse1_block(tmp_path):
 
 
 def test_python_registrations_follow_the_yaml(tmp_path):
-    text = gen_python.render(load(_write(tmp_path, VALID)))["torch_ops_transformer/_generated/registrations.py"]
+    text = gen_python.render(load(_write(tmp_path, VALID)))["torch_ops_transformer/_library/generated/registrations.py"]
     assert 'torch.library.register_fake("npu_fa::my_op", _fake_my_op)' in text
     assert "a = MyOpArgs(x, y, n)" in text and "return _fake_kernel('pkg.fake', 'my_op')(a)" in text
     assert 'torch.library.register_autograd("npu_fa::my_op", _backward_my_op, setup_context=_setup_my_op)' in text

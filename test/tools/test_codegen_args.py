@@ -32,7 +32,7 @@ def test_new_optional_argument_reaches_struct_wrappers_and_fake_binding(tmp_path
     changed = sorted(f for f in before if before[f] != after[f])
     # The kernel declarations do not change: CPU and PrivateUse1 kernels take the argument struct.
     assert changed == ["aten_ops/generated/op_args.h", "aten_ops/generated/register_ops.cpp",
-                       "torch_ops_transformer/_generated/registrations.py"]
+                       "torch_ops_transformer/_library/generated/registrations.py"]
 
     removed, added = changed_lines(before["aten_ops/generated/op_args.h"], after["aten_ops/generated/op_args.h"])
     assert added[0] == "  int64_t window;"  # the struct member, after `alibi_bottom_right`
@@ -46,8 +46,8 @@ def test_new_optional_argument_reaches_struct_wrappers_and_fake_binding(tmp_path
         assert sum(wrapper in a and a.endswith("int64_t window) {") for a in added) == 1  # unboxed signatures
     assert sum("FlashAttentionScoreArgs{" in a and a.endswith("alibi_bottom_right, window});") for a in added) == 2  # structs
 
-    removed, added = changed_lines(before["torch_ops_transformer/_generated/registrations.py"],
-                                   after["torch_ops_transformer/_generated/registrations.py"])
+    removed, added = changed_lines(before["torch_ops_transformer/_library/generated/registrations.py"],
+                                   after["torch_ops_transformer/_library/generated/registrations.py"])
     assert all("window" in a for a in added) and len(removed) == 4
     assert any(a.startswith("FlashAttentionScoreArgs = collections.namedtuple(") and a.endswith("'window'])")
                for a in added)
