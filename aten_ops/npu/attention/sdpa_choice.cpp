@@ -1,8 +1,8 @@
 // F.scaled_dot_product_attention on the npu device: PyTorch asks the DispatchStub `_fused_sdp_choice_stub` for
 // PrivateUse1 which backend to run (math = 0, overrideable = 4). That stub is a plain function pointer, not an
 // operator, so Python cannot register it; this file points it at the dispatcher operator aten::_fused_sdp_choice
-// at the PrivateUse1 key, whose kernel torch_ops_transformer.npu_sdpa registers from Python (the support rules
-// live there, next to torch_ops_transformer.sdpa's). Nothing happens at load time: Python calls
+// at the PrivateUse1 key, whose kernel torch_ops_transformer.npu_sim.sdpa registers from Python (the support rules
+// live there, next to torch_ops_transformer.integrations.sdpa's). Nothing happens at load time: Python calls
 // tot_sdpa_install_choice_stub() through ctypes when it enables the route (docs/npu_sdpa.md).
 #include <ATen/ATen.h>
 #include <ATen/native/transformers/attention.h>
