@@ -1,6 +1,7 @@
 // Block-size tuning (tuning.h): the class keys, the candidate tiles, the measurement on a call's own inputs, the
 // in-process table and the ops the Python package uses to load, read and clear it (attention_tuning_table,
-// attention_tuning_stats). The per-machine JSON cache file is read and written by torch_ops_transformer/attention/tuning.py.
+// attention_tuning_stats). The per-machine JSON cache file is read and written by
+// torch_ops_transformer/attention/tuning.py.
 #include "cpu/attention/tuning.h"
 
 #include <ATen/Parallel.h>

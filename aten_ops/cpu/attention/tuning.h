@@ -48,7 +48,7 @@ class ScopedTiles {
 void run_with_tiles(Family family, const AttentionParams& p, c10::ScalarType dtype, c10::ScalarType kv_dtype,
                     const std::function<void()>& run, const std::function<void()>& reset = {});
 
-// The class key of a call, e.g. "fwd|d128|bf16|causal|sq2048|skv2048|t2" (torch_ops_transformer/attention/tuning.py builds the
+// The class key of a call, e.g. "fwd|d128|bf16|causal|sq2048|skv2048|t2" (attention/tuning.py of the package builds the
 // same keys for its lookups).
 std::string class_key(Family family, const AttentionParams& p, c10::ScalarType dtype, c10::ScalarType kv_dtype);
 
