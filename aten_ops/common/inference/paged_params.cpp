@@ -1,12 +1,11 @@
 // Shared paged-cache handling of fused_infer_attention_score (paged_params.h).
 #include "common/inference/paged_params.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include <algorithm>
 #include <string>
 
 #include "common/inference/prefill_params.h"
+#include "generated/op_calls.h"
 
 namespace npu_fa::attention {
 
@@ -64,26 +63,33 @@ at::Tensor fit_to_keys(const char* op, const char* arg, at::Tensor t, int64_t kv
 }
 
 // A one-token fused call through the decode op (a paged cache, or an int8 contiguous one), through the dispatcher
-// (the npu device runs its Ascend C kernel).
+// (the npu device runs its Ascend C kernel). The decode op takes the call's arguments under its own names.
 at::Tensor paged_decode(const char* op, const FusedInferAttentionScoreArgs& a) {
-  auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName("npu_fa::incre_flash_attention", ""));
-  TORCH_CHECK_VALUE(handle.has_value() && handle->hasSchema(), op, ": block_table (paged KV) needs the decode op "
-                    "npu_fa::incre_flash_attention, which this build does not have");
-  using Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
-                         c10::string_view, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, int64_t, int64_t, int64_t,
-                         const std::optional<at::Tensor>&);
+  IncreFlashAttentionValues d;
+  d.query = a.query;
+  d.key = a.key;
+  d.value = a.value;
+  d.atten_mask = a.atten_mask;
+  d.pse_shift = a.pse_shift;
+  d.actual_seq_lengths = a.actual_seq_lengths_kv;  // the decode op's lengths are the KV lengths
+  d.block_table = a.block_table;
+  d.num_heads = a.num_heads;
+  d.scale_value = a.scale;
+  d.input_layout = std::string(a.input_layout);
+  d.num_key_value_heads = a.num_key_value_heads;
+  d.block_size = a.block_size;
   // The decode op's inner_precise has the precision bit only (FIA's 2/3 add a fix for invalid rows, which it has).
-  return handle->typed<Sig>().call(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths_kv,
-                                   a.block_table, std::nullopt, a.num_heads, a.scale, a.input_layout,
-                                   a.num_key_value_heads, a.block_size, a.inner_precise % 2, a.antiquant_scale,
-                                   a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset,
-                                   a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode,
-                                   a.key_antiquant_mode, a.value_antiquant_mode, std::nullopt);
+  d.inner_precise = a.inner_precise % 2;
+  d.antiquant_scale = a.antiquant_scale;
+  d.antiquant_offset = a.antiquant_offset;
+  d.key_antiquant_scale = a.key_antiquant_scale;
+  d.key_antiquant_offset = a.key_antiquant_offset;
+  d.value_antiquant_scale = a.value_antiquant_scale;
+  d.value_antiquant_offset = a.value_antiquant_offset;
+  d.antiquant_mode = a.antiquant_mode;
+  d.key_antiquant_mode = a.key_antiquant_mode;
+  d.value_antiquant_mode = a.value_antiquant_mode;
+  return call_incre_flash_attention(d.args());
 }
 
 bool is_int8_kv(const FusedInferAttentionScoreArgs& a) {

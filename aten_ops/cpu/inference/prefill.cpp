@@ -84,15 +84,13 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
     strides.back() = 1;
     return r.cache.as_strided(shape, strides, r.cache.storage_offset());
   };
-  const at::Tensor k = stand_in(kr), v = stand_in(vr);
-  const std::optional<at::Tensor> &kv_lens = pl.kv_lens, &mask = pl.mask, &pse = pl.pse;
-  const FusedInferAttentionScoreArgs g{a.query, k, v, pse, mask, a.actual_seq_lengths, kv_lens,
-                                       a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens,
-                                       a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise,
-                                       a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset,
-                                       a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale,
-                                       a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode,
-                                       a.value_antiquant_mode, a.query_rope, a.key_rope};
+  // The call as the parser sees it: the stand-ins, the plan's KV lengths (TND: cumulative ends), mask and pse.
+  FusedInferAttentionScoreValues g(a);
+  g.key = stand_in(kr);
+  g.value = stand_in(vr);
+  g.pse_shift = pl.pse;
+  g.atten_mask = pl.mask;
+  g.actual_seq_lengths_kv = pl.kv_lens;
   auto page = [&](attention::RowMap& m, const attention::CacheRows& r) {
     m.batch_offset.assign(B, 0);
     m.head_stride = r.head_stride;
@@ -102,7 +100,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
     m.block_size = bs;
     m.block_stride = r.block_stride;
   };
-  Prefill res = run_prefill(op, a.query, k, v, g, [&](attention::AttentionParams& p, AttentionInputs& in) {
+  Prefill res = run_prefill(op, a.query, g.key, g.value, g.args(), [&](attention::AttentionParams& p, AttentionInputs& in) {
     page(p.k, kr);
     page(p.v, vr);
     in.key = kr.cache;

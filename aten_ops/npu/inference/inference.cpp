@@ -263,16 +263,17 @@ std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedIn
   if (pl.pse.has_value()) return fallback("pse_shift");
   const c10::string_view layout = a.input_layout;
   const at::Tensor index = used_blocks_index(pl, a.key.device());
-  const FusedInferAttentionScoreArgs g{a.query, gather_pages(pl.k, pl, index, layout),
-                                       gather_pages(pl.v, pl, index, layout),
-                                       std::nullopt, pl.mask, a.actual_seq_lengths, pl.kv_lens, std::nullopt,
-                                       a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout,
-                                       a.num_key_value_heads, a.sparse_mode, a.inner_precise, /*block_size=*/0,
-                                       a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset,
-                                       a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale,
-                                       a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode,
-                                       a.value_antiquant_mode, std::nullopt, std::nullopt};
-  const PrefillResult res = run_prefill_kernel(op, g);
+  FusedInferAttentionScoreValues g(a);  // the call on the gathered keys: a contiguous cache, no table
+  g.key = gather_pages(pl.k, pl, index, layout);
+  g.value = gather_pages(pl.v, pl, index, layout);
+  g.pse_shift.reset();
+  g.atten_mask = pl.mask;
+  g.actual_seq_lengths_kv = pl.kv_lens;
+  g.block_table.reset();
+  g.block_size = 0;
+  g.query_rope.reset();
+  g.key_rope.reset();
+  const PrefillResult res = run_prefill_kernel(op, g.args());
   if (!res.refusal.empty()) return fallback(res.refusal);
   return fused_outputs(a, res);
 }
