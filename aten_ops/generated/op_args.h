@@ -601,11 +601,12 @@ struct FusedInferAttentionScoreArgs {
   int64_t value_antiquant_mode;
   const std::optional<at::Tensor>& query_rope;
   const std::optional<at::Tensor>& key_rope;
+  const std::optional<at::Tensor>& learnable_sink;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const FusedInferAttentionScoreArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope);
+  return f(a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink);
 }
 
 // fused_infer_attention_score's arguments held by value, so that some can be replaced by name and the rest passed on:
@@ -641,14 +642,106 @@ struct FusedInferAttentionScoreValues {
   int64_t value_antiquant_mode = 0;
   std::optional<at::Tensor> query_rope;
   std::optional<at::Tensor> key_rope;
+  std::optional<at::Tensor> learnable_sink;
 
   FusedInferAttentionScoreValues() = default;
   // A copy of a call's arguments.
   explicit FusedInferAttentionScoreValues(const FusedInferAttentionScoreArgs& a)
-      : query(a.query), key(a.key), value(a.value), pse_shift(a.pse_shift), atten_mask(a.atten_mask), actual_seq_lengths(a.actual_seq_lengths), actual_seq_lengths_kv(a.actual_seq_lengths_kv), block_table(a.block_table), num_heads(a.num_heads), scale(a.scale), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), input_layout(std::string(a.input_layout)), num_key_value_heads(a.num_key_value_heads), sparse_mode(a.sparse_mode), inner_precise(a.inner_precise), block_size(a.block_size), softmax_lse_flag(a.softmax_lse_flag), antiquant_scale(a.antiquant_scale), antiquant_offset(a.antiquant_offset), key_antiquant_scale(a.key_antiquant_scale), key_antiquant_offset(a.key_antiquant_offset), value_antiquant_scale(a.value_antiquant_scale), value_antiquant_offset(a.value_antiquant_offset), antiquant_mode(a.antiquant_mode), key_antiquant_mode(a.key_antiquant_mode), value_antiquant_mode(a.value_antiquant_mode), query_rope(a.query_rope), key_rope(a.key_rope) {}
+      : query(a.query), key(a.key), value(a.value), pse_shift(a.pse_shift), atten_mask(a.atten_mask), actual_seq_lengths(a.actual_seq_lengths), actual_seq_lengths_kv(a.actual_seq_lengths_kv), block_table(a.block_table), num_heads(a.num_heads), scale(a.scale), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), input_layout(std::string(a.input_layout)), num_key_value_heads(a.num_key_value_heads), sparse_mode(a.sparse_mode), inner_precise(a.inner_precise), block_size(a.block_size), softmax_lse_flag(a.softmax_lse_flag), antiquant_scale(a.antiquant_scale), antiquant_offset(a.antiquant_offset), key_antiquant_scale(a.key_antiquant_scale), key_antiquant_offset(a.key_antiquant_offset), value_antiquant_scale(a.value_antiquant_scale), value_antiquant_offset(a.value_antiquant_offset), antiquant_mode(a.antiquant_mode), key_antiquant_mode(a.key_antiquant_mode), value_antiquant_mode(a.value_antiquant_mode), query_rope(a.query_rope), key_rope(a.key_rope), learnable_sink(a.learnable_sink) {}
 
   // The argument struct over these members: valid while this object lives and is not changed.
-  FusedInferAttentionScoreArgs args() const { return FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope}; }
+  FusedInferAttentionScoreArgs args() const { return FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope, learnable_sink}; }
+};
+
+// fused_infer_attention_score_grad
+struct FusedInferAttentionScoreGradArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const std::optional<at::Tensor>& pse_shift;
+  const std::optional<at::Tensor>& atten_mask;
+  const std::optional<at::Tensor>& actual_seq_lengths;
+  const std::optional<at::Tensor>& actual_seq_lengths_kv;
+  const std::optional<at::Tensor>& block_table;
+  int64_t num_heads;
+  double scale;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+  c10::string_view input_layout;
+  int64_t num_key_value_heads;
+  int64_t sparse_mode;
+  int64_t inner_precise;
+  int64_t block_size;
+  bool softmax_lse_flag;
+  const std::optional<at::Tensor>& antiquant_scale;
+  const std::optional<at::Tensor>& antiquant_offset;
+  const std::optional<at::Tensor>& key_antiquant_scale;
+  const std::optional<at::Tensor>& key_antiquant_offset;
+  const std::optional<at::Tensor>& value_antiquant_scale;
+  const std::optional<at::Tensor>& value_antiquant_offset;
+  int64_t antiquant_mode;
+  int64_t key_antiquant_mode;
+  int64_t value_antiquant_mode;
+  const std::optional<at::Tensor>& query_rope;
+  const std::optional<at::Tensor>& key_rope;
+  const std::optional<at::Tensor>& learnable_sink;
+  const at::Tensor& attention_out;
+  const at::Tensor& softmax_lse;
+  const std::optional<at::Tensor>& grad_attention_out;
+  const std::optional<at::Tensor>& grad_softmax_lse;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const FusedInferAttentionScoreGradArgs& a, F&& f) {
+  return f(a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink, a.attention_out, a.softmax_lse, a.grad_attention_out, a.grad_softmax_lse);
+}
+
+// fused_infer_attention_score_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   FusedInferAttentionScoreGradValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct FusedInferAttentionScoreGradValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  std::optional<at::Tensor> pse_shift;
+  std::optional<at::Tensor> atten_mask;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<at::Tensor> actual_seq_lengths_kv;
+  std::optional<at::Tensor> block_table;
+  int64_t num_heads = 1;
+  double scale = 1.0;
+  int64_t pre_tokens = 2147483647;
+  int64_t next_tokens = 2147483647;
+  std::string input_layout = "BSH";
+  int64_t num_key_value_heads = 0;
+  int64_t sparse_mode = 0;
+  int64_t inner_precise = 0;
+  int64_t block_size = 0;
+  bool softmax_lse_flag = false;
+  std::optional<at::Tensor> antiquant_scale;
+  std::optional<at::Tensor> antiquant_offset;
+  std::optional<at::Tensor> key_antiquant_scale;
+  std::optional<at::Tensor> key_antiquant_offset;
+  std::optional<at::Tensor> value_antiquant_scale;
+  std::optional<at::Tensor> value_antiquant_offset;
+  int64_t antiquant_mode = 0;
+  int64_t key_antiquant_mode = 0;
+  int64_t value_antiquant_mode = 0;
+  std::optional<at::Tensor> query_rope;
+  std::optional<at::Tensor> key_rope;
+  std::optional<at::Tensor> learnable_sink;
+  at::Tensor attention_out;
+  at::Tensor softmax_lse;
+  std::optional<at::Tensor> grad_attention_out;
+  std::optional<at::Tensor> grad_softmax_lse;
+
+  FusedInferAttentionScoreGradValues() = default;
+  // A copy of a call's arguments.
+  explicit FusedInferAttentionScoreGradValues(const FusedInferAttentionScoreGradArgs& a)
+      : query(a.query), key(a.key), value(a.value), pse_shift(a.pse_shift), atten_mask(a.atten_mask), actual_seq_lengths(a.actual_seq_lengths), actual_seq_lengths_kv(a.actual_seq_lengths_kv), block_table(a.block_table), num_heads(a.num_heads), scale(a.scale), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), input_layout(std::string(a.input_layout)), num_key_value_heads(a.num_key_value_heads), sparse_mode(a.sparse_mode), inner_precise(a.inner_precise), block_size(a.block_size), softmax_lse_flag(a.softmax_lse_flag), antiquant_scale(a.antiquant_scale), antiquant_offset(a.antiquant_offset), key_antiquant_scale(a.key_antiquant_scale), key_antiquant_offset(a.key_antiquant_offset), value_antiquant_scale(a.value_antiquant_scale), value_antiquant_offset(a.value_antiquant_offset), antiquant_mode(a.antiquant_mode), key_antiquant_mode(a.key_antiquant_mode), value_antiquant_mode(a.value_antiquant_mode), query_rope(a.query_rope), key_rope(a.key_rope), learnable_sink(a.learnable_sink), attention_out(a.attention_out), softmax_lse(a.softmax_lse), grad_attention_out(a.grad_attention_out), grad_softmax_lse(a.grad_softmax_lse) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  FusedInferAttentionScoreGradArgs args() const { return FusedInferAttentionScoreGradArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope, learnable_sink, attention_out, softmax_lse, grad_attention_out, grad_softmax_lse}; }
 };
 
 // attention_update
@@ -2155,6 +2248,11 @@ struct SwigluGradValues {
   // The argument struct over these members: valid while this object lives and is not changed.
   SwigluGradArgs args() const { return SwigluGradArgs{grad_output, x, dim}; }
 };
+
+// fused_infer_attention_score's arguments, with which fused_infer_attention_score_grad's schema starts.
+inline FusedInferAttentionScoreArgs forward_args(const FusedInferAttentionScoreGradArgs& a) {
+  return FusedInferAttentionScoreArgs{a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink};
+}
 
 // attention_update's arguments, with which attention_update_grad's schema starts.
 inline AttentionUpdateArgs forward_args(const AttentionUpdateGradArgs& a) {

@@ -5,7 +5,6 @@
 #include <string>
 
 #include "common/inference/prefill_params.h"
-#include "generated/op_calls.h"
 
 namespace npu_fa::attention {
 
@@ -13,42 +12,6 @@ namespace npu_fa::attention {
 int64_t paged_query_len(const at::Tensor& q, c10::string_view layout) {
   if (layout == "BNSD") return q.dim() == 4 ? q.size(2) : -1;
   return q.dim() >= 3 ? q.size(1) : -1;
-}
-
-// Whether the decode op (which reads the paged cache in place) computes exactly what the prefill path computes on
-// the same keys made contiguous: one query token per sequence, no lse, a band hiding none of its keys, a mask in the
-// per-batch forms the decode op takes, and no query row beyond its sequence (actual_seq_lengths 0).
-bool decode_route_fits(const char* op, const FusedInferAttentionScoreArgs& a) {
-  const c10::string_view lay = a.input_layout;
-  if (a.softmax_lse_flag || !(lay == "BSH" || lay == "BSND" || lay == "BNSD")) return false;
-  if (a.key.sizes() != a.value.sizes()) return false;  // the decode op reads K and V of one head dim
-  if (paged_query_len(a.query, lay) != 1) return false;
-  const std::optional<at::Tensor>& m = a.atten_mask;
-  // The band of query row 0 against keys [0, len): mode 0 with a mask keeps -pre <= j <= next (without one CANN
-  // ignores pre/next), 1 is the mask alone, 3 (bottom-right causal) keeps j <= len - 1; 2 and 4 hide keys.
-  // (Contiguous caches take this route only when int8: the decode kernels read int8 with integer dot products.)
-  int64_t capacity = 0;
-  if (a.block_table.has_value())
-    capacity = a.block_table->dim() == 2 ? a.block_table->size(1) * a.block_size : 0;
-  else if (a.key.dim() >= 3)
-    capacity = a.key.size(lay == "BNSD" ? 2 : 1);
-  switch (a.sparse_mode) {
-    case 0: if (m.has_value() && (a.pre_tokens < 0 || a.next_tokens < capacity - 1)) return false; break;
-    case 1: break;
-    case 3: if (m.has_value()) return false; break;  // the compressed mask is checked on the prefill route
-    default: return false;
-  }
-  if (a.sparse_mode <= 1 && m.has_value()) {  // the decode op takes (B, S), (B, 1, S), (B, 1, 1, S): no head dim
-    bool per_batch = m->dim() >= 2 && m->dim() <= 4;
-    for (int64_t d = 1; per_batch && d + 1 < m->dim(); ++d) per_batch = m->size(d) == 1;
-    if (!per_batch) return false;
-  }
-  if (a.actual_seq_lengths.has_value()) {  // a query length of 0 makes a padded (zero) row
-    std::vector<int64_t> q_lens;
-    attention::read_per_batch_lengths(op, "actual_seq_lengths", *a.actual_seq_lengths, a.query.size(0), 1, q_lens);
-    if (std::find(q_lens.begin(), q_lens.end(), 0) != q_lens.end()) return false;
-  }
-  return true;
 }
 
 // A mask or pse_shift of a paged call, indexed by key position: a paged cache has no padded length, so (as in the
@@ -60,36 +23,6 @@ at::Tensor fit_to_keys(const char* op, const char* arg, at::Tensor t, int64_t kv
                     "the longest sequence in its last dim (>= max(actual_seq_lengths_kv) = ", kv_used, "); got shape ",
                     t.sizes());
   return t.narrow(-1, 0, kv_used);
-}
-
-// A one-token fused call through the decode op (a paged cache, or an int8 contiguous one), through the dispatcher
-// (the npu device runs its Ascend C kernel). The decode op takes the call's arguments under its own names.
-at::Tensor paged_decode(const char* op, const FusedInferAttentionScoreArgs& a) {
-  IncreFlashAttentionValues d;
-  d.query = a.query;
-  d.key = a.key;
-  d.value = a.value;
-  d.atten_mask = a.atten_mask;
-  d.pse_shift = a.pse_shift;
-  d.actual_seq_lengths = a.actual_seq_lengths_kv;  // the decode op's lengths are the KV lengths
-  d.block_table = a.block_table;
-  d.num_heads = a.num_heads;
-  d.scale_value = a.scale;
-  d.input_layout = std::string(a.input_layout);
-  d.num_key_value_heads = a.num_key_value_heads;
-  d.block_size = a.block_size;
-  // The decode op's inner_precise has the precision bit only (FIA's 2/3 add a fix for invalid rows, which it has).
-  d.inner_precise = a.inner_precise % 2;
-  d.antiquant_scale = a.antiquant_scale;
-  d.antiquant_offset = a.antiquant_offset;
-  d.key_antiquant_scale = a.key_antiquant_scale;
-  d.key_antiquant_offset = a.key_antiquant_offset;
-  d.value_antiquant_scale = a.value_antiquant_scale;
-  d.value_antiquant_offset = a.value_antiquant_offset;
-  d.antiquant_mode = a.antiquant_mode;
-  d.key_antiquant_mode = a.key_antiquant_mode;
-  d.value_antiquant_mode = a.value_antiquant_mode;
-  return call_incre_flash_attention(d.args());
 }
 
 bool is_int8_kv(const FusedInferAttentionScoreArgs& a) {

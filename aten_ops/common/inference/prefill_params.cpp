@@ -95,7 +95,8 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   names.kv_lens = "actual_seq_lengths_kv";
   names.int8_kv = int8_kv(op, query, key, value, a);
   // The shared parser sees a flash_attention_score call: no dropout, pse added after scaling, lengths only for TND
-  // (the dense layouts' per-batch lengths are read below); the other arguments keep that op's defaults.
+  // (the dense layouts' per-batch lengths are read below), FIA's learnable_sink as its sink; the other arguments keep
+  // that op's defaults.
   FlashAttentionScoreValues fa;
   fa.query = query;
   fa.key = key;
@@ -115,6 +116,7 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   fa.next_tokens = next;
   fa.inner_precise = a.inner_precise;
   fa.sparse_mode = a.sparse_mode;
+  fa.sink = prompt_sink(a);  // checked by the caller (fia_route.cpp names it learnable_sink)
   r.p = parse_attention_params(op, fa.args(), in, names);
   AttentionParams& p = r.p;
   TORCH_CHECK_VALUE(a.num_key_value_heads == 0 || a.num_key_value_heads == p.kv_heads, op,

@@ -154,10 +154,7 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
     g.key_rope.reset();
     return fused_infer_attention_score_cpu(g.args());
   }
-  TORCH_CHECK_VALUE(a.inner_precise >= 0 && a.inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; "
-                    "got ", a.inner_precise);
-  attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(a), false, 0, 0, 0, 0);  // none may be given
-
+  // (inner_precise, the antiquant arguments and learnable_sink were checked with the route: common/inference/fia_route.cpp)
   MlaParams p;
   p.heads = N;
   p.dim = D;
@@ -166,6 +163,8 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
   p.sparse_mode = a.sparse_mode;
   p.pre_tokens = a.pre_tokens;
   p.next_tokens = a.next_tokens;
+  const at::Tensor sink = a.learnable_sink.has_value() ? a.learnable_sink->contiguous() : at::Tensor();
+  if (sink.defined()) p.sink = sink.const_data_ptr<float>();
   const at::Tensor qc = last_dim_contiguous(q), qrc = last_dim_contiguous(qr_in);
   const bool bnsd = layout == "BNSD" || layout == "BNSD_BSND";
   // Query rows (b, i, h).
