@@ -4,6 +4,7 @@
 // functions of the same name compiled with different instruction sets must not be merged by the linker.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -37,6 +38,30 @@ inline RowKind row_kind(float m) {
   if (m == kNegInf) return RowKind::Unseen;
   if (!std::isfinite(m)) return RowKind::NaN;
   return RowKind::Huge;
+}
+
+// A sink (one more logit s per head, compared with the scaled scores, whose value row is 0: attention sinks) added
+// to a row's final maximum m and sum l as one more key: m = max(m, s), l += exp(s - m). Adding it last gives the
+// statistics of starting from (m, l) = (s, 1), also for rows merged from split key ranges. Returns the factor the
+// row's P·V accumulator must be multiplied by: exp(m_before - m); 0 for a row without a visible key (l == 0), which
+// then holds the sink alone (m = s, l = 1, output 0); NaN when the row becomes NaN (a NaN row, or a NaN or +inf sink:
+// exp(inf - inf) in the math). A sink of -inf adds nothing (factor 1).
+inline float add_sink(float s, float& m, float& l) {
+  if (s == kNegInf) return 1.f;
+  if (std::isnan(m) || !(s < std::numeric_limits<float>::infinity())) {
+    m = l = kNaN;
+    return kNaN;
+  }
+  if (l == 0.f) {
+    m = s;
+    l = 1.f;
+    return 0.f;
+  }
+  const float m_new = std::max(m, s);
+  const float alpha = std::exp(m - m_new);
+  l = l * alpha + std::exp(s - m_new);
+  m = m_new;
+  return alpha;
 }
 
 }  // namespace online_softmax

@@ -61,6 +61,8 @@ at::Tensor prompt_flash_attention_npu(const PromptFlashAttentionArgs& args);
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedInferAttentionScoreArgs& args);
 // fused_infer_attention_score [PrivateUse1]
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_npu(const FusedInferAttentionScoreArgs& args);
+// fused_infer_attention_score_grad [CPU]
+at::Tensor fused_infer_attention_score_grad_cpu(const FusedInferAttentionScoreGradArgs& args);
 // attention_update [CPU]
 std::tuple<at::Tensor, at::Tensor> attention_update_cpu(const AttentionUpdateArgs& args);
 // attention_update_grad [CPU]

@@ -4,10 +4,13 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 #include <optional>
+#include <string>
+#include <vector>
 
 // One struct per op with tensors: its schema arguments, in schema order, with the kernel parameter types.
 // The generated registration wrappers build it from the unboxed arguments and pass it to the CPU and
-// PrivateUse1 kernels; it only lives for the call (its members are references and views).
+// PrivateUse1 kernels; it only lives for the call (its members are references and views). <Op>Values
+// holds the same fields by value, for code that passes on a call with some arguments changed.
 namespace npu_fa {
 
 // flash_attention_score
@@ -43,6 +46,45 @@ template <class F>
 decltype(auto) apply_args(const FlashAttentionScoreArgs& a, F&& f) {
   return f(a.query, a.key, a.value, a.head_num, a.input_layout, a.pse, a.atten_mask, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset, a.softmax_layout, a.sink, a.dropout_mask, a.softcap, a.q_start_idx, a.kv_start_idx, a.alibi_bottom_right);
 }
+
+// flash_attention_score's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   FlashAttentionScoreValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct FlashAttentionScoreValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  int64_t head_num{};
+  std::string input_layout;
+  std::optional<at::Tensor> pse;
+  std::optional<at::Tensor> atten_mask;
+  std::optional<at::Tensor> actual_seq_qlen;
+  std::optional<at::Tensor> actual_seq_kvlen;
+  double scale = 1.0;
+  double keep_prob = 1.0;
+  int64_t pre_tokens = 2147483647;
+  int64_t next_tokens = 2147483647;
+  int64_t inner_precise = 0;
+  int64_t sparse_mode = 0;
+  int64_t pse_type = 1;
+  std::optional<at::Tensor> seed;
+  std::optional<at::Tensor> offset;
+  std::string softmax_layout = "";
+  std::optional<at::Tensor> sink;
+  std::optional<at::Tensor> dropout_mask;
+  double softcap = 0.0;
+  std::optional<std::vector<int64_t>> q_start_idx;
+  std::optional<std::vector<int64_t>> kv_start_idx;
+  bool alibi_bottom_right = false;
+
+  FlashAttentionScoreValues() = default;
+  // A copy of a call's arguments.
+  explicit FlashAttentionScoreValues(const FlashAttentionScoreArgs& a)
+      : query(a.query), key(a.key), value(a.value), head_num(a.head_num), input_layout(std::string(a.input_layout)), pse(a.pse), atten_mask(a.atten_mask), actual_seq_qlen(a.actual_seq_qlen), actual_seq_kvlen(a.actual_seq_kvlen), scale(a.scale), keep_prob(a.keep_prob), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), inner_precise(a.inner_precise), sparse_mode(a.sparse_mode), pse_type(a.pse_type), seed(a.seed), offset(a.offset), softmax_layout(std::string(a.softmax_layout)), sink(a.sink), dropout_mask(a.dropout_mask), softcap(a.softcap), q_start_idx(a.q_start_idx ? std::optional<std::vector<int64_t>>(a.q_start_idx->vec()) : std::nullopt), kv_start_idx(a.kv_start_idx ? std::optional<std::vector<int64_t>>(a.kv_start_idx->vec()) : std::nullopt), alibi_bottom_right(a.alibi_bottom_right) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  FlashAttentionScoreArgs args() const { return FlashAttentionScoreArgs{query, key, value, head_num, input_layout, pse, atten_mask, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask, softcap, q_start_idx ? at::OptionalIntArrayRef(*q_start_idx) : at::OptionalIntArrayRef(), kv_start_idx ? at::OptionalIntArrayRef(*kv_start_idx) : at::OptionalIntArrayRef(), alibi_bottom_right}; }
+};
 
 // flash_attention_score_grad
 struct FlashAttentionScoreGradArgs {
@@ -82,6 +124,49 @@ decltype(auto) apply_args(const FlashAttentionScoreGradArgs& a, F&& f) {
   return f(a.query, a.key, a.value, a.dy, a.head_num, a.input_layout, a.pse, a.atten_mask, a.softmax_max, a.softmax_sum, a.attention_in, a.actual_seq_qlen, a.actual_seq_kvlen, a.scale, a.keep_prob, a.pre_tokens, a.next_tokens, a.inner_precise, a.sparse_mode, a.pse_type, a.seed, a.offset, a.softmax_layout, a.sink, a.dropout_mask, a.softcap, a.q_start_idx, a.kv_start_idx, a.alibi_bottom_right);
 }
 
+// flash_attention_score_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   FlashAttentionScoreGradValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct FlashAttentionScoreGradValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor dy;
+  int64_t head_num{};
+  std::string input_layout;
+  std::optional<at::Tensor> pse;
+  std::optional<at::Tensor> atten_mask;
+  at::Tensor softmax_max;
+  at::Tensor softmax_sum;
+  at::Tensor attention_in;
+  std::optional<at::Tensor> actual_seq_qlen;
+  std::optional<at::Tensor> actual_seq_kvlen;
+  double scale = 1.0;
+  double keep_prob = 1.0;
+  int64_t pre_tokens = 2147483647;
+  int64_t next_tokens = 2147483647;
+  int64_t inner_precise = 0;
+  int64_t sparse_mode = 0;
+  int64_t pse_type = 1;
+  std::optional<at::Tensor> seed;
+  std::optional<at::Tensor> offset;
+  std::string softmax_layout = "";
+  std::optional<at::Tensor> sink;
+  std::optional<at::Tensor> dropout_mask;
+  double softcap = 0.0;
+  std::optional<std::vector<int64_t>> q_start_idx;
+  std::optional<std::vector<int64_t>> kv_start_idx;
+  bool alibi_bottom_right = false;
+
+  FlashAttentionScoreGradValues() = default;
+  // A copy of a call's arguments.
+  explicit FlashAttentionScoreGradValues(const FlashAttentionScoreGradArgs& a)
+      : query(a.query), key(a.key), value(a.value), dy(a.dy), head_num(a.head_num), input_layout(std::string(a.input_layout)), pse(a.pse), atten_mask(a.atten_mask), softmax_max(a.softmax_max), softmax_sum(a.softmax_sum), attention_in(a.attention_in), actual_seq_qlen(a.actual_seq_qlen), actual_seq_kvlen(a.actual_seq_kvlen), scale(a.scale), keep_prob(a.keep_prob), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), inner_precise(a.inner_precise), sparse_mode(a.sparse_mode), pse_type(a.pse_type), seed(a.seed), offset(a.offset), softmax_layout(std::string(a.softmax_layout)), sink(a.sink), dropout_mask(a.dropout_mask), softcap(a.softcap), q_start_idx(a.q_start_idx ? std::optional<std::vector<int64_t>>(a.q_start_idx->vec()) : std::nullopt), kv_start_idx(a.kv_start_idx ? std::optional<std::vector<int64_t>>(a.kv_start_idx->vec()) : std::nullopt), alibi_bottom_right(a.alibi_bottom_right) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  FlashAttentionScoreGradArgs args() const { return FlashAttentionScoreGradArgs{query, key, value, dy, head_num, input_layout, pse, atten_mask, softmax_max, softmax_sum, attention_in, actual_seq_qlen, actual_seq_kvlen, scale, keep_prob, pre_tokens, next_tokens, inner_precise, sparse_mode, pse_type, seed, offset, softmax_layout, sink, dropout_mask, softcap, q_start_idx ? at::OptionalIntArrayRef(*q_start_idx) : at::OptionalIntArrayRef(), kv_start_idx ? at::OptionalIntArrayRef(*kv_start_idx) : at::OptionalIntArrayRef(), alibi_bottom_right}; }
+};
+
 // dropout_gen_mask
 struct DropoutGenMaskArgs {
   const at::Tensor& seed;
@@ -96,6 +181,25 @@ decltype(auto) apply_args(const DropoutGenMaskArgs& a, F&& f) {
   return f(a.seed, a.offset, a.rows, a.cols, a.keep_prob);
 }
 
+// dropout_gen_mask's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   DropoutGenMaskValues v(args); v.seed = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct DropoutGenMaskValues {
+  at::Tensor seed;
+  at::Tensor offset;
+  int64_t rows{};
+  int64_t cols{};
+  double keep_prob{};
+
+  DropoutGenMaskValues() = default;
+  // A copy of a call's arguments.
+  explicit DropoutGenMaskValues(const DropoutGenMaskArgs& a)
+      : seed(a.seed), offset(a.offset), rows(a.rows), cols(a.cols), keep_prob(a.keep_prob) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  DropoutGenMaskArgs args() const { return DropoutGenMaskArgs{seed, offset, rows, cols, keep_prob}; }
+};
+
 // rotary_position_embedding
 struct RotaryPositionEmbeddingArgs {
   const at::Tensor& x;
@@ -108,6 +212,24 @@ template <class F>
 decltype(auto) apply_args(const RotaryPositionEmbeddingArgs& a, F&& f) {
   return f(a.x, a.cos, a.sin, a.mode);
 }
+
+// rotary_position_embedding's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RotaryPositionEmbeddingValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RotaryPositionEmbeddingValues {
+  at::Tensor x;
+  at::Tensor cos;
+  at::Tensor sin;
+  int64_t mode = 0;
+
+  RotaryPositionEmbeddingValues() = default;
+  // A copy of a call's arguments.
+  explicit RotaryPositionEmbeddingValues(const RotaryPositionEmbeddingArgs& a)
+      : x(a.x), cos(a.cos), sin(a.sin), mode(a.mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RotaryPositionEmbeddingArgs args() const { return RotaryPositionEmbeddingArgs{x, cos, sin, mode}; }
+};
 
 // rotary_position_embedding_grad
 struct RotaryPositionEmbeddingGradArgs {
@@ -122,6 +244,25 @@ template <class F>
 decltype(auto) apply_args(const RotaryPositionEmbeddingGradArgs& a, F&& f) {
   return f(a.grad, a.cos, a.sin, a.x, a.mode);
 }
+
+// rotary_position_embedding_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RotaryPositionEmbeddingGradValues v(args); v.grad = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RotaryPositionEmbeddingGradValues {
+  at::Tensor grad;
+  at::Tensor cos;
+  at::Tensor sin;
+  at::Tensor x;
+  int64_t mode = 0;
+
+  RotaryPositionEmbeddingGradValues() = default;
+  // A copy of a call's arguments.
+  explicit RotaryPositionEmbeddingGradValues(const RotaryPositionEmbeddingGradArgs& a)
+      : grad(a.grad), cos(a.cos), sin(a.sin), x(a.x), mode(a.mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RotaryPositionEmbeddingGradArgs args() const { return RotaryPositionEmbeddingGradArgs{grad, cos, sin, x, mode}; }
+};
 
 // apply_rotary_pos_emb
 struct ApplyRotaryPosEmbArgs {
@@ -138,6 +279,26 @@ decltype(auto) apply_args(const ApplyRotaryPosEmbArgs& a, F&& f) {
   return f(a.query, a.key, a.cos, a.sin, a.layout, a.rotary_mode);
 }
 
+// apply_rotary_pos_emb's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   ApplyRotaryPosEmbValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct ApplyRotaryPosEmbValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor cos;
+  at::Tensor sin;
+  std::string layout = "BSND";
+  std::string rotary_mode = "half";
+
+  ApplyRotaryPosEmbValues() = default;
+  // A copy of a call's arguments.
+  explicit ApplyRotaryPosEmbValues(const ApplyRotaryPosEmbArgs& a)
+      : query(a.query), key(a.key), cos(a.cos), sin(a.sin), layout(std::string(a.layout)), rotary_mode(std::string(a.rotary_mode)) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  ApplyRotaryPosEmbArgs args() const { return ApplyRotaryPosEmbArgs{query, key, cos, sin, layout, rotary_mode}; }
+};
+
 // rope_with_sin_cos_cache
 struct RopeWithSinCosCacheArgs {
   const at::Tensor& positions;
@@ -153,6 +314,26 @@ decltype(auto) apply_args(const RopeWithSinCosCacheArgs& a, F&& f) {
   return f(a.positions, a.query, a.key, a.cos_sin_cache, a.head_size, a.is_neox_style);
 }
 
+// rope_with_sin_cos_cache's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RopeWithSinCosCacheValues v(args); v.positions = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RopeWithSinCosCacheValues {
+  at::Tensor positions;
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor cos_sin_cache;
+  int64_t head_size{};
+  bool is_neox_style = true;
+
+  RopeWithSinCosCacheValues() = default;
+  // A copy of a call's arguments.
+  explicit RopeWithSinCosCacheValues(const RopeWithSinCosCacheArgs& a)
+      : positions(a.positions), query(a.query), key(a.key), cos_sin_cache(a.cos_sin_cache), head_size(a.head_size), is_neox_style(a.is_neox_style) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RopeWithSinCosCacheArgs args() const { return RopeWithSinCosCacheArgs{positions, query, key, cos_sin_cache, head_size, is_neox_style}; }
+};
+
 // interleave_rope
 struct InterleaveRopeArgs {
   const at::Tensor& x;
@@ -164,6 +345,23 @@ template <class F>
 decltype(auto) apply_args(const InterleaveRopeArgs& a, F&& f) {
   return f(a.x, a.cos, a.sin);
 }
+
+// interleave_rope's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   InterleaveRopeValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct InterleaveRopeValues {
+  at::Tensor x;
+  at::Tensor cos;
+  at::Tensor sin;
+
+  InterleaveRopeValues() = default;
+  // A copy of a call's arguments.
+  explicit InterleaveRopeValues(const InterleaveRopeArgs& a)
+      : x(a.x), cos(a.cos), sin(a.sin) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  InterleaveRopeArgs args() const { return InterleaveRopeArgs{x, cos, sin}; }
+};
 
 // interleave_rope_grad
 struct InterleaveRopeGradArgs {
@@ -177,6 +375,24 @@ template <class F>
 decltype(auto) apply_args(const InterleaveRopeGradArgs& a, F&& f) {
   return f(a.grad, a.x, a.cos, a.sin);
 }
+
+// interleave_rope_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   InterleaveRopeGradValues v(args); v.grad = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct InterleaveRopeGradValues {
+  at::Tensor grad;
+  at::Tensor x;
+  at::Tensor cos;
+  at::Tensor sin;
+
+  InterleaveRopeGradValues() = default;
+  // A copy of a call's arguments.
+  explicit InterleaveRopeGradValues(const InterleaveRopeGradArgs& a)
+      : grad(a.grad), x(a.x), cos(a.cos), sin(a.sin) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  InterleaveRopeGradArgs args() const { return InterleaveRopeGradArgs{grad, x, cos, sin}; }
+};
 
 // scatter_pa_kv_cache
 struct ScatterPaKvCacheArgs {
@@ -193,6 +409,26 @@ decltype(auto) apply_args(const ScatterPaKvCacheArgs& a, F&& f) {
   return f(a.key, a.value, a.key_cache, a.value_cache, a.slot_mapping, a.cache_layout);
 }
 
+// scatter_pa_kv_cache's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   ScatterPaKvCacheValues v(args); v.key = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct ScatterPaKvCacheValues {
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor key_cache;
+  at::Tensor value_cache;
+  at::Tensor slot_mapping;
+  std::string cache_layout = "BSND";
+
+  ScatterPaKvCacheValues() = default;
+  // A copy of a call's arguments.
+  explicit ScatterPaKvCacheValues(const ScatterPaKvCacheArgs& a)
+      : key(a.key), value(a.value), key_cache(a.key_cache), value_cache(a.value_cache), slot_mapping(a.slot_mapping), cache_layout(std::string(a.cache_layout)) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  ScatterPaKvCacheArgs args() const { return ScatterPaKvCacheArgs{key, value, key_cache, value_cache, slot_mapping, cache_layout}; }
+};
+
 // gather_pa_kv_cache
 struct GatherPaKvCacheArgs {
   const at::Tensor& key_cache;
@@ -206,6 +442,25 @@ template <class F>
 decltype(auto) apply_args(const GatherPaKvCacheArgs& a, F&& f) {
   return f(a.key_cache, a.value_cache, a.block_table, a.seq_lens, a.cache_layout);
 }
+
+// gather_pa_kv_cache's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   GatherPaKvCacheValues v(args); v.key_cache = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct GatherPaKvCacheValues {
+  at::Tensor key_cache;
+  at::Tensor value_cache;
+  at::Tensor block_table;
+  at::Tensor seq_lens;
+  std::string cache_layout = "BSND";
+
+  GatherPaKvCacheValues() = default;
+  // A copy of a call's arguments.
+  explicit GatherPaKvCacheValues(const GatherPaKvCacheArgs& a)
+      : key_cache(a.key_cache), value_cache(a.value_cache), block_table(a.block_table), seq_lens(a.seq_lens), cache_layout(std::string(a.cache_layout)) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  GatherPaKvCacheArgs args() const { return GatherPaKvCacheArgs{key_cache, value_cache, block_table, seq_lens, cache_layout}; }
+};
 
 // kv_rms_norm_rope_cache
 struct KvRmsNormRopeCacheArgs {
@@ -231,6 +486,35 @@ decltype(auto) apply_args(const KvRmsNormRopeCacheArgs& a, F&& f) {
   return f(a.kv, a.gamma, a.cos, a.sin, a.index, a.k_cache, a.ckv_cache, a.k_rope_scale, a.c_kv_scale, a.k_rope_offset, a.c_kv_offset, a.v, a.epsilon, a.cache_mode, a.is_output_kv);
 }
 
+// kv_rms_norm_rope_cache's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   KvRmsNormRopeCacheValues v(args); v.kv = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct KvRmsNormRopeCacheValues {
+  at::Tensor kv;
+  at::Tensor gamma;
+  at::Tensor cos;
+  at::Tensor sin;
+  at::Tensor index;
+  at::Tensor k_cache;
+  at::Tensor ckv_cache;
+  std::optional<at::Tensor> k_rope_scale;
+  std::optional<at::Tensor> c_kv_scale;
+  std::optional<at::Tensor> k_rope_offset;
+  std::optional<at::Tensor> c_kv_offset;
+  std::optional<at::Tensor> v;
+  double epsilon = 1e-5;
+  std::string cache_mode = "Norm";
+  bool is_output_kv = false;
+
+  KvRmsNormRopeCacheValues() = default;
+  // A copy of a call's arguments.
+  explicit KvRmsNormRopeCacheValues(const KvRmsNormRopeCacheArgs& a)
+      : kv(a.kv), gamma(a.gamma), cos(a.cos), sin(a.sin), index(a.index), k_cache(a.k_cache), ckv_cache(a.ckv_cache), k_rope_scale(a.k_rope_scale), c_kv_scale(a.c_kv_scale), k_rope_offset(a.k_rope_offset), c_kv_offset(a.c_kv_offset), v(a.v), epsilon(a.epsilon), cache_mode(std::string(a.cache_mode)), is_output_kv(a.is_output_kv) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  KvRmsNormRopeCacheArgs args() const { return KvRmsNormRopeCacheArgs{kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale, c_kv_scale, k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv}; }
+};
+
 // prompt_flash_attention
 struct PromptFlashAttentionArgs {
   const at::Tensor& query;
@@ -255,6 +539,36 @@ template <class F>
 decltype(auto) apply_args(const PromptFlashAttentionArgs& a, F&& f) {
   return f(a.query, a.key, a.value, a.padding_mask, a.atten_mask, a.pse_shift, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.num_heads, a.scale_value, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise);
 }
+
+// prompt_flash_attention's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   PromptFlashAttentionValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct PromptFlashAttentionValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  std::optional<at::Tensor> padding_mask;
+  std::optional<at::Tensor> atten_mask;
+  std::optional<at::Tensor> pse_shift;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<at::Tensor> actual_seq_lengths_kv;
+  int64_t num_heads = 1;
+  double scale_value = 1.0;
+  int64_t pre_tokens = 2147483647;
+  int64_t next_tokens = 0;
+  std::string input_layout = "BSH";
+  int64_t num_key_value_heads = 0;
+  int64_t sparse_mode = 0;
+  int64_t inner_precise = 1;
+
+  PromptFlashAttentionValues() = default;
+  // A copy of a call's arguments.
+  explicit PromptFlashAttentionValues(const PromptFlashAttentionArgs& a)
+      : query(a.query), key(a.key), value(a.value), padding_mask(a.padding_mask), atten_mask(a.atten_mask), pse_shift(a.pse_shift), actual_seq_lengths(a.actual_seq_lengths), actual_seq_lengths_kv(a.actual_seq_lengths_kv), num_heads(a.num_heads), scale_value(a.scale_value), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), input_layout(std::string(a.input_layout)), num_key_value_heads(a.num_key_value_heads), sparse_mode(a.sparse_mode), inner_precise(a.inner_precise) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  PromptFlashAttentionArgs args() const { return PromptFlashAttentionArgs{query, key, value, padding_mask, atten_mask, pse_shift, actual_seq_lengths, actual_seq_lengths_kv, num_heads, scale_value, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise}; }
+};
 
 // fused_infer_attention_score
 struct FusedInferAttentionScoreArgs {
@@ -287,12 +601,148 @@ struct FusedInferAttentionScoreArgs {
   int64_t value_antiquant_mode;
   const std::optional<at::Tensor>& query_rope;
   const std::optional<at::Tensor>& key_rope;
+  const std::optional<at::Tensor>& learnable_sink;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const FusedInferAttentionScoreArgs& a, F&& f) {
-  return f(a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope);
+  return f(a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink);
 }
+
+// fused_infer_attention_score's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   FusedInferAttentionScoreValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct FusedInferAttentionScoreValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  std::optional<at::Tensor> pse_shift;
+  std::optional<at::Tensor> atten_mask;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<at::Tensor> actual_seq_lengths_kv;
+  std::optional<at::Tensor> block_table;
+  int64_t num_heads = 1;
+  double scale = 1.0;
+  int64_t pre_tokens = 2147483647;
+  int64_t next_tokens = 2147483647;
+  std::string input_layout = "BSH";
+  int64_t num_key_value_heads = 0;
+  int64_t sparse_mode = 0;
+  int64_t inner_precise = 0;
+  int64_t block_size = 0;
+  bool softmax_lse_flag = false;
+  std::optional<at::Tensor> antiquant_scale;
+  std::optional<at::Tensor> antiquant_offset;
+  std::optional<at::Tensor> key_antiquant_scale;
+  std::optional<at::Tensor> key_antiquant_offset;
+  std::optional<at::Tensor> value_antiquant_scale;
+  std::optional<at::Tensor> value_antiquant_offset;
+  int64_t antiquant_mode = 0;
+  int64_t key_antiquant_mode = 0;
+  int64_t value_antiquant_mode = 0;
+  std::optional<at::Tensor> query_rope;
+  std::optional<at::Tensor> key_rope;
+  std::optional<at::Tensor> learnable_sink;
+
+  FusedInferAttentionScoreValues() = default;
+  // A copy of a call's arguments.
+  explicit FusedInferAttentionScoreValues(const FusedInferAttentionScoreArgs& a)
+      : query(a.query), key(a.key), value(a.value), pse_shift(a.pse_shift), atten_mask(a.atten_mask), actual_seq_lengths(a.actual_seq_lengths), actual_seq_lengths_kv(a.actual_seq_lengths_kv), block_table(a.block_table), num_heads(a.num_heads), scale(a.scale), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), input_layout(std::string(a.input_layout)), num_key_value_heads(a.num_key_value_heads), sparse_mode(a.sparse_mode), inner_precise(a.inner_precise), block_size(a.block_size), softmax_lse_flag(a.softmax_lse_flag), antiquant_scale(a.antiquant_scale), antiquant_offset(a.antiquant_offset), key_antiquant_scale(a.key_antiquant_scale), key_antiquant_offset(a.key_antiquant_offset), value_antiquant_scale(a.value_antiquant_scale), value_antiquant_offset(a.value_antiquant_offset), antiquant_mode(a.antiquant_mode), key_antiquant_mode(a.key_antiquant_mode), value_antiquant_mode(a.value_antiquant_mode), query_rope(a.query_rope), key_rope(a.key_rope), learnable_sink(a.learnable_sink) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  FusedInferAttentionScoreArgs args() const { return FusedInferAttentionScoreArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope, learnable_sink}; }
+};
+
+// fused_infer_attention_score_grad
+struct FusedInferAttentionScoreGradArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const std::optional<at::Tensor>& pse_shift;
+  const std::optional<at::Tensor>& atten_mask;
+  const std::optional<at::Tensor>& actual_seq_lengths;
+  const std::optional<at::Tensor>& actual_seq_lengths_kv;
+  const std::optional<at::Tensor>& block_table;
+  int64_t num_heads;
+  double scale;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+  c10::string_view input_layout;
+  int64_t num_key_value_heads;
+  int64_t sparse_mode;
+  int64_t inner_precise;
+  int64_t block_size;
+  bool softmax_lse_flag;
+  const std::optional<at::Tensor>& antiquant_scale;
+  const std::optional<at::Tensor>& antiquant_offset;
+  const std::optional<at::Tensor>& key_antiquant_scale;
+  const std::optional<at::Tensor>& key_antiquant_offset;
+  const std::optional<at::Tensor>& value_antiquant_scale;
+  const std::optional<at::Tensor>& value_antiquant_offset;
+  int64_t antiquant_mode;
+  int64_t key_antiquant_mode;
+  int64_t value_antiquant_mode;
+  const std::optional<at::Tensor>& query_rope;
+  const std::optional<at::Tensor>& key_rope;
+  const std::optional<at::Tensor>& learnable_sink;
+  const at::Tensor& attention_out;
+  const at::Tensor& softmax_lse;
+  const std::optional<at::Tensor>& grad_attention_out;
+  const std::optional<at::Tensor>& grad_softmax_lse;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const FusedInferAttentionScoreGradArgs& a, F&& f) {
+  return f(a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink, a.attention_out, a.softmax_lse, a.grad_attention_out, a.grad_softmax_lse);
+}
+
+// fused_infer_attention_score_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   FusedInferAttentionScoreGradValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct FusedInferAttentionScoreGradValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  std::optional<at::Tensor> pse_shift;
+  std::optional<at::Tensor> atten_mask;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<at::Tensor> actual_seq_lengths_kv;
+  std::optional<at::Tensor> block_table;
+  int64_t num_heads = 1;
+  double scale = 1.0;
+  int64_t pre_tokens = 2147483647;
+  int64_t next_tokens = 2147483647;
+  std::string input_layout = "BSH";
+  int64_t num_key_value_heads = 0;
+  int64_t sparse_mode = 0;
+  int64_t inner_precise = 0;
+  int64_t block_size = 0;
+  bool softmax_lse_flag = false;
+  std::optional<at::Tensor> antiquant_scale;
+  std::optional<at::Tensor> antiquant_offset;
+  std::optional<at::Tensor> key_antiquant_scale;
+  std::optional<at::Tensor> key_antiquant_offset;
+  std::optional<at::Tensor> value_antiquant_scale;
+  std::optional<at::Tensor> value_antiquant_offset;
+  int64_t antiquant_mode = 0;
+  int64_t key_antiquant_mode = 0;
+  int64_t value_antiquant_mode = 0;
+  std::optional<at::Tensor> query_rope;
+  std::optional<at::Tensor> key_rope;
+  std::optional<at::Tensor> learnable_sink;
+  at::Tensor attention_out;
+  at::Tensor softmax_lse;
+  std::optional<at::Tensor> grad_attention_out;
+  std::optional<at::Tensor> grad_softmax_lse;
+
+  FusedInferAttentionScoreGradValues() = default;
+  // A copy of a call's arguments.
+  explicit FusedInferAttentionScoreGradValues(const FusedInferAttentionScoreGradArgs& a)
+      : query(a.query), key(a.key), value(a.value), pse_shift(a.pse_shift), atten_mask(a.atten_mask), actual_seq_lengths(a.actual_seq_lengths), actual_seq_lengths_kv(a.actual_seq_lengths_kv), block_table(a.block_table), num_heads(a.num_heads), scale(a.scale), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), input_layout(std::string(a.input_layout)), num_key_value_heads(a.num_key_value_heads), sparse_mode(a.sparse_mode), inner_precise(a.inner_precise), block_size(a.block_size), softmax_lse_flag(a.softmax_lse_flag), antiquant_scale(a.antiquant_scale), antiquant_offset(a.antiquant_offset), key_antiquant_scale(a.key_antiquant_scale), key_antiquant_offset(a.key_antiquant_offset), value_antiquant_scale(a.value_antiquant_scale), value_antiquant_offset(a.value_antiquant_offset), antiquant_mode(a.antiquant_mode), key_antiquant_mode(a.key_antiquant_mode), value_antiquant_mode(a.value_antiquant_mode), query_rope(a.query_rope), key_rope(a.key_rope), learnable_sink(a.learnable_sink), attention_out(a.attention_out), softmax_lse(a.softmax_lse), grad_attention_out(a.grad_attention_out), grad_softmax_lse(a.grad_softmax_lse) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  FusedInferAttentionScoreGradArgs args() const { return FusedInferAttentionScoreGradArgs{query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope, learnable_sink, attention_out, softmax_lse, grad_attention_out, grad_softmax_lse}; }
+};
 
 // attention_update
 struct AttentionUpdateArgs {
@@ -304,6 +754,22 @@ template <class F>
 decltype(auto) apply_args(const AttentionUpdateArgs& a, F&& f) {
   return f(a.lse, a.out);
 }
+
+// attention_update's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   AttentionUpdateValues v(args); v.lse = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct AttentionUpdateValues {
+  at::Tensor lse;
+  at::Tensor out;
+
+  AttentionUpdateValues() = default;
+  // A copy of a call's arguments.
+  explicit AttentionUpdateValues(const AttentionUpdateArgs& a)
+      : lse(a.lse), out(a.out) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  AttentionUpdateArgs args() const { return AttentionUpdateArgs{lse, out}; }
+};
 
 // attention_update_grad
 struct AttentionUpdateGradArgs {
@@ -319,6 +785,26 @@ template <class F>
 decltype(auto) apply_args(const AttentionUpdateGradArgs& a, F&& f) {
   return f(a.lse, a.out, a.softmax_lse, a.attention_out, a.grad_attention_out, a.grad_softmax_lse);
 }
+
+// attention_update_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   AttentionUpdateGradValues v(args); v.lse = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct AttentionUpdateGradValues {
+  at::Tensor lse;
+  at::Tensor out;
+  at::Tensor softmax_lse;
+  at::Tensor attention_out;
+  at::Tensor grad_attention_out;
+  at::Tensor grad_softmax_lse;
+
+  AttentionUpdateGradValues() = default;
+  // A copy of a call's arguments.
+  explicit AttentionUpdateGradValues(const AttentionUpdateGradArgs& a)
+      : lse(a.lse), out(a.out), softmax_lse(a.softmax_lse), attention_out(a.attention_out), grad_attention_out(a.grad_attention_out), grad_softmax_lse(a.grad_softmax_lse) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  AttentionUpdateGradArgs args() const { return AttentionUpdateGradArgs{lse, out, softmax_lse, attention_out, grad_attention_out, grad_softmax_lse}; }
+};
 
 // incre_flash_attention
 struct IncreFlashAttentionArgs {
@@ -352,6 +838,44 @@ template <class F>
 decltype(auto) apply_args(const IncreFlashAttentionArgs& a, F&& f) {
   return f(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths, a.block_table, a.kv_padding_size, a.num_heads, a.scale_value, a.input_layout, a.num_key_value_heads, a.block_size, a.inner_precise, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.learnable_sink);
 }
+
+// incre_flash_attention's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   IncreFlashAttentionValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct IncreFlashAttentionValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  std::optional<at::Tensor> atten_mask;
+  std::optional<at::Tensor> pse_shift;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<at::Tensor> block_table;
+  std::optional<at::Tensor> kv_padding_size;
+  int64_t num_heads = 1;
+  double scale_value = 1.0;
+  std::string input_layout = "BSH";
+  int64_t num_key_value_heads = 0;
+  int64_t block_size = 0;
+  int64_t inner_precise = 1;
+  std::optional<at::Tensor> antiquant_scale;
+  std::optional<at::Tensor> antiquant_offset;
+  std::optional<at::Tensor> key_antiquant_scale;
+  std::optional<at::Tensor> key_antiquant_offset;
+  std::optional<at::Tensor> value_antiquant_scale;
+  std::optional<at::Tensor> value_antiquant_offset;
+  int64_t antiquant_mode = 0;
+  int64_t key_antiquant_mode = 0;
+  int64_t value_antiquant_mode = 0;
+  std::optional<at::Tensor> learnable_sink;
+
+  IncreFlashAttentionValues() = default;
+  // A copy of a call's arguments.
+  explicit IncreFlashAttentionValues(const IncreFlashAttentionArgs& a)
+      : query(a.query), key(a.key), value(a.value), atten_mask(a.atten_mask), pse_shift(a.pse_shift), actual_seq_lengths(a.actual_seq_lengths), block_table(a.block_table), kv_padding_size(a.kv_padding_size), num_heads(a.num_heads), scale_value(a.scale_value), input_layout(std::string(a.input_layout)), num_key_value_heads(a.num_key_value_heads), block_size(a.block_size), inner_precise(a.inner_precise), antiquant_scale(a.antiquant_scale), antiquant_offset(a.antiquant_offset), key_antiquant_scale(a.key_antiquant_scale), key_antiquant_offset(a.key_antiquant_offset), value_antiquant_scale(a.value_antiquant_scale), value_antiquant_offset(a.value_antiquant_offset), antiquant_mode(a.antiquant_mode), key_antiquant_mode(a.key_antiquant_mode), value_antiquant_mode(a.value_antiquant_mode), learnable_sink(a.learnable_sink) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  IncreFlashAttentionArgs args() const { return IncreFlashAttentionArgs{query, key, value, atten_mask, pse_shift, actual_seq_lengths, block_table, kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads, block_size, inner_precise, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, learnable_sink}; }
+};
 
 // mla_prolog
 struct MlaPrologArgs {
@@ -391,6 +915,49 @@ decltype(auto) apply_args(const MlaPrologArgs& a, F&& f) {
   return f(a.token_x, a.weight_dq, a.weight_uq_qr, a.weight_uk, a.weight_dkv_kr, a.rmsnorm_gamma_cq, a.rmsnorm_gamma_ckv, a.rope_sin, a.rope_cos, a.kv_cache, a.kr_cache, a.cache_index, a.actual_seq_len, a.dequant_scale_x, a.dequant_scale_w_dq, a.dequant_scale_w_uq_qr, a.dequant_scale_w_dkv_kr, a.quant_scale_ckv, a.quant_scale_ckr, a.smooth_scales_cq, a.rmsnorm_epsilon_cq, a.rmsnorm_epsilon_ckv, a.cache_mode, a.query_norm_flag, a.weight_quant_mode, a.kv_cache_quant_mode, a.query_quant_mode, a.qc_qr_scale, a.kc_scale);
 }
 
+// mla_prolog's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MlaPrologValues v(args); v.token_x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MlaPrologValues {
+  at::Tensor token_x;
+  at::Tensor weight_dq;
+  at::Tensor weight_uq_qr;
+  at::Tensor weight_uk;
+  at::Tensor weight_dkv_kr;
+  at::Tensor rmsnorm_gamma_cq;
+  at::Tensor rmsnorm_gamma_ckv;
+  at::Tensor rope_sin;
+  at::Tensor rope_cos;
+  at::Tensor kv_cache;
+  at::Tensor kr_cache;
+  std::optional<at::Tensor> cache_index;
+  std::optional<at::Tensor> actual_seq_len;
+  std::optional<at::Tensor> dequant_scale_x;
+  std::optional<at::Tensor> dequant_scale_w_dq;
+  std::optional<at::Tensor> dequant_scale_w_uq_qr;
+  std::optional<at::Tensor> dequant_scale_w_dkv_kr;
+  std::optional<at::Tensor> quant_scale_ckv;
+  std::optional<at::Tensor> quant_scale_ckr;
+  std::optional<at::Tensor> smooth_scales_cq;
+  double rmsnorm_epsilon_cq = 1e-05;
+  double rmsnorm_epsilon_ckv = 1e-05;
+  std::string cache_mode = "PA_BSND";
+  bool query_norm_flag = false;
+  int64_t weight_quant_mode = 0;
+  int64_t kv_cache_quant_mode = 0;
+  int64_t query_quant_mode = 0;
+  double qc_qr_scale = 1.0;
+  double kc_scale = 1.0;
+
+  MlaPrologValues() = default;
+  // A copy of a call's arguments.
+  explicit MlaPrologValues(const MlaPrologArgs& a)
+      : token_x(a.token_x), weight_dq(a.weight_dq), weight_uq_qr(a.weight_uq_qr), weight_uk(a.weight_uk), weight_dkv_kr(a.weight_dkv_kr), rmsnorm_gamma_cq(a.rmsnorm_gamma_cq), rmsnorm_gamma_ckv(a.rmsnorm_gamma_ckv), rope_sin(a.rope_sin), rope_cos(a.rope_cos), kv_cache(a.kv_cache), kr_cache(a.kr_cache), cache_index(a.cache_index), actual_seq_len(a.actual_seq_len), dequant_scale_x(a.dequant_scale_x), dequant_scale_w_dq(a.dequant_scale_w_dq), dequant_scale_w_uq_qr(a.dequant_scale_w_uq_qr), dequant_scale_w_dkv_kr(a.dequant_scale_w_dkv_kr), quant_scale_ckv(a.quant_scale_ckv), quant_scale_ckr(a.quant_scale_ckr), smooth_scales_cq(a.smooth_scales_cq), rmsnorm_epsilon_cq(a.rmsnorm_epsilon_cq), rmsnorm_epsilon_ckv(a.rmsnorm_epsilon_ckv), cache_mode(std::string(a.cache_mode)), query_norm_flag(a.query_norm_flag), weight_quant_mode(a.weight_quant_mode), kv_cache_quant_mode(a.kv_cache_quant_mode), query_quant_mode(a.query_quant_mode), qc_qr_scale(a.qc_qr_scale), kc_scale(a.kc_scale) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MlaPrologArgs args() const { return MlaPrologArgs{token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, cache_index, actual_seq_len, dequant_scale_x, dequant_scale_w_dq, dequant_scale_w_uq_qr, dequant_scale_w_dkv_kr, quant_scale_ckv, quant_scale_ckr, smooth_scales_cq, rmsnorm_epsilon_cq, rmsnorm_epsilon_ckv, cache_mode, query_norm_flag, weight_quant_mode, kv_cache_quant_mode, query_quant_mode, qc_qr_scale, kc_scale}; }
+};
+
 // all_gather_matmul
 struct AllGatherMatmulArgs {
   const at::Tensor& x1;
@@ -407,6 +974,28 @@ template <class F>
 decltype(auto) apply_args(const AllGatherMatmulArgs& a, F&& f) {
   return f(a.x1, a.x2, a.group_name, a.world_size, a.bias, a.gather_index, a.gather_output, a.chunks);
 }
+
+// all_gather_matmul's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   AllGatherMatmulValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct AllGatherMatmulValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  std::string group_name;
+  int64_t world_size{};
+  std::optional<at::Tensor> bias;
+  int64_t gather_index = 0;
+  bool gather_output = true;
+  int64_t chunks = 0;
+
+  AllGatherMatmulValues() = default;
+  // A copy of a call's arguments.
+  explicit AllGatherMatmulValues(const AllGatherMatmulArgs& a)
+      : x1(a.x1), x2(a.x2), group_name(std::string(a.group_name)), world_size(a.world_size), bias(a.bias), gather_index(a.gather_index), gather_output(a.gather_output), chunks(a.chunks) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  AllGatherMatmulArgs args() const { return AllGatherMatmulArgs{x1, x2, group_name, world_size, bias, gather_index, gather_output, chunks}; }
+};
 
 // all_gather_matmul_grad
 struct AllGatherMatmulGradArgs {
@@ -425,6 +1014,28 @@ decltype(auto) apply_args(const AllGatherMatmulGradArgs& a, F&& f) {
   return f(a.grad_out, a.x1, a.x2, a.gather_out, a.group_name, a.world_size, a.bias, a.chunks);
 }
 
+// all_gather_matmul_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   AllGatherMatmulGradValues v(args); v.grad_out = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct AllGatherMatmulGradValues {
+  at::Tensor grad_out;
+  at::Tensor x1;
+  at::Tensor x2;
+  at::Tensor gather_out;
+  std::string group_name;
+  int64_t world_size{};
+  std::optional<at::Tensor> bias;
+  int64_t chunks = 0;
+
+  AllGatherMatmulGradValues() = default;
+  // A copy of a call's arguments.
+  explicit AllGatherMatmulGradValues(const AllGatherMatmulGradArgs& a)
+      : grad_out(a.grad_out), x1(a.x1), x2(a.x2), gather_out(a.gather_out), group_name(std::string(a.group_name)), world_size(a.world_size), bias(a.bias), chunks(a.chunks) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  AllGatherMatmulGradArgs args() const { return AllGatherMatmulGradArgs{grad_out, x1, x2, gather_out, group_name, world_size, bias, chunks}; }
+};
+
 // matmul_reduce_scatter
 struct MatmulReduceScatterArgs {
   const at::Tensor& x1;
@@ -439,6 +1050,26 @@ template <class F>
 decltype(auto) apply_args(const MatmulReduceScatterArgs& a, F&& f) {
   return f(a.x1, a.x2, a.group_name, a.world_size, a.bias, a.chunks);
 }
+
+// matmul_reduce_scatter's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MatmulReduceScatterValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MatmulReduceScatterValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  std::string group_name;
+  int64_t world_size{};
+  std::optional<at::Tensor> bias;
+  int64_t chunks = 0;
+
+  MatmulReduceScatterValues() = default;
+  // A copy of a call's arguments.
+  explicit MatmulReduceScatterValues(const MatmulReduceScatterArgs& a)
+      : x1(a.x1), x2(a.x2), group_name(std::string(a.group_name)), world_size(a.world_size), bias(a.bias), chunks(a.chunks) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MatmulReduceScatterArgs args() const { return MatmulReduceScatterArgs{x1, x2, group_name, world_size, bias, chunks}; }
+};
 
 // matmul_reduce_scatter_grad
 struct MatmulReduceScatterGradArgs {
@@ -456,6 +1087,27 @@ decltype(auto) apply_args(const MatmulReduceScatterGradArgs& a, F&& f) {
   return f(a.grad_out, a.x1, a.x2, a.group_name, a.world_size, a.bias, a.chunks);
 }
 
+// matmul_reduce_scatter_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MatmulReduceScatterGradValues v(args); v.grad_out = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MatmulReduceScatterGradValues {
+  at::Tensor grad_out;
+  at::Tensor x1;
+  at::Tensor x2;
+  std::string group_name;
+  int64_t world_size{};
+  std::optional<at::Tensor> bias;
+  int64_t chunks = 0;
+
+  MatmulReduceScatterGradValues() = default;
+  // A copy of a call's arguments.
+  explicit MatmulReduceScatterGradValues(const MatmulReduceScatterGradArgs& a)
+      : grad_out(a.grad_out), x1(a.x1), x2(a.x2), group_name(std::string(a.group_name)), world_size(a.world_size), bias(a.bias), chunks(a.chunks) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MatmulReduceScatterGradArgs args() const { return MatmulReduceScatterGradArgs{grad_out, x1, x2, group_name, world_size, bias, chunks}; }
+};
+
 // matmul_all_reduce
 struct MatmulAllReduceArgs {
   const at::Tensor& x1;
@@ -471,6 +1123,26 @@ decltype(auto) apply_args(const MatmulAllReduceArgs& a, F&& f) {
   return f(a.x1, a.x2, a.group_name, a.bias, a.chunks, a.x3);
 }
 
+// matmul_all_reduce's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MatmulAllReduceValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MatmulAllReduceValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  std::string group_name;
+  std::optional<at::Tensor> bias;
+  int64_t chunks = 0;
+  std::optional<at::Tensor> x3;
+
+  MatmulAllReduceValues() = default;
+  // A copy of a call's arguments.
+  explicit MatmulAllReduceValues(const MatmulAllReduceArgs& a)
+      : x1(a.x1), x2(a.x2), group_name(std::string(a.group_name)), bias(a.bias), chunks(a.chunks), x3(a.x3) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MatmulAllReduceArgs args() const { return MatmulAllReduceArgs{x1, x2, group_name, bias, chunks, x3}; }
+};
+
 // matmul_all_reduce_grad
 struct MatmulAllReduceGradArgs {
   const at::Tensor& grad_out;
@@ -484,6 +1156,25 @@ template <class F>
 decltype(auto) apply_args(const MatmulAllReduceGradArgs& a, F&& f) {
   return f(a.grad_out, a.x1, a.x2, a.bias, a.x3);
 }
+
+// matmul_all_reduce_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MatmulAllReduceGradValues v(args); v.grad_out = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MatmulAllReduceGradValues {
+  at::Tensor grad_out;
+  at::Tensor x1;
+  at::Tensor x2;
+  std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> x3;
+
+  MatmulAllReduceGradValues() = default;
+  // A copy of a call's arguments.
+  explicit MatmulAllReduceGradValues(const MatmulAllReduceGradArgs& a)
+      : grad_out(a.grad_out), x1(a.x1), x2(a.x2), bias(a.bias), x3(a.x3) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MatmulAllReduceGradArgs args() const { return MatmulAllReduceGradArgs{grad_out, x1, x2, bias, x3}; }
+};
 
 // matmul_all_reduce_add_rms_norm
 struct MatmulAllReduceAddRmsNormArgs {
@@ -503,6 +1194,29 @@ decltype(auto) apply_args(const MatmulAllReduceAddRmsNormArgs& a, F&& f) {
   return f(a.x1, a.x2, a.residual, a.gamma, a.group_name, a.bias, a.epsilon, a.chunks, a.x3);
 }
 
+// matmul_all_reduce_add_rms_norm's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MatmulAllReduceAddRmsNormValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MatmulAllReduceAddRmsNormValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  at::Tensor residual;
+  at::Tensor gamma;
+  std::string group_name;
+  std::optional<at::Tensor> bias;
+  double epsilon = 1e-06;
+  int64_t chunks = 0;
+  std::optional<at::Tensor> x3;
+
+  MatmulAllReduceAddRmsNormValues() = default;
+  // A copy of a call's arguments.
+  explicit MatmulAllReduceAddRmsNormValues(const MatmulAllReduceAddRmsNormArgs& a)
+      : x1(a.x1), x2(a.x2), residual(a.residual), gamma(a.gamma), group_name(std::string(a.group_name)), bias(a.bias), epsilon(a.epsilon), chunks(a.chunks), x3(a.x3) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MatmulAllReduceAddRmsNormArgs args() const { return MatmulAllReduceAddRmsNormArgs{x1, x2, residual, gamma, group_name, bias, epsilon, chunks, x3}; }
+};
+
 // grouped_matmul
 struct GroupedMatmulArgs {
   at::TensorList x;
@@ -518,6 +1232,27 @@ template <class F>
 decltype(auto) apply_args(const GroupedMatmulArgs& a, F&& f) {
   return f(a.x, a.weight, a.bias, a.group_list, a.group_type, a.group_list_type, a.act_type);
 }
+
+// grouped_matmul's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   GroupedMatmulValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct GroupedMatmulValues {
+  std::vector<at::Tensor> x;
+  std::vector<at::Tensor> weight;
+  std::vector<at::Tensor> bias;
+  std::optional<at::Tensor> group_list;
+  int64_t group_type = 0;
+  int64_t group_list_type = 0;
+  int64_t act_type = 0;
+
+  GroupedMatmulValues() = default;
+  // A copy of a call's arguments.
+  explicit GroupedMatmulValues(const GroupedMatmulArgs& a)
+      : x(a.x.vec()), weight(a.weight.vec()), bias(a.bias.vec()), group_list(a.group_list), group_type(a.group_type), group_list_type(a.group_list_type), act_type(a.act_type) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  GroupedMatmulArgs args() const { return GroupedMatmulArgs{x, weight, bias, group_list, group_type, group_list_type, act_type}; }
+};
 
 // grouped_matmul_grad
 struct GroupedMatmulGradArgs {
@@ -536,6 +1271,29 @@ template <class F>
 decltype(auto) apply_args(const GroupedMatmulGradArgs& a, F&& f) {
   return f(a.grad_out, a.x, a.weight, a.bias, a.group_list, a.act_input, a.group_type, a.group_list_type, a.act_type);
 }
+
+// grouped_matmul_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   GroupedMatmulGradValues v(args); v.grad_out = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct GroupedMatmulGradValues {
+  std::vector<at::Tensor> grad_out;
+  std::vector<at::Tensor> x;
+  std::vector<at::Tensor> weight;
+  std::vector<at::Tensor> bias;
+  std::optional<at::Tensor> group_list;
+  std::vector<at::Tensor> act_input;
+  int64_t group_type = 0;
+  int64_t group_list_type = 0;
+  int64_t act_type = 0;
+
+  GroupedMatmulGradValues() = default;
+  // A copy of a call's arguments.
+  explicit GroupedMatmulGradValues(const GroupedMatmulGradArgs& a)
+      : grad_out(a.grad_out.vec()), x(a.x.vec()), weight(a.weight.vec()), bias(a.bias.vec()), group_list(a.group_list), act_input(a.act_input.vec()), group_type(a.group_type), group_list_type(a.group_list_type), act_type(a.act_type) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  GroupedMatmulGradArgs args() const { return GroupedMatmulGradArgs{grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type}; }
+};
 
 // grouped_matmul_quant
 struct GroupedMatmulQuantArgs {
@@ -558,6 +1316,32 @@ decltype(auto) apply_args(const GroupedMatmulQuantArgs& a, F&& f) {
   return f(a.x, a.weight, a.bias, a.scale, a.per_token_scale, a.antiquant_scale, a.antiquant_offset, a.group_list, a.group_type, a.group_list_type, a.act_type, a.output_dtype);
 }
 
+// grouped_matmul_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   GroupedMatmulQuantValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct GroupedMatmulQuantValues {
+  std::vector<at::Tensor> x;
+  std::vector<at::Tensor> weight;
+  std::vector<at::Tensor> bias;
+  std::vector<at::Tensor> scale;
+  std::vector<at::Tensor> per_token_scale;
+  std::vector<at::Tensor> antiquant_scale;
+  std::vector<at::Tensor> antiquant_offset;
+  std::optional<at::Tensor> group_list;
+  int64_t group_type = 0;
+  int64_t group_list_type = 0;
+  int64_t act_type = 0;
+  int64_t output_dtype = -1;
+
+  GroupedMatmulQuantValues() = default;
+  // A copy of a call's arguments.
+  explicit GroupedMatmulQuantValues(const GroupedMatmulQuantArgs& a)
+      : x(a.x.vec()), weight(a.weight.vec()), bias(a.bias.vec()), scale(a.scale.vec()), per_token_scale(a.per_token_scale.vec()), antiquant_scale(a.antiquant_scale.vec()), antiquant_offset(a.antiquant_offset.vec()), group_list(a.group_list), group_type(a.group_type), group_list_type(a.group_list_type), act_type(a.act_type), output_dtype(a.output_dtype) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  GroupedMatmulQuantArgs args() const { return GroupedMatmulQuantArgs{x, weight, bias, scale, per_token_scale, antiquant_scale, antiquant_offset, group_list, group_type, group_list_type, act_type, output_dtype}; }
+};
+
 // grouped_matmul_swiglu_quant
 struct GroupedMatmulSwigluQuantArgs {
   const at::Tensor& x;
@@ -572,6 +1356,26 @@ template <class F>
 decltype(auto) apply_args(const GroupedMatmulSwigluQuantArgs& a, F&& f) {
   return f(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type);
 }
+
+// grouped_matmul_swiglu_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   GroupedMatmulSwigluQuantValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct GroupedMatmulSwigluQuantValues {
+  at::Tensor x;
+  at::Tensor weight;
+  at::Tensor group_list;
+  at::Tensor weight_scale;
+  at::Tensor x_scale;
+  int64_t group_list_type = 0;
+
+  GroupedMatmulSwigluQuantValues() = default;
+  // A copy of a call's arguments.
+  explicit GroupedMatmulSwigluQuantValues(const GroupedMatmulSwigluQuantArgs& a)
+      : x(a.x), weight(a.weight), group_list(a.group_list), weight_scale(a.weight_scale), x_scale(a.x_scale), group_list_type(a.group_list_type) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  GroupedMatmulSwigluQuantArgs args() const { return GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type}; }
+};
 
 // moe_ffn
 struct MoeFfnArgs {
@@ -591,6 +1395,29 @@ decltype(auto) apply_args(const MoeFfnArgs& a, F&& f) {
   return f(a.x, a.w13, a.w2, a.topk_weights, a.topk_ids, a.bias13, a.bias2, a.activation, a.weight_layout);
 }
 
+// moe_ffn's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeFfnValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeFfnValues {
+  at::Tensor x;
+  at::Tensor w13;
+  at::Tensor w2;
+  at::Tensor topk_weights;
+  at::Tensor topk_ids;
+  std::optional<at::Tensor> bias13;
+  std::optional<at::Tensor> bias2;
+  std::string activation = "swiglu";
+  std::string weight_layout = "nk";
+
+  MoeFfnValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeFfnValues(const MoeFfnArgs& a)
+      : x(a.x), w13(a.w13), w2(a.w2), topk_weights(a.topk_weights), topk_ids(a.topk_ids), bias13(a.bias13), bias2(a.bias2), activation(std::string(a.activation)), weight_layout(std::string(a.weight_layout)) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeFfnArgs args() const { return MoeFfnArgs{x, w13, w2, topk_weights, topk_ids, bias13, bias2, activation, weight_layout}; }
+};
+
 // moe_ffn_prepack
 struct MoeFfnPrepackArgs {
   const at::Tensor& weight;
@@ -603,6 +1430,23 @@ decltype(auto) apply_args(const MoeFfnPrepackArgs& a, F&& f) {
   return f(a.weight, a.weight_layout, a.gated);
 }
 
+// moe_ffn_prepack's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeFfnPrepackValues v(args); v.weight = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeFfnPrepackValues {
+  at::Tensor weight;
+  std::string weight_layout = "nk";
+  bool gated = false;
+
+  MoeFfnPrepackValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeFfnPrepackValues(const MoeFfnPrepackArgs& a)
+      : weight(a.weight), weight_layout(std::string(a.weight_layout)), gated(a.gated) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeFfnPrepackArgs args() const { return MoeFfnPrepackArgs{weight, weight_layout, gated}; }
+};
+
 // moe_gating_top_k_softmax
 struct MoeGatingTopKSoftmaxArgs {
   const at::Tensor& x;
@@ -614,6 +1458,23 @@ template <class F>
 decltype(auto) apply_args(const MoeGatingTopKSoftmaxArgs& a, F&& f) {
   return f(a.x, a.finished, a.k);
 }
+
+// moe_gating_top_k_softmax's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeGatingTopKSoftmaxValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeGatingTopKSoftmaxValues {
+  at::Tensor x;
+  std::optional<at::Tensor> finished;
+  int64_t k = 1;
+
+  MoeGatingTopKSoftmaxValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeGatingTopKSoftmaxValues(const MoeGatingTopKSoftmaxArgs& a)
+      : x(a.x), finished(a.finished), k(a.k) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeGatingTopKSoftmaxArgs args() const { return MoeGatingTopKSoftmaxArgs{x, finished, k}; }
+};
 
 // moe_gating_top_k_softmax_v2
 struct MoeGatingTopKSoftmaxV2Args {
@@ -629,6 +1490,25 @@ decltype(auto) apply_args(const MoeGatingTopKSoftmaxV2Args& a, F&& f) {
   return f(a.x, a.finished, a.k, a.renorm, a.output_softmax_result_flag);
 }
 
+// moe_gating_top_k_softmax_v2's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeGatingTopKSoftmaxV2Values v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeGatingTopKSoftmaxV2Values {
+  at::Tensor x;
+  std::optional<at::Tensor> finished;
+  int64_t k = 1;
+  int64_t renorm = 0;
+  bool output_softmax_result_flag = false;
+
+  MoeGatingTopKSoftmaxV2Values() = default;
+  // A copy of a call's arguments.
+  explicit MoeGatingTopKSoftmaxV2Values(const MoeGatingTopKSoftmaxV2Args& a)
+      : x(a.x), finished(a.finished), k(a.k), renorm(a.renorm), output_softmax_result_flag(a.output_softmax_result_flag) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeGatingTopKSoftmaxV2Args args() const { return MoeGatingTopKSoftmaxV2Args{x, finished, k, renorm, output_softmax_result_flag}; }
+};
+
 // moe_gating_top_k_softmax_grad
 struct MoeGatingTopKSoftmaxGradArgs {
   const at::Tensor& grad_y;
@@ -641,6 +1521,24 @@ template <class F>
 decltype(auto) apply_args(const MoeGatingTopKSoftmaxGradArgs& a, F&& f) {
   return f(a.grad_y, a.x, a.k, a.renorm);
 }
+
+// moe_gating_top_k_softmax_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeGatingTopKSoftmaxGradValues v(args); v.grad_y = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeGatingTopKSoftmaxGradValues {
+  at::Tensor grad_y;
+  at::Tensor x;
+  int64_t k{};
+  int64_t renorm = 0;
+
+  MoeGatingTopKSoftmaxGradValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeGatingTopKSoftmaxGradValues(const MoeGatingTopKSoftmaxGradArgs& a)
+      : grad_y(a.grad_y), x(a.x), k(a.k), renorm(a.renorm) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeGatingTopKSoftmaxGradArgs args() const { return MoeGatingTopKSoftmaxGradArgs{grad_y, x, k, renorm}; }
+};
 
 // moe_gating_top_k
 struct MoeGatingTopKArgs {
@@ -662,6 +1560,31 @@ decltype(auto) apply_args(const MoeGatingTopKArgs& a, F&& f) {
   return f(a.x, a.k, a.bias, a.k_group, a.group_count, a.group_select_mode, a.renorm, a.norm_type, a.out_flag, a.routed_scaling_factor, a.eps);
 }
 
+// moe_gating_top_k's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeGatingTopKValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeGatingTopKValues {
+  at::Tensor x;
+  int64_t k{};
+  std::optional<at::Tensor> bias;
+  int64_t k_group = 1;
+  int64_t group_count = 1;
+  int64_t group_select_mode = 0;
+  int64_t renorm = 0;
+  int64_t norm_type = 0;
+  bool out_flag = false;
+  double routed_scaling_factor = 1.0;
+  double eps = 1e-20;
+
+  MoeGatingTopKValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeGatingTopKValues(const MoeGatingTopKArgs& a)
+      : x(a.x), k(a.k), bias(a.bias), k_group(a.k_group), group_count(a.group_count), group_select_mode(a.group_select_mode), renorm(a.renorm), norm_type(a.norm_type), out_flag(a.out_flag), routed_scaling_factor(a.routed_scaling_factor), eps(a.eps) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeGatingTopKArgs args() const { return MoeGatingTopKArgs{x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag, routed_scaling_factor, eps}; }
+};
+
 // moe_gating_top_k_grad
 struct MoeGatingTopKGradArgs {
   const at::Tensor& x_norm;
@@ -679,6 +1602,28 @@ decltype(auto) apply_args(const MoeGatingTopKGradArgs& a, F&& f) {
   return f(a.x_norm, a.grad_y, a.expert_idx, a.renorm, a.norm_type, a.routed_scaling_factor, a.eps, a.x);
 }
 
+// moe_gating_top_k_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeGatingTopKGradValues v(args); v.x_norm = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeGatingTopKGradValues {
+  at::Tensor x_norm;
+  at::Tensor grad_y;
+  at::Tensor expert_idx;
+  int64_t renorm = 0;
+  int64_t norm_type = 0;
+  double routed_scaling_factor = 1.0;
+  double eps = 1e-20;
+  std::optional<at::Tensor> x;
+
+  MoeGatingTopKGradValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeGatingTopKGradValues(const MoeGatingTopKGradArgs& a)
+      : x_norm(a.x_norm), grad_y(a.grad_y), expert_idx(a.expert_idx), renorm(a.renorm), norm_type(a.norm_type), routed_scaling_factor(a.routed_scaling_factor), eps(a.eps), x(a.x) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeGatingTopKGradArgs args() const { return MoeGatingTopKGradArgs{x_norm, grad_y, expert_idx, renorm, norm_type, routed_scaling_factor, eps, x}; }
+};
+
 // moe_init_routing
 struct MoeInitRoutingArgs {
   const at::Tensor& x;
@@ -691,6 +1636,24 @@ template <class F>
 decltype(auto) apply_args(const MoeInitRoutingArgs& a, F&& f) {
   return f(a.x, a.row_idx, a.expert_idx, a.active_num);
 }
+
+// moe_init_routing's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeInitRoutingValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeInitRoutingValues {
+  at::Tensor x;
+  at::Tensor row_idx;
+  at::Tensor expert_idx;
+  int64_t active_num{};
+
+  MoeInitRoutingValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeInitRoutingValues(const MoeInitRoutingArgs& a)
+      : x(a.x), row_idx(a.row_idx), expert_idx(a.expert_idx), active_num(a.active_num) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeInitRoutingArgs args() const { return MoeInitRoutingArgs{x, row_idx, expert_idx, active_num}; }
+};
 
 // moe_init_routing_v2
 struct MoeInitRoutingV2Args {
@@ -714,6 +1677,33 @@ decltype(auto) apply_args(const MoeInitRoutingV2Args& a, F&& f) {
   return f(a.x, a.expert_idx, a.scale, a.offset, a.active_num, a.expert_capacity, a.expert_num, a.drop_pad_mode, a.expert_tokens_num_type, a.expert_tokens_num_flag, a.quant_mode, a.active_expert_range, a.row_idx_type);
 }
 
+// moe_init_routing_v2's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeInitRoutingV2Values v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeInitRoutingV2Values {
+  at::Tensor x;
+  at::Tensor expert_idx;
+  std::optional<at::Tensor> scale;
+  std::optional<at::Tensor> offset;
+  int64_t active_num = -1;
+  int64_t expert_capacity = -1;
+  int64_t expert_num = -1;
+  int64_t drop_pad_mode = 0;
+  int64_t expert_tokens_num_type = 0;
+  bool expert_tokens_num_flag = false;
+  int64_t quant_mode = -1;
+  std::vector<int64_t> active_expert_range;
+  int64_t row_idx_type = 0;
+
+  MoeInitRoutingV2Values() = default;
+  // A copy of a call's arguments.
+  explicit MoeInitRoutingV2Values(const MoeInitRoutingV2Args& a)
+      : x(a.x), expert_idx(a.expert_idx), scale(a.scale), offset(a.offset), active_num(a.active_num), expert_capacity(a.expert_capacity), expert_num(a.expert_num), drop_pad_mode(a.drop_pad_mode), expert_tokens_num_type(a.expert_tokens_num_type), expert_tokens_num_flag(a.expert_tokens_num_flag), quant_mode(a.quant_mode), active_expert_range(a.active_expert_range.vec()), row_idx_type(a.row_idx_type) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeInitRoutingV2Args args() const { return MoeInitRoutingV2Args{x, expert_idx, scale, offset, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type}; }
+};
+
 // moe_init_routing_v2_grad
 struct MoeInitRoutingV2GradArgs {
   const at::Tensor& grad_expanded_x;
@@ -729,6 +1719,26 @@ decltype(auto) apply_args(const MoeInitRoutingV2GradArgs& a, F&& f) {
   return f(a.grad_expanded_x, a.expanded_row_idx, a.x, a.expert_idx, a.row_idx_type, a.active_expert_range);
 }
 
+// moe_init_routing_v2_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeInitRoutingV2GradValues v(args); v.grad_expanded_x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeInitRoutingV2GradValues {
+  at::Tensor grad_expanded_x;
+  at::Tensor expanded_row_idx;
+  at::Tensor x;
+  at::Tensor expert_idx;
+  int64_t row_idx_type = 0;
+  std::vector<int64_t> active_expert_range;
+
+  MoeInitRoutingV2GradValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeInitRoutingV2GradValues(const MoeInitRoutingV2GradArgs& a)
+      : grad_expanded_x(a.grad_expanded_x), expanded_row_idx(a.expanded_row_idx), x(a.x), expert_idx(a.expert_idx), row_idx_type(a.row_idx_type), active_expert_range(a.active_expert_range.vec()) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeInitRoutingV2GradArgs args() const { return MoeInitRoutingV2GradArgs{grad_expanded_x, expanded_row_idx, x, expert_idx, row_idx_type, active_expert_range}; }
+};
+
 // moe_compute_expert_tokens
 struct MoeComputeExpertTokensArgs {
   const at::Tensor& sorted_expert_for_source_row;
@@ -739,6 +1749,22 @@ template <class F>
 decltype(auto) apply_args(const MoeComputeExpertTokensArgs& a, F&& f) {
   return f(a.sorted_expert_for_source_row, a.num_expert);
 }
+
+// moe_compute_expert_tokens's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeComputeExpertTokensValues v(args); v.sorted_expert_for_source_row = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeComputeExpertTokensValues {
+  at::Tensor sorted_expert_for_source_row;
+  int64_t num_expert{};
+
+  MoeComputeExpertTokensValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeComputeExpertTokensValues(const MoeComputeExpertTokensArgs& a)
+      : sorted_expert_for_source_row(a.sorted_expert_for_source_row), num_expert(a.num_expert) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeComputeExpertTokensArgs args() const { return MoeComputeExpertTokensArgs{sorted_expert_for_source_row, num_expert}; }
+};
 
 // moe_finalize_routing
 struct MoeFinalizeRoutingArgs {
@@ -757,6 +1783,28 @@ decltype(auto) apply_args(const MoeFinalizeRoutingArgs& a, F&& f) {
   return f(a.expanded_permuted_rows, a.skip1, a.skip2, a.bias, a.scales, a.expanded_src_to_dst_row, a.export_for_source_row, a.drop_pad_mode);
 }
 
+// moe_finalize_routing's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeFinalizeRoutingValues v(args); v.expanded_permuted_rows = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeFinalizeRoutingValues {
+  at::Tensor expanded_permuted_rows;
+  std::optional<at::Tensor> skip1;
+  std::optional<at::Tensor> skip2;
+  std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> scales;
+  at::Tensor expanded_src_to_dst_row;
+  std::optional<at::Tensor> export_for_source_row;
+  int64_t drop_pad_mode = 0;
+
+  MoeFinalizeRoutingValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeFinalizeRoutingValues(const MoeFinalizeRoutingArgs& a)
+      : expanded_permuted_rows(a.expanded_permuted_rows), skip1(a.skip1), skip2(a.skip2), bias(a.bias), scales(a.scales), expanded_src_to_dst_row(a.expanded_src_to_dst_row), export_for_source_row(a.export_for_source_row), drop_pad_mode(a.drop_pad_mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeFinalizeRoutingArgs args() const { return MoeFinalizeRoutingArgs{expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode}; }
+};
+
 // moe_finalize_routing_grad
 struct MoeFinalizeRoutingGradArgs {
   const at::Tensor& grad_out;
@@ -774,6 +1822,28 @@ decltype(auto) apply_args(const MoeFinalizeRoutingGradArgs& a, F&& f) {
   return f(a.grad_out, a.expanded_permuted_rows, a.skip1, a.bias, a.scales, a.expanded_src_to_dst_row, a.export_for_source_row, a.drop_pad_mode);
 }
 
+// moe_finalize_routing_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeFinalizeRoutingGradValues v(args); v.grad_out = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeFinalizeRoutingGradValues {
+  at::Tensor grad_out;
+  at::Tensor expanded_permuted_rows;
+  std::optional<at::Tensor> skip1;
+  std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> scales;
+  at::Tensor expanded_src_to_dst_row;
+  std::optional<at::Tensor> export_for_source_row;
+  int64_t drop_pad_mode = 0;
+
+  MoeFinalizeRoutingGradValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeFinalizeRoutingGradValues(const MoeFinalizeRoutingGradArgs& a)
+      : grad_out(a.grad_out), expanded_permuted_rows(a.expanded_permuted_rows), skip1(a.skip1), bias(a.bias), scales(a.scales), expanded_src_to_dst_row(a.expanded_src_to_dst_row), export_for_source_row(a.export_for_source_row), drop_pad_mode(a.drop_pad_mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeFinalizeRoutingGradArgs args() const { return MoeFinalizeRoutingGradArgs{grad_out, expanded_permuted_rows, skip1, bias, scales, expanded_src_to_dst_row, export_for_source_row, drop_pad_mode}; }
+};
+
 // moe_token_permute
 struct MoeTokenPermuteArgs {
   const at::Tensor& tokens;
@@ -787,6 +1857,24 @@ decltype(auto) apply_args(const MoeTokenPermuteArgs& a, F&& f) {
   return f(a.tokens, a.indices, a.num_out_tokens, a.padded_mode);
 }
 
+// moe_token_permute's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeTokenPermuteValues v(args); v.tokens = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeTokenPermuteValues {
+  at::Tensor tokens;
+  at::Tensor indices;
+  std::optional<int64_t> num_out_tokens;
+  bool padded_mode = false;
+
+  MoeTokenPermuteValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeTokenPermuteValues(const MoeTokenPermuteArgs& a)
+      : tokens(a.tokens), indices(a.indices), num_out_tokens(a.num_out_tokens), padded_mode(a.padded_mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeTokenPermuteArgs args() const { return MoeTokenPermuteArgs{tokens, indices, num_out_tokens, padded_mode}; }
+};
+
 // moe_token_permute_grad
 struct MoeTokenPermuteGradArgs {
   const at::Tensor& grad_permuted_tokens;
@@ -798,6 +1886,23 @@ template <class F>
 decltype(auto) apply_args(const MoeTokenPermuteGradArgs& a, F&& f) {
   return f(a.grad_permuted_tokens, a.sorted_indices, a.indices);
 }
+
+// moe_token_permute_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeTokenPermuteGradValues v(args); v.grad_permuted_tokens = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeTokenPermuteGradValues {
+  at::Tensor grad_permuted_tokens;
+  at::Tensor sorted_indices;
+  at::Tensor indices;
+
+  MoeTokenPermuteGradValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeTokenPermuteGradValues(const MoeTokenPermuteGradArgs& a)
+      : grad_permuted_tokens(a.grad_permuted_tokens), sorted_indices(a.sorted_indices), indices(a.indices) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeTokenPermuteGradArgs args() const { return MoeTokenPermuteGradArgs{grad_permuted_tokens, sorted_indices, indices}; }
+};
 
 // moe_token_unpermute
 struct MoeTokenUnpermuteArgs {
@@ -813,6 +1918,25 @@ decltype(auto) apply_args(const MoeTokenUnpermuteArgs& a, F&& f) {
   return f(a.permuted_tokens, a.sorted_indices, a.probs, a.padded_mode, a.restore_shape);
 }
 
+// moe_token_unpermute's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeTokenUnpermuteValues v(args); v.permuted_tokens = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeTokenUnpermuteValues {
+  at::Tensor permuted_tokens;
+  at::Tensor sorted_indices;
+  std::optional<at::Tensor> probs;
+  bool padded_mode = false;
+  std::optional<std::vector<int64_t>> restore_shape;
+
+  MoeTokenUnpermuteValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeTokenUnpermuteValues(const MoeTokenUnpermuteArgs& a)
+      : permuted_tokens(a.permuted_tokens), sorted_indices(a.sorted_indices), probs(a.probs), padded_mode(a.padded_mode), restore_shape(a.restore_shape ? std::optional<std::vector<int64_t>>(a.restore_shape->vec()) : std::nullopt) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeTokenUnpermuteArgs args() const { return MoeTokenUnpermuteArgs{permuted_tokens, sorted_indices, probs, padded_mode, restore_shape ? at::OptionalIntArrayRef(*restore_shape) : at::OptionalIntArrayRef()}; }
+};
+
 // moe_token_unpermute_grad
 struct MoeTokenUnpermuteGradArgs {
   const at::Tensor& permuted_tokens;
@@ -827,6 +1951,26 @@ template <class F>
 decltype(auto) apply_args(const MoeTokenUnpermuteGradArgs& a, F&& f) {
   return f(a.permuted_tokens, a.grad_unpermuted_tokens, a.sorted_indices, a.probs, a.padded_mode, a.restore_shape);
 }
+
+// moe_token_unpermute_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeTokenUnpermuteGradValues v(args); v.permuted_tokens = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeTokenUnpermuteGradValues {
+  at::Tensor permuted_tokens;
+  at::Tensor grad_unpermuted_tokens;
+  at::Tensor sorted_indices;
+  std::optional<at::Tensor> probs;
+  bool padded_mode = false;
+  std::optional<std::vector<int64_t>> restore_shape;
+
+  MoeTokenUnpermuteGradValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeTokenUnpermuteGradValues(const MoeTokenUnpermuteGradArgs& a)
+      : permuted_tokens(a.permuted_tokens), grad_unpermuted_tokens(a.grad_unpermuted_tokens), sorted_indices(a.sorted_indices), probs(a.probs), padded_mode(a.padded_mode), restore_shape(a.restore_shape ? std::optional<std::vector<int64_t>>(a.restore_shape->vec()) : std::nullopt) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeTokenUnpermuteGradArgs args() const { return MoeTokenUnpermuteGradArgs{permuted_tokens, grad_unpermuted_tokens, sorted_indices, probs, padded_mode, restore_shape ? at::OptionalIntArrayRef(*restore_shape) : at::OptionalIntArrayRef()}; }
+};
 
 // moe_distribute_dispatch_v2
 struct MoeDistributeDispatchV2Args {
@@ -850,6 +1994,33 @@ decltype(auto) apply_args(const MoeDistributeDispatchV2Args& a, F&& f) {
   return f(a.x, a.expert_ids, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.scales, a.x_active_mask, a.expert_scales, a.tp_world_size, a.quant_mode, a.global_bs, a.expert_token_nums_type);
 }
 
+// moe_distribute_dispatch_v2's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeDistributeDispatchV2Values v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeDistributeDispatchV2Values {
+  at::Tensor x;
+  at::Tensor expert_ids;
+  std::string group_ep;
+  int64_t ep_world_size{};
+  int64_t ep_rank_id{};
+  int64_t moe_expert_num{};
+  std::optional<at::Tensor> scales;
+  std::optional<at::Tensor> x_active_mask;
+  std::optional<at::Tensor> expert_scales;
+  int64_t tp_world_size = 0;
+  int64_t quant_mode = 0;
+  int64_t global_bs = 0;
+  int64_t expert_token_nums_type = 1;
+
+  MoeDistributeDispatchV2Values() = default;
+  // A copy of a call's arguments.
+  explicit MoeDistributeDispatchV2Values(const MoeDistributeDispatchV2Args& a)
+      : x(a.x), expert_ids(a.expert_ids), group_ep(std::string(a.group_ep)), ep_world_size(a.ep_world_size), ep_rank_id(a.ep_rank_id), moe_expert_num(a.moe_expert_num), scales(a.scales), x_active_mask(a.x_active_mask), expert_scales(a.expert_scales), tp_world_size(a.tp_world_size), quant_mode(a.quant_mode), global_bs(a.global_bs), expert_token_nums_type(a.expert_token_nums_type) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeDistributeDispatchV2Args args() const { return MoeDistributeDispatchV2Args{x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, scales, x_active_mask, expert_scales, tp_world_size, quant_mode, global_bs, expert_token_nums_type}; }
+};
+
 // moe_distribute_dispatch_v2_grad
 struct MoeDistributeDispatchV2GradArgs {
   const at::Tensor& grad_expand_x;
@@ -868,6 +2039,30 @@ template <class F>
 decltype(auto) apply_args(const MoeDistributeDispatchV2GradArgs& a, F&& f) {
   return f(a.grad_expand_x, a.x, a.expert_ids, a.ep_recv_counts, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.x_active_mask, a.global_bs);
 }
+
+// moe_distribute_dispatch_v2_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeDistributeDispatchV2GradValues v(args); v.grad_expand_x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeDistributeDispatchV2GradValues {
+  at::Tensor grad_expand_x;
+  at::Tensor x;
+  at::Tensor expert_ids;
+  at::Tensor ep_recv_counts;
+  std::string group_ep;
+  int64_t ep_world_size{};
+  int64_t ep_rank_id{};
+  int64_t moe_expert_num{};
+  std::optional<at::Tensor> x_active_mask;
+  int64_t global_bs = 0;
+
+  MoeDistributeDispatchV2GradValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeDistributeDispatchV2GradValues(const MoeDistributeDispatchV2GradArgs& a)
+      : grad_expand_x(a.grad_expand_x), x(a.x), expert_ids(a.expert_ids), ep_recv_counts(a.ep_recv_counts), group_ep(std::string(a.group_ep)), ep_world_size(a.ep_world_size), ep_rank_id(a.ep_rank_id), moe_expert_num(a.moe_expert_num), x_active_mask(a.x_active_mask), global_bs(a.global_bs) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeDistributeDispatchV2GradArgs args() const { return MoeDistributeDispatchV2GradArgs{grad_expand_x, x, expert_ids, ep_recv_counts, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, global_bs}; }
+};
 
 // moe_distribute_combine_v2
 struct MoeDistributeCombineV2Args {
@@ -891,6 +2086,33 @@ decltype(auto) apply_args(const MoeDistributeCombineV2Args& a, F&& f) {
   return f(a.expand_x, a.expert_ids, a.assist_info_for_combine, a.ep_send_counts, a.expert_scales, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.x_active_mask, a.shared_expert_x, a.global_bs, a.comm_quant_mode);
 }
 
+// moe_distribute_combine_v2's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeDistributeCombineV2Values v(args); v.expand_x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeDistributeCombineV2Values {
+  at::Tensor expand_x;
+  at::Tensor expert_ids;
+  at::Tensor assist_info_for_combine;
+  at::Tensor ep_send_counts;
+  at::Tensor expert_scales;
+  std::string group_ep;
+  int64_t ep_world_size{};
+  int64_t ep_rank_id{};
+  int64_t moe_expert_num{};
+  std::optional<at::Tensor> x_active_mask;
+  std::optional<at::Tensor> shared_expert_x;
+  int64_t global_bs = 0;
+  int64_t comm_quant_mode = 0;
+
+  MoeDistributeCombineV2Values() = default;
+  // A copy of a call's arguments.
+  explicit MoeDistributeCombineV2Values(const MoeDistributeCombineV2Args& a)
+      : expand_x(a.expand_x), expert_ids(a.expert_ids), assist_info_for_combine(a.assist_info_for_combine), ep_send_counts(a.ep_send_counts), expert_scales(a.expert_scales), group_ep(std::string(a.group_ep)), ep_world_size(a.ep_world_size), ep_rank_id(a.ep_rank_id), moe_expert_num(a.moe_expert_num), x_active_mask(a.x_active_mask), shared_expert_x(a.shared_expert_x), global_bs(a.global_bs), comm_quant_mode(a.comm_quant_mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeDistributeCombineV2Args args() const { return MoeDistributeCombineV2Args{expand_x, expert_ids, assist_info_for_combine, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs, comm_quant_mode}; }
+};
+
 // moe_distribute_combine_v2_grad
 struct MoeDistributeCombineV2GradArgs {
   const at::Tensor& grad_out;
@@ -912,6 +2134,32 @@ decltype(auto) apply_args(const MoeDistributeCombineV2GradArgs& a, F&& f) {
   return f(a.grad_out, a.expand_x, a.expert_ids, a.ep_send_counts, a.expert_scales, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.x_active_mask, a.shared_expert_x, a.global_bs);
 }
 
+// moe_distribute_combine_v2_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MoeDistributeCombineV2GradValues v(args); v.grad_out = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MoeDistributeCombineV2GradValues {
+  at::Tensor grad_out;
+  at::Tensor expand_x;
+  at::Tensor expert_ids;
+  at::Tensor ep_send_counts;
+  at::Tensor expert_scales;
+  std::string group_ep;
+  int64_t ep_world_size{};
+  int64_t ep_rank_id{};
+  int64_t moe_expert_num{};
+  std::optional<at::Tensor> x_active_mask;
+  std::optional<at::Tensor> shared_expert_x;
+  int64_t global_bs = 0;
+
+  MoeDistributeCombineV2GradValues() = default;
+  // A copy of a call's arguments.
+  explicit MoeDistributeCombineV2GradValues(const MoeDistributeCombineV2GradArgs& a)
+      : grad_out(a.grad_out), expand_x(a.expand_x), expert_ids(a.expert_ids), ep_send_counts(a.ep_send_counts), expert_scales(a.expert_scales), group_ep(std::string(a.group_ep)), ep_world_size(a.ep_world_size), ep_rank_id(a.ep_rank_id), moe_expert_num(a.moe_expert_num), x_active_mask(a.x_active_mask), shared_expert_x(a.shared_expert_x), global_bs(a.global_bs) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MoeDistributeCombineV2GradArgs args() const { return MoeDistributeCombineV2GradArgs{grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs}; }
+};
+
 // dynamic_quant
 struct DynamicQuantArgs {
   const at::Tensor& x;
@@ -926,6 +2174,25 @@ decltype(auto) apply_args(const DynamicQuantArgs& a, F&& f) {
   return f(a.x, a.smooth_scales, a.group_index, a.asymmetric, a.bits);
 }
 
+// dynamic_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   DynamicQuantValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct DynamicQuantValues {
+  at::Tensor x;
+  std::optional<at::Tensor> smooth_scales;
+  std::optional<at::Tensor> group_index;
+  bool asymmetric = false;
+  int64_t bits = 8;
+
+  DynamicQuantValues() = default;
+  // A copy of a call's arguments.
+  explicit DynamicQuantValues(const DynamicQuantArgs& a)
+      : x(a.x), smooth_scales(a.smooth_scales), group_index(a.group_index), asymmetric(a.asymmetric), bits(a.bits) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  DynamicQuantArgs args() const { return DynamicQuantArgs{x, smooth_scales, group_index, asymmetric, bits}; }
+};
+
 // swiglu
 struct SwigluArgs {
   const at::Tensor& x;
@@ -937,6 +2204,22 @@ decltype(auto) apply_args(const SwigluArgs& a, F&& f) {
   return f(a.x, a.dim);
 }
 
+// swiglu's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   SwigluValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct SwigluValues {
+  at::Tensor x;
+  int64_t dim = -1;
+
+  SwigluValues() = default;
+  // A copy of a call's arguments.
+  explicit SwigluValues(const SwigluArgs& a)
+      : x(a.x), dim(a.dim) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  SwigluArgs args() const { return SwigluArgs{x, dim}; }
+};
+
 // swiglu_grad
 struct SwigluGradArgs {
   const at::Tensor& grad_output;
@@ -947,6 +2230,33 @@ struct SwigluGradArgs {
 template <class F>
 decltype(auto) apply_args(const SwigluGradArgs& a, F&& f) {
   return f(a.grad_output, a.x, a.dim);
+}
+
+// swiglu_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   SwigluGradValues v(args); v.grad_output = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct SwigluGradValues {
+  at::Tensor grad_output;
+  at::Tensor x;
+  int64_t dim = -1;
+
+  SwigluGradValues() = default;
+  // A copy of a call's arguments.
+  explicit SwigluGradValues(const SwigluGradArgs& a)
+      : grad_output(a.grad_output), x(a.x), dim(a.dim) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  SwigluGradArgs args() const { return SwigluGradArgs{grad_output, x, dim}; }
+};
+
+// fused_infer_attention_score's arguments, with which fused_infer_attention_score_grad's schema starts.
+inline FusedInferAttentionScoreArgs forward_args(const FusedInferAttentionScoreGradArgs& a) {
+  return FusedInferAttentionScoreArgs{a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink};
+}
+
+// attention_update's arguments, with which attention_update_grad's schema starts.
+inline AttentionUpdateArgs forward_args(const AttentionUpdateGradArgs& a) {
+  return AttentionUpdateArgs{a.lse, a.out};
 }
 
 }  // namespace npu_fa

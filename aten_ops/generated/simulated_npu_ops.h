@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 34> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 35> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
@@ -18,6 +18,7 @@ inline constexpr std::array<const char*, 34> kSimulatedNpuCpuKernelOps = {
     "scatter_pa_kv_cache",
     "gather_pa_kv_cache",
     "kv_rms_norm_rope_cache",
+    "fused_infer_attention_score_grad",
     "attention_update",
     "attention_update_grad",
     "mla_prolog",
@@ -49,6 +50,7 @@ inline constexpr std::array<const char*, 34> kSimulatedNpuCpuKernelOps = {
 // native_functions.yaml's host_tensors: arguments that may stay on the CPU next to npu tensors
 // (`op` as the schema names it, "npu_fa::<name>").
 inline bool is_host_tensor(std::string_view op, std::string_view arg) {
+  if (op == "npu_fa::fused_infer_attention_score_grad") return arg == "actual_seq_lengths" || arg == "actual_seq_lengths_kv";
   if (op == "npu_fa::mla_prolog") return arg == "actual_seq_len";
   if (op == "npu_fa::grouped_matmul_grad") return arg == "group_list";
   if (op == "npu_fa::grouped_matmul_quant") return arg == "group_list";

@@ -139,7 +139,7 @@ def _fia_paged_lse_case():
                                    softmax_lse_flag=True)
 
 
-def _fia_mla_case(paged: bool, layout: str = "BSND", rope_heads: int = 1):
+def _fia_mla_case(paged: bool, layout: str = "BSND", rope_heads: int = 1, sink: bool = False):
     """MLA: query_rope / key_rope with one latent KV head (the kernel route) or rope_heads KV heads (rope parts
     appended to the heads)."""
     g = torch.Generator().manual_seed(5)
@@ -161,8 +161,32 @@ def _fia_mla_case(paged: bool, layout: str = "BSND", rope_heads: int = 1):
     else:
         c, kr = torch.randn(2, S, n2, D, generator=g), torch.randn(2, S, n2, Dr, generator=g)
         extra = {}
+    if sink:
+        extra["learnable_sink"] = torch.randn(N, generator=g).requires_grad_()
     return (q, c, c), dict(query_rope=qr, key_rope=kr, num_heads=N, num_key_value_heads=n2, scale=0.2,
                            input_layout=layout, sparse_mode=3, softmax_lse_flag=True, **lens, **extra)
+
+
+def _fia_sink_case(lse=True, grad=True):
+    """TND with learnable_sink (differentiable: opcheck runs the backward through fused_infer_attention_score_grad)."""
+    sink = torch.tensor([0.5, -1.0]).requires_grad_(grad)
+    return _fia_case("TND", lens=([3, 1], [4, 2]), sparse_mode=3, learnable_sink=sink, softmax_lse_flag=lse)
+
+
+def _fia_paged_decode_sink_case():
+    (q, k, v), kw = _fia_paged_lse_case()
+    kw.update(softmax_lse_flag=False, learnable_sink=torch.tensor([0.5, -1.0, 2.0, 0.0]).requires_grad_())
+    return (q, k, v), kw
+
+
+def _fia_grad_case(lse):
+    (q, k, v), kw = _fia_sink_case(lse, grad=False)
+    out, softmax_lse = OPS.fused_infer_attention_score(q, k, v, **kw)
+    g = torch.Generator().manual_seed(3)
+    grads = dict(grad_attention_out=torch.randn(out.shape, generator=g))
+    if lse:
+        grads["grad_softmax_lse"] = torch.randn(softmax_lse.shape, generator=g)
+    return (q, k, v), dict(kw, attention_out=out, softmax_lse=softmax_lse, **grads)
 
 
 OPCHECK_CASES = {
@@ -178,6 +202,14 @@ OPCHECK_CASES = {
         "mla_paged_latent": lambda: _fia_mla_case(True),
         "mla_tnd_contiguous": lambda: _fia_mla_case(False, "TND"),
         "mla_rope_appended_gqa": lambda: _fia_mla_case(False, "BSND", rope_heads=2),
+        "sink_tnd_lse": _fia_sink_case,
+        "sink_tnd_no_lse": lambda: _fia_sink_case(lse=False),
+        "sink_paged_decode": _fia_paged_decode_sink_case,
+        "sink_mla": lambda: _fia_mla_case(True, "TND", sink=True),
+    },
+    "fused_infer_attention_score_grad": {
+        "lse": lambda: _fia_grad_case(True),
+        "recomputed_lse": lambda: _fia_grad_case(False),
     },
     "attention_update": {
         "fp32": lambda: (_update_case(), {}),

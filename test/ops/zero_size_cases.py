@@ -119,6 +119,12 @@ CASES = {
                                        query_rope=_r(2, 3, 2, 4), key_rope=_r(2, 4, 1, 4),
                                        actual_seq_lengths=torch.tensor([0, 0]))), [(2, 3, 2, 16), (0,)]),
     },
+    "fused_infer_attention_score_grad": {
+        "tnd_t0": (lambda: ((_r(0, 2, 16), _r(0, 1, 16), _r(0, 1, 16)),
+                            dict(num_heads=2, num_key_value_heads=1, input_layout="TND",
+                                 actual_seq_lengths=torch.tensor([0, 0]), actual_seq_lengths_kv=torch.tensor([0, 0]),
+                                 learnable_sink=_r(2), attention_out=_r(0, 2, 16), softmax_lse=_r(0),
+                                 grad_attention_out=_r(0, 2, 16))), [(2,)])},
     "attention_update": {"rows0": (lambda: ((_r(2, 0), _r(2, 0, 16)), {}), [(0, 16), (0,)])},
     "attention_update_grad": {"rows0": (lambda: ((_r(2, 0), _r(2, 0, 16), _r(0), _r(0, 16), _r(0, 16), _r(0)), {}),
                                         [(2, 0), (2, 0, 16)])},

@@ -1,6 +1,7 @@
 """Arguments are declared once: adding an optional argument to an op's YAML schema changes the generated argument
-struct, registration wrappers and fake-kernel binding, and nothing else the generator writes (the kernel
-declarations keep their `(const <Op>Args& args)` signature). docs/architecture.md shows the resulting diff."""
+struct (and its owning copy <Op>Values), the typed dispatcher call, the registration wrappers and the fake-kernel
+binding, and nothing else the generator writes (the kernel declarations keep their `(const <Op>Args& args)`
+signature). docs/architecture.md shows the resulting diff."""
 import difflib
 import os
 
@@ -19,24 +20,37 @@ def _render_with_window(tmp_path):
 
 
 def changed_lines(before: str, after: str):
-    """(removed, added) lines of a unified diff, blank lines and lone braces left out."""
+    """(removed, added) lines of a unified diff, blank lines and lone braces left out, and lines that are both removed
+    and added (difflib treats lines repeated all over a file, like a comment of every struct, as junk and may report
+    an unchanged one on both sides)."""
     diff = list(difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0))
     keep = lambda line: line.strip() not in ("", "}")  # noqa: E731
     removed = [d[1:] for d in diff if d.startswith("-") and not d.startswith("---") and keep(d[1:])]
     added = [d[1:] for d in diff if d.startswith("+") and not d.startswith("+++") and keep(d[1:])]
-    return removed, added
+    both = set(removed) & set(added)
+    return [r for r in removed if r not in both], [a for a in added if a not in both]
 
 
 def test_new_optional_argument_reaches_struct_wrappers_and_fake_binding(tmp_path):
     before, after = _render_with_window(tmp_path)
     changed = sorted(f for f in before if before[f] != after[f])
     # The kernel declarations do not change: CPU and PrivateUse1 kernels take the argument struct.
-    assert changed == ["aten_ops/generated/op_args.h", "aten_ops/generated/register_ops.cpp",
-                       "torch_ops_transformer/_library/generated/registrations.py"]
+    assert changed == ["aten_ops/generated/op_args.h", "aten_ops/generated/op_calls.h",
+                       "aten_ops/generated/register_ops.cpp", "torch_ops_transformer/_library/generated/registrations.py"]
 
     removed, added = changed_lines(before["aten_ops/generated/op_args.h"], after["aten_ops/generated/op_args.h"])
+    assert len(removed) == 3 and len(added) == 5
     assert added[0] == "  int64_t window;"  # the struct member, after `alibi_bottom_right`
-    assert len(removed) == 1 and added[1:] == [removed[0].replace("a.alibi_bottom_right);", "a.alibi_bottom_right, a.window);")]
+    assert added[1] == removed[0].replace("a.alibi_bottom_right);", "a.alibi_bottom_right, a.window);")  # apply_args
+    assert added[2] == "  int64_t window = 0;"  # FlashAttentionScoreValues' member, with the schema's default
+    assert added[3] == removed[1].replace("alibi_bottom_right(a.alibi_bottom_right) {}",
+                                          "alibi_bottom_right(a.alibi_bottom_right), window(a.window) {}")  # the copy
+    assert added[4] == removed[2].replace("alibi_bottom_right}; }", "alibi_bottom_right, window}; }")  # args()
+
+    removed, added = changed_lines(before["aten_ops/generated/op_calls.h"], after["aten_ops/generated/op_calls.h"])
+    assert len(removed) == len(added) == 2  # call_flash_attention_score: the typed signature and the call
+    assert added[0] == removed[0].replace("bool)>();", "bool, int64_t)>();")
+    assert added[1] == removed[1].replace("a.alibi_bottom_right);", "a.alibi_bottom_right, a.window);")
 
     removed, added = changed_lines(before["aten_ops/generated/register_ops.cpp"],
                                    after["aten_ops/generated/register_ops.cpp"])

@@ -1,6 +1,8 @@
 """Emit the C++ side: kernel declarations, schema definitions and per-dispatch-key registrations."""
 from __future__ import annotations
 
+import ast
+import json
 from typing import List
 
 from torchgen.model import Argument, FunctionSchema
@@ -36,6 +38,68 @@ def _arg_type(op: str, a: Argument) -> str:
     return _ARG_TYPES[t]
 
 
+# The owning type of each argument type, for an op's <Op>Values (op_args.h): the same fields as <Op>Args, held by value.
+_VALUE_TYPES = {
+    "Tensor": "at::Tensor",
+    "Tensor?": "std::optional<at::Tensor>",
+    "Tensor[]": "std::vector<at::Tensor>",
+    "int": "int64_t",
+    "int?": "std::optional<int64_t>",
+    "SymInt": "int64_t",
+    "float": "double",
+    "float?": "std::optional<double>",
+    "bool": "bool",
+    "str": "std::string",
+    "str?": "std::optional<std::string>",
+    "int[]": "std::vector<int64_t>",
+    "int[]?": "std::optional<std::vector<int64_t>>",
+    "SymInt[]": "std::vector<int64_t>",
+}
+_SCALARS = ("int", "SymInt", "float", "bool")  # value-initialised when the schema gives no default
+
+
+def _value_member(op: str, a: Argument) -> str:
+    """`type name = default;` of an <Op>Values member: the schema's default, so a struct built field by field keeps
+    the defaults of the fields it does not set."""
+    t = str(a.type)
+    _arg_type(op, a)  # the same types as the argument struct (raises for an unmapped one)
+    decl = f"  {_VALUE_TYPES[t]} {a.name}"
+    d = a.default
+    if d is None or d == "None" or d == "[]":
+        return decl + ("{};" if t in _SCALARS else ";")
+    if t == "bool":
+        return f"{decl} = {'true' if d == 'True' else 'false'};"
+    if t.startswith("str"):
+        return f"{decl} = {json.dumps(ast.literal_eval(d))};"
+    if t.startswith("int[]") or t.startswith("SymInt[]"):
+        return f"{decl} = {{{d.strip('[]')}}};"
+    return f"{decl} = {d};"
+
+
+def _owned(a: Argument, expr: str) -> str:
+    """`expr` (an <Op>Args field) as its <Op>Values member: views and lists copied, tensors shared."""
+    t = str(a.type)
+    if t == "str":
+        return f"std::string({expr})"
+    if t == "str?":
+        return f"{expr} ? std::optional<std::string>(std::string(*{expr})) : std::nullopt"
+    if t in ("int[]", "SymInt[]", "Tensor[]"):
+        return f"{expr}.vec()"
+    if t == "int[]?":
+        return f"{expr} ? std::optional<std::vector<int64_t>>({expr}->vec()) : std::nullopt"
+    return expr
+
+
+def _viewed(a: Argument) -> str:
+    """An <Op>Values member as the <Op>Args field over it."""
+    t = str(a.type)
+    if t == "str?":
+        return f"{a.name} ? std::optional<c10::string_view>(*{a.name}) : std::nullopt"
+    if t == "int[]?":
+        return f"{a.name} ? at::OptionalIntArrayRef(*{a.name}) : at::OptionalIntArrayRef()"
+    return a.name
+
+
 def return_type(schema: FunctionSchema) -> str:
     rets = []
     for r in schema.returns:
@@ -57,6 +121,16 @@ def args_struct(spec: OpSpec) -> str:
     return "".join(part[:1].upper() + part[1:] for part in spec.name.split("_") if part) + "Args"
 
 
+def values_struct(spec: OpSpec) -> str:
+    """Name of the op's generated owning copy of its arguments: flash_attention_score -> FlashAttentionScoreValues."""
+    return args_struct(spec)[:-len("Args")] + "Values"
+
+
+def call_function(spec: OpSpec) -> str:
+    """Name of the generated dispatcher call of the op: incre_flash_attention -> call_incre_flash_attention."""
+    return f"call_{spec.name}"
+
+
 def kernel_params(spec: OpSpec, key: str) -> str:
     """CPU and PrivateUse1 kernels take the op's argument struct; CatchAll kernels (no tensors) the unboxed list."""
     return params(spec) if key == "CatchAll" else f"const {args_struct(spec)}& args"
@@ -66,12 +140,52 @@ def _build_args(spec: OpSpec) -> str:
     return f"{args_struct(spec)}{{{', '.join(a.name for a in spec.arguments)}}}"
 
 
+def _values_struct(s: OpSpec) -> List[str]:
+    """<Op>Values: the op's arguments held by value (tensors shared, strings and lists copied), with the schema's
+    defaults; what code builds when it changes some arguments and passes the rest on."""
+    args, vals = args_struct(s), values_struct(s)
+    inits = ", ".join(f"{a.name}({_owned(a, 'a.' + a.name)})" for a in s.arguments)
+    return [f"// {s.name}'s arguments held by value, so that some can be replaced by name and the rest passed on:",
+            f"//   {vals} v(args); v.{s.arguments[0].name} = other; kernel(v.args());",
+            "// Members not set keep the schema's defaults (a value-initialised tensor where it has none).",
+            f"struct {vals} {{",
+            *[_value_member(s.name, a) for a in s.arguments],
+            "",
+            f"  {vals}() = default;",
+            "  // A copy of a call's arguments.",
+            f"  explicit {vals}(const {args}& a)",
+            f"      : {inits} {{}}",
+            "",
+            "  // The argument struct over these members: valid while this object lives and is not changed.",
+            f"  {args} args() const {{ return {args}{{{', '.join(_viewed(a) for a in s.arguments)}}}; }}",
+            "};", ""]
+
+
+def _forward_args(specs: List[OpSpec]) -> List[str]:
+    """`forward_args(const <Bwd>Args&)` for every backward op whose schema starts with its forward op's arguments
+    (same names and types, in order): the forward's argument struct over them, e.g. to run the forward again."""
+    by_name = {s.name: s for s in specs}
+    out = []
+    for s in specs:
+        if not s.autograd or "CatchAll" in s.dispatch:
+            continue
+        bw = by_name[s.autograd.backward.op]
+        head = bw.arguments[:len(s.arguments)]
+        if [(a.name, str(a.type)) for a in head] != [(a.name, str(a.type)) for a in s.arguments]:
+            continue
+        out += [f"// {s.name}'s arguments, with which {bw.name}'s schema starts.",
+                f"inline {args_struct(s)} forward_args(const {args_struct(bw)}& a) {{",
+                f"  return {args_struct(s)}{{{', '.join('a.' + a.name for a in s.arguments)}}};", "}", ""]
+    return out
+
+
 def _args_header(specs: List[OpSpec]) -> str:
     lines = [HEADER, "#pragma once", "#include <ATen/core/Tensor.h>", "#include <c10/util/string_view.h>",
-             "#include <optional>", "",
+             "#include <optional>", "#include <string>", "#include <vector>", "",
              "// One struct per op with tensors: its schema arguments, in schema order, with the kernel parameter types.",
              "// The generated registration wrappers build it from the unboxed arguments and pass it to the CPU and",
-             "// PrivateUse1 kernels; it only lives for the call (its members are references and views).",
+             "// PrivateUse1 kernels; it only lives for the call (its members are references and views). <Op>Values",
+             "// holds the same fields by value, for code that passes on a call with some arguments changed.",
              f"namespace {NAMESPACE} {{", ""]
     for s in specs:
         if "CatchAll" in s.dispatch:
@@ -83,6 +197,30 @@ def _args_header(specs: List[OpSpec]) -> str:
                   f"template <class F>",
                   f"decltype(auto) apply_args(const {args_struct(s)}& a, F&& f) {{",
                   f"  return f({', '.join('a.' + a.name for a in s.arguments)});", "}", ""]
+        lines += _values_struct(s)
+    lines += _forward_args(specs)
+    lines += [f"}}  // namespace {NAMESPACE}", ""]
+    return "\n".join(lines)
+
+
+def _calls_header(specs: List[OpSpec]) -> str:
+    """call_<op>(const <Op>Args&): the op through the dispatcher, for C++ code that calls another op of ours and wants
+    the kernel of the tensors' device (on the npu device, its own); the typed handle is looked up once."""
+    lines = [HEADER, "#pragma once", "#include <ATen/core/dispatch/Dispatcher.h>", "", '#include "op_args.h"', "",
+             "// One function per op with tensors: calls npu_fa::<op> through the dispatcher with the op's argument struct",
+             "// (aten_ops/generated/op_args.h), so each device runs its own kernel and no caller spells the unboxed",
+             "// signature. The operator handle is looked up on the first call and kept.",
+             f"namespace {NAMESPACE} {{", ""]
+    for s in specs:
+        if "CatchAll" in s.dispatch:
+            continue
+        sig = f"{return_type(s.schema)}({', '.join(_arg_type(s.name, a) for a in s.arguments)})"
+        lines += [f"// {s.name}",
+                  f"inline {return_type(s.schema)} {call_function(s)}(const {args_struct(s)}& a) {{",
+                  f"  static const auto op = c10::Dispatcher::singleton()",
+                  f'                             .findSchemaOrThrow("{NAMESPACE}::{s.name}", "")',
+                  f"                             .typed<{sig}>();",
+                  f"  return op.call({', '.join('a.' + a.name for a in s.arguments)});", "}", ""]
     lines += [f"}}  // namespace {NAMESPACE}", ""]
     return "\n".join(lines)
 
@@ -132,7 +270,9 @@ def _cpu_wrapper(spec: OpSpec, fn: str) -> List[str]:
 
 
 def _registrations(specs: List[OpSpec]) -> str:
-    lines = [HEADER, '#include "kernels.h"', "", '#include "common/argument_rules.h"', "",
+    lines = [HEADER, '#include "kernels.h"',
+             '#include "op_calls.h"  // unused here: included so that every call_<op> is compiled (type-checked) once',
+             "", '#include "common/argument_rules.h"', "",
              "#include <c10/core/DeviceGuard.h>", "#include <torch/library.h>", "", "namespace {", ""]
     for s in specs:
         if "CPU" in s.dispatch:
@@ -187,6 +327,7 @@ def _simulated_ops_header(specs: List[OpSpec]) -> str:
 
 def render(specs: List[OpSpec]) -> dict:
     return {"aten_ops/generated/op_args.h": _args_header(specs),
+            "aten_ops/generated/op_calls.h": _calls_header(specs),
             "aten_ops/generated/kernels.h": _declarations(specs),
             "aten_ops/generated/register_ops.cpp": _registrations(specs),
             "aten_ops/generated/simulated_npu_ops.h": _simulated_ops_header(specs)}

@@ -150,78 +150,15 @@ def _fia_output(out: Tensor, base: str, form: Optional[str], num_heads: int) -> 
     return (out.transpose(1, 2) if form == "BNSD" else out.permute(2, 0, 1, 3)).contiguous()
 
 
-def _gather_paged_tnd(op: str, key: Tensor, value: Tensor, block_table: Tensor, kv_lens: Optional[Tensor],
-                      block_size: int, kv_heads: int):
-    """TND with a paged cache: the used blocks of each sequence packed into TND keys, and the cumulative KV ends.
-    actual_seq_lengths_kv holds per-sequence lengths here (torch_npu's paged TND), not cumulative ends."""
-    if kv_lens is None:
-        raise ValueError(f"{op}: argument 'actual_seq_lengths_kv' (each sequence's KV length) is required with "
-                         f"block_table")
-    if key.dim() == 3:
-        cache_layout, cache_block = "BSND", key.shape[1]               # (num_blocks, block_size, H)
-    elif key.dim() == 4:
-        head_major = key.shape[2] == block_size                          # (num_blocks, N2, block_size, D)
-        cache_layout, cache_block = ("BNSD", key.shape[2]) if head_major else ("BSND", key.shape[1])
-    else:
-        raise ValueError(f"{op}: with block_table, argument 'key' must be a (num_blocks, block_size, H) or "
-                         f"(num_blocks, N2, block_size, D) cache; got shape {list(key.shape)}")
-    if block_size <= 0 or cache_block != block_size:
-        raise ValueError(f"{op}: argument 'block_size' must be the cache's block size {cache_block}; "
-                         f"got {block_size}")
-    k, v = _OPS.gather_pa_kv_cache(key, value, block_table, kv_lens.to(key.device), cache_layout)
-    if k.dim() == 2:                                                     # [T, H] -> [T, N2, D]
-        k, v = k.view(k.shape[0], kv_heads, -1), v.view(v.shape[0], kv_heads, -1)
-    return k, v, torch.cumsum(kv_lens.to(torch.int64), 0)
-
-
-def _one_token_each(q_ends: Optional[Tensor], query: Tensor) -> bool:
-    """TND: whether every sequence has exactly one query token (cumulative ends 1, 2, ..., T)."""
-    if q_ends is None or q_ends.dim() != 1 or q_ends.numel() != query.shape[0] or torch.compiler.is_compiling():
-        return False
-    return bool(torch.equal(q_ends.cpu().to(torch.int64), torch.arange(1, query.shape[0] + 1)))
-
-
-def _skip_blocks_before_window(block_table: Tensor, q_lens: Optional[Tensor], kv_lens: Optional[Tensor], tnd: bool,
-                               query: Tensor, base: str, block_size: int, pre_tokens: int):
-    """A sliding window (sparse_mode 4, pre_tokens >= 0) over a paged cache: the whole blocks before the first key any
-    query row of a sequence can see are dropped from its row of block_table and from its KV length. Mode 4's band is
-    measured from the end of the keys, so the answer is unchanged, and the paths that gather the used blocks (every
-    paged call with a window) copy ~window keys per sequence instead of its whole history."""
-    if (kv_lens is None or block_size <= 0 or block_table.dim() != 2 or kv_lens.dim() != 1
-            or torch.compiler.is_compiling()):
-        return block_table, kv_lens                           # the op reports what is wrong; traced: keep it simple
-    rows = block_table.shape[0]
-    kv = kv_lens.to(torch.int64).cpu()
-    kv = kv.expand(rows) if kv.numel() == 1 else kv
-    if tnd:
-        if q_lens is None or q_lens.dim() != 1 or q_lens.numel() != rows or kv.numel() != rows:
-            return block_table, kv_lens
-        ends = q_lens.to(torch.int64).cpu()
-        q = torch.diff(ends, prepend=ends.new_zeros(1))
-    else:
-        if kv.numel() != rows:
-            return block_table, kv_lens
-        padded = query.shape[2 if base.startswith("BNSD") else 1]
-        q = torch.full((rows,), padded, dtype=torch.int64) if q_lens is None else q_lens.to(torch.int64).cpu()
-        q = q.expand(rows) if q.numel() == 1 else q
-    first = kv - q - pre_tokens                               # first key the earliest query row can see
-    skip = torch.where((first > 0) & (q >= 0) & (kv >= 0), first // block_size, 0)
-    if not bool((skip > 0).any()):
-        return block_table, kv_lens
-    cols = block_table.shape[1]
-    index = (torch.arange(cols)[None, :] + skip[:, None]).clamp_(max=cols - 1)   # trailing entries are never read
-    table = torch.gather(block_table, 1, index.to(block_table.device))
-    return table, (kv - skip * block_size).to(kv_lens.device)
-
-
 def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, actual_seq_lengths,
                  actual_seq_lengths_kv, block_table, num_heads: int, scale: float, pre_tokens: int, next_tokens: int,
                  input_layout: str, num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
                  softmax_lse_flag: bool, learnable_sink: Optional[Tensor] = None,
                  antiquant: Optional[dict] = None, query_rope: Optional[Tensor] = None,
                  key_rope: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """npu_fused_infer_attention_score(_v2) once their own arguments are checked: the layouts the op lacks, paged
-    TND, torch_npu's rules for one-token queries, the learnable sink of v2 and the rope parts of MLA."""
+    """npu_fused_infer_attention_score(_v2) once their own arguments are checked: torch_npu's calling conventions
+    (the layouts the op lacks, lengths as lists, the optimised mask, the rules of a one-token dense query, v2's
+    learnable_sink) turned into one call of the op, which decides how to compute it (docs/inference.md, "Routes")."""
     key, value = _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value)
     if (query_rope is None) != (key_rope is None):
         raise ValueError(f"{op}: arguments 'query_rope' and 'key_rope' must be given together (MLA); got only "
@@ -269,20 +206,6 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
     if atten_mask is not None and atten_mask.dtype == torch.int8:
         # FIA takes int8 masks too (vLLM-Ascend's optimised causal mask is int8): same bits as uint8, nonzero = masked
         atten_mask = atten_mask.view(torch.uint8)
-    # (Not with per-token antiquant factors: they are indexed by the key position, which dropping blocks shifts.)
-    per_token = bool(antiquant) and (antiquant.get("key_antiquant_mode") in (1, 3)
-                                     or antiquant.get("value_antiquant_mode") in (1, 3)
-                                     or antiquant.get("antiquant_mode") == 1)
-    if paged and sparse_mode == 4 and 0 <= pre_tokens < MAX_TOKENS and pse_shift is None and not per_token:
-        block_table, kv_lens = _skip_blocks_before_window(block_table, q_lens, kv_lens, tnd, query, base, block_size,
-                                                          pre_tokens)
-    if paged and not tnd:
-        # PagedKVCache's default (num_blocks, block_size, N2, D) is the op's (num_blocks, block_size, N2*D), as in
-        # npu_incre_flash_attention and paged TND (upstream's (num_blocks, N2, block_size, D) wins if both match).
-        same = value is key
-        key, value, key_rope = (t.flatten(2) if t is not None and t.dim() == 4 and t.shape[2] != block_size
-                                and t.shape[1] == block_size else t for t in (key, value, key_rope))
-        value = key if same else value
     if learnable_sink is not None:
         if input_layout not in ("TND", "NTD_TND"):
             raise ValueError(f"{op}: argument 'learnable_sink' needs input_layout TND or NTD_TND (as torch_npu); "
@@ -293,57 +216,14 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
             raise ValueError(f"{op}: argument 'learnable_sink' must be a floating-point tensor of shape "
                              f"(num_query_heads,) = ({num_heads},); got {learnable_sink.dtype} of shape "
                              f"{list(learnable_sink.shape)}")
-    if (paged and tnd and in_form is None and out_form is None and not softmax_lse_flag and query_rope is None
-            and pse_shift is None and (atten_mask is None or sparse_mode == 3) and sparse_mode in (0, 3)
-            and key.shape == value.shape
-            and kv_lens is not None and _one_token_each(q_lens, query)):
-        # Decode-only TND batch (vLLM-Ascend's decode call; equal K/V head dims): as BSND / BNSD with one token per
-        # sequence, which the op runs on the cache in place instead of gathering every used block. Same answer:
-        # one row per sequence, and mode 3's bottom-right causal row hides none of its keys (its optimised mask only
-        # restates that band). A learnable sink goes
-        # to the decode op itself, which adds it to each row's softmax denominator.
-        heads_major = key.dim() == 4 and key.shape[2] == block_size
-        if key.dim() == 4 and not heads_major:
-            key, value = key.flatten(2), value.flatten(2)
-        q = query.unsqueeze(2) if heads_major else query.unsqueeze(1)
-        layout = "BNSD" if heads_major else "BSND"
-        if learnable_sink is not None:
-            if not isinstance(inner_precise, int) or not 0 <= inner_precise <= 3:
-                raise ValueError(f"{op}: argument 'inner_precise' must be in [0, 3]; got {inner_precise!r}")
-            out = _OPS.incre_flash_attention(
-                q, key, value, actual_seq_lengths=kv_lens, block_table=block_table, num_heads=num_heads,
-                scale_value=scale, input_layout=layout, num_key_value_heads=num_key_value_heads,
-                block_size=block_size, inner_precise=inner_precise % 2, learnable_sink=learnable_sink,
-                **(antiquant or {}))
-            lse = out.new_empty(0, dtype=torch.float32)
-        else:
-            out, lse = _OPS.fused_infer_attention_score(
-                q, key, value, actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads,
-                scale=scale, input_layout=layout, num_key_value_heads=num_key_value_heads,
-                inner_precise=inner_precise, block_size=block_size, **(antiquant or {}))
-        return (out[:, :, 0] if heads_major else out[:, 0]), lse
-    if paged and tnd and query.device.type != "cpu":
-        # (The CPU op reads a paged TND cache in place; other devices get the used blocks packed into TND keys.)
-        kv_heads = num_key_value_heads or num_heads
-        if key_rope is not None:
-            key_rope = _gather_paged_tnd(op, key_rope, key_rope, block_table, kv_lens, block_size, kv_heads)[0]
-        key, value, kv_lens = _gather_paged_tnd(op, key, value, block_table, kv_lens, block_size, kv_heads)
-        block_table, block_size = None, 0
+        learnable_sink = learnable_sink.to(torch.float32)  # torch_npu takes any float dtype; the op float32
     out, lse = _OPS.fused_infer_attention_score(
         query, key, value, pse_shift=pse_shift, atten_mask=atten_mask, actual_seq_lengths=q_lens,
         actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
         pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=base, num_key_value_heads=num_key_value_heads,
         sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-        softmax_lse_flag=softmax_lse_flag or learnable_sink is not None, query_rope=query_rope, key_rope=key_rope,
+        softmax_lse_flag=softmax_lse_flag, query_rope=query_rope, key_rope=key_rope, learnable_sink=learnable_sink,
         **(antiquant or {}))
-    if learnable_sink is not None:
-        # The sink is one more logit per head in each softmax row's denominator: with L the row's log-sum-exp over
-        # the keys, the output scales by exp(L) / (exp(L) + exp(sink)) = sigmoid(L - sink) (0 for a row without
-        # keys) and the log-sum-exp becomes logaddexp(L, sink). out and lse are [T, N, D] and [T, N, 1] here.
-        sink = learnable_sink.to(device=lse.device, dtype=torch.float32).view(1, -1, 1)
-        weight = torch.where(torch.isneginf(lse), 0.0, torch.sigmoid(lse - sink))
-        out = (out.float() * weight).to(out.dtype)
-        lse = torch.logaddexp(lse, sink) if softmax_lse_flag else lse.new_empty(0)
     return _fia_output(out, base, out_form, num_heads), lse
 
 
@@ -422,9 +302,9 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     that optimised mask (ValueError without it), bool, uint8 or int8.
     With `block_table` (paged KV cache): the same result as the keys laid out contiguously, for every sparse mode,
     band, mask, pse_shift, query length and softmax_lse_flag; `actual_seq_lengths_kv` (required) holds each
-    sequence's KV length, also for TND. One-token calls whose band hides no key run `npu_fa::incre_flash_attention`
-    on the cache in place; the others gather the used blocks and run the prefill path (docs/inference.md). Blocks
-    may be shared between sequences (read-only).
+    sequence's KV length, also for TND. The op decides how to compute a call (one-token calls whose band hides no
+    key through `npu_fa::incre_flash_attention` on the cache in place; docs/inference.md, "Routes"). Blocks may be
+    shared between sequences (read-only).
     `softmax_lse_flag=True` returns the fp32 log-sum-exp [B,N,Sq,1] ([T,N,1] for TND/NTD; -inf for rows that see no
     key); otherwise softmax_lse is an empty tensor (shape [0], as torch_npu's).
     int8 key/value (KV antiquant, fp16/bf16 query): `key_antiquant_scale`/`value_antiquant_scale` (+ offsets, modes

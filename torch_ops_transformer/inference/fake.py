@@ -66,10 +66,23 @@ def prompt_flash_attention(a):
     return a.query.new_empty(shape)
 
 
+def _check_learnable_sink(op, a):
+    s = a.learnable_sink
+    if s is None:
+        return
+    if s.dtype != torch.float32:
+        raise TypeError(f"{op}: argument 'learnable_sink' must be a float32 tensor (one logit per query head); got "
+                        f"{s.dtype}")
+    if tuple(s.shape) != (a.num_heads,):
+        raise ValueError(f"{op}: argument 'learnable_sink' must have shape [num_heads={a.num_heads}] (one logit per "
+                         f"query head); got {list(s.shape)}")
+
+
 def fused_infer_attention_score(a):
     if (a.query_rope is None) != (a.key_rope is None):
         raise ValueError("fused_infer_attention_score: arguments 'query_rope' and 'key_rope' must be given together "
                          f"(MLA); got only '{'query_rope' if a.query_rope is not None else 'key_rope'}'")
+    _check_learnable_sink("fused_infer_attention_score", a)
     empty_lse = a.query.new_empty((0,), dtype=torch.float32)
     if a.block_table is not None:  # paged decode: the output has the query's shape
         if not a.softmax_lse_flag:
@@ -85,6 +98,12 @@ def fused_infer_attention_score(a):
         return a.query.new_empty(shape), empty_lse
     lse_shape = (d.q_len, d.q_heads, 1) if a.input_layout == "TND" else (d.batch, d.q_heads, d.q_len, 1)
     return a.query.new_empty(shape), a.query.new_empty(lse_shape, dtype=torch.float32)
+
+
+def fused_infer_attention_score_grad(a):
+    if a.learnable_sink is None:
+        return a.query.new_empty((0,), dtype=torch.float32)
+    return a.learnable_sink.new_empty(a.learnable_sink.shape, dtype=torch.float32)
 
 
 def _check_update(op, lse, out):

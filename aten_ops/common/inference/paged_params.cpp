@@ -1,8 +1,6 @@
 // Shared paged-cache handling of fused_infer_attention_score (paged_params.h).
 #include "common/inference/paged_params.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include <algorithm>
 #include <string>
 
@@ -16,42 +14,6 @@ int64_t paged_query_len(const at::Tensor& q, c10::string_view layout) {
   return q.dim() >= 3 ? q.size(1) : -1;
 }
 
-// Whether the decode op (which reads the paged cache in place) computes exactly what the prefill path computes on
-// the same keys made contiguous: one query token per sequence, no lse, a band hiding none of its keys, a mask in the
-// per-batch forms the decode op takes, and no query row beyond its sequence (actual_seq_lengths 0).
-bool decode_route_fits(const char* op, const FusedInferAttentionScoreArgs& a) {
-  const c10::string_view lay = a.input_layout;
-  if (a.softmax_lse_flag || !(lay == "BSH" || lay == "BSND" || lay == "BNSD")) return false;
-  if (a.key.sizes() != a.value.sizes()) return false;  // the decode op reads K and V of one head dim
-  if (paged_query_len(a.query, lay) != 1) return false;
-  const std::optional<at::Tensor>& m = a.atten_mask;
-  // The band of query row 0 against keys [0, len): mode 0 with a mask keeps -pre <= j <= next (without one CANN
-  // ignores pre/next), 1 is the mask alone, 3 (bottom-right causal) keeps j <= len - 1; 2 and 4 hide keys.
-  // (Contiguous caches take this route only when int8: the decode kernels read int8 with integer dot products.)
-  int64_t capacity = 0;
-  if (a.block_table.has_value())
-    capacity = a.block_table->dim() == 2 ? a.block_table->size(1) * a.block_size : 0;
-  else if (a.key.dim() >= 3)
-    capacity = a.key.size(lay == "BNSD" ? 2 : 1);
-  switch (a.sparse_mode) {
-    case 0: if (m.has_value() && (a.pre_tokens < 0 || a.next_tokens < capacity - 1)) return false; break;
-    case 1: break;
-    case 3: if (m.has_value()) return false; break;  // the compressed mask is checked on the prefill route
-    default: return false;
-  }
-  if (a.sparse_mode <= 1 && m.has_value()) {  // the decode op takes (B, S), (B, 1, S), (B, 1, 1, S): no head dim
-    bool per_batch = m->dim() >= 2 && m->dim() <= 4;
-    for (int64_t d = 1; per_batch && d + 1 < m->dim(); ++d) per_batch = m->size(d) == 1;
-    if (!per_batch) return false;
-  }
-  if (a.actual_seq_lengths.has_value()) {  // a query length of 0 makes a padded (zero) row
-    std::vector<int64_t> q_lens;
-    attention::read_per_batch_lengths(op, "actual_seq_lengths", *a.actual_seq_lengths, a.query.size(0), 1, q_lens);
-    if (std::find(q_lens.begin(), q_lens.end(), 0) != q_lens.end()) return false;
-  }
-  return true;
-}
-
 // A mask or pse_shift of a paged call, indexed by key position: a paged cache has no padded length, so (as in the
 // decode op) the last dim must cover the longest sequence, and it is cut to the gathered keys. A 2-D mask of a
 // one-token query is the decode op's per-batch (B, S) form.
@@ -61,29 +23,6 @@ at::Tensor fit_to_keys(const char* op, const char* arg, at::Tensor t, int64_t kv
                     "the longest sequence in its last dim (>= max(actual_seq_lengths_kv) = ", kv_used, "); got shape ",
                     t.sizes());
   return t.narrow(-1, 0, kv_used);
-}
-
-// A one-token fused call through the decode op (a paged cache, or an int8 contiguous one), through the dispatcher
-// (the npu device runs its Ascend C kernel).
-at::Tensor paged_decode(const char* op, const FusedInferAttentionScoreArgs& a) {
-  auto handle = c10::Dispatcher::singleton().findOp(c10::OperatorName("npu_fa::incre_flash_attention", ""));
-  TORCH_CHECK_VALUE(handle.has_value() && handle->hasSchema(), op, ": block_table (paged KV) needs the decode op "
-                    "npu_fa::incre_flash_attention, which this build does not have");
-  using Sig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double,
-                         c10::string_view, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                         const std::optional<at::Tensor>&, int64_t, int64_t, int64_t,
-                         const std::optional<at::Tensor>&);
-  // The decode op's inner_precise has the precision bit only (FIA's 2/3 add a fix for invalid rows, which it has).
-  return handle->typed<Sig>().call(a.query, a.key, a.value, a.atten_mask, a.pse_shift, a.actual_seq_lengths_kv,
-                                   a.block_table, std::nullopt, a.num_heads, a.scale, a.input_layout,
-                                   a.num_key_value_heads, a.block_size, a.inner_precise % 2, a.antiquant_scale,
-                                   a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset,
-                                   a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode,
-                                   a.key_antiquant_mode, a.value_antiquant_mode, std::nullopt);
 }
 
 bool is_int8_kv(const FusedInferAttentionScoreArgs& a) {

@@ -1,7 +1,7 @@
 // The paged KV cache of fused_infer_attention_score, shared by the CPU kernels (cpu/inference/prefill.cpp) and the
-// npu kernels (npu/inference/inference.cpp) so both validate it with the same messages and route one-token calls
-// alike: one-token calls the decode op computes identically go to npu_fa::incre_flash_attention (through the
-// dispatcher, so the npu device runs its Ascend C decode kernel); others read the cache rows through the block table.
+// npu kernels (npu/inference/inference.cpp) so both validate it with the same messages: the cache's row forms, the
+// blocks each sequence's keys use, and the arguments the prefill parser takes for them. Which calls take the paged
+// prefill path is decided in fia_route.cpp.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,13 +15,6 @@ namespace npu_fa::attention {
 
 // The query length of a paged fused call (BSH/BSND: dim 1, BNSD: dim 2), or -1 for shapes the parser rejects.
 int64_t paged_query_len(const at::Tensor& q, c10::string_view layout);
-
-// Whether the decode op (which reads the paged cache in place) computes exactly what the prefill path computes on
-// the same keys made contiguous (see the definition for the conditions).
-bool decode_route_fits(const char* op, const FusedInferAttentionScoreArgs& a);
-
-// A one-token fused call through the decode op (npu_fa::incre_flash_attention, through the dispatcher).
-at::Tensor paged_decode(const char* op, const FusedInferAttentionScoreArgs& a);
 
 bool is_int8_kv(const FusedInferAttentionScoreArgs& a);
 

@@ -87,7 +87,6 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   // CANN: in sparse_mode 0 without a mask, pre_tokens/next_tokens are ignored (full attention).
   int64_t pre = a.pre_tokens, next = a.next_tokens;
   if (a.sparse_mode == 0 && !mask.has_value()) pre = next = std::numeric_limits<int32_t>::max();
-  const std::optional<at::Tensor> none;
   ArgNames names;
   names.head_num = "num_heads";
   names.scale = prompt_scale_name(a);
@@ -95,13 +94,30 @@ PromptParams parse_prompt_params(const char* op, const at::Tensor& query, const 
   names.q_lens = "actual_seq_lengths";
   names.kv_lens = "actual_seq_lengths_kv";
   names.int8_kv = int8_kv(op, query, key, value, a);
-  // The shared parser sees a flash_attention_score call: no dropout, pse added after scaling, lengths only for TND.
-  const FlashAttentionScoreArgs fa{query, key, value, a.num_heads, base, a.pse_shift, mask,
-                                   tnd ? a.actual_seq_lengths : none, tnd ? a.actual_seq_lengths_kv : none,
-                                   prompt_scale(a), /*keep_prob=*/1.0, pre, next, a.inner_precise, a.sparse_mode,
-                                   /*pse_type=*/0, /*seed=*/none, /*offset=*/none,
-                                   /*softmax_layout=*/tnd ? "TND" : "", /*sink=*/none, /*dropout_mask=*/none};
-  r.p = parse_attention_params(op, fa, in, names);
+  // The shared parser sees a flash_attention_score call: no dropout, pse added after scaling, lengths only for TND
+  // (the dense layouts' per-batch lengths are read below), FIA's learnable_sink as its sink; the other arguments keep
+  // that op's defaults.
+  FlashAttentionScoreValues fa;
+  fa.query = query;
+  fa.key = key;
+  fa.value = value;
+  fa.head_num = a.num_heads;
+  fa.input_layout = std::string(base);
+  fa.pse = a.pse_shift;
+  fa.pse_type = 0;
+  fa.atten_mask = mask;
+  if (tnd) {
+    fa.actual_seq_qlen = a.actual_seq_lengths;
+    fa.actual_seq_kvlen = a.actual_seq_lengths_kv;
+    fa.softmax_layout = "TND";
+  }
+  fa.scale = prompt_scale(a);
+  fa.pre_tokens = pre;
+  fa.next_tokens = next;
+  fa.inner_precise = a.inner_precise;
+  fa.sparse_mode = a.sparse_mode;
+  fa.sink = prompt_sink(a);  // checked by the caller (fia_route.cpp names it learnable_sink)
+  r.p = parse_attention_params(op, fa.args(), in, names);
   AttentionParams& p = r.p;
   TORCH_CHECK_VALUE(a.num_key_value_heads == 0 || a.num_key_value_heads == p.kv_heads, op,
                     ": argument 'num_key_value_heads'=", a.num_key_value_heads, " does not match the ", p.kv_heads,

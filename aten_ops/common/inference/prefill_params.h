@@ -15,6 +15,9 @@ inline double prompt_scale(const PromptFlashAttentionArgs& a) { return a.scale_v
 inline double prompt_scale(const FusedInferAttentionScoreArgs& a) { return a.scale; }
 inline const char* prompt_scale_name(const PromptFlashAttentionArgs&) { return "scale_value"; }
 inline const char* prompt_scale_name(const FusedInferAttentionScoreArgs&) { return "scale"; }
+// fused_infer_attention_score's learnable_sink is the shared parser's sink (prompt_flash_attention has none).
+inline std::optional<at::Tensor> prompt_sink(const PromptFlashAttentionArgs&) { return std::nullopt; }
+inline std::optional<at::Tensor> prompt_sink(const FusedInferAttentionScoreArgs& a) { return a.learnable_sink; }
 
 // The checks each prefill op makes before parsing (shared by the CPU and npu kernels).
 inline void check_prompt_flags(const char* op, const PromptFlashAttentionArgs& a) {

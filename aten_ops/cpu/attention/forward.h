@@ -699,28 +699,12 @@ class ForwardKernel {
     std::fill_n(sum_ + st, 8, empty ? 0.f : l);
   }
 
-  // The sink as one more key of the online softmax, with score s and a zero value row: m = max(m, s) and
-  // l += exp(s - m). Adding it last gives the same statistics as starting from (m, l) = (s, 1), also for rows
-  // merged from split key ranges. A NaN or +inf sink makes the row NaN (exp(inf - inf) in the math); -inf adds
-  // nothing.
+  // The sink as one more key of the online softmax (online_softmax::add_sink), the accumulator rescaled with it: a
+  // row without a visible key holds zeros, a NaN row NaN.
   void add_sink(float s, float& m, float& l, float* acc) {
-    if (s == kNegInf) return;
-    if (std::isnan(m) || !(s < std::numeric_limits<float>::infinity())) {
-      m = l = online_softmax::kNaN;
-      std::fill_n(acc, vD_, online_softmax::kNaN);
-      return;
-    }
-    if (l == 0.f) {  // no visible key: the sink alone (P = 1 on a zero value row)
-      m = s;
-      l = 1.f;
-      std::fill_n(acc, vD_, 0.f);
-      return;
-    }
-    const float m_new = std::max(m, s);
-    const float alpha = std::exp(m - m_new);
-    l = l * alpha + std::exp(s - m_new);
-    m = m_new;
-    if (alpha != 1.f) scale_row(acc, vD_, alpha);
+    const float factor = online_softmax::add_sink(s, m, l);
+    if (factor == 0.f || factor != factor) std::fill_n(acc, vD_, factor);
+    else if (factor != 1.f) scale_row(acc, vD_, factor);
   }
 
   const AttentionParams& p_;

@@ -145,21 +145,16 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
         table = at::arange(rows * M, bt.options().dtype(at::kInt)).view({rows, M});
       }
     }
-    const at::Tensor q2 = append_rope(q, qr_in, q_packed, N), k2 = append_rope(key, key_rope, k_packed, N2);
-    const std::optional<at::Tensor> none;
-    const FusedInferAttentionScoreArgs g{q2, k2, value, a.pse_shift, a.atten_mask, a.actual_seq_lengths,
-                                         a.actual_seq_lengths_kv, table, a.num_heads, a.scale, a.pre_tokens,
-                                         a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode,
-                                         a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale,
-                                         a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset,
-                                         a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode,
-                                         a.key_antiquant_mode, a.value_antiquant_mode, none, none};
-    return fused_infer_attention_score_cpu(g);
+    FusedInferAttentionScoreValues g(a);  // the same call without rope parts: they are in the heads now
+    g.query = append_rope(q, qr_in, q_packed, N);
+    g.key = append_rope(key, key_rope, k_packed, N2);
+    g.value = value;
+    g.block_table = table;
+    g.query_rope.reset();
+    g.key_rope.reset();
+    return fused_infer_attention_score_cpu(g.args());
   }
-  TORCH_CHECK_VALUE(a.inner_precise >= 0 && a.inner_precise <= 3, op, ": argument 'inner_precise' must be in [0, 3]; "
-                    "got ", a.inner_precise);
-  attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(a), false, 0, 0, 0, 0);  // none may be given
-
+  // (inner_precise, the antiquant arguments and learnable_sink were checked with the route: common/inference/fia_route.cpp)
   MlaParams p;
   p.heads = N;
   p.dim = D;
@@ -168,6 +163,8 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
   p.sparse_mode = a.sparse_mode;
   p.pre_tokens = a.pre_tokens;
   p.next_tokens = a.next_tokens;
+  const at::Tensor sink = a.learnable_sink.has_value() ? a.learnable_sink->contiguous() : at::Tensor();
+  if (sink.defined()) p.sink = sink.const_data_ptr<float>();
   const at::Tensor qc = last_dim_contiguous(q), qrc = last_dim_contiguous(qr_in);
   const bool bnsd = layout == "BNSD" || layout == "BNSD_BSND";
   // Query rows (b, i, h).

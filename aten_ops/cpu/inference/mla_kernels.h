@@ -31,6 +31,9 @@ struct MlaParams {
   int64_t block_size = 0, table_stride = 0, k_block = 0, kr_block = 0, v_block = 0;
   std::vector<int64_t> blocks;
   bool v_is_k = false;  // value is key (the same rows): the tile is read once for both products
+  // learnable_sink (fp32 [heads]): one more logit per head in every row, with a zero value row, added to each row's
+  // statistics as the prefill kernels add it (online_softmax::add_sink); nullptr without one.
+  const float* sink = nullptr;
   // softmax_lse (fp32) of row (b, i, h) at lse + b * lse_sb + (q_off[b] + i) * lse_si + h * lse_sh.
   int64_t lse_sb = 0, lse_si = 0, lse_sh = 0;
 };

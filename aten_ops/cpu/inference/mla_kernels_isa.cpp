@@ -196,11 +196,12 @@ struct Worker {
     }
   }
 
-  // Output row m of tile t from its unnormalised accumulator, maximum and sum.
+  // Output row m of tile t from its unnormalised accumulator, maximum and sum (the sink joins the latter two here).
   void write_row(const RowTile& t, int64_t m, const float* a, float mx, float l) {
     const int64_t H = p.heads, i = t.i0 + m / H, h = m % H, b = t.b;
     T* o = out + b * p.out.sb + (p.q_off[b] + i) * p.out.ss + h * p.out.sh;
-    const float inv = l > 0.f ? 1.f / l : (l == 0.f ? 0.f : l);  // no visible key: zeros; NaN stays NaN
+    const float acc_scale = p.sink ? online_softmax::add_sink(p.sink[h], mx, l) : 1.f;
+    const float inv = l > 0.f ? acc_scale / l : (l == 0.f ? 0.f : l);  // no visible key: zeros; NaN stays NaN
     for (int64_t d = 0; d < p.v_dim; ++d) o[d] = static_cast<T>(a[d] * inv);
     if (lse) {
       float& e = lse[b * p.lse_sb + (p.q_off[b] + i) * p.lse_si + h * p.lse_sh];

@@ -1,10 +1,10 @@
 // CPU entry points of the inference attention ops: prompt_flash_attention (prefill), fused_infer_attention_score
-// (prefill here, paged decode forwarded to incre_flash_attention) and attention_update (merging partial results).
-// Prefill reuses the FlashAttention forward kernel (cpu/attention/kernels.h) through the shared AttentionParams.
+// (the routes of common/inference/fia_route.h: MLA, decode through incre_flash_attention, paged and dense prefill)
+// and attention_update (merging partial results). Prefill reuses the FlashAttention forward kernel
+// (cpu/attention/kernels.h) through the shared AttentionParams.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "common/inference/decode_params.h"
+#include "common/inference/fia_route.h"
 #include "common/inference/paged_params.h"
 #include "common/inference/prefill_params.h"
 #include "cpu/attention/kernels.h"
@@ -25,9 +26,6 @@ namespace {
 using namespace npu_fa::cpu;
 using attention::AttentionInputs;
 using attention::PromptParams;
-using attention::decode_route_fits;
-using attention::is_int8_kv;
-using attention::paged_decode;
 
 struct Prefill {
   at::Tensor out, softmax_max, softmax_sum;
@@ -84,15 +82,13 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
     strides.back() = 1;
     return r.cache.as_strided(shape, strides, r.cache.storage_offset());
   };
-  const at::Tensor k = stand_in(kr), v = stand_in(vr);
-  const std::optional<at::Tensor> &kv_lens = pl.kv_lens, &mask = pl.mask, &pse = pl.pse;
-  const FusedInferAttentionScoreArgs g{a.query, k, v, pse, mask, a.actual_seq_lengths, kv_lens,
-                                       a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens,
-                                       a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise,
-                                       a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset,
-                                       a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale,
-                                       a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode,
-                                       a.value_antiquant_mode, a.query_rope, a.key_rope};
+  // The call as the parser sees it: the stand-ins, the plan's KV lengths (TND: cumulative ends), mask and pse.
+  FusedInferAttentionScoreValues g(a);
+  g.key = stand_in(kr);
+  g.value = stand_in(vr);
+  g.pse_shift = pl.pse;
+  g.atten_mask = pl.mask;
+  g.actual_seq_lengths_kv = pl.kv_lens;
   auto page = [&](attention::RowMap& m, const attention::CacheRows& r) {
     m.batch_offset.assign(B, 0);
     m.head_stride = r.head_stride;
@@ -102,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
     m.block_size = bs;
     m.block_stride = r.block_stride;
   };
-  Prefill res = run_prefill(op, a.query, k, v, g, [&](attention::AttentionParams& p, AttentionInputs& in) {
+  Prefill res = run_prefill(op, a.query, g.key, g.value, g.args(), [&](attention::AttentionParams& p, AttentionInputs& in) {
     page(p.k, kr);
     page(p.v, vr);
     in.key = kr.cache;
@@ -120,29 +116,28 @@ at::Tensor prompt_flash_attention_cpu(const PromptFlashAttentionArgs& args) {
   return run_prefill(op, args.query, args.key, args.value, args).out;
 }
 
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> dense_prefill(const char* op, const FusedInferAttentionScoreArgs& a) {
+  Prefill r = run_prefill(op, a.query, a.key, a.value, a);
+  if (!a.softmax_lse_flag) return {r.out, at::empty({0}, a.query.options().dtype(at::kFloat))};
+  // lse = max + log(sum); rows that saw no key: -inf + log(0) = -inf.
+  return {r.out, attention::lse_from_statistics(r.softmax_max, r.softmax_sum)};
+}
+
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_cpu(const FusedInferAttentionScoreArgs& args) {
   static constexpr const char* op = "fused_infer_attention_score";
-  attention::check_prompt_flags(op, args);
-  // MLA: scores gain query_rope·key_ropeᵀ (cpu/inference/mla.cpp).
-  if (args.query_rope.has_value() || args.key_rope.has_value()) return fused_infer_attention_score_mla(op, args);
-  const bool int8 = is_int8_kv(args);
-  if (!int8)  // antiquant arguments without an int8 cache are an error; modes are range-checked
-    attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(args), false, 0, 0, 0, 0);
-  if (args.block_table.has_value()) {
-    // Paged KV cache: the decode op where it computes the same thing, else the prefill path on gathered keys.
-    if (decode_route_fits(op, args)) return {paged_decode(op, args), at::empty({0}, args.query.options().dtype(at::kFloat))};
-    return paged_prefill(op, args);
+  const attention::FiaPlan plan = attention::plan_fia(op, args);
+  const FusedInferAttentionScoreArgs a = plan.call.args();
+  switch (plan.route) {
+    case attention::FiaRoute::Mla: return fused_infer_attention_score_mla(op, a);  // cpu/inference/mla.cpp
+    case attention::FiaRoute::Decode: return attention::run_decode_route(plan);
+    case attention::FiaRoute::PagedPrefill: return paged_prefill(op, a);
+    case attention::FiaRoute::DensePrefill: return dense_prefill(op, a);
   }
-  TORCH_CHECK_VALUE(args.block_size == 0, op, ": argument 'block_size' is only used with block_table (paged KV); got ",
-                    args.block_size);
-  // An int8 cache: one-token calls take the decode op's int8 kernels; the prefill kernel dequantises tile by tile.
-  if (int8 && decode_route_fits(op, args))
-    return {paged_decode(op, args), at::empty({0}, args.query.options().dtype(at::kFloat))};
-  Prefill r = run_prefill(op, args.query, args.key, args.value, args);
-  if (!args.softmax_lse_flag) return {r.out, at::empty({0}, args.query.options().dtype(at::kFloat))};
-  // lse = max + log(sum); rows that saw no key: -inf + log(0) = -inf.
-  at::Tensor lse = attention::lse_from_statistics(r.softmax_max, r.softmax_sum);
-  return {r.out, lse};
+  TORCH_CHECK(false, op, ": internal error: unknown route");
 }
 
 // ---- attention_update: merging partial attention results over disjoint key ranges. ----

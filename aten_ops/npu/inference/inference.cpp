@@ -2,8 +2,10 @@
 // common/inference/*_params):
 //   - incre_flash_attention: the Ascend C decode kernel (ascendc/kernels/inference/incre_flash_attention_kernel.cpp)
 //     on a contiguous or paged KV cache;
-//   - prompt_flash_attention and fused_infer_attention_score (dense, non-paged calls): the FlashAttention forward
-//     kernel (npu/attention/flash_forward.h), which computes the same softmax(scale·QKᵀ + mask)·V.
+//   - prompt_flash_attention: the FlashAttention forward kernel (npu/attention/flash_forward.h), which computes the
+//     same softmax(scale·QKᵀ + mask)·V;
+//   - fused_infer_attention_score: the route the CPU op takes too (common/inference/fia_route.h) — decode through
+//     incre_flash_attention, dense prefill and paged prefill (over the gathered blocks) on the FlashAttention kernel.
 // Argument combinations the kernels do not implement go to npu_host::fallback_to_cpu (the CPU kernel on the
 // simulated device; an error on CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1); see docs/ascendc_inference.md.
 #include <ATen/ATen.h>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "common/inference/decode_params.h"
+#include "common/inference/fia_route.h"
 #include "common/inference/paged_params.h"
 #include "common/inference/prefill_params.h"
 #include "inference/incre_flash_attention_tiling.h"
@@ -92,6 +95,7 @@ const char* prefill_refusal_before_parsing(const PromptFlashAttentionArgs& a) {
 }
 
 const char* prefill_refusal_before_parsing(const FusedInferAttentionScoreArgs& a) {
+  if (a.learnable_sink.has_value()) return "learnable_sink";  // first: named even where another reason applies too
   if (a.input_layout == "TND") return "TND (variable-length) layout";
   if (a.pse_shift.has_value()) return "pse_shift";
   if (a.query_rope.has_value() || a.key_rope.has_value()) return "query_rope / key_rope (MLA)";
@@ -245,58 +249,53 @@ at::Tensor gather_pages(const attention::CacheRows& r, const attention::PagedPla
   return keys.contiguous();
 }
 
-// A paged fused call: one-token calls through the decode op (its Ascend C kernel reads the cache in place), the
-// others on the FlashAttention kernel over the gathered keys (sequences of different lengths: one launch each; an
-// int8 cache is gathered as int8, its factors index the keys by their position in the sequence, as before the
-// gather, and the prefill path dequantises what it gathered).
-std::tuple<at::Tensor, at::Tensor> fused_paged_npu(const char* op, const FusedInferAttentionScoreArgs& a) {
-  auto fallback = [&](const std::string& why) {
-    return npu_host::fallback_to_cpu(op, why, a, fused_infer_attention_score_cpu, a.query.device());
-  };
-  const bool int8 = attention::is_int8_kv(a);
-  if (!int8)  // antiquant arguments without an int8 cache are an error, as on CPU
-    attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(a), false, 0, 0, 0, 0);
-  if (attention::decode_route_fits(op, a))
-    return {attention::paged_decode(op, a), at::empty({0}, a.query.options().dtype(at::kFloat))};
+// What the Ascend C kernels do not handle runs the CPU op (the simulated device) or raises naming it (CANN builds).
+std::tuple<at::Tensor, at::Tensor> fused_fallback(const char* op, const std::string& why,
+                                                  const FusedInferAttentionScoreArgs& a) {
+  return npu_host::fallback_to_cpu(op, why, a, fused_infer_attention_score_cpu, a.query.device());
+}
+
+// The PagedPrefill route: the FlashAttention kernel over the gathered keys (sequences of different lengths: one
+// launch each; an int8 cache is gathered as int8, its factors index the keys by their position in the sequence, as
+// before the gather, and the prefill path dequantises what it gathered).
+std::tuple<at::Tensor, at::Tensor> paged_prefill_npu(const char* op, const FusedInferAttentionScoreArgs& a) {
   const attention::PagedPlan pl = attention::plan_paged(op, a);
-  if (pl.tnd) return fallback("TND (variable-length) layout");
-  if (pl.pse.has_value()) return fallback("pse_shift");
+  if (const char* why = prefill_refusal_before_parsing(a)) return fused_fallback(op, why, a);
   const c10::string_view layout = a.input_layout;
   const at::Tensor index = used_blocks_index(pl, a.key.device());
-  const FusedInferAttentionScoreArgs g{a.query, gather_pages(pl.k, pl, index, layout),
-                                       gather_pages(pl.v, pl, index, layout),
-                                       std::nullopt, pl.mask, a.actual_seq_lengths, pl.kv_lens, std::nullopt,
-                                       a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout,
-                                       a.num_key_value_heads, a.sparse_mode, a.inner_precise, /*block_size=*/0,
-                                       a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset,
-                                       a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale,
-                                       a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode,
-                                       a.value_antiquant_mode, std::nullopt, std::nullopt};
-  const PrefillResult res = run_prefill_kernel(op, g);
-  if (!res.refusal.empty()) return fallback(res.refusal);
+  FusedInferAttentionScoreValues g(a);  // the call on the gathered keys: a contiguous cache, no table
+  g.key = gather_pages(pl.k, pl, index, layout);
+  g.value = gather_pages(pl.v, pl, index, layout);
+  g.atten_mask = pl.mask;
+  g.actual_seq_lengths_kv = pl.kv_lens;
+  g.block_table.reset();
+  g.block_size = 0;
+  const PrefillResult res = run_prefill_kernel(op, g.args());
+  if (!res.refusal.empty()) return fused_fallback(op, res.refusal, a);
+  return fused_outputs(a, res);
+}
+
+// The DensePrefill route: the FlashAttention kernel (an int8 cache dequantised on the device first).
+std::tuple<at::Tensor, at::Tensor> dense_prefill_npu(const char* op, const FusedInferAttentionScoreArgs& a) {
+  const PrefillResult res = run_prefill_kernel(op, a);
+  if (!res.refusal.empty()) return fused_fallback(op, res.refusal, a);
   return fused_outputs(a, res);
 }
 
 }  // namespace
 
+// The route is the CPU op's (common/inference/fia_route.h); only the kernels per route are the npu's own.
 std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_npu(const FusedInferAttentionScoreArgs& args) {
   static constexpr const char* op = "fused_infer_attention_score";
-  attention::check_prompt_flags(op, args);
-  if (args.block_table.has_value() && !args.query_rope.has_value() && !args.key_rope.has_value())
-    return fused_paged_npu(op, args);
-  const bool rope = args.query_rope.has_value() || args.key_rope.has_value();  // MLA: the CPU kernel validates
-  const bool int8 = !rope && attention::is_int8_kv(args);
-  if (!rope && !int8)  // antiquant arguments without an int8 cache are an error, as on CPU
-    attention::parse_kv_antiquant(op, attention::AntiquantArgs::of(args), false, 0, 0, 0, 0);
-  TORCH_CHECK_VALUE(args.block_table.has_value() || args.block_size == 0, op,
-                    ": argument 'block_size' is only used with block_table (paged KV); got ", args.block_size);
-  // An int8 cache: one-token calls take the decode op (as on CPU); longer ones the kernel on dequantised keys.
-  if (int8 && attention::decode_route_fits(op, args))
-    return {attention::paged_decode(op, args), at::empty({0}, args.query.options().dtype(at::kFloat))};
-  const PrefillResult res = run_prefill_kernel(op, args);
-  if (!res.refusal.empty())
-    return npu_host::fallback_to_cpu(op, res.refusal, args, fused_infer_attention_score_cpu, args.query.device());
-  return fused_outputs(args, res);
+  const attention::FiaPlan plan = attention::plan_fia(op, args);
+  const FusedInferAttentionScoreArgs a = plan.call.args();
+  switch (plan.route) {
+    case attention::FiaRoute::Mla: return fused_fallback(op, "query_rope / key_rope (MLA)", a);  // no kernel has rope
+    case attention::FiaRoute::Decode: return attention::run_decode_route(plan);  // the Ascend C decode kernel
+    case attention::FiaRoute::PagedPrefill: return paged_prefill_npu(op, a);
+    case attention::FiaRoute::DensePrefill: return dense_prefill_npu(op, a);
+  }
+  TORCH_CHECK(false, op, ": internal error: unknown route");
 }
 
 at::Tensor incre_flash_attention_npu(const IncreFlashAttentionArgs& args) {

@@ -32,7 +32,8 @@ OPS = {
     'gather_pa_kv_cache': OpInfo('Packs the first seq_lens[b] tokens of each sequence of a paged cache into contiguous K/V of shape [sum(seq_lens), *cache.shape[2:]] ([sum(seq_lens), N2, D] for cache_layout "BNSD"), sequence after sequence. block_table int32/int64 [B, max_blocks] maps logical to physical blocks (entries past ceil(seq_lens[b]/block_size) are ignored); seq_lens int64/int32 [B]. The output length is data-dependent (an unbacked size under torch.compile).', ('CPU',), False, True),
     'kv_rms_norm_rope_cache': OpInfo("MLA's fused K path (CANN KvRmsNormRopeCache / V2): per token row of kv [B, N, S, D], RMSNorm (fp32, gamma, epsilon) and npu_interleave_rope, written in place into k_cache / ckv_cache. Without v: c_kv = RMSNorm(kv[..., :D-Dr]) -> ckv_cache, k_rope = interleave_rope(kv[..., D-Dr:]) -> k_cache (Dr = cos.size(-1)); with v [B, N, S, Dv]: y = RMSNorm(kv), k_rope = cat(interleave_rope(y[..., :Dr]), y[..., Dr:]) -> k_cache, c_kv = v -> ckv_cache. cache_mode: 'Norm' (caches [B, N, Sc, *], index [B, S] positions), 'PA'/'PA_BNSD' (alias 'PA_BSND'; caches [blocks, block_size, N, *], index [B*S] slots), 'PA_BLK_BNSD' (index [B*ceil(S/block_size)] block start slots), 'PA_NZ'/'PA_BLK_NZ' (same, caches stored [blocks, D/d0, block_size, d0], d0 = 32 bytes; N=1). Negative index entries skip their tokens. int8 caches: q = clamp(round(x*scale + offset), -128, 127) with k_rope_scale/c_kv_scale (fp32 [D], [1, D], [N, D] or [1]) and optional offsets. Returns k_rope and c_kv in kv's dtype (always filled; is_output_kv is accepted for torch_npu). Not differentiable.", ('CPU',), False, True),
     'prompt_flash_attention': OpInfo("Prefill attention (CANN PromptFlashAttention): out = Softmax(Mask(scale_value*Q Kᵀ + pse_shift)) V. Layouts BSH, BSND, BNSD, BNSD_BSND (BNSD in, BSND out), TND. actual_seq_lengths / actual_seq_lengths_kv are int64/int32 tensors of per-batch lengths (each <= the padded S) for the dense layouts, cumulative ends for TND; query rows beyond a sequence's length are zeros. num_key_value_heads (0 = num_heads) for GQA. sparse_mode 0-4 as flash_attention_score; in mode 0 without atten_mask pre_tokens/next_tokens are ignored (full attention), with a mask the band i-pre_tokens <= j <= i+next_tokens is applied too (next_tokens defaults to 0: causal). padding_mask is reserved (must be None). Returns attention_out in q's dtype.", ('CPU', 'PrivateUse1'), False, True),
-    'fused_infer_attention_score': OpInfo("CANN FusedInferAttentionScore: prefill and decode in one entry. Without block_table it runs the prompt_flash_attention path (same layouts, lengths, masks, sparse modes, pse_shift; any Sq, so also contiguous-cache decode). With block_table (paged KV cache) every argument means the same as on the keys laid out contiguously: one-token calls whose band hides no key run npu_fa::incre_flash_attention in place (actual_seq_lengths_kv as its per-batch KV lengths), the rest the prefill path on the gathered blocks (mask and pse_shift indexed by key position, last dim >= the longest sequence). A physical block may appear in several block_table entries (read-only). Returns (attention_out, softmax_lse): softmax_lse is fp32 [B,N,Sq,1] ([T,N,1] for TND) = logsumexp of the scaled, masked scores (-inf for rows that see no key or lie beyond their sequence) when softmax_lse_flag, else an empty tensor. The antiquant arguments (int8 key/value) mean what they mean for incre_flash_attention; the decode route passes them on (no copy of the cache), the prefill route dequantises the keys it uses (the gathered blocks when paged, else the cache) to fp32 first. MLA: query_rope / key_rope (both or neither; the query's and the key's shapes with the rope dim last, one dtype with query/key) add q_rope·k_ropeᵀ to the scores. With one KV head (num_key_value_heads 1; required for D=512, the absorbed latent case, where upstream also fixes the rope dim to 64) and sparse_mode 0 (no mask), 2, 3 or 4 a dedicated kernel runs (cpu/inference/mla_kernels_isa.cpp): every query head of a sequence against each key tile as one GEMM, reading key, key_rope and value (read once when it is key) in place from a contiguous or paged cache. Other cases (GQA, masks, pse_shift, int8) append the rope parts to the heads and take the paths above. softmax_lse_flag is supported in both.", ('CPU', 'PrivateUse1'), False, True),
+    'fused_infer_attention_score': OpInfo('CANN FusedInferAttentionScore: prefill and decode in one entry. Without block_table it runs the prompt_flash_attention path (same layouts, lengths, masks, sparse modes, pse_shift; any Sq, so also contiguous-cache decode). With block_table (paged KV cache) every argument means the same as on the keys laid out contiguously (actual_seq_lengths_kv: each sequence\'s KV length, also for TND; mask and pse_shift indexed by key position, last dim >= the longest sequence); a physical block may appear in several block_table entries (read-only). Returns (attention_out, softmax_lse): softmax_lse is fp32 [B,N,Sq,1] ([T,N,1] for TND) = logsumexp of the scaled, masked scores (the sink included; -inf for rows beyond their sequence, the sink for rows that see no key) when softmax_lse_flag, else an empty tensor. The antiquant arguments (int8 key/value) mean what they mean for incre_flash_attention. MLA: query_rope / key_rope (both or neither; the query\'s and the key\'s shapes with the rope dim last, one dtype with query/key) add q_rope·k_ropeᵀ to the scores (num_key_value_heads 1 is required for D=512, the absorbed latent case, where the rope dim is 64). learnable_sink (float32 [num_heads], as incre_flash_attention\'s): one more logit per query head in every softmax row, compared with the scaled scores, whose value row is 0 (gpt-oss attention sinks); differentiable (fused_infer_attention_score_grad). How a call is computed is decided once for every backend (common/inference/fia_route.cpp): MLA kernels; one-token calls whose band hides no key on a paged (or int8) cache through npu_fa::incre_flash_attention in place (TND batches of one token per sequence too); other paged calls on the prefill kernel over the cache\'s blocks; the rest on the prefill kernel (int8 dequantised as it is read). docs/inference.md, "Routes".', ('CPU', 'PrivateUse1'), True, True),
+    'fused_infer_attention_score_grad': OpInfo("Backward of fused_infer_attention_score: the gradient of learnable_sink (its only differentiable input; query, key and value of the inference op get none). With lse the row's log-sum-exp with the sink (the forward's softmax_lse, or the forward run again with softmax_lse_flag when it was not asked for) and w = exp(sink - lse) the sink's probability, grad_learnable_sink[n] = sum over the rows of head n of w * (grad_softmax_lse - rowsum(grad_attention_out * attention_out)); rows beyond their sequence (lse -inf) add 0. An empty float32 tensor without learnable_sink.", ('CPU',), False, True),
     'attention_update': OpInfo('Merges K partial attention results computed over disjoint key ranges (ring / context-parallel attention): lse [K, ...] fp32 (or fp64), out [K, ..., D]; returns attention_out [..., D] = sum_i exp(lse_i - L) out_i and softmax_lse [...] = L = log sum_i exp(lse_i). A partial lse of -inf (empty key range) gets weight exactly 0; if all are -inf the row is 0 with L = -inf. Differentiable in both inputs.', ('CPU',), True, True),
     'attention_update_grad': OpInfo('Backward of attention_update: with w_i = exp(lse_i - L), grad_out_i = w_i g and grad_lse_i = w_i (grad_softmax_lse + out_i·g - attention_out·g); zero for -inf partial lse.', ('CPU',), False, True),
     'incre_flash_attention': OpInfo("Decode attention (CANN IncreFlashAttention): one query token per sequence against a KV cache, out = Softmax(Mask(scale_value * q Kᵀ + pse_shift)) V per query head, GQA/MQA through num_key_value_heads. query BSH [B,1,N1*D], BSND [B,1,N1,D] or BNSD [B,N1,1,D]; output has query's shape and dtype. Contiguous cache: key/value [B,S,N2*D] (BSH), [B,S,N2,D] (BSND), [B,N2,S,D] (BNSD); sequence b reads cache positions [S - pad - len_b, S - pad) with pad = kv_padding_size (0 when absent; a one-element int tensor) and len_b = actual_seq_lengths[b] (S when absent). Paged cache (block_table int32 [B, max_blocks_per_seq] given): key/value (num_blocks, block_size, N2*D) or, for BNSD, (num_blocks, N2, block_size, D); logical key j of sequence b is row j % block_size of physical block block_table[b, j // block_size] (a block may back several logical blocks: the cache is only read); actual_seq_lengths is required. atten_mask (bool/uint8, True = masked; (B,S), (B,1,S), (B,1,1,S)) and pse_shift ([B or 1, N1, 1, S], added after scaling) are indexed by cache position (logical key index for a paged cache). Query heads without any visible key (length 0 or fully masked) give zeros. fp32 accumulation for fp32/fp16/bf16; deterministic. int8 KV cache (CANN's KV antiquant): key/value int8 with an fp16/bf16 query, dequantised in the kernel as (x + offset) * scale (offset optional). Scales per KV tensor, either stacked for key and value in antiquant_scale/antiquant_offset ([2, ...], mode antiquant_mode) or separately in key_/value_antiquant_scale/offset (modes key_/value_antiquant_mode; these win when both forms are given). Modes: 0 per-channel ([N2*D] values, e.g. [1, N2, 1, D], [1, N2, D], [1, H], [N2, D], [H]) or per-tensor (one value); 1 per-token ([1, B, S] or [B, S] fp32, indexed by cache position as atten_mask); 2 per-tensor per-head ([N2]); 3 per-token per-head ([B, N2, S]). key mode 0 with value mode 1 may be mixed, otherwise the modes match. Paged int8 caches need block_size % 32 == 0. learnable_sink (our extension, for FIA v2's learnable_sink on its decode route): float [N1], one more logit per query head in the softmax denominator with a zero value row (gpt-oss attention sinks): out = Σ_j e^{s_j} v_j / (Σ_j e^{s_j} + e^{sink}); a head without visible keys gives zeros.", ('CPU', 'PrivateUse1'), False, True),
@@ -229,13 +230,22 @@ def _fake_prompt_flash_attention(query, key, value, padding_mask=None, atten_mas
     return _fake_kernel('torch_ops_transformer.inference.fake', 'prompt_flash_attention')(a)
 
 
-FusedInferAttentionScoreArgs = collections.namedtuple('FusedInferAttentionScoreArgs', ['query', 'key', 'value', 'pse_shift', 'atten_mask', 'actual_seq_lengths', 'actual_seq_lengths_kv', 'block_table', 'num_heads', 'scale', 'pre_tokens', 'next_tokens', 'input_layout', 'num_key_value_heads', 'sparse_mode', 'inner_precise', 'block_size', 'softmax_lse_flag', 'antiquant_scale', 'antiquant_offset', 'key_antiquant_scale', 'key_antiquant_offset', 'value_antiquant_scale', 'value_antiquant_offset', 'antiquant_mode', 'key_antiquant_mode', 'value_antiquant_mode', 'query_rope', 'key_rope'])
+FusedInferAttentionScoreArgs = collections.namedtuple('FusedInferAttentionScoreArgs', ['query', 'key', 'value', 'pse_shift', 'atten_mask', 'actual_seq_lengths', 'actual_seq_lengths_kv', 'block_table', 'num_heads', 'scale', 'pre_tokens', 'next_tokens', 'input_layout', 'num_key_value_heads', 'sparse_mode', 'inner_precise', 'block_size', 'softmax_lse_flag', 'antiquant_scale', 'antiquant_offset', 'key_antiquant_scale', 'key_antiquant_offset', 'value_antiquant_scale', 'value_antiquant_offset', 'antiquant_mode', 'key_antiquant_mode', 'value_antiquant_mode', 'query_rope', 'key_rope', 'learnable_sink'])
 
 
-def _fake_fused_infer_attention_score(query, key, value, pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0, softmax_lse_flag=False, antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None, value_antiquant_scale=None, value_antiquant_offset=None, antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, query_rope=None, key_rope=None):
-    a = FusedInferAttentionScoreArgs(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope)
+def _fake_fused_infer_attention_score(query, key, value, pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0, softmax_lse_flag=False, antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None, value_antiquant_scale=None, value_antiquant_offset=None, antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, query_rope=None, key_rope=None, learnable_sink=None):
+    a = FusedInferAttentionScoreArgs(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope, learnable_sink)
     check_devices('fused_infer_attention_score', a._asdict().items(), host=('actual_seq_lengths', 'actual_seq_lengths_kv'))
     return _fake_kernel('torch_ops_transformer.inference.fake', 'fused_infer_attention_score')(a)
+
+
+FusedInferAttentionScoreGradArgs = collections.namedtuple('FusedInferAttentionScoreGradArgs', ['query', 'key', 'value', 'pse_shift', 'atten_mask', 'actual_seq_lengths', 'actual_seq_lengths_kv', 'block_table', 'num_heads', 'scale', 'pre_tokens', 'next_tokens', 'input_layout', 'num_key_value_heads', 'sparse_mode', 'inner_precise', 'block_size', 'softmax_lse_flag', 'antiquant_scale', 'antiquant_offset', 'key_antiquant_scale', 'key_antiquant_offset', 'value_antiquant_scale', 'value_antiquant_offset', 'antiquant_mode', 'key_antiquant_mode', 'value_antiquant_mode', 'query_rope', 'key_rope', 'learnable_sink', 'attention_out', 'softmax_lse', 'grad_attention_out', 'grad_softmax_lse'])
+
+
+def _fake_fused_infer_attention_score_grad(query, key, value, pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None, num_heads=1, scale=1.0, pre_tokens=2147483647, next_tokens=2147483647, input_layout="BSH", num_key_value_heads=0, sparse_mode=0, inner_precise=0, block_size=0, softmax_lse_flag=False, antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None, key_antiquant_offset=None, value_antiquant_scale=None, value_antiquant_offset=None, antiquant_mode=0, key_antiquant_mode=0, value_antiquant_mode=0, query_rope=None, key_rope=None, learnable_sink=None, *, attention_out, softmax_lse, grad_attention_out=None, grad_softmax_lse=None):
+    a = FusedInferAttentionScoreGradArgs(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope, learnable_sink, attention_out, softmax_lse, grad_attention_out, grad_softmax_lse)
+    check_devices('fused_infer_attention_score_grad', a._asdict().items(), host=('actual_seq_lengths', 'actual_seq_lengths_kv'))
+    return _fake_kernel('torch_ops_transformer.inference.fake', 'fused_infer_attention_score_grad')(a)
 
 
 AttentionUpdateArgs = collections.namedtuple('AttentionUpdateArgs', ['lse', 'out'])
@@ -717,6 +727,97 @@ def _backward_interleave_rope(ctx, grad_result0):
     )
 
 
+def _setup_fused_infer_attention_score(ctx, inputs, output):
+    (query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, num_heads, scale, pre_tokens, next_tokens, input_layout, num_key_value_heads, sparse_mode, inner_precise, block_size, softmax_lse_flag, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, antiquant_mode, key_antiquant_mode, value_antiquant_mode, query_rope, key_rope, learnable_sink,) = inputs
+    (attention_out, softmax_lse,) = output
+    ctx.save_for_backward(query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, query_rope, key_rope, learnable_sink, attention_out, softmax_lse)
+    ctx.num_heads = num_heads
+    ctx.scale = scale
+    ctx.pre_tokens = pre_tokens
+    ctx.next_tokens = next_tokens
+    ctx.input_layout = input_layout
+    ctx.num_key_value_heads = num_key_value_heads
+    ctx.sparse_mode = sparse_mode
+    ctx.inner_precise = inner_precise
+    ctx.block_size = block_size
+    ctx.softmax_lse_flag = softmax_lse_flag
+    ctx.antiquant_mode = antiquant_mode
+    ctx.key_antiquant_mode = key_antiquant_mode
+    ctx.value_antiquant_mode = value_antiquant_mode
+
+
+def _backward_fused_infer_attention_score(ctx, grad_attention_out, grad_softmax_lse):
+    (query, key, value, pse_shift, atten_mask, actual_seq_lengths, actual_seq_lengths_kv, block_table, antiquant_scale, antiquant_offset, key_antiquant_scale, key_antiquant_offset, value_antiquant_scale, value_antiquant_offset, query_rope, key_rope, learnable_sink, attention_out, softmax_lse,) = ctx.saved_tensors
+    grads = (torch.ops.npu_fa.fused_infer_attention_score_grad.default(
+        query,
+        key,
+        value,
+        pse_shift,
+        atten_mask,
+        actual_seq_lengths,
+        actual_seq_lengths_kv,
+        block_table,
+        ctx.num_heads,
+        ctx.scale,
+        ctx.pre_tokens,
+        ctx.next_tokens,
+        ctx.input_layout,
+        ctx.num_key_value_heads,
+        ctx.sparse_mode,
+        ctx.inner_precise,
+        ctx.block_size,
+        ctx.softmax_lse_flag,
+        antiquant_scale,
+        antiquant_offset,
+        key_antiquant_scale,
+        key_antiquant_offset,
+        value_antiquant_scale,
+        value_antiquant_offset,
+        ctx.antiquant_mode,
+        ctx.key_antiquant_mode,
+        ctx.value_antiquant_mode,
+        query_rope,
+        key_rope,
+        learnable_sink,
+        attention_out=attention_out,
+        softmax_lse=softmax_lse,
+        grad_attention_out=grad_attention_out,
+        grad_softmax_lse=grad_softmax_lse,
+    ),)
+    return (
+        None,  # query
+        None,  # key
+        None,  # value
+        None,  # pse_shift
+        None,  # atten_mask
+        None,  # actual_seq_lengths
+        None,  # actual_seq_lengths_kv
+        None,  # block_table
+        None,  # num_heads
+        None,  # scale
+        None,  # pre_tokens
+        None,  # next_tokens
+        None,  # input_layout
+        None,  # num_key_value_heads
+        None,  # sparse_mode
+        None,  # inner_precise
+        None,  # block_size
+        None,  # softmax_lse_flag
+        None,  # antiquant_scale
+        None,  # antiquant_offset
+        None,  # key_antiquant_scale
+        None,  # key_antiquant_offset
+        None,  # value_antiquant_scale
+        None,  # value_antiquant_offset
+        None,  # antiquant_mode
+        None,  # key_antiquant_mode
+        None,  # value_antiquant_mode
+        None,  # query_rope
+        None,  # key_rope
+        grads[0] if _needs_grad(ctx, 29) else None,  # learnable_sink
+    )
+
+
 def _setup_attention_update(ctx, inputs, output):
     (lse, out,) = inputs
     (attention_out, softmax_lse,) = output
@@ -1192,6 +1293,8 @@ def register():
     torch.library.register_fake("npu_fa::kv_rms_norm_rope_cache", _fake_kv_rms_norm_rope_cache)
     torch.library.register_fake("npu_fa::prompt_flash_attention", _fake_prompt_flash_attention)
     torch.library.register_fake("npu_fa::fused_infer_attention_score", _fake_fused_infer_attention_score)
+    torch.library.register_autograd("npu_fa::fused_infer_attention_score", _backward_fused_infer_attention_score, setup_context=_setup_fused_infer_attention_score)
+    torch.library.register_fake("npu_fa::fused_infer_attention_score_grad", _fake_fused_infer_attention_score_grad)
     torch.library.register_fake("npu_fa::attention_update", _fake_attention_update)
     torch.library.register_autograd("npu_fa::attention_update", _backward_attention_update, setup_context=_setup_attention_update)
     torch.library.register_fake("npu_fa::attention_update_grad", _fake_attention_update_grad)
