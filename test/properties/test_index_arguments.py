@@ -551,6 +551,8 @@ def test_init_routing_v2_index_and_size_arguments(data, seed):
         rng, en, cap = kw["active_expert_range"], kw["expert_num"], kw["expert_capacity"]
         if any(not INT64_MIN <= a <= INT64_MAX for a in rng + [kw["active_num"], en, cap]):
             raise Invalid("an int argument beyond int64")
+        if capacity and rng == [0, en]:
+            rng = []  # every expert: the one range capacity mode takes (torch_npu's documentation), as no range
         if rng and (len(rng) != 2 or not 0 <= rng[0] < rng[1] or capacity):
             raise Invalid(f"active_expert_range {rng}")
         if capacity and (en <= 0 or cap <= 0):
@@ -566,7 +568,7 @@ def test_init_routing_v2_index_and_size_arguments(data, seed):
                 raise Invalid(f"expert_idx entry {f}")
         if kw["expert_tokens_num_flag"] and hi is None:
             raise Invalid("expert_tokens_num_flag needs expert_num or active_expert_range")
-        return moe_ref.init_routing_v2(x, v, **kw)
+        return moe_ref.init_routing_v2(x, v, **dict(kw, active_expert_range=rng))
 
     def compare(got, want):
         for name, g, w in zip(("expanded_x", "expanded_row_idx", "tokens", "expanded_scale"), got, want):

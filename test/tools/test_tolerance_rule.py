@@ -30,3 +30,17 @@ def test_pytorchs_own_error_still_sets_the_bar_on_realistic_tensors():
     ours = exact.clone()
     ours[5] += 15 * 2.0 ** -11                                       # 15 ulps: within 2 * 8 ulps
     check_tolerance("out", ours.to(torch.float16), exact, same.to(torch.float16))
+
+
+def test_an_output_that_cancels_keeps_the_rounding_of_p_at_the_values_scale():
+    """Two bf16 outputs near 0.05 from values up to 1.7 (full-tier case: 12 keys, v_head_dim 1): rounding P to bf16
+    costs up to eps/2 * max|v| there, far more than an ulp of the output; PyTorch had landed near the exact values."""
+    exact = torch.tensor([0.05035198753015102, 0.04205890833018455], dtype=torch.float64)
+    lucky = torch.tensor([0.05029296875, 0.042236328125], dtype=torch.bfloat16)
+    ours = torch.tensor([0.051025390625, 0.04150390625], dtype=torch.bfloat16)
+    with pytest.raises(AssertionError, match="exceeds"):
+        check_tolerance("out", ours, exact, lucky)
+    check_tolerance("out", ours, exact, lucky, value_scale=1.7109375)
+    assert same_dtype_floor(exact, torch.bfloat16, 1.7109375) == (2.0 ** -5 * 2.0 ** -7 + 2.0 ** -7) / 2
+    with pytest.raises(AssertionError, match="exceeds"):  # a real error stays one: 0.01 off
+        check_tolerance("out", (exact + 0.01).to(torch.bfloat16), exact, lucky, value_scale=1.7109375)

@@ -19,6 +19,12 @@ the magnitudes, the conditioning — never a fixed number of ulps. In order of p
    (device and CPU errors add: 2x the CPU kernel's error allowed to the device, plus the CPU kernel's own).
 3. Neither (no floating input to perturb): atol = rtol = 8 * eps(dtype) against the CPU kernel.
 
+Where a computation cancels (an output much smaller than the products it sums), rounding an intermediate to the
+call's dtype costs eps times the size of those products, not of the output: an op may give the magnitude of the
+intermediate its output inherits rounding from (`Evidence.magnitude`, oracle/references.py MAGNITUDES: for the
+SDPA hook the rows of P·|V|, and in the backward the term of D = rowsum(dO∘O) computed from the rounded output, as
+every FlashAttention backward does), and the eps terms above then use max(max|ref|, magnitude).
+
 In rules 2 and 3, eps is that of the output's dtype or of the call's least precise floating input, whichever is
 larger (there the CPU kernel is the only comparison, and a kernel may round an fp32 result's intermediates to the
 inputs' precision). Infinities must match exactly, NaN where the reference has NaN;
@@ -83,11 +89,12 @@ class Evidence:
     ref: Optional[Tensor] = None     # float64 chain, CPU kernel in float64, or (half calls) in float32
     ref_kind: str = ""               # how `ref` was obtained (shown in a report)
     noise: Optional[float] = None    # max|cpu(perturbed inputs) - cpu|
+    magnitude: Optional[float] = None  # the size of the intermediate a cancelling output inherits rounding from
 
 
 def compare_one(index: int, dev: Tensor, cpu: Tensor, ref: Optional[Tensor],
                 precision: Optional[torch.dtype] = None, noise: Optional[float] = None,
-                ref_kind: str = "float64") -> Optional[Mismatch]:
+                ref_kind: str = "float64", magnitude: Optional[float] = None) -> Optional[Mismatch]:
     """None when the device output `dev` passes against `cpu` (same dtype), `ref` (a reference of higher precision,
     or None) and `noise` (rule 2, used without `ref`); `precision`: the call's least precise floating input."""
     if dev.shape != cpu.shape or dev.dtype != cpu.dtype:
@@ -118,6 +125,7 @@ def compare_one(index: int, dev: Tensor, cpu: Tensor, ref: Optional[Tensor],
     finite = torch.isfinite(base)
     err = torch.where(finite, (d - base).abs(), torch.zeros((), dtype=torch.float64))
     scale = float(base[finite].abs().max()) if bool(finite.any()) else 0.0
+    scale = max(scale, magnitude or 0.0)  # rounding an intermediate larger than the output (cancellation)
     eps = max(_eps(dev.dtype), _eps(precision) if precision is not None else 0.0)
     if ref is not None:
         # The reference saw the same (rounded) inputs: only the output's own rounding is added to twice the CPU
@@ -148,7 +156,7 @@ def compare(devs: Sequence[Tensor], cpus: Sequence[Tensor], evidence: Optional[S
         return Mismatch(0, f"{len(devs)} outputs on the device, {len(cpus)} from the CPU kernel")
     for i, (d, c) in enumerate(zip(devs, cpus)):
         e = evidence[i] if evidence is not None and i < len(evidence) else Evidence()
-        bad = compare_one(i, d, c, e.ref, precision, e.noise, e.ref_kind or "float64")
+        bad = compare_one(i, d, c, e.ref, precision, e.noise, e.ref_kind or "float64", e.magnitude)
         if bad is not None:
             return bad
     return None

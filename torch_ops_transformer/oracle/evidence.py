@@ -14,7 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .compare import Evidence
-from .references import CHAINS, CPU_CHAINS
+from .references import CHAINS, CPU_CHAINS, MAGNITUDES
 
 PERTURBATIONS = 2        # runs of rule 3; their largest change is the noise estimate
 HALF = (torch.float16, torch.bfloat16)
@@ -91,6 +91,15 @@ def gather(name: str, run: Callable[..., List[torch.Tensor]], inputs: Tuple[tupl
     if need:
         for i, noise in rounding_noise(run, inputs, cpus, need).items():
             evidence[i] = Evidence(noise=noise)
+    magnitudes = MAGNITUDES.get(name)
+    if magnitudes is not None:
+        args, kwargs = inputs
+        try:
+            sizes = magnitudes(*args, **kwargs)
+        except Exception:  # a form the magnitude does not model: the rules without it
+            sizes = []
+        for i, m in enumerate(sizes[:len(evidence)]):
+            evidence[i].magnitude = m
     return evidence
 
 

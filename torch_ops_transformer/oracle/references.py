@@ -21,6 +21,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..integrations.sdpa import math_probabilities
+
 F64 = torch.float64
 NO_LIMIT = 2147483647
 
@@ -253,4 +255,50 @@ def flash_attention_score_grad_cpu(a: Dict[str, Any]) -> List[Tensor]:
 
 CPU_CHAINS: Dict[str, Callable[[Dict[str, Any]], List[Tensor]]] = {
     "npu_fa::flash_attention_score_grad": flash_attention_score_grad_cpu,
+}
+
+
+# ---- magnitudes of cancelling outputs (compare.py: the eps terms use max(max|ref|, magnitude)) --------------------
+def _sdpa_rows(query, key, attn_bias, is_causal, scale):
+    """P of PyTorch's SDPA semantics in float64 and the GQA group (keys repeated over their query heads)."""
+    q, k = query.double(), key.double()
+    group = q.shape[-3] // k.shape[-3]
+    mask = attn_bias if attn_bias is not None and attn_bias.numel() else None
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.double()
+    p, _ = math_probabilities(q, k.repeat_interleave(group, -3), mask, is_causal, scale)
+    return p, group
+
+
+def sdpa_forward_magnitudes(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False,
+                            return_debug_mask=False, *, scale=None) -> List[Optional[float]]:
+    """out = P·V rounds P (or its products) to the call's dtype: the rows of P·|V| bound what that costs."""
+    p, group = _sdpa_rows(query, key, attn_bias, is_causal, scale)
+    return [float((p @ value.double().abs().repeat_interleave(group, -3)).max()) if p.numel() else 0.0, None]
+
+
+def sdpa_backward_magnitudes(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, *rest,
+                             scale=None) -> List[Optional[float]]:
+    """A FlashAttention backward computes D = rowsum(dO∘O) from the output rounded to the call's dtype, and dS =
+    P∘(dP − D) cancels where P·V is close to V (a row seeing one key gives dS = 0 exactly): D's rounding reaches
+    dq = c·dS·K and dk = c·dSᵀ·Q through |D|-sized terms; dv = Pᵀ·dO rounds P."""
+    is_causal = bool(rest[5]) if len(rest) > 5 else False
+    p, group = _sdpa_rows(query, key, attn_bias, is_causal, scale)
+    if not p.numel():
+        return [0.0, 0.0, 0.0]
+    c = scale if scale is not None else query.shape[-1] ** -0.5
+    d_abs = (grad_out.double().abs() * out.double().abs()).sum(-1, keepdim=True)  # |D| bound per row
+    ds_abs = p * d_abs
+    dq = c * ds_abs @ key.double().abs().repeat_interleave(group, -3)
+    dk = c * ds_abs.transpose(-1, -2) @ query.double().abs()
+    dv = p.transpose(-1, -2) @ grad_out.double().abs()
+
+    def per_kv_head(g):  # the query heads of a group add into their key/value head's gradient
+        return g.reshape(g.shape[:-3] + (g.shape[-3] // group, group) + g.shape[-2:]).sum(-3)
+    return [float(dq.max()), float(per_kv_head(dk).max()), float(per_kv_head(dv).max())]
+
+
+MAGNITUDES: Dict[str, Callable[..., List[Optional[float]]]] = {
+    "aten::_scaled_dot_product_fused_attention_overrideable": sdpa_forward_magnitudes,
+    "aten::_scaled_dot_product_fused_attention_overrideable_backward": sdpa_backward_magnitudes,
 }
