@@ -21,7 +21,7 @@ USES_FA2 = textwrap.dedent("""
     import torch_ops_transformer as tot
     assert f2 is flash_attn_func is tot.flash_attn_func and kv2 is flash_attn_with_kvcache
     from flash_attn.flash_attn_interface import _get_block_size_n, USE_TRITON_ROCM
-    from torch_ops_transformer import fa2_dmask
+    from torch_ops_transformer.attention import fa2 as fa2_dmask
     assert _get_block_size_n is fa2_dmask.get_block_size_n and USE_TRITON_ROCM is False
     q = torch.randn(1, 4, 2, 8)
     out = flash_attn_qkvpacked_func(torch.stack([q, q, q], dim=2), causal=True)

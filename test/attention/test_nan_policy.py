@@ -426,10 +426,10 @@ def test_sdpa_override_matches_pytorch(case, sq):
     pattern, the rest within tolerance), on the prefill and the decode route, with nothing sent back to PyTorch."""
     q, k, v, mask = _sdpa_case(case, sq)
     want = torch._C._nn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    before = sum(n for r, n in tot.sdpa.route_counts.items() if r.startswith("fallback"))
+    before = sum(n for r, n in tot.integrations.sdpa.route_counts.items() if r.startswith("fallback"))
     with tot.sdpa_override():
         got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    assert sum(n for r, n in tot.sdpa.route_counts.items() if r.startswith("fallback")) == before
+    assert sum(n for r, n in tot.integrations.sdpa.route_counts.items() if r.startswith("fallback")) == before
     assert_policy(got, want, torch.float32, case)
 
 

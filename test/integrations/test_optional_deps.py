@@ -113,7 +113,7 @@ def test_import_does_not_import_transformers():
 _TINY_LLAMA = """
 import sys, torch
 {imports}
-from torch_ops_transformer import sdpa
+from torch_ops_transformer.integrations import sdpa
 cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                                pad_token_id=0)
