@@ -135,7 +135,7 @@ print("routes", dict(sdpa.route_counts))
 @pytest.mark.parametrize("imports", [
     "import torch_ops_transformer\nassert 'transformers' not in sys.modules\nimport transformers",
     "import transformers\nfrom transformers import LlamaForCausalLM\nimport torch_ops_transformer",
-    "from torch_ops_transformer import hf  # its own import of transformers fires the hook\nimport transformers",
+    "from torch_ops_transformer.integrations import hf  # its own import of transformers fires the hook\nimport transformers",
 ], ids=["torch_ops_transformer first", "transformers first", "hf module first"])
 def test_npu_fa_is_registered_without_calling_register(imports):
     proc = _run(["-W", "error::RuntimeWarning", "-c", _TINY_LLAMA.format(imports=imports)])
