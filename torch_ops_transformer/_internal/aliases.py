@@ -102,6 +102,8 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         if not is_old_path(fullname):
             return None
         if new_path(fullname) is None:
+            warnings.warn(f"{fullname} moved: its modules are in the family packages ({__name__}.OLD_PATHS)",
+                          DeprecationWarning, stacklevel=2)
             return importlib.util.spec_from_loader(fullname, _EmptyPackageLoader(), is_package=True)
         module = resolve(fullname)
         return importlib.util.spec_from_loader(fullname, _AliasLoader(module),
@@ -120,6 +122,6 @@ def install() -> None:
 def attribute(name: str):
     """`torch_ops_transformer.<name>` for an old module name that is no longer an attribute, or AttributeError."""
     old = f"{PACKAGE}.{name}"
-    if not is_old_path(old) or new_path(old) is None:
+    if not is_old_path(old):
         raise AttributeError(f"module {PACKAGE!r} has no attribute {name!r}")
-    return resolve(old)
+    return resolve(old) if new_path(old) is not None else importlib.import_module(old)
