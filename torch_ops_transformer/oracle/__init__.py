@@ -32,9 +32,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..integrations.sdpa import math_probabilities
 from .compare import Mismatch, compare, least_precise
 from .evidence import cpu_chain, gather
+from .references import sdpa_probabilities as _sdpa_probabilities
 
 __all__ = ["check", "from_env", "OracleMismatch", "Report", "Stats", "reports", "stats"]
 
@@ -145,16 +145,6 @@ class _Reference:
 
     def pick(self, outs: List[torch.Tensor]) -> List[torch.Tensor]:
         return outs if self.outputs is None else outs[self.outputs]
-
-
-def _sdpa_probabilities(query, key, attn_bias, is_causal, scale):
-    """softmax(scale * Q Kᵀ + bias) of PyTorch's SDPA semantics in plain PyTorch (math), with its logsumexp; GQA
-    keys repeated over the query heads of their group. (Also used for the backward: inside a dispatch mode the
-    autograd keys are excluded, so the reference computes gradients by the formulas, not by autograd.)"""
-    group = query.shape[-3] // key.shape[-3]
-    mask = attn_bias if attn_bias is not None and attn_bias.numel() else None
-    p, lse = math_probabilities(query, key.repeat_interleave(group, -3), mask, is_causal, scale)
-    return p, lse, group
 
 
 def _sdpa_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,

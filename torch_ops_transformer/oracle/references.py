@@ -259,14 +259,20 @@ CPU_CHAINS: Dict[str, Callable[[Dict[str, Any]], List[Tensor]]] = {
 
 
 # ---- magnitudes of cancelling outputs (compare.py: the eps terms use max(max|ref|, magnitude)) --------------------
-def _sdpa_rows(query, key, attn_bias, is_causal, scale):
-    """P of PyTorch's SDPA semantics in float64 and the GQA group (keys repeated over their query heads)."""
-    q, k = query.double(), key.double()
-    group = q.shape[-3] // k.shape[-3]
+def sdpa_probabilities(query, key, attn_bias, is_causal, scale):
+    """softmax(scale * Q Kᵀ + bias) of PyTorch's SDPA semantics in plain PyTorch (math), with its logsumexp and the
+    GQA group (keys repeated over the query heads of their group): the SDPA hook's reference and its magnitudes.
+    (Also used for the backward: inside a dispatch mode the autograd keys are excluded, so the reference computes
+    gradients by the formulas, not by autograd.)"""
+    group = query.shape[-3] // key.shape[-3]
     mask = attn_bias if attn_bias is not None and attn_bias.numel() else None
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask.double()
-    p, _ = math_probabilities(q, k.repeat_interleave(group, -3), mask, is_causal, scale)
+    p, lse = math_probabilities(query, key.repeat_interleave(group, -3), mask, is_causal, scale)
+    return p, lse, group
+
+
+def _sdpa_rows(query, key, attn_bias, is_causal, scale):
+    """P in float64 and the GQA group, for the magnitudes."""
+    p, _, group = sdpa_probabilities(query.double(), key.double(), attn_bias, is_causal, scale)
     return p, group
 
 
