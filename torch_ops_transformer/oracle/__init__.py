@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .compare import Mismatch, compare, least_precise
 from .evidence import cpu_chain, gather
-from .references import sdpa_probabilities as _sdpa_probabilities
+from .references import per_kv_head, sdpa_probabilities as _sdpa_probabilities
 
 __all__ = ["check", "from_env", "OracleMismatch", "Report", "Stats", "reports", "stats"]
 
@@ -167,11 +167,7 @@ def _sdpa_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out,
     ds = p * (grad_out @ v.transpose(-1, -2) - (grad_out * o).sum(-1, keepdim=True))
     dq = c * ds @ key.repeat_interleave(group, -3)
     dk = c * ds.transpose(-1, -2) @ query
-
-    def per_kv_head(g):  # the query heads of a group share their key/value head
-        shape = g.shape[:-3] + (g.shape[-3] // group, group) + g.shape[-2:]
-        return g.reshape(shape).sum(-3)
-    return dq.to(query.dtype), per_kv_head(dk).to(key.dtype), per_kv_head(dv).to(value.dtype)
+    return dq.to(query.dtype), per_kv_head(dk, group).to(key.dtype), per_kv_head(dv, group).to(value.dtype)
 
 
 _SDPA_HOOK_OPS = ("_scaled_dot_product_fused_attention_overrideable.default",

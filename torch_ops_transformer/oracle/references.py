@@ -270,6 +270,11 @@ def sdpa_probabilities(query, key, attn_bias, is_causal, scale):
     return p, lse, group
 
 
+def per_kv_head(g, group: int):
+    """A per-query-head gradient summed into its key/value head (the query heads of a GQA group share it)."""
+    return g.reshape(g.shape[:-3] + (g.shape[-3] // group, group) + g.shape[-2:]).sum(-3)
+
+
 def _sdpa_rows(query, key, attn_bias, is_causal, scale):
     """P in float64 and the GQA group, for the magnitudes."""
     p, _, group = sdpa_probabilities(query.double(), key.double(), attn_bias, is_causal, scale)
@@ -298,10 +303,7 @@ def sdpa_backward_magnitudes(grad_out, query, key, value, attn_bias, grad_input_
     dq = c * ds_abs @ key.double().abs().repeat_interleave(group, -3)
     dk = c * ds_abs.transpose(-1, -2) @ query.double().abs()
     dv = p.transpose(-1, -2) @ grad_out.double().abs()
-
-    def per_kv_head(g):  # the query heads of a group add into their key/value head's gradient
-        return g.reshape(g.shape[:-3] + (g.shape[-3] // group, group) + g.shape[-2:]).sum(-3)
-    return [float(dq.max()), float(per_kv_head(dk).max()), float(per_kv_head(dv).max())]
+    return [float(dq.max()), float(per_kv_head(dk, group).max()), float(per_kv_head(dv, group).max())]
 
 
 MAGNITUDES: Dict[str, Callable[..., List[Optional[float]]]] = {
