@@ -288,7 +288,7 @@ class Worker {
         if (dsum) *dsum = std::numeric_limits<float>::quiet_NaN();
         continue;
       }
-      const Vec vmax(c_.rows.max[id]), vinv(c_.rows.inv[id]), vdi(c_.rows.di[id]), vscale(scale), vpg(pse_grad);
+      const Vec vmax(c_.rows.max[id]), vinv(c_.rows.inv[id]), vdi(c_.rows.di[id]), vscale(scale), vpg(pse_grad), vone(1.f);
       Vec pdp(0.f);
       for (int64_t j = 0; j < nkv; j += Vec::size()) {
         const int64_t cnt = std::min<int64_t>(Vec::size(), nkv - j);
@@ -299,7 +299,10 @@ class Worker {
           dpv = dpv * w;
           pd = prob * w;
         }
-        Vec ds = prob * (dpv - vdi);
+        // prob == 1: the row sees this one key alone (every other P underflows), so softmax's Jacobian is exactly 0
+        // there; dpv - vdi would instead leave the rounding gap between dP (a GEMM) and Di (rowsum(dY * O)), which a
+        // pse summed over the rows accumulates.
+        Vec ds = Vec::blendv(prob * (dpv - vdi), Vec(0.f), prob == vone);
         if constexpr (kCap) {
           const Vec ds_in = ds * Vec::loadu(cap_.data() + j, cnt);  // through the tanh
           if (g) (Vec::loadu(g + j, cnt) + (p_.pse_type == 1 ? ds_in * vpg : ds)).store(g + j, cnt);
