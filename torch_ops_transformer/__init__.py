@@ -162,6 +162,12 @@ from .rope import (
     npu_rotary_position_embedding,
     rope_with_sin_cos_cache,
 )
+from .rope import npu_mrope  # decoder-layer and serving-loop ops: rope, sampling, kv_cache, attention, moe
+from .sampling import npu_top_k_top_p
+from .kv_cache import (npu_gather_pa_kv_cache, npu_gather_pa_kv_cache_functional, npu_scatter_nd_update,
+                       npu_scatter_nd_update_)
+from .attention import npu_ring_attention_update
+from .moe import npu_grouped_matmul_add, npu_grouped_matmul_add_
 
 
 def enable_compile_lowering() -> None:
@@ -273,6 +279,9 @@ __all__ = [
 ]
 __all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
             "npu_moe_distribute_dispatch_v2"]
+__all__ += ["npu_mrope", "npu_top_k_top_p", "npu_gather_pa_kv_cache", "npu_gather_pa_kv_cache_functional",
+            "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_ring_attention_update", "npu_grouped_matmul_add",
+            "npu_grouped_matmul_add_"]
 
 
 def _startup() -> None:

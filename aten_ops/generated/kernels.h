@@ -31,6 +31,8 @@ std::vector<int64_t> npu_attention_tile_config(int64_t s1_block, int64_t s2_bloc
 std::string attention_tuning_table(c10::string_view entries, bool clear);
 // attention_tuning_stats [CatchAll]
 std::vector<int64_t> attention_tuning_stats();
+// ring_attention_update [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ring_attention_update_cpu(const RingAttentionUpdateArgs& args);
 // rotary_position_embedding [CPU]
 at::Tensor rotary_position_embedding_cpu(const RotaryPositionEmbeddingArgs& args);
 // rotary_position_embedding [PrivateUse1]
@@ -51,6 +53,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> interleave_rope_grad_cpu(const In
 void scatter_pa_kv_cache_cpu(const ScatterPaKvCacheArgs& args);
 // gather_pa_kv_cache [CPU]
 std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const GatherPaKvCacheArgs& args);
+// gather_pa_kv_cache_into [CPU]
+void gather_pa_kv_cache_into_cpu(const GatherPaKvCacheIntoArgs& args);
+// scatter_nd_update [CPU]
+void scatter_nd_update_cpu(const ScatterNdUpdateArgs& args);
 // kv_rms_norm_rope_cache [CPU]
 std::tuple<at::Tensor, at::Tensor> kv_rms_norm_rope_cache_cpu(const KvRmsNormRopeCacheArgs& args);
 // prompt_flash_attention [CPU]
@@ -109,6 +115,8 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_cpu(
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_npu(const GroupedMatmulArgs& args);
 // grouped_matmul_grad [CPU]
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>> grouped_matmul_grad_cpu(const GroupedMatmulGradArgs& args);
+// grouped_matmul_add [CPU]
+void grouped_matmul_add_cpu(const GroupedMatmulAddArgs& args);
 // grouped_matmul_quant [CPU]
 std::vector<at::Tensor> grouped_matmul_quant_cpu(const GroupedMatmulQuantArgs& args);
 // grouped_matmul_swiglu_quant [CPU]
@@ -163,6 +171,8 @@ at::Tensor moe_distribute_dispatch_v2_grad_cpu(const MoeDistributeDispatchV2Grad
 at::Tensor moe_distribute_combine_v2_cpu(const MoeDistributeCombineV2Args& args);
 // moe_distribute_combine_v2_grad [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_distribute_combine_v2_grad_cpu(const MoeDistributeCombineV2GradArgs& args);
+// top_k_top_p [CPU]
+at::Tensor top_k_top_p_cpu(const TopKTopPArgs& args);
 // dynamic_quant [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu(const DynamicQuantArgs& args);
 // swiglu [CPU]

@@ -200,6 +200,47 @@ struct DropoutGenMaskValues {
   DropoutGenMaskArgs args() const { return DropoutGenMaskArgs{seed, offset, rows, cols, keep_prob}; }
 };
 
+// ring_attention_update
+struct RingAttentionUpdateArgs {
+  const at::Tensor& prev_attn_out;
+  const at::Tensor& prev_softmax_max;
+  const at::Tensor& prev_softmax_sum;
+  const at::Tensor& cur_attn_out;
+  const at::Tensor& cur_softmax_max;
+  const at::Tensor& cur_softmax_sum;
+  const std::optional<at::Tensor>& actual_seq_qlen;
+  c10::string_view input_layout;
+  c10::string_view input_softmax_layout;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const RingAttentionUpdateArgs& a, F&& f) {
+  return f(a.prev_attn_out, a.prev_softmax_max, a.prev_softmax_sum, a.cur_attn_out, a.cur_softmax_max, a.cur_softmax_sum, a.actual_seq_qlen, a.input_layout, a.input_softmax_layout);
+}
+
+// ring_attention_update's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RingAttentionUpdateValues v(args); v.prev_attn_out = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RingAttentionUpdateValues {
+  at::Tensor prev_attn_out;
+  at::Tensor prev_softmax_max;
+  at::Tensor prev_softmax_sum;
+  at::Tensor cur_attn_out;
+  at::Tensor cur_softmax_max;
+  at::Tensor cur_softmax_sum;
+  std::optional<at::Tensor> actual_seq_qlen;
+  std::string input_layout = "SBH";
+  std::string input_softmax_layout = "";
+
+  RingAttentionUpdateValues() = default;
+  // A copy of a call's arguments.
+  explicit RingAttentionUpdateValues(const RingAttentionUpdateArgs& a)
+      : prev_attn_out(a.prev_attn_out), prev_softmax_max(a.prev_softmax_max), prev_softmax_sum(a.prev_softmax_sum), cur_attn_out(a.cur_attn_out), cur_softmax_max(a.cur_softmax_max), cur_softmax_sum(a.cur_softmax_sum), actual_seq_qlen(a.actual_seq_qlen), input_layout(std::string(a.input_layout)), input_softmax_layout(std::string(a.input_softmax_layout)) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RingAttentionUpdateArgs args() const { return RingAttentionUpdateArgs{prev_attn_out, prev_softmax_max, prev_softmax_sum, cur_attn_out, cur_softmax_max, cur_softmax_sum, actual_seq_qlen, input_layout, input_softmax_layout}; }
+};
+
 // rotary_position_embedding
 struct RotaryPositionEmbeddingArgs {
   const at::Tensor& x;
@@ -307,11 +348,13 @@ struct RopeWithSinCosCacheArgs {
   const at::Tensor& cos_sin_cache;
   int64_t head_size;
   bool is_neox_style;
+  at::OptionalIntArrayRef mrope_section;
+  c10::string_view cache_mode;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const RopeWithSinCosCacheArgs& a, F&& f) {
-  return f(a.positions, a.query, a.key, a.cos_sin_cache, a.head_size, a.is_neox_style);
+  return f(a.positions, a.query, a.key, a.cos_sin_cache, a.head_size, a.is_neox_style, a.mrope_section, a.cache_mode);
 }
 
 // rope_with_sin_cos_cache's arguments held by value, so that some can be replaced by name and the rest passed on:
@@ -324,14 +367,16 @@ struct RopeWithSinCosCacheValues {
   at::Tensor cos_sin_cache;
   int64_t head_size{};
   bool is_neox_style = true;
+  std::optional<std::vector<int64_t>> mrope_section;
+  std::string cache_mode = "default";
 
   RopeWithSinCosCacheValues() = default;
   // A copy of a call's arguments.
   explicit RopeWithSinCosCacheValues(const RopeWithSinCosCacheArgs& a)
-      : positions(a.positions), query(a.query), key(a.key), cos_sin_cache(a.cos_sin_cache), head_size(a.head_size), is_neox_style(a.is_neox_style) {}
+      : positions(a.positions), query(a.query), key(a.key), cos_sin_cache(a.cos_sin_cache), head_size(a.head_size), is_neox_style(a.is_neox_style), mrope_section(a.mrope_section ? std::optional<std::vector<int64_t>>(a.mrope_section->vec()) : std::nullopt), cache_mode(std::string(a.cache_mode)) {}
 
   // The argument struct over these members: valid while this object lives and is not changed.
-  RopeWithSinCosCacheArgs args() const { return RopeWithSinCosCacheArgs{positions, query, key, cos_sin_cache, head_size, is_neox_style}; }
+  RopeWithSinCosCacheArgs args() const { return RopeWithSinCosCacheArgs{positions, query, key, cos_sin_cache, head_size, is_neox_style, mrope_section ? at::OptionalIntArrayRef(*mrope_section) : at::OptionalIntArrayRef(), cache_mode}; }
 };
 
 // interleave_rope
@@ -460,6 +505,74 @@ struct GatherPaKvCacheValues {
 
   // The argument struct over these members: valid while this object lives and is not changed.
   GatherPaKvCacheArgs args() const { return GatherPaKvCacheArgs{key_cache, value_cache, block_table, seq_lens, cache_layout}; }
+};
+
+// gather_pa_kv_cache_into
+struct GatherPaKvCacheIntoArgs {
+  const at::Tensor& key_cache;
+  const at::Tensor& value_cache;
+  const at::Tensor& block_tables;
+  const at::Tensor& seq_lens;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const std::optional<at::Tensor>& seq_offset;
+  bool is_seq_lens_cumsum;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const GatherPaKvCacheIntoArgs& a, F&& f) {
+  return f(a.key_cache, a.value_cache, a.block_tables, a.seq_lens, a.key, a.value, a.seq_offset, a.is_seq_lens_cumsum);
+}
+
+// gather_pa_kv_cache_into's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   GatherPaKvCacheIntoValues v(args); v.key_cache = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct GatherPaKvCacheIntoValues {
+  at::Tensor key_cache;
+  at::Tensor value_cache;
+  at::Tensor block_tables;
+  at::Tensor seq_lens;
+  at::Tensor key;
+  at::Tensor value;
+  std::optional<at::Tensor> seq_offset;
+  bool is_seq_lens_cumsum = false;
+
+  GatherPaKvCacheIntoValues() = default;
+  // A copy of a call's arguments.
+  explicit GatherPaKvCacheIntoValues(const GatherPaKvCacheIntoArgs& a)
+      : key_cache(a.key_cache), value_cache(a.value_cache), block_tables(a.block_tables), seq_lens(a.seq_lens), key(a.key), value(a.value), seq_offset(a.seq_offset), is_seq_lens_cumsum(a.is_seq_lens_cumsum) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  GatherPaKvCacheIntoArgs args() const { return GatherPaKvCacheIntoArgs{key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset, is_seq_lens_cumsum}; }
+};
+
+// scatter_nd_update
+struct ScatterNdUpdateArgs {
+  const at::Tensor& var;
+  const at::Tensor& indices;
+  const at::Tensor& updates;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const ScatterNdUpdateArgs& a, F&& f) {
+  return f(a.var, a.indices, a.updates);
+}
+
+// scatter_nd_update's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   ScatterNdUpdateValues v(args); v.var = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct ScatterNdUpdateValues {
+  at::Tensor var;
+  at::Tensor indices;
+  at::Tensor updates;
+
+  ScatterNdUpdateValues() = default;
+  // A copy of a call's arguments.
+  explicit ScatterNdUpdateValues(const ScatterNdUpdateArgs& a)
+      : var(a.var), indices(a.indices), updates(a.updates) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  ScatterNdUpdateArgs args() const { return ScatterNdUpdateArgs{var, indices, updates}; }
 };
 
 // kv_rms_norm_rope_cache
@@ -1293,6 +1406,45 @@ struct GroupedMatmulGradValues {
 
   // The argument struct over these members: valid while this object lives and is not changed.
   GroupedMatmulGradArgs args() const { return GroupedMatmulGradArgs{grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type}; }
+};
+
+// grouped_matmul_add
+struct GroupedMatmulAddArgs {
+  const at::Tensor& y;
+  const at::Tensor& x;
+  const at::Tensor& weight;
+  const at::Tensor& group_list;
+  bool transpose_x;
+  bool transpose_weight;
+  int64_t group_type;
+  int64_t group_list_type;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const GroupedMatmulAddArgs& a, F&& f) {
+  return f(a.y, a.x, a.weight, a.group_list, a.transpose_x, a.transpose_weight, a.group_type, a.group_list_type);
+}
+
+// grouped_matmul_add's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   GroupedMatmulAddValues v(args); v.y = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct GroupedMatmulAddValues {
+  at::Tensor y;
+  at::Tensor x;
+  at::Tensor weight;
+  at::Tensor group_list;
+  bool transpose_x = true;
+  bool transpose_weight = false;
+  int64_t group_type = 2;
+  int64_t group_list_type = 0;
+
+  GroupedMatmulAddValues() = default;
+  // A copy of a call's arguments.
+  explicit GroupedMatmulAddValues(const GroupedMatmulAddArgs& a)
+      : y(a.y), x(a.x), weight(a.weight), group_list(a.group_list), transpose_x(a.transpose_x), transpose_weight(a.transpose_weight), group_type(a.group_type), group_list_type(a.group_list_type) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  GroupedMatmulAddArgs args() const { return GroupedMatmulAddArgs{y, x, weight, group_list, transpose_x, transpose_weight, group_type, group_list_type}; }
 };
 
 // grouped_matmul_quant
@@ -2158,6 +2310,35 @@ struct MoeDistributeCombineV2GradValues {
 
   // The argument struct over these members: valid while this object lives and is not changed.
   MoeDistributeCombineV2GradArgs args() const { return MoeDistributeCombineV2GradArgs{grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs}; }
+};
+
+// top_k_top_p
+struct TopKTopPArgs {
+  const at::Tensor& logits;
+  const std::optional<at::Tensor>& p;
+  const std::optional<at::Tensor>& k;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const TopKTopPArgs& a, F&& f) {
+  return f(a.logits, a.p, a.k);
+}
+
+// top_k_top_p's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   TopKTopPValues v(args); v.logits = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct TopKTopPValues {
+  at::Tensor logits;
+  std::optional<at::Tensor> p;
+  std::optional<at::Tensor> k;
+
+  TopKTopPValues() = default;
+  // A copy of a call's arguments.
+  explicit TopKTopPValues(const TopKTopPArgs& a)
+      : logits(a.logits), p(a.p), k(a.k) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  TopKTopPArgs args() const { return TopKTopPArgs{logits, p, k}; }
 };
 
 // dynamic_quant

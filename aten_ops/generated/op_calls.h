@@ -34,6 +34,14 @@ inline at::Tensor call_dropout_gen_mask(const DropoutGenMaskArgs& a) {
   return op.call(a.seed, a.offset, a.rows, a.cols, a.keep_prob);
 }
 
+// ring_attention_update
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_ring_attention_update(const RingAttentionUpdateArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::ring_attention_update", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view, c10::string_view)>();
+  return op.call(a.prev_attn_out, a.prev_softmax_max, a.prev_softmax_sum, a.cur_attn_out, a.cur_softmax_max, a.cur_softmax_sum, a.actual_seq_qlen, a.input_layout, a.input_softmax_layout);
+}
+
 // rotary_position_embedding
 inline at::Tensor call_rotary_position_embedding(const RotaryPositionEmbeddingArgs& a) {
   static const auto op = c10::Dispatcher::singleton()
@@ -62,8 +70,8 @@ inline void call_apply_rotary_pos_emb(const ApplyRotaryPosEmbArgs& a) {
 inline std::tuple<at::Tensor, at::Tensor> call_rope_with_sin_cos_cache(const RopeWithSinCosCacheArgs& a) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("npu_fa::rope_with_sin_cos_cache", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool)>();
-  return op.call(a.positions, a.query, a.key, a.cos_sin_cache, a.head_size, a.is_neox_style);
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, bool, at::OptionalIntArrayRef, c10::string_view)>();
+  return op.call(a.positions, a.query, a.key, a.cos_sin_cache, a.head_size, a.is_neox_style, a.mrope_section, a.cache_mode);
 }
 
 // interleave_rope
@@ -96,6 +104,22 @@ inline std::tuple<at::Tensor, at::Tensor> call_gather_pa_kv_cache(const GatherPa
                              .findSchemaOrThrow("npu_fa::gather_pa_kv_cache", "")
                              .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view)>();
   return op.call(a.key_cache, a.value_cache, a.block_table, a.seq_lens, a.cache_layout);
+}
+
+// gather_pa_kv_cache_into
+inline void call_gather_pa_kv_cache_into(const GatherPaKvCacheIntoArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::gather_pa_kv_cache_into", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, bool)>();
+  return op.call(a.key_cache, a.value_cache, a.block_tables, a.seq_lens, a.key, a.value, a.seq_offset, a.is_seq_lens_cumsum);
+}
+
+// scatter_nd_update
+inline void call_scatter_nd_update(const ScatterNdUpdateArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::scatter_nd_update", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  return op.call(a.var, a.indices, a.updates);
 }
 
 // kv_rms_norm_rope_cache
@@ -232,6 +256,14 @@ inline std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<
                              .findSchemaOrThrow("npu_fa::grouped_matmul_grad", "")
                              .typed<std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>(at::TensorList, at::TensorList, at::TensorList, at::TensorList, const std::optional<at::Tensor>&, at::TensorList, int64_t, int64_t, int64_t)>();
   return op.call(a.grad_out, a.x, a.weight, a.bias, a.group_list, a.act_input, a.group_type, a.group_list_type, a.act_type);
+}
+
+// grouped_matmul_add
+inline void call_grouped_matmul_add(const GroupedMatmulAddArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::grouped_matmul_add", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool, int64_t, int64_t)>();
+  return op.call(a.y, a.x, a.weight, a.group_list, a.transpose_x, a.transpose_weight, a.group_type, a.group_list_type);
 }
 
 // grouped_matmul_quant
@@ -416,6 +448,14 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_moe_distribute_combin
                              .findSchemaOrThrow("npu_fa::moe_distribute_combine_v2_grad", "")
                              .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t)>();
   return op.call(a.grad_out, a.expand_x, a.expert_ids, a.ep_send_counts, a.expert_scales, a.group_ep, a.ep_world_size, a.ep_rank_id, a.moe_expert_num, a.x_active_mask, a.shared_expert_x, a.global_bs);
+}
+
+// top_k_top_p
+inline at::Tensor call_top_k_top_p(const TopKTopPArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::top_k_top_p", "")
+                             .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
+  return op.call(a.logits, a.p, a.k);
 }
 
 // dynamic_quant

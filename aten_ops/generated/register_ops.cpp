@@ -91,6 +91,18 @@ at::Tensor dropout_gen_mask_cpu_unboxed(const at::Tensor& seed, const at::Tensor
   return npu_fa::dropout_gen_mask_cpu(npu_fa::DropoutGenMaskArgs{seed, offset, rows, cols, keep_prob});
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> ring_attention_update_cpu_unboxed(const at::Tensor& prev_attn_out, const at::Tensor& prev_softmax_max, const at::Tensor& prev_softmax_sum, const at::Tensor& cur_attn_out, const at::Tensor& cur_softmax_max, const at::Tensor& cur_softmax_sum, const std::optional<at::Tensor>& actual_seq_qlen, c10::string_view input_layout, c10::string_view input_softmax_layout) {
+  npu_fa::DeviceRule rule("ring_attention_update");
+  rule.device_tensor("prev_attn_out", prev_attn_out);
+  rule.device_tensor("prev_softmax_max", prev_softmax_max);
+  rule.device_tensor("prev_softmax_sum", prev_softmax_sum);
+  rule.device_tensor("cur_attn_out", cur_attn_out);
+  rule.device_tensor("cur_softmax_max", cur_softmax_max);
+  rule.device_tensor("cur_softmax_sum", cur_softmax_sum);
+  rule.device_tensor("actual_seq_qlen", actual_seq_qlen);
+  return npu_fa::ring_attention_update_cpu(npu_fa::RingAttentionUpdateArgs{prev_attn_out, prev_softmax_max, prev_softmax_sum, cur_attn_out, cur_softmax_max, cur_softmax_sum, actual_seq_qlen, input_layout, input_softmax_layout});
+}
+
 at::Tensor rotary_position_embedding_cpu_unboxed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
   npu_fa::DeviceRule rule("rotary_position_embedding");
   rule.device_tensor("x", x);
@@ -143,13 +155,13 @@ void apply_rotary_pos_emb_cpu_unboxed(const at::Tensor& query, const at::Tensor&
   return npu_fa::apply_rotary_pos_emb_cpu(npu_fa::ApplyRotaryPosEmbArgs{query, key, cos, sin, layout, rotary_mode});
 }
 
-std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu_unboxed(const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox_style) {
+std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu_unboxed(const at::Tensor& positions, const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos_sin_cache, int64_t head_size, bool is_neox_style, at::OptionalIntArrayRef mrope_section, c10::string_view cache_mode) {
   npu_fa::DeviceRule rule("rope_with_sin_cos_cache");
   rule.device_tensor("positions", positions);
   rule.device_tensor("query", query);
   rule.device_tensor("key", key);
   rule.device_tensor("cos_sin_cache", cos_sin_cache);
-  return npu_fa::rope_with_sin_cos_cache_cpu(npu_fa::RopeWithSinCosCacheArgs{positions, query, key, cos_sin_cache, head_size, is_neox_style});
+  return npu_fa::rope_with_sin_cos_cache_cpu(npu_fa::RopeWithSinCosCacheArgs{positions, query, key, cos_sin_cache, head_size, is_neox_style, mrope_section, cache_mode});
 }
 
 at::Tensor interleave_rope_cpu_unboxed(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -195,6 +207,42 @@ std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu_unboxed(const at::Tens
   rule.device_tensor("block_table", block_table);
   rule.device_tensor("seq_lens", seq_lens);
   return npu_fa::gather_pa_kv_cache_cpu(npu_fa::GatherPaKvCacheArgs{key_cache, value_cache, block_table, seq_lens, cache_layout});
+}
+
+void gather_pa_kv_cache_into_cpu_unboxed(const at::Tensor& key_cache, const at::Tensor& value_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& seq_offset, bool is_seq_lens_cumsum) {
+  npu_fa::DeviceRule rule("gather_pa_kv_cache_into");
+  rule.device_tensor("key_cache", key_cache);
+  rule.device_tensor("value_cache", value_cache);
+  rule.device_tensor("block_tables", block_tables);
+  rule.device_tensor("seq_lens", seq_lens);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("seq_offset", seq_offset);
+  npu_fa::check_no_self_overlap("gather_pa_kv_cache_into", "key", key);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "key", key, "key_cache", key_cache);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "key", key, "value_cache", value_cache);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "key", key, "block_tables", block_tables);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "key", key, "seq_lens", seq_lens);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "key", key, "value", value);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "key", key, "seq_offset", seq_offset);
+  npu_fa::check_no_self_overlap("gather_pa_kv_cache_into", "value", value);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "value", value, "key_cache", key_cache);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "value", value, "value_cache", value_cache);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "value", value, "block_tables", block_tables);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "value", value, "seq_lens", seq_lens);
+  npu_fa::check_no_overlap("gather_pa_kv_cache_into", "value", value, "seq_offset", seq_offset);
+  return npu_fa::gather_pa_kv_cache_into_cpu(npu_fa::GatherPaKvCacheIntoArgs{key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset, is_seq_lens_cumsum});
+}
+
+void scatter_nd_update_cpu_unboxed(const at::Tensor& var, const at::Tensor& indices, const at::Tensor& updates) {
+  npu_fa::DeviceRule rule("scatter_nd_update");
+  rule.device_tensor("var", var);
+  rule.device_tensor("indices", indices);
+  rule.device_tensor("updates", updates);
+  npu_fa::check_no_self_overlap("scatter_nd_update", "var", var);
+  npu_fa::check_no_overlap("scatter_nd_update", "var", var, "indices", indices);
+  npu_fa::check_no_overlap("scatter_nd_update", "var", var, "updates", updates);
+  return npu_fa::scatter_nd_update_cpu(npu_fa::ScatterNdUpdateArgs{var, indices, updates});
 }
 
 std::tuple<at::Tensor, at::Tensor> kv_rms_norm_rope_cache_cpu_unboxed(const at::Tensor& kv, const at::Tensor& gamma, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& index, const at::Tensor& k_cache, const at::Tensor& ckv_cache, const std::optional<at::Tensor>& k_rope_scale, const std::optional<at::Tensor>& c_kv_scale, const std::optional<at::Tensor>& k_rope_offset, const std::optional<at::Tensor>& c_kv_offset, const std::optional<at::Tensor>& v, double epsilon, c10::string_view cache_mode, bool is_output_kv) {
@@ -625,6 +673,19 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
   return npu_fa::grouped_matmul_grad_cpu(npu_fa::GroupedMatmulGradArgs{grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type});
 }
 
+void grouped_matmul_add_cpu_unboxed(const at::Tensor& y, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_list, bool transpose_x, bool transpose_weight, int64_t group_type, int64_t group_list_type) {
+  npu_fa::DeviceRule rule("grouped_matmul_add");
+  rule.device_tensor("y", y);
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("group_list", group_list);
+  npu_fa::check_no_self_overlap("grouped_matmul_add", "y", y);
+  npu_fa::check_no_overlap("grouped_matmul_add", "y", y, "x", x);
+  npu_fa::check_no_overlap("grouped_matmul_add", "y", y, "weight", weight);
+  npu_fa::check_no_overlap("grouped_matmul_add", "y", y, "group_list", group_list);
+  return npu_fa::grouped_matmul_add_cpu(npu_fa::GroupedMatmulAddArgs{y, x, weight, group_list, transpose_x, transpose_weight, group_type, group_list_type});
+}
+
 std::vector<at::Tensor> grouped_matmul_quant_cpu_unboxed(at::TensorList x, at::TensorList weight, at::TensorList bias, at::TensorList scale, at::TensorList per_token_scale, at::TensorList antiquant_scale, at::TensorList antiquant_offset, const std::optional<at::Tensor>& group_list, int64_t group_type, int64_t group_list_type, int64_t act_type, int64_t output_dtype) {
   npu_fa::DeviceRule rule("grouped_matmul_quant");
   rule.device_tensor("x", x);
@@ -874,6 +935,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_distribute_combine_v2_grad_cp
   return npu_fa::moe_distribute_combine_v2_grad_cpu(npu_fa::MoeDistributeCombineV2GradArgs{grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs});
 }
 
+at::Tensor top_k_top_p_cpu_unboxed(const at::Tensor& logits, const std::optional<at::Tensor>& p, const std::optional<at::Tensor>& k) {
+  npu_fa::DeviceRule rule("top_k_top_p");
+  rule.device_tensor("logits", logits);
+  rule.device_tensor("p", p);
+  rule.device_tensor("k", k);
+  return npu_fa::top_k_top_p_cpu(npu_fa::TopKTopPArgs{logits, p, k});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales, const std::optional<at::Tensor>& group_index, bool asymmetric, int64_t bits) {
   npu_fa::DeviceRule rule("dynamic_quant");
   rule.device_tensor("x", x);
@@ -906,14 +975,17 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("npu_attention_tile_config(int s1_block=0, int s2_block=0) -> int[]", TORCH_FN(npu_fa::npu_attention_tile_config));
   m.def("attention_tuning_table(str entries=\"\", bool clear=False) -> str", TORCH_FN(npu_fa::attention_tuning_table));
   m.def("attention_tuning_stats() -> int[]", TORCH_FN(npu_fa::attention_tuning_stats));
+  m.def("ring_attention_update(Tensor prev_attn_out, Tensor prev_softmax_max, Tensor prev_softmax_sum, Tensor cur_attn_out, Tensor cur_softmax_max, Tensor cur_softmax_sum, Tensor? actual_seq_qlen=None, str input_layout=\"SBH\", str input_softmax_layout=\"\") -> (Tensor attn_out, Tensor softmax_max, Tensor softmax_sum)", {at::Tag::pt2_compliant_tag});
   m.def("rotary_position_embedding(Tensor x, Tensor cos, Tensor sin, int mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("rotary_position_embedding_grad(Tensor grad, Tensor cos, Tensor sin, Tensor x, int mode=0) -> (Tensor dx, Tensor dcos, Tensor dsin)", {at::Tag::pt2_compliant_tag});
   m.def("apply_rotary_pos_emb(Tensor(a!) query, Tensor(b!) key, Tensor cos, Tensor sin, str layout=\"BSND\", str rotary_mode=\"half\") -> ()", {at::Tag::pt2_compliant_tag});
-  m.def("rope_with_sin_cos_cache(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool is_neox_style=True) -> (Tensor query_out, Tensor key_out)", {at::Tag::pt2_compliant_tag});
+  m.def("rope_with_sin_cos_cache(Tensor positions, Tensor query, Tensor key, Tensor cos_sin_cache, int head_size, bool is_neox_style=True, int[]? mrope_section=None, str cache_mode=\"default\") -> (Tensor query_out, Tensor key_out)", {at::Tag::pt2_compliant_tag});
   m.def("interleave_rope(Tensor x, Tensor cos, Tensor sin) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("interleave_rope_grad(Tensor grad, Tensor x, Tensor cos, Tensor sin) -> (Tensor dx, Tensor dcos, Tensor dsin)", {at::Tag::pt2_compliant_tag});
   m.def("scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, str cache_layout=\"BSND\") -> ()", {at::Tag::pt2_compliant_tag});
   m.def("gather_pa_kv_cache(Tensor key_cache, Tensor value_cache, Tensor block_table, Tensor seq_lens, str cache_layout=\"BSND\") -> (Tensor key, Tensor value)", {at::Tag::pt2_compliant_tag});
+  m.def("gather_pa_kv_cache_into(Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor seq_lens, Tensor(a!) key, Tensor(b!) value, Tensor? seq_offset=None, bool is_seq_lens_cumsum=False) -> ()", {at::Tag::pt2_compliant_tag});
+  m.def("scatter_nd_update(Tensor(a!) var, Tensor indices, Tensor updates) -> ()", {at::Tag::pt2_compliant_tag});
   m.def("kv_rms_norm_rope_cache(Tensor kv, Tensor gamma, Tensor cos, Tensor sin, Tensor index, Tensor(a!) k_cache, Tensor(b!) ckv_cache, *, Tensor? k_rope_scale=None, Tensor? c_kv_scale=None, Tensor? k_rope_offset=None, Tensor? c_kv_offset=None, Tensor? v=None, float epsilon=1e-5, str cache_mode=\"Norm\", bool is_output_kv=False) -> (Tensor k_rope, Tensor c_kv)", {at::Tag::pt2_compliant_tag});
   m.def("prompt_flash_attention(Tensor query, Tensor key, Tensor value, Tensor? padding_mask=None, Tensor? atten_mask=None, Tensor? pse_shift=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, int num_heads=1, float scale_value=1.0, int pre_tokens=2147483647, int next_tokens=0, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("fused_infer_attention_score(Tensor query, Tensor key, Tensor value, Tensor? pse_shift=None, Tensor? atten_mask=None, Tensor? actual_seq_lengths=None, Tensor? actual_seq_lengths_kv=None, Tensor? block_table=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, int inner_precise=0, int block_size=0, bool softmax_lse_flag=False, Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, Tensor? value_antiquant_offset=None, int antiquant_mode=0, int key_antiquant_mode=0, int value_antiquant_mode=0, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? learnable_sink=None) -> (Tensor attention_out, Tensor softmax_lse)", {at::Tag::pt2_compliant_tag});
@@ -932,6 +1004,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("mc2_validation(int enable=-1) -> bool", TORCH_FN(npu_fa::mc2_validation));
   m.def("grouped_matmul(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] out, Tensor[] act_input)", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});
+  m.def("grouped_matmul_add(Tensor(a!) y, Tensor x, Tensor weight, Tensor group_list, bool transpose_x=True, bool transpose_weight=False, int group_type=2, int group_list_type=0) -> ()", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_quant(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor[] scale, Tensor[] per_token_scale, Tensor[] antiquant_scale, Tensor[] antiquant_offset, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0, int output_dtype=-1) -> Tensor[] out", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, Tensor x_scale, int group_list_type=0) -> (Tensor out, Tensor out_scale, Tensor out_offset)", {at::Tag::pt2_compliant_tag});
   m.def("moe_ffn(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, Tensor? bias13=None, Tensor? bias2=None, str activation=\"swiglu\", str weight_layout=\"nk\") -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -955,6 +1028,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("moe_distribute_dispatch_v2_grad(Tensor grad_expand_x, Tensor x, Tensor expert_ids, Tensor ep_recv_counts, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? x_active_mask=None, int global_bs=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_distribute_combine_v2(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, Tensor ep_send_counts, Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, Tensor? x_active_mask=None, Tensor? shared_expert_x=None, int global_bs=0, int comm_quant_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_distribute_combine_v2_grad(Tensor grad_out, Tensor expand_x, Tensor expert_ids, Tensor ep_send_counts, Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? x_active_mask=None, Tensor? shared_expert_x=None, int global_bs=0) -> (Tensor grad_expand_x, Tensor grad_expert_scales, Tensor grad_shared_expert_x)", {at::Tag::pt2_compliant_tag});
+  m.def("top_k_top_p(Tensor logits, Tensor? p=None, Tensor? k=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, bool asymmetric=False, int bits=8) -> (Tensor y, Tensor scale, Tensor offset)", {at::Tag::pt2_compliant_tag});
   m.def("swiglu(Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("swiglu_grad(Tensor grad_output, Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -964,6 +1038,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("flash_attention_score", TORCH_FN(flash_attention_score_cpu_unboxed));
   m.impl("flash_attention_score_grad", TORCH_FN(flash_attention_score_grad_cpu_unboxed));
   m.impl("dropout_gen_mask", TORCH_FN(dropout_gen_mask_cpu_unboxed));
+  m.impl("ring_attention_update", TORCH_FN(ring_attention_update_cpu_unboxed));
   m.impl("rotary_position_embedding", TORCH_FN(rotary_position_embedding_cpu_unboxed));
   m.impl("rotary_position_embedding_grad", TORCH_FN(rotary_position_embedding_grad_cpu_unboxed));
   m.impl("apply_rotary_pos_emb", TORCH_FN(apply_rotary_pos_emb_cpu_unboxed));
@@ -972,6 +1047,8 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("interleave_rope_grad", TORCH_FN(interleave_rope_grad_cpu_unboxed));
   m.impl("scatter_pa_kv_cache", TORCH_FN(scatter_pa_kv_cache_cpu_unboxed));
   m.impl("gather_pa_kv_cache", TORCH_FN(gather_pa_kv_cache_cpu_unboxed));
+  m.impl("gather_pa_kv_cache_into", TORCH_FN(gather_pa_kv_cache_into_cpu_unboxed));
+  m.impl("scatter_nd_update", TORCH_FN(scatter_nd_update_cpu_unboxed));
   m.impl("kv_rms_norm_rope_cache", TORCH_FN(kv_rms_norm_rope_cache_cpu_unboxed));
   m.impl("prompt_flash_attention", TORCH_FN(prompt_flash_attention_cpu_unboxed));
   m.impl("fused_infer_attention_score", TORCH_FN(fused_infer_attention_score_cpu_unboxed));
@@ -989,6 +1066,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("matmul_all_reduce_add_rms_norm", TORCH_FN(matmul_all_reduce_add_rms_norm_mc2_unboxed));
   m.impl("grouped_matmul", TORCH_FN(grouped_matmul_cpu_unboxed));
   m.impl("grouped_matmul_grad", TORCH_FN(grouped_matmul_grad_cpu_unboxed));
+  m.impl("grouped_matmul_add", TORCH_FN(grouped_matmul_add_cpu_unboxed));
   m.impl("grouped_matmul_quant", TORCH_FN(grouped_matmul_quant_cpu_unboxed));
   m.impl("grouped_matmul_swiglu_quant", TORCH_FN(grouped_matmul_swiglu_quant_cpu_unboxed));
   m.impl("moe_ffn", TORCH_FN(moe_ffn_cpu_unboxed));
@@ -1012,6 +1090,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("moe_distribute_dispatch_v2_grad", TORCH_FN(moe_distribute_dispatch_v2_grad_cpu_unboxed));
   m.impl("moe_distribute_combine_v2", TORCH_FN(moe_distribute_combine_v2_cpu_unboxed));
   m.impl("moe_distribute_combine_v2_grad", TORCH_FN(moe_distribute_combine_v2_grad_cpu_unboxed));
+  m.impl("top_k_top_p", TORCH_FN(top_k_top_p_cpu_unboxed));
   m.impl("dynamic_quant", TORCH_FN(dynamic_quant_cpu_unboxed));
   m.impl("swiglu", TORCH_FN(swiglu_cpu_unboxed));
   m.impl("swiglu_grad", TORCH_FN(swiglu_grad_cpu_unboxed));

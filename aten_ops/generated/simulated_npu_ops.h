@@ -9,20 +9,24 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 35> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 40> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
+    "ring_attention_update",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
     "interleave_rope",
     "interleave_rope_grad",
     "scatter_pa_kv_cache",
     "gather_pa_kv_cache",
+    "gather_pa_kv_cache_into",
+    "scatter_nd_update",
     "kv_rms_norm_rope_cache",
     "fused_infer_attention_score_grad",
     "attention_update",
     "attention_update_grad",
     "mla_prolog",
     "grouped_matmul_grad",
+    "grouped_matmul_add",
     "grouped_matmul_quant",
     "grouped_matmul_swiglu_quant",
     "moe_ffn",
@@ -42,6 +46,7 @@ inline constexpr std::array<const char*, 35> kSimulatedNpuCpuKernelOps = {
     "moe_distribute_dispatch_v2_grad",
     "moe_distribute_combine_v2",
     "moe_distribute_combine_v2_grad",
+    "top_k_top_p",
     "dynamic_quant",
     "swiglu",
     "swiglu_grad",

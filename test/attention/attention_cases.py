@@ -307,3 +307,20 @@ OPCHECK_CASES = {
         "basic": lambda: ((torch.tensor(3), torch.tensor(5), 6, 9, 0.7), {}),
     },
 }
+
+
+# torch_npu's npu_ring_attention_update
+def _ring(layout, dtype=torch.float32):
+    def make():
+        if layout == "SBH":
+            attn, stats = (4, 2, 2 * 8), (2, 2, 4, 8)
+        else:
+            attn, stats = (5, 2, 16), (5, 2, 8)
+        st = [torch.rand(stats[:-1]).unsqueeze(-1).expand(stats).contiguous() + 0.5 for _ in range(4)]
+        qlen = torch.tensor([2, 5]) if layout == "TND" else None
+        return (torch.randn(attn, dtype=dtype), st[0], st[1], torch.randn(attn, dtype=dtype), st[2], st[3], qlen,
+                layout, layout if layout == "TND" else ""), {}
+    return make
+
+
+OPCHECK_CASES.update({"ring_attention_update": {"sbh": _ring("SBH"), "tnd_bf16": _ring("TND", torch.bfloat16)}})

@@ -260,6 +260,26 @@ SAMPLES = {
     "npu_moe_distribute_combine": lambda: _combine_args("npu_moe_distribute_dispatch"),
     "npu_moe_distribute_combine_v2": lambda: _combine_args("npu_moe_distribute_dispatch_v2"),
 }
+# decoder-layer and serving-loop ops
+SAMPLES.update({
+    "npu_mrope": lambda: ((torch.zeros(3, 2, dtype=torch.long), torch.randn(2, 32), torch.randn(2, 32),
+                           torch.randn(4, 32), 32), {"mrope_section": [8, 4, 4]}),
+    "npu_top_k_top_p": lambda: ((torch.randn(2, 6), torch.rand(2), torch.tensor([2, 3], dtype=torch.int32)), {}),
+    "npu_gather_pa_kv_cache": lambda: ((torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 4), torch.tensor([[1, 0]]),
+                                        torch.tensor([5]), torch.zeros(5, 1, 8), torch.zeros(5, 1, 4)), {}),
+    "npu_gather_pa_kv_cache_functional": lambda: ((torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 4),
+                                                   torch.tensor([[1, 0]]), torch.tensor([0, 5]), torch.zeros(5, 1, 8),
+                                                   torch.zeros(5, 1, 4)), {"is_seq_lens_cumsum": True}),
+    "npu_scatter_nd_update": lambda: ((torch.zeros(3, 2), torch.tensor([[0, 0], [1, 1]]), torch.ones(2)), {}),
+    "npu_scatter_nd_update_": lambda: ((torch.zeros(3, 2), torch.tensor([[2]]), torch.ones(1, 2)), {}),
+    "npu_ring_attention_update": lambda: ((torch.randn(3, 1, 8), torch.rand(1, 2, 3, 8), torch.rand(1, 2, 3, 8) + 1,
+                                           torch.randn(3, 1, 8), torch.rand(1, 2, 3, 8), torch.rand(1, 2, 3, 8) + 1),
+                                          {}),
+    "npu_grouped_matmul_add": lambda: ((torch.zeros(8, 3), torch.randn(5, 4), torch.randn(5, 3),
+                                        torch.tensor([2, 5])), {}),
+    "npu_grouped_matmul_add_": lambda: ((torch.zeros(2, 4, 3), torch.randn(5, 4), torch.randn(5, 3),
+                                         torch.tensor([2, 3])), {"group_list_type": 1}),
+})
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -68,3 +68,29 @@ OPCHECK_CASES = {
         "pa_blk": _kv_rms("PA_BLK_BNSD"), "with_v_int8": _kv_rms("PA", with_v=True, int8=True),
     },
 }
+
+
+# torch_npu's npu_gather_pa_kv_cache (into the caller's key/value) and npu_scatter_nd_update_
+def _gather_into(cumsum, offset):
+    def make():
+        kc, vc = torch.randn(4, 4, 2, 8), torch.randn(4, 4, 2, 4)  # K and V of different widths
+        lens = torch.tensor([0, 5, 7]) if cumsum else torch.tensor([5, 2], dtype=torch.int32)
+        table = torch.tensor([[2, 0, 3], [1, 3, 0]], dtype=torch.int32)
+        off = torch.tensor([4, 0]) if offset else None
+        return (kc, vc, table, lens, torch.zeros(7, 2, 8), torch.zeros(7, 2, 4), off, cumsum), {}
+    return make
+
+
+def _scatter_nd(k):
+    def make():
+        var = torch.randn(6, 3, 4)
+        idx = torch.tensor([[5, 2], [0, 1], [3, 0]]) if k == 2 else torch.tensor([[4], [1]], dtype=torch.int32)
+        upd = torch.randn(3, 4) if k == 2 else torch.randn(2, 3, 4)
+        return (var, idx, upd), {}
+    return make
+
+
+OPCHECK_CASES.update({
+    "gather_pa_kv_cache_into": {"lens": _gather_into(False, False), "cumsum_offset": _gather_into(True, True)},
+    "scatter_nd_update": {"rows": _scatter_nd(1), "elements": _scatter_nd(2)},
+})

@@ -76,3 +76,16 @@ OPCHECK_CASES = {
         "split_k": _gmm_grad(2, 0),
     },
 }
+
+
+# MindSpeed's npu_grouped_matmul_add_ (y[g] += x_g^T @ w_g)
+def _gmm_add(group_list_type, dtype):
+    def make():
+        x, w = torch.randn(7, 4).to(dtype), torch.randn(7, 3).to(dtype)
+        gl = torch.tensor([3, 3, 7]) if group_list_type == 0 else torch.tensor([3, 0, 4])
+        return (torch.randn(3 * 4, 3), x, w, gl, True, False, 2, group_list_type), {}
+    return make
+
+
+OPCHECK_CASES.update({"grouped_matmul_add": {"cumsum_fp32": _gmm_add(0, torch.float32),
+                                             "counts_bf16": _gmm_add(1, torch.bfloat16)}})

@@ -171,6 +171,21 @@ CASES = {
     "swiglu_grad": {"n0": (lambda: ((_r(0, 4), _r(0, 8)), {}), [(0, 8)])},
 }
 
+# decoder-layer and serving-loop ops
+CASES.update({
+    "rope_with_sin_cos_cache": dict(CASES["rope_with_sin_cos_cache"], mrope_t0=(
+        lambda: ((_z(3, 0, dtype=I64), _r(0, 32), _r(0, 32), _r(8, 16), 16, True, [4, 2, 2]), {}), [(0, 32), (0, 32)])),
+    "top_k_top_p": {"b0": (lambda: ((_r(0, 16), _r(0), _z(0, dtype=I32)), {}), [(0, 16)]),
+                    "v0": (lambda: ((_r(2, 0),), {}), [(2, 0)])},
+    "gather_pa_kv_cache_into": {"len0": (lambda: ((_r(4, 8, 2, 16), _r(4, 8, 2, 8), _z(1, 2, dtype=I32),
+                                                   _z(1, dtype=I32), _z(0, 2, 16), _z(0, 2, 8)), {}), None)},
+    "scatter_nd_update": {"rows0": (lambda: ((_r(4, 3), _z(0, 1, dtype=I64), _r(0, 3)), {}), None)},
+    "ring_attention_update": {"s0": (lambda: ((_r(0, 2, 16), _r(2, 2, 0, 8), _r(2, 2, 0, 8), _r(0, 2, 16),
+                                               _r(2, 2, 0, 8), _r(2, 2, 0, 8)), {}),
+                                     [(0, 2, 16), (2, 2, 0, 8), (2, 2, 0, 8)])},
+    "grouped_matmul_add": {"m0": (lambda: ((_z(2, 4, 3), _r(0, 4), _r(0, 3), torch.tensor([0, 0])), {}), None)},
+})
+
 _PROCESS_GROUP = "needs an initialised torch.distributed process group (group_name); test/mc2 covers it"
 NO_CASE = {
     "all_gather_matmul": _PROCESS_GROUP,

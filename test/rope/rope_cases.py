@@ -65,6 +65,10 @@ OPCHECK_CASES = {
     "rope_with_sin_cos_cache": {
         "neox_flat": _cache((5, 4 * 16), (5, 2 * 16), 16, 16, True),
         "gptj_partial_3d": _cache((5, 4, 16), (5, 2, 16), 16, 8, False),
+        "mrope_sections": lambda: ((torch.randint(0, 32, (3, 5)), torch.randn(5, 2 * 32), torch.randn(5, 32),
+                                    torch.randn(32, 16), 32, True, [4, 2, 2], "default"), {}),
+        "mrope_interleave_gptj": lambda: ((torch.randint(0, 32, (3, 5)), torch.randn(5, 2 * 32), torch.randn(5, 32),
+                                           torch.randn(32, 32), 32, False, [6, 5, 5], "interleave"), {}),
     },
     "interleave_rope": {
         "bnsd_b1sd": _interleave((2, 4, 3, 16), (2, 1, 3, 16)),

@@ -1,6 +1,7 @@
 """The training attention family (aten_ops/cpu/attention, docs/attention.md): FlashAttention forward and backward.
 
-- `api` — torch_npu's npu_fusion_attention(_v2), its gradient and _npu_dropout_gen_mask;
+- `api` — torch_npu's npu_fusion_attention(_v2), its gradient, _npu_dropout_gen_mask and
+  npu_ring_attention_update;
 - `fa2` — all of FlashAttention-2's Python API (flash_attn_func, varlen, packed, with_kvcache, S_dmask);
 - `module` — the FlashAttention nn.Module;
 - `tiles`, `tuning` — the CPU tile sizes and their per-machine tuning;
@@ -13,6 +14,7 @@ from .api import (
     npu_fusion_attention_grad,
     npu_fusion_attention_grad_v2,
     npu_fusion_attention_v2,
+    npu_ring_attention_update,
 )
 from .fa2 import (
     flash_attn_func,

@@ -382,3 +382,31 @@ def _npu_dropout_gen_mask(input: Tensor, size: Sequence[int], p: float, seed: in
     weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
     packed = (bits.view(-1, 8) * weights).sum(dim=1, dtype=torch.uint8)
     return packed.to(input.device)
+
+
+# ================================================================================================================
+# torch_npu.npu_ring_attention_update
+# ================================================================================================================
+
+@_args.torch_npu_api
+def npu_ring_attention_update(prev_attn_out: Tensor, prev_softmax_max: Tensor, prev_softmax_sum: Tensor,
+                              cur_attn_out: Tensor, cur_softmax_max: Tensor, cur_softmax_sum: Tensor, *,
+                              actual_seq_qlen: Optional[SeqLens] = None, input_layout: str = "SBH",
+                              input_softmax_layout: str = "") -> Tuple[Tensor, Tensor, Tensor]:
+    """torch_npu.npu_ring_attention_update (ring context parallelism): merges the attention outputs of the same
+    queries over two key blocks by their softmax max/sum, as npu_fusion_attention returns them. input_layout "SBH":
+    attention [S, B, N*D], statistics float32 [B, N, S, 8]; "TND": attention [T, N, D], statistics [T, N, 8], and
+    actual_seq_qlen (cumulative query lengths ending at T, a list or an integer tensor) is required; the statistics
+    hold their rows in N-major order with input_softmax_layout "" (npu_fusion_attention's default TND statistics),
+    in TND order with "TND". Returns (attn_out, softmax_max, softmax_sum): the merged output in
+    the attention dtype and the merged statistics (8 equal copies per value)."""
+    op = "npu_ring_attention_update"
+    if input_layout == "SBH" and input_softmax_layout == "SBH":
+        raise NotImplementedError(f"{op}: input_softmax_layout='SBH' (statistics in an order upstream does not "
+                                  f"document) is not implemented; argument 'input_softmax_layout' must be ''")
+    qlen = None
+    if actual_seq_qlen is not None:
+        qlen = actual_seq_qlen if isinstance(actual_seq_qlen, Tensor) else torch.tensor(
+            _int_list(op, "actual_seq_qlen", actual_seq_qlen), dtype=torch.int64)
+    return _OPS.ring_attention_update(prev_attn_out, prev_softmax_max, prev_softmax_sum, cur_attn_out,
+                                      cur_softmax_max, cur_softmax_sum, qlen, input_layout, input_softmax_layout)

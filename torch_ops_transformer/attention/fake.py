@@ -52,3 +52,13 @@ def flash_attention_score_grad(a):
 
 def dropout_gen_mask(a):
     return a.seed.new_empty((a.rows, a.cols), dtype=torch.bool)
+
+
+def ring_attention_update(a):
+    op = "ring_attention_update"
+    torch._check(a.input_layout in ("SBH", "TND"),
+                 lambda: f"{op}: argument 'input_layout' must be 'SBH' or 'TND'; got {a.input_layout!r}")
+    torch._check(a.prev_attn_out.dim() == 3, lambda: f"{op}: argument 'prev_attn_out' must be 3-D")
+    stats = a.prev_softmax_max
+    return (a.prev_attn_out.new_empty(a.prev_attn_out.shape), stats.new_empty(stats.shape, dtype=torch.float32),
+            stats.new_empty(stats.shape, dtype=torch.float32))

@@ -134,3 +134,25 @@ def modules() -> dict:
     testing.testcase, testing.common_utils, testing.common_distributed = testcase, utils, distributed
     return {"torch_npu.testing": testing, "torch_npu.testing.testcase": testcase,
             "torch_npu.testing.common_utils": utils, "torch_npu.testing.common_distributed": distributed}
+
+
+# ---- torch_npu.testing.common_utils.SkipIfNotGteCANNVersion ---------------------------------------------------------
+def SkipIfNotGteCANNVersion(version):  # noqa: N802  (upstream's name)
+    """Upstream skips a test on a CANN older than `version`. The shim has no CANN: its kernels implement the
+    feature such a test exercises, so the test runs (a call the shim does not implement raises NotImplementedError,
+    naming it)."""
+    def decorator(fn):
+        return fn
+    return decorator
+
+
+def _with_cann_version_skip(build):
+    @functools.wraps(build)
+    def wrapper() -> dict:
+        mods = build()
+        mods["torch_npu.testing.common_utils"].SkipIfNotGteCANNVersion = SkipIfNotGteCANNVersion
+        return mods
+    return wrapper
+
+
+modules = _with_cann_version_skip(modules)

@@ -505,3 +505,68 @@ def npu_kv_rmsnorm_rope_cache_v2_functional(kv: Tensor, gamma: Tensor, cos: Tens
     k_rope, c_kv = _kv_rmsnorm_rope_cache(op, kv, gamma, cos, sin, index, k_out, ckv_out, k_rope_scale, c_kv_scale,
                                           k_rope_offset, c_kv_offset, v, epsilon, cache_mode, is_output_kv)
     return k_rope, c_kv, k_out, ckv_out
+
+
+# ================================================================================================================
+# torch_npu.npu_gather_pa_kv_cache (+ _functional), npu_scatter_nd_update(_)
+# ================================================================================================================
+
+def _tensor_args(op: str, **tensors) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor; got {type(t).__name__}")
+
+
+@_args.torch_npu_api
+def npu_gather_pa_kv_cache(key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+                           key: Tensor, value: Tensor, *, seq_offset: Optional[Tensor] = None,
+                           is_seq_lens_cumsum: bool = False) -> None:
+    """torch_npu.npu_gather_pa_kv_cache: copies the tokens of each sequence of a paged ND cache ([num_blocks,
+    block_size, N, Dk] / [.., Dv]: K and V may have different widths, as MLA's latent and rope caches do) into the
+    caller's key [num_tokens, N, Dk] and value [num_tokens, N, Dv], sequence after sequence, in place (returns None).
+    seq_lens: [B] lengths, or [B+1] cumulative counts with is_seq_lens_cumsum=True. seq_offset [B]: where each
+    sequence starts in its block_tables row, in tokens (whole blocks: seq_offset // block_size; vLLM-Ascend passes
+    chunk starts, multiples of the block size). Block ids outside the cache or past the table give rows of zeros."""
+    op = "npu_gather_pa_kv_cache"
+    _tensor_args(op, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables, seq_lens=seq_lens,
+                 key=key, value=value)
+    _OPS.gather_pa_kv_cache_into(key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset,
+                                 bool(is_seq_lens_cumsum))
+    return None
+
+
+@_args.torch_npu_api
+def npu_gather_pa_kv_cache_functional(key_cache: Tensor, value_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+                                      key: Tensor, value: Tensor, *, seq_offset: Optional[Tensor] = None,
+                                      is_seq_lens_cumsum: bool = False):
+    """torch_npu.npu_gather_pa_kv_cache_functional: the out-of-place form — key / value are left unchanged and the
+    gathered copies are returned: (key_out, value_out)."""
+    op = "npu_gather_pa_kv_cache_functional"
+    _tensor_args(op, key=key, value=value)
+    key_out = key.clone(memory_format=torch.contiguous_format)
+    value_out = value.clone(memory_format=torch.contiguous_format)
+    npu_gather_pa_kv_cache.__wrapped__(key_cache, value_cache, block_tables, seq_lens, key_out, value_out,
+                                       seq_offset=seq_offset, is_seq_lens_cumsum=is_seq_lens_cumsum)
+    return key_out, value_out
+
+
+@_args.torch_npu_api
+def npu_scatter_nd_update_(input: Tensor, indices: Tensor, updates: Tensor) -> Tensor:  # noqa: A002 (upstream's name)
+    """torch_npu.npu_scatter_nd_update_: input[indices[r]] = updates[r] in place, returns input. indices int32/int64
+    [..., K] (K <= input.dim()) address slices of input.shape[K:]; updates has shape indices.shape[:-1] +
+    input.shape[K:] and input's dtype. Out-of-range indices are an error; for a repeated index the last update
+    wins. The KV-cache write of serving loops: input = cache [slots, N, D], indices [T, 1], updates [T, N, D]."""
+    op = "npu_scatter_nd_update_"
+    _tensor_args(op, input=input, indices=indices, updates=updates)
+    _OPS.scatter_nd_update(input, indices, updates)
+    return input
+
+
+@_args.torch_npu_api
+def npu_scatter_nd_update(input: Tensor, indices: Tensor, updates: Tensor) -> Tensor:  # noqa: A002 (upstream's name)
+    """torch_npu.npu_scatter_nd_update: npu_scatter_nd_update_ on a copy of input (input is left unchanged)."""
+    op = "npu_scatter_nd_update"
+    _tensor_args(op, input=input)
+    out = input.clone(memory_format=torch.contiguous_format)
+    _OPS.scatter_nd_update(out, indices, updates)
+    return out

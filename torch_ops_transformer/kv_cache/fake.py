@@ -37,3 +37,22 @@ def kv_rms_norm_rope_cache(a):
     else:
         dk, dv = d, a.v.shape[-1]
     return a.kv.new_empty((b, n, s, dk)), a.kv.new_empty((b, n, s, dv))
+
+
+def gather_pa_kv_cache_into(a):
+    op = "gather_pa_kv_cache_into"
+    torch._check(a.key.dtype == a.key_cache.dtype and a.value.dtype == a.value_cache.dtype,
+                 lambda: f"{op}: key/value and their caches must have the same dtype")
+    torch._check(a.key_cache.dim() in (3, 4) and a.value_cache.dim() in (3, 4),
+                 lambda: f"{op}: caches must be (num_blocks, block_size, N, D) or (num_blocks, block_size, N*D)")
+    torch._check(a.block_tables.dim() == 2, lambda: f"{op}: argument 'block_tables' must be 2-D [batch, max_blocks]")
+    return None
+
+
+def scatter_nd_update(a):
+    op = "scatter_nd_update"
+    k = a.indices.shape[-1] if a.indices.dim() >= 1 else 0
+    torch._check(a.indices.dim() >= 1 and k <= a.var.dim(),
+                 lambda: f"{op}: argument 'indices' [..., K] needs K <= var.dim() = {a.var.dim()}")
+    torch._check(a.updates.dtype == a.var.dtype, lambda: f"{op}: argument 'updates' must have var's dtype")
+    return None

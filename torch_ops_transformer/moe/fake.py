@@ -276,3 +276,11 @@ def moe_distribute_combine_v2_grad(a):
             torch.empty_like(a.expert_scales, memory_format=torch.contiguous_format),
             a.expand_x.new_empty(0) if shared is None else torch.empty_like(shared,
                                                                              memory_format=torch.contiguous_format))
+
+
+def grouped_matmul_add(a):
+    op = "grouped_matmul_add"
+    torch._check(a.group_type == 2, lambda: f"{op}: argument 'group_type' must be 2; got {a.group_type}")
+    torch._check(a.x.dim() == 2 and a.weight.dim() == 2,
+                 lambda: f"{op}: arguments 'x' and 'weight' must be 2-D [M, K] and [M, N]")
+    return None

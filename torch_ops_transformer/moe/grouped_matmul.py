@@ -295,3 +295,45 @@ def npu_grouped_matmul_swiglu_quant_v2(x: torch.Tensor, weight: Sequence[torch.T
     gl = _args.host_int_tensor(op, "group_list", group_list, x.device)
     out, scale, _ = torch.ops.npu_fa.grouped_matmul_swiglu_quant(x, weight[0], gl, ws, x_scale, group_list_type)
     return out, scale
+
+
+# ================================================================================================================
+# torch_npu.npu_grouped_matmul_add(_): MindSpeed's weight-gradient accumulation
+# ================================================================================================================
+
+def _gmm_add(op: str, y, x, weight, group_list, transpose_x, transpose_weight, group_type, group_list_type) -> None:
+    for name, t in (("input", y), ("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor; got {type(t).__name__}")
+    if not isinstance(group_list, torch.Tensor):
+        group_list = torch.tensor(list(group_list), dtype=torch.int64)
+    glt = 0 if group_list_type is None else int(group_list_type)
+    torch.ops.npu_fa.grouped_matmul_add(y, x, weight, group_list, bool(transpose_x), bool(transpose_weight),
+                                        int(group_type), glt)
+
+
+@_args.torch_npu_api
+def npu_grouped_matmul_add_(input: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_list, *,  # noqa: A002
+                            transpose_x: bool = True, transpose_weight: bool = False, group_type: int = 2,
+                            group_list_type: Optional[int] = 0) -> torch.Tensor:
+    """torch_npu.npu_grouped_matmul_add_ (MindSpeed's gradient accumulation of grouped weights): input[g] +=
+    x_g^T @ weight_g in place, returns input. x [M, K] and weight [M, N] are split along M (the tokens) into groups by
+    group_list (int64 [G]: cumulative ends, or counts with group_list_type=1); input [G*K, N] or [G, K, N], float32
+    (MindSpeed's main_grad; or x's dtype). Accumulates in fp32. Only transpose_x=True, transpose_weight=False and
+    group_type=2, upstream's supported form."""
+    _gmm_add("npu_grouped_matmul_add_", input, x, weight, group_list, transpose_x, transpose_weight, group_type,
+             group_list_type)
+    return input
+
+
+@_args.torch_npu_api
+def npu_grouped_matmul_add(input: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, group_list, *,  # noqa: A002
+                           transpose_x: bool = True, transpose_weight: bool = False, group_type: int = 2,
+                           group_list_type: Optional[int] = 0) -> torch.Tensor:
+    """torch_npu.npu_grouped_matmul_add: npu_grouped_matmul_add_ on a copy of input (input is left unchanged)."""
+    op = "npu_grouped_matmul_add"
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"{op}: argument 'input' must be a Tensor; got {type(input).__name__}")
+    out = input.clone(memory_format=torch.contiguous_format)
+    _gmm_add(op, out, x, weight, group_list, transpose_x, transpose_weight, group_type, group_list_type)
+    return out

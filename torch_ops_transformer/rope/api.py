@@ -6,6 +6,8 @@
 - `npu_apply_rotary_pos_emb(query, key, cos, sin, layout='BSND', rotary_mode='half')` — in place on query and key,
   returns them (like torch_npu);
 - `rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, is_neox_style=True)` — vLLM-style;
+- `npu_mrope(positions, query, key, cos_sin_cache, head_size, *, mrope_section=None, rotary_mode='half',
+  cache_mode='default')` — torch_npu's cache RoPE and multimodal RoPE (Qwen2-VL to Qwen3-VL), on the same op;
 - `npu_interleave_rope(x, cos, sin)` — DeepSeek's interleaved RoPE (MLA): pairs de-interleaved, then 'half'
   (differentiable in x, cos, sin).
 
@@ -14,7 +16,7 @@ four quarters of D), 'interleave-half' (3: x is reordered to cat(x[..., 0::2], x
 cos/sin hold one value per element of D (for 'half': cat(freqs, freqs).cos(); for 'interleave':
 freqs.repeat_interleave(2).cos()) and broadcast to x by the usual right-aligned rules.
 """
-from typing import Optional, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -145,3 +147,35 @@ def rope_with_sin_cos_cache(positions: Tensor, query: Tensor, key: Tensor, cos_s
     (int64 [T]); query/key [T, N*head_size] or [T, N, head_size]; only the first rot_dim values of each head rotate.
     Returns new tensors (the inputs are not modified)."""
     return _OPS.rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, is_neox_style)
+
+
+@_args.torch_npu_api
+def npu_mrope(positions: Tensor, query: Tensor, key: Tensor, cos_sin_cache: Tensor, head_size: int, *,
+              mrope_section: Optional[Sequence[int]] = None, rotary_mode: Optional[str] = "half",
+              cache_mode: Optional[str] = "default") -> Tuple[Tensor, Tensor]:
+    """torch_npu.npu_mrope: RoPE from a cos/sin cache (rope_with_sin_cos_cache). positions [T] (RoPE) or [m, T]
+    (multimodal RoPE, m = len(mrope_section) = 3 or 4, e.g. Qwen2-VL's t/h/w rows); query/key [T, N*head_size];
+    cos_sin_cache [max_position, rot_dim] = cat(cos, sin), rot_dim <= head_size (partial rotary: the rest of each
+    head passes through). mrope_section: lengths of the sections of the rotary half (sum rot_dim/2) whose cos/sin
+    come from position rows 0, 1, ... (None or all zeros: RoPE). rotary_mode 'half' (NeoX) or 'interleave' (GPT-J
+    pairs); cache_mode 'default' (consecutive sections) or 'interleave' (Qwen3-VL: columns j % 3 == 1, 2 below
+    3*mrope_section[1] from rows 1, 2; ignored for RoPE). Returns new tensors of query's and key's shapes."""
+    op = "npu_mrope"
+    for name, t in (("positions", positions), ("query", query), ("key", key), ("cos_sin_cache", cos_sin_cache)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: argument '{name}' must be a Tensor; got {type(t).__name__}")
+    rotary_mode = "half" if rotary_mode is None else rotary_mode
+    cache_mode = "default" if cache_mode is None else cache_mode
+    if rotary_mode not in ("half", "interleave"):  # torch_npu's wording first
+        raise ValueError(f"{op}: rotary_mode only support half or interleave (argument 'rotary_mode'); got "
+                         f"{rotary_mode!r}")
+    if cache_mode not in ("default", "interleave"):
+        raise ValueError(f"{op}: cache_mode only support default or interleave (argument 'cache_mode'); got "
+                         f"{cache_mode!r}")
+    for name, t in (("query", query), ("key", key)):
+        if t.dtype != cos_sin_cache.dtype:
+            raise TypeError(f"{op}: argument '{name}' ({t.dtype}) must have the dtype of 'cos_sin_cache' "
+                            f"({cos_sin_cache.dtype})")
+    section = None if mrope_section is None else [int(v) for v in mrope_section]
+    return _OPS.rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, rotary_mode == "half",
+                                        section, cache_mode)

@@ -41,6 +41,14 @@ def rope_with_sin_cos_cache(a):
     torch._check(a.cos_sin_cache.dim() == 2, lambda: f"{op}: cos_sin_cache must be 2-D [max_position, rot_dim]")
     torch._check(rot % 2 == 0 and rot <= a.head_size,
                  lambda: f"{op}: rot_dim ({rot}) must be even, positive and at most head_size={a.head_size}")
+    torch._check(a.cache_mode in ("default", "interleave"),
+                 lambda: f"{op}: cache_mode must be 'default' or 'interleave'; got '{a.cache_mode}'")
+    sec = list(a.mrope_section or ())
+    if any(v != 0 for v in sec):
+        torch._check(len(sec) in (3, 4) and min(sec) >= 0 and sum(sec) == rot // 2,
+                     lambda: f"{op}: mrope_section {sec} must have 3 or 4 non-negative entries summing to rot_dim/2")
+        torch._check(a.positions.dim() == 2 and a.positions.shape[0] == len(sec),
+                     lambda: f"{op}: with mrope_section {sec}, positions must be 2-D [{len(sec)}, num_tokens]")
     return a.query.new_empty(a.query.shape), a.key.new_empty(a.key.shape)
 
 

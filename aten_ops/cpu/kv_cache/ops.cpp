@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "generated/kernels.h"
@@ -200,6 +201,147 @@ std::tuple<at::Tensor, at::Tensor> gather_pa_kv_cache_cpu(const GatherPaKvCacheA
     }
   });
   return {k, v};
+}
+
+// torch_npu's npu_gather_pa_kv_cache: token rows of each sequence copied, sequence after sequence, into the caller's
+// key/value. Token j of sequence b reads block_tables[b, seq_offset[b] / block_size + j / block_size], row
+// j % block_size; a block id outside [0, num_blocks) or a table index past the row gives a row of zeros (upstream's
+// definition). Rows past key.size(0) are not written; rows past the sequences' total are left as they are.
+void gather_pa_kv_cache_into_cpu(const GatherPaKvCacheIntoArgs& args) {
+  const char* op = "gather_pa_kv_cache_into";
+  const auto [kg, vg] = cache_pair(op, args.key_cache, args.value_cache, "BSND");
+  check_index_dtype(op, "block_tables", args.block_tables);
+  check_index_dtype(op, "seq_lens", args.seq_lens);
+  TORCH_CHECK_VALUE(args.block_tables.dim() == 2, op, ": argument 'block_tables' must be 2-D [batch, max_blocks]; got "
+                    "shape ", args.block_tables.sizes());
+  TORCH_CHECK_VALUE(args.seq_lens.dim() == 1, op, ": argument 'seq_lens' must be 1-D; got shape ", args.seq_lens.sizes());
+  const int64_t T = args.key.dim() > 0 ? args.key.size(0) : 0;
+  for (const auto& [name, x, cache, row] : {std::tuple<const char*, const at::Tensor&, const at::Tensor&, int64_t>{
+                                                "key", args.key, args.key_cache, kg.row},
+                                            {"value", args.value, args.value_cache, vg.row}}) {
+    TORCH_CHECK_TYPE(x.scalar_type() == cache.scalar_type(), op, ": argument '", name, "' (", x.scalar_type(),
+                     ") must have the dtype of its cache (", cache.scalar_type(), ")");
+    TORCH_CHECK_VALUE(x.dim() >= 2 && x.size(0) == T, op, ": argument '", name, "' of shape ", x.sizes(),
+                      " must be [num_tokens, N, D] (or [num_tokens, N*D]) with num_tokens = key.size(0) = ", T);
+    int64_t per = 1;
+    for (int64_t d = 1; d < x.dim(); ++d) per *= x.size(d);
+    TORCH_CHECK_VALUE(per == row, op, ": argument '", name, "' of shape ", x.sizes(), " has ", per,
+                      " values per token but its cache of shape ", cache.sizes(), " holds ", row);
+  }
+  const at::Tensor lens_in = as_long(args.seq_lens);
+  const int64_t* lin = lens_in.data_ptr<int64_t>();
+  const int64_t n_in = lens_in.numel();
+  TORCH_CHECK_VALUE(!args.is_seq_lens_cumsum || n_in >= 1, op, ": with is_seq_lens_cumsum, argument 'seq_lens' ",
+                    "holds batch+1 cumulative counts; got an empty tensor");
+  const int64_t B = args.is_seq_lens_cumsum ? n_in - 1 : n_in;
+  std::vector<int64_t> len(B);
+  for (int64_t b = 0; b < B; ++b) {
+    len[b] = args.is_seq_lens_cumsum ? lin[b + 1] - lin[b] : lin[b];
+    TORCH_CHECK_VALUE(len[b] >= 0, op, ": argument 'seq_lens' must give non-negative lengths",
+                      args.is_seq_lens_cumsum ? " (a non-decreasing cumulative sum)" : "", "; sequence ", b,
+                      " has ", len[b]);
+  }
+  TORCH_CHECK_VALUE(args.block_tables.size(0) >= B, op, ": argument 'block_tables' of shape ",
+                    args.block_tables.sizes(), " needs a row per sequence (", B, ")");
+  std::vector<int64_t> first_block(B, 0);
+  if (args.seq_offset.has_value()) {
+    check_index_dtype(op, "seq_offset", *args.seq_offset);
+    TORCH_CHECK_VALUE(args.seq_offset->dim() == 1 && args.seq_offset->size(0) == B, op,
+                      ": argument 'seq_offset' must be 1-D [batch] = [", B, "]; got shape ", args.seq_offset->sizes());
+    const at::Tensor off = as_long(*args.seq_offset);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t o = off.data_ptr<int64_t>()[b];
+      TORCH_CHECK_VALUE(o >= 0, op, ": argument 'seq_offset' must be non-negative; got ", o, " for sequence ", b);
+      first_block[b] = o / kg.block_size;
+    }
+  }
+  std::vector<int64_t> start(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) start[b + 1] = start[b] + len[b];
+  const int64_t rows = std::min(start[B], T);
+  if (rows == 0) return;
+  const at::Tensor bt = as_long(args.block_tables);
+  const int64_t* btp = bt.data_ptr<int64_t>();
+  const int64_t M = bt.size(1), bs = kg.block_size;
+  at::Tensor k = args.key.is_contiguous() ? args.key : args.key.contiguous();
+  at::Tensor v = args.value.is_contiguous() ? args.value : args.value.contiguous();
+  const size_t kes = args.key_cache.element_size(), ves = args.value_cache.element_size();
+  const size_t kbytes = kg.row * kes, vbytes = vg.row * ves;
+  const char* ksrc = static_cast<const char*>(args.key_cache.data_ptr());
+  const char* vsrc = static_cast<const char*>(args.value_cache.data_ptr());
+  char* kd = static_cast<char*>(k.data_ptr());
+  char* vd = static_cast<char*>(v.data_ptr());
+  at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(kg.row + vg.row, 1)), [&](int64_t r0, int64_t r1) {
+    int64_t b = std::upper_bound(start.begin(), start.end(), r0) - start.begin() - 1;
+    for (int64_t r = r0; r < r1; ++r) {
+      while (r >= start[b + 1]) ++b;  // skips empty sequences
+      const int64_t j = r - start[b], idx = first_block[b] + j / bs;
+      const int64_t blk = idx < M ? btp[b * M + idx] : -1;
+      if (blk >= 0 && blk < kg.num_blocks) {
+        const int64_t slot = blk * bs + j % bs;
+        std::memcpy(kd + r * kbytes, ksrc + slot * kbytes, kbytes);
+        std::memcpy(vd + r * vbytes, vsrc + slot * vbytes, vbytes);
+      } else {
+        std::memset(kd + r * kbytes, 0, kbytes);
+        std::memset(vd + r * vbytes, 0, vbytes);
+      }
+    }
+  });
+  if (!k.is_same(args.key)) args.key.copy_(k);
+  if (!v.is_same(args.value)) args.value.copy_(v);
+}
+
+// torch_npu's npu_scatter_nd_update_: var[indices[r]] = updates[r] for every index row r (a slice of
+// var.shape[K:]). Rows are resolved to flat slice offsets first (range-checked), a repeated slice keeps its last
+// update, and the distinct slices are copied in parallel (byte-wise: any dtype).
+void scatter_nd_update_cpu(const ScatterNdUpdateArgs& args) {
+  const char* op = "scatter_nd_update";
+  const at::Tensor& var = args.var;
+  check_index_dtype(op, "indices", args.indices);
+  TORCH_CHECK_VALUE(args.indices.dim() >= 1, op, ": argument 'indices' must have at least 1 dimension [..., K]; got a ",
+                    "scalar");
+  const int64_t K = args.indices.size(-1);
+  TORCH_CHECK_VALUE(K >= 1 && K <= var.dim(), op, ": argument 'indices' of shape ", args.indices.sizes(),
+                    " addresses K = ", K, " leading dimensions; expected 1 <= K <= var.dim() = ", var.dim());
+  TORCH_CHECK_TYPE(args.updates.scalar_type() == var.scalar_type(), op, ": argument 'updates' (",
+                   args.updates.scalar_type(), ") must have the dtype of 'var' (", var.scalar_type(), ")");
+  std::vector<int64_t> want(args.indices.sizes().begin(), args.indices.sizes().end() - 1);
+  for (int64_t d = K; d < var.dim(); ++d) want.push_back(var.size(d));
+  TORCH_CHECK_VALUE(args.updates.sizes().vec() == want, op, ": argument 'updates' must have shape indices.shape[:-1] + ",
+                    "var.shape[K:] = ", at::IntArrayRef(want), "; got ", args.updates.sizes());
+  const int64_t R = K ? args.indices.numel() / K : 0;
+  int64_t slice = 1;
+  for (int64_t d = K; d < var.dim(); ++d) slice *= var.size(d);
+  if (R == 0 || slice == 0) return;
+  const at::Tensor idx = as_long(args.indices);
+  const int64_t* ip = idx.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> target(R);  // (flat slice index, row)
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t flat = 0;
+    for (int64_t d = 0; d < K; ++d) {
+      const int64_t i = ip[r * K + d];
+      TORCH_CHECK_VALUE(i >= 0 && i < var.size(d), op, ": argument 'indices' row ", r, " has ", i, " for dimension ",
+                        d, " of var (size ", var.size(d), "); expected [0, ", var.size(d), ")");
+      flat = flat * var.size(d) + i;
+    }
+    target[r] = {flat, r};
+  }
+  std::stable_sort(target.begin(), target.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::pair<int64_t, int64_t>> last;  // one row per slice: the last in index order
+  last.reserve(R);
+  for (int64_t i = 0; i < R; ++i)
+    if (i + 1 == R || target[i + 1].first != target[i].first) last.push_back(target[i]);
+  const bool direct = var.is_contiguous();
+  at::Tensor dst = direct ? var : var.contiguous();
+  const at::Tensor src = args.updates.contiguous();
+  const size_t bytes = slice * var.element_size();
+  char* dp = static_cast<char*>(dst.data_ptr());
+  const char* sp = static_cast<const char*>(src.data_ptr());
+  at::parallel_for(0, static_cast<int64_t>(last.size()), std::max<int64_t>(1, 65536 / static_cast<int64_t>(bytes)),
+                   [&](int64_t i0, int64_t i1) {
+                     for (int64_t i = i0; i < i1; ++i)
+                       std::memcpy(dp + last[i].first * bytes, sp + last[i].second * bytes, bytes);
+                   });
+  if (!direct) var.copy_(dst);
 }
 
 }  // namespace npu_fa

@@ -10,6 +10,7 @@
 // The backward scatters through the same maps. Computation is in fp32 (fp64 for fp64 inputs).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <cstring>
 #include <string>
@@ -273,43 +274,84 @@ void apply_rotary_pos_emb_cpu(const ApplyRotaryPosEmbArgs& args) {
 
 namespace {
 
-// One of query/key for rope_with_sin_cos_cache: x viewed as [T, heads, head_size].
-at::Tensor rope_cache_one(const char* op, const char* name, const at::Tensor& positions, const at::Tensor& x,
-                          const at::Tensor& cache, int64_t head_size, bool neox) {
+// The rope_with_sin_cos_cache call after validation: for each token, the column of the position row its cos/sin come
+// from (one row without sections; for multimodal RoPE a row per column of the rotary half).
+struct RopeCachePlan {
+  int64_t tokens = 0;          // T
+  int64_t rot = 0, half = 0;   // rot_dim, rot_dim / 2
+  int64_t rows = 1;            // position rows: 1, or len(mrope_section)
+  std::vector<int64_t> row_of; // [half]: which position row column j reads (all 0 without sections)
+};
+
+// One of query/key for rope_with_sin_cos_cache: x viewed as [T, heads, head_size]. Per token the cos/sin of the
+// rotary half are gathered once (from one position row, or per column from its section's row), then every head is
+// rotated in the accumulation dtype with at::vec (NeoX halves are contiguous runs; GPT-J pairs are de-interleaved
+// into the same two runs and written back).
+at::Tensor rope_cache_one(const char* op, const char* name, const at::Tensor& pos, const at::IntArrayRef token_shape,
+                          const at::Tensor& x, const at::Tensor& cache, int64_t head_size, bool neox,
+                          const RopeCachePlan& plan) {
   check_float(op, name, x);
-  TORCH_CHECK(x.dim() > positions.dim(), op, ": ", name, " of shape ", x.sizes(),
-              " must have more dimensions than positions of shape ", positions.sizes());
-  for (int64_t d = 0; d < positions.dim(); ++d)
-    TORCH_CHECK(x.size(d) == positions.size(d), op, ": ", name, " of shape ", x.sizes(),
-                " must start with positions' shape ", positions.sizes());
-  const int64_t T = positions.numel();
-  const int64_t per_token = T ? x.numel() / T : 0;
+  const int64_t td = static_cast<int64_t>(token_shape.size());
+  TORCH_CHECK(x.dim() > td, op, ": ", name, " of shape ", x.sizes(), " must have more dimensions than the tokens' shape ",
+              token_shape, " (positions' shape", plan.rows > 1 ? " without its section dimension" : "", ")");
+  for (int64_t d = 0; d < td; ++d)
+    TORCH_CHECK(x.size(d) == token_shape[d], op, ": ", name, " of shape ", x.sizes(), " must start with the tokens' shape ",
+                token_shape, plan.rows > 1 ? " (positions [sections, T] without the section dimension)" : " (positions' shape)");
   int64_t tail = 1;
-  for (int64_t d = positions.dim(); d < x.dim(); ++d) tail *= x.size(d);
+  for (int64_t d = td; d < x.dim(); ++d) tail *= x.size(d);
   TORCH_CHECK(tail % head_size == 0, op, ": ", name, " of shape ", x.sizes(), " holds ", tail,
               " values per token, not a multiple of head_size=", head_size);
-  (void)per_token;
   at::Tensor out = x.contiguous().clone(at::MemoryFormat::Contiguous);
   if (out.numel() == 0) return out;
-  const int64_t heads = tail / head_size;
-  const int64_t rot = cache.size(1), half = rot / 2;
-  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t T = plan.tokens, heads = tail / head_size, rot = plan.rot, half = plan.half;
+  const int64_t* pp = pos.data_ptr<int64_t>();  // [rows, T]
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_with_sin_cos_cache", [&] {
     using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    using Vec = at::vec::Vectorized<acc_t>;
     const at::Tensor tab = cache.to(std::is_same_v<acc_t, double> ? at::kDouble : at::kFloat).contiguous();
     const acc_t* tp = tab.data_ptr<acc_t>();
-    scalar_t* op_ = out.data_ptr<scalar_t>();
-    at::parallel_for(0, T * heads, grain_rows(head_size), [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t tkn = i / heads;
-        const acc_t* c = tp + pos[tkn] * rot;
-        const acc_t* s = c + half;
-        scalar_t* v = op_ + i * head_size;
-        for (int64_t k = 0; k < half; ++k) {
-          const int64_t i1_ = neox ? k : 2 * k, i2_ = neox ? k + half : 2 * k + 1;
-          const acc_t x1 = static_cast<acc_t>(v[i1_]), x2 = static_cast<acc_t>(v[i2_]);
-          v[i1_] = static_cast<scalar_t>(x1 * c[k] - x2 * s[k]);
-          v[i2_] = static_cast<scalar_t>(x2 * c[k] + x1 * s[k]);
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, grain_rows(head_size) / std::max<int64_t>(heads, 1));
+    at::parallel_for(0, T, grain, [&](int64_t t0, int64_t t1) {
+      std::vector<acc_t> buf(4 * half);
+      acc_t *c = buf.data(), *s = c + half, *x1 = s + half, *x2 = x1 + half;
+      for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t j = 0; j < half; ++j) {
+          const acc_t* row = tp + pp[plan.row_of[j] * T + t] * rot;
+          c[j] = row[j];
+          s[j] = row[half + j];
+        }
+        for (int64_t h = 0; h < heads; ++h) {
+          scalar_t* v = o + (t * heads + h) * head_size;
+          if (neox) {
+            at::vec::convert(v, x1, half);
+            at::vec::convert(v + half, x2, half);
+          } else {
+            for (int64_t k = 0; k < half; ++k) {
+              x1[k] = static_cast<acc_t>(v[2 * k]);
+              x2[k] = static_cast<acc_t>(v[2 * k + 1]);
+            }
+          }
+          int64_t k = 0;
+          for (; k + Vec::size() <= half; k += Vec::size()) {
+            const Vec a = Vec::loadu(x1 + k), b = Vec::loadu(x2 + k), cv = Vec::loadu(c + k), sv = Vec::loadu(s + k);
+            (a * cv - b * sv).store(x1 + k);
+            (b * cv + a * sv).store(x2 + k);
+          }
+          for (; k < half; ++k) {
+            const acc_t a = x1[k], b = x2[k];
+            x1[k] = a * c[k] - b * s[k];
+            x2[k] = b * c[k] + a * s[k];
+          }
+          if (neox) {
+            at::vec::convert(x1, v, half);
+            at::vec::convert(x2, v + half, half);
+          } else {
+            for (int64_t q = 0; q < half; ++q) {
+              v[2 * q] = static_cast<scalar_t>(x1[q]);
+              v[2 * q + 1] = static_cast<scalar_t>(x2[q]);
+            }
+          }
         }
       }
     });
@@ -330,14 +372,55 @@ std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const RopeWithSin
   TORCH_CHECK(args.head_size > 0, op, ": head_size must be positive; got ", args.head_size);
   TORCH_CHECK(rot > 0 && rot % 2 == 0 && rot <= args.head_size, op, ": rot_dim (cos_sin_cache.size(1)=", rot,
               ") must be even, positive and at most head_size=", args.head_size);
+  const std::string cache_mode(args.cache_mode);
+  TORCH_CHECK(cache_mode == "default" || cache_mode == "interleave", op,
+              ": cache_mode must be 'default' or 'interleave'; got '", cache_mode, "'");
+  RopeCachePlan plan;
+  plan.rot = rot;
+  plan.half = rot / 2;
+  plan.row_of.assign(plan.half, 0);
+  bool mrope = false;
+  if (args.mrope_section.has_value()) {
+    const auto sec = *args.mrope_section;
+    for (int64_t v : sec) mrope = mrope || v != 0;
+    if (mrope) {
+      const int64_t m = static_cast<int64_t>(sec.size());
+      TORCH_CHECK(m == 3 || m == 4, op, ": mrope_section must have 3 or 4 entries; got ", sec);
+      int64_t sum = 0;
+      for (int64_t v : sec) {
+        TORCH_CHECK(v >= 0, op, ": mrope_section entries must be non-negative; got ", sec);
+        sum += v;
+      }
+      TORCH_CHECK(sum == plan.half, op, ": mrope_section ", sec, " must sum to rot_dim/2 = ", plan.half,
+                  " (cos_sin_cache.size(1)=", rot, "); its sum is ", sum);
+      TORCH_CHECK(cache_mode == "default" || m == 3, op,
+                  ": cache_mode='interleave' needs a 3-entry mrope_section; got ", sec);
+      TORCH_CHECK(args.positions.dim() == 2 && args.positions.size(0) == m, op,
+                  ": with mrope_section ", sec, ", positions must be 2-D [", m, ", num_tokens]; got shape ",
+                  args.positions.sizes());
+      plan.rows = m;
+      if (cache_mode == "default") {
+        int64_t j = 0;
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t e = 0; e < sec[r]; ++e) plan.row_of[j++] = r;
+      } else {
+        for (int64_t j = 0; j < plan.half; ++j)
+          if (j < 3 * sec[1] && j % 3 != 0) plan.row_of[j] = j % 3;
+      }
+    }
+  }
   const at::Tensor pos = args.positions.to(at::kLong).contiguous();
+  const at::IntArrayRef token_shape = mrope ? pos.sizes().slice(1) : pos.sizes();
+  plan.tokens = mrope ? pos.size(1) : pos.numel();
   if (pos.numel() > 0) {
     const int64_t lo = pos.min().item<int64_t>(), hi = pos.max().item<int64_t>();
     TORCH_CHECK(lo >= 0 && hi < max_pos, op, ": positions must lie in [0, ", max_pos,
                 ") (cos_sin_cache rows); got values in [", lo, ", ", hi, "]");
   }
-  return {rope_cache_one(op, "query", pos, args.query, args.cos_sin_cache, args.head_size, args.is_neox_style),
-          rope_cache_one(op, "key", pos, args.key, args.cos_sin_cache, args.head_size, args.is_neox_style)};
+  return {rope_cache_one(op, "query", pos, token_shape, args.query, args.cos_sin_cache, args.head_size,
+                         args.is_neox_style, plan),
+          rope_cache_one(op, "key", pos, token_shape, args.key, args.cos_sin_cache, args.head_size,
+                         args.is_neox_style, plan)};
 }
 
 }  // namespace npu_fa

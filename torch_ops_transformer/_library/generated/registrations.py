@@ -22,14 +22,17 @@ OPS = {
     'npu_attention_tile_config': OpInfo("Overrides the tile sizes of the Ascend C FlashAttention forward kernel run by flash_attention_score on the npu device (query rows s1_block x key rows s2_block per task), process-wide, with attention_tile_config's conventions: a value > 0 sets it, 0 keeps the current setting, -1 returns to the automatic choice of the kernel's tiling. Returns the overrides in force, [s1_block, s2_block], 0 meaning automatic. Sizes the tiling cannot use surface as its error at the next npu flash_attention_score call.", ('CatchAll',), False, False),
     'attention_tuning_table': OpInfo('The in-process table of tuned CPU FlashAttention tile sizes (docs/attention.md, "Block-size tuning"), one line per shape class: "key block_q block_kv" (0 0: the built-in choice) followed by the measured candidates as "block_q:block_kv:ms". clear=True empties the table first; the lines of `entries` are then added for the keys the table does not hold yet. Returns the whole table. Used by torch_ops_transformer.tuning to load and save the per-machine cache file.', ('CatchAll',), False, False),
     'attention_tuning_stats': OpInfo('[shape classes measured, kernel runs timed] by the block-size tuning since the process started (tests check that a cached class is never measured again).', ('CatchAll',), False, False),
+    'ring_attention_update': OpInfo('torch_npu\'s npu_ring_attention_update (ring context parallelism): merges two partial attention results of the same queries over different key blocks by their softmax statistics. m = max(prev_max, cur_max), a = prev_sum * exp(prev_max - m), c = cur_sum * exp(cur_max - m), sum = a + c, attn_out = prev_attn_out * a/sum + cur_attn_out * c/sum (fp32; fp64 for fp64). input_layout "SBH": attention [S, B, N*D], statistics [B, N, S, 8]; "TND": attention [T, N, D], statistics of shape [T, N, 8] holding rows (t, n) in N-major order with input_softmax_layout "" (as npu_fusion_attention writes them) or in TND order with "TND"; actual_seq_qlen (required, int64 cumulative lengths ending at T) is checked. Statistics are float32 with 8 equal copies of each value; the outputs repeat them likewise, in the inputs\' order. A row empty in both blocks (max -inf, sum 0) stays empty (output 0). Not differentiable.', ('CPU',), False, True),
     'rotary_position_embedding': OpInfo("Rotary position embedding (CANN RotaryPositionEmbedding): out = x*cos + rotate(x)*sin over the last dim D (even). mode 0 half (rotate_half, NeoX/LLaMA), 1 interleave (GPT-J), 2 quarter (cat(-x2,x1,-x4,x3), D % 4 == 0), 3 interleave-half (x is first reordered to cat(x[0::2], x[1::2]), then half mode). x of any layout (BNSD, BSND, SBND, TND...); cos/sin end in D and broadcast to x by the usual right-aligned rules. fp32/fp16/bf16/fp64, computed in fp32 (fp64 for fp64). Returns a new contiguous tensor of x's shape and dtype.", ('CPU', 'PrivateUse1'), True, True),
     'rotary_position_embedding_grad': OpInfo("Backward of rotary_position_embedding: dx (x's shape and dtype), dcos and dsin reduced over the broadcast dimensions to cos's and sin's shapes and dtypes.", ('CPU', 'PrivateUse1'), False, True),
     'apply_rotary_pos_emb': OpInfo("In-place rotary embedding of query and key (CANN ApplyRotaryPosEmb). layout BSND (alias BSH), BNSD, SBND (4-D) or TND (3-D); rotary_mode 'half', 'interleave', 'quarter' or 'interleave-half' (as rotary_position_embedding). cos/sin broadcast to query and key (query and key may have different head counts); a 2-D [S, D] cos/sin is placed on the layout's sequence axis. Not differentiable.", ('CPU',), False, True),
-    'rope_with_sin_cos_cache': OpInfo("vLLM-style rotary embedding with a cos/sin cache: cos_sin_cache [max_position, rot_dim] holds cos in its first rot_dim/2 columns and sin in the rest; positions (int64, shape P, e.g. [T]) index its rows. query/key are [*P, N*head_size] or [*P, N, head_size]; each head's first rot_dim values are rotated (NeoX halves when is_neox_style, GPT-J pairs otherwise), the rest pass through. Returns new contiguous tensors. Positions outside [0, max_position) are an error. Not differentiable.", ('CPU',), False, True),
+    'rope_with_sin_cos_cache': OpInfo('vLLM-style rotary embedding with a cos/sin cache: cos_sin_cache [max_position, rot_dim] holds cos in its first rot_dim/2 columns and sin in the rest; positions (int64 or int32, shape P, e.g. [T]) index its rows. query/key are [*P, N*head_size] or [*P, N, head_size]; each head\'s first rot_dim values are rotated (NeoX halves when is_neox_style, GPT-J pairs otherwise), the rest pass through. Multimodal RoPE (torch_npu\'s npu_mrope, Qwen2-VL to Qwen3-VL) when mrope_section has a non-zero entry: positions are [m, T] (m = len(mrope_section), 3 or 4, sections summing to rot_dim/2) and query/key [T, ...]; column j of the rotary half takes its cos/sin from the position row of its section: consecutive sections (cache_mode "default"), or, with cache_mode "interleave" and m = 3, row 1 for j % 3 == 1 and row 2 for j % 3 == 2 below 3*mrope_section[1], row 0 elsewhere. cache_mode is ignored without sections. Returns new contiguous tensors. Positions outside [0, max_position) are an error. Not differentiable.', ('CPU',), False, True),
     'interleave_rope': OpInfo("torch_npu's npu_interleave_rope (CANN InterleaveRope): over the last dim D (even), the pairs of x are first de-interleaved, q = cat(x[..., 0::2], x[..., 1::2]), then out = q*cos + rotate_half(q)*sin, rotate_half(q) = cat(-q[D/2:], q[:D/2]) (DeepSeek's interleaved rope; output in q's order). x of any rank >= 1 (upstream: 4-D [B, N, S, 64]); cos/sin of one shape, ending in D and broadcasting to x by the usual right-aligned rules (e.g. [B, 1, S, D] or [B, 1, 1, D]). fp32/fp16/bf16/fp64, computed in fp32 (fp64 for fp64). Returns a new contiguous tensor of x's shape and dtype.", ('CPU',), True, True),
     'interleave_rope_grad': OpInfo("Backward of interleave_rope: dx (x's shape and dtype), dcos and dsin reduced over the broadcast dimensions to cos's and sin's shapes and dtypes.", ('CPU',), False, True),
     'scatter_pa_kv_cache': OpInfo('Writes T new K/V token rows ([T, N2, D] or [T, N2*D]) into a paged cache, in place: token t goes to slot slot_mapping[t] = block*block_size + offset; -1 skips the token (padding). Caches are contiguous (num_blocks, block_size, N2, D) or (num_blocks, block_size, N2*D) with cache_layout "BSND", or (num_blocks, N2, block_size, D) with "BNSD" (the head-major paged layout of incre_flash_attention); value\'s D may differ from key\'s. Slots must be distinct (a repeated slot is an error). Not differentiable.', ('CPU',), False, True),
     'gather_pa_kv_cache': OpInfo('Packs the first seq_lens[b] tokens of each sequence of a paged cache into contiguous K/V of shape [sum(seq_lens), *cache.shape[2:]] ([sum(seq_lens), N2, D] for cache_layout "BNSD"), sequence after sequence. block_table int32/int64 [B, max_blocks] maps logical to physical blocks (entries past ceil(seq_lens[b]/block_size) are ignored); seq_lens int64/int32 [B]. The output length is data-dependent (an unbacked size under torch.compile).', ('CPU',), False, True),
+    'gather_pa_kv_cache_into': OpInfo("torch_npu's npu_gather_pa_kv_cache: the token rows of each sequence of a paged cache (ND, [num_blocks, block_size, N, Dk] and [num_blocks, block_size, N, Dv]: K and V of different widths) copied, sequence after sequence, into the caller's key [num_tokens, N, Dk] and value [num_tokens, N, Dv] (or [num_tokens, N*D]), in place. seq_lens int32/int64: [B] lengths, or [B+1] cumulative counts with is_seq_lens_cumsum. Token j of sequence b reads block block_tables[b, seq_offset[b] // block_size + j // block_size] (seq_offset [B], default 0), row j % block_size; a block id outside [0, num_blocks) or a table index past the row gives a row of zeros. Rows past num_tokens are not written, rows past the sequences' total are left as they are. Not differentiable.", ('CPU',), False, True),
+    'scatter_nd_update': OpInfo("torch_npu's npu_scatter_nd_update_ (TensorFlow's ScatterNdUpdate), in place: indices int32/int64 [..., K] (K <= var.dim()) addresses slices var[i0, ..., iK-1] (var.shape[K:]), each replaced by the matching slice of updates (shape indices.shape[:-1] + var.shape[K:], var's dtype; any dtype). Negative or out-of-range indices are an error; for a repeated index the last update wins. Not differentiable.", ('CPU',), False, True),
     'kv_rms_norm_rope_cache': OpInfo("MLA's fused K path (CANN KvRmsNormRopeCache / V2): per token row of kv [B, N, S, D], RMSNorm (fp32, gamma, epsilon) and npu_interleave_rope, written in place into k_cache / ckv_cache. Without v: c_kv = RMSNorm(kv[..., :D-Dr]) -> ckv_cache, k_rope = interleave_rope(kv[..., D-Dr:]) -> k_cache (Dr = cos.size(-1)); with v [B, N, S, Dv]: y = RMSNorm(kv), k_rope = cat(interleave_rope(y[..., :Dr]), y[..., Dr:]) -> k_cache, c_kv = v -> ckv_cache. cache_mode: 'Norm' (caches [B, N, Sc, *], index [B, S] positions), 'PA'/'PA_BNSD' (alias 'PA_BSND'; caches [blocks, block_size, N, *], index [B*S] slots), 'PA_BLK_BNSD' (index [B*ceil(S/block_size)] block start slots), 'PA_NZ'/'PA_BLK_NZ' (same, caches stored [blocks, D/d0, block_size, d0], d0 = 32 bytes; N=1). Negative index entries skip their tokens. int8 caches: q = clamp(round(x*scale + offset), -128, 127) with k_rope_scale/c_kv_scale (fp32 [D], [1, D], [N, D] or [1]) and optional offsets. Returns k_rope and c_kv in kv's dtype (always filled; is_output_kv is accepted for torch_npu). Not differentiable.", ('CPU',), False, True),
     'prompt_flash_attention': OpInfo("Prefill attention (CANN PromptFlashAttention): out = Softmax(Mask(scale_value*Q Kᵀ + pse_shift)) V. Layouts BSH, BSND, BNSD, BNSD_BSND (BNSD in, BSND out), TND. actual_seq_lengths / actual_seq_lengths_kv are int64/int32 tensors of per-batch lengths (each <= the padded S) for the dense layouts, cumulative ends for TND; query rows beyond a sequence's length are zeros. num_key_value_heads (0 = num_heads) for GQA. sparse_mode 0-4 as flash_attention_score; in mode 0 without atten_mask pre_tokens/next_tokens are ignored (full attention), with a mask the band i-pre_tokens <= j <= i+next_tokens is applied too (next_tokens defaults to 0: causal). padding_mask is reserved (must be None). Returns attention_out in q's dtype.", ('CPU', 'PrivateUse1'), False, True),
     'fused_infer_attention_score': OpInfo('CANN FusedInferAttentionScore: prefill and decode in one entry. Without block_table it runs the prompt_flash_attention path (same layouts, lengths, masks, sparse modes, pse_shift; any Sq, so also contiguous-cache decode). With block_table (paged KV cache) every argument means the same as on the keys laid out contiguously (actual_seq_lengths_kv: each sequence\'s KV length, also for TND; mask and pse_shift indexed by key position, last dim >= the longest sequence); a physical block may appear in several block_table entries (read-only). Returns (attention_out, softmax_lse): softmax_lse is fp32 [B,N,Sq,1] ([T,N,1] for TND) = logsumexp of the scaled, masked scores (the sink included; -inf for rows beyond their sequence, the sink for rows that see no key) when softmax_lse_flag, else an empty tensor. The antiquant arguments (int8 key/value) mean what they mean for incre_flash_attention. MLA: query_rope / key_rope (both or neither; the query\'s and the key\'s shapes with the rope dim last, one dtype with query/key) add q_rope·k_ropeᵀ to the scores (num_key_value_heads 1 is required for D=512, the absorbed latent case, where the rope dim is 64). learnable_sink (float32 [num_heads], as incre_flash_attention\'s): one more logit per query head in every softmax row, compared with the scaled scores, whose value row is 0 (gpt-oss attention sinks); differentiable (fused_infer_attention_score_grad). How a call is computed is decided once for every backend (common/inference/fia_route.cpp): MLA kernels; one-token calls whose band hides no key on a paged (or int8) cache through npu_fa::incre_flash_attention in place (TND batches of one token per sequence too); other paged calls on the prefill kernel over the cache\'s blocks; the rest on the prefill kernel (int8 dequantised as it is read). docs/inference.md, "Routes".', ('CPU', 'PrivateUse1'), True, True),
@@ -48,6 +51,7 @@ OPS = {
     'mc2_validation': OpInfo('Cross-rank validation of the MC2 ops, process-wide: when on (the default; TOT_MC2_VALIDATE=0 turns it off at start-up) every MC2 op first all-gathers a 6-integer signature of its call (op, dtype, communicated shape, chunks, bias) so that ranks calling with mismatched dtypes or shapes all raise the same clear error instead of hanging or reading garbage. Costs one tiny collective per op call. enable 1 turns it on, 0 off, -1 only queries; returns the setting in force.', ('CatchAll',), False, False),
     'grouped_matmul': OpInfo("Grouped matrix product (CANN GroupedMatmul), out = act(x·weight + bias) per group, fp32 accumulation. group_type -1: x and weight are lists of the same length, out[i] = act(x[i] @ weight[i] + bias[i]) with x[i] [..., K_i] and weight[i] [K_i, N_i] (independent products). group_type 0: x = [x] with x [M, K] split along M into E consecutive row groups by group_list; weight = one [E, K, N] tensor or E [K, N] tensors; out = [y], y [M, N], rows of group e = x_e @ weight[e] (+ bias[e]). group_type 2 (split along K, the weight-gradient form): x = [x] with x [M, K] (any strides, e.g. a transposed [T, M] tensor), weight = [w] with w [K, N], K split into E groups by group_list; out = [y], y [E, M, N], y[e] = x[:, K_e] @ w[K_e, :] (zeros for an empty group); no bias or activation. group_list: int64/int32 tensor of E entries, cumulative ends (group_list_type 0) or counts (1), covering M (type 0) or K (type 2) exactly; empty groups are legal. bias: empty list, one [E, N] tensor or one [N_i] tensor per group, x's dtype or float32. act_type 0 none, 1 relu, 2 gelu_tanh, 4 fast_gelu (x*sigmoid(1.702x)), 5 silu. fp32/fp16/bf16 (x and weight the same dtype). Returns out and act_input (the pre-activation x·weight + bias, kept for the backward; empty tensors when act_type is 0).", ('CPU', 'PrivateUse1'), True, True),
     'grouped_matmul_grad': OpInfo("Backward of grouped_matmul. With g = grad_out * act'(act_input): grad_x = g @ weightᵀ per group (a grouped product with transposed weights), grad_weight = x_eᵀ @ g_e per group (the K-grouped form: empty groups give zeros), grad_bias = column sums of g_e in fp32, stored in bias's dtype (an empty list without bias). Shapes and dtypes of x, weight and bias.", ('CPU',), False, True),
+    'grouped_matmul_add': OpInfo("MindSpeed's weight-gradient accumulation (torch_npu's npu_grouped_matmul_add_), in place: the token rows of x [M, K] and weight [M, N] are split into G groups by group_list (int64 [G]: cumulative ends with group_list_type 0, counts with 1) and y[g] += x_g^T @ weight_g for every group, y [G*K, N] or [G, K, N]. Products accumulate in fp32 (at::native::cpublas::gemm with an fp32 result; fp64 for fp64); y float32 (or x's dtype, rounded once per group). Only transpose_x=True, transpose_weight=False and group_type=2 (split along the reduced dimension), as upstream. Not differentiable.", ('CPU',), False, True),
     'grouped_matmul_quant': OpInfo("Quantised grouped matmul (CANN GroupedMatmul, int8 forms), inference only. Groups as in grouped_matmul (group_type -1: lists; 0: x [M, K] split along M by group_list, weight one [E, K, N] tensor or E [K, N] tensors; group_list_type 0 cumulative ends, 1 counts, 2 an [E, 2] tensor of (weight index, row count) pairs; type 0/1 may end short of M, the uncovered rows are zeros). W8A8 (x int8, weight int8): acc = x·w in int32, then y = (acc + bias_int32) * scale[n] * per_token_scale[m] (+ bias_float) -> act -> output_dtype; scale fp32, bf16 or int64 (npu_trans_quant_param's packing: the fp32 bits in the low 32 bits), per channel [N] or per tensor [1] (stacked: [E, N], [E, 1, N], [E] or [E, 1]); per_token_scale fp32, one [M] per x; without scale the output is the int32 accumulation. output_dtype a ScalarType code: bf16/fp16/fp32, int8 (round half to even, saturate), int32; -1 picks int8 with scale and int32 without. Weight-only (x bf16/fp16, weight int8 or int4 packed eight to an int32 along N, low nibble first): w = (weight + antiquant_offset) * antiquant_scale per channel ([N] / [E, N]) or per group of K rows ([G, N] / [E, G, N]), computed in fp32 and rounded to x's dtype, then y = x·w + bias (fp32 accumulation), output x's dtype. act_type as grouped_matmul (W8A8 float outputs only).", ('CPU',), False, True),
     'grouped_matmul_swiglu_quant': OpInfo('W8A8 grouped matmul + SwiGLU + per-token int8 requantisation (CANN GroupedMatmulSwigluQuant), inference only. x int8 [M, K], weight int8 [E, K, N] (N even), weight_scale [E, N] fp32/bf16, x_scale [M] fp32, group_list int64 [E] (cumulative ends, group_list_type 0, or counts, 1; may end short of M). Per group: h = (x_e·w_e in int32) * weight_scale[e] * x_scale[rows] in fp32, s = silu(h[:, :N/2]) * h[:, N/2:], out_scale = max|s| per row / 127, out = round(s / out_scale) as int8 [M, N/2]. Rows past the last group: zeros and scale 0 (also for an all-zero row). out_offset is an fp32 zero scalar.', ('CPU',), False, True),
     'moe_ffn': OpInfo("Fused MoE expert FFN, inference (no autograd): out[t] = sum_j topk_weights[t, j] * FFN_e(x[t]) with e = topk_ids[t, j], FFN_e(v) = (act(v·W13_e + bias13_e))·W2_e + bias2_e. activation 'swiglu' (default) is gated: W13_e has 2F output columns, gate then up (SwiGLU of npu_swiglu / silu_and_mul: silu(first half) * second half); 'silu', 'gelu_tanh', 'fast_gelu', 'relu', 'none' are plain (F columns). weight_layout 'nk': w13 [E, N, H], w2 [E, H, F] (nn.Linear / transformers / vLLM); 'kn': w13 [E, H, N], w2 [E, F, H] (grouped_matmul); 'packed': both from moe_ffn_prepack (pack once, reuse). x [T, H] float32 / bfloat16 (brgemm kernels; float16 / float64 take a per-expert matmul path), weights of x's dtype, topk_weights [T, k] (any float dtype, used in fp32), topk_ids [T, k] int32/int64 in [0, E), biases [E, N] / [E, H]. Routing, gate/up product with the activation in its epilogue, down product and the weighted combine run in one call, fp32 accumulation; results do not depend on the thread count.", ('CPU',), False, True),
@@ -71,6 +75,7 @@ OPS = {
     'moe_distribute_dispatch_v2_grad': OpInfo("Backward of moe_distribute_dispatch_v2, a combine without weights: every received row's gradient goes back to its source rank and grad_x[t] = sum over t's active slots of those rows ([BS, H], x's dtype; x is read for its shape and dtype only).", ('CPU',), False, True),
     'moe_distribute_combine_v2': OpInfo("Expert-parallel combine (CANN MoeDistributeCombineV2), the reverse of moe_distribute_dispatch_v2 with the same expert_ids, x_active_mask and group: the rows of expand_x (laid out as dispatch returned them, ep_send_counts being dispatch's ep_recv_counts) return to their source ranks and out[t] = sum over t's active slots k of expert_scales[t, k] * row(t, k), plus shared_expert_x[t] ([BS, H] or [BS, 1, H], unweighted) for tokens with an active slot; out [BS, H] in expand_x's dtype, accumulated in float32 (float64 for float64). comm_quant_mode 2 sends the rows as per-row symmetric int8 with a float32 scale. Differentiable in expand_x, expert_scales and shared_expert_x.", ('CPU',), True, True),
     'moe_distribute_combine_v2_grad': OpInfo("Backward of moe_distribute_combine_v2, a dispatch of the gradient: grad_out[t] travels to the rows of t's pairs, grad_expand_x[row(t, k)] = expert_scales[t, k] * grad_out[t] (zero rows elsewhere), grad_expert_scales[t, k] = grad_out[t] . row(t, k) (zero for inactive pairs; computed where the row lives and sent back), grad_shared_expert_x = grad_out for tokens with an active slot, zero elsewhere (shared_expert_x's shape; empty without it).", ('CPU',), False, True),
+    'top_k_top_p': OpInfo("torch_npu's npu_top_k_top_p: the logits [B, V] a sampler may draw from, the others set to -inf. Per row b, k[b] (int32/int64 in [1, V]) keeps the values >= the k[b]-th largest (ties kept); then p[b] (in [0, 1]) keeps the nucleus: over the ascending stable sort of the kept values, softmax in fp32 and cumulative sums from the smallest; positions whose sum is <= 1 - p[b] are dropped, the largest never. Either filter may be omitted. logits fp32/fp16/bf16/fp64; returns a new contiguous tensor of logits' shape and dtype. Not differentiable.", ('CPU',), False, True),
     'dynamic_quant': OpInfo("Per-token dynamic quantisation (torch_npu npu_dynamic_quant / npu_dynamic_quant_asymmetric). Each row r of x (the last dimension; x at least 2-D, float16/bfloat16/float32) is v = x[r] * smooth (fp32), smooth = smooth_scales [H], or row g of smooth_scales [G, H] for the rows [group_index[g-1], group_index[g]) (group_index: nondecreasing cumulative row ends, last = the row count). Symmetric: scale = max|v| / Q, y = round(v / scale); asymmetric: scale = (max v - min v) / (2Q + 1), offset = Q - max v / scale, y = round(v / scale + offset); Q = 127 (bits 8) or 7 (bits 4), rounding half to even, clamped to [-Q-1, Q]; a row with scale 0 gives y = 0 (and offset 0). y: int8 of x's shape (bits 8), or int32 [..., H/8] holding 8 int4 values each, element j of a group in bits 4j..4j+3 (bits 4). scale (and offset, asymmetric; empty otherwise): float32 x.shape[:-1]. Not differentiable.", ('CPU',), False, True),
     'swiglu': OpInfo("SwiGLU (torch_npu npu_swiglu): x is split in halves A (first) and B (second) along dim (of even size); out = silu(A) * B = A * sigmoid(A) * B, x's dtype (float16, bfloat16, float32, float64), computed in fp32 (fp64 for fp64). Differentiable in x.", ('CPU',), True, True),
     'swiglu_grad': OpInfo("Backward of swiglu (torch_npu npu_swiglu_backward): with s = sigmoid(A), dA = g * B * s * (1 + A * (1 - s)), dB = g * silu(A), concatenated along dim into x's shape and dtype.", ('CPU',), False, True),
@@ -140,6 +145,15 @@ def _fake_dropout_gen_mask(seed, offset, rows, cols, keep_prob):
     return _fake_kernel('torch_ops_transformer.attention.fake', 'dropout_gen_mask')(a)
 
 
+RingAttentionUpdateArgs = collections.namedtuple('RingAttentionUpdateArgs', ['prev_attn_out', 'prev_softmax_max', 'prev_softmax_sum', 'cur_attn_out', 'cur_softmax_max', 'cur_softmax_sum', 'actual_seq_qlen', 'input_layout', 'input_softmax_layout'])
+
+
+def _fake_ring_attention_update(prev_attn_out, prev_softmax_max, prev_softmax_sum, cur_attn_out, cur_softmax_max, cur_softmax_sum, actual_seq_qlen=None, input_layout="SBH", input_softmax_layout=""):
+    a = RingAttentionUpdateArgs(prev_attn_out, prev_softmax_max, prev_softmax_sum, cur_attn_out, cur_softmax_max, cur_softmax_sum, actual_seq_qlen, input_layout, input_softmax_layout)
+    check_devices('ring_attention_update', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.attention.fake', 'ring_attention_update')(a)
+
+
 RotaryPositionEmbeddingArgs = collections.namedtuple('RotaryPositionEmbeddingArgs', ['x', 'cos', 'sin', 'mode'])
 
 
@@ -167,11 +181,11 @@ def _fake_apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode=
     return _fake_kernel('torch_ops_transformer.rope.fake', 'apply_rotary_pos_emb')(a)
 
 
-RopeWithSinCosCacheArgs = collections.namedtuple('RopeWithSinCosCacheArgs', ['positions', 'query', 'key', 'cos_sin_cache', 'head_size', 'is_neox_style'])
+RopeWithSinCosCacheArgs = collections.namedtuple('RopeWithSinCosCacheArgs', ['positions', 'query', 'key', 'cos_sin_cache', 'head_size', 'is_neox_style', 'mrope_section', 'cache_mode'])
 
 
-def _fake_rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, is_neox_style=True):
-    a = RopeWithSinCosCacheArgs(positions, query, key, cos_sin_cache, head_size, is_neox_style)
+def _fake_rope_with_sin_cos_cache(positions, query, key, cos_sin_cache, head_size, is_neox_style=True, mrope_section=None, cache_mode="default"):
+    a = RopeWithSinCosCacheArgs(positions, query, key, cos_sin_cache, head_size, is_neox_style, mrope_section, cache_mode)
     check_devices('rope_with_sin_cos_cache', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.rope.fake', 'rope_with_sin_cos_cache')(a)
 
@@ -210,6 +224,24 @@ def _fake_gather_pa_kv_cache(key_cache, value_cache, block_table, seq_lens, cach
     a = GatherPaKvCacheArgs(key_cache, value_cache, block_table, seq_lens, cache_layout)
     check_devices('gather_pa_kv_cache', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.kv_cache.fake', 'gather_pa_kv_cache')(a)
+
+
+GatherPaKvCacheIntoArgs = collections.namedtuple('GatherPaKvCacheIntoArgs', ['key_cache', 'value_cache', 'block_tables', 'seq_lens', 'key', 'value', 'seq_offset', 'is_seq_lens_cumsum'])
+
+
+def _fake_gather_pa_kv_cache_into(key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset=None, is_seq_lens_cumsum=False):
+    a = GatherPaKvCacheIntoArgs(key_cache, value_cache, block_tables, seq_lens, key, value, seq_offset, is_seq_lens_cumsum)
+    check_devices('gather_pa_kv_cache_into', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.kv_cache.fake', 'gather_pa_kv_cache_into')(a)
+
+
+ScatterNdUpdateArgs = collections.namedtuple('ScatterNdUpdateArgs', ['var', 'indices', 'updates'])
+
+
+def _fake_scatter_nd_update(var, indices, updates):
+    a = ScatterNdUpdateArgs(var, indices, updates)
+    check_devices('scatter_nd_update', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.kv_cache.fake', 'scatter_nd_update')(a)
 
 
 KvRmsNormRopeCacheArgs = collections.namedtuple('KvRmsNormRopeCacheArgs', ['kv', 'gamma', 'cos', 'sin', 'index', 'k_cache', 'ckv_cache', 'k_rope_scale', 'c_kv_scale', 'k_rope_offset', 'c_kv_offset', 'v', 'epsilon', 'cache_mode', 'is_output_kv'])
@@ -363,6 +395,15 @@ def _fake_grouped_matmul_grad(grad_out, x, weight, bias, group_list, act_input, 
     a = GroupedMatmulGradArgs(grad_out, x, weight, bias, group_list, act_input, group_type, group_list_type, act_type)
     check_devices('grouped_matmul_grad', a._asdict().items(), host=('group_list',))
     return _fake_kernel('torch_ops_transformer.moe.fake', 'grouped_matmul_grad')(a)
+
+
+GroupedMatmulAddArgs = collections.namedtuple('GroupedMatmulAddArgs', ['y', 'x', 'weight', 'group_list', 'transpose_x', 'transpose_weight', 'group_type', 'group_list_type'])
+
+
+def _fake_grouped_matmul_add(y, x, weight, group_list, transpose_x=True, transpose_weight=False, group_type=2, group_list_type=0):
+    a = GroupedMatmulAddArgs(y, x, weight, group_list, transpose_x, transpose_weight, group_type, group_list_type)
+    check_devices('grouped_matmul_add', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.moe.fake', 'grouped_matmul_add')(a)
 
 
 GroupedMatmulQuantArgs = collections.namedtuple('GroupedMatmulQuantArgs', ['x', 'weight', 'bias', 'scale', 'per_token_scale', 'antiquant_scale', 'antiquant_offset', 'group_list', 'group_type', 'group_list_type', 'act_type', 'output_dtype'])
@@ -570,6 +611,15 @@ def _fake_moe_distribute_combine_v2_grad(grad_out, expand_x, expert_ids, ep_send
     a = MoeDistributeCombineV2GradArgs(grad_out, expand_x, expert_ids, ep_send_counts, expert_scales, group_ep, ep_world_size, ep_rank_id, moe_expert_num, x_active_mask, shared_expert_x, global_bs)
     check_devices('moe_distribute_combine_v2_grad', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.moe.fake', 'moe_distribute_combine_v2_grad')(a)
+
+
+TopKTopPArgs = collections.namedtuple('TopKTopPArgs', ['logits', 'p', 'k'])
+
+
+def _fake_top_k_top_p(logits, p=None, k=None):
+    a = TopKTopPArgs(logits, p, k)
+    check_devices('top_k_top_p', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.sampling.fake', 'top_k_top_p')(a)
 
 
 DynamicQuantArgs = collections.namedtuple('DynamicQuantArgs', ['x', 'smooth_scales', 'group_index', 'asymmetric', 'bits'])
@@ -1274,12 +1324,13 @@ def _backward_swiglu(ctx, grad_result0):
 
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake']:
+    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
     torch.library.register_fake("npu_fa::flash_attention_score_grad", _fake_flash_attention_score_grad)
     torch.library.register_fake("npu_fa::dropout_gen_mask", _fake_dropout_gen_mask)
+    torch.library.register_fake("npu_fa::ring_attention_update", _fake_ring_attention_update)
     torch.library.register_fake("npu_fa::rotary_position_embedding", _fake_rotary_position_embedding)
     torch.library.register_autograd("npu_fa::rotary_position_embedding", _backward_rotary_position_embedding, setup_context=_setup_rotary_position_embedding)
     torch.library.register_fake("npu_fa::rotary_position_embedding_grad", _fake_rotary_position_embedding_grad)
@@ -1290,6 +1341,8 @@ def register():
     torch.library.register_fake("npu_fa::interleave_rope_grad", _fake_interleave_rope_grad)
     torch.library.register_fake("npu_fa::scatter_pa_kv_cache", _fake_scatter_pa_kv_cache)
     torch.library.register_fake("npu_fa::gather_pa_kv_cache", _fake_gather_pa_kv_cache)
+    torch.library.register_fake("npu_fa::gather_pa_kv_cache_into", _fake_gather_pa_kv_cache_into)
+    torch.library.register_fake("npu_fa::scatter_nd_update", _fake_scatter_nd_update)
     torch.library.register_fake("npu_fa::kv_rms_norm_rope_cache", _fake_kv_rms_norm_rope_cache)
     torch.library.register_fake("npu_fa::prompt_flash_attention", _fake_prompt_flash_attention)
     torch.library.register_fake("npu_fa::fused_infer_attention_score", _fake_fused_infer_attention_score)
@@ -1313,6 +1366,7 @@ def register():
     torch.library.register_fake("npu_fa::grouped_matmul", _fake_grouped_matmul)
     torch.library.register_autograd("npu_fa::grouped_matmul", _backward_grouped_matmul, setup_context=_setup_grouped_matmul)
     torch.library.register_fake("npu_fa::grouped_matmul_grad", _fake_grouped_matmul_grad)
+    torch.library.register_fake("npu_fa::grouped_matmul_add", _fake_grouped_matmul_add)
     torch.library.register_fake("npu_fa::grouped_matmul_quant", _fake_grouped_matmul_quant)
     torch.library.register_fake("npu_fa::grouped_matmul_swiglu_quant", _fake_grouped_matmul_swiglu_quant)
     torch.library.register_fake("npu_fa::moe_ffn", _fake_moe_ffn)
@@ -1345,6 +1399,7 @@ def register():
     torch.library.register_fake("npu_fa::moe_distribute_combine_v2", _fake_moe_distribute_combine_v2)
     torch.library.register_autograd("npu_fa::moe_distribute_combine_v2", _backward_moe_distribute_combine_v2, setup_context=_setup_moe_distribute_combine_v2)
     torch.library.register_fake("npu_fa::moe_distribute_combine_v2_grad", _fake_moe_distribute_combine_v2_grad)
+    torch.library.register_fake("npu_fa::top_k_top_p", _fake_top_k_top_p)
     torch.library.register_fake("npu_fa::dynamic_quant", _fake_dynamic_quant)
     torch.library.register_fake("npu_fa::swiglu", _fake_swiglu)
     torch.library.register_autograd("npu_fa::swiglu", _backward_swiglu, setup_context=_setup_swiglu)
