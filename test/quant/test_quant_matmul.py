@@ -240,7 +240,7 @@ def test_quant_matmul_empty():
 # ---- npu_weight_quant_batchmatmul ----------------------------------------------------------------------------------
 def wqbmm_reference(x, w, scale, offset=None, group=0, bias=None):
     """(float64 result, the same in x's dtype with torch.matmul on the dequantised weight)."""
-    K = w.shape[0]
+    K = w.shape[-2]
     s, o = scale.double(), offset.double() if offset is not None else None
     if group:
         s = s.repeat_interleave(group, 0)[:K]
@@ -289,6 +289,18 @@ def test_weight_quant_batchmatmul_transposed_weight_and_ragged_group():
     ours4 = tot.npu_weight_quant_batchmatmul(x, pack_int4(q4).t(), scale, antiquant_group_size=32)
     ref64, same = wqbmm_reference(x, q4.t(), scale, None, 32)
     check_tolerance("weight_quant_batchmatmul int4 transposed", ours4, ref64, same)
+
+
+def test_weight_quant_batchmatmul_batched_weight():
+    """A weight with batch dimensions broadcast against x's (upstream's Atlas 300 case: [B, N, K, Nw])."""
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(2, 3, 5, 64, generator=g).half()
+    q = torch.randint(-128, 128, (3, 64, 40), generator=g, dtype=torch.int8)
+    scale, offset = (torch.rand(1, 40, generator=g) * 0.02).half(), torch.randn(1, 40, generator=g).half()
+    ours = tot.npu_weight_quant_batchmatmul(x, q, scale, offset)
+    ref64, same = wqbmm_reference(x, q, scale, offset)
+    assert ours.shape == (2, 3, 5, 40)
+    check_tolerance("weight_quant_batchmatmul batched", ours, ref64, same)
 
 
 def test_weight_quant_batchmatmul_int64_scale_and_quant_output():

@@ -87,15 +87,18 @@ def quant_matmul(a):
 def weight_quant_batchmatmul(a):
     op = "weight_quant_batchmatmul"
     x, w = a.x, a.weight
-    torch._check(w.dim() == 2, lambda: f"{op}: argument 'weight' must be 2-D")
+    torch._check(2 <= w.dim() <= 6, lambda: f"{op}: argument 'weight' must be [.., K, N]")
     K = x.shape[-1]
     if w.dtype == torch.int32:
-        N = w.shape[1] * 8 if w.shape[0] == K else w.shape[1]
+        N = w.shape[-1] * 8 if w.shape[-2] == K else w.shape[-1]
     else:
-        torch._check(w.shape[0] == K, lambda: f"{op}: x and weight must agree on K")
-        N = w.shape[1]
+        torch._check(w.shape[-2] == K, lambda: f"{op}: x and weight must agree on K")
+        N = w.shape[-1]
     dtype = torch.int8 if a.quant_scale is not None else x.dtype
-    return x.new_empty((*x.shape[:-1], N), dtype=dtype)
+    if w.dim() == 2:
+        return x.new_empty((*x.shape[:-1], N), dtype=dtype)
+    batch = torch.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2]))
+    return x.new_empty((*batch, x.shape[-2], N), dtype=dtype)
 
 
 def convert_weight_to_int4pack(a):

@@ -389,20 +389,21 @@ at::Tensor weight_quant_batchmatmul_cpu(const WeightQuantBatchmatmulArgs& args) 
   const auto wt = w.scalar_type();
   TORCH_CHECK_TYPE(wt == at::kChar || wt == at::kInt, op, ": argument 'weight' must be int8 (W8A16) or int32 ",
                    "(8 int4 each, W4A16); got ", wt);
-  TORCH_CHECK_VALUE(w.dim() == 2, op, ": argument 'weight' must be 2-D [K, N]; got shape ", w.sizes());
+  TORCH_CHECK_VALUE(w.dim() >= 2 && w.dim() <= 6, op, ": argument 'weight' must be [.., K, N] (2 to 6 dimensions); ",
+                    "got shape ", w.sizes());
   const int64_t K = x.size(-1);
   if (wt == at::kInt) {
-    if (w.size(0) == K) {
-      w = unpack_int4(w, 1);
+    if (w.size(-2) == K) {
+      w = unpack_int4(w, -1);
     } else {
-      TORCH_CHECK_VALUE(w.size(0) * 8 == K, op, ": argument 'weight' (int4 packed in int32) must be [K, N/8] or the ",
-                        "transpose of [N, K/8] with K = x.size(-1) = ", K, "; got shape ", w.sizes());
-      w = unpack_int4(w, 0);
+      TORCH_CHECK_VALUE(w.size(-2) * 8 == K, op, ": argument 'weight' (int4 packed in int32) must be [K, N/8] or ",
+                        "the transpose of [N, K/8] with K = x.size(-1) = ", K, "; got shape ", w.sizes());
+      w = unpack_int4(w, -2);
     }
   }
-  TORCH_CHECK_VALUE(w.size(0) == K, op, ": x [.., M, K] and weight [K, N] must agree on K: x.size(-1) = ", K,
-                    ", weight.size(0) = ", w.size(0));
-  const int64_t N = w.size(1);
+  TORCH_CHECK_VALUE(w.size(-2) == K, op, ": x [.., M, K] and weight [.., K, N] must agree on K: x.size(-1) = ", K,
+                    ", weight.size(-2) = ", w.size(-2));
+  const int64_t N = w.size(-1);
   // Antiquant parameters as fp32 [G, N].
   const at::Tensor& as = args.antiquant_scale;
   const auto ast = as.scalar_type();
@@ -476,32 +477,58 @@ at::Tensor weight_quant_batchmatmul_cpu(const WeightQuantBatchmatmulArgs& args) 
   } else {
     TORCH_CHECK_VALUE(!args.quant_offset.has_value(), op, ": argument 'quant_offset' needs 'quant_scale'");
   }
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = N;
-  const int64_t R = c10::multiply_integers(x.sizes().slice(0, x.dim() - 1));
-  at::Tensor y = at::empty({R, N}, x.options());
-  if (R > 0 && N > 0) {
+  // A batched weight [.., K, N] broadcasts against x's batch: one 2-D product per batch entry.
+  std::vector<int64_t> out_shape;
+  at::Tensor xs, ws;  // [Bt, R, K], [Bt, K, N] (ws an int8 view, possibly transposed)
+  if (w.dim() == 2) {
+    out_shape.assign(x.sizes().begin(), x.sizes().end());
+    out_shape.back() = N;
+    xs = x.reshape({1, c10::multiply_integers(x.sizes().slice(0, x.dim() - 1)), K});
+    ws = w.unsqueeze(0);
+  } else {
+    std::vector<int64_t> batch;
+    try {
+      batch = at::infer_size(x.sizes().slice(0, x.dim() - 2), w.sizes().slice(0, w.dim() - 2));
+    } catch (const c10::Error&) {
+      TORCH_CHECK_VALUE(false, op, ": the batch dimensions of x ", x.sizes(), " and weight ", w.sizes(),
+                        " do not broadcast");
+    }
+    const int64_t M = x.size(-2), Bt = c10::multiply_integers(batch);
+    std::vector<int64_t> sx(batch), sw(batch);
+    sx.push_back(M), sx.push_back(K), sw.push_back(K), sw.push_back(N);
+    xs = x.expand(sx).reshape({Bt, M, K});
+    ws = w.expand(sw).reshape({Bt, K, N});
+    out_shape = batch;
+    out_shape.push_back(M);
+    out_shape.push_back(N);
+  }
+  const int64_t Bt = xs.size(0), R = xs.size(1);
+  at::Tensor y = at::empty({Bt * R, N}, x.options());
+  if (Bt * R > 0 && N > 0) {
     if (K == 0) {
       y.zero_();
     } else {
-      const at::Tensor x2d = x.reshape({R, K}).contiguous();
       const float* sp = scale.data_ptr<float>();
       const float* opp = offset.defined() ? offset.data_ptr<float>() : nullptr;
       const int64_t tiles = (N + kTile - 1) / kTile;
-      const at::Tensor w8 = w;  // int8 view (possibly transposed)
       AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xt, "weight_quant_batchmatmul", [&] {
-        const int8_t* wp = w8.data_ptr<int8_t>();
-        const int64_t sk = w8.stride(0), sn = w8.stride(1);
-        at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-          at::Tensor block = at::empty({K, kTile}, x.options());
-          for (int64_t t = t0; t < t1; ++t) {
-            const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile), T = n1 - n0;
-            at::Tensor dense = T == kTile ? block : at::empty({K, T}, x.options());
-            dequant_block<scalar_t, int8_t>(wp, sk, sn, K, n0, n1, sp, opp, N, group, dense.data_ptr<scalar_t>());
-            at::Tensor out = y.narrow(1, n0, T);
-            at::mm_out(out, x2d, dense);
-          }
-        });
+        for (int64_t b = 0; b < Bt; ++b) {
+          const at::Tensor x2d = xs[b].contiguous();
+          const at::Tensor w8 = ws[b];
+          at::Tensor yb = y.narrow(0, b * R, R);
+          const int8_t* wp = w8.data_ptr<int8_t>();
+          const int64_t sk = w8.stride(0), sn = w8.stride(1);
+          at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+            at::Tensor block = at::empty({K, kTile}, x.options());
+            for (int64_t t = t0; t < t1; ++t) {
+              const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile), T = n1 - n0;
+              at::Tensor dense = T == kTile ? block : at::empty({K, T}, x.options());
+              dequant_block<scalar_t, int8_t>(wp, sk, sn, K, n0, n1, sp, opp, N, group, dense.data_ptr<scalar_t>());
+              at::Tensor out = yb.narrow(1, n0, T);
+              at::mm_out(out, x2d, dense);
+            }
+          });
+        }
       });
     }
   }
