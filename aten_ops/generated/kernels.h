@@ -179,4 +179,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu(const DynamicQu
 at::Tensor swiglu_cpu(const SwigluArgs& args);
 // swiglu_grad [CPU]
 at::Tensor swiglu_grad_cpu(const SwigluGradArgs& args);
+// trans_quant_param [CPU]
+at::Tensor trans_quant_param_cpu(const TransQuantParamArgs& args);
+// quantize [CPU]
+at::Tensor quantize_cpu(const QuantizeArgs& args);
+// quant_matmul [CPU]
+at::Tensor quant_matmul_cpu(const QuantMatmulArgs& args);
+// weight_quant_batchmatmul [CPU]
+at::Tensor weight_quant_batchmatmul_cpu(const WeightQuantBatchmatmulArgs& args);
+// convert_weight_to_int4pack [CPU]
+at::Tensor convert_weight_to_int4pack_cpu(const ConvertWeightToInt4packArgs& args);
+// clipped_swiglu [CPU]
+at::Tensor clipped_swiglu_cpu(const ClippedSwigluArgs& args);
+// transpose_batchmatmul [CPU]
+at::Tensor transpose_batchmatmul_cpu(const TransposeBatchmatmulArgs& args);
 }  // namespace npu_fa

@@ -2430,6 +2430,247 @@ struct SwigluGradValues {
   SwigluGradArgs args() const { return SwigluGradArgs{grad_output, x, dim}; }
 };
 
+// trans_quant_param
+struct TransQuantParamArgs {
+  const at::Tensor& scale;
+  const std::optional<at::Tensor>& offset;
+  int64_t round_mode;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const TransQuantParamArgs& a, F&& f) {
+  return f(a.scale, a.offset, a.round_mode);
+}
+
+// trans_quant_param's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   TransQuantParamValues v(args); v.scale = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct TransQuantParamValues {
+  at::Tensor scale;
+  std::optional<at::Tensor> offset;
+  int64_t round_mode = 0;
+
+  TransQuantParamValues() = default;
+  // A copy of a call's arguments.
+  explicit TransQuantParamValues(const TransQuantParamArgs& a)
+      : scale(a.scale), offset(a.offset), round_mode(a.round_mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  TransQuantParamArgs args() const { return TransQuantParamArgs{scale, offset, round_mode}; }
+};
+
+// quantize
+struct QuantizeArgs {
+  const at::Tensor& input;
+  const at::Tensor& scales;
+  const std::optional<at::Tensor>& zero_points;
+  int64_t dtype;
+  int64_t axis;
+  bool div_mode;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const QuantizeArgs& a, F&& f) {
+  return f(a.input, a.scales, a.zero_points, a.dtype, a.axis, a.div_mode);
+}
+
+// quantize's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   QuantizeValues v(args); v.input = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct QuantizeValues {
+  at::Tensor input;
+  at::Tensor scales;
+  std::optional<at::Tensor> zero_points;
+  int64_t dtype = 12;
+  int64_t axis = 1;
+  bool div_mode = true;
+
+  QuantizeValues() = default;
+  // A copy of a call's arguments.
+  explicit QuantizeValues(const QuantizeArgs& a)
+      : input(a.input), scales(a.scales), zero_points(a.zero_points), dtype(a.dtype), axis(a.axis), div_mode(a.div_mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  QuantizeArgs args() const { return QuantizeArgs{input, scales, zero_points, dtype, axis, div_mode}; }
+};
+
+// quant_matmul
+struct QuantMatmulArgs {
+  const at::Tensor& x1;
+  const at::Tensor& x2;
+  const at::Tensor& scale;
+  const std::optional<at::Tensor>& offset;
+  const std::optional<at::Tensor>& pertoken_scale;
+  const std::optional<at::Tensor>& bias;
+  int64_t output_dtype;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const QuantMatmulArgs& a, F&& f) {
+  return f(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype);
+}
+
+// quant_matmul's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   QuantMatmulValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct QuantMatmulValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  at::Tensor scale;
+  std::optional<at::Tensor> offset;
+  std::optional<at::Tensor> pertoken_scale;
+  std::optional<at::Tensor> bias;
+  int64_t output_dtype = 1;
+
+  QuantMatmulValues() = default;
+  // A copy of a call's arguments.
+  explicit QuantMatmulValues(const QuantMatmulArgs& a)
+      : x1(a.x1), x2(a.x2), scale(a.scale), offset(a.offset), pertoken_scale(a.pertoken_scale), bias(a.bias), output_dtype(a.output_dtype) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  QuantMatmulArgs args() const { return QuantMatmulArgs{x1, x2, scale, offset, pertoken_scale, bias, output_dtype}; }
+};
+
+// weight_quant_batchmatmul
+struct WeightQuantBatchmatmulArgs {
+  const at::Tensor& x;
+  const at::Tensor& weight;
+  const at::Tensor& antiquant_scale;
+  const std::optional<at::Tensor>& antiquant_offset;
+  const std::optional<at::Tensor>& quant_scale;
+  const std::optional<at::Tensor>& quant_offset;
+  const std::optional<at::Tensor>& bias;
+  int64_t antiquant_group_size;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const WeightQuantBatchmatmulArgs& a, F&& f) {
+  return f(a.x, a.weight, a.antiquant_scale, a.antiquant_offset, a.quant_scale, a.quant_offset, a.bias, a.antiquant_group_size);
+}
+
+// weight_quant_batchmatmul's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   WeightQuantBatchmatmulValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct WeightQuantBatchmatmulValues {
+  at::Tensor x;
+  at::Tensor weight;
+  at::Tensor antiquant_scale;
+  std::optional<at::Tensor> antiquant_offset;
+  std::optional<at::Tensor> quant_scale;
+  std::optional<at::Tensor> quant_offset;
+  std::optional<at::Tensor> bias;
+  int64_t antiquant_group_size = 0;
+
+  WeightQuantBatchmatmulValues() = default;
+  // A copy of a call's arguments.
+  explicit WeightQuantBatchmatmulValues(const WeightQuantBatchmatmulArgs& a)
+      : x(a.x), weight(a.weight), antiquant_scale(a.antiquant_scale), antiquant_offset(a.antiquant_offset), quant_scale(a.quant_scale), quant_offset(a.quant_offset), bias(a.bias), antiquant_group_size(a.antiquant_group_size) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  WeightQuantBatchmatmulArgs args() const { return WeightQuantBatchmatmulArgs{x, weight, antiquant_scale, antiquant_offset, quant_scale, quant_offset, bias, antiquant_group_size}; }
+};
+
+// convert_weight_to_int4pack
+struct ConvertWeightToInt4packArgs {
+  const at::Tensor& weight;
+  int64_t inner_k_tiles;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const ConvertWeightToInt4packArgs& a, F&& f) {
+  return f(a.weight, a.inner_k_tiles);
+}
+
+// convert_weight_to_int4pack's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   ConvertWeightToInt4packValues v(args); v.weight = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct ConvertWeightToInt4packValues {
+  at::Tensor weight;
+  int64_t inner_k_tiles = 0;
+
+  ConvertWeightToInt4packValues() = default;
+  // A copy of a call's arguments.
+  explicit ConvertWeightToInt4packValues(const ConvertWeightToInt4packArgs& a)
+      : weight(a.weight), inner_k_tiles(a.inner_k_tiles) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  ConvertWeightToInt4packArgs args() const { return ConvertWeightToInt4packArgs{weight, inner_k_tiles}; }
+};
+
+// clipped_swiglu
+struct ClippedSwigluArgs {
+  const at::Tensor& x;
+  const std::optional<at::Tensor>& group_index;
+  int64_t dim;
+  double alpha;
+  double limit;
+  double bias;
+  bool interleaved;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const ClippedSwigluArgs& a, F&& f) {
+  return f(a.x, a.group_index, a.dim, a.alpha, a.limit, a.bias, a.interleaved);
+}
+
+// clipped_swiglu's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   ClippedSwigluValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct ClippedSwigluValues {
+  at::Tensor x;
+  std::optional<at::Tensor> group_index;
+  int64_t dim = -1;
+  double alpha = 1.702;
+  double limit = 7.0;
+  double bias = 1.0;
+  bool interleaved = true;
+
+  ClippedSwigluValues() = default;
+  // A copy of a call's arguments.
+  explicit ClippedSwigluValues(const ClippedSwigluArgs& a)
+      : x(a.x), group_index(a.group_index), dim(a.dim), alpha(a.alpha), limit(a.limit), bias(a.bias), interleaved(a.interleaved) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  ClippedSwigluArgs args() const { return ClippedSwigluArgs{x, group_index, dim, alpha, limit, bias, interleaved}; }
+};
+
+// transpose_batchmatmul
+struct TransposeBatchmatmulArgs {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& scale;
+  at::IntArrayRef perm_x1;
+  at::IntArrayRef perm_x2;
+  at::IntArrayRef perm_y;
+  int64_t batch_split_factor;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const TransposeBatchmatmulArgs& a, F&& f) {
+  return f(a.input, a.weight, a.scale, a.perm_x1, a.perm_x2, a.perm_y, a.batch_split_factor);
+}
+
+// transpose_batchmatmul's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   TransposeBatchmatmulValues v(args); v.input = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct TransposeBatchmatmulValues {
+  at::Tensor input;
+  at::Tensor weight;
+  std::optional<at::Tensor> scale;
+  std::vector<int64_t> perm_x1 = {0,1,2};
+  std::vector<int64_t> perm_x2 = {0,1,2};
+  std::vector<int64_t> perm_y = {1,0,2};
+  int64_t batch_split_factor = 1;
+
+  TransposeBatchmatmulValues() = default;
+  // A copy of a call's arguments.
+  explicit TransposeBatchmatmulValues(const TransposeBatchmatmulArgs& a)
+      : input(a.input), weight(a.weight), scale(a.scale), perm_x1(a.perm_x1.vec()), perm_x2(a.perm_x2.vec()), perm_y(a.perm_y.vec()), batch_split_factor(a.batch_split_factor) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  TransposeBatchmatmulArgs args() const { return TransposeBatchmatmulArgs{input, weight, scale, perm_x1, perm_x2, perm_y, batch_split_factor}; }
+};
+
 // fused_infer_attention_score's arguments, with which fused_infer_attention_score_grad's schema starts.
 inline FusedInferAttentionScoreArgs forward_args(const FusedInferAttentionScoreGradArgs& a) {
   return FusedInferAttentionScoreArgs{a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink};

@@ -482,4 +482,60 @@ inline at::Tensor call_swiglu_grad(const SwigluGradArgs& a) {
   return op.call(a.grad_output, a.x, a.dim);
 }
 
+// trans_quant_param
+inline at::Tensor call_trans_quant_param(const TransQuantParamArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::trans_quant_param", "")
+                             .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, int64_t)>();
+  return op.call(a.scale, a.offset, a.round_mode);
+}
+
+// quantize
+inline at::Tensor call_quantize(const QuantizeArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::quantize", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t, int64_t, bool)>();
+  return op.call(a.input, a.scales, a.zero_points, a.dtype, a.axis, a.div_mode);
+}
+
+// quant_matmul
+inline at::Tensor call_quant_matmul(const QuantMatmulArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::quant_matmul", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t)>();
+  return op.call(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype);
+}
+
+// weight_quant_batchmatmul
+inline at::Tensor call_weight_quant_batchmatmul(const WeightQuantBatchmatmulArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::weight_quant_batchmatmul", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t)>();
+  return op.call(a.x, a.weight, a.antiquant_scale, a.antiquant_offset, a.quant_scale, a.quant_offset, a.bias, a.antiquant_group_size);
+}
+
+// convert_weight_to_int4pack
+inline at::Tensor call_convert_weight_to_int4pack(const ConvertWeightToInt4packArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::convert_weight_to_int4pack", "")
+                             .typed<at::Tensor(const at::Tensor&, int64_t)>();
+  return op.call(a.weight, a.inner_k_tiles);
+}
+
+// clipped_swiglu
+inline at::Tensor call_clipped_swiglu(const ClippedSwigluArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::clipped_swiglu", "")
+                             .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double, double, bool)>();
+  return op.call(a.x, a.group_index, a.dim, a.alpha, a.limit, a.bias, a.interleaved);
+}
+
+// transpose_batchmatmul
+inline at::Tensor call_transpose_batchmatmul(const TransposeBatchmatmulArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::transpose_batchmatmul", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t)>();
+  return op.call(a.input, a.weight, a.scale, a.perm_x1, a.perm_x2, a.perm_y, a.batch_split_factor);
+}
+
 }  // namespace npu_fa

@@ -964,6 +964,65 @@ at::Tensor swiglu_grad_cpu_unboxed(const at::Tensor& grad_output, const at::Tens
   return npu_fa::swiglu_grad_cpu(npu_fa::SwigluGradArgs{grad_output, x, dim});
 }
 
+at::Tensor trans_quant_param_cpu_unboxed(const at::Tensor& scale, const std::optional<at::Tensor>& offset, int64_t round_mode) {
+  npu_fa::DeviceRule rule("trans_quant_param");
+  rule.device_tensor("scale", scale);
+  rule.device_tensor("offset", offset);
+  return npu_fa::trans_quant_param_cpu(npu_fa::TransQuantParamArgs{scale, offset, round_mode});
+}
+
+at::Tensor quantize_cpu_unboxed(const at::Tensor& input, const at::Tensor& scales, const std::optional<at::Tensor>& zero_points, int64_t dtype, int64_t axis, bool div_mode) {
+  npu_fa::DeviceRule rule("quantize");
+  rule.device_tensor("input", input);
+  rule.device_tensor("scales", scales);
+  rule.device_tensor("zero_points", zero_points);
+  return npu_fa::quantize_cpu(npu_fa::QuantizeArgs{input, scales, zero_points, dtype, axis, div_mode});
+}
+
+at::Tensor quant_matmul_cpu_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale, const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale, const std::optional<at::Tensor>& bias, int64_t output_dtype) {
+  npu_fa::DeviceRule rule("quant_matmul");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("scale", scale);
+  rule.device_tensor("offset", offset);
+  rule.device_tensor("pertoken_scale", pertoken_scale);
+  rule.device_tensor("bias", bias);
+  return npu_fa::quant_matmul_cpu(npu_fa::QuantMatmulArgs{x1, x2, scale, offset, pertoken_scale, bias, output_dtype});
+}
+
+at::Tensor weight_quant_batchmatmul_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& antiquant_scale, const std::optional<at::Tensor>& antiquant_offset, const std::optional<at::Tensor>& quant_scale, const std::optional<at::Tensor>& quant_offset, const std::optional<at::Tensor>& bias, int64_t antiquant_group_size) {
+  npu_fa::DeviceRule rule("weight_quant_batchmatmul");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("antiquant_scale", antiquant_scale);
+  rule.device_tensor("antiquant_offset", antiquant_offset);
+  rule.device_tensor("quant_scale", quant_scale);
+  rule.device_tensor("quant_offset", quant_offset);
+  rule.device_tensor("bias", bias);
+  return npu_fa::weight_quant_batchmatmul_cpu(npu_fa::WeightQuantBatchmatmulArgs{x, weight, antiquant_scale, antiquant_offset, quant_scale, quant_offset, bias, antiquant_group_size});
+}
+
+at::Tensor convert_weight_to_int4pack_cpu_unboxed(const at::Tensor& weight, int64_t inner_k_tiles) {
+  npu_fa::DeviceRule rule("convert_weight_to_int4pack");
+  rule.device_tensor("weight", weight);
+  return npu_fa::convert_weight_to_int4pack_cpu(npu_fa::ConvertWeightToInt4packArgs{weight, inner_k_tiles});
+}
+
+at::Tensor clipped_swiglu_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& group_index, int64_t dim, double alpha, double limit, double bias, bool interleaved) {
+  npu_fa::DeviceRule rule("clipped_swiglu");
+  rule.device_tensor("x", x);
+  rule.device_tensor("group_index", group_index);
+  return npu_fa::clipped_swiglu_cpu(npu_fa::ClippedSwigluArgs{x, group_index, dim, alpha, limit, bias, interleaved});
+}
+
+at::Tensor transpose_batchmatmul_cpu_unboxed(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& scale, at::IntArrayRef perm_x1, at::IntArrayRef perm_x2, at::IntArrayRef perm_y, int64_t batch_split_factor) {
+  npu_fa::DeviceRule rule("transpose_batchmatmul");
+  rule.device_tensor("input", input);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("scale", scale);
+  return npu_fa::transpose_batchmatmul_cpu(npu_fa::TransposeBatchmatmulArgs{input, weight, scale, perm_x1, perm_x2, perm_y, batch_split_factor});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -1032,6 +1091,13 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, bool asymmetric=False, int bits=8) -> (Tensor y, Tensor scale, Tensor offset)", {at::Tag::pt2_compliant_tag});
   m.def("swiglu(Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("swiglu_grad(Tensor grad_output, Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("trans_quant_param(Tensor scale, Tensor? offset=None, int round_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("quantize(Tensor input, Tensor scales, Tensor? zero_points=None, int dtype=12, int axis=1, bool div_mode=True) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("quant_matmul(Tensor x1, Tensor x2, Tensor scale, Tensor? offset=None, Tensor? pertoken_scale=None, Tensor? bias=None, int output_dtype=1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("weight_quant_batchmatmul(Tensor x, Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? bias=None, int antiquant_group_size=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("convert_weight_to_int4pack(Tensor weight, int inner_k_tiles=0) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("clipped_swiglu(Tensor x, Tensor? group_index=None, int dim=-1, float alpha=1.702, float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("transpose_batchmatmul(Tensor input, Tensor weight, Tensor? scale=None, int[] perm_x1=[0,1,2], int[] perm_x2=[0,1,2], int[] perm_y=[1,0,2], int batch_split_factor=1) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -1094,6 +1160,13 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("dynamic_quant", TORCH_FN(dynamic_quant_cpu_unboxed));
   m.impl("swiglu", TORCH_FN(swiglu_cpu_unboxed));
   m.impl("swiglu_grad", TORCH_FN(swiglu_grad_cpu_unboxed));
+  m.impl("trans_quant_param", TORCH_FN(trans_quant_param_cpu_unboxed));
+  m.impl("quantize", TORCH_FN(quantize_cpu_unboxed));
+  m.impl("quant_matmul", TORCH_FN(quant_matmul_cpu_unboxed));
+  m.impl("weight_quant_batchmatmul", TORCH_FN(weight_quant_batchmatmul_cpu_unboxed));
+  m.impl("convert_weight_to_int4pack", TORCH_FN(convert_weight_to_int4pack_cpu_unboxed));
+  m.impl("clipped_swiglu", TORCH_FN(clipped_swiglu_cpu_unboxed));
+  m.impl("transpose_batchmatmul", TORCH_FN(transpose_batchmatmul_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

@@ -8,7 +8,7 @@
 Only the per-token mode and the int8 / int4 (torch.quint4x2: 8 values packed per int32) outputs are implemented;
 the float8 / hifloat8 outputs and the per-tensor / per-channel modes raise NotImplementedError.
 """
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -88,3 +88,127 @@ def npu_swiglu(input: Tensor, dim: int = -1) -> Tensor:  # noqa: A002 (upstream'
 def npu_swiglu_backward(grad_output: Tensor, input: Tensor, dim: int = -1) -> Tensor:  # noqa: A002
     """torch_npu.npu_swiglu_backward: the gradient of npu_swiglu w.r.t. input."""
     return _OPS.swiglu_grad(grad_output, input, dim)
+
+
+# ---- Quantised matmul ------------------------------------------------------------------------------------------
+# torch_npu passes dtypes as ScalarType codes; the quantised torch.dtypes have their own.
+_QUANT_DTYPE_CODES = {torch.uint8: 0, torch.int8: 1, torch.int32: 3, torch.qint8: 12, torch.quint8: 13,
+                      torch.qint32: 14, torch.quint4x2: 16}
+_MATMUL_OUTPUT_CODES = {torch.int8: 1, torch.int32: 3, torch.float16: 5, torch.float32: 6, torch.bfloat16: 15}
+
+
+def _dtype_code(op: str, name: str, value, codes: dict) -> int:
+    """A torch.dtype of `codes` or one of its integer codes (torch_npu's int dtype arguments)."""
+    if isinstance(value, torch.dtype):
+        if value not in codes:
+            raise ValueError(f"{op}: argument '{name}' must be one of {', '.join(map(str, codes))}; got {value}")
+        return codes[value]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{op}: argument '{name}' must be a torch.dtype or a torch_npu dtype code (int); got {value!r}")
+    if value not in codes.values():
+        raise ValueError(f"{op}: argument '{name}' must be one of {', '.join(map(str, codes))} or their codes "
+                         f"{sorted(set(codes.values()))}; got {value}")
+    return value
+
+
+def _format_or_none(op: str, name: str, value, tensor: Tensor, feature: str) -> None:
+    """x1_dtype / x2_dtype / weight_dtype...: None or the tensor's own dtype (torch.quint4x2 for int32-packed int4);
+    anything else selects a format not implemented here (float8, hifloat8, float4)."""
+    if tensor.dtype == torch.int32 and value in (torch.quint4x2, _QUINT4X2_CODE):
+        return
+    _args.same_dtype_or_none(op, name, value, tensor.dtype, feature)
+
+
+@_args.torch_npu_api
+def npu_trans_quant_param(scale: Tensor, offset: Optional[Tensor] = None, round_mode: Optional[int] = 0) -> Tensor:
+    """torch_npu.npu_trans_quant_param: float32 scale (and offset) -> int64 (scale's fp32 bits truncated to FP19 in
+    bits 0-31, bit 46 set, the offset as a 9-bit integer in bits 37-45), the `scale` form of npu_quant_matmul."""
+    return _OPS.trans_quant_param(scale, offset, _args.optional_int("npu_trans_quant_param", "round_mode",
+                                                                    round_mode, 0))
+
+
+@_args.torch_npu_api
+def npu_quantize(input: Tensor, scales: Tensor, zero_points: Optional[Tensor], dtype,  # noqa: A002
+                 axis: int = 1, div_mode: bool = True) -> Tensor:
+    """torch_npu.npu_quantize: div_mode True, per channel along axis, round(input / scales) + zero_points (like
+    torch.quantize_per_channel(...).int_repr()); div_mode False, round(input * scales + zero_points) to int8, or to
+    int4 packed eight per int32 (dtype torch.quint4x2)."""
+    code = _dtype_code("npu_quantize", "dtype", dtype, _QUANT_DTYPE_CODES)
+    return _OPS.quantize(input, scales, zero_points, code, axis, div_mode)
+
+
+@_args.torch_npu_api
+def npu_quant_matmul(x1: Tensor, x2: Tensor, scale: Tensor, *, offset: Optional[Tensor] = None,
+                     pertoken_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None, output_dtype=None,
+                     x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None,
+                     group_sizes: Optional[List[int]] = None, y_scale: Optional[Tensor] = None) -> Tensor:
+    """torch_npu.npu_quant_matmul: W8A8 (int8 x1, x2) or W4A4 (int32 holding 8 int4) matmul in int32, dequantised
+    by scale (per tensor / channel; float32, bfloat16 or npu_trans_quant_param's int64) and pertoken_scale, plus
+    bias and offset; output_dtype int8 (default), float16, bfloat16, int32 (the accumulation)."""
+    op = "npu_quant_matmul"
+    code = 1 if output_dtype is None else _dtype_code(op, "output_dtype", output_dtype, _MATMUL_OUTPUT_CODES)
+    _format_or_none(op, "x1_dtype", x1_dtype, x1, "a low-precision float format of x1")
+    _format_or_none(op, "x2_dtype", x2_dtype, x2, "a low-precision float format of x2")
+    if pertoken_scale is not None:
+        _args.same_dtype_or_none(op, "pertoken_scale_dtype", pertoken_scale_dtype, pertoken_scale.dtype,
+                                 "a float8_e8m0 (mx) pertoken_scale")
+    elif pertoken_scale_dtype is not None:
+        _args.same_dtype_or_none(op, "pertoken_scale_dtype", pertoken_scale_dtype, None, "pertoken_scale_dtype")
+    _args.same_dtype_or_none(op, "scale_dtype", scale_dtype, scale.dtype, "a float8_e8m0 (mx) scale")
+    if group_sizes is not None and any(g != 0 for g in group_sizes):
+        raise NotImplementedError(f"{op}: per-group quantisation (argument 'group_sizes' = {list(group_sizes)}) is "
+                                  f"not implemented; pass None")
+    if y_scale is not None:
+        raise NotImplementedError(f"{op}: argument 'y_scale' (an output scale for float8 outputs) is not "
+                                  f"implemented; pass None")
+    return _OPS.quant_matmul(x1, x2, scale, offset, pertoken_scale, bias, code)
+
+
+@_args.torch_npu_api
+def npu_weight_quant_batchmatmul(x: Tensor, weight: Tensor, antiquant_scale: Tensor,
+                                 antiquant_offset: Optional[Tensor] = None, quant_scale: Optional[Tensor] = None,
+                                 quant_offset: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                                 antiquant_group_size: int = 0, inner_precise: int = 0, weight_dtype=None) -> Tensor:
+    """torch_npu.npu_weight_quant_batchmatmul: x @ ((weight + antiquant_offset) * antiquant_scale) + bias with an
+    int8 or int4 (int32 holding 8) weight, per tensor / channel / group of antiquant_group_size rows; optionally
+    quantised to int8 by quant_scale / quant_offset. inner_precise (0 high precision, 1 high performance) selects
+    the same computation here."""
+    op = "npu_weight_quant_batchmatmul"
+    if inner_precise not in (0, 1):
+        raise ValueError(f"{op}: argument 'inner_precise' must be 0 or 1; got {inner_precise!r}")
+    _format_or_none(op, "weight_dtype", weight_dtype, weight, "a float8/hifloat8/float4 weight")
+    return _OPS.weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset, quant_scale, quant_offset,
+                                         bias, antiquant_group_size)
+
+
+@_args.torch_npu_api
+def npu_convert_weight_to_int4pack(weight: Tensor, inner_k_tiles: int = 0) -> Tensor:
+    """torch_npu.npu_convert_weight_to_int4pack: int32 [k, n] of int4 values -> int32 [k, n / 8], eight values per
+    word along the last axis, low nibble first (inner_k_tiles: reserved upstream, unused)."""
+    return _OPS.convert_weight_to_int4pack(weight, inner_k_tiles)
+
+
+@_args.torch_npu_api
+def npu_clipped_swiglu(x: Tensor, *, group_index: Optional[Tensor] = None, dim: int = -1, alpha: float = 1.702,
+                       limit: float = 7.0, bias: float = 1.0, interleaved: bool = True) -> Tensor:
+    """torch_npu.npu_clipped_swiglu (gpt-oss): A = min(A, limit), B = clamp(B, -limit, limit),
+    A * sigmoid(alpha * A) * (B + bias) over the even/odd (interleaved) or first/second halves along dim; with
+    group_index only the first sum(group_index) rows are computed, the rest are zeros."""
+    return _OPS.clipped_swiglu(x, group_index, dim, float(alpha), float(limit), float(bias), interleaved)
+
+
+@_args.torch_npu_api
+def npu_transpose_batchmatmul(input: Tensor, weight: Tensor, *, bias: Optional[Tensor] = None,  # noqa: A002
+                              scale: Optional[Tensor] = None, perm_x1: Optional[List[int]] = None,
+                              perm_x2: Optional[List[int]] = None, perm_y: Optional[List[int]] = None,
+                              batch_split_factor: Optional[int] = 1) -> Tensor:
+    """torch_npu.npu_transpose_batchmatmul: (input.permute(perm_x1) @ weight.permute(perm_x2)).permute(perm_y);
+    with scale (npu_trans_quant_param's int64, [B * N]) an int8 [M, 1, B * N]; batch_split_factor s > 1 gives
+    [s, M, B * N / s]."""
+    op = "npu_transpose_batchmatmul"
+    if bias is not None:
+        raise NotImplementedError(f"{op}: argument 'bias' is not supported (upstream reserves it); pass None")
+    split = _args.optional_int(op, "batch_split_factor", batch_split_factor, 1)
+    return _OPS.transpose_batchmatmul(input, weight, scale, [0, 1, 2] if perm_x1 is None else list(perm_x1),
+                                      [0, 1, 2] if perm_x2 is None else list(perm_x2),
+                                      [1, 0, 2] if perm_y is None else list(perm_y), split)

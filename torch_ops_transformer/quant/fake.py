@@ -35,3 +35,91 @@ def swiglu(a):
 def swiglu_grad(a):
     _half_shape("swiglu_grad", a.x, a.dim)
     return a.x.new_empty(a.x.shape)
+
+
+# ---- Quantised matmul ------------------------------------------------------------------------------------------
+def trans_quant_param(a):
+    op = "trans_quant_param"
+    scale = a.scale
+    torch._check(scale.dtype == torch.float32, lambda: f"{op}: argument 'scale' must be float32")
+    torch._check(scale.dim() in (1, 2), lambda: f"{op}: argument 'scale' must be 1-D or 2-D")
+    shape = tuple(scale.shape)
+    if a.offset is not None and scale.dim() == 1:
+        shape = (max(scale.shape[0], a.offset.numel()),)
+    return scale.new_empty(shape, dtype=torch.int64)
+
+
+_QUANTIZE_DTYPES = {0: torch.uint8, 13: torch.uint8, 1: torch.int8, 12: torch.int8, 3: torch.int32, 14: torch.int32,
+                    16: torch.int32}
+
+
+def quantize(a):
+    op = "quantize"
+    torch._check(a.dtype in _QUANTIZE_DTYPES, lambda: f"{op}: argument 'dtype' must be a quantised dtype code")
+    x = a.input
+    if a.dtype == 16:
+        torch._check(x.shape[-1] % 8 == 0, lambda: f"{op}: quint4x2 needs a last size that is a multiple of 8")
+        return x.new_empty((*x.shape[:-1], x.shape[-1] // 8), dtype=torch.int32)
+    return x.new_empty(x.shape, dtype=_QUANTIZE_DTYPES[a.dtype])
+
+
+_MATMUL_OUT = {1: torch.int8, 3: torch.int32, 5: torch.float16, 6: torch.float32, 15: torch.bfloat16}
+
+
+def quant_matmul(a):
+    op = "quant_matmul"
+    x1, x2 = a.x1, a.x2
+    torch._check(x1.dtype == x2.dtype and x1.dtype in (torch.int8, torch.int32),
+                 lambda: f"{op}: arguments 'x1' and 'x2' must both be int8 or both int32")
+    torch._check(2 <= x1.dim() <= 6 and 2 <= x2.dim() <= 6, lambda: f"{op}: x1 and x2 must have 2 to 6 dimensions")
+    torch._check(a.output_dtype in _MATMUL_OUT, lambda: f"{op}: unsupported output_dtype {a.output_dtype}")
+    M, K = x1.shape[-2], x1.shape[-1]
+    if x1.dtype == torch.int32:
+        K = K * 8
+        N = x2.shape[-1] * 8 if x2.shape[-2] == K else x2.shape[-1]
+    else:
+        N = x2.shape[-1]
+        torch._check(x2.shape[-2] == K, lambda: f"{op}: x1 and x2 must agree on K")
+    batch = torch.broadcast_shapes(tuple(x1.shape[:-2]), tuple(x2.shape[:-2]))
+    return x1.new_empty((*batch, M, N), dtype=_MATMUL_OUT[a.output_dtype])
+
+
+def weight_quant_batchmatmul(a):
+    op = "weight_quant_batchmatmul"
+    x, w = a.x, a.weight
+    torch._check(2 <= w.dim() <= 6, lambda: f"{op}: argument 'weight' must be [.., K, N]")
+    K = x.shape[-1]
+    if w.dtype == torch.int32:
+        N = w.shape[-1] * 8 if w.shape[-2] == K else w.shape[-1]
+    else:
+        torch._check(w.shape[-2] == K, lambda: f"{op}: x and weight must agree on K")
+        N = w.shape[-1]
+    dtype = torch.int8 if a.quant_scale is not None else x.dtype
+    if w.dim() == 2:
+        return x.new_empty((*x.shape[:-1], N), dtype=dtype)
+    batch = torch.broadcast_shapes(tuple(x.shape[:-2]), tuple(w.shape[:-2]))
+    return x.new_empty((*batch, x.shape[-2], N), dtype=dtype)
+
+
+def convert_weight_to_int4pack(a):
+    w = a.weight
+    torch._check(w.dim() == 2 and w.shape[1] % 8 == 0,
+                 lambda: "convert_weight_to_int4pack: weight must be 2-D with a last size that is a multiple of 8")
+    return w.new_empty((w.shape[0], w.shape[1] // 8), dtype=torch.int32)
+
+
+def clipped_swiglu(a):
+    return a.x.new_empty(_half_shape("clipped_swiglu", a.x, a.dim))
+
+
+def transpose_batchmatmul(a):
+    x = a.input.permute(a.perm_x1)
+    w = a.weight.permute(a.perm_x2)
+    B, M, N = x.shape[0], x.shape[1], w.shape[2]
+    if a.scale is not None:
+        return x.new_empty((M, 1, B * N), dtype=torch.int8)
+    if a.batch_split_factor > 1:
+        s = a.batch_split_factor
+        return x.new_empty((s, M, B * N // s))
+    y = x.new_empty((B, M, N)).permute(a.perm_y)
+    return y.new_empty(y.shape)

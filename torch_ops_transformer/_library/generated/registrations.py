@@ -79,6 +79,13 @@ OPS = {
     'dynamic_quant': OpInfo("Per-token dynamic quantisation (torch_npu npu_dynamic_quant / npu_dynamic_quant_asymmetric). Each row r of x (the last dimension; x at least 2-D, float16/bfloat16/float32) is v = x[r] * smooth (fp32), smooth = smooth_scales [H], or row g of smooth_scales [G, H] for the rows [group_index[g-1], group_index[g]) (group_index: nondecreasing cumulative row ends, last = the row count). Symmetric: scale = max|v| / Q, y = round(v / scale); asymmetric: scale = (max v - min v) / (2Q + 1), offset = Q - max v / scale, y = round(v / scale + offset); Q = 127 (bits 8) or 7 (bits 4), rounding half to even, clamped to [-Q-1, Q]; a row with scale 0 gives y = 0 (and offset 0). y: int8 of x's shape (bits 8), or int32 [..., H/8] holding 8 int4 values each, element j of a group in bits 4j..4j+3 (bits 4). scale (and offset, asymmetric; empty otherwise): float32 x.shape[:-1]. Not differentiable.", ('CPU',), False, True),
     'swiglu': OpInfo("SwiGLU (torch_npu npu_swiglu): x is split in halves A (first) and B (second) along dim (of even size); out = silu(A) * B = A * sigmoid(A) * B, x's dtype (float16, bfloat16, float32, float64), computed in fp32 (fp64 for fp64). Differentiable in x.", ('CPU',), True, True),
     'swiglu_grad': OpInfo("Backward of swiglu (torch_npu npu_swiglu_backward): with s = sigmoid(A), dA = g * B * s * (1 + A * (1 - s)), dB = g * silu(A), concatenated along dim into x's shape and dtype.", ('CPU',), False, True),
+    'trans_quant_param': OpInfo("torch_npu npu_trans_quant_param: packs a float32 quantisation scale (and offset) into the int64 form the quantised matmuls read. Per element: bits 0-31 hold the fp32 bits of the scale truncated to FP19 (& 0xFFFFE000; round_mode 1 first rounds the mantissa to 10 bits, half away from zero), bit 46 is set, and with offset bits 37-45 hold the offset rounded (half to even) and clamped to [-256, 255], as 9-bit two's complement. scale and offset are float32 1-D or 2-D, non-empty; the result has scale's shape, or the broadcast 1-D shape of the two when scale is 1-D.", ('CPU',), False, True),
+    'quantize': OpInfo("torch_npu npu_quantize. div_mode True (per channel, like torch.quantize_per_channel): along axis, y = round(input / scales[c]) + zero_points[c], scales [C] or [1] float32/bfloat16, zero_points int8/uint8/int32/ bfloat16 of scales' length. div_mode False: y = round(input * scales + zero_points), scales / zero_points of input's dtype, 1-D of the axis's size (or 1) with axis -1 (the last axis, also any axis > -2) or -2, or of input's rank with size 1 everywhere but that axis. Rounding half to even in fp32, then clamped to the output's range. dtype (a ScalarType code): 12 qint8 / 1 int8 -> int8, 13 quint8 / 0 uint8 -> uint8, 14 qint32 / 3 int32 -> int32, 16 quint4x2 -> int32 holding 8 int4 along the last axis (low nibble first, [-8, 7], div_mode False only; the last size a multiple of 8). input float32/float16/bfloat16.", ('CPU',), False, True),
+    'quant_matmul': OpInfo("torch_npu npu_quant_matmul (W8A8 / W4A4). x1 [..., M, K], x2 [..., K, N] int8 (2-6 dims, batch dims broadcast), or int32 holding 8 int4 each (x1 [M, K/8] packed along K; x2 [K, N/8] packed along N, or the transposed view of an [N, K/8] tensor packed along K; low nibble first). acc = x1·x2 in int32 (at::_int_mm: oneDNN's s8s8s32 GEMM, VNNI / AMX where the CPU has them) + bias when bias is int32. output_dtype (ScalarType code) 3 int32: acc. Otherwise y = acc * scale[n] * pertoken_scale[m] (fp32) + bias (float bias) + offset[n]; scale float32 / bfloat16 / int64 (npu_trans_quant_param's packing, whose offset bits act as offset) of 1 or N values; pertoken_scale float32 [M]; offset float32 [1] or [N] (int8 output only); bias int32 / float32 / bfloat16 / float16, [N] or [B, 1, N] for 3-D outputs. 1 int8: round half to even, saturated; 5 float16, 15 bfloat16, 6 float32: cast. Inference only.", ('CPU',), False, True),
+    'weight_quant_batchmatmul': OpInfo("torch_npu npu_weight_quant_batchmatmul (W8A16 / W4A16). x float16/bfloat16 [..., M, K]; weight int8 [K, N] (or [.., K, N], batch dims broadcast against x's) or int32 [K, N/8] holding 8 int4 along N (low nibble first; npu_convert_weight_to_int4pack's form), or the transposed view of an int32 [N, K/8] packed along K. w = (weight + antiquant_offset) * antiquant_scale with antiquant_scale [1] / [N] / [1, N] (per tensor / channel) or [ceil(K / G), N] per group of G = antiquant_group_size rows (a multiple of 32 below K), of x's dtype (or int64 packed fp32 with an int32 offset); the weight is dequantised in blocks of K rows to x's dtype (fp32 math, one rounding) and multiplied by ATen's GEMM (fp32 accumulation). y = x·w + bias (bias [N] / [1, N], float32 or x's dtype), x's dtype; with quant_scale (float32 or int64 packed, [1] / [N]) y = round(y * quant_scale + quant_offset) saturated to int8. Inference only.", ('CPU',), False, True),
+    'convert_weight_to_int4pack': OpInfo('torch_npu npu_convert_weight_to_int4pack: int32 weight [k, n] (or [n, k]) of values in [-8, 7], last size a multiple of 8, packed eight to an int32 along the last axis, element j in bits 4j..4j+3 (low nibble first): [k, n / 8]. The form npu_weight_quant_batchmatmul, npu_quant_matmul and grouped_matmul_quant read. inner_k_tiles is reserved upstream and unused.', ('CPU',), False, True),
+    'clipped_swiglu': OpInfo("torch_npu npu_clipped_swiglu (gpt-oss's clamped SwiGLU). x (float16/bfloat16/float32, at least 2-D) is viewed as [pre, cut * after] around dim (pre = the product of the sizes before dim); A, B are its even / odd columns (interleaved) or first / second halves; A = min(A, limit), B = clamp(B, -limit, limit), y = A * sigmoid(alpha * A) * (B + bias) in fp32, x's dtype, dim's size halved. group_index (int64 1-D counts): only the first min(sum, pre) rows are computed, the rest are zeros. Inference only.", ('CPU',), False, True),
+    'transpose_batchmatmul': OpInfo("torch_npu npu_transpose_batchmatmul: y = (input.permute(perm_x1) @ weight.permute(perm_x2)).permute(perm_y), 3-D float16/bfloat16/float32 operands that permute to [B, M, K] and [B, K, N] (fp32 accumulation, input's dtype). With scale (int64 packed by npu_trans_quant_param, or float32; [B * N]) and perm_y [1, 0, 2]: int8 round(y.reshape(M, 1, B * N) * scale) saturated. batch_split_factor s > 1 (perm_y [1, 0, 2], no scale): the [M, B * N] result viewed as [M, s, B * N / s] and returned as [s, M, B * N / s].", ('CPU',), False, True),
 }
 
 
@@ -647,6 +654,69 @@ def _fake_swiglu_grad(grad_output, x, dim=-1):
     a = SwigluGradArgs(grad_output, x, dim)
     check_devices('swiglu_grad', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.quant.fake', 'swiglu_grad')(a)
+
+
+TransQuantParamArgs = collections.namedtuple('TransQuantParamArgs', ['scale', 'offset', 'round_mode'])
+
+
+def _fake_trans_quant_param(scale, offset=None, round_mode=0):
+    a = TransQuantParamArgs(scale, offset, round_mode)
+    check_devices('trans_quant_param', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.quant.fake', 'trans_quant_param')(a)
+
+
+QuantizeArgs = collections.namedtuple('QuantizeArgs', ['input', 'scales', 'zero_points', 'dtype', 'axis', 'div_mode'])
+
+
+def _fake_quantize(input, scales, zero_points=None, dtype=12, axis=1, div_mode=True):
+    a = QuantizeArgs(input, scales, zero_points, dtype, axis, div_mode)
+    check_devices('quantize', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.quant.fake', 'quantize')(a)
+
+
+QuantMatmulArgs = collections.namedtuple('QuantMatmulArgs', ['x1', 'x2', 'scale', 'offset', 'pertoken_scale', 'bias', 'output_dtype'])
+
+
+def _fake_quant_matmul(x1, x2, scale, offset=None, pertoken_scale=None, bias=None, output_dtype=1):
+    a = QuantMatmulArgs(x1, x2, scale, offset, pertoken_scale, bias, output_dtype)
+    check_devices('quant_matmul', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.quant.fake', 'quant_matmul')(a)
+
+
+WeightQuantBatchmatmulArgs = collections.namedtuple('WeightQuantBatchmatmulArgs', ['x', 'weight', 'antiquant_scale', 'antiquant_offset', 'quant_scale', 'quant_offset', 'bias', 'antiquant_group_size'])
+
+
+def _fake_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset=None, quant_scale=None, quant_offset=None, bias=None, antiquant_group_size=0):
+    a = WeightQuantBatchmatmulArgs(x, weight, antiquant_scale, antiquant_offset, quant_scale, quant_offset, bias, antiquant_group_size)
+    check_devices('weight_quant_batchmatmul', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.quant.fake', 'weight_quant_batchmatmul')(a)
+
+
+ConvertWeightToInt4packArgs = collections.namedtuple('ConvertWeightToInt4packArgs', ['weight', 'inner_k_tiles'])
+
+
+def _fake_convert_weight_to_int4pack(weight, inner_k_tiles=0):
+    a = ConvertWeightToInt4packArgs(weight, inner_k_tiles)
+    check_devices('convert_weight_to_int4pack', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.quant.fake', 'convert_weight_to_int4pack')(a)
+
+
+ClippedSwigluArgs = collections.namedtuple('ClippedSwigluArgs', ['x', 'group_index', 'dim', 'alpha', 'limit', 'bias', 'interleaved'])
+
+
+def _fake_clipped_swiglu(x, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
+    a = ClippedSwigluArgs(x, group_index, dim, alpha, limit, bias, interleaved)
+    check_devices('clipped_swiglu', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.quant.fake', 'clipped_swiglu')(a)
+
+
+TransposeBatchmatmulArgs = collections.namedtuple('TransposeBatchmatmulArgs', ['input', 'weight', 'scale', 'perm_x1', 'perm_x2', 'perm_y', 'batch_split_factor'])
+
+
+def _fake_transpose_batchmatmul(input, weight, scale=None, perm_x1=[0,1,2], perm_x2=[0,1,2], perm_y=[1,0,2], batch_split_factor=1):
+    a = TransposeBatchmatmulArgs(input, weight, scale, perm_x1, perm_x2, perm_y, batch_split_factor)
+    check_devices('transpose_batchmatmul', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.quant.fake', 'transpose_batchmatmul')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1404,3 +1474,10 @@ def register():
     torch.library.register_fake("npu_fa::swiglu", _fake_swiglu)
     torch.library.register_autograd("npu_fa::swiglu", _backward_swiglu, setup_context=_setup_swiglu)
     torch.library.register_fake("npu_fa::swiglu_grad", _fake_swiglu_grad)
+    torch.library.register_fake("npu_fa::trans_quant_param", _fake_trans_quant_param)
+    torch.library.register_fake("npu_fa::quantize", _fake_quantize)
+    torch.library.register_fake("npu_fa::quant_matmul", _fake_quant_matmul)
+    torch.library.register_fake("npu_fa::weight_quant_batchmatmul", _fake_weight_quant_batchmatmul)
+    torch.library.register_fake("npu_fa::convert_weight_to_int4pack", _fake_convert_weight_to_int4pack)
+    torch.library.register_fake("npu_fa::clipped_swiglu", _fake_clipped_swiglu)
+    torch.library.register_fake("npu_fa::transpose_batchmatmul", _fake_transpose_batchmatmul)

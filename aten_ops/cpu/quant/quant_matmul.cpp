@@ -1,0 +1,667 @@
+// CPU entry points of the quantised matmul ops (native_functions.yaml, "Quantised matmul"):
+//   trans_quant_param         float32 scale (+ offset) -> the int64 packing the matmuls read;
+//   quantize                  per-channel / per-axis static quantisation to int8 / uint8 / int32 / packed int4;
+//   quant_matmul              W8A8 (and W4A4 unpacked to int8): at::_int_mm (oneDNN's s8s8 -> s32 GEMM, VNNI /
+//                             AMX-INT8 where the CPU has them), then ATen element-wise passes for the epilogue;
+//   weight_quant_batchmatmul  W8A16 / W4A16: (column tile) tasks on the intra-op threads, each dequantising its
+//                             [K, tile] block of the weight into x's dtype and calling ATen's GEMM on it.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "generated/kernels.h"
+
+namespace npu_fa {
+
+namespace {
+
+// The fp32 scale of an int64 packed by trans_quant_param: bits 0-31.
+at::Tensor unpack_scale(const at::Tensor& packed) {
+  return packed.bitwise_and(0xFFFFFFFFLL).to(at::kInt).view(at::kFloat);
+}
+
+// The offset of an int64 packed by trans_quant_param: bits 37-45, a 9-bit two's complement integer.
+at::Tensor unpack_offset(const at::Tensor& packed) {
+  const at::Tensor bits = packed.bitwise_right_shift(37).bitwise_and(0x1FF);
+  return (bits.bitwise_xor(0x100) - 0x100).to(at::kFloat);
+}
+
+// int32 holding 8 int4 each along `dim` (element j in bits 4j..4j+3) -> int8 with that dimension 8 times longer.
+at::Tensor unpack_int4(const at::Tensor& packed, int64_t dim) {
+  const int64_t d = dim < 0 ? dim + packed.dim() : dim;
+  at::Tensor moved = packed.movedim(d, -1);
+  const at::Tensor shifts = at::arange(0, 32, 4, packed.options());
+  at::Tensor nib = moved.unsqueeze(-1).bitwise_right_shift(shifts).bitwise_and(15);
+  std::vector<int64_t> shape(moved.sizes().begin(), moved.sizes().end());
+  shape.back() *= 8;
+  at::Tensor q = (nib.bitwise_xor(8) - 8).to(at::kChar).reshape(shape);
+  return q.movedim(-1, d);
+}
+
+c10::ScalarType code_to_dtype(const char* op, const char* name, int64_t code, bool* int4) {
+  *int4 = false;
+  switch (code) {
+    case 0: case 13: return at::kByte;                 // uint8 / quint8
+    case 1: case 12: return at::kChar;                 // int8 / qint8
+    case 3: case 14: return at::kInt;                  // int32 / qint32
+    case 16: *int4 = true; return at::kInt;            // quint4x2: 8 int4 per int32
+    default: break;
+  }
+  TORCH_CHECK_VALUE(false, op, ": argument '", name, "' must be a quantised dtype code: 12 (qint8) or 1 (int8), 13 ",
+                    "(quint8) or 0 (uint8), 14 (qint32) or 3 (int32), 16 (quint4x2); got ", code);
+}
+
+// Packs int values in [-8, 7] (int32, last dimension a multiple of 8) eight to an int32, low nibble first.
+at::Tensor pack_int4_last(const at::Tensor& q) {
+  std::vector<int64_t> shape(q.sizes().begin(), q.sizes().end());
+  const int64_t last = shape.back();
+  shape.back() = last / 8;
+  shape.push_back(8);
+  const at::Tensor shifts = at::arange(0, 32, 4, q.options().dtype(at::kInt));
+  at::Tensor nib = q.to(at::kInt).bitwise_and(15).reshape(shape).bitwise_left_shift(shifts);
+  return nib.sum(-1, false, at::kLong).to(at::kInt);  // disjoint bits: the sum is the bitwise or (wraps to int32)
+}
+
+bool is_float(c10::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// trans_quant_param
+// ---------------------------------------------------------------------------------------------------------------
+at::Tensor trans_quant_param_cpu(const TransQuantParamArgs& args) {
+  const char* op = "trans_quant_param";
+  const at::Tensor& scale = args.scale;
+  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat, op, ": argument 'scale' must be float32; got ",
+                   scale.scalar_type());
+  TORCH_CHECK_VALUE((scale.dim() == 1 || scale.dim() == 2) && scale.numel() > 0, op, ": argument 'scale' must be ",
+                    "a non-empty 1-D or 2-D tensor; got shape ", scale.sizes());
+  TORCH_CHECK_VALUE(args.round_mode == 0 || args.round_mode == 1, op, ": argument 'round_mode' must be 0 ",
+                    "(truncate to FP19) or 1 (round to FP19); got ", args.round_mode);
+  at::Tensor s = scale, o;
+  std::vector<int64_t> out_shape(scale.sizes().begin(), scale.sizes().end());
+  if (args.offset.has_value()) {
+    o = *args.offset;
+    TORCH_CHECK_TYPE(o.scalar_type() == at::kFloat, op, ": argument 'offset' must be float32; got ",
+                     o.scalar_type());
+    TORCH_CHECK_VALUE((o.dim() == 1 || o.dim() == 2) && o.numel() > 0, op, ": argument 'offset' must be a ",
+                      "non-empty 1-D or 2-D tensor; got shape ", o.sizes());
+    if (scale.dim() == 1) {
+      const int64_t n = std::max(scale.numel(), o.numel());
+      TORCH_CHECK_VALUE((scale.numel() == 1 || scale.numel() == n) && (o.numel() == 1 || o.numel() == n), op,
+                        ": arguments 'scale' ", scale.sizes(), " and 'offset' ", o.sizes(), " must hold 1 or the ",
+                        "same number (n) of values");
+      out_shape = {n};
+    } else {
+      TORCH_CHECK_VALUE(o.numel() == 1 || o.numel() == scale.numel(), op, ": argument 'offset' of shape ", o.sizes(),
+                        " must hold 1 value or one per scale (", scale.numel(), ") with a 2-D scale");
+    }
+    o = o.reshape({-1}).expand({c10::multiply_integers(out_shape)}).contiguous();
+  }
+  s = s.reshape({-1}).expand({c10::multiply_integers(out_shape)}).contiguous();
+  at::Tensor out = at::empty(out_shape, scale.options().dtype(at::kLong));
+  const float* sp = s.data_ptr<float>();
+  const float* op_ = o.defined() ? o.data_ptr<float>() : nullptr;
+  int64_t* yp = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, sp + i, 4);
+    if (args.round_mode == 1 && (bits & 0x7F800000u) != 0x7F800000u) bits += 0x1000u;  // nearest FP19, ties away
+    uint64_t v = (uint64_t(bits) & 0xFFFFE000ull) | (uint64_t(1) << 46);
+    if (op_) {
+      const float r = std::nearbyint(op_[i]);
+      const int64_t q = std::isnan(r) ? 0 : static_cast<int64_t>(std::min(255.f, std::max(-256.f, r)));
+      v |= (uint64_t(q) & 0x1FFull) << 37;
+    }
+    yp[i] = static_cast<int64_t>(v);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// quantize
+// ---------------------------------------------------------------------------------------------------------------
+at::Tensor quantize_cpu(const QuantizeArgs& args) {
+  const char* op = "quantize";
+  const at::Tensor& x = args.input;
+  TORCH_CHECK_TYPE(is_float(x.scalar_type()), op, ": argument 'input' must be float32, float16 or bfloat16; got ",
+                   x.scalar_type());
+  bool int4 = false;
+  const c10::ScalarType out_dtype = code_to_dtype(op, "dtype", args.dtype, &int4);
+  const at::Tensor& scales = args.scales;
+  TORCH_CHECK_TYPE(is_float(scales.scalar_type()), op, ": argument 'scales' must be float32, float16 or bfloat16; ",
+                   "got ", scales.scalar_type());
+  at::Tensor s, z;  // broadcastable against x
+  if (args.div_mode) {
+    TORCH_CHECK_VALUE(!int4, op, ": dtype quint4x2 (16) needs div_mode=False");
+    TORCH_CHECK_VALUE(x.dim() >= 1, op, ": argument 'input' must have at least 1 dimension with div_mode=True");
+    TORCH_CHECK_VALUE(args.axis >= -x.dim() && args.axis < x.dim(), op, ": argument 'axis' must be in [", -x.dim(),
+                      ", ", x.dim() - 1, "] for input of shape ", x.sizes(), "; got ", args.axis);
+    const int64_t ax = args.axis < 0 ? args.axis + x.dim() : args.axis;
+    const int64_t C = x.size(ax);
+    TORCH_CHECK_VALUE(scales.dim() == 1 && (scales.size(0) == C || scales.size(0) == 1), op, ": argument 'scales' ",
+                      "must be 1-D of input.size(axis) = ", C, " (or 1) values; got shape ", scales.sizes());
+    std::vector<int64_t> view(x.dim(), 1);
+    view[ax] = scales.size(0);
+    s = scales.to(at::kFloat).reciprocal().reshape(view);
+    if (args.zero_points.has_value()) {
+      const at::Tensor& zp = *args.zero_points;
+      const auto t = zp.scalar_type();
+      TORCH_CHECK_TYPE(t == at::kChar || t == at::kByte || t == at::kInt || t == at::kBFloat16, op,
+                       ": argument 'zero_points' must be int8, uint8, int32 or bfloat16 with div_mode=True; got ", t);
+      TORCH_CHECK_VALUE(zp.dim() == 1 && zp.size(0) == scales.size(0), op, ": argument 'zero_points' of shape ",
+                        zp.sizes(), " must have scales' shape ", scales.sizes());
+      z = zp.to(at::kFloat).reshape(view);
+    }
+    at::Tensor y = (x.to(at::kFloat) * s).round_();
+    if (z.defined()) y.add_(z);
+    const double lo = out_dtype == at::kChar ? -128 : out_dtype == at::kByte ? 0 : -2147483648.0;
+    const double hi = out_dtype == at::kChar ? 127 : out_dtype == at::kByte ? 255 : 2147483520.0;
+    return y.clamp_(lo, hi).to(out_dtype);
+  }
+  TORCH_CHECK_VALUE(out_dtype == at::kChar || int4, op, ": argument 'dtype' must be 12 (qint8) or 16 (quint4x2) ",
+                    "with div_mode=False; got ", args.dtype);
+  TORCH_CHECK_VALUE(x.dim() >= 1, op, ": argument 'input' must have at least 1 dimension");
+  TORCH_CHECK_VALUE(args.axis >= -2 && args.axis < x.dim(), op, ": argument 'axis' must be in [-2, ", x.dim() - 1,
+                    "] with div_mode=False (-2: the second-last axis, otherwise the last); got ", args.axis);
+  const int64_t ax = args.axis == -2 ? x.dim() - 2 : x.dim() - 1;
+  TORCH_CHECK_VALUE(ax >= 0, op, ": axis -2 needs input of at least 2 dimensions; got shape ", x.sizes());
+  TORCH_CHECK_TYPE(scales.scalar_type() == x.scalar_type(), op, ": argument 'scales' must have input's dtype (",
+                   x.scalar_type(), ") with div_mode=False; got ", scales.scalar_type());
+  auto shaped = [&](const at::Tensor& p, const char* name) {
+    const int64_t C = x.size(ax);
+    if (p.dim() == 1) {
+      TORCH_CHECK_VALUE(p.size(0) == C || p.size(0) == 1, op, ": argument '", name, "' must be 1-D of ",
+                        "input.size(", ax, ") = ", C, " (or 1) values, or of input's rank; got shape ", p.sizes());
+      std::vector<int64_t> view(x.dim(), 1);
+      view[ax] = p.size(0);
+      return p.to(at::kFloat).reshape(view);
+    }
+    bool ok = p.dim() == x.dim();
+    for (int64_t i = 0; ok && i < x.dim(); ++i) ok = p.size(i) == 1 || (i == ax && p.size(i) == C);
+    TORCH_CHECK_VALUE(ok, op, ": argument '", name, "' of shape ", p.sizes(), " must be 1-D or of input's rank with ",
+                      "size 1 everywhere but axis ", ax, " (size ", C, " or 1); input has shape ", x.sizes());
+    return p.to(at::kFloat);
+  };
+  s = shaped(scales, "scales");
+  if (args.zero_points.has_value()) {
+    TORCH_CHECK_TYPE(args.zero_points->scalar_type() == x.scalar_type(), op, ": argument 'zero_points' must have ",
+                     "input's dtype (", x.scalar_type(), ") with div_mode=False; got ", args.zero_points->scalar_type());
+    TORCH_CHECK_VALUE(args.zero_points->sizes() == scales.sizes(), op, ": argument 'zero_points' of shape ",
+                      args.zero_points->sizes(), " must have scales' shape ", scales.sizes());
+    z = shaped(*args.zero_points, "zero_points");
+  }
+  if (int4) {
+    TORCH_CHECK_VALUE(x.size(-1) % 8 == 0, op, ": dtype quint4x2 packs 8 values per int32 along the last axis, whose ",
+                      "size must be a multiple of 8; got shape ", x.sizes());
+  }
+  at::Tensor y = x.to(at::kFloat) * s;
+  if (z.defined()) y.add_(z);
+  y.round_();
+  if (!int4) return y.clamp_(-128, 127).to(at::kChar);
+  return pack_int4_last(y.clamp_(-8, 7));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// quant_matmul
+// ---------------------------------------------------------------------------------------------------------------
+namespace {
+
+// A [.., N]-broadcast fp32 vector of 1 or N values; `what` names the argument.
+at::Tensor channel_vector(const char* op, const char* what, const at::Tensor& t, int64_t n) {
+  const at::Tensor v = t.reshape({-1});
+  TORCH_CHECK_VALUE((t.dim() == 1 || (t.dim() == 2 && t.size(0) == 1)) && (v.numel() == 1 || v.numel() == n), op,
+                    ": argument '", what, "' must hold 1 (per tensor) or N=", n, " (per channel) values, shaped [1], ",
+                    "[N] or [1, N]; got shape ", t.sizes());
+  return v;
+}
+
+}  // namespace
+
+at::Tensor quant_matmul_cpu(const QuantMatmulArgs& args) {
+  const char* op = "quant_matmul";
+  at::Tensor x1 = args.x1, x2 = args.x2;
+  const auto t1 = x1.scalar_type(), t2 = x2.scalar_type();
+  TORCH_CHECK_TYPE((t1 == at::kChar || t1 == at::kInt) && t2 == t1, op, ": arguments 'x1' and 'x2' must both be int8 ",
+                   "(W8A8) or both int32 (8 int4 each, W4A4); got ", t1, " and ", t2);
+  TORCH_CHECK_VALUE(x1.dim() >= 2 && x1.dim() <= 6 && x2.dim() >= 2 && x2.dim() <= 6, op, ": arguments 'x1' and ",
+                    "'x2' must have 2 to 6 dimensions; got shapes ", x1.sizes(), " and ", x2.sizes());
+  if (t1 == at::kInt) {
+    const int64_t K = x1.size(-1) * 8;
+    x1 = unpack_int4(x1, -1);
+    if (x2.size(-2) == K) {
+      x2 = unpack_int4(x2, -1);
+    } else {
+      TORCH_CHECK_VALUE(x2.size(-2) * 8 == K, op, ": argument 'x2' (int4 packed in int32) must be [K, N/8] or the ",
+                        "transpose of [N, K/8] with K = 8 * x1.size(-1) = ", K, "; got shape ", x2.sizes());
+      x2 = unpack_int4(x2, -2);
+    }
+  }
+  const int64_t M = x1.size(-2), K = x1.size(-1), N = x2.size(-1);
+  TORCH_CHECK_VALUE(x2.size(-2) == K, op, ": x1 [.., M, K] and x2 [.., K, N] must agree on K: x1.size(-1) = ", K,
+                    ", x2.size(-2) = ", x2.size(-2), " (shapes ", args.x1.sizes(), ", ", args.x2.sizes(), ")");
+  const auto b1 = x1.sizes().slice(0, x1.dim() - 2), b2 = x2.sizes().slice(0, x2.dim() - 2);
+  std::vector<int64_t> batch;
+  try {
+    batch = at::infer_size(b1, b2);
+  } catch (const c10::Error&) {
+    TORCH_CHECK_VALUE(false, op, ": the batch dimensions of x1 ", args.x1.sizes(), " and x2 ", args.x2.sizes(),
+                      " do not broadcast");
+  }
+  const int64_t code = args.output_dtype;
+  c10::ScalarType out_dtype;
+  switch (code) {
+    case 1: out_dtype = at::kChar; break;
+    case 3: out_dtype = at::kInt; break;
+    case 5: out_dtype = at::kHalf; break;
+    case 6: out_dtype = at::kFloat; break;
+    case 15: out_dtype = at::kBFloat16; break;
+    default:
+      TORCH_CHECK_VALUE(false, op, ": argument 'output_dtype' must be the code of int8 (1), float16 (5), bfloat16 ",
+                        "(15), int32 (3) or float32 (6); got ", code);
+  }
+  // Scale and offset.
+  const at::Tensor& scale_in = args.scale;
+  const auto st = scale_in.scalar_type();
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kBFloat16 || st == at::kLong, op, ": argument 'scale' must be ",
+                   "float32, bfloat16 or int64 (npu_trans_quant_param's packing); got ", st);
+  at::Tensor scale = channel_vector(op, "scale", scale_in, N);
+  at::Tensor offset;
+  if (st == at::kLong) {
+    offset = unpack_offset(scale);
+    if (!offset.any().item<bool>()) offset = at::Tensor();
+    scale = unpack_scale(scale);
+  } else {
+    scale = scale.to(at::kFloat);
+  }
+  if (args.offset.has_value()) {
+    TORCH_CHECK_TYPE(args.offset->scalar_type() == at::kFloat, op, ": argument 'offset' must be float32; got ",
+                     args.offset->scalar_type());
+    TORCH_CHECK_VALUE(!offset.defined(), op, ": argument 'offset' was given next to an int64 scale that carries an ",
+                      "offset already (npu_trans_quant_param's offset bits)");
+    offset = channel_vector(op, "offset", *args.offset, N);
+  }
+  TORCH_CHECK_VALUE(!offset.defined() || out_dtype == at::kChar, op, ": argument 'offset' applies to int8 output ",
+                    "only (output_dtype 1); got output_dtype ", code);
+  at::Tensor pts;
+  if (args.pertoken_scale.has_value()) {
+    const at::Tensor& p = *args.pertoken_scale;
+    TORCH_CHECK_TYPE(p.scalar_type() == at::kFloat, op, ": argument 'pertoken_scale' must be float32; got ",
+                     p.scalar_type());
+    TORCH_CHECK_VALUE(p.dim() == 1 && p.size(0) == M, op, ": argument 'pertoken_scale' must be [M] = [", M,
+                      "] (one scale per row of x1); got shape ", p.sizes());
+    TORCH_CHECK_VALUE(out_dtype != at::kInt, op, ": argument 'pertoken_scale' does not apply to int32 output");
+    pts = p.reshape({M, 1});
+  }
+  // Bias.
+  std::vector<int64_t> out_shape(batch);
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  at::Tensor bias_i, bias_f;
+  if (args.bias.has_value()) {
+    const at::Tensor& b = *args.bias;
+    const auto bt = b.scalar_type();
+    TORCH_CHECK_TYPE(bt == at::kInt || is_float(bt), op, ": argument 'bias' must be int32, float32, bfloat16 or ",
+                     "float16; got ", bt);
+    const bool three = out_shape.size() == 3 && b.dim() == 3 && b.size(0) == out_shape[0] && b.size(1) == 1 &&
+                       b.size(2) == N;
+    TORCH_CHECK_VALUE((b.dim() == 1 && b.size(0) == N) || three, op, ": argument 'bias' must be [N] = [", N, "]",
+                      out_shape.size() == 3 ? " or [B, 1, N] for a 3-D output" : "", "; got shape ", b.sizes());
+    TORCH_CHECK_VALUE(bt == at::kInt || out_dtype != at::kInt, op, ": a float bias does not apply to int32 output");
+    (bt == at::kInt ? bias_i : bias_f) = b;  // [N] or [B, 1, N]: broadcasts against [.., M, N]
+  }
+  // int32 accumulation, one _int_mm per batch entry (x2 without batch: x1's batch folded into its rows).
+  at::Tensor acc;
+  const int64_t B = c10::multiply_integers(batch);
+  if (M == 0 || N == 0 || B == 0 || K == 0) {
+    acc = at::zeros(out_shape, x1.options().dtype(at::kInt));
+  } else if (x2.dim() == 2) {
+    const at::Tensor a = x1.reshape({B * M, K}).contiguous();  // x2 has no batch: batch = x1's
+    acc = at::_int_mm(a, x2.contiguous()).view(out_shape);
+  } else {
+    std::vector<int64_t> s1(batch), s2(batch);
+    s1.push_back(M), s1.push_back(K), s2.push_back(K), s2.push_back(N);
+    const at::Tensor a = x1.expand(s1).reshape({B, M, K});
+    const at::Tensor w = x2.expand(s2).reshape({B, K, N});
+    acc = at::empty({B, M, N}, x1.options().dtype(at::kInt));
+    for (int64_t b = 0; b < B; ++b) {
+      at::Tensor out_b = acc[b];
+      at::_int_mm_out(out_b, a[b].contiguous(), w[b].contiguous());
+    }
+    acc = acc.view(out_shape);
+  }
+  if (bias_i.defined()) acc.add_(bias_i);
+  if (out_dtype == at::kInt) return acc;
+  at::Tensor f = at::mul(acc, scale);  // int32 * fp32 -> fp32
+  if (pts.defined()) f.mul_(pts);
+  if (bias_f.defined()) f.add_(bias_f.to(at::kFloat));
+  if (offset.defined()) f.add_(offset);
+  if (out_dtype == at::kChar) f.round_().clamp_(-128, 127);  // round half to even, saturate
+  return f.to(out_dtype);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// weight_quant_batchmatmul
+// ---------------------------------------------------------------------------------------------------------------
+namespace {
+
+constexpr int64_t kTile = 128;  // columns per task: a [K, 128] block of x's dtype stays in L2 for serving K
+
+// Columns [n0, n1) of the weight (int8 [K, N] view, any strides) dequantised into dst [K, n1 - n0] (x's dtype):
+// (w + offset[g]) * scale[g] in fp32 (g = k / group), one rounding.
+template <typename scalar_t, typename weight_t>
+void dequant_block(const weight_t* w, int64_t sk, int64_t sn, int64_t K, int64_t n0, int64_t n1, const float* s,
+                   const float* o, int64_t N, int64_t group, scalar_t* dst) {
+  const int64_t T = n1 - n0;
+  std::vector<float> row(T);
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t g = k / group;
+    const float* sg = s + g * N + n0;
+    const weight_t* wk = w + k * sk + n0 * sn;
+    if (sn == 1)
+      for (int64_t j = 0; j < T; ++j) row[j] = static_cast<float>(wk[j]);
+    else
+      for (int64_t j = 0; j < T; ++j) row[j] = static_cast<float>(wk[j * sn]);
+    if (o) {
+      const float* og = o + g * N + n0;
+      for (int64_t j = 0; j < T; ++j) row[j] += og[j];
+    }
+    scalar_t* d = dst + k * T;
+    for (int64_t j = 0; j < T; ++j) d[j] = static_cast<scalar_t>(row[j] * sg[j]);
+  }
+}
+
+}  // namespace
+
+at::Tensor weight_quant_batchmatmul_cpu(const WeightQuantBatchmatmulArgs& args) {
+  const char* op = "weight_quant_batchmatmul";
+  const at::Tensor& x = args.x;
+  const auto xt = x.scalar_type();
+  TORCH_CHECK_TYPE(xt == at::kHalf || xt == at::kBFloat16 || xt == at::kFloat, op,
+                   ": argument 'x' must be float16 or bfloat16 (or float32); got ", xt);
+  TORCH_CHECK_VALUE(x.dim() >= 2, op, ": argument 'x' must be [.., M, K]; got shape ", x.sizes());
+  at::Tensor w = args.weight;
+  const auto wt = w.scalar_type();
+  TORCH_CHECK_TYPE(wt == at::kChar || wt == at::kInt, op, ": argument 'weight' must be int8 (W8A16) or int32 ",
+                   "(8 int4 each, W4A16); got ", wt);
+  TORCH_CHECK_VALUE(w.dim() >= 2 && w.dim() <= 6, op, ": argument 'weight' must be [.., K, N] (2 to 6 dimensions); ",
+                    "got shape ", w.sizes());
+  const int64_t K = x.size(-1);
+  if (wt == at::kInt) {
+    if (w.size(-2) == K) {
+      w = unpack_int4(w, -1);
+    } else {
+      TORCH_CHECK_VALUE(w.size(-2) * 8 == K, op, ": argument 'weight' (int4 packed in int32) must be [K, N/8] or ",
+                        "the transpose of [N, K/8] with K = x.size(-1) = ", K, "; got shape ", w.sizes());
+      w = unpack_int4(w, -2);
+    }
+  }
+  TORCH_CHECK_VALUE(w.size(-2) == K, op, ": x [.., M, K] and weight [.., K, N] must agree on K: x.size(-1) = ", K,
+                    ", weight.size(-2) = ", w.size(-2));
+  const int64_t N = w.size(-1);
+  // Antiquant parameters as fp32 [G, N].
+  const at::Tensor& as = args.antiquant_scale;
+  const auto ast = as.scalar_type();
+  const int64_t gs = args.antiquant_group_size;
+  TORCH_CHECK_VALUE(gs >= 0, op, ": argument 'antiquant_group_size' must be >= 0; got ", gs);
+  if (gs > 0) {
+    TORCH_CHECK_VALUE(gs % 32 == 0 && gs < K, op, ": argument 'antiquant_group_size' must be a multiple of 32 in ",
+                      "[32, K-1] = [32, ", K - 1, "]; got ", gs);
+  }
+  const int64_t G = gs > 0 ? (K + gs - 1) / gs : 1;
+  const int64_t group = gs > 0 ? gs : std::max<int64_t>(K, 1);
+  auto params = [&](const at::Tensor& p, const char* name) {
+    const bool per_group = gs > 0;
+    bool ok;
+    if (per_group)
+      ok = p.dim() == 2 && p.size(0) == G && p.size(1) == N;
+    else
+      ok = (p.dim() == 1 && (p.size(0) == N || p.size(0) == 1)) || (p.dim() == 2 && p.size(0) == 1 && p.size(1) == N);
+    TORCH_CHECK_VALUE(ok, op, ": argument '", name, "' must be ",
+                      per_group ? "[ceil(K / antiquant_group_size), N] = [" + std::to_string(G) + ", " +
+                                      std::to_string(N) + "]"
+                                : "[1], [N] or [1, N] with N = " + std::to_string(N),
+                      " (antiquant_group_size ", gs, "); got shape ", p.sizes());
+    return p.to(at::kFloat).reshape({-1, p.size(-1)}).expand({G, N}).contiguous();
+  };
+  TORCH_CHECK_TYPE(ast == xt || ast == at::kFloat || ast == at::kLong, op, ": argument 'antiquant_scale' must have ",
+                   "x's dtype (", xt, "), float32 or int64 (packed fp32); got ", ast);
+  const at::Tensor scale = params(ast == at::kLong ? unpack_scale(as) : as, "antiquant_scale");
+  at::Tensor offset;
+  if (args.antiquant_offset.has_value()) {
+    const at::Tensor& ao = *args.antiquant_offset;
+    const auto aot = ao.scalar_type();
+    if (ast == at::kLong) {
+      TORCH_CHECK_TYPE(aot == at::kInt, op, ": argument 'antiquant_offset' must be int32 next to an int64 ",
+                       "antiquant_scale; got ", aot);
+    } else {
+      TORCH_CHECK_TYPE(aot == ast, op, ": argument 'antiquant_offset' must have antiquant_scale's dtype (", ast,
+                       "); got ", aot);
+    }
+    TORCH_CHECK_VALUE(ao.sizes() == as.sizes(), op, ": argument 'antiquant_offset' of shape ", ao.sizes(),
+                      " must have antiquant_scale's shape ", as.sizes());
+    offset = params(ao, "antiquant_offset");
+  }
+  at::Tensor bias;
+  if (args.bias.has_value()) {
+    const at::Tensor& b = *args.bias;
+    TORCH_CHECK_TYPE(b.scalar_type() == xt || b.scalar_type() == at::kFloat, op, ": argument 'bias' must have x's ",
+                     "dtype (", xt, ") or float32; got ", b.scalar_type());
+    TORCH_CHECK_VALUE((b.dim() == 1 && b.size(0) == N) || (b.dim() == 2 && b.size(0) == 1 && b.size(1) == N), op,
+                      ": argument 'bias' must be [N] or [1, N] with N = ", N, "; got shape ", b.sizes());
+    bias = b.reshape({N});
+  }
+  at::Tensor qscale, qoffset;
+  if (args.quant_scale.has_value()) {
+    const at::Tensor& q = *args.quant_scale;
+    TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kLong, op, ": argument 'quant_scale' ",
+                     "must be float32 or int64 (npu_trans_quant_param's packing); got ", q.scalar_type());
+    TORCH_CHECK_VALUE(ast != at::kLong, op, ": argument 'quant_scale' must be None with an int64 antiquant_scale");
+    qscale = channel_vector(op, "quant_scale", q, N);
+    if (q.scalar_type() == at::kLong) {
+      qoffset = unpack_offset(qscale);
+      qscale = unpack_scale(qscale);
+    }
+    if (args.quant_offset.has_value()) {
+      TORCH_CHECK_TYPE(args.quant_offset->scalar_type() == at::kFloat, op, ": argument 'quant_offset' must be ",
+                       "float32; got ", args.quant_offset->scalar_type());
+      TORCH_CHECK_VALUE(args.quant_offset->sizes() == q.sizes(), op, ": argument 'quant_offset' of shape ",
+                        args.quant_offset->sizes(), " must have quant_scale's shape ", q.sizes());
+      qoffset = channel_vector(op, "quant_offset", *args.quant_offset, N);
+    }
+  } else {
+    TORCH_CHECK_VALUE(!args.quant_offset.has_value(), op, ": argument 'quant_offset' needs 'quant_scale'");
+  }
+  // A batched weight [.., K, N] broadcasts against x's batch: one 2-D product per batch entry.
+  std::vector<int64_t> out_shape;
+  at::Tensor xs, ws;  // [Bt, R, K], [Bt, K, N] (ws an int8 view, possibly transposed)
+  if (w.dim() == 2) {
+    out_shape.assign(x.sizes().begin(), x.sizes().end());
+    out_shape.back() = N;
+    xs = x.reshape({1, c10::multiply_integers(x.sizes().slice(0, x.dim() - 1)), K});
+    ws = w.unsqueeze(0);
+  } else {
+    std::vector<int64_t> batch;
+    try {
+      batch = at::infer_size(x.sizes().slice(0, x.dim() - 2), w.sizes().slice(0, w.dim() - 2));
+    } catch (const c10::Error&) {
+      TORCH_CHECK_VALUE(false, op, ": the batch dimensions of x ", x.sizes(), " and weight ", w.sizes(),
+                        " do not broadcast");
+    }
+    const int64_t M = x.size(-2), Bt = c10::multiply_integers(batch);
+    std::vector<int64_t> sx(batch), sw(batch);
+    sx.push_back(M), sx.push_back(K), sw.push_back(K), sw.push_back(N);
+    xs = x.expand(sx).reshape({Bt, M, K});
+    ws = w.expand(sw).reshape({Bt, K, N});
+    out_shape = batch;
+    out_shape.push_back(M);
+    out_shape.push_back(N);
+  }
+  const int64_t Bt = xs.size(0), R = xs.size(1);
+  at::Tensor y = at::empty({Bt * R, N}, x.options());
+  if (Bt * R > 0 && N > 0) {
+    if (K == 0) {
+      y.zero_();
+    } else {
+      const float* sp = scale.data_ptr<float>();
+      const float* opp = offset.defined() ? offset.data_ptr<float>() : nullptr;
+      const int64_t tiles = (N + kTile - 1) / kTile;
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xt, "weight_quant_batchmatmul", [&] {
+        for (int64_t b = 0; b < Bt; ++b) {
+          const at::Tensor x2d = xs[b].contiguous();
+          const at::Tensor w8 = ws[b];
+          at::Tensor yb = y.narrow(0, b * R, R);
+          const int8_t* wp = w8.data_ptr<int8_t>();
+          const int64_t sk = w8.stride(0), sn = w8.stride(1);
+          at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+            at::Tensor block = at::empty({K, kTile}, x.options());
+            for (int64_t t = t0; t < t1; ++t) {
+              const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile), T = n1 - n0;
+              at::Tensor dense = T == kTile ? block : at::empty({K, T}, x.options());
+              dequant_block<scalar_t, int8_t>(wp, sk, sn, K, n0, n1, sp, opp, N, group, dense.data_ptr<scalar_t>());
+              at::Tensor out = yb.narrow(1, n0, T);
+              at::mm_out(out, x2d, dense);
+            }
+          });
+        }
+      });
+    }
+  }
+  if (bias.defined()) {
+    if (bias.scalar_type() == xt)
+      y.add_(bias);
+    else
+      y = (y.to(at::kFloat) + bias).to(xt);
+  }
+  if (qscale.defined()) {
+    at::Tensor f = y.to(at::kFloat) * qscale;
+    if (qoffset.defined()) f.add_(qoffset);
+    y = f.round_().clamp_(-128, 127).to(at::kChar);
+  }
+  return y.view(out_shape);
+}
+
+}  // namespace npu_fa
+
+namespace npu_fa {
+
+// ---------------------------------------------------------------------------------------------------------------
+// convert_weight_to_int4pack
+// ---------------------------------------------------------------------------------------------------------------
+at::Tensor convert_weight_to_int4pack_cpu(const ConvertWeightToInt4packArgs& args) {
+  const char* op = "convert_weight_to_int4pack";
+  const at::Tensor& w = args.weight;
+  TORCH_CHECK_TYPE(w.scalar_type() == at::kInt, op, ": argument 'weight' must be int32; got ", w.scalar_type());
+  TORCH_CHECK_VALUE(w.dim() == 2, op, ": argument 'weight' must be 2-D ([k, n] or [n, k]); got shape ", w.sizes());
+  TORCH_CHECK_VALUE(w.size(1) % 8 == 0, op, ": argument 'weight' packs 8 values per int32 along its last axis, ",
+                    "whose size must be a multiple of 8; got shape ", w.sizes());
+  if (w.numel() > 0) {
+    const int64_t lo = w.min().item<int64_t>(), hi = w.max().item<int64_t>();
+    TORCH_CHECK_VALUE(lo >= -8 && hi <= 7, op, ": argument 'weight' must hold int4 values in [-8, 7]; got values ",
+                      "in [", lo, ", ", hi, "]");
+  }
+  return pack_int4_last(w);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// clipped_swiglu
+// ---------------------------------------------------------------------------------------------------------------
+at::Tensor clipped_swiglu_cpu(const ClippedSwigluArgs& args) {
+  const char* op = "clipped_swiglu";
+  const at::Tensor& x = args.x;
+  TORCH_CHECK_TYPE(is_float(x.scalar_type()), op, ": argument 'x' must be float16, bfloat16 or float32; got ",
+                   x.scalar_type());
+  TORCH_CHECK_VALUE(x.dim() >= 2, op, ": argument 'x' must have at least 2 dimensions; got shape ", x.sizes());
+  TORCH_CHECK_VALUE(args.dim >= -x.dim() && args.dim < x.dim(), op, ": argument 'dim' must be in [", -x.dim(), ", ",
+                    x.dim() - 1, "] for x of shape ", x.sizes(), "; got ", args.dim);
+  const int64_t d = args.dim < 0 ? args.dim + x.dim() : args.dim;
+  TORCH_CHECK_VALUE(x.size(d) % 2 == 0, op, ": argument 'x' must have an even size along dim ", args.dim,
+                    "; got shape ", x.sizes());
+  const int64_t pre = c10::multiply_integers(x.sizes().slice(0, d));
+  const int64_t cols = pre ? x.numel() / pre : 0;
+  int64_t rows = pre;
+  if (args.group_index.has_value()) {
+    const at::Tensor& gi = *args.group_index;
+    TORCH_CHECK_TYPE(gi.scalar_type() == at::kLong || gi.scalar_type() == at::kInt, op,
+                     ": argument 'group_index' must be int64 (or int32); got ", gi.scalar_type());
+    TORCH_CHECK_VALUE(gi.dim() == 1, op, ": argument 'group_index' must be 1-D (token counts per group); got shape ",
+                      gi.sizes());
+    if (gi.numel() > 0)
+      TORCH_CHECK_VALUE(gi.min().item<int64_t>() >= 0, op, ": argument 'group_index' must hold counts >= 0; got ",
+                        "a minimum of ", gi.min().item<int64_t>());
+    rows = std::min<int64_t>(pre, gi.sum().item<int64_t>());
+  }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape[d] /= 2;
+  at::Tensor y = at::zeros({pre, cols / 2}, x.options());
+  if (rows > 0 && cols > 0) {
+    const at::Tensor v = x.reshape({pre, cols}).narrow(0, 0, rows);
+    at::Tensor a, b;
+    if (args.interleaved) {
+      a = v.slice(1, 0, cols, 2);
+      b = v.slice(1, 1, cols, 2);
+    } else {
+      a = v.narrow(1, 0, cols / 2);
+      b = v.narrow(1, cols / 2, cols / 2);
+    }
+    a = a.to(at::kFloat).clamp_max(args.limit);
+    b = b.to(at::kFloat).clamp(-args.limit, args.limit);
+    const at::Tensor g = a * at::sigmoid(a * args.alpha);
+    y.narrow(0, 0, rows).copy_(g.mul_(b.add_(args.bias)));
+  }
+  return y.view(shape);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// transpose_batchmatmul
+// ---------------------------------------------------------------------------------------------------------------
+at::Tensor transpose_batchmatmul_cpu(const TransposeBatchmatmulArgs& args) {
+  const char* op = "transpose_batchmatmul";
+  const at::Tensor &in = args.input, &w = args.weight;
+  TORCH_CHECK_TYPE(is_float(in.scalar_type()), op, ": argument 'input' must be float16, float32 or bfloat16; got ",
+                   in.scalar_type());
+  TORCH_CHECK_TYPE(w.scalar_type() == in.scalar_type(), op, ": argument 'weight' must have input's dtype (",
+                   in.scalar_type(), "); got ", w.scalar_type());
+  TORCH_CHECK_VALUE(in.dim() == 3 && w.dim() == 3, op, ": arguments 'input' and 'weight' must be 3-D; got shapes ",
+                    in.sizes(), " and ", w.sizes());
+  auto check_perm = [&](const char* name, at::IntArrayRef p) {
+    bool ok = p.size() == 3;
+    for (int64_t i = 0; ok && i < 3; ++i) ok = std::count(p.begin(), p.end(), i) == 1;
+    TORCH_CHECK_VALUE(ok, op, ": argument '", name, "' should be a permutation of [0, 1, 2]; got ", p);
+  };
+  check_perm("perm_x1", args.perm_x1);
+  check_perm("perm_x2", args.perm_x2);
+  check_perm("perm_y", args.perm_y);
+  const at::Tensor a = in.permute(args.perm_x1), b = w.permute(args.perm_x2);
+  TORCH_CHECK_VALUE(a.size(0) == b.size(0) && a.size(2) == b.size(1), op, ": input.permute(perm_x1) ", a.sizes(),
+                    " and weight.permute(perm_x2) ", b.sizes(), " must be [B, M, K] and [B, K, N]");
+  const int64_t B = a.size(0), M = a.size(1), N = b.size(2);
+  const bool y102 = args.perm_y.vec() == std::vector<int64_t>{1, 0, 2};
+  const int64_t s = args.batch_split_factor;
+  TORCH_CHECK_VALUE(s >= 1 && (B * N) % s == 0, op, ": argument 'batch_split_factor' must be >= 1 and ",
+                    "divide B * N = ", B * N, "; got ", s);
+  if (s > 1 || args.scale.has_value())
+    TORCH_CHECK_VALUE(y102, op, ": argument 'perm_y' must be [1, 0, 2] with a scale or batch_split_factor > 1; got ",
+                      args.perm_y);
+  TORCH_CHECK_VALUE(!(s > 1 && args.scale.has_value()), op, ": argument 'batch_split_factor' must be 1 with a scale");
+  if (args.scale.has_value()) {
+    const at::Tensor& sc = *args.scale;
+    TORCH_CHECK_TYPE(sc.scalar_type() == at::kLong || sc.scalar_type() == at::kFloat, op, ": argument 'scale' must ",
+                     "be int64 (npu_trans_quant_param's packing) or float32; got ", sc.scalar_type());
+    TORCH_CHECK_VALUE(sc.dim() == 1 && sc.size(0) == B * N, op, ": argument 'scale' must be [B * N] = [", B * N,
+                      "]; got shape ", sc.sizes());
+    const at::Tensor f = sc.scalar_type() == at::kLong ? unpack_scale(sc) : sc;
+    at::Tensor r = at::bmm(a.to(at::kFloat), b.to(at::kFloat)).permute({1, 0, 2}).reshape({M, 1, B * N}) * f;
+    return r.round_().clamp_(-128, 127).to(at::kChar);
+  }
+  at::Tensor out = at::bmm(a, b).permute(args.perm_y);  // [B, M, N] permuted; fp32 accumulation
+  if (s > 1) return out.reshape({M, s, B * N / s}).transpose(0, 1).contiguous();
+  return out.contiguous();
+}
+
+}  // namespace npu_fa
