@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 35> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 42> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "apply_rotary_pos_emb",
     "rope_with_sin_cos_cache",
@@ -42,6 +42,13 @@ inline constexpr std::array<const char*, 35> kSimulatedNpuCpuKernelOps = {
     "moe_distribute_dispatch_v2_grad",
     "moe_distribute_combine_v2",
     "moe_distribute_combine_v2_grad",
+    "rms_norm",
+    "rms_norm_grad",
+    "add_rms_norm",
+    "add_rms_norm_cast",
+    "add_rms_norm_quant",
+    "add_rms_norm_dynamic_quant",
+    "rms_norm_quant",
     "dynamic_quant",
     "swiglu",
     "swiglu_grad",

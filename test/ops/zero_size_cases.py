@@ -169,6 +169,18 @@ CASES = {
                       "int4_asymmetric": (lambda: ((_r(2, 0, 16), None, None, True, 4), {}), [(2, 0, 2), (2, 0), (2, 0)])},
     "swiglu": {"n0": (lambda: ((_r(0, 8),), {}), [(0, 4)])},
     "swiglu_grad": {"n0": (lambda: ((_r(0, 4), _r(0, 8)), {}), [(0, 8)])},
+    "rms_norm": {"n0": (lambda: ((_r(0, 8), _r(8)), {}), [(0, 8), (0, 1)]),
+                 "row0": (lambda: ((_r(3, 0), _r(0)), {}), [(3, 0), (3, 1)])},
+    "rms_norm_grad": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8), _r(0, 1)), {}), [(0, 8), (8,)])},
+    "add_rms_norm": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8)), {}), [(0, 8), (0, 1), (0, 8)])},
+    "add_rms_norm_cast": {"n0": (lambda: ((_r(2, 0, 8), _r(2, 0, 8), _r(8)), {}),
+                                 [(2, 0, 8), (2, 0, 8), (2, 0, 1), (2, 0, 8)])},
+    "add_rms_norm_quant": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8), _r(8).abs() + 1), {}),
+                                  [(0, 8), (0, 8), (0, 8)])},
+    "add_rms_norm_dynamic_quant": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8)), {}),
+                                          [(0, 8), (0,), (0, 8), (0,), (0,)])},
+    "rms_norm_quant": {"n0": (lambda: ((_r(0, 8), _r(8), _r(8), torch.ones(1), torch.zeros(1, dtype=torch.int8)), {}),
+                              [(0, 8)])},
 }
 
 _PROCESS_GROUP = "needs an initialised torch.distributed process group (group_name); test/mc2 covers it"
