@@ -100,7 +100,7 @@ def test_add_rms_norm_dynamic_quant(dtype, beta, smooth, mask):
     ref = {dt: _normalised(x, gamma, b, dt) for dt in (torch.float64, dtype)}
     for k, (yk, sk, smooth_k) in enumerate([(y1, scale1, s1), (y2, scale2, s2)]):
         if not want[k]:
-            assert yk.shape == (0,) and sk.shape == (0,) and yk.dtype == torch.int8 and sk.dtype == torch.float32
+            assert yk.shape == () and sk.shape == () and yk.dtype == torch.int8 and sk.dtype == torch.float32
             continue
         assert yk.dtype == torch.int8 and yk.shape == shape and sk.dtype == torch.float32 and sk.shape == shape[:-1]
         q64, sc64 = dynamic_q(ref[torch.float64], smooth_k, torch.float64)

@@ -178,7 +178,7 @@ CASES = {
     "add_rms_norm_quant": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8), _r(8).abs() + 1), {}),
                                   [(0, 8), (0, 8), (0, 8)])},
     "add_rms_norm_dynamic_quant": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8)), {}),
-                                          [(0, 8), (0,), (0, 8), (0,), (0,)])},
+                                          [(0, 8), (), (0, 8), (0,), ()])},
     "rms_norm_quant": {"n0": (lambda: ((_r(0, 8), _r(8), _r(8), torch.ones(1), torch.zeros(1, dtype=torch.int8)), {}),
                               [(0, 8)])},
 }

@@ -118,7 +118,7 @@ def npu_add_rms_norm_dynamic_quant(x1: Tensor, x2: Tensor, gamma: Tensor, *, smo
                                    y_dtype: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """torch_npu.npu_add_rms_norm_dynamic_quant: (y1, y2, x, scale1, scale2) with x = x1 + x2, y = RMSNorm(x) *
     gamma (+ beta) and yk = round(y * smooth_scalek / scalek) as int8, scalek = max|y * smooth_scalek| / 127 per
-    row. Outputs not asked for (output_mask, or y2 without both smooth scales) are empty tensors."""
+    row. Outputs not asked for (output_mask, or y2 without both smooth scales) are zero-dimensional zeros."""
     op = "npu_add_rms_norm_dynamic_quant"
     _int8_only(op, "y_dtype", y_dtype)
     out1, out2 = _outputs(op, output_mask, smooth_scale1, smooth_scale2)

@@ -61,8 +61,8 @@ def add_rms_norm_dynamic_quant(a):
     x = a.x1
     outs = []
     for want in (a.output_y1, a.output_y2):
-        outs.append((x.new_empty(x.shape if want else (0,), dtype=torch.int8),
-                     x.new_empty(tuple(x.shape[:-1]) if want else (0,), dtype=torch.float32)))
+        outs.append((x.new_empty(x.shape if want else (), dtype=torch.int8),
+                     x.new_empty(tuple(x.shape[:-1]) if want else (), dtype=torch.float32)))
     return outs[0][0], outs[1][0], x.new_empty(x.shape), outs[0][1], outs[1][1]
 
 

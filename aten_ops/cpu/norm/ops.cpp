@@ -299,8 +299,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_rms_n
   const bool want[2] = {a.output_y1, a.output_y2};
   const std::optional<at::Tensor>* smooth_arg[2] = {&a.smooth_scale1, &a.smooth_scale2};
   for (int k = 0; k < 2; ++k) {
-    y[k] = want[k] ? at::empty(a.x1.sizes(), i8) : at::empty({0}, i8);
-    scale[k] = want[k] ? at::empty(row_shape, f32) : at::empty({0}, f32);
+    // An output not asked for is a zero-dimensional 0, as upstream's kernel returns it.
+    y[k] = want[k] ? at::empty(a.x1.sizes(), i8) : at::zeros({}, i8);
+    scale[k] = want[k] ? at::empty(row_shape, f32) : at::zeros({}, f32);
     if (smooth_arg[k]->has_value()) smooth[k] = (*smooth_arg[k])->to(at::kFloat).contiguous();
   }
   if (rows > 0 && H > 0) {
