@@ -48,6 +48,9 @@ generated from native_functions.yaml. Public Python API:
   torch.distributed group (docs/moe.md).
 - `npu_dynamic_quant` (+`_asymmetric`), `npu_swiglu` (+`_backward`) — per-token int8/int4 activation quantisation
   and SwiGLU (package `quant`).
+- `npu_rms_norm` (+`_backward`), `npu_gemma_rms_norm`, `npu_add_rms_norm` (+`_v2`, `_v2_functional`, `_cast`,
+  `_quant`, `_dynamic_quant`), `npu_rms_norm_quant` — RMSNorm, alone and after a residual add, and quantised (package
+  `norm`).
 - `npu_sim` — a simulated "npu" device in CPU memory (`npu_sim.enable()` or TOT_NPU_SIM=1; docs/npu_sim.md).
 - `oracle` — a differential oracle: every device call of our ops also computed by the CPU kernels and judged
   (`with oracle.check(mode="warn" | "raise" | "sample")` or TOT_ORACLE=...; docs/oracle.md).
@@ -153,6 +156,18 @@ from .moe import (
     npu_moe_token_unpermute,
 )
 from . import npu_sim, oracle
+from .norm import (
+    npu_add_rms_norm,
+    npu_add_rms_norm_cast,
+    npu_add_rms_norm_dynamic_quant,
+    npu_add_rms_norm_quant,
+    npu_add_rms_norm_v2,
+    npu_add_rms_norm_v2_functional,
+    npu_gemma_rms_norm,
+    npu_rms_norm,
+    npu_rms_norm_backward,
+    npu_rms_norm_quant,
+)
 from .quant import npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_swiglu, npu_swiglu_backward
 from .quant import npu_quant_matmul, npu_quantize, npu_trans_quant_param, npu_weight_quant_batchmatmul
 from .quant import npu_clipped_swiglu, npu_convert_weight_to_int4pack, npu_transpose_batchmatmul
@@ -194,6 +209,16 @@ def compile_lowering():
 
 __all__ = [
     "OPS",
+    "npu_add_rms_norm",
+    "npu_add_rms_norm_cast",
+    "npu_add_rms_norm_dynamic_quant",
+    "npu_add_rms_norm_quant",
+    "npu_add_rms_norm_v2",
+    "npu_add_rms_norm_v2_functional",
+    "npu_gemma_rms_norm",
+    "npu_rms_norm",
+    "npu_rms_norm_backward",
+    "npu_rms_norm_quant",
     "FlashAttention",
     "attention_tiles",
     "attention_tiles_override",

@@ -173,6 +173,20 @@ at::Tensor moe_distribute_combine_v2_cpu(const MoeDistributeCombineV2Args& args)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> moe_distribute_combine_v2_grad_cpu(const MoeDistributeCombineV2GradArgs& args);
 // top_k_top_p [CPU]
 at::Tensor top_k_top_p_cpu(const TopKTopPArgs& args);
+// rms_norm [CPU]
+std::tuple<at::Tensor, at::Tensor> rms_norm_cpu(const RmsNormArgs& args);
+// rms_norm_grad [CPU]
+std::tuple<at::Tensor, at::Tensor> rms_norm_grad_cpu(const RmsNormGradArgs& args);
+// add_rms_norm [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cpu(const AddRmsNormArgs& args);
+// add_rms_norm_cast [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cast_cpu(const AddRmsNormCastArgs& args);
+// add_rms_norm_quant [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_quant_cpu(const AddRmsNormQuantArgs& args);
+// add_rms_norm_dynamic_quant [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_rms_norm_dynamic_quant_cpu(const AddRmsNormDynamicQuantArgs& args);
+// rms_norm_quant [CPU]
+at::Tensor rms_norm_quant_cpu(const RmsNormQuantArgs& args);
 // dynamic_quant [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu(const DynamicQuantArgs& args);
 // swiglu [CPU]

@@ -2341,6 +2341,255 @@ struct TopKTopPValues {
   TopKTopPArgs args() const { return TopKTopPArgs{logits, p, k}; }
 };
 
+// rms_norm
+struct RmsNormArgs {
+  const at::Tensor& x;
+  const at::Tensor& gamma;
+  double epsilon;
+  bool gemma;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const RmsNormArgs& a, F&& f) {
+  return f(a.x, a.gamma, a.epsilon, a.gemma);
+}
+
+// rms_norm's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RmsNormValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RmsNormValues {
+  at::Tensor x;
+  at::Tensor gamma;
+  double epsilon = 1e-06;
+  bool gemma = false;
+
+  RmsNormValues() = default;
+  // A copy of a call's arguments.
+  explicit RmsNormValues(const RmsNormArgs& a)
+      : x(a.x), gamma(a.gamma), epsilon(a.epsilon), gemma(a.gemma) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RmsNormArgs args() const { return RmsNormArgs{x, gamma, epsilon, gemma}; }
+};
+
+// rms_norm_grad
+struct RmsNormGradArgs {
+  const at::Tensor& dy;
+  const at::Tensor& x;
+  const at::Tensor& gamma;
+  const at::Tensor& rstd;
+  bool gemma;
+  const std::optional<at::Tensor>& dx_residual;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const RmsNormGradArgs& a, F&& f) {
+  return f(a.dy, a.x, a.gamma, a.rstd, a.gemma, a.dx_residual);
+}
+
+// rms_norm_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RmsNormGradValues v(args); v.dy = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RmsNormGradValues {
+  at::Tensor dy;
+  at::Tensor x;
+  at::Tensor gamma;
+  at::Tensor rstd;
+  bool gemma = false;
+  std::optional<at::Tensor> dx_residual;
+
+  RmsNormGradValues() = default;
+  // A copy of a call's arguments.
+  explicit RmsNormGradValues(const RmsNormGradArgs& a)
+      : dy(a.dy), x(a.x), gamma(a.gamma), rstd(a.rstd), gemma(a.gemma), dx_residual(a.dx_residual) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RmsNormGradArgs args() const { return RmsNormGradArgs{dy, x, gamma, rstd, gemma, dx_residual}; }
+};
+
+// add_rms_norm
+struct AddRmsNormArgs {
+  const at::Tensor& x1;
+  const at::Tensor& x2;
+  const at::Tensor& gamma;
+  double epsilon;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const AddRmsNormArgs& a, F&& f) {
+  return f(a.x1, a.x2, a.gamma, a.epsilon);
+}
+
+// add_rms_norm's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   AddRmsNormValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct AddRmsNormValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  at::Tensor gamma;
+  double epsilon = 1e-06;
+
+  AddRmsNormValues() = default;
+  // A copy of a call's arguments.
+  explicit AddRmsNormValues(const AddRmsNormArgs& a)
+      : x1(a.x1), x2(a.x2), gamma(a.gamma), epsilon(a.epsilon) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  AddRmsNormArgs args() const { return AddRmsNormArgs{x1, x2, gamma, epsilon}; }
+};
+
+// add_rms_norm_cast
+struct AddRmsNormCastArgs {
+  const at::Tensor& x1;
+  const at::Tensor& x2;
+  const at::Tensor& gamma;
+  double epsilon;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const AddRmsNormCastArgs& a, F&& f) {
+  return f(a.x1, a.x2, a.gamma, a.epsilon);
+}
+
+// add_rms_norm_cast's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   AddRmsNormCastValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct AddRmsNormCastValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  at::Tensor gamma;
+  double epsilon = 1e-06;
+
+  AddRmsNormCastValues() = default;
+  // A copy of a call's arguments.
+  explicit AddRmsNormCastValues(const AddRmsNormCastArgs& a)
+      : x1(a.x1), x2(a.x2), gamma(a.gamma), epsilon(a.epsilon) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  AddRmsNormCastArgs args() const { return AddRmsNormCastArgs{x1, x2, gamma, epsilon}; }
+};
+
+// add_rms_norm_quant
+struct AddRmsNormQuantArgs {
+  const at::Tensor& x1;
+  const at::Tensor& x2;
+  const at::Tensor& gamma;
+  const at::Tensor& scales1;
+  const std::optional<at::Tensor>& zero_points1;
+  const std::optional<at::Tensor>& beta;
+  const std::optional<at::Tensor>& scales2;
+  const std::optional<at::Tensor>& zero_points2;
+  int64_t axis;
+  double epsilon;
+  bool div_mode;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const AddRmsNormQuantArgs& a, F&& f) {
+  return f(a.x1, a.x2, a.gamma, a.scales1, a.zero_points1, a.beta, a.scales2, a.zero_points2, a.axis, a.epsilon, a.div_mode);
+}
+
+// add_rms_norm_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   AddRmsNormQuantValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct AddRmsNormQuantValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  at::Tensor gamma;
+  at::Tensor scales1;
+  std::optional<at::Tensor> zero_points1;
+  std::optional<at::Tensor> beta;
+  std::optional<at::Tensor> scales2;
+  std::optional<at::Tensor> zero_points2;
+  int64_t axis = -1;
+  double epsilon = 1e-06;
+  bool div_mode = true;
+
+  AddRmsNormQuantValues() = default;
+  // A copy of a call's arguments.
+  explicit AddRmsNormQuantValues(const AddRmsNormQuantArgs& a)
+      : x1(a.x1), x2(a.x2), gamma(a.gamma), scales1(a.scales1), zero_points1(a.zero_points1), beta(a.beta), scales2(a.scales2), zero_points2(a.zero_points2), axis(a.axis), epsilon(a.epsilon), div_mode(a.div_mode) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  AddRmsNormQuantArgs args() const { return AddRmsNormQuantArgs{x1, x2, gamma, scales1, zero_points1, beta, scales2, zero_points2, axis, epsilon, div_mode}; }
+};
+
+// add_rms_norm_dynamic_quant
+struct AddRmsNormDynamicQuantArgs {
+  const at::Tensor& x1;
+  const at::Tensor& x2;
+  const at::Tensor& gamma;
+  const std::optional<at::Tensor>& smooth_scale1;
+  const std::optional<at::Tensor>& smooth_scale2;
+  const std::optional<at::Tensor>& beta;
+  double epsilon;
+  bool output_y1;
+  bool output_y2;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const AddRmsNormDynamicQuantArgs& a, F&& f) {
+  return f(a.x1, a.x2, a.gamma, a.smooth_scale1, a.smooth_scale2, a.beta, a.epsilon, a.output_y1, a.output_y2);
+}
+
+// add_rms_norm_dynamic_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   AddRmsNormDynamicQuantValues v(args); v.x1 = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct AddRmsNormDynamicQuantValues {
+  at::Tensor x1;
+  at::Tensor x2;
+  at::Tensor gamma;
+  std::optional<at::Tensor> smooth_scale1;
+  std::optional<at::Tensor> smooth_scale2;
+  std::optional<at::Tensor> beta;
+  double epsilon = 1e-06;
+  bool output_y1 = true;
+  bool output_y2 = false;
+
+  AddRmsNormDynamicQuantValues() = default;
+  // A copy of a call's arguments.
+  explicit AddRmsNormDynamicQuantValues(const AddRmsNormDynamicQuantArgs& a)
+      : x1(a.x1), x2(a.x2), gamma(a.gamma), smooth_scale1(a.smooth_scale1), smooth_scale2(a.smooth_scale2), beta(a.beta), epsilon(a.epsilon), output_y1(a.output_y1), output_y2(a.output_y2) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  AddRmsNormDynamicQuantArgs args() const { return AddRmsNormDynamicQuantArgs{x1, x2, gamma, smooth_scale1, smooth_scale2, beta, epsilon, output_y1, output_y2}; }
+};
+
+// rms_norm_quant
+struct RmsNormQuantArgs {
+  const at::Tensor& x;
+  const at::Tensor& gamma;
+  const at::Tensor& beta;
+  const at::Tensor& scale;
+  const at::Tensor& offset;
+  double epsilon;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const RmsNormQuantArgs& a, F&& f) {
+  return f(a.x, a.gamma, a.beta, a.scale, a.offset, a.epsilon);
+}
+
+// rms_norm_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RmsNormQuantValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RmsNormQuantValues {
+  at::Tensor x;
+  at::Tensor gamma;
+  at::Tensor beta;
+  at::Tensor scale;
+  at::Tensor offset;
+  double epsilon = 1e-06;
+
+  RmsNormQuantValues() = default;
+  // A copy of a call's arguments.
+  explicit RmsNormQuantValues(const RmsNormQuantArgs& a)
+      : x(a.x), gamma(a.gamma), beta(a.beta), scale(a.scale), offset(a.offset), epsilon(a.epsilon) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RmsNormQuantArgs args() const { return RmsNormQuantArgs{x, gamma, beta, scale, offset, epsilon}; }
+};
+
 // dynamic_quant
 struct DynamicQuantArgs {
   const at::Tensor& x;

@@ -458,6 +458,62 @@ inline at::Tensor call_top_k_top_p(const TopKTopPArgs& a) {
   return op.call(a.logits, a.p, a.k);
 }
 
+// rms_norm
+inline std::tuple<at::Tensor, at::Tensor> call_rms_norm(const RmsNormArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::rms_norm", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double, bool)>();
+  return op.call(a.x, a.gamma, a.epsilon, a.gemma);
+}
+
+// rms_norm_grad
+inline std::tuple<at::Tensor, at::Tensor> call_rms_norm_grad(const RmsNormGradArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::rms_norm_grad", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, const std::optional<at::Tensor>&)>();
+  return op.call(a.dy, a.x, a.gamma, a.rstd, a.gemma, a.dx_residual);
+}
+
+// add_rms_norm
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_add_rms_norm(const AddRmsNormArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::add_rms_norm", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(a.x1, a.x2, a.gamma, a.epsilon);
+}
+
+// add_rms_norm_cast
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_add_rms_norm_cast(const AddRmsNormCastArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::add_rms_norm_cast", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(a.x1, a.x2, a.gamma, a.epsilon);
+}
+
+// add_rms_norm_quant
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_add_rms_norm_quant(const AddRmsNormQuantArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::add_rms_norm_quant", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, double, bool)>();
+  return op.call(a.x1, a.x2, a.gamma, a.scales1, a.zero_points1, a.beta, a.scales2, a.zero_points2, a.axis, a.epsilon, a.div_mode);
+}
+
+// add_rms_norm_dynamic_quant
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_add_rms_norm_dynamic_quant(const AddRmsNormDynamicQuantArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::add_rms_norm_dynamic_quant", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, double, bool, bool)>();
+  return op.call(a.x1, a.x2, a.gamma, a.smooth_scale1, a.smooth_scale2, a.beta, a.epsilon, a.output_y1, a.output_y2);
+}
+
+// rms_norm_quant
+inline at::Tensor call_rms_norm_quant(const RmsNormQuantArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::rms_norm_quant", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(a.x, a.gamma, a.beta, a.scale, a.offset, a.epsilon);
+}
+
 // dynamic_quant
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_dynamic_quant(const DynamicQuantArgs& a) {
   static const auto op = c10::Dispatcher::singleton()

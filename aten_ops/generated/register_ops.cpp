@@ -943,6 +943,73 @@ at::Tensor top_k_top_p_cpu_unboxed(const at::Tensor& logits, const std::optional
   return npu_fa::top_k_top_p_cpu(npu_fa::TopKTopPArgs{logits, p, k});
 }
 
+std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_unboxed(const at::Tensor& x, const at::Tensor& gamma, double epsilon, bool gemma) {
+  npu_fa::DeviceRule rule("rms_norm");
+  rule.device_tensor("x", x);
+  rule.device_tensor("gamma", gamma);
+  return npu_fa::rms_norm_cpu(npu_fa::RmsNormArgs{x, gamma, epsilon, gemma});
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_grad_cpu_unboxed(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& rstd, bool gemma, const std::optional<at::Tensor>& dx_residual) {
+  npu_fa::DeviceRule rule("rms_norm_grad");
+  rule.device_tensor("dy", dy);
+  rule.device_tensor("x", x);
+  rule.device_tensor("gamma", gamma);
+  rule.device_tensor("rstd", rstd);
+  rule.device_tensor("dx_residual", dx_residual);
+  return npu_fa::rms_norm_grad_cpu(npu_fa::RmsNormGradArgs{dy, x, gamma, rstd, gemma, dx_residual});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cpu_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gamma, double epsilon) {
+  npu_fa::DeviceRule rule("add_rms_norm");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("gamma", gamma);
+  return npu_fa::add_rms_norm_cpu(npu_fa::AddRmsNormArgs{x1, x2, gamma, epsilon});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_rms_norm_cast_cpu_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gamma, double epsilon) {
+  npu_fa::DeviceRule rule("add_rms_norm_cast");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("gamma", gamma);
+  return npu_fa::add_rms_norm_cast_cpu(npu_fa::AddRmsNormCastArgs{x1, x2, gamma, epsilon});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_quant_cpu_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gamma, const at::Tensor& scales1, const std::optional<at::Tensor>& zero_points1, const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& scales2, const std::optional<at::Tensor>& zero_points2, int64_t axis, double epsilon, bool div_mode) {
+  npu_fa::DeviceRule rule("add_rms_norm_quant");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("gamma", gamma);
+  rule.device_tensor("scales1", scales1);
+  rule.device_tensor("zero_points1", zero_points1);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("scales2", scales2);
+  rule.device_tensor("zero_points2", zero_points2);
+  return npu_fa::add_rms_norm_quant_cpu(npu_fa::AddRmsNormQuantArgs{x1, x2, gamma, scales1, zero_points1, beta, scales2, zero_points2, axis, epsilon, div_mode});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_rms_norm_dynamic_quant_cpu_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& gamma, const std::optional<at::Tensor>& smooth_scale1, const std::optional<at::Tensor>& smooth_scale2, const std::optional<at::Tensor>& beta, double epsilon, bool output_y1, bool output_y2) {
+  npu_fa::DeviceRule rule("add_rms_norm_dynamic_quant");
+  rule.device_tensor("x1", x1);
+  rule.device_tensor("x2", x2);
+  rule.device_tensor("gamma", gamma);
+  rule.device_tensor("smooth_scale1", smooth_scale1);
+  rule.device_tensor("smooth_scale2", smooth_scale2);
+  rule.device_tensor("beta", beta);
+  return npu_fa::add_rms_norm_dynamic_quant_cpu(npu_fa::AddRmsNormDynamicQuantArgs{x1, x2, gamma, smooth_scale1, smooth_scale2, beta, epsilon, output_y1, output_y2});
+}
+
+at::Tensor rms_norm_quant_cpu_unboxed(const at::Tensor& x, const at::Tensor& gamma, const at::Tensor& beta, const at::Tensor& scale, const at::Tensor& offset, double epsilon) {
+  npu_fa::DeviceRule rule("rms_norm_quant");
+  rule.device_tensor("x", x);
+  rule.device_tensor("gamma", gamma);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("scale", scale);
+  rule.device_tensor("offset", offset);
+  return npu_fa::rms_norm_quant_cpu(npu_fa::RmsNormQuantArgs{x, gamma, beta, scale, offset, epsilon});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& smooth_scales, const std::optional<at::Tensor>& group_index, bool asymmetric, int64_t bits) {
   npu_fa::DeviceRule rule("dynamic_quant");
   rule.device_tensor("x", x);
@@ -1088,6 +1155,13 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("moe_distribute_combine_v2(Tensor expand_x, Tensor expert_ids, Tensor assist_info_for_combine, Tensor ep_send_counts, Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, Tensor? x_active_mask=None, Tensor? shared_expert_x=None, int global_bs=0, int comm_quant_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_distribute_combine_v2_grad(Tensor grad_out, Tensor expand_x, Tensor expert_ids, Tensor ep_send_counts, Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, Tensor? x_active_mask=None, Tensor? shared_expert_x=None, int global_bs=0) -> (Tensor grad_expand_x, Tensor grad_expert_scales, Tensor grad_shared_expert_x)", {at::Tag::pt2_compliant_tag});
   m.def("top_k_top_p(Tensor logits, Tensor? p=None, Tensor? k=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("rms_norm(Tensor x, Tensor gamma, float epsilon=1e-06, bool gemma=False) -> (Tensor y, Tensor rstd)", {at::Tag::pt2_compliant_tag});
+  m.def("rms_norm_grad(Tensor dy, Tensor x, Tensor gamma, Tensor rstd, bool gemma=False, Tensor? dx_residual=None) -> (Tensor dx, Tensor dgamma)", {at::Tag::pt2_compliant_tag});
+  m.def("add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> (Tensor y, Tensor rstd, Tensor x)", {at::Tag::pt2_compliant_tag});
+  m.def("add_rms_norm_cast(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> (Tensor y1, Tensor y2, Tensor rstd, Tensor x)", {at::Tag::pt2_compliant_tag});
+  m.def("add_rms_norm_quant(Tensor x1, Tensor x2, Tensor gamma, Tensor scales1, Tensor? zero_points1=None, Tensor? beta=None, Tensor? scales2=None, Tensor? zero_points2=None, int axis=-1, float epsilon=1e-06, bool div_mode=True) -> (Tensor y1, Tensor y2, Tensor x)", {at::Tag::pt2_compliant_tag});
+  m.def("add_rms_norm_dynamic_quant(Tensor x1, Tensor x2, Tensor gamma, Tensor? smooth_scale1=None, Tensor? smooth_scale2=None, Tensor? beta=None, float epsilon=1e-06, bool output_y1=True, bool output_y2=False) -> (Tensor y1, Tensor y2, Tensor x, Tensor scale1, Tensor scale2)", {at::Tag::pt2_compliant_tag});
+  m.def("rms_norm_quant(Tensor x, Tensor gamma, Tensor beta, Tensor scale, Tensor offset, float epsilon=1e-06) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, bool asymmetric=False, int bits=8) -> (Tensor y, Tensor scale, Tensor offset)", {at::Tag::pt2_compliant_tag});
   m.def("swiglu(Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("swiglu_grad(Tensor grad_output, Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -1157,6 +1231,13 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("moe_distribute_combine_v2", TORCH_FN(moe_distribute_combine_v2_cpu_unboxed));
   m.impl("moe_distribute_combine_v2_grad", TORCH_FN(moe_distribute_combine_v2_grad_cpu_unboxed));
   m.impl("top_k_top_p", TORCH_FN(top_k_top_p_cpu_unboxed));
+  m.impl("rms_norm", TORCH_FN(rms_norm_cpu_unboxed));
+  m.impl("rms_norm_grad", TORCH_FN(rms_norm_grad_cpu_unboxed));
+  m.impl("add_rms_norm", TORCH_FN(add_rms_norm_cpu_unboxed));
+  m.impl("add_rms_norm_cast", TORCH_FN(add_rms_norm_cast_cpu_unboxed));
+  m.impl("add_rms_norm_quant", TORCH_FN(add_rms_norm_quant_cpu_unboxed));
+  m.impl("add_rms_norm_dynamic_quant", TORCH_FN(add_rms_norm_dynamic_quant_cpu_unboxed));
+  m.impl("rms_norm_quant", TORCH_FN(rms_norm_quant_cpu_unboxed));
   m.impl("dynamic_quant", TORCH_FN(dynamic_quant_cpu_unboxed));
   m.impl("swiglu", TORCH_FN(swiglu_cpu_unboxed));
   m.impl("swiglu_grad", TORCH_FN(swiglu_grad_cpu_unboxed));

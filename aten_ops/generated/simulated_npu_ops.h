@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 47> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 54> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "ring_attention_update",
     "apply_rotary_pos_emb",
@@ -47,6 +47,13 @@ inline constexpr std::array<const char*, 47> kSimulatedNpuCpuKernelOps = {
     "moe_distribute_combine_v2",
     "moe_distribute_combine_v2_grad",
     "top_k_top_p",
+    "rms_norm",
+    "rms_norm_grad",
+    "add_rms_norm",
+    "add_rms_norm_cast",
+    "add_rms_norm_quant",
+    "add_rms_norm_dynamic_quant",
+    "rms_norm_quant",
     "dynamic_quant",
     "swiglu",
     "swiglu_grad",

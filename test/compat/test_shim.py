@@ -28,7 +28,7 @@ def test_module_holds_every_implemented_function_and_stubs_for_the_rest():
     for name, fn in _args.TORCH_NPU_API.items():
         assert getattr(shim, name) is fn
     missing = compat.upstream_functions()["not_implemented"]
-    assert "npu_rms_norm" in missing
+    assert "npu_add_layer_norm" in missing
     for name in missing:
         with pytest.raises(NotImplementedError, match=f"torch_npu.{name} is not implemented"):
             getattr(shim, name)()
@@ -72,11 +72,11 @@ def test_import_torch_npu_through_pythonpath():
             except NotImplementedError as e:
                 assert "not simulated" in str(e)
         try:
-            torch_npu.npu_rms_norm(x, x)
+            torch_npu.npu_add_layer_norm(x, x)
         except NotImplementedError as e:
             print("stub:", e)
         """)
-    assert "stub: torch_npu.npu_rms_norm is not implemented" in out.stdout
+    assert "stub: torch_npu.npu_add_layer_norm is not implemented" in out.stdout
 
 
 def test_runner_runs_a_script_with_its_arguments(tmp_path):

@@ -268,6 +268,23 @@ SAMPLES = {
     "npu_moe_distribute_dispatch_v2": _dispatch_args,
     "npu_moe_distribute_combine": lambda: _combine_args("npu_moe_distribute_dispatch"),
     "npu_moe_distribute_combine_v2": lambda: _combine_args("npu_moe_distribute_dispatch_v2"),
+    "npu_rms_norm": lambda: ((torch.randn(3, 8), torch.rand(8)), {}),
+    "npu_gemma_rms_norm": lambda: ((torch.randn(3, 8), torch.rand(8)), {}),
+    "npu_rms_norm_backward": lambda: ((torch.randn(3, 8), torch.randn(3, 8), torch.rand(8), torch.rand(3, 1)), {}),
+    "npu_add_rms_norm": lambda: ((torch.randn(3, 8), torch.randn(3, 8), torch.rand(8)), {}),
+    "npu_add_rms_norm_v2": lambda: ((torch.randn(3, 8), torch.randn(3, 8), torch.rand(8)), {}),
+    "npu_add_rms_norm_v2_functional": lambda: ((torch.randn(3, 8), torch.randn(3, 8), torch.rand(8)), {}),
+    "npu_add_rms_norm_cast": lambda: ((torch.randn(3, 8, dtype=torch.float16), torch.randn(3, 8, dtype=torch.float16),
+                                       torch.rand(8, dtype=torch.float16)), {}),
+    "npu_add_rms_norm_quant": lambda: ((torch.randn(3, 8, dtype=torch.float16), torch.randn(3, 8, dtype=torch.float16),
+                                        torch.rand(8, dtype=torch.float16), torch.rand(8) + 0.5,
+                                        torch.randint(-3, 3, (8,), dtype=torch.int32)), {}),
+    "npu_add_rms_norm_dynamic_quant": lambda: ((torch.randn(3, 8, dtype=torch.bfloat16),
+                                                torch.randn(3, 8, dtype=torch.bfloat16),
+                                                torch.rand(8, dtype=torch.bfloat16)), {}),
+    "npu_rms_norm_quant": lambda: ((torch.randn(3, 8, dtype=torch.float16), torch.rand(8, dtype=torch.float16),
+                                    torch.rand(8, dtype=torch.float16), torch.tensor([20.0], dtype=torch.float16),
+                                    torch.tensor([1], dtype=torch.int8)), {}),
 }
 # decoder-layer and serving-loop ops
 SAMPLES.update({

@@ -10,6 +10,7 @@ from test.kv_cache import kv_cache_cases
 from test.mc2 import mc2_cases
 from test.mla import mla_prolog_cases
 from test.moe import distribute_cases, fused_ffn_cases, grouped_matmul_cases, routing_cases
+from test.norm import norm_cases
 from test.quant import quant_cases
 from test.rope import rope_cases
 from test.sampling import sampling_cases
@@ -17,7 +18,8 @@ from torch_ops_transformer import OPS as REGISTRY
 
 OPS = torch.ops.npu_fa
 CASE_MODULES = (attention_cases, distribute_cases, fused_ffn_cases, grouped_matmul_cases, decode_cases, int8_cases,
-                kv_cache_cases, mc2_cases, mla_prolog_cases, routing_cases, prefill_cases, quant_cases, rope_cases)
+                kv_cache_cases, mc2_cases, mla_prolog_cases, norm_cases, routing_cases, prefill_cases, quant_cases,
+                rope_cases)
 CASE_MODULES += (sampling_cases,)
 
 

@@ -181,6 +181,18 @@ CASES = {
     "clipped_swiglu": {"n0": (lambda: ((_r(0, 8),), {}), [(0, 4)]),
                        "groups_sum0": (lambda: ((_r(3, 8), torch.zeros(2, dtype=I64)), {}), [(3, 4)])},
     "transpose_batchmatmul": {"m0": (lambda: ((_r(0, 2, 8), _r(2, 8, 4), None, [1, 0, 2]), {}), [(0, 2, 4)])},
+    "rms_norm": {"n0": (lambda: ((_r(0, 8), _r(8)), {}), [(0, 8), (0, 1)]),
+                 "row0": (lambda: ((_r(3, 0), _r(0)), {}), [(3, 0), (3, 1)])},
+    "rms_norm_grad": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8), _r(0, 1)), {}), [(0, 8), (8,)])},
+    "add_rms_norm": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8)), {}), [(0, 8), (0, 1), (0, 8)])},
+    "add_rms_norm_cast": {"n0": (lambda: ((_r(2, 0, 8), _r(2, 0, 8), _r(8)), {}),
+                                 [(2, 0, 8), (2, 0, 8), (2, 0, 1), (2, 0, 8)])},
+    "add_rms_norm_quant": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8), _r(8).abs() + 1), {}),
+                                  [(0, 8), (0, 8), (0, 8)])},
+    "add_rms_norm_dynamic_quant": {"n0": (lambda: ((_r(0, 8), _r(0, 8), _r(8)), {}),
+                                          [(0, 8), (), (0, 8), (0,), ()])},
+    "rms_norm_quant": {"n0": (lambda: ((_r(0, 8), _r(8), _r(8), torch.ones(1), torch.zeros(1, dtype=torch.int8)), {}),
+                              [(0, 8)])},
 }
 
 # decoder-layer and serving-loop ops

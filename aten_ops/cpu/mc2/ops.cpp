@@ -11,6 +11,7 @@
 
 #include "cpu/mc2/collectives.h"
 #include "generated/kernels.h"
+#include "generated/op_calls.h"
 
 namespace npu_fa {
 namespace {
@@ -230,8 +231,13 @@ std::tuple<at::Tensor, at::Tensor> matmul_all_reduce_add_rms_norm_mc2(const Matm
     at::Tensor h = s.to(acc) + res.slice(0, b, e).to(acc);
     if (args.bias.has_value()) h.add_(args.bias->to(acc));
     y.slice(0, b, e).copy_(h);
-    const at::Tensor inv_rms = at::rsqrt(h.square().mean(-1, true) + args.epsilon);
-    normed.slice(0, b, e).copy_(h * inv_rms * gamma_acc);
+    // The norm family's rms_norm (one RMSNorm row routine for every CPU kernel), through the dispatcher so that
+    // each device runs its own kernel.
+    RmsNormValues norm;
+    norm.x = h;
+    norm.gamma = gamma_acc;
+    norm.epsilon = args.epsilon;
+    normed.slice(0, b, e).copy_(std::get<0>(call_rms_norm(norm.args())));
   });
   return {y.view(shape), normed.view(shape)};
 }

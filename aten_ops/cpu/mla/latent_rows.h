@@ -1,5 +1,6 @@
 // Row functions of the MLA latent path, shared by kv_rms_norm_rope_cache and mla_prolog:
-//   rms_norm_row         RMSNorm of one row (accumulation in A = float, or double for double rows)
+//   rms_norm_row         RMSNorm of one row (accumulation in A = float, or double for double rows), from
+//                        cpu/norm/rms_norm_row.h
 //   interleave_rope_row  npu_interleave_rope of one row: de-interleave the pairs, then rotate-half with cos/sin
 //   write_cache_row      one row into a cache slot: dtype conversion, or int8 quantisation with scale/offset,
 //                        contiguous (ND) or cut into chunks (the FRACTAL_NZ index layout)
@@ -20,44 +21,16 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cpu/norm/rms_norm_row.h"
+
 namespace npu_fa::mla {
 inline namespace CPU_CAPABILITY {
 
-// The accumulation type of rows of T: double for double, float otherwise.
-template <typename T>
-using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-// dst[j] = A(src[j]), j < n (also a row's values converted to a cache dtype).
-template <typename T, typename A>
-inline void load_row(const T* src, int64_t n, A* dst) {
-  if constexpr (std::is_same_v<T, A>) {
-    std::copy(src, src + n, dst);
-  } else {
-    at::vec::convert(src, dst, n);
-  }
-}
-
-// out[j] = x[j] / sqrt(mean(x^2) + eps) * gamma[j], j < n. gamma is given in A (convert it once per call of the
-// op, not per row). out may be x itself when T == A.
-template <typename T, typename A>
-inline void rms_norm_row(const T* x, int64_t n, const A* gamma, double eps, A* out) {
-  using Vec = at::vec::Vectorized<A>;
-  constexpr int64_t W = Vec::size();
-  load_row(x, n, out);
-  Vec acc(A(0));
-  int64_t j = 0;
-  for (; j + W <= n; j += W) {
-    const Vec v = Vec::loadu(out + j);
-    acc = at::vec::fmadd(v, v, acc);
-  }
-  A ss = at::vec::vec_reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, acc);
-  for (; j < n; ++j) ss += out[j] * out[j];
-  const A r = A(1) / std::sqrt(ss / static_cast<A>(n > 0 ? n : 1) + static_cast<A>(eps));
-  const Vec rv(r);
-  j = 0;
-  for (; j + W <= n; j += W) (Vec::loadu(out + j) * rv * Vec::loadu(gamma + j)).store(out + j);
-  for (; j < n; ++j) out[j] = out[j] * r * gamma[j];
-}
+// The row routines of RMSNorm (and the accumulation type and row conversion) are the norm family's
+// (cpu/norm/rms_norm_row.h), shared with every RMSNorm of the CPU kernels.
+using norm::acc_of;
+using norm::load_row;
+using norm::rms_norm_row;
 
 namespace detail {
 

@@ -76,6 +76,13 @@ OPS = {
     'moe_distribute_combine_v2': OpInfo("Expert-parallel combine (CANN MoeDistributeCombineV2), the reverse of moe_distribute_dispatch_v2 with the same expert_ids, x_active_mask and group: the rows of expand_x (laid out as dispatch returned them, ep_send_counts being dispatch's ep_recv_counts) return to their source ranks and out[t] = sum over t's active slots k of expert_scales[t, k] * row(t, k), plus shared_expert_x[t] ([BS, H] or [BS, 1, H], unweighted) for tokens with an active slot; out [BS, H] in expand_x's dtype, accumulated in float32 (float64 for float64). comm_quant_mode 2 sends the rows as per-row symmetric int8 with a float32 scale. Differentiable in expand_x, expert_scales and shared_expert_x.", ('CPU',), True, True),
     'moe_distribute_combine_v2_grad': OpInfo("Backward of moe_distribute_combine_v2, a dispatch of the gradient: grad_out[t] travels to the rows of t's pairs, grad_expand_x[row(t, k)] = expert_scales[t, k] * grad_out[t] (zero rows elsewhere), grad_expert_scales[t, k] = grad_out[t] . row(t, k) (zero for inactive pairs; computed where the row lives and sent back), grad_shared_expert_x = grad_out for tokens with an active slot, zero elsewhere (shared_expert_x's shape; empty without it).", ('CPU',), False, True),
     'top_k_top_p': OpInfo("torch_npu's npu_top_k_top_p: the logits [B, V] a sampler may draw from, the others set to -inf. Per row b, k[b] (int32/int64 in [1, V]) keeps the values >= the k[b]-th largest (ties kept); then p[b] (in [0, 1]) keeps the nucleus: over the ascending stable sort of the kept values, softmax in fp32 and cumulative sums from the smallest; positions whose sum is <= 1 - p[b] are dropped, the largest never. Either filter may be omitted. logits fp32/fp16/bf16/fp64; returns a new contiguous tensor of logits' shape and dtype. Not differentiable.", ('CPU',), False, True),
+    'rms_norm': OpInfo("RMSNorm (torch_npu npu_rms_norm; gemma=True: npu_gemma_rms_norm). gamma has the shape of x's trailing dimensions (x.shape[-gamma.dim():]); each row r of those n = gamma.numel() values is normalised: rstd[r] = 1 / sqrt(mean(x[r]^2) + epsilon), y[r] = x[r] * rstd[r] * gamma (gemma: * (1 + gamma)). x float16, bfloat16, float32 or float64; gamma x's dtype or float32 (for float16 / bfloat16 x); epsilon > 0. Computed in fp32 (fp64 for fp64). y: x's shape and dtype; rstd: float32 (float64 for float64 x) of shape x.shape[:-gamma.dim()] + [1] * gamma.dim(). Differentiable in x and gamma (rms_norm_grad).", ('CPU',), True, True),
+    'rms_norm_grad': OpInfo("Backward of rms_norm (torch_npu npu_rms_norm_backward) from the forward's rstd, with w = gamma (gemma: 1 + gamma): dx[r] = rstd[r] * w * dy[r] - x[r] * rstd[r]^3 * mean(w * dy[r] * x[r]) (+ dx_residual[r]: the gradient reaching add_rms_norm's x output), x's shape and dtype; dgamma = sum over rows of dy * x * rstd, float32 (float64 for float64 x) of gamma's shape, summed in an order that depends on the shapes only.", ('CPU',), False, True),
+    'add_rms_norm': OpInfo("Residual add + RMSNorm (torch_npu npu_add_rms_norm; npu_add_rms_norm_v2 and _v2_functional are this op): x = x1 + x2 (computed in fp32, rounded to x1's dtype), then (y, rstd) = rms_norm(x, gamma, epsilon). x2 has x1's shape and dtype; gamma and epsilon as in rms_norm. Outputs y (x1's shape and dtype), rstd (float32, or float64 for float64 x1, of shape x1.shape[:-gamma.dim()] + [1] * gamma.dim()) and x. Differentiable in x1, x2 (through y and x) and gamma.", ('CPU',), True, True),
+    'add_rms_norm_cast': OpInfo("add_rms_norm whose normalised output is also returned in float32 (torch_npu npu_add_rms_norm_cast): y1 = y in float32 (before rounding), y2 = y in x1's dtype, rstd and x as in add_rms_norm. Not differentiable.", ('CPU',), False, True),
+    'add_rms_norm_quant': OpInfo("add_rms_norm with static int8 quantisation of the normalised output (torch_npu npu_add_rms_norm_quant): y = x * rstd * gamma (+ beta) in fp32 for x = x1 + x2 (rounded to x1's dtype, returned as x), then y1 = clamp(round(y / scales1 + zero_points1), -128, 127) (div_mode; otherwise y * scales1 + zero_points1), rounding half to even; y2 the same with scales2 / zero_points2 when scales2 is given, zeros otherwise. x1, x2 float16, bfloat16 or float32; gamma, beta, scales*, zero_points* of gamma's shape (scales float32 / bfloat16 / float16, zero points int32 or floating); axis must be -1. Not differentiable.", ('CPU',), False, True),
+    'add_rms_norm_dynamic_quant': OpInfo("add_rms_norm with per-row dynamic int8 quantisation (torch_npu npu_add_rms_norm_dynamic_quant): y = x * rstd * gamma (+ beta) in fp32 for x = x1 + x2 (rounded to x1's dtype, returned as x; gamma 1-D [H], H = x1.size(-1)); for output k in {1, 2} (output_y1, output_y2): v = y * smooth_scalek (when given), scalek = max|v| / 127 per row (float32, x1.shape[:-1]), yk = round(v / scalek) (half to even; 0 for a row of zeros), int8 of x1's shape. An output not asked for is a zero-dimensional 0 (int8, float32); a smooth scale needs its output. Not differentiable.", ('CPU',), False, True),
+    'rms_norm_quant': OpInfo("RMSNorm with static per-tensor int8 quantisation (torch_npu npu_rms_norm_quant): y = x * rstd * gamma + beta in fp32 (gamma, beta: [H] or [1, H], H = x.size(-1)), out = clamp(round(y * scale + offset), -128, 127), rounding half to even; scale and offset hold one value each (scale floating, offset int8 or floating). x float16, bfloat16 or float32; out int8 of x's shape. Not differentiable.", ('CPU',), False, True),
     'dynamic_quant': OpInfo("Per-token dynamic quantisation (torch_npu npu_dynamic_quant / npu_dynamic_quant_asymmetric). Each row r of x (the last dimension; x at least 2-D, float16/bfloat16/float32) is v = x[r] * smooth (fp32), smooth = smooth_scales [H], or row g of smooth_scales [G, H] for the rows [group_index[g-1], group_index[g]) (group_index: nondecreasing cumulative row ends, last = the row count). Symmetric: scale = max|v| / Q, y = round(v / scale); asymmetric: scale = (max v - min v) / (2Q + 1), offset = Q - max v / scale, y = round(v / scale + offset); Q = 127 (bits 8) or 7 (bits 4), rounding half to even, clamped to [-Q-1, Q]; a row with scale 0 gives y = 0 (and offset 0). y: int8 of x's shape (bits 8), or int32 [..., H/8] holding 8 int4 values each, element j of a group in bits 4j..4j+3 (bits 4). scale (and offset, asymmetric; empty otherwise): float32 x.shape[:-1]. Not differentiable.", ('CPU',), False, True),
     'swiglu': OpInfo("SwiGLU (torch_npu npu_swiglu): x is split in halves A (first) and B (second) along dim (of even size); out = silu(A) * B = A * sigmoid(A) * B, x's dtype (float16, bfloat16, float32, float64), computed in fp32 (fp64 for fp64). Differentiable in x.", ('CPU',), True, True),
     'swiglu_grad': OpInfo("Backward of swiglu (torch_npu npu_swiglu_backward): with s = sigmoid(A), dA = g * B * s * (1 + A * (1 - s)), dB = g * silu(A), concatenated along dim into x's shape and dtype.", ('CPU',), False, True),
@@ -627,6 +634,69 @@ def _fake_top_k_top_p(logits, p=None, k=None):
     a = TopKTopPArgs(logits, p, k)
     check_devices('top_k_top_p', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.sampling.fake', 'top_k_top_p')(a)
+
+
+RmsNormArgs = collections.namedtuple('RmsNormArgs', ['x', 'gamma', 'epsilon', 'gemma'])
+
+
+def _fake_rms_norm(x, gamma, epsilon=1e-06, gemma=False):
+    a = RmsNormArgs(x, gamma, epsilon, gemma)
+    check_devices('rms_norm', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.norm.fake', 'rms_norm')(a)
+
+
+RmsNormGradArgs = collections.namedtuple('RmsNormGradArgs', ['dy', 'x', 'gamma', 'rstd', 'gemma', 'dx_residual'])
+
+
+def _fake_rms_norm_grad(dy, x, gamma, rstd, gemma=False, dx_residual=None):
+    a = RmsNormGradArgs(dy, x, gamma, rstd, gemma, dx_residual)
+    check_devices('rms_norm_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.norm.fake', 'rms_norm_grad')(a)
+
+
+AddRmsNormArgs = collections.namedtuple('AddRmsNormArgs', ['x1', 'x2', 'gamma', 'epsilon'])
+
+
+def _fake_add_rms_norm(x1, x2, gamma, epsilon=1e-06):
+    a = AddRmsNormArgs(x1, x2, gamma, epsilon)
+    check_devices('add_rms_norm', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.norm.fake', 'add_rms_norm')(a)
+
+
+AddRmsNormCastArgs = collections.namedtuple('AddRmsNormCastArgs', ['x1', 'x2', 'gamma', 'epsilon'])
+
+
+def _fake_add_rms_norm_cast(x1, x2, gamma, epsilon=1e-06):
+    a = AddRmsNormCastArgs(x1, x2, gamma, epsilon)
+    check_devices('add_rms_norm_cast', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.norm.fake', 'add_rms_norm_cast')(a)
+
+
+AddRmsNormQuantArgs = collections.namedtuple('AddRmsNormQuantArgs', ['x1', 'x2', 'gamma', 'scales1', 'zero_points1', 'beta', 'scales2', 'zero_points2', 'axis', 'epsilon', 'div_mode'])
+
+
+def _fake_add_rms_norm_quant(x1, x2, gamma, scales1, zero_points1=None, beta=None, scales2=None, zero_points2=None, axis=-1, epsilon=1e-06, div_mode=True):
+    a = AddRmsNormQuantArgs(x1, x2, gamma, scales1, zero_points1, beta, scales2, zero_points2, axis, epsilon, div_mode)
+    check_devices('add_rms_norm_quant', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.norm.fake', 'add_rms_norm_quant')(a)
+
+
+AddRmsNormDynamicQuantArgs = collections.namedtuple('AddRmsNormDynamicQuantArgs', ['x1', 'x2', 'gamma', 'smooth_scale1', 'smooth_scale2', 'beta', 'epsilon', 'output_y1', 'output_y2'])
+
+
+def _fake_add_rms_norm_dynamic_quant(x1, x2, gamma, smooth_scale1=None, smooth_scale2=None, beta=None, epsilon=1e-06, output_y1=True, output_y2=False):
+    a = AddRmsNormDynamicQuantArgs(x1, x2, gamma, smooth_scale1, smooth_scale2, beta, epsilon, output_y1, output_y2)
+    check_devices('add_rms_norm_dynamic_quant', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.norm.fake', 'add_rms_norm_dynamic_quant')(a)
+
+
+RmsNormQuantArgs = collections.namedtuple('RmsNormQuantArgs', ['x', 'gamma', 'beta', 'scale', 'offset', 'epsilon'])
+
+
+def _fake_rms_norm_quant(x, gamma, beta, scale, offset, epsilon=1e-06):
+    a = RmsNormQuantArgs(x, gamma, beta, scale, offset, epsilon)
+    check_devices('rms_norm_quant', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.norm.fake', 'rms_norm_quant')(a)
 
 
 DynamicQuantArgs = collections.namedtuple('DynamicQuantArgs', ['x', 'smooth_scales', 'group_index', 'asymmetric', 'bits'])
@@ -1372,6 +1442,55 @@ def _backward_moe_distribute_combine_v2(ctx, grad_result0):
     )
 
 
+def _setup_rms_norm(ctx, inputs, output):
+    (x, gamma, epsilon, gemma,) = inputs
+    (y, rstd,) = output
+    ctx.save_for_backward(x, gamma, rstd)
+    ctx.gemma = gemma
+    ctx.mark_non_differentiable(rstd)
+
+
+def _backward_rms_norm(ctx, grad_y, grad_rstd):
+    (x, gamma, rstd,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.rms_norm_grad.default(
+        grad_y,
+        x,
+        gamma,
+        rstd,
+        ctx.gemma,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        grads[1] if _needs_grad(ctx, 1) else None,  # gamma
+        None,  # epsilon
+        None,  # gemma
+    )
+
+
+def _setup_add_rms_norm(ctx, inputs, output):
+    (x1, x2, gamma, epsilon,) = inputs
+    (y, rstd, x,) = output
+    ctx.save_for_backward(x, gamma, rstd)
+    ctx.mark_non_differentiable(rstd)
+
+
+def _backward_add_rms_norm(ctx, grad_y, grad_rstd, grad_x):
+    (x, gamma, rstd,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.rms_norm_grad.default(
+        grad_y,
+        x,
+        gamma,
+        rstd,
+        dx_residual=grad_x,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x1
+        grads[0] if _needs_grad(ctx, 1) else None,  # x2
+        grads[1] if _needs_grad(ctx, 2) else None,  # gamma
+        None,  # epsilon
+    )
+
+
 def _setup_swiglu(ctx, inputs, output):
     (x, dim,) = inputs
     result0 = output
@@ -1394,7 +1513,7 @@ def _backward_swiglu(ctx, grad_result0):
 
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake']:
+    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1470,6 +1589,15 @@ def register():
     torch.library.register_autograd("npu_fa::moe_distribute_combine_v2", _backward_moe_distribute_combine_v2, setup_context=_setup_moe_distribute_combine_v2)
     torch.library.register_fake("npu_fa::moe_distribute_combine_v2_grad", _fake_moe_distribute_combine_v2_grad)
     torch.library.register_fake("npu_fa::top_k_top_p", _fake_top_k_top_p)
+    torch.library.register_fake("npu_fa::rms_norm", _fake_rms_norm)
+    torch.library.register_autograd("npu_fa::rms_norm", _backward_rms_norm, setup_context=_setup_rms_norm)
+    torch.library.register_fake("npu_fa::rms_norm_grad", _fake_rms_norm_grad)
+    torch.library.register_fake("npu_fa::add_rms_norm", _fake_add_rms_norm)
+    torch.library.register_autograd("npu_fa::add_rms_norm", _backward_add_rms_norm, setup_context=_setup_add_rms_norm)
+    torch.library.register_fake("npu_fa::add_rms_norm_cast", _fake_add_rms_norm_cast)
+    torch.library.register_fake("npu_fa::add_rms_norm_quant", _fake_add_rms_norm_quant)
+    torch.library.register_fake("npu_fa::add_rms_norm_dynamic_quant", _fake_add_rms_norm_dynamic_quant)
+    torch.library.register_fake("npu_fa::rms_norm_quant", _fake_rms_norm_quant)
     torch.library.register_fake("npu_fa::dynamic_quant", _fake_dynamic_quant)
     torch.library.register_fake("npu_fa::swiglu", _fake_swiglu)
     torch.library.register_autograd("npu_fa::swiglu", _backward_swiglu, setup_context=_setup_swiglu)
