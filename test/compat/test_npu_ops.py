@@ -186,3 +186,16 @@ def test_doc_example_runs():
     section = text.split("## `torch.ops.npu`", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     _run(code, shim_on_path=False)
+
+
+def test_never_registered_when_a_real_torch_npu_imports(tmp_path):
+    """An installed torch_npu that imports (through the shim's PYTHONPATH directory, which defers to it)."""
+    from test.compat.test_shim import _fake_torch_npu
+    site = _fake_torch_npu(tmp_path, "REAL = True\n")
+    assert "deferred" in _run("""
+        import torch, torch_npu
+        from torch_ops_transformer.compat import npu_ops
+        assert getattr(torch_npu, "REAL", False) and npu_ops.registered() == []
+        assert not hasattr(torch.ops.npu, "npu_rotary_mul")
+        print("deferred")
+        """, extra_path=[site]).stdout
