@@ -65,7 +65,7 @@ def _fill(mod: types.ModuleType) -> types.ModuleType:
         setattr(mod, name, fn)
     for name, code in _args.TORCH_NPU_DTYPE_CODES.items():  # torch_npu.hifloat8, float4_e2m1fn_x2, ...
         setattr(mod, name, code)
-    from . import atb, formats
+    from . import atb, formats  # lazy: atb imports the package (circular at import time)
 
     mod.npu_format_cast, mod.get_npu_format = formats.npu_format_cast, formats.get_npu_format
     mod.empty_with_format, mod.Format = formats.empty_with_format, formats.Format
@@ -151,7 +151,7 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     utils.__dict__.update({k: v for k, v in vars(mod.npu).items() if not k.startswith("__")})
     mod.npu.utils = sys.modules["torch_npu.npu.utils"] = utils
     hccl_names.install()  # group.get_hccl_comm_name(rank) and friends, for the MC2 functions' `hcom`
-    from . import npu_ops
+    from . import npu_ops  # lazy: only when the shim is installed
 
     npu_ops.register()  # torch.ops.npu.<name> for every mirrored function
     from . import testing  # lazy: as in _fill

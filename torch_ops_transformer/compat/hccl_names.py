@@ -19,6 +19,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from .._internal.real_torch_npu import is_shim
 
@@ -109,8 +110,6 @@ def _with_backend_mapped(fn, position: int):
 
 def _map_backend_names() -> None:
     """init_process_group(backend, ...) and new_group(ranks, timeout, backend, ...) take the mapped names."""
-    from torch.distributed import distributed_c10d as c10d
-
     for name, position in (("init_process_group", 0), ("new_group", 2)):
         if name in _original_entry_points:
             continue

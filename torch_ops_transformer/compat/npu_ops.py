@@ -116,7 +116,7 @@ def _exists(name: str) -> bool:
 
 def mirrored_schemas() -> Dict[str, str]:
     """name -> upstream schema line, for every mirrored function this package implements (read now, not cached)."""
-    from . import upstream_functions
+    from . import upstream_functions  # lazy: compat imports this module (circular at import time)
 
     lines = {_schema_name(line): line for line in upstream_functions()["mirrored"]}
     return {name: line for name, line in lines.items() if name in _args.TORCH_NPU_API}

@@ -19,6 +19,8 @@ import functools
 
 import torch
 
+from . import hccl_names, installed
+
 _applied = False
 
 # Functions taking a `device` argument, patched in `torch` (and in torch.Tensor for the methods).
@@ -81,8 +83,6 @@ def apply() -> None:
     global _applied
     if _applied:
         return
-    from . import installed
-
     if not installed() or not hasattr(torch, "npu"):
         raise RuntimeError("torch_npu.contrib.transfer_to_npu: the torch_npu shim is not installed "
                            "(torch_ops_transformer.compat.install())")
@@ -97,8 +97,6 @@ def apply() -> None:
     for name in _CUDA_NAMES:
         if hasattr(torch.npu, name):
             setattr(torch.cuda, name, getattr(torch.npu, name))
-    from . import hccl_names
-
     hccl_names.map_backend("nccl", "hccl")
     _applied = True
 
