@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 SHIM_MARK = "__torch_ops_transformer_shim__"
+# Set (True) on a shim object that only raises NotImplementedError naming itself (tools/vllm_ascend_names.py).
+NOT_IMPLEMENTED_MARK = "__torch_ops_transformer_not_implemented__"
 # The directory `PYTHONPATH=$(python -m torch_ops_transformer.compat --pythonpath)` adds: its torch_npu is the shim.
 PYTHONPATH_DIR = Path(__file__).resolve().parent.parent / "compat" / "pythonpath"
 

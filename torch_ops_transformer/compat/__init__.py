@@ -27,8 +27,8 @@ import yaml
 
 from .. import npu_sim
 from .._internal import args as _args
-from .._internal.real_torch_npu import (PYTHONPATH_DIR, SHIM_MARK, is_shim, real_module_spec,  # noqa: F401 (API)
-                                        real_torch_npu_loaded, real_torch_npu_spec)
+from .._internal.real_torch_npu import (NOT_IMPLEMENTED_MARK, PYTHONPATH_DIR, SHIM_MARK,  # noqa: F401 (API)
+                                        is_shim, real_module_spec, real_torch_npu_loaded, real_torch_npu_spec)
 from .._internal.version import __version__
 from . import hccl_names
 
@@ -53,6 +53,7 @@ def _not_implemented_stub(name: str):
 
     stub.__name__ = stub.__qualname__ = name
     stub.__doc__ = f"torch_npu.{name}: not implemented by torch_ops_transformer (calling it raises)."
+    setattr(stub, NOT_IMPLEMENTED_MARK, True)
     return stub
 
 
@@ -64,14 +65,18 @@ def _fill(mod: types.ModuleType) -> types.ModuleType:
         setattr(mod, name, fn)
     for name, code in _args.TORCH_NPU_DTYPE_CODES.items():  # torch_npu.hifloat8, float4_e2m1fn_x2, ...
         setattr(mod, name, code)
-    from . import testing  # lazy: torch.testing's test utilities (pytest, hypothesis: ~0.2 s), only for the shim
+    from . import atb, formats  # lazy: atb imports the package (circular at import time)
 
-    mod.npu_format_cast, mod.get_npu_format = testing.npu_format_cast, testing.get_npu_format
+    mod.npu_format_cast, mod.get_npu_format = formats.npu_format_cast, formats.get_npu_format
+    mod.empty_with_format, mod.Format = formats.empty_with_format, formats.Format
+    for name, fn in atb.FUNCTIONS.items():  # the ATB functions torch_npu puts on itself (op_plugin.atb._atb_ops)
+        setattr(mod, name, fn)
     setattr(mod, SHIM_MARK, True)
     mod.__version__ = f"0+torch_ops_transformer.{__version__}"
     mod.__doc__ = __doc__
     # torch_npu.npu is torch.npu (the device module) once the simulated device is installed.
     mod.npu = getattr(torch, "npu", None) if npu_sim.is_enabled() else npu_sim.unavailable_device_module()
+    mod.npu.get_soc_version = formats.get_soc_version
     return mod
 
 
@@ -136,12 +141,19 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
             return real
     npu_sim.enable(installed_torch_npu_failed=spec is not None)
     mod = _fill(placeholder if placeholder is not None else types.ModuleType("torch_npu"))
+    # torch_npu.contrib, .profiler, .op_plugin: the shim's submodule files (PYTHONPATH_DIR/torch_npu)
+    mod.__path__ = [str(PYTHONPATH_DIR / "torch_npu")]
+    if not getattr(mod, "__file__", None):
+        mod.__file__ = str(PYTHONPATH_DIR / "torch_npu" / "__init__.py")
     sys.modules["torch_npu"] = mod
     sys.modules["torch_npu.npu"] = mod.npu
     utils = types.ModuleType("torch_npu.npu.utils")  # torch_npu's device utilities: the device module's functions
     utils.__dict__.update({k: v for k, v in vars(mod.npu).items() if not k.startswith("__")})
     mod.npu.utils = sys.modules["torch_npu.npu.utils"] = utils
     hccl_names.install()  # group.get_hccl_comm_name(rank) and friends, for the MC2 functions' `hcom`
+    from . import npu_ops  # lazy: only when the shim is installed
+
+    npu_ops.register()  # torch.ops.npu.<name> for every mirrored function
     from . import testing  # lazy: as in _fill
 
     for name, sub in testing.modules().items():  # torch_npu.testing: what torch_npu's own tests import
@@ -149,6 +161,8 @@ def install(placeholder: Optional[types.ModuleType] = None) -> types.ModuleType:
     mod.testing = sys.modules["torch_npu.testing"]
     # torch_npu adds these Tensor methods; plain formats only here
     torch.Tensor.npu_format_cast = testing.npu_format_cast
+    for name in ("contrib", "profiler", "op_plugin"):  # importable as attributes too (`torch_npu.profiler.profile`)
+        importlib.import_module(f"torch_npu.{name}")
     return mod
 
 

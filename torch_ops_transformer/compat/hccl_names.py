@@ -10,11 +10,16 @@ simulated npu device): they return the group's c10d name, which the MC2 wrappers
 npu backend (hccl with the real torch_npu) keeps it. The torch_npu shim (torch_ops_transformer.compat) calls
 `install()`; it patches `torch.distributed.ProcessGroup` process-wide, once, and does nothing when a real torch_npu
 is loaded.
+
+It also maps torch_npu's backend name onto gloo: `init_process_group(backend="hccl")` and `new_group(...,
+backend="hccl")` (also in the "cpu:gloo,npu:hccl" form) create gloo groups. `map_backend("nccl", "hccl")` (what
+`torch_npu.contrib.transfer_to_npu` does) adds CUDA's name to the mapping.
 """
 import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from .._internal.real_torch_npu import is_shim
 
@@ -67,6 +72,54 @@ def _get_backend(self, device):
     return NpuBackendView(self, _original_get_backend(self, torch.device("cpu")))
 
 
+# backend name (lower case) -> the backend that runs it here
+BACKEND_MAP = {"hccl": "gloo"}
+_original_entry_points = {}
+
+
+def backend_here(backend):
+    """The backend `backend` (a name or "device:name,..." string, or None) runs on here."""
+    if not isinstance(backend, str):
+        return backend
+    if ":" not in backend:
+        return BACKEND_MAP.get(backend.lower(), backend)
+    parts = []
+    for part in backend.split(","):
+        device, _, name = part.partition(":")
+        parts.append(f"{device}:{BACKEND_MAP.get(name.strip().lower(), name)}")
+    return ",".join(parts)
+
+
+def map_backend(name: str, to: str) -> None:
+    """Makes backend `name` run as `to` (itself mapped: "nccl" -> "hccl" -> gloo)."""
+    BACKEND_MAP[name.lower()] = BACKEND_MAP.get(to.lower(), to)
+
+
+def _with_backend_mapped(fn, position: int):
+    def patched(*args, **kwargs):
+        if "backend" in kwargs:
+            kwargs["backend"] = backend_here(kwargs["backend"])
+        elif len(args) > position:
+            args = args[:position] + (backend_here(args[position]),) + args[position + 1:]
+        return fn(*args, **kwargs)
+
+    patched.__wrapped__ = fn
+    patched.__name__, patched.__qualname__, patched.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    return patched
+
+
+def _map_backend_names() -> None:
+    """init_process_group(backend, ...) and new_group(ranks, timeout, backend, ...) take the mapped names."""
+    for name, position in (("init_process_group", 0), ("new_group", 2)):
+        if name in _original_entry_points:
+            continue
+        original = getattr(c10d, name)
+        _original_entry_points[name] = original
+        patched = _with_backend_mapped(original, position)
+        setattr(c10d, name, patched)
+        setattr(dist, name, patched)
+
+
 def installed() -> bool:
     return _original_get_backend is not None
 
@@ -85,4 +138,5 @@ def install() -> bool:
     pg._get_backend = _get_backend
     if not hasattr(pg, "get_hccl_comm_name"):
         pg.get_hccl_comm_name = _get_hccl_comm_name
+    _map_backend_names()
     return True

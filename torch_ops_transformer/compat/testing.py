@@ -3,7 +3,6 @@ run_tests, create_common_tensor, SupportedDevices, skipIfUnsupportMultiNPU), so 
 against this project (`python -m tools.compat.upstream_tests`). Written from their documented behaviour.
 """
 import functools
-import os
 import types
 import unittest
 
@@ -11,35 +10,8 @@ import numpy as np
 import torch
 from torch.testing._internal import common_utils
 
-# The SoC the simulated device answers for in SupportedDevices: the Atlas A2 series, whose semantics the CPU kernels
-# follow (override with TOT_NPU_SOC to run a test written for another SoC).
-SIMULATED_SOC = os.environ.get("TOT_NPU_SOC", "Ascend910B")
-
-# torch_npu's ACL storage formats (torch_npu.npu_format_cast's acl_format codes).
-ACL_FORMATS = {-1: "UNDEFINED", 0: "NCHW", 1: "NHWC", 2: "ND", 3: "NC1HWC0", 4: "FRACTAL_Z", 12: "NC1HWC0_C04",
-               16: "HWCN", 27: "NDHWC", 29: "FRACTAL_NZ", 30: "NCDHW", 32: "NDC1HWC0", 33: "FRACTAL_Z_3D", 35: "NC",
-               47: "NCL"}
-PLAIN_FORMATS = (-1, 0, 1, 2)
-
-
-def npu_format_cast(self: torch.Tensor, acl_format: int, customize_dtype=None) -> torch.Tensor:
-    """torch_npu.npu_format_cast. A storage format changes how the NPU lays a tensor out in memory, never its logical
-    shape or values (every op reads the logical tensor), so a private format (FRACTAL_NZ = 29 for weights and
-    caches, NC1HWC0, ...) gives a new tensor with the same values, tagged with the format for get_npu_format; plain
-    formats return the tensor itself. Unknown codes raise ValueError."""
-    if isinstance(acl_format, bool) or acl_format not in ACL_FORMATS:
-        raise ValueError(f"torch_npu.npu_format_cast: argument 'acl_format' must be one of torch_npu's ACL formats "
-                         f"{sorted(ACL_FORMATS)}; got {acl_format!r}")
-    out = self if customize_dtype is None else self.to(customize_dtype)
-    if acl_format in PLAIN_FORMATS:
-        return out
-    out = out.clone() if out is self else out  # a new storage, as on the NPU
-    out._npu_format = acl_format
-    return out
-
-
-def get_npu_format(self: torch.Tensor) -> int:
-    return getattr(self, "_npu_format", 2)  # ND unless npu_format_cast tagged it
+from .formats import (ACL_FORMATS, PLAIN_FORMATS, SIMULATED_SOC, get_npu_format,  # noqa: F401 (torch_npu API)
+                      npu_format_cast)
 
 
 def _numpy(t: torch.Tensor):

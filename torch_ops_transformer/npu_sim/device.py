@@ -9,9 +9,11 @@ from native_functions.yaml via the codegen); other aten ops run through PyTorch'
 """
 import ctypes
 import os
+import platform
 import sys
 import time
 import types
+import uuid
 
 import torch
 
@@ -72,6 +74,7 @@ def _device_module() -> types.ModuleType:
     mod.memory_allocated = lambda device=None: 0
     mod.max_memory_allocated = lambda device=None: 0
     mod.reset_peak_memory_stats = lambda device=None: None
+    _add_memory(mod)
     _add_streams(mod)
     mod.set_compile_mode = _set_compile_mode
     mod.config = types.SimpleNamespace(allow_internal_format=False)  # torch_npu's private formats (NZ): none here
@@ -85,6 +88,91 @@ def _set_compile_mode(jit_compile: bool = False) -> None:
     """torch.npu.set_compile_mode: chooses online kernel compilation on Ascend; nothing to choose here."""
     if not isinstance(jit_compile, bool):
         raise TypeError(f"torch.npu.set_compile_mode: argument 'jit_compile' must be a bool; got {jit_compile!r}")
+
+
+def _host_memory() -> tuple:
+    """(available, total) bytes of host memory, which the simulated device allocates from."""
+    info = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = info.get("MemTotal", page * os.sysconf("SC_PHYS_PAGES"))
+    return info.get("MemAvailable", page * os.sysconf("SC_AVPHYS_PAGES")), total
+
+
+def _check_device(fn: str, device) -> None:
+    """The simulated device has one ordinal: None, 0, -1 (current), "npu", "npu:0" or torch.device("npu", 0)."""
+    index = device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != _BACKEND:
+            raise ValueError(f"torch.npu.{fn}: argument 'device' must be an npu device; got {device}")
+        index = device.index
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index not in (0, -1)):
+        raise ValueError(f"torch.npu.{fn}: argument 'device' must be the simulated device 0 (one device); "
+                         f"got {device!r}")
+
+
+class _DeviceProperties:
+    """torch.npu.get_device_properties: the simulated device (host memory, one "core" per host CPU)."""
+
+    def __init__(self):
+        cores = os.cpu_count() or 1
+        self.name = "simulated NPU (CPU memory, torch_ops_transformer)"
+        self.total_memory = _host_memory()[1]
+        self.cube_core_num = self.vector_core_num = cores
+        self.L2_cache_size = 0
+        self.uuid = str(uuid.uuid5(uuid.NAMESPACE_DNS, "npu0." + platform.node()))
+
+    def __repr__(self) -> str:
+        return (f"_NPUDeviceProperties(name='{self.name}', total_memory={self.total_memory // 2**20}MB, "
+                f"cube_core_num={self.cube_core_num}, vector_core_num={self.vector_core_num})")
+
+
+class _DeviceContext:
+    """torch.npu.device(device): a context manager selecting the device; there is one."""
+
+    def __init__(self, device):
+        _check_device("device", device)
+        self.idx = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+_MEMORY_STAT_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
+                     "allocated_bytes.all.freed", "reserved_bytes.all.current", "reserved_bytes.all.peak",
+                     "active_bytes.all.current", "active_bytes.all.peak", "num_alloc_retries", "num_ooms")
+
+
+def _add_memory(mod: types.ModuleType) -> None:
+    """Memory queries. The simulated device's tensors are CPU allocations that no device allocator tracks: the
+    allocator counters are 0 (as memory_allocated), and mem_get_info / total_memory are the host's memory."""
+
+    def mem_get_info(device=None):
+        _check_device("mem_get_info", device)
+        return _host_memory()
+
+    def memory_stats(device=None):
+        _check_device("memory_stats", device)
+        return {key: 0 for key in _MEMORY_STAT_KEYS}
+
+    def get_device_properties(device=None):
+        _check_device("get_device_properties", device)
+        return _DeviceProperties()
+
+    mod.mem_get_info, mod.memory_stats, mod.get_device_properties = mem_get_info, memory_stats, get_device_properties
+    mod.memory_reserved = mod.max_memory_reserved = lambda device=None: 0
+    mod.device = _DeviceContext
 
 
 class _Stream:
@@ -160,6 +248,7 @@ class _NotSimulated:
     nothing to record on the simulated one, so using it raises NotImplementedError naming it."""
 
     name = "torch.npu.NPUGraph"
+    __torch_ops_transformer_not_implemented__ = True  # real_torch_npu.NOT_IMPLEMENTED_MARK
 
     def __init__(self, *args, **kwargs):
         raise NotImplementedError(f"{self.name}: NPU graph capture is not simulated (the simulated npu device runs "
