@@ -1,6 +1,7 @@
 """Global test setup: the package must be this checkout's (not another editable install); pytest's rootdir import
 of the `test` package puts the checkout's root first on sys.path, which also makes tools/ importable. Fixtures of
 one family live in its folder's conftest.py."""
+import hashlib
 import os
 import tempfile
 
@@ -14,6 +15,13 @@ os.environ.pop("TORCH_OPS_TRANSFORMER_TUNE", None)
 
 import torch_ops_transformer  # noqa: E402
 from test.common.checkout import ROOT  # noqa: E402
+
+# Inductor's on-disk cache (default /tmp/torchinductor_<user>, shared by every checkout on the machine) keys a
+# compiled graph without the schemas of the custom ops it calls: a graph compiled while an op had other arguments
+# is reused and calls the op with arguments it no longer takes. The suite keeps one cache per op schema.
+with open(os.path.join(ROOT, "native_functions.yaml"), "rb") as _yaml:
+    _SCHEMA_DIGEST = hashlib.sha1(_yaml.read()).hexdigest()[:12]
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(ROOT, "build", f"torchinductor-{_SCHEMA_DIGEST}"))
 from test.common.tiers import IS_FULL, TIER  # noqa: E402
 
 assert os.path.dirname(os.path.dirname(os.path.abspath(torch_ops_transformer.__file__))) == ROOT, (
