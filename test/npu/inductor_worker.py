@@ -13,7 +13,7 @@ from torch._inductor.utils import run_and_get_code
 
 import torch_ops_transformer as tot
 from torch_ops_transformer.integrations import inductor_lowering
-from test.npu.runner import no_fallback
+from test.npu.runner import full_case, no_fallback
 
 TOL = dict(rtol=2e-5, atol=2e-5)
 
@@ -176,9 +176,13 @@ def case_refuses_next_to_a_gpu():
             raise AssertionError("no error with a GPU present")
 
 
+@full_case
 def case_hugging_face_llama_compiled_on_npu():
     """A tiny Hugging Face Llama (SDPA attention, GQA) compiled with Inductor on npu: inference logits and a training
-    step's loss and gradients equal the CPU eager model's."""
+    step's loss and gradients equal the CPU eager model's. Full tier: it multiplies spaces the default tier covers
+    pairwise (the compiled block on npu above; Hugging Face models on the shim's npu in test/compat; SDPA on npu
+    compiled, case_sdpa_forward_backward) and is the costliest case of the simulated-npu child (two Inductor
+    compilations of a whole model)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
