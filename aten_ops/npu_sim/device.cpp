@@ -146,7 +146,8 @@ at::Tensor as_cpu(const at::Tensor& t) {
 at::Tensor as_sim(const at::Tensor& t, c10::Device device) {
   if (!t.defined() || t.device().type() == kSim) return t;
   c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device));
+  // target_device: otherwise from_blob asks getDeviceFromPtr, which answers the current device, not `device`
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device), device);
 }
 
 void grow_storage(const c10::Storage& storage, size_t nbytes) {
