@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.testing._internal import common_utils
 
+from .. import npu_sim
 from .formats import (ACL_FORMATS, PLAIN_FORMATS, SIMULATED_SOC, get_npu_format,  # noqa: F401 (torch_npu API)
                       npu_format_cast)
 
@@ -75,15 +76,11 @@ def create_common_tensor(item, minValue, maxValue, device=None):  # noqa: N803  
 
 def _npu_device_count() -> int:
     """The simulated npu devices of this process (TOT_NPU_SIM_DEVICES); 0 when the simulator is not enabled."""
-    from .. import npu_sim  # lazy: the package imports this module's parent
-
     return torch.npu.device_count() if npu_sim.is_enabled() else 0
 
 
 def get_npu_device() -> str:
     """The calling thread's current npu device, as a string ("npu:0" unless torch.npu.set_device chose another)."""
-    from .. import npu_sim
-
     return f"npu:{torch.npu.current_device() if npu_sim.is_enabled() else 0}"
 
 

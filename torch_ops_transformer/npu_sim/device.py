@@ -64,10 +64,12 @@ def _sim_fn(name: str, *argtypes):
 
 
 def _call_checked(fn: str, name: str, index: int) -> None:
-    """Calls `name`(index, error, len) of device.cpp; its error (an index out of range) becomes a ValueError."""
+    """Calls `name`(index, error, len) of device.cpp; its error (an index out of range) becomes a ValueError naming
+    `fn` and its argument 'device'."""
     error = ctypes.create_string_buffer(1024)
     if _sim_fn(name, ctypes.c_int, ctypes.c_char_p, ctypes.c_int)(index, error, len(error)):
-        raise ValueError(f"torch.npu.{fn}: {error.value.decode(errors='replace')}")
+        message = error.value.decode(errors="replace").removeprefix("npu_sim: ")
+        raise ValueError(f"torch.npu.{fn}: argument 'device': {message}")
 
 
 def max_devices() -> int:
