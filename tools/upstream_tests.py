@@ -1,14 +1,15 @@
 """Runs torch_npu's own per-op tests (op-plugin's test/test_custom_ops and test/test_base_ops), unchanged, against
 this project through the torch_npu shim, and prints passed/failed/skipped per file.
 
-    python -m tools.upstream_tests --op-plugin PATH [--commit REV] [--only WORD] [--unskip-cann] [-v]
+    python -m tools.upstream_tests --op-plugin PATH [--commit REV] [--only WORD] [--unskip-cann] [--devices N] [-v]
 
 PATH is an op-plugin checkout, or its git directory (then the test files are read at REV, default HEAD). Only the
 files that call a function we implement (torch_ops_transformer/compat/torch_npu_functions.yaml, 'mirrored') are run.
 Each file runs in its own pytest process with PYTHONPATH=$(python -m torch_ops_transformer.compat --pythonpath):
 `import torch_npu` gives the shim, `.npu()` the simulated device, `torch_npu.testing` the shim's test helpers.
 `--unskip-cann` also runs the cases upstream disables with `@unittest.skip(...CANN...)` (written for a newer CANN
-than its CI had). Failures that are our NotImplementedError (a function or an argument — quantisation, NZ format —
+than its CI had). `--devices N` gives the simulated npu device N devices (TOT_NPU_SIM_DEVICES), so the multi-NPU
+cases (`skipIfUnsupportMultiNPU(N)`, HCCL worlds of N ranks on gloo) run instead of skipping. Failures that are our NotImplementedError (a function or an argument — quantisation, NZ format —
 this project does not implement, named in the message) are counted apart as "not implemented". Nothing of upstream's is copied into this repository; this is a measuring tool
 (docs/torch_npu_compat.md).
 """
@@ -73,6 +74,8 @@ def main(argv=None) -> int:
     parser.add_argument("--commit", default="HEAD")
     parser.add_argument("--only", default=None, help="run only files whose name contains this")
     parser.add_argument("--unskip-cann", action="store_true", help="run the cases upstream skips for its CANN")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="simulated npu devices per process (TOT_NPU_SIM_DEVICES; default: the environment's, else 1)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     names = _mirrored_names()
@@ -80,6 +83,8 @@ def main(argv=None) -> int:
              if _calls_mirrored(t, names) and (args.only is None or args.only in n)}
     env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
     env["PYTHONPATH"] = os.pathsep.join([str(PYTHONPATH_DIR), str(ROOT)] + [env.get("PYTHONPATH", "")])
+    if args.devices is not None:
+        env["TOT_NPU_SIM_DEVICES"] = str(args.devices)
     env["COLUMNS"] = "400"  # pytest cuts the failure reasons of its summary to the terminal width
     total = {"passed": 0, "failed": 0, "not implemented": 0, "skipped": 0, "error": 0}
     with tempfile.TemporaryDirectory() as tmp:

@@ -69,7 +69,8 @@ auto call_with_cpu_aliases(const Args& args, CpuKernel&& cpu_kernel) {
 inline at::Tensor device_alias(const at::Tensor& t, const c10::Device& device) {
   if (!t.defined() || t.device() == device) return t;
   c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device));
+  // target_device: with several simulated devices the memory's device is not the current one to ask
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device), device);
 }
 
 inline std::vector<at::Tensor> device_alias(const std::vector<at::Tensor>& ts, const c10::Device& device) {

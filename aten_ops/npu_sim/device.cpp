@@ -15,6 +15,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -27,9 +28,34 @@
 namespace {
 
 constexpr c10::DeviceType kSim = c10::DeviceType::PrivateUse1;
-const c10::Device kSimDevice(kSim, 0);
 
-// ---- memory: plain host memory whose DataPtr says "PrivateUse1" ----
+// ---- devices: `count` of them (TOT_NPU_SIM_DEVICES, set once by tot_npu_sim_enable), a current one per thread ----
+
+// The most devices the simulator offers: an Ascend host has at most 16 NPUs, and torch_npu's tests ask for 16 at most.
+constexpr int kMaxDevices = 16;
+std::atomic<c10::DeviceIndex> g_device_count{1};
+thread_local c10::DeviceIndex t_current_device = 0;  // like a CUDA or ACL context: each host thread has its own
+
+c10::DeviceIndex device_count() { return g_device_count.load(std::memory_order_relaxed); }
+
+// The index `index` names a simulated device; raises ValueError naming it and the count otherwise.
+void check_index(int index) {
+  TORCH_CHECK_VALUE(index >= 0 && index < device_count(), "npu_sim: device index ", index,
+                    " is out of range: the simulated NPU has ", static_cast<int>(device_count()), " device(s) (npu:0",
+                    device_count() > 1 ? " to npu:" + std::to_string(device_count() - 1) : std::string(),
+                    "; set TOT_NPU_SIM_DEVICES for more)");
+}
+
+c10::Device current_device() { return c10::Device(kSim, t_current_device); }
+
+// Index -1 ("npu" without an index) means the current device.
+void set_current_device(c10::DeviceIndex index) {
+  if (index == -1) return;
+  check_index(index);
+  t_current_device = index;
+}
+
+// ---- memory: plain host memory whose DataPtr says "PrivateUse1" on the current device ----
 
 void free_host(void* ptr) { std::free(ptr); }
 
@@ -37,7 +63,7 @@ struct SimAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* ptr = nbytes ? std::malloc(nbytes) : nullptr;
     TORCH_CHECK(!nbytes || ptr, "npu_sim: out of host memory allocating ", nbytes, " bytes");
-    return {ptr, ptr, &free_host, kSimDevice};
+    return {ptr, ptr, &free_host, current_device()};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_host; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
@@ -48,22 +74,30 @@ SimAllocator& allocator() {
   return instance;
 }
 
-// ---- device guard: one device, one stream, events are no-ops (everything is synchronous host code) ----
+// ---- device guard: a current device per thread, one stream per device, events are no-ops (everything is
+// synchronous host code) ----
 
 struct SimGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kSim; }
-  c10::Device exchangeDevice(c10::Device) const override { return kSimDevice; }
-  c10::Device getDevice() const override { return kSimDevice; }
-  void setDevice(c10::Device d) const override {
-    TORCH_CHECK(d.index() <= 0, "npu_sim: the simulated NPU has one device (npu:0); got ", d);
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const c10::Device old = current_device();
+    set_current_device(d.index());
+    return old;
   }
-  void uncheckedSetDevice(c10::Device) const noexcept override {}
-  c10::Stream getStream(c10::Device d) const noexcept override { return c10::Stream(c10::Stream::DEFAULT, kSimDevice); }
+  c10::Device getDevice() const override { return current_device(); }
+  void setDevice(c10::Device d) const override { set_current_device(d.index()); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < device_count()) t_current_device = d.index();
+  }
+  // The default stream of device `d` (the current device for "npu" without an index): the only stream there is.
+  c10::Stream getStream(c10::Device d) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, d.index() == -1 ? current_device() : d);
+  }
   c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
-  c10::Stream exchangeStream(c10::Stream) const noexcept override { return getStream(kSimDevice); }
-  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override { return getStream(s.device()); }
+  c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
   void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
   void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
   void block(void*, const c10::Stream&) const override {}
@@ -81,16 +115,21 @@ struct SimHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  c10::DeviceIndex deviceCount() const override { return 1; }
-  c10::DeviceIndex getCurrentDevice() const override { return 0; }
-  void setCurrentDevice(c10::DeviceIndex) const override {}
-  c10::DeviceIndex exchangeDevice(c10::DeviceIndex) const override { return 0; }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return 0; }
-  // Random numbers on the simulated device come from the CPU generator (the CPU fallback runs the ops).
+  c10::DeviceIndex deviceCount() const override { return device_count(); }
+  c10::DeviceIndex getCurrentDevice() const override { return t_current_device; }
+  void setCurrentDevice(c10::DeviceIndex index) const override { set_current_device(index); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
+    const c10::DeviceIndex old = t_current_device;
+    set_current_device(index);
+    return old;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex index) const override { return exchangeDevice(index); }
+  // Random numbers on every simulated device come from the CPU generator (the CPU fallback runs the ops).
   const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
     return at::detail::getDefaultCPUGenerator();
   }
-  at::Device getDeviceFromPtr(void*) const override { return kSimDevice; }
+  // All devices share host memory, so a bare pointer does not say which one allocated it: the current one.
+  at::Device getDeviceFromPtr(void*) const override { return current_device(); }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override;
 };
 
@@ -107,11 +146,13 @@ at::Tensor as_cpu(const at::Tensor& t) {
 at::Tensor as_sim(const at::Tensor& t, c10::Device device) {
   if (!t.defined() || t.device().type() == kSim) return t;
   c10::Storage keep = t.storage();
-  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device));
+  // target_device: otherwise from_blob asks getDeviceFromPtr, which answers the current device, not `device`
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options().device(device), device);
 }
 
 void grow_storage(const c10::Storage& storage, size_t nbytes) {
   if (nbytes <= storage.nbytes()) return;
+  const c10::DeviceGuard guard(storage.device());  // the new memory stays on the storage's device
   c10::DataPtr fresh = allocator().allocate(nbytes);
   if (storage.nbytes()) std::memcpy(fresh.get(), storage.data(), storage.nbytes());
   const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
@@ -124,17 +165,18 @@ void SimHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsiz
 
 // ---- aten kernels the CPU fallback cannot provide ----
 
+// Factories allocate on the device they are given ("npu:k"), or on the current one ("npu", or no device).
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
-                         std::optional<at::Layout>, std::optional<at::Device>, std::optional<bool>) {
-  const c10::DeviceGuard guard(kSimDevice);
+                         std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>) {
+  const c10::OptionalDeviceGuard guard(device);
   return at::detail::empty_strided_generic(size, stride, &allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
-                               std::optional<at::Device>, std::optional<bool>,
+                               std::optional<at::Device> device, std::optional<bool>,
                                std::optional<at::MemoryFormat> memory_format) {
-  const c10::DeviceGuard guard(kSimDevice);
+  const c10::OptionalDeviceGuard guard(device);
   return at::detail::empty_generic(size, &allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -170,7 +212,32 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c
   return self;
 }
 
-void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { at::native::cpu_fallback(op, stack); }
+// Every other aten op: PyTorch's CPU fallback, which puts the results on the first tensor argument's device. As on a
+// real device, tensors of two different npu devices in one op are refused (the CPU copies would hide it).
+void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n_args = op.schema().arguments().size();
+  std::optional<c10::Device> first;
+  auto check = [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kSim) return;
+    if (!first) first = t.device();
+    TORCH_CHECK(t.device() == *first, "Expected all tensors to be on the same device, but found at least two "
+                "devices, ", *first, " and ", t.device(), "! (", op.schema().operator_name(),
+                " on the simulated npu device)");
+  };
+  for (auto it = stack->end() - static_cast<std::ptrdiff_t>(n_args); it != stack->end(); ++it) {
+    if (it->isTensor()) {
+      check(it->toTensor());
+    } else if (it->isTensorList()) {
+      for (const at::Tensor& t : it->toTensorVector()) check(t);
+    } else if (it->isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : it->toOptionalTensorVector()) {
+        if (t) check(*t);
+      }
+    }
+  }
+  const c10::OptionalDeviceGuard guard(first);
+  at::native::cpu_fallback(op, stack);
+}
 
 // ---- npu_fa ops on the simulated device: their CPU kernel, run on CPU aliases of the same memory ----
 
@@ -208,7 +275,7 @@ void run_cpu_kernel_on_sim(const c10::OperatorHandle& op, torch::jit::Stack* sta
       v = c10::IValue(cpu);
     }
   }
-  const c10::Device target = device.value_or(kSimDevice);
+  const c10::Device target = device.value_or(current_device());
   {
     const c10::DeviceGuard guard(target);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
@@ -242,11 +309,14 @@ void run_cpu_kernel_on_sim(const c10::OperatorHandle& op, torch::jit::Stack* sta
 
 // ---- installation (once per process; the libraries are leaked on purpose so they stay registered) ----
 
-void install() {
+void install(int devices) {
+  TORCH_CHECK_VALUE(devices >= 1 && devices <= kMaxDevices, "npu_sim: the number of simulated devices must be "
+                    "between 1 and ", kMaxDevices, "; got ", devices);
   TORCH_CHECK(!c10::impl::hasDeviceGuardImpl(kSim),
               "npu_sim: a PrivateUse1 device guard is already registered (is torch_npu or another backend loaded?)");
   TORCH_CHECK(!at::isPrivateUse1HooksRegistered(),
               "npu_sim: PrivateUse1 hooks are already registered (is torch_npu or another backend loaded?)");
+  g_device_count = static_cast<c10::DeviceIndex>(devices);
   static c10::impl::DeviceGuardImplRegistrar guard_registrar(kSim, new SimGuardImpl());
   at::RegisterPrivateUse1HooksInterface(new SimHooks());
   c10::SetAllocator(kSim, &allocator());
@@ -275,14 +345,51 @@ void install() {
 
 }  // namespace
 
-// Called from Python (ctypes) by npu_sim.enable(); returns 0 on success, else writes the error into `error`. The ops
-// served by their CPU kernel come from the generated list (native_functions.yaml: a CPU kernel, no PrivateUse1 one).
-extern "C" __attribute__((visibility("default"))) int tot_npu_sim_enable(char* error, int error_len) {
+// Called from Python (ctypes) by npu_sim.enable() with the number of devices; returns 0 on success, else writes the
+// error into `error`. The ops served by their CPU kernel come from the generated list (native_functions.yaml: a CPU
+// kernel, no PrivateUse1 one).
+extern "C" __attribute__((visibility("default"))) int tot_npu_sim_enable(int devices, char* error, int error_len) {
   try {
-    install();
+    install(devices);
     return 0;
+  } catch (const c10::Error& e) {
+    std::snprintf(error, static_cast<size_t>(error_len), "%s", e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     std::snprintf(error, static_cast<size_t>(error_len), "%s", e.what());
     return 1;
   }
+}
+
+// The most devices tot_npu_sim_enable accepts (npu_sim.enable() checks TOT_NPU_SIM_DEVICES against it).
+extern "C" __attribute__((visibility("default"))) int tot_npu_sim_max_devices() { return kMaxDevices; }
+
+// torch.npu.current_device(): the calling thread's current device.
+extern "C" __attribute__((visibility("default"))) int tot_npu_sim_current_device() { return t_current_device; }
+
+namespace {
+
+// 0 when `index` names a device (then `then` runs), else 1 with the error in `error`.
+template <class Then>
+int with_index(int index, char* error, int error_len, Then then) {
+  try {
+    check_index(index);
+    then();
+    return 0;
+  } catch (const c10::Error& e) {
+    std::snprintf(error, static_cast<size_t>(error_len), "%s", e.what_without_backtrace());
+    return 1;
+  }
+}
+
+}  // namespace
+
+// Whether `index` names a simulated device (torch.npu.* functions taking a device check with it).
+extern "C" __attribute__((visibility("default"))) int tot_npu_sim_check_device(int index, char* error, int error_len) {
+  return with_index(index, error, error_len, [] {});
+}
+
+// torch.npu.set_device(index) for the calling thread.
+extern "C" __attribute__((visibility("default"))) int tot_npu_sim_set_device(int index, char* error, int error_len) {
+  return with_index(index, error, error_len, [index] { t_current_device = static_cast<c10::DeviceIndex>(index); });
 }

@@ -34,11 +34,13 @@ def case_names(module):
     return [pytest.param(n, marks=FULL) if getattr(getattr(module, n), "full_tier", False) else n for n in names]
 
 
-def run_cases(selection: Dict[str, List[str]], timeout=1800) -> Dict[str, Dict[str, str]]:
+def run_cases(selection: Dict[str, List[str]], timeout=1800, env_vars=None) -> Dict[str, Dict[str, str]]:
     """{module: {case: "ok" | traceback}} for the selected cases of each worker module, run in one child process
     (renaming PrivateUse1 to "npu" is permanent for a process, so it never happens in the pytest session itself;
-    one child for all modules pays the torch and extension import once)."""
-    env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
+    one child for all modules pays the torch and extension import once). `env_vars` are set in the child (e.g.
+    TOT_NPU_SIM_DEVICES); the simulator's variables of this process are not passed on."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TOT_NPU_SIM", "TOT_NPU_SIM_DEVICES")}
+    env.update(env_vars or {})
     env["PYTHONPATH"] = pythonpath()
     proc = subprocess.run([sys.executable, "-m", "test.npu.runner_worker", json.dumps(selection)],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)

@@ -4,8 +4,9 @@ checks (the project's tolerance rule against a float64 reference, and torch_npu'
 
 A worker runs in each spawned rank: `worker(rank, world, port, out_dir)` calls `init_group`, runs its checks on
 DEVICE tensors, and `passed(rank, out_dir)` at the end (test.common.ranks.run_ranks waits for every rank). In the
-npu run the children inherit PYTHONPATH and TOT_TORCH_NPU_TEST_DEVICE, so `test.torch_npu.common` imports the
-torch_npu shim there too and DEVICE is the simulated npu device; the gloo group communicates through host copies.
+npu run the children inherit PYTHONPATH, TOT_TORCH_NPU_TEST_DEVICE and TOT_NPU_SIM_DEVICES (= WORLD), so
+`test.torch_npu.common` imports the torch_npu shim there too, DEVICE is the simulated npu device and each rank
+works on its own device `npu:<rank>`, as torch_npu's tests do; the gloo group communicates through host copies.
 """
 import datetime
 import os
@@ -30,10 +31,17 @@ def init_group(rank: int, world: int, port: int) -> dist.ProcessGroup:
     from torch_ops_transformer.mc2 import hccl_names
 
     torch.set_num_threads(1)
+    if DEVICE == "npu":
+        torch.npu.set_device(rank)  # torch_npu's tests: each rank on its own NPU (DEVICE tensors land on npu:<rank>)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     hccl_names.install()  # what the torch_npu shim does on import
     return dist.group.WORLD
+
+
+def rank_device(rank: int) -> torch.device:
+    """Where a rank's DEVICE tensors and results live: npu:<rank> in the npu run, the CPU otherwise."""
+    return torch.device("npu", rank) if DEVICE == "npu" else torch.device("cpu")
 
 
 def hcom_name(group: dist.ProcessGroup, rank: int) -> str:

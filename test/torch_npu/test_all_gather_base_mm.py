@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from test.torch_npu import mc2_ranks
-from test.torch_npu.common import DEVICE, on_cpu, to_device, torch_npu
+from test.torch_npu.common import on_cpu, to_device, torch_npu
 
 OP = "npu_all_gather_base_mm"
 
@@ -36,7 +36,7 @@ def _check_case(rank, world, hcom, dtype, comm_mode, seed):
                                                        gather_index=0, gather_output=True, comm_turn=0,
                                                        output_dtype=None, comm_mode=comm_mode)
     gathered = torch.cat(x1s)
-    assert out.device.type == DEVICE and gather_out.device.type == DEVICE, tag
+    assert out.device == gather_out.device == mc2_ranks.rank_device(rank), tag
     assert out.dtype == dtype and out.shape == (world * m, n), tag
     assert torch.equal(on_cpu(gather_out), gathered), f"{tag}: gather_out is not AllGather(x1)"
     mc2_ranks.assert_tolerance(tag, out, gathered.double() @ x2s[rank].double(), gathered @ x2s[rank])

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from test.torch_npu import mc2_ranks
-from test.torch_npu.common import DEVICE, on_cpu, to_device, torch_npu
+from test.torch_npu.common import on_cpu, to_device, torch_npu
 
 OP = "npu_mm_all_reduce_base"
 
@@ -41,7 +41,7 @@ def _check_case(rank, world, hcom, dtype, lead, seed):
     tag = f"{OP} {dtype} x1 {(*lead, k)} rank {rank}"
     x1, x2 = to_device(x1s[rank], x2s[rank])
     out = torch_npu.npu_mm_all_reduce_base(x1, x2, hcom, reduce_op="sum", bias=None, comm_turn=0)
-    assert out.device.type == DEVICE and out.dtype == dtype and out.shape == (*lead, n), tag
+    assert out.device == mc2_ranks.rank_device(rank) and out.dtype == dtype and out.shape == (*lead, n), tag
     expected = sum(a.float() @ b.float() for a, b in zip(x1s, x2s)).to(dtype)
     mc2_ranks.assert_rtol_equal(tag, out, expected, 0.05)
     ref64 = sum(a.double() @ b.double() for a, b in zip(x1s, x2s))

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from test.torch_npu import mc2_ranks
-from test.torch_npu.common import DEVICE, on_cpu, to_device, torch_npu
+from test.torch_npu.common import on_cpu, to_device, torch_npu
 
 OP = "npu_mm_reduce_scatter_base"
 
@@ -35,7 +35,7 @@ def _check_case(rank, world, hcom, dtype, comm_mode, seed):
     x1, x2 = to_device(x1s[rank], x2s[rank])
     out = torch_npu.npu_mm_reduce_scatter_base(x1, x2, hcom, world, reduce_op="sum", bias=None, comm_turn=0,
                                                comm_mode=comm_mode)
-    assert out.device.type == DEVICE and out.dtype == dtype and out.shape == (m // world, n), tag
+    assert out.device == mc2_ranks.rank_device(rank) and out.dtype == dtype and out.shape == (m // world, n), tag
     rows = slice(rank * m // world, (rank + 1) * m // world)
     # upstream's golden: the float32 sum of every rank's product, cast to the input dtype
     expected = sum(a.float() @ b.float() for a, b in zip(x1s, x2s)).to(dtype)[rows]

@@ -9,6 +9,7 @@ import sys
 from test.common.checkout import ROOT, pythonpath
 from test.common.tiers import FULL
 from test.torch_npu.common import DEVICE, DEVICE_ENV
+from test.torch_npu.mc2_ranks import WORLD
 from torch_ops_transformer import compat
 
 import pytest
@@ -19,6 +20,7 @@ import pytest
 def test_ported_torch_npu_tests_on_simulated_npu():
     env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
     env[DEVICE_ENV] = "npu"
+    env["TOT_NPU_SIM_DEVICES"] = str(WORLD)  # one simulated device per MC2 rank (mc2_ranks.py)
     env["PYTHONPATH"] = os.pathsep.join([str(compat.PYTHONPATH_DIR), pythonpath()])
     folder = os.path.join("test", "torch_npu")
     proc = subprocess.run([sys.executable, "-m", "pytest", folder, "-q", "-p", "no:cacheprovider", "-x",

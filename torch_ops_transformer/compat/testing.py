@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch.testing._internal import common_utils
 
+from .. import npu_sim
 from .formats import (ACL_FORMATS, PLAIN_FORMATS, SIMULATED_SOC, get_npu_format,  # noqa: F401 (torch_npu API)
                       npu_format_cast)
 
@@ -73,8 +74,14 @@ def create_common_tensor(item, minValue, maxValue, device=None):  # noqa: N803  
     return values, device_tensor
 
 
+def _npu_device_count() -> int:
+    """The simulated npu devices of this process (TOT_NPU_SIM_DEVICES); 0 when the simulator is not enabled."""
+    return torch.npu.device_count() if npu_sim.is_enabled() else 0
+
+
 def get_npu_device() -> str:
-    return "npu:0"
+    """The calling thread's current npu device, as a string ("npu:0" unless torch.npu.set_device chose another)."""
+    return f"npu:{torch.npu.current_device() if npu_sim.is_enabled() else 0}"
 
 
 def SupportedDevices(devices):  # noqa: N802  (upstream's name)
@@ -90,7 +97,18 @@ def SupportedDevices(devices):  # noqa: N802  (upstream's name)
 
 
 def skipIfUnsupportMultiNPU(count):  # noqa: N802  (upstream's name)
-    return unittest.skipIf(count > 1, f"needs {count} NPUs; the simulated npu device is one")
+    """Runs the test only when there are at least `count` npu devices: with the simulated device, when
+    TOT_NPU_SIM_DEVICES gives that many (checked when the test runs, so the count of the test's process counts)."""
+    def decorator(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            have = _npu_device_count()
+            if have < count:
+                raise unittest.SkipTest(f"needs {count} NPUs; the simulated npu device has {have} "
+                                        f"(TOT_NPU_SIM_DEVICES={count} gives {count})")
+            return fn(*args, **kwargs)
+        return wrapper
+    return decorator
 
 
 def modules() -> dict:

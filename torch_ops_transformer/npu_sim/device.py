@@ -3,11 +3,13 @@
 `enable()` installs it for the rest of the process (PyTorch cannot rename PrivateUse1 twice or unregister a
 backend); `TOT_NPU_SIM=1` in the environment enables it when the package is imported. It refuses when a real
 `torch_npu` is importable or PrivateUse1 already belongs to another backend, so it never shadows real hardware.
+`TOT_NPU_SIM_DEVICES=N` (read by `enable()`, default 1) gives it N devices, "npu:0" to "npu:N-1", all in host memory.
 
 On the device, `torch.ops.npu_fa.*` ops run their CPU kernels on CPU aliases of the same memory (the list comes
 from native_functions.yaml via the codegen); other aten ops run through PyTorch's boxed CPU fallback.
 """
 import ctypes
+import functools
 import os
 import platform
 import sys
@@ -22,8 +24,10 @@ from .._library.loader import extension_cdll
 from . import amp, inductor, sdpa
 
 ENV_VAR = "TOT_NPU_SIM"
+DEVICES_ENV_VAR = "TOT_NPU_SIM_DEVICES"
 _BACKEND = "npu"
 _enabled = False
+_device_count = 1
 
 
 def is_enabled() -> bool:
@@ -51,16 +55,90 @@ def _refusal_reason(installed_torch_npu_failed: bool = False):
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _sim_fn(name: str, *argtypes):
+    """A C function of aten_ops/npu_sim/device.cpp (returning int) through ctypes."""
+    fn = getattr(extension_cdll(), name)
+    fn.argtypes, fn.restype = list(argtypes), ctypes.c_int
+    return fn
+
+
+def _call_checked(fn: str, name: str, index: int) -> None:
+    """Calls `name`(index, error, len) of device.cpp; its error (an index out of range) becomes a ValueError naming
+    `fn` and its argument 'device'."""
+    error = ctypes.create_string_buffer(1024)
+    if _sim_fn(name, ctypes.c_int, ctypes.c_char_p, ctypes.c_int)(index, error, len(error)):
+        message = error.value.decode(errors="replace").removeprefix("npu_sim: ")
+        raise ValueError(f"torch.npu.{fn}: argument 'device': {message}")
+
+
+def max_devices() -> int:
+    """The most devices the simulator offers (TOT_NPU_SIM_DEVICES may not exceed it)."""
+    return _sim_fn("tot_npu_sim_max_devices")()
+
+
+def device_count_from_environment(environ=None) -> int:
+    """The number of simulated devices TOT_NPU_SIM_DEVICES asks for: 1 when unset or empty, else a positive integer
+    up to max_devices(); ValueError naming the variable and its value otherwise."""
+    text = (os.environ if environ is None else environ).get(DEVICES_ENV_VAR, "").strip()
+    if not text:
+        return 1
+    limit = max_devices()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= limit:
+        raise ValueError(f"{DEVICES_ENV_VAR} must be a positive integer, the number of simulated npu devices "
+                         f"(1 to {limit}); got {text!r}")
+    return int(text)
+
+
+def _device_index(fn: str, device) -> int:
+    """The device index an argument names: k, "npu:k", torch.device("npu", k); None, -1, "npu" for the calling
+    thread's current device. Raises ValueError naming `fn` when it names no simulated device."""
+    index = device
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"torch.npu.{fn}: argument 'device' must be an npu device; got {device!r}") from None
+    if isinstance(device, torch.device):
+        if device.type != _BACKEND:
+            raise ValueError(f"torch.npu.{fn}: argument 'device' must be an npu device; got {device}")
+        index = device.index
+    if index is None or (isinstance(index, int) and index == -1):
+        return _current_device()
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TypeError(f"torch.npu.{fn}: argument 'device' must be an int, a str or a torch.device; got {device!r}")
+    _call_checked(fn, "tot_npu_sim_check_device", index)
+    return index
+
+
+def _current_device() -> int:
+    """torch.npu.current_device(): the calling thread's current device (each thread has its own, as with CUDA)."""
+    return _sim_fn("tot_npu_sim_current_device")()
+
+
+def _set_device(device) -> None:
+    """torch.npu.set_device(device): the calling thread's current device; None or -1 leave it unchanged."""
+    if device is None or device == -1:
+        return
+    _call_checked("set_device", "tot_npu_sim_set_device", _device_index("set_device", device))
+
+
+def _device_of(obj) -> "_DeviceContext":
+    """torch.npu.device_of(tensor): the device context of an npu tensor (a no-op one for other tensors)."""
+    return _DeviceContext(obj.get_device() if getattr(obj, "is_npu", False) else -1)
+
+
 def _device_module() -> types.ModuleType:
     """torch.npu: what torch.compile, opcheck and the autograd engine ask of a device module."""
     mod = types.ModuleType("torch_ops_transformer.npu_sim.device_module")
     mod.is_available = lambda: True
     mod.is_initialized = lambda: True
     mod._lazy_init = lambda: None
-    mod.device_count = lambda: 1
-    mod.current_device = lambda: 0
-    mod.set_device = lambda device: None
-    mod.synchronize = lambda device=None: None  # every kernel runs synchronously on the host
+    mod.device_count = lambda: _device_count
+    mod.current_device = _current_device
+    mod.set_device = _set_device
+    mod.device_of = _device_of
+    mod.synchronize = _synchronize
     mod._is_in_bad_fork = lambda: False
     # Random numbers on the device are drawn by CPU kernels from the CPU default generator, so its state is ours.
     mod.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
@@ -84,6 +162,11 @@ def _device_module() -> types.ModuleType:
     return mod
 
 
+def _synchronize(device=None) -> None:
+    """torch.npu.synchronize: every kernel runs synchronously on the host, so there is nothing to wait for."""
+    _device_index("synchronize", device)
+
+
 def _set_compile_mode(jit_compile: bool = False) -> None:
     """torch.npu.set_compile_mode: chooses online kernel compilation on Ascend; nothing to choose here."""
     if not isinstance(jit_compile, bool):
@@ -105,30 +188,22 @@ def _host_memory() -> tuple:
     return info.get("MemAvailable", page * os.sysconf("SC_AVPHYS_PAGES")), total
 
 
-def _check_device(fn: str, device) -> None:
-    """The simulated device has one ordinal: None, 0, -1 (current), "npu", "npu:0" or torch.device("npu", 0)."""
-    index = device
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != _BACKEND:
-            raise ValueError(f"torch.npu.{fn}: argument 'device' must be an npu device; got {device}")
-        index = device.index
-    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index not in (0, -1)):
-        raise ValueError(f"torch.npu.{fn}: argument 'device' must be the simulated device 0 (one device); "
-                         f"got {device!r}")
+def _check_device(fn: str, device) -> int:
+    """The index of a simulated device: None, -1 (current), k, "npu", "npu:k" or torch.device("npu", k)."""
+    return _device_index(fn, device)
 
 
 class _DeviceProperties:
-    """torch.npu.get_device_properties: the simulated device (host memory, one "core" per host CPU)."""
+    """torch.npu.get_device_properties: a simulated device (host memory, one "core" per host CPU); every device
+    has the same properties, and its own uuid."""
 
-    def __init__(self):
+    def __init__(self, index: int = 0):
         cores = os.cpu_count() or 1
         self.name = "simulated NPU (CPU memory, torch_ops_transformer)"
         self.total_memory = _host_memory()[1]
         self.cube_core_num = self.vector_core_num = cores
         self.L2_cache_size = 0
-        self.uuid = str(uuid.uuid5(uuid.NAMESPACE_DNS, "npu0." + platform.node()))
+        self.uuid = str(uuid.uuid5(uuid.NAMESPACE_DNS, f"npu{index}." + platform.node()))
 
     def __repr__(self) -> str:
         return (f"_NPUDeviceProperties(name='{self.name}', total_memory={self.total_memory // 2**20}MB, "
@@ -136,17 +211,22 @@ class _DeviceProperties:
 
 
 class _DeviceContext:
-    """torch.npu.device(device): a context manager selecting the device; there is one."""
+    """torch.npu.device(device): makes `device` the calling thread's current device inside the block and restores
+    the previous one on exit; None or -1 change nothing."""
 
     def __init__(self, device):
-        _check_device("device", device)
-        self.idx = 0
+        self.idx = -1 if device is None or device == -1 else _device_index("device", device)
+        self.prev_idx = -1
 
     def __enter__(self):
+        if self.idx != -1:
+            self.prev_idx = _current_device()
+            _set_device(self.idx)
         return self
 
     def __exit__(self, *exc) -> None:
-        pass
+        if self.idx != -1:
+            _set_device(self.prev_idx)
 
 
 _MEMORY_STAT_KEYS = ("allocated_bytes.all.current", "allocated_bytes.all.peak", "allocated_bytes.all.allocated",
@@ -167,8 +247,7 @@ def _add_memory(mod: types.ModuleType) -> None:
         return {key: 0 for key in _MEMORY_STAT_KEYS}
 
     def get_device_properties(device=None):
-        _check_device("get_device_properties", device)
-        return _DeviceProperties()
+        return _DeviceProperties(_check_device("get_device_properties", device))
 
     mod.mem_get_info, mod.memory_stats, mod.get_device_properties = mem_get_info, memory_stats, get_device_properties
     mod.memory_reserved = mod.max_memory_reserved = lambda device=None: 0
@@ -176,10 +255,11 @@ def _add_memory(mod: types.ModuleType) -> None:
 
 
 class _Stream:
-    """torch.npu.Stream basics: one synchronous stream, so waiting and synchronising return at once."""
+    """torch.npu.Stream basics: one synchronous stream per device (its default stream), so waiting and
+    synchronising return at once."""
 
     def __init__(self, device=None, priority: int = 0, **kwargs):
-        self.device = torch.device(_BACKEND, 0)
+        self.device = torch.device(_BACKEND, _check_device("Stream", device))
         self.priority = priority
 
     def synchronize(self) -> None:
@@ -200,10 +280,13 @@ class _Stream:
         return event
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, _Stream)
+        return isinstance(other, _Stream) and other.device == self.device
 
     def __hash__(self) -> int:
-        return 0
+        return hash(self.device)
+
+    def __repr__(self) -> str:
+        return f"<torch.npu.Stream device={self.device} (the simulated default stream)>"
 
 
 class _Event:
@@ -233,14 +316,18 @@ class _Event:
 
 
 class _StreamContext:
+    """torch.npu.stream(s): like torch.cuda.stream, also makes the stream's device current inside the block."""
+
     def __init__(self, stream):
         self.stream = stream
+        self._device = _DeviceContext(stream.device if stream is not None else None)
 
     def __enter__(self):
+        self._device.__enter__()
         return self.stream
 
     def __exit__(self, *exc) -> None:
-        pass
+        self._device.__exit__(*exc)
 
 
 class _NotSimulated:
@@ -261,10 +348,9 @@ class _NotSimulatedGraphContext(_NotSimulated):
 
 def _add_streams(mod: types.ModuleType) -> None:
     mod.NPUGraph, mod.graph = _NotSimulated, _NotSimulatedGraphContext
-    default = _Stream()
     mod.Stream, mod.Event = _Stream, _Event
-    mod.current_stream = lambda device=None: default
-    mod.default_stream = lambda device=None: default
+    mod.current_stream = lambda device=None: _Stream(device)
+    mod.default_stream = lambda device=None: _Stream(device)
     mod.set_stream = lambda stream: None
     mod.stream = _StreamContext
 
@@ -278,14 +364,12 @@ def unavailable_device_module() -> types.ModuleType:
     return mod
 
 
-def _install_cpp() -> None:
-    """Flips the C++ switch: the device, hooks and the npu_fa registrations (the list of ops served by their CPU
-    kernel is generated into the library) are installed by tot_npu_sim_enable."""
+def _install_cpp(devices: int) -> None:
+    """Flips the C++ switch: the `devices` devices, hooks and the npu_fa registrations (the list of ops served by
+    their CPU kernel is generated into the library) are installed by tot_npu_sim_enable."""
     error = ctypes.create_string_buffer(2048)
-    fn = extension_cdll().tot_npu_sim_enable
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    if fn(error, len(error)) != 0:
+    fn = _sim_fn("tot_npu_sim_enable", ctypes.c_int, ctypes.c_char_p, ctypes.c_int)
+    if fn(devices, error, len(error)) != 0:
         raise RuntimeError(f"npu_sim.enable(): {error.value.decode(errors='replace')}")
 
 
@@ -293,14 +377,17 @@ def enable(installed_torch_npu_failed: bool = False) -> None:
     """Install the simulated "npu" device for this process (idempotent). Raises RuntimeError when refused.
 
     `installed_torch_npu_failed`: the caller (the torch_npu shim) tried importing the installed torch_npu and it
-    failed (no CANN runtime), so it does not own the device."""
-    global _enabled
+    failed (no CANN runtime), so it does not own the device. The number of devices is TOT_NPU_SIM_DEVICES
+    (default 1; ValueError when it is not a positive integer up to max_devices())."""
+    global _enabled, _device_count
     if _enabled:
         return
     reason = _refusal_reason(installed_torch_npu_failed)
     if reason is not None:
         raise RuntimeError(f"npu_sim.enable() refused: {reason}")
-    _install_cpp()
+    devices = device_count_from_environment()
+    _install_cpp(devices)
+    _device_count = devices
     torch.utils.rename_privateuse1_backend(_BACKEND)
     torch._register_device_module(_BACKEND, _device_module())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)

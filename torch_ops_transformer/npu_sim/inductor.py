@@ -94,27 +94,34 @@ def _register_device_interface() -> None:
     from torch._dynamo.device_interface import CpuInterface, register_interface_for_device  # lazy: Dynamo
 
     class NpuSimInterface(CpuInterface):
-        """Dynamo/Inductor's view of the simulated device: the host CPU's properties, one device, no Triton."""
+        """Dynamo/Inductor's view of the simulated device: the host CPU's properties, TOT_NPU_SIM_DEVICES devices
+        (torch.npu's), no Triton."""
 
         @staticmethod
         def device_count() -> int:
-            return 1
+            return torch.npu.device_count()
+
+        @staticmethod
+        def current_device() -> int:
+            return torch.npu.current_device()
 
         @staticmethod
         def set_device(device) -> None:
-            pass
+            torch.npu.set_device(device)
 
         @staticmethod
         def exchange_device(device: int) -> int:
-            return 0
+            previous = torch.npu.current_device()
+            torch.npu.set_device(device)
+            return previous
 
         @staticmethod
         def maybe_exchange_device(device: int) -> int:
-            return 0
+            return NpuSimInterface.exchange_device(device)
 
         @staticmethod
         def is_triton_capable(device=None) -> bool:
             return False  # C++ code generation only: Triton's CPU backend does not know this device
 
-    for name in ("npu", "npu:0"):
+    for name in ["npu"] + [f"npu:{k}" for k in range(torch.npu.device_count())]:
         register_interface_for_device(name, NpuSimInterface)
