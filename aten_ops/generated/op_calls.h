@@ -586,6 +586,14 @@ inline at::Tensor call_clipped_swiglu(const ClippedSwigluArgs& a) {
   return op.call(a.x, a.group_index, a.dim, a.alpha, a.limit, a.bias, a.interleaved);
 }
 
+// dequant_swiglu_quant
+inline std::tuple<at::Tensor, at::Tensor> call_dequant_swiglu_quant(const DequantSwigluQuantArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::dequant_swiglu_quant", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, int64_t, int64_t, int64_t, double, double, double)>();
+  return op.call(a.x, a.weight_scale, a.activation_scale, a.bias, a.quant_scale, a.quant_offset, a.group_index, a.activate_left, a.quant_mode, a.activate_dim, a.swiglu_mode, a.clamp_limit, a.glu_alpha, a.glu_bias);
+}
+
 // transpose_batchmatmul
 inline at::Tensor call_transpose_batchmatmul(const TransposeBatchmatmulArgs& a) {
   static const auto op = c10::Dispatcher::singleton()

@@ -1082,6 +1082,18 @@ at::Tensor clipped_swiglu_cpu_unboxed(const at::Tensor& x, const std::optional<a
   return npu_fa::clipped_swiglu_cpu(npu_fa::ClippedSwigluArgs{x, group_index, dim, alpha, limit, bias, interleaved});
 }
 
+std::tuple<at::Tensor, at::Tensor> dequant_swiglu_quant_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& weight_scale, const std::optional<at::Tensor>& activation_scale, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& quant_scale, const std::optional<at::Tensor>& quant_offset, const std::optional<at::Tensor>& group_index, bool activate_left, int64_t quant_mode, int64_t activate_dim, int64_t swiglu_mode, double clamp_limit, double glu_alpha, double glu_bias) {
+  npu_fa::DeviceRule rule("dequant_swiglu_quant");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight_scale", weight_scale);
+  rule.device_tensor("activation_scale", activation_scale);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("quant_scale", quant_scale);
+  rule.device_tensor("quant_offset", quant_offset);
+  rule.device_tensor("group_index", group_index);
+  return npu_fa::dequant_swiglu_quant_cpu(npu_fa::DequantSwigluQuantArgs{x, weight_scale, activation_scale, bias, quant_scale, quant_offset, group_index, activate_left, quant_mode, activate_dim, swiglu_mode, clamp_limit, glu_alpha, glu_bias});
+}
+
 at::Tensor transpose_batchmatmul_cpu_unboxed(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& scale, at::IntArrayRef perm_x1, at::IntArrayRef perm_x2, at::IntArrayRef perm_y, int64_t batch_split_factor) {
   npu_fa::DeviceRule rule("transpose_batchmatmul");
   rule.device_tensor("input", input);
@@ -1171,6 +1183,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("weight_quant_batchmatmul(Tensor x, Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? bias=None, int antiquant_group_size=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("convert_weight_to_int4pack(Tensor weight, int inner_k_tiles=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("clipped_swiglu(Tensor x, Tensor? group_index=None, int dim=-1, float alpha=1.702, float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("dequant_swiglu_quant(Tensor x, Tensor? weight_scale=None, Tensor? activation_scale=None, Tensor? bias=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? group_index=None, bool activate_left=False, int quant_mode=0, int activate_dim=-1, int swiglu_mode=0, float clamp_limit=7.0, float glu_alpha=1.702, float glu_bias=1.0) -> (Tensor y, Tensor scale)", {at::Tag::pt2_compliant_tag});
   m.def("transpose_batchmatmul(Tensor input, Tensor weight, Tensor? scale=None, int[] perm_x1=[0,1,2], int[] perm_x2=[0,1,2], int[] perm_y=[1,0,2], int batch_split_factor=1) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
@@ -1247,6 +1260,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("weight_quant_batchmatmul", TORCH_FN(weight_quant_batchmatmul_cpu_unboxed));
   m.impl("convert_weight_to_int4pack", TORCH_FN(convert_weight_to_int4pack_cpu_unboxed));
   m.impl("clipped_swiglu", TORCH_FN(clipped_swiglu_cpu_unboxed));
+  m.impl("dequant_swiglu_quant", TORCH_FN(dequant_swiglu_quant_cpu_unboxed));
   m.impl("transpose_batchmatmul", TORCH_FN(transpose_batchmatmul_cpu_unboxed));
 }
 
