@@ -147,7 +147,6 @@ DequantSwigluQuantPlan parse_dequant_swiglu_quant(const DequantSwigluQuantArgs& 
     const at::Tensor& o = *args.quant_offset;
     TORCH_CHECK_VALUE(args.quant_mode == 0, kOp, ": argument 'quant_offset' applies to static quantisation only; ",
                       "it must be None with quant_mode 1 (dynamic)");
-    TORCH_CHECK_VALUE(!args.group_index.has_value(), kOp, ": argument 'quant_offset' must be None with group_index");
     TORCH_CHECK_TYPE(is_half_float(o.scalar_type()), kOp, ": argument 'quant_offset' must be float32, float16 or ",
                      "bfloat16; got ", o.scalar_type());
     per_group_table(kOp, "quant_offset", o, p.groups, p.y_cols);
