@@ -1502,11 +1502,12 @@ struct GroupedMatmulSwigluQuantArgs {
   const at::Tensor& weight_scale;
   const at::Tensor& x_scale;
   int64_t group_list_type;
+  double swiglu_limit;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const GroupedMatmulSwigluQuantArgs& a, F&& f) {
-  return f(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type);
+  return f(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type, a.swiglu_limit);
 }
 
 // grouped_matmul_swiglu_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
@@ -1519,14 +1520,15 @@ struct GroupedMatmulSwigluQuantValues {
   at::Tensor weight_scale;
   at::Tensor x_scale;
   int64_t group_list_type = 0;
+  double swiglu_limit = 0.0;
 
   GroupedMatmulSwigluQuantValues() = default;
   // A copy of a call's arguments.
   explicit GroupedMatmulSwigluQuantValues(const GroupedMatmulSwigluQuantArgs& a)
-      : x(a.x), weight(a.weight), group_list(a.group_list), weight_scale(a.weight_scale), x_scale(a.x_scale), group_list_type(a.group_list_type) {}
+      : x(a.x), weight(a.weight), group_list(a.group_list), weight_scale(a.weight_scale), x_scale(a.x_scale), group_list_type(a.group_list_type), swiglu_limit(a.swiglu_limit) {}
 
   // The argument struct over these members: valid while this object lives and is not changed.
-  GroupedMatmulSwigluQuantArgs args() const { return GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type}; }
+  GroupedMatmulSwigluQuantArgs args() const { return GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type, swiglu_limit}; }
 };
 
 // moe_ffn

@@ -278,8 +278,8 @@ inline std::vector<at::Tensor> call_grouped_matmul_quant(const GroupedMatmulQuan
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_grouped_matmul_swiglu_quant(const GroupedMatmulSwigluQuantArgs& a) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("npu_fa::grouped_matmul_swiglu_quant", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
-  return op.call(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type);
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double)>();
+  return op.call(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type, a.swiglu_limit);
 }
 
 // moe_ffn

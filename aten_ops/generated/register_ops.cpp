@@ -699,14 +699,14 @@ std::vector<at::Tensor> grouped_matmul_quant_cpu_unboxed(at::TensorList x, at::T
   return npu_fa::grouped_matmul_quant_cpu(npu_fa::GroupedMatmulQuantArgs{x, weight, bias, scale, per_token_scale, antiquant_scale, antiquant_offset, group_list, group_type, group_list_type, act_type, output_dtype});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_list, const at::Tensor& weight_scale, const at::Tensor& x_scale, int64_t group_list_type) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_list, const at::Tensor& weight_scale, const at::Tensor& x_scale, int64_t group_list_type, double swiglu_limit) {
   npu_fa::DeviceRule rule("grouped_matmul_swiglu_quant");
   rule.device_tensor("x", x);
   rule.device_tensor("weight", weight);
   rule.device_tensor("weight_scale", weight_scale);
   rule.device_tensor("x_scale", x_scale);
   rule.host_tensor("group_list", group_list);
-  return npu_fa::grouped_matmul_swiglu_quant_cpu(npu_fa::GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type});
+  return npu_fa::grouped_matmul_swiglu_quant_cpu(npu_fa::GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type, swiglu_limit});
 }
 
 at::Tensor moe_ffn_cpu_unboxed(const at::Tensor& x, const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& topk_weights, const at::Tensor& topk_ids, const std::optional<at::Tensor>& bias13, const std::optional<at::Tensor>& bias2, c10::string_view activation, c10::string_view weight_layout) {
@@ -1144,7 +1144,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_add(Tensor(a!) y, Tensor x, Tensor weight, Tensor group_list, bool transpose_x=True, bool transpose_weight=False, int group_type=2, int group_list_type=0) -> ()", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_quant(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor[] scale, Tensor[] per_token_scale, Tensor[] antiquant_scale, Tensor[] antiquant_offset, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0, int output_dtype=-1) -> Tensor[] out", {at::Tag::pt2_compliant_tag});
-  m.def("grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, Tensor x_scale, int group_list_type=0) -> (Tensor out, Tensor out_scale, Tensor out_offset)", {at::Tag::pt2_compliant_tag});
+  m.def("grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, Tensor x_scale, int group_list_type=0, float swiglu_limit=0.0) -> (Tensor out, Tensor out_scale, Tensor out_offset)", {at::Tag::pt2_compliant_tag});
   m.def("moe_ffn(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, Tensor? bias13=None, Tensor? bias2=None, str activation=\"swiglu\", str weight_layout=\"nk\") -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_ffn_prepack(Tensor weight, str weight_layout=\"nk\", bool gated=False) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor y, Tensor expert_idx, Tensor row_idx)", {at::Tag::pt2_compliant_tag});
