@@ -135,12 +135,13 @@ DequantSwigluQuantPlan parse_dequant_swiglu_quant(const DequantSwigluQuantArgs& 
   }
   if (args.quant_scale.has_value()) {
     const at::Tensor& q = *args.quant_scale;
-    if (args.quant_mode == 0)
+    if (args.quant_mode == 0) {
       TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat, kOp, ": argument 'quant_scale' must be float32 in static ",
                        "quantisation (quant_mode 0); got ", q.scalar_type());
-    else
+    } else {
       TORCH_CHECK_TYPE(is_half_float(q.scalar_type()), kOp, ": argument 'quant_scale' must be float32, float16 or ",
                        "bfloat16; got ", q.scalar_type());
+    }
     per_group_table(kOp, "quant_scale", q, p.groups, p.y_cols);
   }
   if (args.quant_offset.has_value()) {
