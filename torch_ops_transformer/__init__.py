@@ -171,6 +171,7 @@ from .norm import (
 from .quant import npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_swiglu, npu_swiglu_backward
 from .quant import npu_quant_matmul, npu_quantize, npu_trans_quant_param, npu_weight_quant_batchmatmul
 from .quant import npu_clipped_swiglu, npu_convert_weight_to_int4pack, npu_transpose_batchmatmul
+from .quant import npu_dequant_swiglu_quant
 from .rope import (
     npu_apply_rotary_pos_emb,
     npu_interleave_rope,
@@ -305,7 +306,8 @@ __all__ = [
     "MC2DistributedDataParallel",
 ]
 __all__ += ["npu_trans_quant_param", "npu_quantize", "npu_quant_matmul", "npu_weight_quant_batchmatmul",
-            "npu_transpose_batchmatmul", "npu_convert_weight_to_int4pack", "npu_clipped_swiglu"]
+            "npu_transpose_batchmatmul", "npu_convert_weight_to_int4pack", "npu_clipped_swiglu",
+            "npu_dequant_swiglu_quant"]
 __all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_moe_distribute_dispatch",
             "npu_moe_distribute_dispatch_v2"]
 __all__ += ["npu_mrope", "npu_top_k_top_p", "npu_gather_pa_kv_cache", "npu_gather_pa_kv_cache_functional",

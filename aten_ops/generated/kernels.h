@@ -205,6 +205,8 @@ at::Tensor weight_quant_batchmatmul_cpu(const WeightQuantBatchmatmulArgs& args);
 at::Tensor convert_weight_to_int4pack_cpu(const ConvertWeightToInt4packArgs& args);
 // clipped_swiglu [CPU]
 at::Tensor clipped_swiglu_cpu(const ClippedSwigluArgs& args);
+// dequant_swiglu_quant [CPU]
+std::tuple<at::Tensor, at::Tensor> dequant_swiglu_quant_cpu(const DequantSwigluQuantArgs& args);
 // transpose_batchmatmul [CPU]
 at::Tensor transpose_batchmatmul_cpu(const TransposeBatchmatmulArgs& args);
 }  // namespace npu_fa

@@ -1502,11 +1502,12 @@ struct GroupedMatmulSwigluQuantArgs {
   const at::Tensor& weight_scale;
   const at::Tensor& x_scale;
   int64_t group_list_type;
+  double swiglu_limit;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const GroupedMatmulSwigluQuantArgs& a, F&& f) {
-  return f(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type);
+  return f(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type, a.swiglu_limit);
 }
 
 // grouped_matmul_swiglu_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
@@ -1519,14 +1520,15 @@ struct GroupedMatmulSwigluQuantValues {
   at::Tensor weight_scale;
   at::Tensor x_scale;
   int64_t group_list_type = 0;
+  double swiglu_limit = 0.0;
 
   GroupedMatmulSwigluQuantValues() = default;
   // A copy of a call's arguments.
   explicit GroupedMatmulSwigluQuantValues(const GroupedMatmulSwigluQuantArgs& a)
-      : x(a.x), weight(a.weight), group_list(a.group_list), weight_scale(a.weight_scale), x_scale(a.x_scale), group_list_type(a.group_list_type) {}
+      : x(a.x), weight(a.weight), group_list(a.group_list), weight_scale(a.weight_scale), x_scale(a.x_scale), group_list_type(a.group_list_type), swiglu_limit(a.swiglu_limit) {}
 
   // The argument struct over these members: valid while this object lives and is not changed.
-  GroupedMatmulSwigluQuantArgs args() const { return GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type}; }
+  GroupedMatmulSwigluQuantArgs args() const { return GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type, swiglu_limit}; }
 };
 
 // moe_ffn
@@ -2881,6 +2883,57 @@ struct ClippedSwigluValues {
 
   // The argument struct over these members: valid while this object lives and is not changed.
   ClippedSwigluArgs args() const { return ClippedSwigluArgs{x, group_index, dim, alpha, limit, bias, interleaved}; }
+};
+
+// dequant_swiglu_quant
+struct DequantSwigluQuantArgs {
+  const at::Tensor& x;
+  const std::optional<at::Tensor>& weight_scale;
+  const std::optional<at::Tensor>& activation_scale;
+  const std::optional<at::Tensor>& bias;
+  const std::optional<at::Tensor>& quant_scale;
+  const std::optional<at::Tensor>& quant_offset;
+  const std::optional<at::Tensor>& group_index;
+  bool activate_left;
+  int64_t quant_mode;
+  int64_t activate_dim;
+  int64_t swiglu_mode;
+  double clamp_limit;
+  double glu_alpha;
+  double glu_bias;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const DequantSwigluQuantArgs& a, F&& f) {
+  return f(a.x, a.weight_scale, a.activation_scale, a.bias, a.quant_scale, a.quant_offset, a.group_index, a.activate_left, a.quant_mode, a.activate_dim, a.swiglu_mode, a.clamp_limit, a.glu_alpha, a.glu_bias);
+}
+
+// dequant_swiglu_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   DequantSwigluQuantValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct DequantSwigluQuantValues {
+  at::Tensor x;
+  std::optional<at::Tensor> weight_scale;
+  std::optional<at::Tensor> activation_scale;
+  std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> quant_scale;
+  std::optional<at::Tensor> quant_offset;
+  std::optional<at::Tensor> group_index;
+  bool activate_left = false;
+  int64_t quant_mode = 0;
+  int64_t activate_dim = -1;
+  int64_t swiglu_mode = 0;
+  double clamp_limit = 7.0;
+  double glu_alpha = 1.702;
+  double glu_bias = 1.0;
+
+  DequantSwigluQuantValues() = default;
+  // A copy of a call's arguments.
+  explicit DequantSwigluQuantValues(const DequantSwigluQuantArgs& a)
+      : x(a.x), weight_scale(a.weight_scale), activation_scale(a.activation_scale), bias(a.bias), quant_scale(a.quant_scale), quant_offset(a.quant_offset), group_index(a.group_index), activate_left(a.activate_left), quant_mode(a.quant_mode), activate_dim(a.activate_dim), swiglu_mode(a.swiglu_mode), clamp_limit(a.clamp_limit), glu_alpha(a.glu_alpha), glu_bias(a.glu_bias) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  DequantSwigluQuantArgs args() const { return DequantSwigluQuantArgs{x, weight_scale, activation_scale, bias, quant_scale, quant_offset, group_index, activate_left, quant_mode, activate_dim, swiglu_mode, clamp_limit, glu_alpha, glu_bias}; }
 };
 
 // transpose_batchmatmul

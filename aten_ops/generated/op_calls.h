@@ -278,8 +278,8 @@ inline std::vector<at::Tensor> call_grouped_matmul_quant(const GroupedMatmulQuan
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_grouped_matmul_swiglu_quant(const GroupedMatmulSwigluQuantArgs& a) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("npu_fa::grouped_matmul_swiglu_quant", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
-  return op.call(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type);
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, double)>();
+  return op.call(a.x, a.weight, a.group_list, a.weight_scale, a.x_scale, a.group_list_type, a.swiglu_limit);
 }
 
 // moe_ffn
@@ -584,6 +584,14 @@ inline at::Tensor call_clipped_swiglu(const ClippedSwigluArgs& a) {
                              .findSchemaOrThrow("npu_fa::clipped_swiglu", "")
                              .typed<at::Tensor(const at::Tensor&, const std::optional<at::Tensor>&, int64_t, double, double, double, bool)>();
   return op.call(a.x, a.group_index, a.dim, a.alpha, a.limit, a.bias, a.interleaved);
+}
+
+// dequant_swiglu_quant
+inline std::tuple<at::Tensor, at::Tensor> call_dequant_swiglu_quant(const DequantSwigluQuantArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::dequant_swiglu_quant", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, int64_t, int64_t, int64_t, double, double, double)>();
+  return op.call(a.x, a.weight_scale, a.activation_scale, a.bias, a.quant_scale, a.quant_offset, a.group_index, a.activate_left, a.quant_mode, a.activate_dim, a.swiglu_mode, a.clamp_limit, a.glu_alpha, a.glu_bias);
 }
 
 // transpose_batchmatmul

@@ -699,14 +699,14 @@ std::vector<at::Tensor> grouped_matmul_quant_cpu_unboxed(at::TensorList x, at::T
   return npu_fa::grouped_matmul_quant_cpu(npu_fa::GroupedMatmulQuantArgs{x, weight, bias, scale, per_token_scale, antiquant_scale, antiquant_offset, group_list, group_type, group_list_type, act_type, output_dtype});
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_list, const at::Tensor& weight_scale, const at::Tensor& x_scale, int64_t group_list_type) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& group_list, const at::Tensor& weight_scale, const at::Tensor& x_scale, int64_t group_list_type, double swiglu_limit) {
   npu_fa::DeviceRule rule("grouped_matmul_swiglu_quant");
   rule.device_tensor("x", x);
   rule.device_tensor("weight", weight);
   rule.device_tensor("weight_scale", weight_scale);
   rule.device_tensor("x_scale", x_scale);
   rule.host_tensor("group_list", group_list);
-  return npu_fa::grouped_matmul_swiglu_quant_cpu(npu_fa::GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type});
+  return npu_fa::grouped_matmul_swiglu_quant_cpu(npu_fa::GroupedMatmulSwigluQuantArgs{x, weight, group_list, weight_scale, x_scale, group_list_type, swiglu_limit});
 }
 
 at::Tensor moe_ffn_cpu_unboxed(const at::Tensor& x, const at::Tensor& w13, const at::Tensor& w2, const at::Tensor& topk_weights, const at::Tensor& topk_ids, const std::optional<at::Tensor>& bias13, const std::optional<at::Tensor>& bias2, c10::string_view activation, c10::string_view weight_layout) {
@@ -1082,6 +1082,18 @@ at::Tensor clipped_swiglu_cpu_unboxed(const at::Tensor& x, const std::optional<a
   return npu_fa::clipped_swiglu_cpu(npu_fa::ClippedSwigluArgs{x, group_index, dim, alpha, limit, bias, interleaved});
 }
 
+std::tuple<at::Tensor, at::Tensor> dequant_swiglu_quant_cpu_unboxed(const at::Tensor& x, const std::optional<at::Tensor>& weight_scale, const std::optional<at::Tensor>& activation_scale, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& quant_scale, const std::optional<at::Tensor>& quant_offset, const std::optional<at::Tensor>& group_index, bool activate_left, int64_t quant_mode, int64_t activate_dim, int64_t swiglu_mode, double clamp_limit, double glu_alpha, double glu_bias) {
+  npu_fa::DeviceRule rule("dequant_swiglu_quant");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight_scale", weight_scale);
+  rule.device_tensor("activation_scale", activation_scale);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("quant_scale", quant_scale);
+  rule.device_tensor("quant_offset", quant_offset);
+  rule.device_tensor("group_index", group_index);
+  return npu_fa::dequant_swiglu_quant_cpu(npu_fa::DequantSwigluQuantArgs{x, weight_scale, activation_scale, bias, quant_scale, quant_offset, group_index, activate_left, quant_mode, activate_dim, swiglu_mode, clamp_limit, glu_alpha, glu_bias});
+}
+
 at::Tensor transpose_batchmatmul_cpu_unboxed(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& scale, at::IntArrayRef perm_x1, at::IntArrayRef perm_x2, at::IntArrayRef perm_y, int64_t batch_split_factor) {
   npu_fa::DeviceRule rule("transpose_batchmatmul");
   rule.device_tensor("input", input);
@@ -1132,7 +1144,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("grouped_matmul_grad(Tensor[] grad_out, Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor? group_list, Tensor[] act_input, int group_type=0, int group_list_type=0, int act_type=0) -> (Tensor[] grad_x, Tensor[] grad_weight, Tensor[] grad_bias)", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_add(Tensor(a!) y, Tensor x, Tensor weight, Tensor group_list, bool transpose_x=True, bool transpose_weight=False, int group_type=2, int group_list_type=0) -> ()", {at::Tag::pt2_compliant_tag});
   m.def("grouped_matmul_quant(Tensor[] x, Tensor[] weight, Tensor[] bias, Tensor[] scale, Tensor[] per_token_scale, Tensor[] antiquant_scale, Tensor[] antiquant_offset, Tensor? group_list=None, int group_type=0, int group_list_type=0, int act_type=0, int output_dtype=-1) -> Tensor[] out", {at::Tag::pt2_compliant_tag});
-  m.def("grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, Tensor x_scale, int group_list_type=0) -> (Tensor out, Tensor out_scale, Tensor out_offset)", {at::Tag::pt2_compliant_tag});
+  m.def("grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, Tensor x_scale, int group_list_type=0, float swiglu_limit=0.0) -> (Tensor out, Tensor out_scale, Tensor out_offset)", {at::Tag::pt2_compliant_tag});
   m.def("moe_ffn(Tensor x, Tensor w13, Tensor w2, Tensor topk_weights, Tensor topk_ids, Tensor? bias13=None, Tensor? bias2=None, str activation=\"swiglu\", str weight_layout=\"nk\") -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_ffn_prepack(Tensor weight, str weight_layout=\"nk\", bool gated=False) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("moe_gating_top_k_softmax(Tensor x, Tensor? finished=None, int k=1) -> (Tensor y, Tensor expert_idx, Tensor row_idx)", {at::Tag::pt2_compliant_tag});
@@ -1171,6 +1183,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("weight_quant_batchmatmul(Tensor x, Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? bias=None, int antiquant_group_size=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("convert_weight_to_int4pack(Tensor weight, int inner_k_tiles=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("clipped_swiglu(Tensor x, Tensor? group_index=None, int dim=-1, float alpha=1.702, float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("dequant_swiglu_quant(Tensor x, Tensor? weight_scale=None, Tensor? activation_scale=None, Tensor? bias=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? group_index=None, bool activate_left=False, int quant_mode=0, int activate_dim=-1, int swiglu_mode=0, float clamp_limit=7.0, float glu_alpha=1.702, float glu_bias=1.0) -> (Tensor y, Tensor scale)", {at::Tag::pt2_compliant_tag});
   m.def("transpose_batchmatmul(Tensor input, Tensor weight, Tensor? scale=None, int[] perm_x1=[0,1,2], int[] perm_x2=[0,1,2], int[] perm_y=[1,0,2], int batch_split_factor=1) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
@@ -1247,6 +1260,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("weight_quant_batchmatmul", TORCH_FN(weight_quant_batchmatmul_cpu_unboxed));
   m.impl("convert_weight_to_int4pack", TORCH_FN(convert_weight_to_int4pack_cpu_unboxed));
   m.impl("clipped_swiglu", TORCH_FN(clipped_swiglu_cpu_unboxed));
+  m.impl("dequant_swiglu_quant", TORCH_FN(dequant_swiglu_quant_cpu_unboxed));
   m.impl("transpose_batchmatmul", TORCH_FN(transpose_batchmatmul_cpu_unboxed));
 }
 

@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 54> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 55> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "ring_attention_update",
     "apply_rotary_pos_emb",
@@ -63,6 +63,7 @@ inline constexpr std::array<const char*, 54> kSimulatedNpuCpuKernelOps = {
     "weight_quant_batchmatmul",
     "convert_weight_to_int4pack",
     "clipped_swiglu",
+    "dequant_swiglu_quant",
     "transpose_batchmatmul",
 };
 

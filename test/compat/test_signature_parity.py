@@ -305,6 +305,9 @@ SAMPLES.update({
                                         torch.tensor([2, 5])), {}),
     "npu_grouped_matmul_add_": lambda: ((torch.zeros(2, 4, 3), torch.randn(5, 4), torch.randn(5, 3),
                                          torch.tensor([2, 3])), {"group_list_type": 1}),
+    "npu_dequant_swiglu_quant": lambda: ((torch.randint(-9, 9, (4, 8), dtype=torch.int32),),
+                                         {"weight_scale": torch.rand(8), "activation_scale": torch.rand(4, 1),
+                                          "quant_scale": torch.rand(1, 4) + 0.5, "quant_mode": 1}),
 })
 
 

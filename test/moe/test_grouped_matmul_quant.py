@@ -259,14 +259,18 @@ def test_int4_packing_is_low_nibble_first():
 
 # ---- grouped_matmul_swiglu_quant ----
 
-def ref_swiglu_quant(x, w, ws, xs, ends):
-    """float64 reference: dequant, silu(first half) * second half, per-row int8 quantisation."""
+def ref_swiglu_quant(x, w, ws, xs, ends, limit=0.0):
+    """float64 reference: dequant, silu(first half) * second half (with limit > 0: silu(min(first, limit)) *
+    clamp(second, -limit, limit)), per-row int8 quantisation."""
     M, H = x.shape[0], w.shape[-1] // 2
     v = torch.zeros(M, H, dtype=torch.float64)
     r = 0
     for e, end in enumerate(ends):
         h = (x[r:end].double() @ w[e].double()) * ws[e].double() * xs[r:end].double()[:, None]
-        v[r:end] = torch.nn.functional.silu(h[:, :H]) * h[:, H:]
+        a, b = h[:, :H], h[:, H:]
+        if limit > 0:
+            a, b = a.clamp(max=limit), b.clamp(-limit, limit)
+        v[r:end] = torch.nn.functional.silu(a) * b
         r = end
     amax = v.abs().amax(1)
     q = torch.where(amax[:, None] > 0, (v * (127 / amax[:, None])).round(), torch.zeros_like(v))
@@ -289,6 +293,29 @@ def test_grouped_matmul_swiglu_quant(ws_dtype):
     # dequantised, the output is within one step of the float64 SwiGLU
     deq = q[:covered].double() * scale[:covered, None].double()
     assert ((deq - rq[:covered] * rs[:covered, None]).abs() <= scale[:covered, None] * 1.01).all()
+
+
+def test_grouped_matmul_swiglu_quant_swiglu_limit():
+    """vLLM-Ascend's swiglu_limit: the activated half clamped from above, the other on both sides (0: no clamp)."""
+    E, K, N = 2, 64, 32
+    ends = [6, 11]
+    x, w = _i8(12, K), _i8(E, K, N)
+    ws, xs = torch.rand(E, N) * 2e-3, torch.rand(12) + 0.5
+    gl = torch.tensor(ends)
+    plain = torch.ops.npu_fa.grouped_matmul_swiglu_quant(x, w, gl, ws, xs)
+    assert all(torch.equal(p, q) for p, q in zip(plain, torch.ops.npu_fa.grouped_matmul_swiglu_quant(
+        x, w, gl, ws, xs, swiglu_limit=0.0)))
+    limit = 0.5  # well inside the values' range: most of both halves are clamped
+    q, scale, _ = torch.ops.npu_fa.grouped_matmul_swiglu_quant(x, w, gl, ws, xs, swiglu_limit=limit)
+    rq, rs, covered = ref_swiglu_quant(x, w, ws, xs, ends, limit)
+    _, rs_plain, _ = ref_swiglu_quant(x, w, ws, xs, ends)
+    assert (rs[:covered] < rs_plain[:covered]).any()
+    assert (q[:covered].double() - rq[:covered]).abs().max() <= 1
+    torch.testing.assert_close(scale[:covered].double(), rs[:covered], rtol=1e-5, atol=0)
+    assert (q[covered:] == 0).all() and (scale[covered:] == 0).all()
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="'swiglu_limit' must be finite and >= 0"):
+            torch.ops.npu_fa.grouped_matmul_swiglu_quant(x, w, gl, ws, xs, swiglu_limit=bad)
 
 
 def test_grouped_matmul_swiglu_quant_v2_matches_v1():

@@ -117,7 +117,28 @@ def _tbmm(scale=False, split=1, dtype=torch.float32):
     return make
 
 
+def _dsq(quant_mode=1, swiglu_mode=0, groups=False, float_x=False, dim=-1):
+    def make():
+        g = torch.Generator().manual_seed(8)
+        if float_x:
+            x = (torch.randn(2, 4, 16, generator=g) * 3).to(torch.bfloat16)
+            ws = act = None
+        else:
+            x = torch.randint(-200, 200, (2, 4, 16), dtype=torch.int32, generator=g)
+            ws = torch.rand(2 if groups else 1, 16, generator=g) * 0.02
+            act = torch.rand(2, 4, generator=g) + 0.5
+        gi = torch.tensor([3, 4], dtype=torch.int64) if groups else None
+        n = 16 if dim != -1 else 8
+        qs = torch.rand(n, generator=g) * (0.05 if quant_mode == 0 else 1.0) + 0.01
+        qo = torch.randn(1, generator=g) if quant_mode == 0 else None
+        return (x, ws, act, None, qs, qo, gi, True, quant_mode, dim, swiglu_mode, 7.0, 1.702, 1.0), {}
+    return make
+
+
 OPCHECK_CASES = {
+    "dequant_swiglu_quant": {"dynamic": _dsq(), "static_clamped_halves": _dsq(0, 2),
+                             "groups_interleaved": _dsq(1, 1, groups=True), "bf16_static": _dsq(0, float_x=True),
+                             "dim1_static": _dsq(0, dim=1)},
     "convert_weight_to_int4pack": {"k_n": _int4pack()},
     "clipped_swiglu": {"interleaved": _clipped((4, 8), -1, True), "halves_dim1_bf16": _clipped((4, 2, 3), 1, False,
                                                                                                torch.bfloat16),

@@ -197,6 +197,54 @@ def npu_clipped_swiglu(x: Tensor, *, group_index: Optional[Tensor] = None, dim: 
     return _OPS.clipped_swiglu(x, group_index, dim, float(alpha), float(limit), float(bias), interleaved)
 
 
+# torch_npu's dst_type codes of the low-precision float outputs of npu_dequant_swiglu_quant (Ascend 950): torch's
+# ScalarType codes of float8_e5m2 / float8_e4m3fn and torch_npu's own codes (hifloat8, float8, float4).
+_FLOAT_OUTPUT_CODES = (23, 24, 290, 291, 292, 296, 297)
+_ROUND_MODES = ("rint", "round", "floor", "ceil", "trunc")
+
+
+def _dsq_dst_type(op: str, dst_type) -> None:
+    """None, torch.int8 or its code 1: the int8 output; the float8 / hifloat8 / float4 outputs are not implemented."""
+    if dst_type is None or dst_type in (torch.int8, _INT8_CODE):
+        return
+    if isinstance(dst_type, bool) or not isinstance(dst_type, (int, torch.dtype)):
+        raise TypeError(f"{op}: argument 'dst_type' must be None, a torch.dtype or a torch_npu dtype code (int); "
+                        f"got {dst_type!r}")
+    if (isinstance(dst_type, torch.dtype) and dst_type.is_floating_point and dst_type.itemsize == 1) or \
+            dst_type in _FLOAT_OUTPUT_CODES:
+        raise NotImplementedError(f"{op}: the output format dst_type={dst_type!r} (float8 / hifloat8 / float4) is "
+                                  f"not implemented; argument 'dst_type' must be None or torch.int8")
+    raise ValueError(f"{op}: argument 'dst_type' must be None, torch.int8 (1) or a float8 / hifloat8 / float4 "
+                     f"code; got {dst_type!r}")
+
+
+@_args.torch_npu_api
+def npu_dequant_swiglu_quant(x: Tensor, *, weight_scale: Optional[Tensor] = None,
+                             activation_scale: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+                             quant_scale: Optional[Tensor] = None, quant_offset: Optional[Tensor] = None,
+                             group_index: Optional[Tensor] = None, activate_left: bool = False, quant_mode: int = 0,
+                             dst_type=None, round_mode: Optional[int] = None, activate_dim: Optional[int] = None,
+                             swiglu_mode: int = 0, clamp_limit: float = 7.0, glu_alpha: float = 1.702,
+                             glu_bias: float = 1.0) -> Tuple[Tensor, Tensor]:
+    """torch_npu.npu_dequant_swiglu_quant: an int32 matmul accumulation x dequantised (weight_scale per channel,
+    activation_scale per token, bias), SwiGLU (activate_left: the first half is activated; swiglu_mode 1 / 2: the
+    clamped gpt-oss form over the even/odd positions / the halves), then int8 per token: dynamic (quant_mode 1,
+    quant_scale as smoothing, the scale returned) or static (quant_mode 0, round(s / quant_scale + quant_offset)).
+    group_index (token counts) selects row g of the [G, ...] scales for group g's tokens (MoE)."""
+    op = "npu_dequant_swiglu_quant"
+    _dsq_dst_type(op, dst_type)
+    mode = _args.optional_int(op, "round_mode", round_mode, 0)
+    if not 0 <= mode < len(_ROUND_MODES):
+        raise ValueError(f"{op}: argument 'round_mode' must be in [0, 4] ({', '.join(_ROUND_MODES)}); got {mode}")
+    if mode != 0:
+        raise ValueError(f"{op}: the int8 output rounds with 'rint' only; argument 'round_mode' must be None or 0; "
+                         f"got {mode} ({_ROUND_MODES[mode]!r})")
+    dim = _args.optional_int(op, "activate_dim", activate_dim, -1)
+    return _OPS.dequant_swiglu_quant(x, weight_scale, activation_scale, bias, quant_scale, quant_offset, group_index,
+                                     bool(activate_left), quant_mode, dim, swiglu_mode, float(clamp_limit),
+                                     float(glu_alpha), float(glu_bias))
+
+
 @_args.torch_npu_api
 def npu_transpose_batchmatmul(input: Tensor, weight: Tensor, *, bias: Optional[Tensor] = None,  # noqa: A002
                               scale: Optional[Tensor] = None, perm_x1: Optional[List[int]] = None,

@@ -123,3 +123,15 @@ def transpose_batchmatmul(a):
         return x.new_empty((s, M, B * N // s))
     y = x.new_empty((B, M, N)).permute(a.perm_y)
     return y.new_empty(y.shape)
+
+
+def dequant_swiglu_quant(a):
+    op = "dequant_swiglu_quant"
+    x = a.x
+    torch._check(x.dtype in (torch.int32, torch.float16, torch.bfloat16),
+                 lambda: f"{op}: argument 'x' must be int32, float16 or bfloat16; got {x.dtype}")
+    torch._check(x.dim() >= 2, lambda: f"{op}: argument 'x' must have at least 2 dimensions")
+    torch._check(a.quant_mode in (0, 1), lambda: f"{op}: argument 'quant_mode' must be 0 or 1; got {a.quant_mode}")
+    torch._check(a.swiglu_mode in (0, 1, 2), lambda: f"{op}: argument 'swiglu_mode' must be 0, 1 or 2")
+    shape = _half_shape(op, x, a.activate_dim)
+    return x.new_empty(shape, dtype=torch.int8), x.new_empty(shape[:-1], dtype=torch.float32)

@@ -460,6 +460,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu(
                     "]; got shape ", args.x_scale.sizes());
   TORCH_CHECK_VALUE(args.group_list_type == 0 || args.group_list_type == 1, op, ": argument 'group_list_type' must "
                     "be 0 (cumulative ends) or 1 (counts); got ", args.group_list_type);
+  TORCH_CHECK_VALUE(std::isfinite(args.swiglu_limit) && args.swiglu_limit >= 0, op, ": argument 'swiglu_limit' must ",
+                    "be finite and >= 0 (0: no clamping); got ", args.swiglu_limit);
+  const float limit = static_cast<float>(args.swiglu_limit);
   const auto groups = split_m_groups(op, args.group_list, args.group_list_type, E, M);
   const at::Tensor ws = args.weight_scale.to(at::kFloat).contiguous();
   const at::Tensor xsc = args.x_scale.contiguous();
@@ -490,8 +493,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu(
         const float xr = xs[g.r0 + r];
         float amax = 0.f;
         for (int64_t j = 0; j < H; ++j) {
-          const float h = static_cast<float>(ar[j]) * s[j] * xr;
-          const float gate = static_cast<float>(ar[j + H]) * s[j + H] * xr;
+          float h = static_cast<float>(ar[j]) * s[j] * xr;
+          float gate = static_cast<float>(ar[j + H]) * s[j + H] * xr;
+          if (limit > 0.f) {  // clipped_swiglu's clamps: the activated half from above, the other on both sides
+            h = std::min(h, limit);
+            gate = std::clamp(gate, -limit, limit);
+          }
           v[j] = h / (1.f + std::exp(-h)) * gate;
           amax = std::max(amax, std::fabs(v[j]));
         }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/quant/swiglu_variants.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -609,10 +610,8 @@ at::Tensor clipped_swiglu_cpu(const ClippedSwigluArgs& args) {
       a = v.narrow(1, 0, cols / 2);
       b = v.narrow(1, cols / 2, cols / 2);
     }
-    a = a.to(at::kFloat).clamp_max(args.limit);
-    b = b.to(at::kFloat).clamp(-args.limit, args.limit);
-    const at::Tensor g = a * at::sigmoid(a * args.alpha);
-    y.narrow(0, 0, rows).copy_(g.mul_(b.add_(args.bias)));
+    y.narrow(0, 0, rows).copy_(cpu::clamped_swiglu_fp32(a.to(at::kFloat), b.to(at::kFloat), args.alpha, args.limit,
+                                                        args.bias));
   }
   return y.view(shape);
 }
