@@ -207,4 +207,12 @@ at::Tensor convert_weight_to_int4pack_cpu(const ConvertWeightToInt4packArgs& arg
 at::Tensor clipped_swiglu_cpu(const ClippedSwigluArgs& args);
 // transpose_batchmatmul [CPU]
 at::Tensor transpose_batchmatmul_cpu(const TransposeBatchmatmulArgs& args);
+// lightning_indexer [CPU]
+std::tuple<at::Tensor, at::Tensor> lightning_indexer_cpu(const LightningIndexerArgs& args);
+// lightning_indexer_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lightning_indexer_grad_cpu(const LightningIndexerGradArgs& args);
+// quant_lightning_indexer [CPU]
+at::Tensor quant_lightning_indexer_cpu(const QuantLightningIndexerArgs& args);
+// sparse_lightning_indexer_grad_kl_loss [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_indexer_grad_kl_loss_cpu(const SparseLightningIndexerGradKlLossArgs& args);
 }  // namespace npu_fa
