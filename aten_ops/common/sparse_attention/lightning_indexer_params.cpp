@@ -194,12 +194,15 @@ int64_t check_sparse_indices(const char* op, const char* name, const at::Tensor&
   TORCH_CHECK_TYPE(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong, op, ": argument '", name,
                    "' must be int32 or int64; got ", idx.scalar_type());
   std::vector<int64_t> lead(query.sizes().begin(), query.sizes().end() - 2);
-  TORCH_CHECK_VALUE(idx.dim() == static_cast<int64_t>(lead.size()) + 2, op, ": argument '", name, "' must be ",
-                    lead.size() + 2, "-D [", g.query_tnd ? "T1" : "B, S1", ", N2, K]; got shape ", idx.sizes());
+  // [.., N2, K], or [.., K] with the N2 = 1 axis left out (as torch_npu's own test passes them)
+  const bool no_n2 = g.N2 == 1 && idx.dim() == static_cast<int64_t>(lead.size()) + 1;
+  TORCH_CHECK_VALUE(no_n2 || idx.dim() == static_cast<int64_t>(lead.size()) + 2, op, ": argument '", name,
+                    "' must be ", lead.size() + 2, "-D [", g.query_tnd ? "T1" : "B, S1", ", N2, K]; got shape ",
+                    idx.sizes());
   for (size_t i = 0; i < lead.size(); ++i)
     TORCH_CHECK_VALUE(idx.size(i) == lead[i], op, ": argument '", name, "' must have the query's leading sizes ",
                       at::IntArrayRef(lead), " and N2=", g.N2, "; got shape ", idx.sizes());
-  TORCH_CHECK_VALUE(idx.size(-2) == g.N2, op, ": argument '", name, "' must have N2=", g.N2,
+  TORCH_CHECK_VALUE(no_n2 || idx.size(-2) == g.N2, op, ": argument '", name, "' must have N2=", g.N2,
                     " key heads in dim -2; got shape ", idx.sizes());
   const int64_t K = idx.size(-1);
   // every entry -1 (padding) or a key position of its sequence

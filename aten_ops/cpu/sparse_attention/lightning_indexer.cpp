@@ -88,7 +88,6 @@ std::tuple<at::Tensor, at::Tensor> lightning_indexer_cpu(const LightningIndexerA
     p.w = w.data_ptr();
     p.key = key.data_ptr();
     p.key_dtype = key.scalar_type();
-    p.round_dtype = args.query.scalar_type();
     p.K = K;
     p.indices = indices.data_ptr<int32_t>();
     p.values = args.return_value ? values_acc.data_ptr() : nullptr;
@@ -144,7 +143,6 @@ at::Tensor quant_lightning_indexer_cpu(const QuantLightningIndexerArgs& args) {
     p.key = key.data_ptr();
     p.key_dtype = at::kChar;
     p.kscale = ks.data_ptr<float>();
-    p.round_dtype = at::kFloat;
     p.K = K;
     p.indices = indices.data_ptr<int32_t>();
     cpu::lightning_indexer_forward_stub(p);

@@ -16,8 +16,8 @@ namespace npu_fa::cpu {
 
 // Forward (lightning_indexer, quant_lightning_indexer). Per query token t of sequence b and key head n2:
 //   score[s] = sum_h w[t, h] * ReLU(x),  x = q[t, h] . k[s]  (quant: * qscale[t, h] * kscale[s])
-// over the keys s the token sees, then the top K (descending, ties by the lower position; scores rounded to
-// round_dtype first when it is a 16-bit type) written to indices (positions) and values (the scores).
+// over the keys s the token sees, then the top K (descending accumulated scores, ties by the lower position) written
+// to indices (positions) and values (the scores).
 struct IndexerForwardParams {
   const sparse_attention::IndexerGeometry* geo = nullptr;
   bool dbl = false;                       // A = double (else float)
@@ -27,7 +27,6 @@ struct IndexerForwardParams {
   const void* key = nullptr;              // key_dtype [k_rows, N2, D] (k_rows of the geometry)
   c10::ScalarType key_dtype = c10::ScalarType::Float;
   const float* kscale = nullptr;          // float [k_rows, N2] or nullptr
-  c10::ScalarType round_dtype = c10::ScalarType::Float;
   int64_t K = 0;
   int32_t* indices = nullptr;             // [q_rows, N2, K], prefilled with -1
   void* values = nullptr;                 // A [q_rows, N2, K], prefilled with -inf; nullptr: not returned

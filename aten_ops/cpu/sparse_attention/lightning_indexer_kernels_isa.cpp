@@ -13,8 +13,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <c10/util/Half.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -90,13 +90,6 @@ inline void axpy(T a, const T* x, T* y, int64_t n) {
   for (; d < n; ++d) y[d] += a * x[d];
 }
 
-template <typename T>
-inline T round_to(T v, c10::ScalarType dt) {
-  if (dt == c10::ScalarType::BFloat16) return static_cast<T>(static_cast<float>(c10::BFloat16(static_cast<float>(v))));
-  if (dt == c10::ScalarType::Half) return static_cast<T>(static_cast<float>(c10::Half(static_cast<float>(v))));
-  return v;
-}
-
 // ---- forward -------------------------------------------------------------------------------------------------
 
 template <typename A, typename key_t>
@@ -169,8 +162,7 @@ void forward_impl(const IndexerForwardParams& p) {
         if (vi == 0) continue;
         A* sc = scores.data() + (i - un.i0) * vmax;
         for (int64_t s = 0; s < vi; ++s) {
-          const A v = round_to(sc[s], p.round_dtype);
-          sc[s] = std::isnan(v) ? -std::numeric_limits<A>::infinity() : v;
+          if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();  // NaN ranks last
         }
         const int64_t kk = std::min(K, vi);
         order.resize(vi);
