@@ -182,6 +182,8 @@ from .rope import (
 )
 from .rope import npu_mrope  # decoder-layer and serving-loop ops: rope, sampling, kv_cache, attention, moe
 from .sampling import npu_top_k_top_p
+from .sparse_attention import (npu_lightning_indexer, npu_lightning_indexer_grad, npu_quant_lightning_indexer,
+                               npu_sparse_lightning_indexer_grad_kl_loss)
 from .kv_cache import (npu_gather_pa_kv_cache, npu_gather_pa_kv_cache_functional, npu_scatter_nd_update,
                        npu_scatter_nd_update_)
 from .attention import npu_ring_attention_update

@@ -209,4 +209,12 @@ at::Tensor clipped_swiglu_cpu(const ClippedSwigluArgs& args);
 std::tuple<at::Tensor, at::Tensor> dequant_swiglu_quant_cpu(const DequantSwigluQuantArgs& args);
 // transpose_batchmatmul [CPU]
 at::Tensor transpose_batchmatmul_cpu(const TransposeBatchmatmulArgs& args);
+// lightning_indexer [CPU]
+std::tuple<at::Tensor, at::Tensor> lightning_indexer_cpu(const LightningIndexerArgs& args);
+// lightning_indexer_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lightning_indexer_grad_cpu(const LightningIndexerGradArgs& args);
+// quant_lightning_indexer [CPU]
+at::Tensor quant_lightning_indexer_cpu(const QuantLightningIndexerArgs& args);
+// sparse_lightning_indexer_grad_kl_loss [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_indexer_grad_kl_loss_cpu(const SparseLightningIndexerGradKlLossArgs& args);
 }  // namespace npu_fa

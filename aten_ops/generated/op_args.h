@@ -2973,6 +2973,214 @@ struct TransposeBatchmatmulValues {
   TransposeBatchmatmulArgs args() const { return TransposeBatchmatmulArgs{input, weight, scale, perm_x1, perm_x2, perm_y, batch_split_factor}; }
 };
 
+// lightning_indexer
+struct LightningIndexerArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& weights;
+  const std::optional<at::Tensor>& actual_seq_lengths_query;
+  const std::optional<at::Tensor>& actual_seq_lengths_key;
+  const std::optional<at::Tensor>& block_table;
+  c10::string_view layout_query;
+  c10::string_view layout_key;
+  int64_t sparse_count;
+  int64_t sparse_mode;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+  bool return_value;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const LightningIndexerArgs& a, F&& f) {
+  return f(a.query, a.key, a.weights, a.actual_seq_lengths_query, a.actual_seq_lengths_key, a.block_table, a.layout_query, a.layout_key, a.sparse_count, a.sparse_mode, a.pre_tokens, a.next_tokens, a.return_value);
+}
+
+// lightning_indexer's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   LightningIndexerValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct LightningIndexerValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor weights;
+  std::optional<at::Tensor> actual_seq_lengths_query;
+  std::optional<at::Tensor> actual_seq_lengths_key;
+  std::optional<at::Tensor> block_table;
+  std::string layout_query = "BSND";
+  std::string layout_key = "BSND";
+  int64_t sparse_count = 2048;
+  int64_t sparse_mode = 3;
+  int64_t pre_tokens = 9223372036854775807;
+  int64_t next_tokens = 9223372036854775807;
+  bool return_value = false;
+
+  LightningIndexerValues() = default;
+  // A copy of a call's arguments.
+  explicit LightningIndexerValues(const LightningIndexerArgs& a)
+      : query(a.query), key(a.key), weights(a.weights), actual_seq_lengths_query(a.actual_seq_lengths_query), actual_seq_lengths_key(a.actual_seq_lengths_key), block_table(a.block_table), layout_query(std::string(a.layout_query)), layout_key(std::string(a.layout_key)), sparse_count(a.sparse_count), sparse_mode(a.sparse_mode), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), return_value(a.return_value) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  LightningIndexerArgs args() const { return LightningIndexerArgs{query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value}; }
+};
+
+// lightning_indexer_grad
+struct LightningIndexerGradArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& dy;
+  const at::Tensor& sparse_indices;
+  const at::Tensor& weights;
+  const std::optional<at::Tensor>& actual_seq_lengths_query;
+  const std::optional<at::Tensor>& actual_seq_lengths_key;
+  c10::string_view layout;
+  int64_t sparse_mode;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const LightningIndexerGradArgs& a, F&& f) {
+  return f(a.query, a.key, a.dy, a.sparse_indices, a.weights, a.actual_seq_lengths_query, a.actual_seq_lengths_key, a.layout, a.sparse_mode, a.pre_tokens, a.next_tokens);
+}
+
+// lightning_indexer_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   LightningIndexerGradValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct LightningIndexerGradValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor dy;
+  at::Tensor sparse_indices;
+  at::Tensor weights;
+  std::optional<at::Tensor> actual_seq_lengths_query;
+  std::optional<at::Tensor> actual_seq_lengths_key;
+  std::string layout = "BSND";
+  int64_t sparse_mode = 3;
+  int64_t pre_tokens = 9223372036854775807;
+  int64_t next_tokens = 9223372036854775807;
+
+  LightningIndexerGradValues() = default;
+  // A copy of a call's arguments.
+  explicit LightningIndexerGradValues(const LightningIndexerGradArgs& a)
+      : query(a.query), key(a.key), dy(a.dy), sparse_indices(a.sparse_indices), weights(a.weights), actual_seq_lengths_query(a.actual_seq_lengths_query), actual_seq_lengths_key(a.actual_seq_lengths_key), layout(std::string(a.layout)), sparse_mode(a.sparse_mode), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  LightningIndexerGradArgs args() const { return LightningIndexerGradArgs{query, key, dy, sparse_indices, weights, actual_seq_lengths_query, actual_seq_lengths_key, layout, sparse_mode, pre_tokens, next_tokens}; }
+};
+
+// quant_lightning_indexer
+struct QuantLightningIndexerArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& weights;
+  const at::Tensor& query_dequant_scale;
+  const at::Tensor& key_dequant_scale;
+  int64_t query_quant_mode;
+  int64_t key_quant_mode;
+  const std::optional<at::Tensor>& actual_seq_lengths_query;
+  const std::optional<at::Tensor>& actual_seq_lengths_key;
+  const std::optional<at::Tensor>& block_table;
+  c10::string_view layout_query;
+  c10::string_view layout_key;
+  int64_t sparse_count;
+  int64_t sparse_mode;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const QuantLightningIndexerArgs& a, F&& f) {
+  return f(a.query, a.key, a.weights, a.query_dequant_scale, a.key_dequant_scale, a.query_quant_mode, a.key_quant_mode, a.actual_seq_lengths_query, a.actual_seq_lengths_key, a.block_table, a.layout_query, a.layout_key, a.sparse_count, a.sparse_mode, a.pre_tokens, a.next_tokens);
+}
+
+// quant_lightning_indexer's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   QuantLightningIndexerValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct QuantLightningIndexerValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor weights;
+  at::Tensor query_dequant_scale;
+  at::Tensor key_dequant_scale;
+  int64_t query_quant_mode = 0;
+  int64_t key_quant_mode = 0;
+  std::optional<at::Tensor> actual_seq_lengths_query;
+  std::optional<at::Tensor> actual_seq_lengths_key;
+  std::optional<at::Tensor> block_table;
+  std::string layout_query = "BSND";
+  std::string layout_key = "BSND";
+  int64_t sparse_count = 2048;
+  int64_t sparse_mode = 3;
+  int64_t pre_tokens = 9223372036854775807;
+  int64_t next_tokens = 9223372036854775807;
+
+  QuantLightningIndexerValues() = default;
+  // A copy of a call's arguments.
+  explicit QuantLightningIndexerValues(const QuantLightningIndexerArgs& a)
+      : query(a.query), key(a.key), weights(a.weights), query_dequant_scale(a.query_dequant_scale), key_dequant_scale(a.key_dequant_scale), query_quant_mode(a.query_quant_mode), key_quant_mode(a.key_quant_mode), actual_seq_lengths_query(a.actual_seq_lengths_query), actual_seq_lengths_key(a.actual_seq_lengths_key), block_table(a.block_table), layout_query(std::string(a.layout_query)), layout_key(std::string(a.layout_key)), sparse_count(a.sparse_count), sparse_mode(a.sparse_mode), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  QuantLightningIndexerArgs args() const { return QuantLightningIndexerArgs{query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode, key_quant_mode, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens}; }
+};
+
+// sparse_lightning_indexer_grad_kl_loss
+struct SparseLightningIndexerGradKlLossArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& query_index;
+  const at::Tensor& key_index;
+  const at::Tensor& weights;
+  const at::Tensor& sparse_indices;
+  const at::Tensor& softmax_max;
+  const at::Tensor& softmax_sum;
+  double scale_value;
+  const std::optional<at::Tensor>& query_rope;
+  const std::optional<at::Tensor>& key_rope;
+  const std::optional<at::Tensor>& actual_seq_qlen;
+  const std::optional<at::Tensor>& actual_seq_klen;
+  c10::string_view layout;
+  int64_t sparse_mode;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+  const std::optional<at::Tensor>& sinks;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const SparseLightningIndexerGradKlLossArgs& a, F&& f) {
+  return f(a.query, a.key, a.query_index, a.key_index, a.weights, a.sparse_indices, a.softmax_max, a.softmax_sum, a.scale_value, a.query_rope, a.key_rope, a.actual_seq_qlen, a.actual_seq_klen, a.layout, a.sparse_mode, a.pre_tokens, a.next_tokens, a.sinks);
+}
+
+// sparse_lightning_indexer_grad_kl_loss's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   SparseLightningIndexerGradKlLossValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct SparseLightningIndexerGradKlLossValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor query_index;
+  at::Tensor key_index;
+  at::Tensor weights;
+  at::Tensor sparse_indices;
+  at::Tensor softmax_max;
+  at::Tensor softmax_sum;
+  double scale_value{};
+  std::optional<at::Tensor> query_rope;
+  std::optional<at::Tensor> key_rope;
+  std::optional<at::Tensor> actual_seq_qlen;
+  std::optional<at::Tensor> actual_seq_klen;
+  std::string layout = "BSND";
+  int64_t sparse_mode = 3;
+  int64_t pre_tokens = 9223372036854775807;
+  int64_t next_tokens = 9223372036854775807;
+  std::optional<at::Tensor> sinks;
+
+  SparseLightningIndexerGradKlLossValues() = default;
+  // A copy of a call's arguments.
+  explicit SparseLightningIndexerGradKlLossValues(const SparseLightningIndexerGradKlLossArgs& a)
+      : query(a.query), key(a.key), query_index(a.query_index), key_index(a.key_index), weights(a.weights), sparse_indices(a.sparse_indices), softmax_max(a.softmax_max), softmax_sum(a.softmax_sum), scale_value(a.scale_value), query_rope(a.query_rope), key_rope(a.key_rope), actual_seq_qlen(a.actual_seq_qlen), actual_seq_klen(a.actual_seq_klen), layout(std::string(a.layout)), sparse_mode(a.sparse_mode), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), sinks(a.sinks) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  SparseLightningIndexerGradKlLossArgs args() const { return SparseLightningIndexerGradKlLossArgs{query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, scale_value, query_rope, key_rope, actual_seq_qlen, actual_seq_klen, layout, sparse_mode, pre_tokens, next_tokens, sinks}; }
+};
+
 // fused_infer_attention_score's arguments, with which fused_infer_attention_score_grad's schema starts.
 inline FusedInferAttentionScoreArgs forward_args(const FusedInferAttentionScoreGradArgs& a) {
   return FusedInferAttentionScoreArgs{a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink};

@@ -602,4 +602,36 @@ inline at::Tensor call_transpose_batchmatmul(const TransposeBatchmatmulArgs& a) 
   return op.call(a.input, a.weight, a.scale, a.perm_x1, a.perm_x2, a.perm_y, a.batch_split_factor);
 }
 
+// lightning_indexer
+inline std::tuple<at::Tensor, at::Tensor> call_lightning_indexer(const LightningIndexerArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::lightning_indexer", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, c10::string_view, int64_t, int64_t, int64_t, int64_t, bool)>();
+  return op.call(a.query, a.key, a.weights, a.actual_seq_lengths_query, a.actual_seq_lengths_key, a.block_table, a.layout_query, a.layout_key, a.sparse_count, a.sparse_mode, a.pre_tokens, a.next_tokens, a.return_value);
+}
+
+// lightning_indexer_grad
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_lightning_indexer_grad(const LightningIndexerGradArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::lightning_indexer_grad", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t)>();
+  return op.call(a.query, a.key, a.dy, a.sparse_indices, a.weights, a.actual_seq_lengths_query, a.actual_seq_lengths_key, a.layout, a.sparse_mode, a.pre_tokens, a.next_tokens);
+}
+
+// quant_lightning_indexer
+inline at::Tensor call_quant_lightning_indexer(const QuantLightningIndexerArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::quant_lightning_indexer", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, c10::string_view, int64_t, int64_t, int64_t, int64_t)>();
+  return op.call(a.query, a.key, a.weights, a.query_dequant_scale, a.key_dequant_scale, a.query_quant_mode, a.key_quant_mode, a.actual_seq_lengths_query, a.actual_seq_lengths_key, a.block_table, a.layout_query, a.layout_key, a.sparse_count, a.sparse_mode, a.pre_tokens, a.next_tokens);
+}
+
+// sparse_lightning_indexer_grad_kl_loss
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_sparse_lightning_indexer_grad_kl_loss(const SparseLightningIndexerGradKlLossArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::sparse_lightning_indexer_grad_kl_loss", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&)>();
+  return op.call(a.query, a.key, a.query_index, a.key_index, a.weights, a.sparse_indices, a.softmax_max, a.softmax_sum, a.scale_value, a.query_rope, a.key_rope, a.actual_seq_qlen, a.actual_seq_klen, a.layout, a.sparse_mode, a.pre_tokens, a.next_tokens, a.sinks);
+}
+
 }  // namespace npu_fa

@@ -1102,6 +1102,60 @@ at::Tensor transpose_batchmatmul_cpu_unboxed(const at::Tensor& input, const at::
   return npu_fa::transpose_batchmatmul_cpu(npu_fa::TransposeBatchmatmulArgs{input, weight, scale, perm_x1, perm_x2, perm_y, batch_split_factor});
 }
 
+std::tuple<at::Tensor, at::Tensor> lightning_indexer_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& weights, const std::optional<at::Tensor>& actual_seq_lengths_query, const std::optional<at::Tensor>& actual_seq_lengths_key, const std::optional<at::Tensor>& block_table, c10::string_view layout_query, c10::string_view layout_key, int64_t sparse_count, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, bool return_value) {
+  npu_fa::DeviceRule rule("lightning_indexer");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("weights", weights);
+  rule.device_tensor("block_table", block_table);
+  rule.host_tensor("actual_seq_lengths_query", actual_seq_lengths_query);
+  rule.host_tensor("actual_seq_lengths_key", actual_seq_lengths_key);
+  return npu_fa::lightning_indexer_cpu(npu_fa::LightningIndexerArgs{query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lightning_indexer_grad_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& dy, const at::Tensor& sparse_indices, const at::Tensor& weights, const std::optional<at::Tensor>& actual_seq_lengths_query, const std::optional<at::Tensor>& actual_seq_lengths_key, c10::string_view layout, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens) {
+  npu_fa::DeviceRule rule("lightning_indexer_grad");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("dy", dy);
+  rule.device_tensor("sparse_indices", sparse_indices);
+  rule.device_tensor("weights", weights);
+  rule.host_tensor("actual_seq_lengths_query", actual_seq_lengths_query);
+  rule.host_tensor("actual_seq_lengths_key", actual_seq_lengths_key);
+  return npu_fa::lightning_indexer_grad_cpu(npu_fa::LightningIndexerGradArgs{query, key, dy, sparse_indices, weights, actual_seq_lengths_query, actual_seq_lengths_key, layout, sparse_mode, pre_tokens, next_tokens});
+}
+
+at::Tensor quant_lightning_indexer_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& weights, const at::Tensor& query_dequant_scale, const at::Tensor& key_dequant_scale, int64_t query_quant_mode, int64_t key_quant_mode, const std::optional<at::Tensor>& actual_seq_lengths_query, const std::optional<at::Tensor>& actual_seq_lengths_key, const std::optional<at::Tensor>& block_table, c10::string_view layout_query, c10::string_view layout_key, int64_t sparse_count, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens) {
+  npu_fa::DeviceRule rule("quant_lightning_indexer");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("weights", weights);
+  rule.device_tensor("query_dequant_scale", query_dequant_scale);
+  rule.device_tensor("key_dequant_scale", key_dequant_scale);
+  rule.device_tensor("block_table", block_table);
+  rule.host_tensor("actual_seq_lengths_query", actual_seq_lengths_query);
+  rule.host_tensor("actual_seq_lengths_key", actual_seq_lengths_key);
+  return npu_fa::quant_lightning_indexer_cpu(npu_fa::QuantLightningIndexerArgs{query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode, key_quant_mode, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_indexer_grad_kl_loss_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& query_index, const at::Tensor& key_index, const at::Tensor& weights, const at::Tensor& sparse_indices, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, double scale_value, const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_klen, c10::string_view layout, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, const std::optional<at::Tensor>& sinks) {
+  npu_fa::DeviceRule rule("sparse_lightning_indexer_grad_kl_loss");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("query_index", query_index);
+  rule.device_tensor("key_index", key_index);
+  rule.device_tensor("weights", weights);
+  rule.device_tensor("sparse_indices", sparse_indices);
+  rule.device_tensor("softmax_max", softmax_max);
+  rule.device_tensor("softmax_sum", softmax_sum);
+  rule.device_tensor("query_rope", query_rope);
+  rule.device_tensor("key_rope", key_rope);
+  rule.device_tensor("sinks", sinks);
+  rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
+  rule.host_tensor("actual_seq_klen", actual_seq_klen);
+  return npu_fa::sparse_lightning_indexer_grad_kl_loss_cpu(npu_fa::SparseLightningIndexerGradKlLossArgs{query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, scale_value, query_rope, key_rope, actual_seq_qlen, actual_seq_klen, layout, sparse_mode, pre_tokens, next_tokens, sinks});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -1185,6 +1239,10 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("clipped_swiglu(Tensor x, Tensor? group_index=None, int dim=-1, float alpha=1.702, float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("dequant_swiglu_quant(Tensor x, Tensor? weight_scale=None, Tensor? activation_scale=None, Tensor? bias=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? group_index=None, bool activate_left=False, int quant_mode=0, int activate_dim=-1, int swiglu_mode=0, float clamp_limit=7.0, float glu_alpha=1.702, float glu_bias=1.0) -> (Tensor y, Tensor scale)", {at::Tag::pt2_compliant_tag});
   m.def("transpose_batchmatmul(Tensor input, Tensor weight, Tensor? scale=None, int[] perm_x1=[0,1,2], int[] perm_x2=[0,1,2], int[] perm_y=[1,0,2], int batch_split_factor=1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, bool return_value=False) -> (Tensor sparse_indices, Tensor sparse_values)", {at::Tag::pt2_compliant_tag});
+  m.def("lightning_indexer_grad(Tensor query, Tensor key, Tensor dy, Tensor sparse_indices, Tensor weights, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, str layout=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807) -> (Tensor d_query, Tensor d_key, Tensor d_weights)", {at::Tag::pt2_compliant_tag});
+  m.def("quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, Tensor key_dequant_scale, int query_quant_mode=0, int key_quant_mode=0, *, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("sparse_lightning_indexer_grad_kl_loss(Tensor query, Tensor key, Tensor query_index, Tensor key_index, Tensor weights, Tensor sparse_indices, Tensor softmax_max, Tensor softmax_sum, float scale_value, *, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? actual_seq_qlen=None, Tensor? actual_seq_klen=None, str layout=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, Tensor? sinks=None) -> (Tensor d_query_index, Tensor d_key_index, Tensor d_weights, Tensor loss)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -1262,6 +1320,10 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("clipped_swiglu", TORCH_FN(clipped_swiglu_cpu_unboxed));
   m.impl("dequant_swiglu_quant", TORCH_FN(dequant_swiglu_quant_cpu_unboxed));
   m.impl("transpose_batchmatmul", TORCH_FN(transpose_batchmatmul_cpu_unboxed));
+  m.impl("lightning_indexer", TORCH_FN(lightning_indexer_cpu_unboxed));
+  m.impl("lightning_indexer_grad", TORCH_FN(lightning_indexer_grad_cpu_unboxed));
+  m.impl("quant_lightning_indexer", TORCH_FN(quant_lightning_indexer_cpu_unboxed));
+  m.impl("sparse_lightning_indexer_grad_kl_loss", TORCH_FN(sparse_lightning_indexer_grad_kl_loss_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

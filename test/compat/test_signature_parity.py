@@ -352,6 +352,30 @@ def _check_result(schema, result):
             assert isinstance(value, torch.Tensor if kind == "Tensor" else int), (kind, type(value))
 
 
+def _indexer_sample():
+    q, k, w = torch.randn(1, 3, 2, 8), torch.randn(1, 6, 1, 8), torch.randn(1, 3, 2)
+    return (q, k, w), {"sparse_count": 4, "return_value": True}
+
+
+def _kl_sample():
+    idx = torch.tensor([[[[0, -1]], [[0, 1]]]], dtype=torch.int32)
+    return ((torch.randn(1, 2, 2, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 2, 4), torch.randn(1, 2, 1, 4),
+             torch.randn(1, 2, 2), idx, torch.zeros(1, 1, 2, 2), torch.full((1, 1, 2, 2), 2.0), 0.35), {})
+
+
+SAMPLES.update({
+    "npu_lightning_indexer": _indexer_sample,
+    "npu_lightning_indexer_grad": lambda: ((torch.randn(1, 3, 2, 8), torch.randn(1, 6, 1, 8), torch.randn(1, 3, 1, 4),
+                                            torch.tensor([[0, 1, 2, -1]] * 3, dtype=torch.int32).reshape(1, 3, 1, 4),
+                                            torch.randn(1, 3, 2)), {}),
+    "npu_quant_lightning_indexer": lambda: ((torch.ones(1, 3, 2, 8, dtype=torch.int8),
+                                             torch.ones(1, 6, 1, 8, dtype=torch.int8), torch.rand(1, 3, 2).half(),
+                                             torch.rand(1, 3, 2).half(), torch.rand(1, 6, 1).half(), 0, 0),
+                                            {"sparse_count": 4}),
+    "npu_sparse_lightning_indexer_grad_kl_loss": _kl_sample,
+})
+
+
 def test_every_function_has_a_sample():
     assert sorted(SCHEMAS) == sorted(SAMPLES)
 

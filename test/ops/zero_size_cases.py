@@ -211,6 +211,26 @@ CASES.update({
     "ring_attention_update": {"s0": (lambda: ((_r(0, 2, 16), _r(2, 2, 0, 8), _r(2, 2, 0, 8), _r(0, 2, 16),
                                                _r(2, 2, 0, 8), _r(2, 2, 0, 8)), {}),
                                      [(0, 2, 16), (2, 2, 0, 8), (2, 2, 0, 8)])},
+    "lightning_indexer": {
+        "b0": (lambda: ((_r(0, 3, 2, 8), _r(0, 5, 1, 8), _r(0, 3, 2)), dict(sparse_count=4, return_value=True)),
+               [(0, 3, 1, 4), (0, 3, 1, 4)]),
+        "keys0": (lambda: ((_r(2, 3, 2, 8), _r(2, 0, 1, 8), _r(2, 3, 2)), dict(sparse_count=4)),
+                  [(2, 3, 1, 4), (0,)]),
+        "tnd_t0": (lambda: ((_r(0, 2, 8), _r(0, 1, 8), _r(0, 2)),
+                            dict(actual_seq_lengths_query=torch.tensor([0, 0]),
+                                 actual_seq_lengths_key=torch.tensor([0, 0]), layout_query="TND", layout_key="TND",
+                                 sparse_count=4)),
+                   [(0, 1, 4), (0,)])},
+    "lightning_indexer_grad": {
+        "s0": (lambda: ((_r(1, 0, 2, 8), _r(1, 5, 1, 8), _r(1, 0, 1, 4), _z(1, 0, 1, 4, dtype=I32), _r(1, 0, 2)), {}),
+               [(1, 0, 2, 8), (1, 5, 1, 8), (1, 0, 2)])},
+    "quant_lightning_indexer": {
+        "b0": (lambda: ((_z(0, 3, 2, 8, dtype=torch.int8), _z(0, 5, 1, 8, dtype=torch.int8), _r(0, 3, 2),
+                         _r(0, 3, 2), _r(0, 5, 1), 0, 0), dict(sparse_count=4)), [(0, 3, 1, 4)])},
+    "sparse_lightning_indexer_grad_kl_loss": {
+        "s0": (lambda: ((_r(1, 0, 2, 8), _r(1, 4, 1, 8), _r(1, 0, 3, 8), _r(1, 4, 1, 8), _r(1, 0, 3),
+                         _z(1, 0, 1, 2, dtype=I32), _r(1, 1, 0, 2), _r(1, 1, 0, 2), 0.5), {}),
+               [(1, 0, 3, 8), (1, 4, 1, 8), (1, 0, 3), (1,)])},
     "grouped_matmul_add": {"m0": (lambda: ((_z(2, 4, 3), _r(0, 4), _r(0, 3), torch.tensor([0, 0])), {}), None)},
 })
 

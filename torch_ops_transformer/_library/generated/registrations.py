@@ -94,6 +94,10 @@ OPS = {
     'clipped_swiglu': OpInfo("torch_npu npu_clipped_swiglu (gpt-oss's clamped SwiGLU). x (float16/bfloat16/float32, at least 2-D) is viewed as [pre, cut * after] around dim (pre = the product of the sizes before dim); A, B are its even / odd columns (interleaved) or first / second halves; A = min(A, limit), B = clamp(B, -limit, limit), y = A * sigmoid(alpha * A) * (B + bias) in fp32, x's dtype, dim's size halved. group_index (int64 1-D counts): only the first min(sum, pre) rows are computed, the rest are zeros. Inference only.", ('CPU',), False, True),
     'dequant_swiglu_quant': OpInfo("torch_npu npu_dequant_swiglu_quant (CANN DequantSwigluQuant): dequantisation, SwiGLU and int8 quantisation in one pass, inference only. x [..., C] (at least 2-D) int32 (a matmul accumulation) or float16/bfloat16; rows r of the last dimension, groups g of consecutive rows given by group_index (int64 1-D token counts, sum <= the row count; rows past the sum are not computed: zeros, scale 0). Dequantisation (int32 x only): v = float(x + bias) (int32 bias) * weight_scale[g] * activation_scale[r] (+ bias, float32/float16/bfloat16 bias); weight_scale float32 [C] / [1, C] / [G, C], activation_scale float32 of x.shape[:-1] (optionally with a trailing 1), bias [C] / [1, C] (no group_index); float x is taken as is (a given weight_scale is not applied). SwiGLU along activate_dim (split in two): swiglu_mode 0, A = the activated half (activate_left: the first, else the second), B = the other, s = silu(A) * B; mode 1, A / B = the even / odd positions, mode 2, the halves as mode 0, and A = min(A, clamp_limit), B = clamp(B, -clamp_limit, clamp_limit), s = A * sigmoid(glu_alpha * A) * (B + glu_bias). Quantisation per row of s (its last dimension, Cy values): quant_mode 1 (dynamic) v = s * quant_scale[g], scale = max|v| / 127, y = round(v / scale) (scale 0 and y 0 for an all-zero row); quant_mode 0 (static) y = round(s / quant_scale[g] + quant_offset[g]), scale 0. quant_scale / quant_offset [G, Cy], [1, Cy], [Cy] (per channel), [G] / [G, 1] (per group) or [1]; quant_scale float32 (static) or float32/float16/bfloat16, quant_offset static only. Rounding half to even, saturated to [-128, 127], fp32 math. y int8 of x's shape with activate_dim halved; scale float32 y.shape[:-1]. activate_dim other than the last: static only, no group_index.", ('CPU',), False, True),
     'transpose_batchmatmul': OpInfo("torch_npu npu_transpose_batchmatmul: y = (input.permute(perm_x1) @ weight.permute(perm_x2)).permute(perm_y), 3-D float16/bfloat16/float32 operands that permute to [B, M, K] and [B, K, N] (fp32 accumulation, input's dtype). With scale (int64 packed by npu_trans_quant_param, or float32; [B * N]) and perm_y [1, 0, 2]: int8 round(y.reshape(M, 1, B * N) * scale) saturated. batch_split_factor s > 1 (perm_y [1, 0, 2], no scale): the [M, B * N] result viewed as [M, s, B * N / s] and returned as [s, M, B * N / s].", ('CPU',), False, True),
+    'lightning_indexer': OpInfo("DeepSeek-V3.2's lightning indexer (torch_npu npu_lightning_indexer). For query token t of batch b and each key s it sees, score = sum_h weights[t, h] * ReLU(query[t, h] . key[s]) over the g = N1 / N2 query heads of key head n2 (no scale). query [B, S1, N1, D] (BSND) or [T1, N1, D] (TND, actual_seq_lengths_query cumulative); key [B, S2, N2, D] (BSND), [T2, N2, D] (TND, actual_seq_lengths_key cumulative) or paged [blocks, block_size, N2, D] (PA_BSND, with block_table [B, max blocks] and per-batch actual_seq_lengths_key); weights [B, S1, N1] / [T1, N1]. sparse_mode 3: query i of a sequence of q_len queries and k_len keys sees keys s <= k_len - q_len + i; sparse_mode 0: all k_len keys. sparse_indices (int32, [B, S1, N2, sparse_count] / [T1, N2, sparse_count]): the positions (within the sequence) of the top sparse_count scores (accumulated in fp32, fp64 for fp64), descending, ties by the lower position; -1 past the visible keys and on rows beyond the sequence lengths. sparse_values (return_value): those scores in query's dtype (-inf where the index is -1), else an empty [0] tensor. Differentiable in query, key and weights through sparse_values (lightning_indexer_grad).", ('CPU',), True, True),
+    'lightning_indexer_grad': OpInfo("Backward of lightning_indexer's sparse_values (torch_npu npu_lightning_indexer_grad). With S[h, j] = query[t, h] . key[idx_j] for the selected positions idx_j = sparse_indices[t, n2, j] (entries of -1, or past the keys visible under sparse_mode, are skipped): d_weights[t, h] = sum_j dy[t, n2, j] * ReLU(S[h, j]); with G[h, j] = dy[t, n2, j] * weights[t, h] * (S[h, j] > 0): d_query[t, h] = sum_j G[h, j] key[idx_j], d_key[idx_j] += G[h, j] query[t, h]. layout BSND or TND for query and key alike; dy has sparse_indices' shape (or is an empty tensor: zero gradients); with N2 = 1 both may leave the N2 axis out. Outputs have the shapes and dtypes of query, key, weights; fp32 accumulation (fp64 for fp64).", ('CPU',), False, True),
+    'quant_lightning_indexer': OpInfo("The int8 lightning indexer (torch_npu npu_quant_lightning_indexer): lightning_indexer's selection with score = sum_h weights[t, h] * ReLU(query_dequant_scale[t, h] * key_dequant_scale[s] * (query[t, h] . key[s])), the int8 dot products exact in int32. query, key int8 in lightning_indexer's layouts; weights float16/bfloat16/float32 and query_dequant_scale float16/float32 of weights' shape ([B, S1, N1] / [T1, N1]); key_dequant_scale float16/float32 of key's shape without D ([B, S2, N2], [T2, N2] or [blocks, block_size, N2]). Quant modes 0 (per token and head) only. Scores compared in fp32. Returns sparse_indices (int32) as lightning_indexer.", ('CPU',), False, True),
+    'sparse_lightning_indexer_grad_kl_loss': OpInfo("The indexer's training step (torch_npu npu_sparse_lightning_indexer_grad_kl_loss): loss = sum over query tokens t of KL(p_t || softmax(I_t)) over the selected keys idx_j = sparse_indices[t, 0, j] (entries of -1 or past the visible keys skipped). I_t[j] = sum_h weights[t, h] * ReLU(query_index[t, h] . key_index[idx_j]). The target: each main-attention head n's probability of key idx_j, exp(scale_value * (query[t, n] . key[idx_j] + query_rope[t, n] . key_rope[idx_j]) - softmax_max[n, t]) / (softmax_sum[n, t] (+ exp(sinks[n] - softmax_max[n, t]) with sinks)), summed over the heads and L1-normalised over j. Returns the gradients of the loss (dI = softmax(I_t) - p_t through the ReLU scores) for query_index, key_index and weights (their shapes and dtypes) and loss (float32 [1]). layout BSND (query [B, S1, N1, D], key [B, S2, 1, D], softmax_max/sum [B, 1, S1, N1]) or TND ([T1, N1, D], [T2, 1, D], [1, T1, N1], cumulative actual_seq_qlen/klen); N2 = 1.", ('CPU',), False, True),
 }
 
 
@@ -797,6 +801,42 @@ def _fake_transpose_batchmatmul(input, weight, scale=None, perm_x1=[0,1,2], perm
     a = TransposeBatchmatmulArgs(input, weight, scale, perm_x1, perm_x2, perm_y, batch_split_factor)
     check_devices('transpose_batchmatmul', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.quant.fake', 'transpose_batchmatmul')(a)
+
+
+LightningIndexerArgs = collections.namedtuple('LightningIndexerArgs', ['query', 'key', 'weights', 'actual_seq_lengths_query', 'actual_seq_lengths_key', 'block_table', 'layout_query', 'layout_key', 'sparse_count', 'sparse_mode', 'pre_tokens', 'next_tokens', 'return_value'])
+
+
+def _fake_lightning_indexer(query, key, weights, actual_seq_lengths_query=None, actual_seq_lengths_key=None, block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048, sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807, return_value=False):
+    a = LightningIndexerArgs(query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value)
+    check_devices('lightning_indexer', a._asdict().items(), host=('actual_seq_lengths_query', 'actual_seq_lengths_key'))
+    return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'lightning_indexer')(a)
+
+
+LightningIndexerGradArgs = collections.namedtuple('LightningIndexerGradArgs', ['query', 'key', 'dy', 'sparse_indices', 'weights', 'actual_seq_lengths_query', 'actual_seq_lengths_key', 'layout', 'sparse_mode', 'pre_tokens', 'next_tokens'])
+
+
+def _fake_lightning_indexer_grad(query, key, dy, sparse_indices, weights, actual_seq_lengths_query=None, actual_seq_lengths_key=None, layout="BSND", sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807):
+    a = LightningIndexerGradArgs(query, key, dy, sparse_indices, weights, actual_seq_lengths_query, actual_seq_lengths_key, layout, sparse_mode, pre_tokens, next_tokens)
+    check_devices('lightning_indexer_grad', a._asdict().items(), host=('actual_seq_lengths_query', 'actual_seq_lengths_key'))
+    return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'lightning_indexer_grad')(a)
+
+
+QuantLightningIndexerArgs = collections.namedtuple('QuantLightningIndexerArgs', ['query', 'key', 'weights', 'query_dequant_scale', 'key_dequant_scale', 'query_quant_mode', 'key_quant_mode', 'actual_seq_lengths_query', 'actual_seq_lengths_key', 'block_table', 'layout_query', 'layout_key', 'sparse_count', 'sparse_mode', 'pre_tokens', 'next_tokens'])
+
+
+def _fake_quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode=0, key_quant_mode=0, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None, block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048, sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807):
+    a = QuantLightningIndexerArgs(query, key, weights, query_dequant_scale, key_dequant_scale, query_quant_mode, key_quant_mode, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens)
+    check_devices('quant_lightning_indexer', a._asdict().items(), host=('actual_seq_lengths_query', 'actual_seq_lengths_key'))
+    return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'quant_lightning_indexer')(a)
+
+
+SparseLightningIndexerGradKlLossArgs = collections.namedtuple('SparseLightningIndexerGradKlLossArgs', ['query', 'key', 'query_index', 'key_index', 'weights', 'sparse_indices', 'softmax_max', 'softmax_sum', 'scale_value', 'query_rope', 'key_rope', 'actual_seq_qlen', 'actual_seq_klen', 'layout', 'sparse_mode', 'pre_tokens', 'next_tokens', 'sinks'])
+
+
+def _fake_sparse_lightning_indexer_grad_kl_loss(query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, scale_value, *, query_rope=None, key_rope=None, actual_seq_qlen=None, actual_seq_klen=None, layout="BSND", sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807, sinks=None):
+    a = SparseLightningIndexerGradKlLossArgs(query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, scale_value, query_rope, key_rope, actual_seq_qlen, actual_seq_klen, layout, sparse_mode, pre_tokens, next_tokens, sinks)
+    check_devices('sparse_lightning_indexer_grad_kl_loss', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_klen'))
+    return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'sparse_lightning_indexer_grad_kl_loss')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1521,9 +1561,52 @@ def _backward_swiglu(ctx, grad_result0):
     )
 
 
+def _setup_lightning_indexer(ctx, inputs, output):
+    (query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value,) = inputs
+    (sparse_indices, sparse_values,) = output
+    ctx.save_for_backward(query, key, sparse_indices, weights, actual_seq_lengths_query, actual_seq_lengths_key)
+    ctx.layout_query = layout_query
+    ctx.sparse_mode = sparse_mode
+    ctx.pre_tokens = pre_tokens
+    ctx.next_tokens = next_tokens
+    ctx.mark_non_differentiable(sparse_indices)
+
+
+def _backward_lightning_indexer(ctx, grad_sparse_indices, grad_sparse_values):
+    (query, key, sparse_indices, weights, actual_seq_lengths_query, actual_seq_lengths_key,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.lightning_indexer_grad.default(
+        query,
+        key,
+        grad_sparse_values,
+        sparse_indices,
+        weights,
+        actual_seq_lengths_query,
+        actual_seq_lengths_key,
+        ctx.layout_query,
+        ctx.sparse_mode,
+        ctx.pre_tokens,
+        ctx.next_tokens,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # query
+        grads[1] if _needs_grad(ctx, 1) else None,  # key
+        grads[2] if _needs_grad(ctx, 2) else None,  # weights
+        None,  # actual_seq_lengths_query
+        None,  # actual_seq_lengths_key
+        None,  # block_table
+        None,  # layout_query
+        None,  # layout_key
+        None,  # sparse_count
+        None,  # sparse_mode
+        None,  # pre_tokens
+        None,  # next_tokens
+        None,  # return_value
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake']:
+    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1620,3 +1703,8 @@ def register():
     torch.library.register_fake("npu_fa::clipped_swiglu", _fake_clipped_swiglu)
     torch.library.register_fake("npu_fa::dequant_swiglu_quant", _fake_dequant_swiglu_quant)
     torch.library.register_fake("npu_fa::transpose_batchmatmul", _fake_transpose_batchmatmul)
+    torch.library.register_fake("npu_fa::lightning_indexer", _fake_lightning_indexer)
+    torch.library.register_autograd("npu_fa::lightning_indexer", _backward_lightning_indexer, setup_context=_setup_lightning_indexer)
+    torch.library.register_fake("npu_fa::lightning_indexer_grad", _fake_lightning_indexer_grad)
+    torch.library.register_fake("npu_fa::quant_lightning_indexer", _fake_quant_lightning_indexer)
+    torch.library.register_fake("npu_fa::sparse_lightning_indexer_grad_kl_loss", _fake_sparse_lightning_indexer_grad_kl_loss)

@@ -1,0 +1,412 @@
+// The lightning-indexer loops (see lightning_indexer_kernels.h), compiled once per instruction set.
+//
+// Forward: work units of (sequence, key head, block of kQueryBlock query tokens) run in parallel. A unit walks the
+// keys its last token sees in chunks of kKeyChunk: the chunk is converted to A once (for a paged cache, block by
+// block) and every token of the block takes its G x chunk dot products against it (at::vec, four heads per pass over
+// a key), then folds them into the chunk's scores, sum_h w_h * ReLU(x). The top K of a token's score row are found
+// by selection (std::nth_element, O(keys)) and only those K are sorted.
+// Backward and KL loss: one unit per query token; the key gradient is scattered into per-thread buffers that are
+// summed at the end (no atomics; the sum order depends on the thread count only through the buffer split).
+#include "cpu/sparse_attention/lightning_indexer_kernels.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+namespace npu_fa::cpu::CPU_CAPABILITY {
+
+namespace {
+
+constexpr int64_t kQueryBlock = 8;
+constexpr int64_t kKeyChunk = 256;
+
+using sparse_attention::IndexerGeometry;
+
+// out[h * ldo + j] = q[h] . k[j] for h < G, j < n; q [G, D], k [n, D] row-major.
+template <typename T>
+void dots(const T* q, int64_t G, const T* k, int64_t n, int64_t D, T* out, int64_t ldo) {
+  using V = at::vec::Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const int64_t Dv = D - D % L;
+  for (int64_t j = 0; j < n; ++j) {
+    const T* kj = k + j * D;
+    int64_t h = 0;
+    for (; h + 4 <= G; h += 4) {
+      const T* q0 = q + h * D;
+      const T* q1 = q0 + D;
+      const T* q2 = q1 + D;
+      const T* q3 = q2 + D;
+      V a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+      for (int64_t d = 0; d < Dv; d += L) {
+        const V kv = V::loadu(kj + d);
+        a0 = at::vec::fmadd(V::loadu(q0 + d), kv, a0);
+        a1 = at::vec::fmadd(V::loadu(q1 + d), kv, a1);
+        a2 = at::vec::fmadd(V::loadu(q2 + d), kv, a2);
+        a3 = at::vec::fmadd(V::loadu(q3 + d), kv, a3);
+      }
+      T s0 = at::vec::vec_reduce_all<T>([](V& x, V& y) { return x + y; }, a0);
+      T s1 = at::vec::vec_reduce_all<T>([](V& x, V& y) { return x + y; }, a1);
+      T s2 = at::vec::vec_reduce_all<T>([](V& x, V& y) { return x + y; }, a2);
+      T s3 = at::vec::vec_reduce_all<T>([](V& x, V& y) { return x + y; }, a3);
+      for (int64_t d = Dv; d < D; ++d) {
+        s0 += q0[d] * kj[d];
+        s1 += q1[d] * kj[d];
+        s2 += q2[d] * kj[d];
+        s3 += q3[d] * kj[d];
+      }
+      out[h * ldo + j] = s0;
+      out[(h + 1) * ldo + j] = s1;
+      out[(h + 2) * ldo + j] = s2;
+      out[(h + 3) * ldo + j] = s3;
+    }
+    for (; h < G; ++h) {
+      const T* qh = q + h * D;
+      V a(T(0));
+      for (int64_t d = 0; d < Dv; d += L) a = at::vec::fmadd(V::loadu(qh + d), V::loadu(kj + d), a);
+      T s = at::vec::vec_reduce_all<T>([](V& x, V& y) { return x + y; }, a);
+      for (int64_t d = Dv; d < D; ++d) s += qh[d] * kj[d];
+      out[h * ldo + j] = s;
+    }
+  }
+}
+
+// y[0..n) += a * x[0..n)
+template <typename T>
+inline void axpy(T a, const T* x, T* y, int64_t n) {
+  using V = at::vec::Vectorized<T>;
+  constexpr int64_t L = V::size();
+  const V av(a);
+  int64_t d = 0;
+  for (; d + L <= n; d += L) at::vec::fmadd(av, V::loadu(x + d), V::loadu(y + d)).store(y + d);
+  for (; d < n; ++d) y[d] += a * x[d];
+}
+
+// ---- forward -------------------------------------------------------------------------------------------------
+
+template <typename A, typename key_t>
+void forward_impl(const IndexerForwardParams& p) {
+  const IndexerGeometry& g = *p.geo;
+  const int64_t N1 = g.N1, N2 = g.N2, G = g.G, D = g.D, K = p.K;
+  const A* q = static_cast<const A*>(p.q);
+  const A* w = static_cast<const A*>(p.w);
+  const A* qs = static_cast<const A*>(p.qscale);
+  const key_t* key = static_cast<const key_t*>(p.key);
+  A* values = static_cast<A*>(p.values);
+  struct Unit {
+    int64_t b, n2, i0, i1;
+  };
+  std::vector<Unit> units;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t n2 = 0; n2 < N2; ++n2)
+      for (int64_t i0 = 0; i0 < g.q_len[b]; i0 += kQueryBlock)
+        units.push_back({b, n2, i0, std::min(g.q_len[b], i0 + kQueryBlock)});
+  at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t u0, int64_t u1) {
+    std::vector<A> kbuf(kKeyChunk * D), kscale(kKeyChunk), dotbuf(G * kKeyChunk), scores;
+    std::vector<int64_t> order;
+    for (int64_t u = u0; u < u1; ++u) {
+      const Unit& un = units[u];
+      const int64_t b = un.b, n2 = un.n2, nb = un.i1 - un.i0;
+      int64_t vmax = 0;
+      for (int64_t i = un.i0; i < un.i1; ++i) vmax = std::max(vmax, g.visible_keys(b, i));
+      scores.assign(nb * std::max<int64_t>(vmax, 1), A(0));
+      for (int64_t c0 = 0; c0 < vmax; c0 += kKeyChunk) {
+        const int64_t c1 = std::min(vmax, c0 + kKeyChunk);
+        // the chunk's keys in A (and their dequant scales)
+        for (int64_t s = c0; s < c1;) {
+          int64_t run = 0;
+          const int64_t row = g.key_row(b, s, c1 - s, &run);
+          for (int64_t r = 0; r < run; ++r) {
+            const key_t* src = key + ((row + r) * N2 + n2) * D;
+            A* dst = kbuf.data() + (s - c0 + r) * D;
+            for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<A>(src[d]);
+            if (p.kscale) kscale[s - c0 + r] = static_cast<A>(p.kscale[(row + r) * N2 + n2]);
+          }
+          s += run;
+        }
+        for (int64_t i = un.i0; i < un.i1; ++i) {
+          const int64_t vi = g.visible_keys(b, i);
+          if (vi <= c0) continue;
+          const int64_t n = std::min(c1, vi) - c0;
+          const int64_t row = g.q_start[b] + i;
+          const A* qrow = q + (row * N1 + n2 * G) * D;
+          const A* wrow = w + row * N1 + n2 * G;
+          dots(qrow, G, kbuf.data(), n, D, dotbuf.data(), kKeyChunk);
+          A* sc = scores.data() + (i - un.i0) * vmax + c0;
+          for (int64_t h = 0; h < G; ++h) {
+            const A wh = wrow[h];
+            A* x = dotbuf.data() + h * kKeyChunk;
+            if (qs) {
+              const A f = qs[row * N1 + n2 * G + h];
+              for (int64_t j = 0; j < n; ++j) {
+                const A v = x[j] * f * kscale[j];
+                sc[j] += wh * (v > A(0) ? v : A(0));
+              }
+            } else {
+              for (int64_t j = 0; j < n; ++j) sc[j] += wh * (x[j] > A(0) ? x[j] : A(0));
+            }
+          }
+        }
+      }
+      // top K of each token's row
+      for (int64_t i = un.i0; i < un.i1; ++i) {
+        const int64_t vi = g.visible_keys(b, i);
+        if (vi == 0) continue;
+        A* sc = scores.data() + (i - un.i0) * vmax;
+        for (int64_t s = 0; s < vi; ++s) {
+          if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();  // NaN ranks last
+        }
+        const int64_t kk = std::min(K, vi);
+        order.resize(vi);
+        std::iota(order.begin(), order.end(), int64_t(0));
+        auto before = [sc](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); };
+        if (kk < vi) std::nth_element(order.begin(), order.begin() + kk, order.end(), before);
+        std::sort(order.begin(), order.begin() + kk, before);
+        const int64_t o = ((g.q_start[b] + i) * N2 + n2) * K;
+        for (int64_t j = 0; j < kk; ++j) {
+          p.indices[o + j] = static_cast<int32_t>(order[j]);
+          if (values) values[o + j] = sc[order[j]];
+        }
+      }
+    }
+  });
+}
+
+void lightning_indexer_forward(const IndexerForwardParams& p) {
+  if (p.dbl) {
+    TORCH_CHECK(p.key_dtype == at::kDouble, "lightning_indexer: float64 accumulation needs a float64 key");
+    forward_impl<double, double>(p);
+    return;
+  }
+  switch (p.key_dtype) {
+    case at::kFloat: forward_impl<float, float>(p); break;
+    case at::kHalf: forward_impl<float, c10::Half>(p); break;
+    case at::kBFloat16: forward_impl<float, c10::BFloat16>(p); break;
+    case at::kChar: forward_impl<float, int8_t>(p); break;
+    default: TORCH_CHECK(false, "lightning_indexer: unsupported key dtype ", p.key_dtype);
+  }
+}
+
+// ---- backward ------------------------------------------------------------------------------------------------
+
+// Per-thread accumulation buffers for a gradient that many units scatter into; summed into `out` at the end.
+template <typename A>
+struct ScatterBuffers {
+  int64_t n;
+  std::vector<std::vector<A>> per_thread;
+  explicit ScatterBuffers(int64_t n_) : n(n_), per_thread(at::get_num_threads()) {}
+  A* mine() {
+    auto& v = per_thread[at::get_thread_num()];
+    if (v.empty()) v.assign(n, A(0));
+    return v.data();
+  }
+  void sum_into(A* out) const {
+    for (const auto& v : per_thread)
+      if (!v.empty())
+        for (int64_t i = 0; i < n; ++i) out[i] += v[i];
+  }
+};
+
+template <typename A>
+void grad_impl(const IndexerGradParams& p) {
+  const IndexerGeometry& g = *p.geo;
+  const int64_t N1 = g.N1, N2 = g.N2, G = g.G, D = g.D, K = p.K;
+  const A* q = static_cast<const A*>(p.q);
+  const A* k = static_cast<const A*>(p.k);
+  const A* w = static_cast<const A*>(p.w);
+  const A* dy = static_cast<const A*>(p.dy);
+  A* dq = static_cast<A*>(p.dq);
+  A* dw = static_cast<A*>(p.dw);
+  std::vector<std::pair<int64_t, int64_t>> units;  // (b, i)
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t i = 0; i < g.q_len[b]; ++i) units.emplace_back(b, i);
+  ScatterBuffers<A> dk_bufs(g.k_rows * N2 * D);
+  at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t u0, int64_t u1) {
+    std::vector<A> kbuf, S, coef;
+    std::vector<int64_t> krow, jsel;
+    A* dk = dk_bufs.mine();
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t b = units[u].first, i = units[u].second;
+      const int64_t row = g.q_start[b] + i, vis = g.visible_keys(b, i);
+      for (int64_t n2 = 0; n2 < N2; ++n2) {
+        const int64_t* ir = p.idx + (row * N2 + n2) * K;
+        const A* dyr = dy + (row * N2 + n2) * K;
+        krow.clear();
+        jsel.clear();
+        for (int64_t j = 0; j < K; ++j)
+          if (ir[j] >= 0 && ir[j] < vis) {
+            krow.push_back(g.key_row(b, ir[j], 1, nullptr));
+            jsel.push_back(j);
+          }
+        const int64_t n = static_cast<int64_t>(krow.size());
+        if (n == 0) continue;
+        kbuf.resize(n * D);
+        for (int64_t j = 0; j < n; ++j) std::copy_n(k + (krow[j] * N2 + n2) * D, D, kbuf.data() + j * D);
+        S.resize(G * n);
+        coef.resize(G * n);
+        const A* qr = q + (row * N1 + n2 * G) * D;
+        dots(qr, G, kbuf.data(), n, D, S.data(), n);
+        for (int64_t h = 0; h < G; ++h) {
+          const A wh = w[row * N1 + n2 * G + h];
+          A dwh = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            const A s = S[h * n + j], d = dyr[jsel[j]];
+            dwh += s > A(0) ? d * s : A(0);
+            coef[h * n + j] = s > A(0) ? d * wh : A(0);
+          }
+          dw[row * N1 + n2 * G + h] += dwh;
+          A* dqh = dq + (row * N1 + n2 * G + h) * D;
+          for (int64_t j = 0; j < n; ++j)
+            if (coef[h * n + j] != A(0)) axpy(coef[h * n + j], kbuf.data() + j * D, dqh, D);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          A* dkr = dk + (krow[j] * N2 + n2) * D;
+          for (int64_t h = 0; h < G; ++h)
+            if (coef[h * n + j] != A(0)) axpy(coef[h * n + j], qr + h * D, dkr, D);
+        }
+      }
+    }
+  });
+  dk_bufs.sum_into(static_cast<A*>(p.dk));
+}
+
+void lightning_indexer_grad(const IndexerGradParams& p) {
+  if (p.dbl)
+    grad_impl<double>(p);
+  else
+    grad_impl<float>(p);
+}
+
+// ---- KL loss -------------------------------------------------------------------------------------------------
+
+template <typename A>
+void kl_impl(const IndexerKlParams& p) {
+  const IndexerGeometry& g = *p.geo;
+  const int64_t Ni = g.N1, Di = g.D, N1 = p.N1, D = p.D, Dr = p.Dr, K = p.K;
+  const A* q = static_cast<const A*>(p.q);
+  const A* k = static_cast<const A*>(p.k);
+  const A* qr = static_cast<const A*>(p.qr);
+  const A* kr = static_cast<const A*>(p.kr);
+  const A* smax = static_cast<const A*>(p.smax);
+  const A* ssum = static_cast<const A*>(p.ssum);
+  const A* sinks = static_cast<const A*>(p.sinks);
+  const A* qi = static_cast<const A*>(p.qi);
+  const A* ki = static_cast<const A*>(p.ki);
+  const A* w = static_cast<const A*>(p.w);
+  A* dqi = static_cast<A*>(p.dqi);
+  A* dw = static_cast<A*>(p.dw);
+  std::vector<std::pair<int64_t, int64_t>> units;
+  for (int64_t b = 0; b < g.B; ++b)
+    for (int64_t i = 0; i < g.q_len[b]; ++i) units.emplace_back(b, i);
+  ScatterBuffers<A> dk_bufs(g.k_rows * Di);
+  std::vector<double> loss_part(units.size(), 0.0);
+  at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t u0, int64_t u1) {
+    std::vector<A> kb, krb, kib, L, Lr, S, target, pi, coef;
+    std::vector<int64_t> krow;
+    A* dk = dk_bufs.mine();
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t b = units[u].first, i = units[u].second;
+      const int64_t row = g.q_start[b] + i, vis = g.visible_keys(b, i);
+      const int64_t* ir = p.idx + row * K;
+      krow.clear();
+      for (int64_t j = 0; j < K; ++j)
+        if (ir[j] >= 0 && ir[j] < vis) krow.push_back(g.key_row(b, ir[j], 1, nullptr));
+      const int64_t n = static_cast<int64_t>(krow.size());
+      if (n == 0) continue;
+      kb.resize(n * D);
+      kib.resize(n * Di);
+      for (int64_t j = 0; j < n; ++j) {
+        std::copy_n(k + krow[j] * D, D, kb.data() + j * D);
+        std::copy_n(ki + krow[j] * Di, Di, kib.data() + j * Di);
+      }
+      // target: per head probabilities of the selected keys, summed over heads, L1-normalised
+      L.resize(N1 * n);
+      dots(q + row * N1 * D, N1, kb.data(), n, D, L.data(), n);
+      if (Dr > 0) {
+        krb.resize(n * Dr);
+        Lr.resize(N1 * n);
+        for (int64_t j = 0; j < n; ++j) std::copy_n(kr + krow[j] * Dr, Dr, krb.data() + j * Dr);
+        dots(qr + row * N1 * Dr, N1, krb.data(), n, Dr, Lr.data(), n);
+        for (int64_t x = 0; x < N1 * n; ++x) L[x] += Lr[x];
+      }
+      target.assign(n, A(0));
+      for (int64_t h = 0; h < N1; ++h) {
+        const A m = smax[row * N1 + h];
+        A den = ssum[row * N1 + h];
+        if (sinks) den += std::exp(sinks[h] - m);
+        for (int64_t j = 0; j < n; ++j) target[j] += std::exp(static_cast<A>(p.scale) * L[h * n + j] - m) / den;
+      }
+      A tsum = 0;
+      for (int64_t j = 0; j < n; ++j) tsum += target[j];
+      if (!(tsum > A(0))) continue;
+      for (int64_t j = 0; j < n; ++j) target[j] /= tsum;
+      // the indexer's scores and their softmax
+      S.resize(Ni * n);
+      dots(qi + row * Ni * Di, Ni, kib.data(), n, Di, S.data(), n);
+      pi.assign(n, A(0));
+      for (int64_t h = 0; h < Ni; ++h) {
+        const A wh = w[row * Ni + h];
+        for (int64_t j = 0; j < n; ++j) pi[j] += S[h * n + j] > A(0) ? wh * S[h * n + j] : A(0);
+      }
+      A mx = -std::numeric_limits<A>::infinity();
+      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, pi[j]);
+      A z = 0;
+      for (int64_t j = 0; j < n; ++j) z += std::exp(pi[j] - mx);
+      const A logz = std::log(z) + mx;
+      double loss = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const A logpi = pi[j] - logz;
+        if (target[j] > A(0)) loss += static_cast<double>(target[j] * (std::log(target[j]) - logpi));
+        pi[j] = std::exp(logpi) - target[j];  // dI
+      }
+      loss_part[u] = loss;
+      coef.resize(Ni * n);
+      for (int64_t h = 0; h < Ni; ++h) {
+        const A wh = w[row * Ni + h];
+        A dwh = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const A s = S[h * n + j];
+          dwh += s > A(0) ? pi[j] * s : A(0);
+          coef[h * n + j] = s > A(0) ? pi[j] * wh : A(0);
+        }
+        dw[row * Ni + h] = dwh;
+        A* dqh = dqi + (row * Ni + h) * Di;
+        for (int64_t j = 0; j < n; ++j)
+          if (coef[h * n + j] != A(0)) axpy(coef[h * n + j], kib.data() + j * Di, dqh, Di);
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        A* dkr = dk + krow[j] * Di;
+        const A* qh = qi + row * Ni * Di;
+        for (int64_t h = 0; h < Ni; ++h)
+          if (coef[h * n + j] != A(0)) axpy(coef[h * n + j], qh + h * Di, dkr, Di);
+      }
+    }
+  });
+  dk_bufs.sum_into(static_cast<A*>(p.dki));
+  double total = 0;
+  for (double v : loss_part) total += v;  // a fixed order: independent of the thread count
+  *p.loss = total;
+}
+
+void lightning_indexer_kl(const IndexerKlParams& p) {
+  if (p.dbl)
+    kl_impl<double>(p);
+  else
+    kl_impl<float>(p);
+}
+
+}  // namespace
+
+NPU_FA_REGISTER_ISA_KERNEL(lightning_indexer_forward_stub, lightning_indexer_forward);
+NPU_FA_REGISTER_ISA_KERNEL(lightning_indexer_grad_stub, lightning_indexer_grad);
+NPU_FA_REGISTER_ISA_KERNEL(lightning_indexer_kl_stub, lightning_indexer_kl);
+
+}  // namespace npu_fa::cpu::CPU_CAPABILITY
