@@ -207,4 +207,10 @@ at::Tensor convert_weight_to_int4pack_cpu(const ConvertWeightToInt4packArgs& arg
 at::Tensor clipped_swiglu_cpu(const ClippedSwigluArgs& args);
 // transpose_batchmatmul [CPU]
 at::Tensor transpose_batchmatmul_cpu(const TransposeBatchmatmulArgs& args);
+// sparse_flash_attention [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu(const SparseFlashAttentionArgs& args);
+// sparse_flash_attention_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(const SparseFlashAttentionGradArgs& args);
+// kv_quant_sparse_flash_attention [CPU]
+at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttentionArgs& args);
 }  // namespace npu_fa

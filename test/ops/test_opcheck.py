@@ -14,6 +14,7 @@ from test.norm import norm_cases
 from test.quant import quant_cases
 from test.rope import rope_cases
 from test.sampling import sampling_cases
+from test.sparse_attention import sfa_cases
 from torch_ops_transformer import OPS as REGISTRY
 
 OPS = torch.ops.npu_fa
@@ -21,6 +22,7 @@ CASE_MODULES = (attention_cases, distribute_cases, fused_ffn_cases, grouped_matm
                 kv_cache_cases, mc2_cases, mla_prolog_cases, norm_cases, routing_cases, prefill_cases, quant_cases,
                 rope_cases)
 CASE_MODULES += (sampling_cases,)
+CASE_MODULES += (sfa_cases,)
 
 
 def _collect_cases():
