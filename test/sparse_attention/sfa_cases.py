@@ -1,4 +1,5 @@
-"""opcheck cases of the sparse flash attention ops (sparse_flash_attention, its grad, kv_quant_sparse_flash_attention)."""
+"""opcheck cases of the sparse flash attention ops: sparse_flash_attention, its grad and
+kv_quant_sparse_flash_attention."""
 import torch
 
 from test.sparse_attention.sfa_reference import make_inputs

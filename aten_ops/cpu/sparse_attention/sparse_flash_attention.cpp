@@ -6,7 +6,8 @@
 // N2 query heads sharing that KV head are one [G, Dqk] block, so the scores are one small GEMM S = Q K̃ᵀ [G, M] and
 // the output one more, O = P Ṽ [G, Dv] (at::mm on the gathered tiles, BLAS underneath). The softmax runs over the
 // whole selected row in the accumulation type (max, exp, sum in two passes: the row is already gathered, so the
-// online rescaling of FlashAttention would only add work); items run in parallel (at::parallel_for).
+// online rescaling of FlashAttention would only add work); items run in parallel (at::parallel_for). The quantised
+// op rounds its dequantised rows and P to the query's dtype, as upstream's golden does.
 //
 // The backward recomputes S per item (P from the forward's softmax_max / softmax_sum, or from S itself when the
 // forward did not return them), forms dS = P ⊙ (dO Ṽᵀ - rowsum(dO ⊙ out)) and writes dq / dq_rope directly. The
@@ -78,6 +79,9 @@ struct CacheView {
   const uint8_t* qkey = nullptr;
   int64_t row_bytes = 0, tile = 1;
   bool fp8 = false;
+  // Round the dequantised latent and the probabilities P to the query's dtype before the products, as upstream's
+  // golden for the quantised op does (its products take 16-bit operands).
+  bool input_precision = false;
 };
 
 // Fills K̃ row (Dn + Dr values) and, when not shared, Ṽ row (Dv values) of cache row r, head n2.
@@ -93,7 +97,8 @@ inline void load_row(const CacheView& cv, int64_t r, int64_t n2, acc_t* krow, ac
       for (int64_t d = t0; d < t0 + cv.tile; ++d) {
         const float x = cv.fp8 ? static_cast<float>(c10::Float8_e4m3fn(row[d], c10::Float8_e4m3fn::from_bits()))
                                : static_cast<float>(static_cast<int8_t>(row[d]));
-        krow[d] = static_cast<acc_t>(x * s);
+        const float y = x * s;
+        krow[d] = cv.input_precision ? static_cast<acc_t>(static_cast<scalar_t>(y)) : static_cast<acc_t>(y);
       }
     }
     for (int64_t d = 0; d < cv.Dr; ++d) {
@@ -199,13 +204,21 @@ void forward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q
           mx[h] = m;
           sm[h] = sum;
         }
+        if (cv.input_precision) {  // P = E / (sum + sink term), rounded; the output is then P V itself
+          for (int64_t h = 0; h < g.G; ++h) {
+            acc_t den = sm[h];
+            if (o.sinks != nullptr) den += std::exp(static_cast<acc_t>(o.sinks[n2 * g.G + h]) - mx[h]);
+            acc_t* srow = w.s.data() + h * M;
+            for (int64_t j = 0; j < M; ++j) srow[j] = static_cast<acc_t>(static_cast<scalar_t>(srow[j] / den));
+          }
+        }
         gemm<acc_t>(g.G, Dv, M, w.s.data(), M, false, w.vptr, w.ldv, false, ov.data(), Dv);
       }
       if (o.sinks != nullptr && g.row_batch[t] >= 0)
         for (int64_t h = 0; h < g.G; ++h) sm[h] += std::exp(static_cast<acc_t>(o.sinks[n2 * g.G + h]) - mx[h]);
       for (int64_t h = 0; h < g.G; ++h) {
         scalar_t* dst = out + (t * g.N1 + n2 * g.G + h) * Dv;
-        const acc_t inv = sm[h] > 0 ? acc_t(1) / sm[h] : acc_t(0);
+        const acc_t inv = cv.input_precision ? acc_t(1) : sm[h] > 0 ? acc_t(1) / sm[h] : acc_t(0);
         for (int64_t d = 0; d < Dv; ++d) dst[d] = static_cast<scalar_t>(ov[h * Dv + d] * inv);
       }
       if (smax != nullptr) {
@@ -391,7 +404,8 @@ SfaTensors check_sfa_tensors(const char* op, const at::Tensor& query, const at::
                                         {"key_rope", &*key_rope, &key}}) {
       TORCH_CHECK_TYPE(t->scalar_type() == query.scalar_type(), op, ": argument '", name,
                        "' must have query's dtype (", query.scalar_type(), "); got ", t->scalar_type());
-      const bool ok = t->dim() == like->dim() && t->sizes().slice(0, t->dim() - 1) == like->sizes().slice(0, like->dim() - 1);
+      const bool ok = t->dim() == like->dim() &&
+                      t->sizes().slice(0, t->dim() - 1) == like->sizes().slice(0, like->dim() - 1);
       TORCH_CHECK_VALUE(ok, op, ": argument '", name, "' must have the shape of ", name == std::string("query_rope")
                         ? "query" : "key", " ", like->sizes(), " but for its last size; got ", t->sizes());
     }
@@ -402,7 +416,8 @@ SfaTensors check_sfa_tensors(const char* op, const at::Tensor& query, const at::
     TORCH_CHECK_VALUE(!query_rope.has_value() && !key_rope.has_value(), op,
                       ": 'query_rope' / 'key_rope' need attention_mode 2 (MLA absorb); got attention_mode ",
                       attention_mode);
-    const bool ok = value.dim() == key.dim() && value.sizes().slice(0, key.dim() - 1) == key.sizes().slice(0, key.dim() - 1);
+    const bool ok = value.dim() == key.dim() &&
+                    value.sizes().slice(0, key.dim() - 1) == key.sizes().slice(0, key.dim() - 1);
     TORCH_CHECK_VALUE(ok, op, ": argument 'value' must have key's shape ", key.sizes(),
                       " but for its last size; got ", value.sizes());
   }
@@ -602,6 +617,7 @@ at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttention
   cv.row_bytes = kv_d;
   cv.tile = a.tile_size;
   cv.fp8 = ks == at::kFloat8_e4m3fn;
+  cv.input_precision = true;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "kv_quant_sparse_flash_attention", [&] {
     forward_kernel<scalar_t>(g, cv, q.data_ptr<scalar_t>(), nullptr, Dn + Dr,
                              FwdOut{out.data_ptr(), nullptr, nullptr,
