@@ -58,11 +58,13 @@ generated from native_functions.yaml. Public Python API:
   overrideable SDPA hook (installed by `npu_sim.enable()`; opt-in `npu_sim.sdpa.enable()` with torch_npu; docs/npu_sdpa.md).
 - `MC2Optimizer`, `MC2DistributedDataParallel` — data-parallel training with the gradient all-reduce fused with
   the optimizer update (an unchanged DDP training loop), on torch.distributed (docs/mc2.md).
+- `npu_sparse_flash_attention` (+`_grad`), `npu_kv_quant_sparse_flash_attention` — DeepSeek-V3.2's sparse attention
+  over the tokens an indexer selected, plain, paged or int8 MLA caches (package `sparse_attention`).
 
 The package is laid out family-first, like aten_ops/cpu/ and test/: attention, inference, rope, kv_cache, mla, moe,
-mc2, quant (each with its torch_npu-compatible API, modules and fake kernels), the role packages integrations,
-npu_sim, compat, oracle, bench, and the private _internal and _library (docs/architecture.md). This file only
-re-exports; `_startup()` below is the one place that says what importing the package does, in order.
+mc2, quant, sparse_attention (each with its torch_npu-compatible API, modules and fake kernels), the role packages
+integrations, npu_sim, compat, oracle, bench, and the private _internal and _library (docs/architecture.md). This
+file only re-exports; `_startup()` below is the one place that says what importing the package does, in order.
 """
 
 from ._internal import aliases as _aliases
@@ -188,6 +190,8 @@ from .kv_cache import (npu_gather_pa_kv_cache, npu_gather_pa_kv_cache_functional
                        npu_scatter_nd_update_)
 from .attention import npu_ring_attention_update
 from .moe import npu_grouped_matmul_add, npu_grouped_matmul_add_
+from .sparse_attention import (npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention,
+                               npu_sparse_flash_attention_grad)
 
 
 def enable_compile_lowering() -> None:
@@ -315,6 +319,7 @@ __all__ += ["npu_moe_distribute_combine", "npu_moe_distribute_combine_v2", "npu_
 __all__ += ["npu_mrope", "npu_top_k_top_p", "npu_gather_pa_kv_cache", "npu_gather_pa_kv_cache_functional",
             "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_ring_attention_update", "npu_grouped_matmul_add",
             "npu_grouped_matmul_add_"]
+__all__ += ["npu_sparse_flash_attention", "npu_sparse_flash_attention_grad", "npu_kv_quant_sparse_flash_attention"]
 
 
 def _startup() -> None:

@@ -217,4 +217,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lightning_indexer_grad_cpu(const 
 at::Tensor quant_lightning_indexer_cpu(const QuantLightningIndexerArgs& args);
 // sparse_lightning_indexer_grad_kl_loss [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_indexer_grad_kl_loss_cpu(const SparseLightningIndexerGradKlLossArgs& args);
+// sparse_flash_attention [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu(const SparseFlashAttentionArgs& args);
+// sparse_flash_attention_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(const SparseFlashAttentionGradArgs& args);
+// kv_quant_sparse_flash_attention [CPU]
+at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttentionArgs& args);
 }  // namespace npu_fa

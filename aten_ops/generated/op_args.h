@@ -3181,6 +3181,207 @@ struct SparseLightningIndexerGradKlLossValues {
   SparseLightningIndexerGradKlLossArgs args() const { return SparseLightningIndexerGradKlLossArgs{query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, scale_value, query_rope, key_rope, actual_seq_qlen, actual_seq_klen, layout, sparse_mode, pre_tokens, next_tokens, sinks}; }
 };
 
+// sparse_flash_attention
+struct SparseFlashAttentionArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const at::Tensor& sparse_indices;
+  double scale_value;
+  const std::optional<at::Tensor>& block_table;
+  const std::optional<at::Tensor>& actual_seq_lengths_query;
+  const std::optional<at::Tensor>& actual_seq_lengths_kv;
+  const std::optional<at::Tensor>& query_rope;
+  const std::optional<at::Tensor>& key_rope;
+  int64_t sparse_block_size;
+  c10::string_view layout_query;
+  c10::string_view layout_kv;
+  int64_t sparse_mode;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+  int64_t attention_mode;
+  bool return_softmax_lse;
+  const std::optional<at::Tensor>& sinks;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const SparseFlashAttentionArgs& a, F&& f) {
+  return f(a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.block_table, a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.query_rope, a.key_rope, a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.return_softmax_lse, a.sinks);
+}
+
+// sparse_flash_attention's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   SparseFlashAttentionValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct SparseFlashAttentionValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor sparse_indices;
+  double scale_value{};
+  std::optional<at::Tensor> block_table;
+  std::optional<at::Tensor> actual_seq_lengths_query;
+  std::optional<at::Tensor> actual_seq_lengths_kv;
+  std::optional<at::Tensor> query_rope;
+  std::optional<at::Tensor> key_rope;
+  int64_t sparse_block_size = 1;
+  std::string layout_query = "BSND";
+  std::string layout_kv = "BSND";
+  int64_t sparse_mode = 3;
+  int64_t pre_tokens = 9223372036854775807;
+  int64_t next_tokens = 9223372036854775807;
+  int64_t attention_mode = 0;
+  bool return_softmax_lse = false;
+  std::optional<at::Tensor> sinks;
+
+  SparseFlashAttentionValues() = default;
+  // A copy of a call's arguments.
+  explicit SparseFlashAttentionValues(const SparseFlashAttentionArgs& a)
+      : query(a.query), key(a.key), value(a.value), sparse_indices(a.sparse_indices), scale_value(a.scale_value), block_table(a.block_table), actual_seq_lengths_query(a.actual_seq_lengths_query), actual_seq_lengths_kv(a.actual_seq_lengths_kv), query_rope(a.query_rope), key_rope(a.key_rope), sparse_block_size(a.sparse_block_size), layout_query(std::string(a.layout_query)), layout_kv(std::string(a.layout_kv)), sparse_mode(a.sparse_mode), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), attention_mode(a.attention_mode), return_softmax_lse(a.return_softmax_lse), sinks(a.sinks) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  SparseFlashAttentionArgs args() const { return SparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks}; }
+};
+
+// sparse_flash_attention_grad
+struct SparseFlashAttentionGradArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const at::Tensor& sparse_indices;
+  const at::Tensor& d_out;
+  const at::Tensor& out;
+  const at::Tensor& softmax_max;
+  const at::Tensor& softmax_sum;
+  double scale_value;
+  int64_t sparse_block_size;
+  const std::optional<at::Tensor>& query_rope;
+  const std::optional<at::Tensor>& key_rope;
+  const std::optional<at::Tensor>& actual_seq_qlen;
+  const std::optional<at::Tensor>& actual_seq_kvlen;
+  c10::string_view layout;
+  int64_t sparse_mode;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+  int64_t attention_mode;
+  const std::optional<at::Tensor>& block_table;
+  c10::string_view layout_kv;
+  const std::optional<at::Tensor>& sinks;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const SparseFlashAttentionGradArgs& a, F&& f) {
+  return f(a.query, a.key, a.value, a.sparse_indices, a.d_out, a.out, a.softmax_max, a.softmax_sum, a.scale_value, a.sparse_block_size, a.query_rope, a.key_rope, a.actual_seq_qlen, a.actual_seq_kvlen, a.layout, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.block_table, a.layout_kv, a.sinks);
+}
+
+// sparse_flash_attention_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   SparseFlashAttentionGradValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct SparseFlashAttentionGradValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor sparse_indices;
+  at::Tensor d_out;
+  at::Tensor out;
+  at::Tensor softmax_max;
+  at::Tensor softmax_sum;
+  double scale_value{};
+  int64_t sparse_block_size{};
+  std::optional<at::Tensor> query_rope;
+  std::optional<at::Tensor> key_rope;
+  std::optional<at::Tensor> actual_seq_qlen;
+  std::optional<at::Tensor> actual_seq_kvlen;
+  std::string layout = "BSND";
+  int64_t sparse_mode = 3;
+  int64_t pre_tokens = 9223372036854775807;
+  int64_t next_tokens = 9223372036854775807;
+  int64_t attention_mode = 0;
+  std::optional<at::Tensor> block_table;
+  std::string layout_kv = "";
+  std::optional<at::Tensor> sinks;
+
+  SparseFlashAttentionGradValues() = default;
+  // A copy of a call's arguments.
+  explicit SparseFlashAttentionGradValues(const SparseFlashAttentionGradArgs& a)
+      : query(a.query), key(a.key), value(a.value), sparse_indices(a.sparse_indices), d_out(a.d_out), out(a.out), softmax_max(a.softmax_max), softmax_sum(a.softmax_sum), scale_value(a.scale_value), sparse_block_size(a.sparse_block_size), query_rope(a.query_rope), key_rope(a.key_rope), actual_seq_qlen(a.actual_seq_qlen), actual_seq_kvlen(a.actual_seq_kvlen), layout(std::string(a.layout)), sparse_mode(a.sparse_mode), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), attention_mode(a.attention_mode), block_table(a.block_table), layout_kv(std::string(a.layout_kv)), sinks(a.sinks) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  SparseFlashAttentionGradArgs args() const { return SparseFlashAttentionGradArgs{query, key, value, sparse_indices, d_out, out, softmax_max, softmax_sum, scale_value, sparse_block_size, query_rope, key_rope, actual_seq_qlen, actual_seq_kvlen, layout, sparse_mode, pre_tokens, next_tokens, attention_mode, block_table, layout_kv, sinks}; }
+};
+
+// kv_quant_sparse_flash_attention
+struct KvQuantSparseFlashAttentionArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const at::Tensor& sparse_indices;
+  double scale_value;
+  int64_t key_quant_mode;
+  int64_t value_quant_mode;
+  const std::optional<at::Tensor>& key_dequant_scale;
+  const std::optional<at::Tensor>& value_dequant_scale;
+  const std::optional<at::Tensor>& block_table;
+  const std::optional<at::Tensor>& actual_seq_lengths_query;
+  const std::optional<at::Tensor>& actual_seq_lengths_kv;
+  int64_t sparse_block_size;
+  c10::string_view layout_query;
+  c10::string_view layout_kv;
+  int64_t sparse_mode;
+  int64_t pre_tokens;
+  int64_t next_tokens;
+  int64_t attention_mode;
+  int64_t quant_scale_repo_mode;
+  int64_t tile_size;
+  int64_t rope_head_dim;
+  std::optional<int64_t> key_dtype;
+  std::optional<int64_t> value_dtype;
+  const std::optional<at::Tensor>& sinks;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const KvQuantSparseFlashAttentionArgs& a, F&& f) {
+  return f(a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.key_quant_mode, a.value_quant_mode, a.key_dequant_scale, a.value_dequant_scale, a.block_table, a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.quant_scale_repo_mode, a.tile_size, a.rope_head_dim, a.key_dtype, a.value_dtype, a.sinks);
+}
+
+// kv_quant_sparse_flash_attention's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   KvQuantSparseFlashAttentionValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct KvQuantSparseFlashAttentionValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor sparse_indices;
+  double scale_value{};
+  int64_t key_quant_mode{};
+  int64_t value_quant_mode{};
+  std::optional<at::Tensor> key_dequant_scale;
+  std::optional<at::Tensor> value_dequant_scale;
+  std::optional<at::Tensor> block_table;
+  std::optional<at::Tensor> actual_seq_lengths_query;
+  std::optional<at::Tensor> actual_seq_lengths_kv;
+  int64_t sparse_block_size = 1;
+  std::string layout_query = "BSND";
+  std::string layout_kv = "BSND";
+  int64_t sparse_mode = 3;
+  int64_t pre_tokens = 9223372036854775807;
+  int64_t next_tokens = 9223372036854775807;
+  int64_t attention_mode = 0;
+  int64_t quant_scale_repo_mode = 1;
+  int64_t tile_size = 128;
+  int64_t rope_head_dim = 64;
+  std::optional<int64_t> key_dtype;
+  std::optional<int64_t> value_dtype;
+  std::optional<at::Tensor> sinks;
+
+  KvQuantSparseFlashAttentionValues() = default;
+  // A copy of a call's arguments.
+  explicit KvQuantSparseFlashAttentionValues(const KvQuantSparseFlashAttentionArgs& a)
+      : query(a.query), key(a.key), value(a.value), sparse_indices(a.sparse_indices), scale_value(a.scale_value), key_quant_mode(a.key_quant_mode), value_quant_mode(a.value_quant_mode), key_dequant_scale(a.key_dequant_scale), value_dequant_scale(a.value_dequant_scale), block_table(a.block_table), actual_seq_lengths_query(a.actual_seq_lengths_query), actual_seq_lengths_kv(a.actual_seq_lengths_kv), sparse_block_size(a.sparse_block_size), layout_query(std::string(a.layout_query)), layout_kv(std::string(a.layout_kv)), sparse_mode(a.sparse_mode), pre_tokens(a.pre_tokens), next_tokens(a.next_tokens), attention_mode(a.attention_mode), quant_scale_repo_mode(a.quant_scale_repo_mode), tile_size(a.tile_size), rope_head_dim(a.rope_head_dim), key_dtype(a.key_dtype), value_dtype(a.value_dtype), sinks(a.sinks) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  KvQuantSparseFlashAttentionArgs args() const { return KvQuantSparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks}; }
+};
+
 // fused_infer_attention_score's arguments, with which fused_infer_attention_score_grad's schema starts.
 inline FusedInferAttentionScoreArgs forward_args(const FusedInferAttentionScoreGradArgs& a) {
   return FusedInferAttentionScoreArgs{a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink};

@@ -634,4 +634,28 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_sparse_li
   return op.call(a.query, a.key, a.query_index, a.key_index, a.weights, a.sparse_indices, a.softmax_max, a.softmax_sum, a.scale_value, a.query_rope, a.key_rope, a.actual_seq_qlen, a.actual_seq_klen, a.layout, a.sparse_mode, a.pre_tokens, a.next_tokens, a.sinks);
 }
 
+// sparse_flash_attention
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_sparse_flash_attention(const SparseFlashAttentionArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::sparse_flash_attention", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, c10::string_view, c10::string_view, int64_t, int64_t, int64_t, int64_t, bool, const std::optional<at::Tensor>&)>();
+  return op.call(a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.block_table, a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.query_rope, a.key_rope, a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.return_softmax_lse, a.sinks);
+}
+
+// sparse_flash_attention_grad
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_sparse_flash_attention_grad(const SparseFlashAttentionGradArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::sparse_flash_attention_grad", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, c10::string_view, const std::optional<at::Tensor>&)>();
+  return op.call(a.query, a.key, a.value, a.sparse_indices, a.d_out, a.out, a.softmax_max, a.softmax_sum, a.scale_value, a.sparse_block_size, a.query_rope, a.key_rope, a.actual_seq_qlen, a.actual_seq_kvlen, a.layout, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.block_table, a.layout_kv, a.sinks);
+}
+
+// kv_quant_sparse_flash_attention
+inline at::Tensor call_kv_quant_sparse_flash_attention(const KvQuantSparseFlashAttentionArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::kv_quant_sparse_flash_attention", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, c10::string_view, c10::string_view, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, std::optional<int64_t>, std::optional<int64_t>, const std::optional<at::Tensor>&)>();
+  return op.call(a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.key_quant_mode, a.value_quant_mode, a.key_dequant_scale, a.value_dequant_scale, a.block_table, a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.quant_scale_repo_mode, a.tile_size, a.rope_head_dim, a.key_dtype, a.value_dtype, a.sinks);
+}
+
 }  // namespace npu_fa

@@ -1156,6 +1156,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_inde
   return npu_fa::sparse_lightning_indexer_grad_kl_loss_cpu(npu_fa::SparseLightningIndexerGradKlLossArgs{query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, scale_value, query_rope, key_rope, actual_seq_qlen, actual_seq_klen, layout, sparse_mode, pre_tokens, next_tokens, sinks});
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& sparse_indices, double scale_value, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& actual_seq_lengths_query, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope, int64_t sparse_block_size, c10::string_view layout_query, c10::string_view layout_kv, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, int64_t attention_mode, bool return_softmax_lse, const std::optional<at::Tensor>& sinks) {
+  npu_fa::DeviceRule rule("sparse_flash_attention");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("sparse_indices", sparse_indices);
+  rule.device_tensor("block_table", block_table);
+  rule.device_tensor("query_rope", query_rope);
+  rule.device_tensor("key_rope", key_rope);
+  rule.device_tensor("sinks", sinks);
+  rule.host_tensor("actual_seq_lengths_query", actual_seq_lengths_query);
+  rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
+  return npu_fa::sparse_flash_attention_cpu(npu_fa::SparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& sparse_indices, const at::Tensor& d_out, const at::Tensor& out, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, double scale_value, int64_t sparse_block_size, const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, c10::string_view layout, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, int64_t attention_mode, const std::optional<at::Tensor>& block_table, c10::string_view layout_kv, const std::optional<at::Tensor>& sinks) {
+  npu_fa::DeviceRule rule("sparse_flash_attention_grad");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("sparse_indices", sparse_indices);
+  rule.device_tensor("d_out", d_out);
+  rule.device_tensor("out", out);
+  rule.device_tensor("softmax_max", softmax_max);
+  rule.device_tensor("softmax_sum", softmax_sum);
+  rule.device_tensor("query_rope", query_rope);
+  rule.device_tensor("key_rope", key_rope);
+  rule.device_tensor("block_table", block_table);
+  rule.device_tensor("sinks", sinks);
+  rule.host_tensor("actual_seq_qlen", actual_seq_qlen);
+  rule.host_tensor("actual_seq_kvlen", actual_seq_kvlen);
+  return npu_fa::sparse_flash_attention_grad_cpu(npu_fa::SparseFlashAttentionGradArgs{query, key, value, sparse_indices, d_out, out, softmax_max, softmax_sum, scale_value, sparse_block_size, query_rope, key_rope, actual_seq_qlen, actual_seq_kvlen, layout, sparse_mode, pre_tokens, next_tokens, attention_mode, block_table, layout_kv, sinks});
+}
+
+at::Tensor kv_quant_sparse_flash_attention_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& sparse_indices, double scale_value, int64_t key_quant_mode, int64_t value_quant_mode, const std::optional<at::Tensor>& key_dequant_scale, const std::optional<at::Tensor>& value_dequant_scale, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& actual_seq_lengths_query, const std::optional<at::Tensor>& actual_seq_lengths_kv, int64_t sparse_block_size, c10::string_view layout_query, c10::string_view layout_kv, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, int64_t attention_mode, int64_t quant_scale_repo_mode, int64_t tile_size, int64_t rope_head_dim, std::optional<int64_t> key_dtype, std::optional<int64_t> value_dtype, const std::optional<at::Tensor>& sinks) {
+  npu_fa::DeviceRule rule("kv_quant_sparse_flash_attention");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("sparse_indices", sparse_indices);
+  rule.device_tensor("key_dequant_scale", key_dequant_scale);
+  rule.device_tensor("value_dequant_scale", value_dequant_scale);
+  rule.device_tensor("block_table", block_table);
+  rule.device_tensor("sinks", sinks);
+  rule.host_tensor("actual_seq_lengths_query", actual_seq_lengths_query);
+  rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
+  return npu_fa::kv_quant_sparse_flash_attention_cpu(npu_fa::KvQuantSparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -1243,6 +1292,9 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("lightning_indexer_grad(Tensor query, Tensor key, Tensor dy, Tensor sparse_indices, Tensor weights, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, str layout=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807) -> (Tensor d_query, Tensor d_key, Tensor d_weights)", {at::Tag::pt2_compliant_tag});
   m.def("quant_lightning_indexer(Tensor query, Tensor key, Tensor weights, Tensor query_dequant_scale, Tensor key_dequant_scale, int query_quant_mode=0, int key_quant_mode=0, *, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, str layout_query=\"BSND\", str layout_key=\"BSND\", int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("sparse_lightning_indexer_grad_kl_loss(Tensor query, Tensor key, Tensor query_index, Tensor key_index, Tensor weights, Tensor sparse_indices, Tensor softmax_max, Tensor softmax_sum, float scale_value, *, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? actual_seq_qlen=None, Tensor? actual_seq_klen=None, str layout=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, Tensor? sinks=None) -> (Tensor d_query_index, Tensor d_key_index, Tensor d_weights, Tensor loss)", {at::Tag::pt2_compliant_tag});
+  m.def("sparse_flash_attention(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, float scale_value, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, Tensor? query_rope=None, Tensor? key_rope=None, int sparse_block_size=1, str layout_query=\"BSND\", str layout_kv=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, bool return_softmax_lse=False, Tensor? sinks=None) -> (Tensor attention_out, Tensor softmax_max, Tensor softmax_sum)", {at::Tag::pt2_compliant_tag});
+  m.def("sparse_flash_attention_grad(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, Tensor d_out, Tensor out, Tensor softmax_max, Tensor softmax_sum, float scale_value, int sparse_block_size, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, str layout=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, Tensor? block_table=None, str layout_kv=\"\", Tensor? sinks=None) -> (Tensor d_query, Tensor d_key, Tensor d_value, Tensor d_query_rope, Tensor d_key_rope)", {at::Tag::pt2_compliant_tag});
+  m.def("kv_quant_sparse_flash_attention(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, float scale_value, int key_quant_mode, int value_quant_mode, *, Tensor? key_dequant_scale=None, Tensor? value_dequant_scale=None, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, int sparse_block_size=1, str layout_query=\"BSND\", str layout_kv=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, int quant_scale_repo_mode=1, int tile_size=128, int rope_head_dim=64, int? key_dtype=None, int? value_dtype=None, Tensor? sinks=None) -> Tensor", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -1324,6 +1376,9 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("lightning_indexer_grad", TORCH_FN(lightning_indexer_grad_cpu_unboxed));
   m.impl("quant_lightning_indexer", TORCH_FN(quant_lightning_indexer_cpu_unboxed));
   m.impl("sparse_lightning_indexer_grad_kl_loss", TORCH_FN(sparse_lightning_indexer_grad_kl_loss_cpu_unboxed));
+  m.impl("sparse_flash_attention", TORCH_FN(sparse_flash_attention_cpu_unboxed));
+  m.impl("sparse_flash_attention_grad", TORCH_FN(sparse_flash_attention_grad_cpu_unboxed));
+  m.impl("kv_quant_sparse_flash_attention", TORCH_FN(kv_quant_sparse_flash_attention_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

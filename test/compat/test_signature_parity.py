@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
+from test.sparse_attention.sfa_reference import make_inputs
 from torch_ops_transformer._internal import args as _args
 from torch_ops_transformer.compat import upstream_functions
 
@@ -21,6 +22,9 @@ EXTENSIONS = {
     ("npu_mm_all_reduce_add_rms_norm", "chunks"): "pipelined chunk count of our MC2 implementation",
     ("npu_all_gather_base_mm", "world_size"): "default None: taken from the process group",
     ("npu_mm_reduce_scatter_base", "world_size"): "default None: taken from the process group",
+    ("npu_sparse_flash_attention_grad", "block_table"): "the forward's paged cache (upstream's grad has no paging)",
+    ("npu_sparse_flash_attention_grad", "layout_kv"): "the forward's layout_kv (None: the query's layout)",
+    ("npu_sparse_flash_attention_grad", "sinks"): "the forward's sinks, when the statistics are recomputed",
 }
 
 
@@ -308,6 +312,35 @@ SAMPLES.update({
     "npu_dequant_swiglu_quant": lambda: ((torch.randint(-9, 9, (4, 8), dtype=torch.int32),),
                                          {"weight_scale": torch.rand(8), "activation_scale": torch.rand(4, 1),
                                           "quant_scale": torch.rand(1, 4) + 0.5, "quant_mode": 1}),
+})
+
+
+def _sfa():
+    inp = make_inputs(B=1, S1=2, N1=2, Dn=8, Dr=4, S2=6, K=3, seed=0)
+    kw = {k: v for k, v in inp["kwargs"].items() if v is not None}
+    return (inp["query"], inp["key"], inp["value"], inp["sparse_indices"], inp["scale_value"]), kw
+
+
+def _sfa_grad():
+    (q, k, v, idx, scale), kw = _sfa()
+    out, smax, ssum = tot.npu_sparse_flash_attention(q, k, v, idx, scale, **kw, return_softmax_lse=True)
+    return (q, k, v, idx, torch.randn_like(out), out, smax, ssum, scale, 1), dict(
+        query_rope=kw["query_rope"], key_rope=kw["key_rope"], attention_mode=2)
+
+
+def _kv_quant_sfa():
+    (q, k, v, idx, scale), kw = _sfa()
+    latent = torch.randint(-127, 128, k.shape, dtype=torch.int8)
+    packed = torch.cat([latent, kw["key_rope"].view(torch.int8), torch.ones(1, 6, 1, 1).view(torch.int8)], -1)
+    return (torch.cat([q, kw["query_rope"]], -1), packed, latent, idx, scale, 2, 2), dict(
+        attention_mode=2, tile_size=8, rope_head_dim=4)
+
+
+# sparse attention (DeepSeek-V3.2 DSA): sparse flash attention
+SAMPLES.update({
+    "npu_sparse_flash_attention": _sfa,
+    "npu_sparse_flash_attention_grad": _sfa_grad,
+    "npu_kv_quant_sparse_flash_attention": _kv_quant_sfa,
 })
 
 

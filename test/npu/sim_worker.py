@@ -206,6 +206,28 @@ def case_host_lengths_may_stay_on_the_cpu():
         raise AssertionError("a cpu atten_mask with npu inputs was accepted")
 
 
+def case_sparse_flash_attention_runs_the_cpu_kernel_on_npu():
+    """No PrivateUse1 kernel: the simulated npu runs the CPU kernel (forward, backward, paged cache with host
+    lengths), results on the npu and equal to the CPU's."""
+    tot = _sim()
+    from test.sparse_attention.sfa_reference import make_inputs
+
+    inp = make_inputs(layout_query="TND", layout_kv="PA_BSND", q_lens=[3, 2], kv_lens=[20, 9], seed=3)
+    kw = inp["kwargs"]
+    res = {}
+    for device in ("cpu", "npu"):
+        leaves = [t.detach().to(device).requires_grad_() for t in (inp["query"], inp["key"], kw["query_rope"],
+                                                                   kw["key_rope"])]
+        q, k, qr, kr = leaves
+        out = tot.npu_sparse_flash_attention(q, k, k, inp["sparse_indices"].to(device), inp["scale_value"],
+                                             **dict(kw, query_rope=qr, key_rope=kr,
+                                                    block_table=kw["block_table"].to(device)))[0]
+        out.square().sum().backward()
+        res[device] = [out.detach()] + [t.grad for t in leaves]
+    assert all(t.device.type == "npu" for t in res["npu"])
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(res["npu"], res["cpu"]))
+
+
 def case_enable_is_idempotent():
     tot = _sim()
     tot.npu_sim.enable()

@@ -15,6 +15,7 @@ from test.quant import quant_cases
 from test.rope import rope_cases
 from test.sampling import sampling_cases
 from test.sparse_attention import indexer_cases
+from test.sparse_attention import sfa_cases
 from torch_ops_transformer import OPS as REGISTRY
 
 OPS = torch.ops.npu_fa
@@ -23,6 +24,7 @@ CASE_MODULES = (attention_cases, distribute_cases, fused_ffn_cases, grouped_matm
                 rope_cases)
 CASE_MODULES += (sampling_cases,)
 CASE_MODULES += (indexer_cases,)
+CASE_MODULES += (sfa_cases,)
 
 
 def _collect_cases():

@@ -234,6 +234,38 @@ CASES.update({
     "grouped_matmul_add": {"m0": (lambda: ((_z(2, 4, 3), _r(0, 4), _r(0, 3), torch.tensor([0, 0])), {}), None)},
 })
 
+# sparse attention (DeepSeek-V3.2 DSA): sparse flash attention
+def _sfa_zero(tokens=0, slots=4):
+    q = _r(tokens, 2, 8)
+    k = _r(1, 6, 1, 8)
+    idx = _z(tokens, 1, slots, dtype=I32)
+    lq = torch.tensor([tokens], dtype=I64)
+    return (q, k, k, idx, 0.5), dict(actual_seq_lengths_query=lq, layout_query="TND", layout_kv="PA_BSND",
+                                     block_table=_z(1, 1, dtype=I32), actual_seq_lengths_kv=torch.tensor([6]))
+
+
+def _sfa_grad_zero():
+    args, kw = _sfa_zero()
+    out = torch.zeros(0, 2, 8)
+    e = torch.zeros(0)
+    return (*args[:4], out, out, e, e, 0.5, 1), dict(actual_seq_qlen=kw["actual_seq_lengths_query"],
+                                                     actual_seq_kvlen=kw["actual_seq_lengths_kv"], layout="TND",
+                                                     layout_kv="PA_BSND", block_table=kw["block_table"])
+
+
+def _kv_quant_zero():
+    q = _r(1, 0, 2, 24)
+    key = _z(1, 6, 1, 16 + 8 * 4 + 8, dtype=torch.int8)
+    return (q, key, key, _z(1, 0, 1, 4, dtype=I32), 0.5, 2, 2), dict(attention_mode=2, tile_size=8, rope_head_dim=8)
+
+
+CASES.update({
+    "sparse_flash_attention": {"t0": (_sfa_zero, [(0, 2, 8), (0,), (0,)]),
+                               "k0": (lambda: _sfa_zero(tokens=2, slots=0), [(2, 2, 8), (0,), (0,)])},
+    "sparse_flash_attention_grad": {"t0": (_sfa_grad_zero, [(0, 2, 8), (1, 6, 1, 8), (1, 6, 1, 8), (0,), (0,)])},
+    "kv_quant_sparse_flash_attention": {"s0": (_kv_quant_zero, [(1, 0, 2, 16)])},
+})
+
 _PROCESS_GROUP = "needs an initialised torch.distributed process group (group_name); test/mc2 covers it"
 NO_CASE = {
     "trans_quant_param": "upstream rejects an empty scale (its documented rule, tested in test/quant)",

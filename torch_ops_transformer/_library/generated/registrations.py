@@ -98,6 +98,9 @@ OPS = {
     'lightning_indexer_grad': OpInfo("Backward of lightning_indexer's sparse_values (torch_npu npu_lightning_indexer_grad). With S[h, j] = query[t, h] . key[idx_j] for the selected positions idx_j = sparse_indices[t, n2, j] (entries of -1, or past the keys visible under sparse_mode, are skipped): d_weights[t, h] = sum_j dy[t, n2, j] * ReLU(S[h, j]); with G[h, j] = dy[t, n2, j] * weights[t, h] * (S[h, j] > 0): d_query[t, h] = sum_j G[h, j] key[idx_j], d_key[idx_j] += G[h, j] query[t, h]. layout BSND or TND for query and key alike; dy has sparse_indices' shape (or is an empty tensor: zero gradients); with N2 = 1 both may leave the N2 axis out. Outputs have the shapes and dtypes of query, key, weights; fp32 accumulation (fp64 for fp64).", ('CPU',), False, True),
     'quant_lightning_indexer': OpInfo("The int8 lightning indexer (torch_npu npu_quant_lightning_indexer): lightning_indexer's selection with score = sum_h weights[t, h] * ReLU(query_dequant_scale[t, h] * key_dequant_scale[s] * (query[t, h] . key[s])), the int8 dot products exact in int32. query, key int8 in lightning_indexer's layouts; weights float16/bfloat16/float32 and query_dequant_scale float16/float32 of weights' shape ([B, S1, N1] / [T1, N1]); key_dequant_scale float16/float32 of key's shape without D ([B, S2, N2], [T2, N2] or [blocks, block_size, N2]). Quant modes 0 (per token and head) only. Scores compared in fp32. Returns sparse_indices (int32) as lightning_indexer.", ('CPU',), False, True),
     'sparse_lightning_indexer_grad_kl_loss': OpInfo("The indexer's training step (torch_npu npu_sparse_lightning_indexer_grad_kl_loss): loss = sum over query tokens t of KL(p_t || softmax(I_t)) over the selected keys idx_j = sparse_indices[t, 0, j] (entries of -1 or past the visible keys skipped). I_t[j] = sum_h weights[t, h] * ReLU(query_index[t, h] . key_index[idx_j]). The target: each main-attention head n's probability of key idx_j, exp(scale_value * (query[t, n] . key[idx_j] + query_rope[t, n] . key_rope[idx_j]) - softmax_max[n, t]) / (softmax_sum[n, t] (+ exp(sinks[n] - softmax_max[n, t]) with sinks)), summed over the heads and L1-normalised over j. Returns the gradients of the loss (dI = softmax(I_t) - p_t through the ReLU scores) for query_index, key_index and weights (their shapes and dtypes) and loss (float32 [1]). layout BSND (query [B, S1, N1, D], key [B, S2, 1, D], softmax_max/sum [B, 1, S1, N1]) or TND ([T1, N1, D], [T2, 1, D], [1, T1, N1], cumulative actual_seq_qlen/klen); N2 = 1.", ('CPU',), False, True),
+    'sparse_flash_attention': OpInfo("Sparse flash attention (CANN SparseFlashAttention, torch_npu npu_sparse_flash_attention; DeepSeek-V3.2's DSA): each query token attends only to the KV tokens its row of sparse_indices selects, out = softmax(scale_value * q K̃ᵀ) Ṽ per query head, N1 query heads sharing each of the N2 KV heads. Entry b >= 0 of a row selects the tokens [b * sparse_block_size, (b + 1) * sparse_block_size) clipped to the sequence's KV length; -1 selects nothing; duplicates count once per slot. attention_mode 2 (MLA absorb): the scores use [query, query_rope] against [key, key_rope], value (key's shape) gives the output; attention_mode 0: no rope tensors. sparse_mode 3 also hides the tokens j > kv_len - q_len + i from query i (right-down causal); 0 does not. Layouts: query BSND [B,S1,N1,D] or TND [T1,N1,D] (actual_seq_lengths_query cumulative, required); KV BSND, TND (cumulative actual_seq_lengths_kv, required) or PA_BSND (paged [blocks, block_size, N2, D] with block_table [B, max_blocks] and per-sequence actual_seq_lengths_kv). sinks (float32 [N1]): one more logit per head in the denominator. Outputs: attention_out (query's shape and dtype, value's head dim); with return_softmax_lse softmax_max and softmax_sum (float32, float64 for float64 inputs; BSND [B,N2,S1,N1/N2], TND [N2,T1,N1/N2]) of the scaled scores, else empty [0]. A query that attends to no key gives zeros (max -inf, sum 0). fp32 accumulation. Differentiable in query, key, value, query_rope and key_rope (sparse_flash_attention_grad).", ('CPU',), True, True),
+    'sparse_flash_attention_grad': OpInfo('Backward of sparse_flash_attention (CANN SparseFlashAttentionGrad, torch_npu npu_sparse_flash_attention_grad): the arguments of the forward call (layout = its layout_query; layout_kv "" = layout; block_table for a paged cache, our extension) with d_out, the forward\'s out and its softmax_max / softmax_sum; empty statistics ([0], the forward without return_softmax_lse) are recomputed. With P the forward\'s probabilities over the selected tokens: dV = Pᵀ dO, dS = P ⊙ (dO Vᵀ - rowsum(dO ⊙ out)), [dq, dq_rope] = scale dS K̃, [dK̃, dK̃_rope] = scale dSᵀ [q, q_rope], scattered back to every selected cache row (a row selected by several queries or slots sums their contributions, in an order that depends on the shapes and indices only). Returns d_query, d_key, d_value, d_query_rope, d_key_rope in their inputs\' shapes and dtypes (empty [0] for an absent rope tensor); cache rows no query selects get zeros.', ('CPU',), False, True),
+    'kv_quant_sparse_flash_attention': OpInfo("Sparse flash attention over an int8 (or float8_e4m3fn) MLA cache with per-token, per-tile scales (CANN KvQuantSparseFlashAttention, torch_npu npu_kv_quant_sparse_flash_attention): attention_mode 2, key_quant_mode = value_quant_mode = 2 (per tile), quant_scale_repo_mode 1 (scales stored in the cache row). query [.., N1, Dn + rope_head_dim] is [q_nope, q_rope]; each cache row of key [.., N2, KV_D] holds Dn quantised latent values, then rope_head_dim rope values in query's dtype (as bytes), then Dn / tile_size float32 scales (as bytes): KV_D = Dn + rope_head_dim * query.element_size() + 4 * Dn / tile_size. K̃ = [latent * scale of its tile, rope], Ṽ = the dequantised latent (the MLA cache is both; value's int8 content is not read). Selection, masks, layouts, sinks and the empty-query rule as sparse_flash_attention. Returns [.., N1, Dn] in query's dtype. Inference only.", ('CPU',), False, True),
 }
 
 
@@ -837,6 +840,33 @@ def _fake_sparse_lightning_indexer_grad_kl_loss(query, key, query_index, key_ind
     a = SparseLightningIndexerGradKlLossArgs(query, key, query_index, key_index, weights, sparse_indices, softmax_max, softmax_sum, scale_value, query_rope, key_rope, actual_seq_qlen, actual_seq_klen, layout, sparse_mode, pre_tokens, next_tokens, sinks)
     check_devices('sparse_lightning_indexer_grad_kl_loss', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_klen'))
     return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'sparse_lightning_indexer_grad_kl_loss')(a)
+
+
+SparseFlashAttentionArgs = collections.namedtuple('SparseFlashAttentionArgs', ['query', 'key', 'value', 'sparse_indices', 'scale_value', 'block_table', 'actual_seq_lengths_query', 'actual_seq_lengths_kv', 'query_rope', 'key_rope', 'sparse_block_size', 'layout_query', 'layout_kv', 'sparse_mode', 'pre_tokens', 'next_tokens', 'attention_mode', 'return_softmax_lse', 'sinks'])
+
+
+def _fake_sparse_flash_attention(query, key, value, sparse_indices, scale_value, block_table=None, actual_seq_lengths_query=None, actual_seq_lengths_kv=None, query_rope=None, key_rope=None, sparse_block_size=1, layout_query="BSND", layout_kv="BSND", sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807, attention_mode=0, return_softmax_lse=False, sinks=None):
+    a = SparseFlashAttentionArgs(query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks)
+    check_devices('sparse_flash_attention', a._asdict().items(), host=('actual_seq_lengths_query', 'actual_seq_lengths_kv'))
+    return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'sparse_flash_attention')(a)
+
+
+SparseFlashAttentionGradArgs = collections.namedtuple('SparseFlashAttentionGradArgs', ['query', 'key', 'value', 'sparse_indices', 'd_out', 'out', 'softmax_max', 'softmax_sum', 'scale_value', 'sparse_block_size', 'query_rope', 'key_rope', 'actual_seq_qlen', 'actual_seq_kvlen', 'layout', 'sparse_mode', 'pre_tokens', 'next_tokens', 'attention_mode', 'block_table', 'layout_kv', 'sinks'])
+
+
+def _fake_sparse_flash_attention_grad(query, key, value, sparse_indices, d_out, out, softmax_max, softmax_sum, scale_value, sparse_block_size, query_rope=None, key_rope=None, actual_seq_qlen=None, actual_seq_kvlen=None, layout="BSND", sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807, attention_mode=0, block_table=None, layout_kv="", sinks=None):
+    a = SparseFlashAttentionGradArgs(query, key, value, sparse_indices, d_out, out, softmax_max, softmax_sum, scale_value, sparse_block_size, query_rope, key_rope, actual_seq_qlen, actual_seq_kvlen, layout, sparse_mode, pre_tokens, next_tokens, attention_mode, block_table, layout_kv, sinks)
+    check_devices('sparse_flash_attention_grad', a._asdict().items(), host=('actual_seq_qlen', 'actual_seq_kvlen'))
+    return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'sparse_flash_attention_grad')(a)
+
+
+KvQuantSparseFlashAttentionArgs = collections.namedtuple('KvQuantSparseFlashAttentionArgs', ['query', 'key', 'value', 'sparse_indices', 'scale_value', 'key_quant_mode', 'value_quant_mode', 'key_dequant_scale', 'value_dequant_scale', 'block_table', 'actual_seq_lengths_query', 'actual_seq_lengths_kv', 'sparse_block_size', 'layout_query', 'layout_kv', 'sparse_mode', 'pre_tokens', 'next_tokens', 'attention_mode', 'quant_scale_repo_mode', 'tile_size', 'rope_head_dim', 'key_dtype', 'value_dtype', 'sinks'])
+
+
+def _fake_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, *, key_dequant_scale=None, value_dequant_scale=None, block_table=None, actual_seq_lengths_query=None, actual_seq_lengths_kv=None, sparse_block_size=1, layout_query="BSND", layout_kv="BSND", sparse_mode=3, pre_tokens=9223372036854775807, next_tokens=9223372036854775807, attention_mode=0, quant_scale_repo_mode=1, tile_size=128, rope_head_dim=64, key_dtype=None, value_dtype=None, sinks=None):
+    a = KvQuantSparseFlashAttentionArgs(query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks)
+    check_devices('kv_quant_sparse_flash_attention', a._asdict().items(), host=('actual_seq_lengths_query', 'actual_seq_lengths_kv'))
+    return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'kv_quant_sparse_flash_attention')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1604,6 +1634,70 @@ def _backward_lightning_indexer(ctx, grad_sparse_indices, grad_sparse_values):
     )
 
 
+def _setup_sparse_flash_attention(ctx, inputs, output):
+    (query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks,) = inputs
+    (attention_out, softmax_max, softmax_sum,) = output
+    ctx.save_for_backward(query, key, value, sparse_indices, attention_out, softmax_max, softmax_sum, query_rope, key_rope, actual_seq_lengths_query, actual_seq_lengths_kv, block_table, sinks)
+    ctx.scale_value = scale_value
+    ctx.sparse_block_size = sparse_block_size
+    ctx.layout_query = layout_query
+    ctx.sparse_mode = sparse_mode
+    ctx.pre_tokens = pre_tokens
+    ctx.next_tokens = next_tokens
+    ctx.attention_mode = attention_mode
+    ctx.layout_kv = layout_kv
+    ctx.mark_non_differentiable(softmax_max, softmax_sum)
+
+
+def _backward_sparse_flash_attention(ctx, grad_attention_out, grad_softmax_max, grad_softmax_sum):
+    (query, key, value, sparse_indices, attention_out, softmax_max, softmax_sum, query_rope, key_rope, actual_seq_lengths_query, actual_seq_lengths_kv, block_table, sinks,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.sparse_flash_attention_grad.default(
+        query,
+        key,
+        value,
+        sparse_indices,
+        grad_attention_out,
+        attention_out,
+        softmax_max,
+        softmax_sum,
+        ctx.scale_value,
+        ctx.sparse_block_size,
+        query_rope,
+        key_rope,
+        actual_seq_lengths_query,
+        actual_seq_lengths_kv,
+        ctx.layout_query,
+        ctx.sparse_mode,
+        ctx.pre_tokens,
+        ctx.next_tokens,
+        ctx.attention_mode,
+        block_table=block_table,
+        layout_kv=ctx.layout_kv,
+        sinks=sinks,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # query
+        grads[1] if _needs_grad(ctx, 1) else None,  # key
+        grads[2] if _needs_grad(ctx, 2) else None,  # value
+        None,  # sparse_indices
+        None,  # scale_value
+        None,  # block_table
+        None,  # actual_seq_lengths_query
+        None,  # actual_seq_lengths_kv
+        grads[3] if _needs_grad(ctx, 8) else None,  # query_rope
+        grads[4] if _needs_grad(ctx, 9) else None,  # key_rope
+        None,  # sparse_block_size
+        None,  # layout_query
+        None,  # layout_kv
+        None,  # sparse_mode
+        None,  # pre_tokens
+        None,  # next_tokens
+        None,  # attention_mode
+        None,  # return_softmax_lse
+        None,  # sinks
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
     for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
@@ -1708,3 +1802,7 @@ def register():
     torch.library.register_fake("npu_fa::lightning_indexer_grad", _fake_lightning_indexer_grad)
     torch.library.register_fake("npu_fa::quant_lightning_indexer", _fake_quant_lightning_indexer)
     torch.library.register_fake("npu_fa::sparse_lightning_indexer_grad_kl_loss", _fake_sparse_lightning_indexer_grad_kl_loss)
+    torch.library.register_fake("npu_fa::sparse_flash_attention", _fake_sparse_flash_attention)
+    torch.library.register_autograd("npu_fa::sparse_flash_attention", _backward_sparse_flash_attention, setup_context=_setup_sparse_flash_attention)
+    torch.library.register_fake("npu_fa::sparse_flash_attention_grad", _fake_sparse_flash_attention_grad)
+    torch.library.register_fake("npu_fa::kv_quant_sparse_flash_attention", _fake_kv_quant_sparse_flash_attention)
