@@ -200,7 +200,7 @@ EXT = extension_kwargs()
 # Optional dependencies (README "Setup" installs `all`): the test suite; the Hugging Face drop-in and the demo
 # (`python -m torch_ops_transformer demo`) with its progress bar; `bench --plot`.
 EXTRAS = {
-    "test": ["pytest", "expecttest", "numpy", "hypothesis>=6.50"],
+    "test": ["pytest", "pytest-xdist", "expecttest", "numpy", "hypothesis>=6.50"],
     "hf": ["transformers==5.24.0", "tqdm"],
     "plot": ["matplotlib"],
 }

@@ -40,14 +40,30 @@ def pytest_report_header(config):
     return f"test tier: {TIER} (docs/testing.md)"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker turns the groups into node-id suffixes
 def pytest_collection_modifyitems(config, items):
-    """The default tier deselects what is marked `full` (deselected, not skipped: the summary counts them apart)."""
-    if IS_FULL:
-        return
-    kept = [item for item in items if item.get_closest_marker("full") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full") is not None])
-        items[:] = kept
+    """The default tier deselects what is marked `full` (deselected, not skipped: the summary counts them apart);
+    under pytest-xdist, the work is grouped for `--dist loadgroup`."""
+    if not IS_FULL:
+        kept = [item for item in items if item.get_closest_marker("full") is None]
+        if len(kept) != len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("full") is not None])
+            items[:] = kept
+    if hasattr(config, "workerinput"):  # an xdist worker (its own config says dist "no"; the controller schedules)
+        _group_for_xdist(items)
+
+
+def _group_for_xdist(items):
+    """One xdist group per test module (a module-scoped fixture, e.g. a compiled C++ program, then runs once), except
+    the simulated-npu cases: they share one session-scoped child process (test/npu/conftest.py), so they form one
+    group, placed first because it is the longest (the scheduler hands out groups in collection order). Every worker
+    collects the same items and reorders them identically, as xdist requires."""
+    def is_npu_case(item):
+        return "_npu_results" in getattr(item, "fixturenames", ())
+    items.sort(key=lambda item: not is_npu_case(item))  # stable: the order within each part is kept
+    for item in items:
+        group = "npu-child" if is_npu_case(item) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
