@@ -207,6 +207,18 @@ def test_sinks_gradients_through_the_statistics():
     assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-7, fast_mode=True)
 
 
+def test_sinks_requiring_grad_are_an_error_not_a_silent_none():
+    """The op has no gradient for sinks yet: asking for one raises at the call instead of leaving sinks.grad None."""
+    inp = make_inputs(dtype=torch.float64, B=1, S1=2, N1=2, Dn=4, Dr=2, S2=5, K=3, seed=9)
+    q = inp["query"].detach().clone().requires_grad_()
+    sinks = torch.tensor([0.5, -1.0], dtype=torch.float32, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"sparse_flash_attention: sinks requires grad.*sinks\.detach\(\)"):
+        _call(dict(inp, query=q), sinks=sinks)
+    out = _call(dict(inp, query=q), sinks=sinks.detach())[0]  # the remedy the message names
+    out.sum().backward()
+    assert q.grad is not None
+
+
 def test_noncontiguous_inputs():
     inp = make_inputs(seed=12)
     ref = _call(inp)[0]

@@ -63,10 +63,11 @@ def test_valid_yaml_loads(tmp_path):
     ("  doc: test op\n", "  doc: test op\n  colour: red\n", "unknown keys"),
     ("gradients: {x: 0}", "gradients: {x: 0}\n    saved_only_with: {x: n}", "not an optional tensor input"),
     ("gradients: {x: 0}", "gradients: {x: 0}\n    saved_only_with: {y: x}", "'y', which is not a tensor input the"),
+    ("gradients: {x: 0}", "gradients: {x: 0}\n    no_gradient: [x]", "'x', which is not a tensor input without"),
 ], ids=["bad_schema", "unknown_dispatch_key", "missing_fake", "backward_unknown_argument",
         "backward_unknown_keyword", "unknown_backward_op", "gradient_for_non_tensor", "unknown_output",
         "no_tensors_without_catchall", "unknown_entry_key", "saved_only_with_non_optional_condition",
-        "saved_only_with_unsaved_tensor"])
+        "saved_only_with_unsaved_tensor", "no_gradient_for_a_differentiable_input"])
 def test_model_rejects(tmp_path, old, new, message):
     with pytest.raises(SpecError, match=message):
         _load_with(tmp_path, old, new)

@@ -47,6 +47,10 @@ def _autograd_block(spec: OpSpec, by_name: Dict[str, OpSpec]) -> List[str]:
            f"    {outputs[0]} = output" if len(outputs) == 1 else f"    ({', '.join(outputs)},) = output",
            save]
     out += [f"    ctx.{a} = {a}" for a in attrs]
+    for name in ag.no_gradient:
+        message = (f"{fn}: {name} requires grad, but {fn} has no gradient for {name} (it would stay None); "
+                   f"pass {name}.detach()")
+        out += [f"    if {name} is not None and {name}.requires_grad:", f"        raise RuntimeError({message!r})"]
     if nondiff:
         out.append(f"    ctx.mark_non_differentiable({', '.join(('*' if o in lists else '') + o for o in nondiff)})")
     out += ["", "",

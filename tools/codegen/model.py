@@ -15,7 +15,7 @@ from torchgen.model import Argument, FunctionSchema
 NAMESPACE = "npu_fa"
 DISPATCH_KEYS = ("CPU", "PrivateUse1", "CatchAll")
 ENTRY_KEYS = {"func", "doc", "dispatch", "fake", "autograd", "opcheck", "host_tensors"}
-AUTOGRAD_KEYS = {"backward", "differentiable_outputs", "gradients", "saved_only_with"}
+AUTOGRAD_KEYS = {"backward", "differentiable_outputs", "gradients", "saved_only_with", "no_gradient"}
 
 
 class SpecError(ValueError):
@@ -37,6 +37,9 @@ class Autograd:
     # tensor input -> optional tensor input: the first is saved only when the second is given; otherwise backward
     # gets a stand-in of its shape, dtype and device without its data (so autograd does not keep it alive)
     saved_only_with: Dict[str, str] = dataclasses.field(default_factory=dict)
+    # floating tensor inputs the op has no gradient for: one that requires grad is an error at the forward call
+    # rather than a gradient that silently stays None
+    no_gradient: List[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +153,7 @@ def _parse_entry(index: int, entry: dict) -> OpSpec:
             differentiable_outputs=list(ag.get("differentiable_outputs") or []),
             gradients={str(k): int(v) for k, v in (ag.get("gradients") or {}).items()},
             saved_only_with={str(k): str(v) for k, v in (ag.get("saved_only_with") or {}).items()},
+            no_gradient=[str(n) for n in (ag.get("no_gradient") or [])],
         )
     return OpSpec(schema, entry["func"], " ".join(str(entry.get("doc", "")).split()), dispatch, fake,
                   autograd, bool(entry.get("opcheck", True)), _host_tensors(name, schema, entry))
@@ -205,6 +209,9 @@ def _check_autograd(spec: OpSpec, by_name: Dict[str, OpSpec]) -> None:
         if cond not in inputs or str(inputs[cond].type) != "Tensor?":
             raise SpecError(f"{spec.name}: saved_only_with conditions {name!r} on {cond!r}, which is not an "
                             f"optional tensor input (Tensor?)")
+    for name in ag.no_gradient:
+        if name not in inputs or not inputs[name].type.is_tensor_like() or name in ag.gradients:
+            raise SpecError(f"{spec.name}: no_gradient names {name!r}, which is not a tensor input without a gradient")
     for inp, idx in ag.gradients.items():
         if inp not in inputs or not inputs[inp].type.is_tensor_like():
             raise SpecError(f"{spec.name}: gradient given for {inp!r}, which is not a tensor input")
