@@ -73,6 +73,17 @@ def _fixed_seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_process_group_left_behind():
+    """A default process group a test leaves initialised (e.g. a torch_npu doc example run in-process) would make
+    the next test's init_process_group fail with "initialize the default process group twice"; which test runs next
+    in a worker depends on pytest-xdist's scheduling, so each test ends with none."""
+    yield
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture
 def dynamo_reset():
     torch._dynamo.reset()
