@@ -7,6 +7,7 @@ import tempfile
 
 import pytest
 import torch
+import torch.distributed as dist
 
 # The suite never reads or writes the user's tuning cache: tiles come from the built-in choice unless a test
 # tunes into its own directory (set before the package loads its cache at import).
@@ -58,12 +59,11 @@ def _group_for_xdist(items):
     the simulated-npu cases: they share one session-scoped child process (test/npu/conftest.py), so they form one
     group, placed first because it is the longest (the scheduler hands out groups in collection order). Every worker
     collects the same items and reorders them identically, as xdist requires."""
-    def is_npu_case(item):
-        return "_npu_results" in getattr(item, "fixturenames", ())
-    items.sort(key=lambda item: not is_npu_case(item))  # stable: the order within each part is kept
+    groups = {item: "npu-child" if "_npu_results" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+              for item in items}
+    items.sort(key=lambda item: groups[item] != "npu-child")  # stable: the order within each part is kept
     for item in items:
-        group = "npu-child" if is_npu_case(item) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
 
 
 @pytest.fixture(autouse=True)
@@ -73,13 +73,15 @@ def _fixed_seed():
     yield
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def _no_process_group_left_behind():
-    """A default process group a test leaves initialised (e.g. a torch_npu doc example run in-process) would make
-    the next test's init_process_group fail with "initialize the default process group twice"; which test runs next
-    in a worker depends on pytest-xdist's scheduling, so each test ends with none."""
+    """The MC2 opcheck cases (test/mc2/mc2_cases.py: single_rank_group) create a one-rank default group on first use
+    and keep it for the cases after them; a module that then calls init_process_group itself
+    (test/mc2/test_training.py) fails with "initialize the default process group twice". In one process the file
+    order hid this; which module runs next in a pytest-xdist worker depends on the scheduling, so each module ends
+    with no default group. Module scope, not test scope: a module-scoped fixture may hold a group for all of its
+    module's tests (test/moe/test_distribute.py), and this fixture, set up first, is torn down after it."""
     yield
-    import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
