@@ -220,7 +220,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_inde
 // sparse_flash_attention [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu(const SparseFlashAttentionArgs& args);
 // sparse_flash_attention_grad [CPU]
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(const SparseFlashAttentionGradArgs& args);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(const SparseFlashAttentionGradArgs& args);
 // kv_quant_sparse_flash_attention [CPU]
 at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttentionArgs& args);
 }  // namespace npu_fa

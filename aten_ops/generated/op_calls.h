@@ -643,10 +643,10 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_sparse_flash_attentio
 }
 
 // sparse_flash_attention_grad
-inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_sparse_flash_attention_grad(const SparseFlashAttentionGradArgs& a) {
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_sparse_flash_attention_grad(const SparseFlashAttentionGradArgs& a) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("npu_fa::sparse_flash_attention_grad", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, c10::string_view, const std::optional<at::Tensor>&)>();
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, c10::string_view, const std::optional<at::Tensor>&)>();
   return op.call(a.query, a.key, a.value, a.sparse_indices, a.d_out, a.out, a.softmax_max, a.softmax_sum, a.scale_value, a.sparse_block_size, a.query_rope, a.key_rope, a.actual_seq_qlen, a.actual_seq_kvlen, a.layout, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.block_table, a.layout_kv, a.sinks);
 }
 

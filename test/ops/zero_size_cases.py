@@ -262,7 +262,7 @@ def _kv_quant_zero():
 CASES.update({
     "sparse_flash_attention": {"t0": (_sfa_zero, [(0, 2, 8), (0,), (0,)]),
                                "k0": (lambda: _sfa_zero(tokens=2, slots=0), [(2, 2, 8), (0,), (0,)])},
-    "sparse_flash_attention_grad": {"t0": (_sfa_grad_zero, [(0, 2, 8), (1, 6, 1, 8), (1, 6, 1, 8), (0,), (0,)])},
+    "sparse_flash_attention_grad": {"t0": (_sfa_grad_zero, [(0, 2, 8), (1, 6, 1, 8), (1, 6, 1, 8), (0,), (0,), (0,)])},
     "kv_quant_sparse_flash_attention": {"s0": (_kv_quant_zero, [(1, 0, 2, 16)])},
 })
 

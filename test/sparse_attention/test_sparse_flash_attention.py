@@ -207,16 +207,71 @@ def test_sinks_gradients_through_the_statistics():
     assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-7, fast_mode=True)
 
 
-def test_sinks_requiring_grad_are_an_error_not_a_silent_none():
-    """The op has no gradient for sinks yet: asking for one raises at the call instead of leaving sinks.grad None."""
-    inp = make_inputs(dtype=torch.float64, B=1, S1=2, N1=2, Dn=4, Dr=2, S2=5, K=3, seed=9)
-    q = inp["query"].detach().clone().requires_grad_()
-    sinks = torch.tensor([0.5, -1.0], dtype=torch.float32, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"sparse_flash_attention: sinks requires grad.*sinks\.detach\(\)"):
-        _call(dict(inp, query=q), sinks=sinks)
-    out = _call(dict(inp, query=q), sinks=sinks.detach())[0]  # the remedy the message names
-    out.sum().backward()
-    assert q.grad is not None
+def _sinks(dtype=torch.float32, N1=4, seed=1):
+    return torch.randn(N1, generator=torch.Generator().manual_seed(seed), dtype=dtype) * 2
+
+
+@pytest.mark.parametrize("dtype,layout", pairwise(dtype={"fp32": torch.float32, "bf16": torch.bfloat16},
+                                                  layout=["bsnd", "tnd_pa"]))
+def test_sinks_gradient_matches_reference(dtype, layout):
+    """d_sinks (and d_query, which the sinks change) through autograd against autograd of the float64 reference;
+    the float32 sinks of a bf16 call get a float32 gradient."""
+    inp = make_inputs(dtype=dtype, fill=0.5, seed=8, **_shape_args(layout, True))
+    dy = torch.randn(_call(inp)[0].shape, generator=torch.Generator().manual_seed(4))
+
+    def grads(run, qdtype):
+        q = inp["query"].detach().to(qdtype).requires_grad_()
+        sinks = _sinks().requires_grad_()
+        out = run(q, sinks)
+        return torch.autograd.grad(out, [q, sinks], dy.to(out.dtype))
+
+    ours = grads(lambda q, sinks: _call(dict(inp, query=q), sinks=sinks)[0], dtype)
+    ref64 = grads(lambda q, sinks: reference_of(inp, query=q, sinks=sinks)[0], torch.float64)
+    same = grads(lambda q, sinks: reference_of(inp, dtype=dtype, query=q, sinks=sinks)[0], dtype)
+    assert ours[1].dtype == torch.float32 and ours[1].shape == (4,)
+    check_tolerance("dquery", ours[0], ref64[0], same[0])
+    check_tolerance("dsinks", ours[1], ref64[1], same[1])
+
+
+@pytest.mark.parametrize("layout", ["bsnd", *full_only("tnd_pa")])
+def test_gradcheck_float64_with_sinks(layout):
+    """float64 sinks with a float64 query (the one pairing besides float32 sinks), all five inputs checked."""
+    inp = make_inputs(dtype=torch.float64, B=2, S1=2, N1=2, Dn=4, Dr=2, S2=6, K=4, block_size=4, fill=0.3, seed=11,
+                      **_shape_args(layout, False))
+    kw = inp["kwargs"]
+
+    def f(q, k, qr, kr, sinks):
+        return OPS.sparse_flash_attention(q, k, k, inp["sparse_indices"], inp["scale_value"], kw["block_table"],
+                                          kw["actual_seq_lengths_query"], kw["actual_seq_lengths_kv"], qr, kr, 1,
+                                          kw["layout_query"], kw["layout_kv"], 3, attention_mode=2, sinks=sinks)[0]
+
+    leaves = [t.detach().clone().requires_grad_() for t in (inp["query"], inp["key"], kw["query_rope"],
+                                                            kw["key_rope"], _sinks(torch.float64, N1=2))]
+    assert torch.autograd.gradcheck(f, leaves, eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+def test_grad_op_returns_d_sinks_as_autograd_does():
+    """The grad op called directly: d_sinks is its sixth result, equal to autograd's (with or without the forward's
+    statistics); torch_npu's five-result tuple is kept when no sinks are passed; without sinks d_sinks is empty."""
+    inp = make_inputs(fill=0.3, seed=7, q_lens=[3, 2], kv_lens=[20, 11])
+    kw = inp["kwargs"]
+    sinks = _sinks().requires_grad_()
+    out, smax, ssum = _call(inp, sinks=sinks, return_softmax_lse=True)
+    dy = torch.randn_like(out)
+    (expected,) = torch.autograd.grad(out, [sinks], dy)
+    args = (inp["query"], inp["key"], inp["value"], inp["sparse_indices"], dy, out.detach())
+    rest = dict(query_rope=kw["query_rope"], key_rope=kw["key_rope"], actual_seq_qlen=kw["actual_seq_lengths_query"],
+                actual_seq_kvlen=kw["actual_seq_lengths_kv"], attention_mode=2)
+    for stats in ((smax, ssum), (torch.empty(0), torch.empty(0))):
+        grads = tot.npu_sparse_flash_attention_grad(*args, *stats, inp["scale_value"], 1, sinks=sinks.detach(),
+                                                    **rest)
+        assert len(grads) == 6
+        torch.testing.assert_close(grads[5], expected, rtol=1e-5, atol=1e-6)
+    assert len(tot.npu_sparse_flash_attention_grad(*args, smax, ssum, inp["scale_value"], 1, **rest)) == 5
+    native = OPS.sparse_flash_attention_grad(*args, smax, ssum, inp["scale_value"], 1, kw["query_rope"],
+                                             kw["key_rope"], kw["actual_seq_lengths_query"],
+                                             kw["actual_seq_lengths_kv"], attention_mode=2)
+    assert native[5].shape == (0,) and native[5].dtype == torch.float32
 
 
 def test_noncontiguous_inputs():

@@ -75,8 +75,9 @@ def sparse_flash_attention_grad(a):
     _check_layouts(op, a.layout, a.layout_kv, a.query, a.key)
     dqr = a.query.new_empty(a.query_rope.shape) if a.query_rope is not None else a.query.new_empty((0,))
     dkr = a.key.new_empty(a.key_rope.shape) if a.key_rope is not None else a.key.new_empty((0,))
+    dsinks = a.sinks.new_empty(a.sinks.shape) if a.sinks is not None else a.query.new_empty((0,), dtype=torch.float32)
     return (a.query.new_empty(a.query.shape), a.key.new_empty(a.key.shape), a.value.new_empty(a.value.shape), dqr,
-            dkr)
+            dkr, dsinks)
 
 
 def kv_quant_sparse_flash_attention(a):

@@ -3,8 +3,10 @@
 
 - `npu_sparse_flash_attention(query, key, value, sparse_indices, scale_value, *, ...)` — each query token attends
   only to the KV tokens its row of `sparse_indices` selects (DeepSeek-V3.2's DSA, MLA absorbed: attention_mode=2);
-  returns (attention_out, softmax_max, softmax_sum). Differentiable in query, key, value, query_rope and key_rope.
-- `npu_sparse_flash_attention_grad(...)` — its backward, (d_query, d_key, d_value, d_query_rope, d_key_rope).
+  returns (attention_out, softmax_max, softmax_sum). Differentiable in query, key, value, query_rope, key_rope and
+  sinks.
+- `npu_sparse_flash_attention_grad(...)` — its backward, (d_query, d_key, d_value, d_query_rope, d_key_rope), and
+  d_sinks after them when the `sinks` extension is given.
 - `npu_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, scale_value, key_quant_mode,
   value_quant_mode, *, ...)` — the same over an int8 MLA cache whose rows carry their rope part and per-tile scales.
 """
@@ -56,23 +58,25 @@ def npu_sparse_flash_attention_grad(query: Tensor, key: Tensor, value: Tensor, s
                                     sparse_mode: Optional[int] = 3, pre_tokens: Optional[int] = _MAX_TOKENS,
                                     next_tokens: Optional[int] = _MAX_TOKENS, attention_mode: Optional[int] = 0, *,
                                     block_table: Optional[Tensor] = None, layout_kv: Optional[str] = None,
-                                    sinks: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                                    sinks: Optional[Tensor] = None) -> Tuple[Tensor, ...]:
     """torch_npu.npu_sparse_flash_attention_grad: the gradients (d_query, d_key, d_value, d_query_rope, d_key_rope)
     of npu_sparse_flash_attention from its out, softmax_max and softmax_sum (empty statistics are recomputed).
-    Extensions (keyword-only): block_table and layout_kv for a paged cache, sinks as in the forward."""
+    Extensions (keyword-only): block_table and layout_kv for a paged cache, sinks as in the forward; with sinks the
+    tuple has a sixth entry, d_sinks (without them it keeps torch_npu's five)."""
     op = "npu_sparse_flash_attention_grad"
     lq, lkv = _lengths(op, query, "actual_seq_qlen", actual_seq_qlen, "actual_seq_kvlen", actual_seq_kvlen)
     if layout is not None and not isinstance(layout, str):
         raise TypeError(f"{op}: argument 'layout' must be a str or None; got {layout!r}")
     if layout_kv is not None and not isinstance(layout_kv, str):
         raise TypeError(f"{op}: argument 'layout_kv' must be a str or None; got {layout_kv!r}")
-    return _OPS.sparse_flash_attention_grad(
+    grads = _OPS.sparse_flash_attention_grad(
         query, key, value, sparse_indices, d_out, out, softmax_max, softmax_sum, scale_value, sparse_block_size,
         query_rope, key_rope, lq, lkv, "BSND" if layout is None else layout,
         _args.optional_int(op, "sparse_mode", sparse_mode, 3),
         _args.optional_int(op, "pre_tokens", pre_tokens, _MAX_TOKENS),
         _args.optional_int(op, "next_tokens", next_tokens, _MAX_TOKENS),
         _args.optional_int(op, "attention_mode", attention_mode, 0), block_table, layout_kv or "", sinks)
+    return grads if sinks is not None else grads[:5]
 
 
 @_args.torch_npu_api

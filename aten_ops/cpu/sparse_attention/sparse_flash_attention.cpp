@@ -164,7 +164,7 @@ struct FwdOut {
   void* out;         // [T1, N1, Dv] scalar_t
   void* smax;        // stats (acc_t) or nullptr
   void* ssum;
-  const float* sinks;  // [N1] or nullptr
+  const void* sinks;  // [N1] in acc_t (sinks_in_acc) or nullptr
 };
 
 template <typename scalar_t>
@@ -175,6 +175,7 @@ void forward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q
   scalar_t* out = static_cast<scalar_t*>(o.out);
   acc_t* smax = static_cast<acc_t*>(o.smax);
   acc_t* ssum = static_cast<acc_t*>(o.ssum);
+  const acc_t* sinks = static_cast<const acc_t*>(o.sinks);
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
   at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
     Tiles<acc_t> w;
@@ -186,8 +187,8 @@ void forward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q
       mx.assign(g.G, kNegInf);
       sm.assign(g.G, 0);
       ov.assign(g.G * Dv, 0);
-      if (o.sinks != nullptr && g.row_batch[t] >= 0)
-        for (int64_t h = 0; h < g.G; ++h) mx[h] = static_cast<acc_t>(o.sinks[n2 * g.G + h]);
+      if (sinks != nullptr && g.row_batch[t] >= 0)
+        for (int64_t h = 0; h < g.G; ++h) mx[h] = sinks[n2 * g.G + h];
       if (M > 0) {
         gather<scalar_t, acc_t>(g, cv, q, qr, Dq, t, n2, w);
         w.s.resize(g.G * M);
@@ -207,15 +208,15 @@ void forward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q
         if (cv.input_precision) {  // P = E / (sum + sink term), rounded; the output is then P V itself
           for (int64_t h = 0; h < g.G; ++h) {
             acc_t den = sm[h];
-            if (o.sinks != nullptr) den += std::exp(static_cast<acc_t>(o.sinks[n2 * g.G + h]) - mx[h]);
+            if (sinks != nullptr) den += std::exp(sinks[n2 * g.G + h] - mx[h]);
             acc_t* srow = w.s.data() + h * M;
             for (int64_t j = 0; j < M; ++j) srow[j] = static_cast<acc_t>(static_cast<scalar_t>(srow[j] / den));
           }
         }
         gemm<acc_t>(g.G, Dv, M, w.s.data(), M, false, w.vptr, w.ldv, false, ov.data(), Dv);
       }
-      if (o.sinks != nullptr && g.row_batch[t] >= 0)
-        for (int64_t h = 0; h < g.G; ++h) sm[h] += std::exp(static_cast<acc_t>(o.sinks[n2 * g.G + h]) - mx[h]);
+      if (sinks != nullptr && g.row_batch[t] >= 0)
+        for (int64_t h = 0; h < g.G; ++h) sm[h] += std::exp(sinks[n2 * g.G + h] - mx[h]);
       for (int64_t h = 0; h < g.G; ++h) {
         scalar_t* dst = out + (t * g.N1 + n2 * g.G + h) * Dv;
         const acc_t inv = cv.input_precision ? acc_t(1) : sm[h] > 0 ? acc_t(1) / sm[h] : acc_t(0);
@@ -237,14 +238,19 @@ struct BwdIo {
   const void* out;
   const void* smax;  // acc_t stats or nullptr (recompute)
   const void* ssum;
-  const float* sinks;
+  const void* sinks;  // [N1] in acc_t or nullptr
   void* dq;   // [T1, N1, Dn] scalar_t
   void* dqr;  // [T1, N1, Dr] or nullptr
 };
 
-// Returns the accumulators dK̃ [kv_rows, N2, Dqk] and dṼ [kv_rows, N2, Dv] (acc_t), and writes dq / dq_rope.
+struct BwdAcc {
+  at::Tensor dk, dv;  // dK̃ [kv_rows, N2, Dqk] and dṼ [kv_rows, N2, Dv], acc_t
+  at::Tensor dsinks;  // [N1] acc_t, or undefined without sinks
+};
+
+// Returns the accumulators of the cache and sink gradients, and writes dq / dq_rope.
 template <typename scalar_t>
-std::pair<at::Tensor, at::Tensor> backward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q,
+BwdAcc backward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q,
                                                   const scalar_t* qr, const BwdIo& io) {
   using acc_t = acc_type_t<scalar_t>;
   const int64_t Dn = cv.Dn, Dr = cv.Dr, Dqk = Dn + Dr, Dv = cv.Dv, items = g.T1 * g.N2;
@@ -259,6 +265,10 @@ std::pair<at::Tensor, at::Tensor> backward_kernel(const SfaGeometry& g, const Ca
   const acc_t* ssum = static_cast<const acc_t*>(io.ssum);
   scalar_t* dq = static_cast<scalar_t*>(io.dq);
   scalar_t* dqr = static_cast<scalar_t*>(io.dqr);
+  const acc_t* sinks = static_cast<const acc_t*>(io.sinks);
+  // d sink[n] = -sum over the rows of head n of p_sink * rowsum(dO * O): one term per (token, head), summed after
+  // the parallel loop in token order, so the result does not depend on the thread count.
+  std::vector<acc_t> sink_terms(sinks != nullptr ? g.T1 * g.N1 : 0, acc_t(0));
 
   // Selection sizes, to cut the items into chunks whose gathered gradients fit a bounded buffer.
   std::vector<int64_t> count(items);
@@ -317,10 +327,9 @@ std::pair<at::Tensor, at::Tensor> backward_kernel(const SfaGeometry& g, const Ca
         } else {
           for (int64_t h = 0; h < g.G; ++h) {
             const acc_t* srow = w.s.data() + h * M;
-            acc_t m = io.sinks != nullptr ? static_cast<acc_t>(io.sinks[n2 * g.G + h])
-                                          : -std::numeric_limits<acc_t>::infinity();
+            acc_t m = sinks != nullptr ? sinks[n2 * g.G + h] : -std::numeric_limits<acc_t>::infinity();
             for (int64_t j = 0; j < M; ++j) m = std::max(m, srow[j]);
-            acc_t sum = io.sinks != nullptr ? std::exp(static_cast<acc_t>(io.sinks[n2 * g.G + h]) - m) : acc_t(0);
+            acc_t sum = sinks != nullptr ? std::exp(sinks[n2 * g.G + h] - m) : acc_t(0);
             for (int64_t j = 0; j < M; ++j) sum += std::exp(srow[j] - m);
             mx[h] = m;
             sm[h] = sum;
@@ -330,6 +339,8 @@ std::pair<at::Tensor, at::Tensor> backward_kernel(const SfaGeometry& g, const Ca
           acc_t* srow = w.s.data() + h * M;
           const acc_t inv = sm[h] > 0 ? acc_t(1) / sm[h] : acc_t(0);
           for (int64_t j = 0; j < M; ++j) srow[j] = std::exp(srow[j] - mx[h]) * inv;  // P
+          if (sinks != nullptr)  // the sink's probability times rowsum(dO * O), with the sign of dS
+            sink_terms[t * g.N1 + n2 * g.G + h] = -std::exp(sinks[n2 * g.G + h] - mx[h]) * inv * delta[h];
         }
         dp.resize(g.G * M);
         gemm<acc_t>(g.G, M, Dv, dO.data(), Dv, false, w.vptr, w.ldv, true, dp.data(), M);  // dO Ṽᵀ
@@ -370,7 +381,14 @@ std::pair<at::Tensor, at::Tensor> backward_kernel(const SfaGeometry& g, const Ca
     });
     start = end;
   }
-  return {dk_acc, dv_acc};
+  at::Tensor dsinks;
+  if (sinks != nullptr) {
+    dsinks = at::zeros({g.N1}, opt);
+    acc_t* ds = dsinks.data_ptr<acc_t>();
+    for (int64_t t = 0; t < g.T1; ++t)
+      for (int64_t n = 0; n < g.N1; ++n) ds[n] += sink_terms[t * g.N1 + n];
+  }
+  return {dk_acc, dv_acc, dsinks};
 }
 
 // The rules of sparse_flash_attention's own tensors (shared with the grad); returns the cache view without
@@ -422,12 +440,21 @@ SfaTensors check_sfa_tensors(const char* op, const at::Tensor& query, const at::
                       " but for its last size; got ", value.sizes());
   }
   if (sinks.has_value()) {
-    TORCH_CHECK_TYPE(sinks->scalar_type() == at::kFloat, op, ": argument 'sinks' must be float32; got ",
-                     sinks->scalar_type());
+    // float64 sinks with a float64 query: what gradcheck of the sink gradient needs.
+    const bool ok = sinks->scalar_type() == at::kFloat ||
+                    (sinks->scalar_type() == at::kDouble && query.scalar_type() == at::kDouble);
+    TORCH_CHECK_TYPE(ok, op, ": argument 'sinks' must be float32 (or float64 with a float64 query); got ",
+                     sinks->scalar_type(), " with a ", query.scalar_type(), " query");
     TORCH_CHECK_VALUE(sinks->dim() == 1 && sinks->size(0) == g.N1, op, ": argument 'sinks' must be [N1] = [", g.N1,
                       "]; got shape ", sinks->sizes());
   }
   return {Dn, Dr, value.size(-1)};
+}
+
+// The sinks in the kernels' accumulation type (float64 for a float64 query, else float32), or undefined.
+at::Tensor sinks_in_acc(const std::optional<at::Tensor>& sinks, const at::Tensor& query) {
+  if (!sinks.has_value()) return at::Tensor();
+  return sinks->to(query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat).contiguous();
 }
 
 std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
@@ -469,7 +496,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu(const 
   const at::Tensor q = a.query.contiguous(), k = a.key.contiguous(), v = a.value.contiguous();
   const at::Tensor qr = a.query_rope.has_value() ? a.query_rope->contiguous() : at::Tensor();
   const at::Tensor kr = a.key_rope.has_value() ? a.key_rope->contiguous() : at::Tensor();
-  const at::Tensor sinks = a.sinks.has_value() ? a.sinks->contiguous() : at::Tensor();
+  const at::Tensor sinks = sinks_in_acc(a.sinks, a.query);
   CacheView cv;
   cv.N2 = g.N2;
   cv.Dn = d.Dn;
@@ -483,12 +510,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu(const 
     forward_kernel<scalar_t>(g, cv, q.data_ptr<scalar_t>(), qr.defined() ? qr.data_ptr<scalar_t>() : nullptr,
                              d.Dn, FwdOut{out.data_ptr(), a.return_softmax_lse ? smax.data_ptr() : nullptr,
                                           a.return_softmax_lse ? ssum.data_ptr() : nullptr,
-                                          sinks.defined() ? sinks.data_ptr<float>() : nullptr});
+                                          sinks.defined() ? sinks.data_ptr() : nullptr});
   });
   return {out, smax, ssum};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(
     const SparseFlashAttentionGradArgs& a) {
   const char* op = "sparse_flash_attention_grad";
   const SfaGeometry g = sparse_attention::parse_sfa(
@@ -522,7 +549,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_fl
   const at::Tensor q = a.query.contiguous(), k = a.key.contiguous(), v = a.value.contiguous();
   const at::Tensor qr = a.query_rope.has_value() ? a.query_rope->contiguous() : at::Tensor();
   const at::Tensor kr = a.key_rope.has_value() ? a.key_rope->contiguous() : at::Tensor();
-  const at::Tensor sinks = a.sinks.has_value() ? a.sinks->contiguous() : at::Tensor();
+  const at::Tensor sinks = sinks_in_acc(a.sinks, a.query);
   const at::Tensor dout = a.d_out.contiguous(), out = a.out.contiguous();
   const at::Tensor smax = have_stats ? a.softmax_max.contiguous() : at::Tensor();
   const at::Tensor ssum = have_stats ? a.softmax_sum.contiguous() : at::Tensor();
@@ -535,20 +562,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_fl
   cv.key_rope = kr.defined() ? kr.data_ptr() : nullptr;
   cv.value = v.data_ptr();
   cv.value_is_key = v.data_ptr() == k.data_ptr() && v.sizes() == k.sizes();
-  at::Tensor dk_acc, dv_acc;
+  BwdAcc acc;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "sparse_flash_attention_grad", [&] {
-    std::tie(dk_acc, dv_acc) = backward_kernel<scalar_t>(
+    acc = backward_kernel<scalar_t>(
         g, cv, q.data_ptr<scalar_t>(), qr.defined() ? qr.data_ptr<scalar_t>() : nullptr,
         BwdIo{dout.data_ptr(), out.data_ptr(), have_stats ? smax.data_ptr() : nullptr,
-              have_stats ? ssum.data_ptr() : nullptr, sinks.defined() ? sinks.data_ptr<float>() : nullptr,
+              have_stats ? ssum.data_ptr() : nullptr, sinks.defined() ? sinks.data_ptr() : nullptr,
               dq.data_ptr(), qr.defined() ? dqr.data_ptr() : nullptr});
   });
+  const at::Tensor& dk_acc = acc.dk;
   at::Tensor dk = dk_acc.narrow(2, 0, d.Dn).reshape(a.key.sizes()).to(a.key.scalar_type());
   at::Tensor dkr = a.key_rope.has_value()
                        ? dk_acc.narrow(2, d.Dn, d.Dr).reshape(a.key_rope->sizes()).to(a.key.scalar_type())
                        : at::empty({0}, a.key.options());
-  at::Tensor dv = dv_acc.reshape(a.value.sizes()).to(a.value.scalar_type());
-  return {dq, dk.contiguous(), dv.contiguous(), dqr, dkr.contiguous()};
+  at::Tensor dv = acc.dv.reshape(a.value.sizes()).to(a.value.scalar_type());
+  at::Tensor dsinks = a.sinks.has_value() ? acc.dsinks.to(a.sinks->scalar_type())
+                                          : at::empty({0}, a.query.options().dtype(at::kFloat));
+  return {dq, dk.contiguous(), dv.contiguous(), dqr, dkr.contiguous(), dsinks};
 }
 
 at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttentionArgs& a) {
@@ -606,7 +636,7 @@ at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttention
   at::Tensor out = at::empty(with_last(a.query, Dn), a.query.options());
   if (out.numel() == 0) return out;
   const at::Tensor q = a.query.contiguous(), k = a.key.contiguous();
-  const at::Tensor sinks = a.sinks.has_value() ? a.sinks->contiguous() : at::Tensor();
+  const at::Tensor sinks = sinks_in_acc(a.sinks, a.query);
   CacheView cv;
   cv.N2 = g.N2;
   cv.Dn = Dn;
@@ -621,7 +651,7 @@ at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttention
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "kv_quant_sparse_flash_attention", [&] {
     forward_kernel<scalar_t>(g, cv, q.data_ptr<scalar_t>(), nullptr, Dn + Dr,
                              FwdOut{out.data_ptr(), nullptr, nullptr,
-                                    sinks.defined() ? sinks.data_ptr<float>() : nullptr});
+                                    sinks.defined() ? sinks.data_ptr() : nullptr});
   });
   return out;
 }
