@@ -1,13 +1,17 @@
 // The lightning-indexer loops (see lightning_indexer_kernels.h), compiled once per instruction set.
 //
-// Forward: work units of (sequence, key head, block of kQueryBlock query tokens) run in parallel. A unit walks the
-// keys its last token sees in chunks of kKeyChunk: the chunk is converted to A once (for a paged cache, block by
-// block) and every token of the block takes its G x chunk dot products against it (at::vec, four heads per pass over
-// a key), then folds them into the chunk's scores, sum_h w_h * ReLU(x). The top K of a token's score row are found
-// by selection (std::nth_element, O(keys)) and only those K are sorted.
+// Forward: work units of (sequence, key head, block of kQueryBlock query tokens). A unit walks the keys its last
+// token sees in chunks of kKeyChunk: the chunk is converted to A once (for a paged cache, block by block) and every
+// token of the block takes its G x chunk dot products against it (one brgemm product in fp32; at::vec dot products,
+// four heads per pass over a key, in fp64), then folds them into the chunk's scores, sum_h w_h * ReLU(x). The top K
+// of a token's score row are found by selection (std::nth_element, O(keys)) and only those K are sorted. With at
+// least as many units as threads, units run in parallel; with fewer (decode: one token per sequence), the threads
+// split each unit's chunks instead.
 // Backward and KL loss: one unit per query token; the key gradient is scattered into per-thread buffers that are
 // summed at the end (no atomics; the sum order depends on the thread count only through the buffer split).
 #include "cpu/sparse_attention/lightning_indexer_kernels.h"
+
+#include "cpu/brgemm.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -20,6 +24,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
@@ -92,92 +97,168 @@ inline void axpy(T a, const T* x, T* y, int64_t n) {
 
 // ---- forward -------------------------------------------------------------------------------------------------
 
+// A work unit of the forward: a block of query tokens [i0, i1) of sequence b against key head n2.
+struct Unit {
+  int64_t b, n2, i0, i1;
+};
+
+// One thread's buffers: a chunk of keys in A, their dequant scales, and the chunk's G x kKeyChunk dot products.
+template <typename A>
+struct ChunkScratch {
+  std::vector<A> kbuf, kscale, dotbuf;
+  ChunkScratch(int64_t D, int64_t G) : kbuf(kKeyChunk * D), kscale(kKeyChunk), dotbuf(G * kKeyChunk) {}
+};
+
 template <typename A, typename key_t>
-void forward_impl(const IndexerForwardParams& p) {
-  const IndexerGeometry& g = *p.geo;
-  const int64_t N1 = g.N1, N2 = g.N2, G = g.G, D = g.D, K = p.K;
-  const A* q = static_cast<const A*>(p.q);
-  const A* w = static_cast<const A*>(p.w);
-  const A* qs = static_cast<const A*>(p.qscale);
-  const key_t* key = static_cast<const key_t*>(p.key);
-  A* values = static_cast<A*>(p.values);
-  struct Unit {
-    int64_t b, n2, i0, i1;
-  };
-  std::vector<Unit> units;
-  for (int64_t b = 0; b < g.B; ++b)
-    for (int64_t n2 = 0; n2 < N2; ++n2)
-      for (int64_t i0 = 0; i0 < g.q_len[b]; i0 += kQueryBlock)
-        units.push_back({b, n2, i0, std::min(g.q_len[b], i0 + kQueryBlock)});
-  at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t u0, int64_t u1) {
-    std::vector<A> kbuf(kKeyChunk * D), kscale(kKeyChunk), dotbuf(G * kKeyChunk), scores;
-    std::vector<int64_t> order;
-    for (int64_t u = u0; u < u1; ++u) {
-      const Unit& un = units[u];
-      const int64_t b = un.b, n2 = un.n2, nb = un.i1 - un.i0;
-      int64_t vmax = 0;
-      for (int64_t i = un.i0; i < un.i1; ++i) vmax = std::max(vmax, g.visible_keys(b, i));
-      scores.assign(nb * std::max<int64_t>(vmax, 1), A(0));
-      for (int64_t c0 = 0; c0 < vmax; c0 += kKeyChunk) {
-        const int64_t c1 = std::min(vmax, c0 + kKeyChunk);
-        // the chunk's keys in A (and their dequant scales)
-        for (int64_t s = c0; s < c1;) {
-          int64_t run = 0;
-          const int64_t row = g.key_row(b, s, c1 - s, &run);
-          for (int64_t r = 0; r < run; ++r) {
-            const key_t* src = key + ((row + r) * N2 + n2) * D;
-            A* dst = kbuf.data() + (s - c0 + r) * D;
-            for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<A>(src[d]);
-            if (p.kscale) kscale[s - c0 + r] = static_cast<A>(p.kscale[(row + r) * N2 + n2]);
-          }
-          s += run;
+class IndexerForward {
+ public:
+  explicit IndexerForward(const IndexerForwardParams& p)
+      : p_(p), g_(*p.geo), q_(static_cast<const A*>(p.q)), w_(static_cast<const A*>(p.w)),
+        qs_(static_cast<const A*>(p.qscale)), key_(static_cast<const key_t*>(p.key)),
+        // fp32 products run on oneDNN's brgemm (q [G, D] times the chunk stored transposed, [D, chunk]); fp64, or a
+        // machine where brgemm refuses fp32, uses the vectorised dot products.
+        use_mm_(std::is_same_v<A, float> && brgemm_usable(at::kFloat)) {}
+
+  void run() {
+    std::vector<Unit> units;
+    for (int64_t b = 0; b < g_.B; ++b)
+      for (int64_t n2 = 0; n2 < g_.N2; ++n2)
+        for (int64_t i0 = 0; i0 < g_.q_len[b]; i0 += kQueryBlock)
+          units.push_back({b, n2, i0, std::min(g_.q_len[b], i0 + kQueryBlock)});
+    const int64_t n_units = static_cast<int64_t>(units.size());
+    if (n_units >= at::get_num_threads()) {
+      // Enough units for every thread: each unit scores and selects on one thread, its buffers reused.
+      at::parallel_for(0, n_units, 1, [&](int64_t u0, int64_t u1) {
+        ChunkScratch<A> cs(g_.D, g_.G);
+        std::vector<A> scores;
+        std::vector<int64_t> order;
+        for (int64_t u = u0; u < u1; ++u) {
+          const int64_t vmax = prepare(units[u], scores);
+          for (int64_t c0 = 0; c0 < vmax; c0 += kKeyChunk) score_chunk(units[u], vmax, c0, cs, scores.data());
+          for (int64_t i = units[u].i0; i < units[u].i1; ++i) select_top(units[u], vmax, i, scores.data(), order);
         }
-        for (int64_t i = un.i0; i < un.i1; ++i) {
-          const int64_t vi = g.visible_keys(b, i);
-          if (vi <= c0) continue;
-          const int64_t n = std::min(c1, vi) - c0;
-          const int64_t row = g.q_start[b] + i;
-          const A* qrow = q + (row * N1 + n2 * G) * D;
-          const A* wrow = w + row * N1 + n2 * G;
-          dots(qrow, G, kbuf.data(), n, D, dotbuf.data(), kKeyChunk);
-          A* sc = scores.data() + (i - un.i0) * vmax + c0;
-          for (int64_t h = 0; h < G; ++h) {
-            const A wh = wrow[h];
-            A* x = dotbuf.data() + h * kKeyChunk;
-            if (qs) {
-              const A f = qs[row * N1 + n2 * G + h];
-              for (int64_t j = 0; j < n; ++j) {
-                const A v = x[j] * f * kscale[j];
-                sc[j] += wh * (v > A(0) ? v : A(0));
-              }
-            } else {
-              for (int64_t j = 0; j < n; ++j) sc[j] += wh * (x[j] > A(0) ? x[j] : A(0));
-            }
-          }
+        if (use_mm_) brgemm::release(false);
+      });
+      return;
+    }
+    // Decode and other short batches: fewer units than threads, so the threads split each unit's keys instead
+    // (the chunks' score columns are disjoint), then its tokens' selections.
+    std::vector<A> scores;
+    for (const Unit& un : units) {
+      const int64_t vmax = prepare(un, scores);
+      const int64_t chunks = (vmax + kKeyChunk - 1) / kKeyChunk;
+      at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+        ChunkScratch<A> cs(g_.D, g_.G);
+        for (int64_t c = k0; c < k1; ++c) score_chunk(un, vmax, c * kKeyChunk, cs, scores.data());
+        if (use_mm_) brgemm::release(false);
+      });
+      at::parallel_for(un.i0, un.i1, 1, [&](int64_t i0, int64_t i1) {
+        std::vector<int64_t> order;
+        for (int64_t i = i0; i < i1; ++i) select_top(un, vmax, i, scores.data(), order);
+      });
+    }
+  }
+
+ private:
+  // Sizes the unit's score rows (one per token, as long as its last token's visible keys) and zeroes them.
+  int64_t prepare(const Unit& un, std::vector<A>& scores) const {
+    int64_t vmax = 0;
+    for (int64_t i = un.i0; i < un.i1; ++i) vmax = std::max(vmax, g_.visible_keys(un.b, i));
+    scores.assign((un.i1 - un.i0) * std::max<int64_t>(vmax, 1), A(0));
+    return vmax;
+  }
+
+  // The keys [c0, c1) of sequence b, head n2, converted to A: row-major [n, D], or transposed [D, kKeyChunk] for
+  // the brgemm product; and their dequant scales.
+  void load_chunk(const Unit& un, int64_t c0, int64_t c1, ChunkScratch<A>& cs) const {
+    const int64_t D = g_.D, N2 = g_.N2;
+    for (int64_t s = c0; s < c1;) {
+      int64_t run = 0;
+      const int64_t row = g_.key_row(un.b, s, c1 - s, &run);
+      for (int64_t r = 0; r < run; ++r) {
+        const key_t* src = key_ + ((row + r) * N2 + un.n2) * D;
+        const int64_t j = s - c0 + r;
+        if (use_mm_) {
+          for (int64_t d = 0; d < D; ++d) cs.kbuf[d * kKeyChunk + j] = static_cast<A>(src[d]);
+        } else {
+          for (int64_t d = 0; d < D; ++d) cs.kbuf[j * D + d] = static_cast<A>(src[d]);
         }
+        if (p_.kscale) cs.kscale[j] = static_cast<A>(p_.kscale[(row + r) * N2 + un.n2]);
       }
-      // top K of each token's row
-      for (int64_t i = un.i0; i < un.i1; ++i) {
-        const int64_t vi = g.visible_keys(b, i);
-        if (vi == 0) continue;
-        A* sc = scores.data() + (i - un.i0) * vmax;
-        for (int64_t s = 0; s < vi; ++s) {
-          if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();  // NaN ranks last
-        }
-        const int64_t kk = std::min(K, vi);
-        order.resize(vi);
-        std::iota(order.begin(), order.end(), int64_t(0));
-        auto before = [sc](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); };
-        if (kk < vi) std::nth_element(order.begin(), order.begin() + kk, order.end(), before);
-        std::sort(order.begin(), order.begin() + kk, before);
-        const int64_t o = ((g.q_start[b] + i) * N2 + n2) * K;
-        for (int64_t j = 0; j < kk; ++j) {
-          p.indices[o + j] = static_cast<int32_t>(order[j]);
-          if (values) values[o + j] = sc[order[j]];
+      s += run;
+    }
+  }
+
+  // Adds sum_h w_h * ReLU(q_h . k) of the chunk starting at c0 into every token's score row.
+  void score_chunk(const Unit& un, int64_t vmax, int64_t c0, ChunkScratch<A>& cs, A* scores) const {
+    const int64_t c1 = std::min(vmax, c0 + kKeyChunk), N1 = g_.N1, G = g_.G, D = g_.D;
+    load_chunk(un, c0, c1, cs);
+    for (int64_t i = un.i0; i < un.i1; ++i) {
+      const int64_t vi = g_.visible_keys(un.b, i);
+      if (vi <= c0) continue;
+      const int64_t n = std::min(c1, vi) - c0;
+      const int64_t row = g_.q_start[un.b] + i;
+      const A* qrow = q_ + (row * N1 + un.n2 * G) * D;
+      const A* wrow = w_ + row * N1 + un.n2 * G;
+      if constexpr (std::is_same_v<A, float>) {
+        if (use_mm_)
+          brgemm::mm(G, n, D, qrow, D, cs.kbuf.data(), kKeyChunk, cs.dotbuf.data(), kKeyChunk, false);
+        else
+          dots(qrow, G, cs.kbuf.data(), n, D, cs.dotbuf.data(), kKeyChunk);
+      } else {
+        dots(qrow, G, cs.kbuf.data(), n, D, cs.dotbuf.data(), kKeyChunk);
+      }
+      A* sc = scores + (i - un.i0) * vmax + c0;
+      for (int64_t h = 0; h < G; ++h) {
+        const A wh = wrow[h];
+        const A* x = cs.dotbuf.data() + h * kKeyChunk;
+        if (qs_) {
+          const A f = qs_[row * N1 + un.n2 * G + h];
+          for (int64_t j = 0; j < n; ++j) {
+            const A v = x[j] * f * cs.kscale[j];
+            sc[j] += wh * (v > A(0) ? v : A(0));
+          }
+        } else {
+          for (int64_t j = 0; j < n; ++j) sc[j] += wh * (x[j] > A(0) ? x[j] : A(0));
         }
       }
     }
-  });
+  }
+
+  // The top K of token i's row: selection (std::nth_element, O(keys)), then only those K sorted (descending score,
+  // ties by the lower position; NaN ranks last).
+  void select_top(const Unit& un, int64_t vmax, int64_t i, A* scores, std::vector<int64_t>& order) const {
+    const int64_t vi = g_.visible_keys(un.b, i), K = p_.K, N2 = g_.N2;
+    if (vi == 0) return;
+    A* sc = scores + (i - un.i0) * vmax;
+    for (int64_t s = 0; s < vi; ++s)
+      if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();
+    const int64_t kk = std::min(K, vi);
+    order.resize(vi);
+    std::iota(order.begin(), order.end(), int64_t(0));
+    auto before = [sc](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); };
+    if (kk < vi) std::nth_element(order.begin(), order.begin() + kk, order.end(), before);
+    std::sort(order.begin(), order.begin() + kk, before);
+    const int64_t o = ((g_.q_start[un.b] + i) * N2 + un.n2) * K;
+    A* values = static_cast<A*>(p_.values);
+    for (int64_t j = 0; j < kk; ++j) {
+      p_.indices[o + j] = static_cast<int32_t>(order[j]);
+      if (values) values[o + j] = sc[order[j]];
+    }
+  }
+
+  const IndexerForwardParams& p_;
+  const IndexerGeometry& g_;
+  const A* q_;
+  const A* w_;
+  const A* qs_;
+  const key_t* key_;
+  const bool use_mm_;
+};
+
+template <typename A, typename key_t>
+void forward_impl(const IndexerForwardParams& p) {
+  IndexerForward<A, key_t>(p).run();
 }
 
 void lightning_indexer_forward(const IndexerForwardParams& p) {

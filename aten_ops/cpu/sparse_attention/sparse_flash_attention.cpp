@@ -6,7 +6,8 @@
 // N2 query heads sharing that KV head are one [G, Dqk] block, so the scores are one small GEMM S = Q K̃ᵀ [G, M] and
 // the output one more, O = P Ṽ [G, Dv] (at::mm on the gathered tiles, BLAS underneath). The softmax runs over the
 // whole selected row in the accumulation type (max, exp, sum in two passes: the row is already gathered, so the
-// online rescaling of FlashAttention would only add work); items run in parallel (at::parallel_for). The quantised
+// online rescaling of FlashAttention would only add work); items run in parallel (at::parallel_for), or, when there
+// are fewer items than threads (decode), one after another with the threads inside their products. The quantised
 // op rounds its dequantised rows and P to the query's dtype, as upstream's golden does.
 //
 // The backward recomputes S per item (P from the forward's softmax_max / softmax_sum, or from S itself when the
@@ -65,6 +66,17 @@ void gemm(int64_t m, int64_t n, int64_t k, const acc_t* a, int64_t lda, bool ta,
     at::mm_out(C, A, Bm);
   else
     at::mm_out(C, A, Bm).mul_(alpha);
+}
+
+// Runs fn(i0, i1) over the items [0, n): in parallel when there are at least as many items as threads, else on
+// this thread one after another, outside any parallel region, so the BLAS products inside each item use the
+// threads instead (a decode step has only one item per sequence and KV head).
+template <typename F>
+void for_items(int64_t n, const F& fn) {
+  if (n >= at::get_num_threads())
+    at::parallel_for(0, n, 1, fn);
+  else if (n > 0)
+    fn(0, n);
 }
 
 // How the cache rows of one call are read: the latent part (and rope) of key, and value.
@@ -177,7 +189,7 @@ void forward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q
   acc_t* ssum = static_cast<acc_t*>(o.ssum);
   const acc_t* sinks = static_cast<const acc_t*>(o.sinks);
   constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
-  at::parallel_for(0, items, 1, [&](int64_t i0, int64_t i1) {
+  for_items(items, [&](int64_t i0, int64_t i1) {
     Tiles<acc_t> w;
     std::vector<acc_t> ov, mx, sm;
     for (int64_t it = i0; it < i1; ++it) {
