@@ -46,8 +46,8 @@ generated from native_functions.yaml. Public Python API:
   `npu_moe_compute_expert_tokens`, `npu_moe_finalize_routing`, `npu_moe_token_permute` / `_unpermute` — MoE routing.
 - `npu_moe_distribute_dispatch(_v2)`, `npu_moe_distribute_combine(_v2)` — expert-parallel token exchange on any
   torch.distributed group (docs/moe.md).
-- `npu_dynamic_quant` (+`_asymmetric`), `npu_swiglu` (+`_backward`) — per-token int8/int4 activation quantisation
-  and SwiGLU (package `quant`).
+- `npu_dynamic_quant` (+`_asymmetric`), `npu_dynamic_block_quant`, `npu_swiglu` (+`_backward`) — per-token
+  int8/int4 and per-block int8/float8 quantisation, and SwiGLU (package `quant`).
 - `npu_rms_norm` (+`_backward`), `npu_gemma_rms_norm`, `npu_add_rms_norm` (+`_v2`, `_v2_functional`, `_cast`,
   `_quant`, `_dynamic_quant`), `npu_rms_norm_quant` — RMSNorm, alone and after a residual add, and quantised (package
   `norm`).
@@ -173,7 +173,7 @@ from .norm import (
 from .quant import npu_dynamic_quant, npu_dynamic_quant_asymmetric, npu_swiglu, npu_swiglu_backward
 from .quant import npu_quant_matmul, npu_quantize, npu_trans_quant_param, npu_weight_quant_batchmatmul
 from .quant import npu_clipped_swiglu, npu_convert_weight_to_int4pack, npu_transpose_batchmatmul
-from .quant import npu_dequant_swiglu_quant
+from .quant import npu_dequant_swiglu_quant, npu_dynamic_block_quant
 from .rope import (
     npu_apply_rotary_pos_emb,
     npu_interleave_rope,
@@ -306,6 +306,7 @@ __all__ = [
     "npu_moe_token_unpermute",
     "npu_dynamic_quant",
     "npu_dynamic_quant_asymmetric",
+    "npu_dynamic_block_quant",
     "npu_swiglu",
     "npu_swiglu_backward",
     "MC2Optimizer",

@@ -189,6 +189,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_rms_n
 at::Tensor rms_norm_quant_cpu(const RmsNormQuantArgs& args);
 // dynamic_quant [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu(const DynamicQuantArgs& args);
+// dynamic_block_quant [CPU]
+std::tuple<at::Tensor, at::Tensor> dynamic_block_quant_cpu(const DynamicBlockQuantArgs& args);
 // swiglu [CPU]
 at::Tensor swiglu_cpu(const SwigluArgs& args);
 // swiglu_grad [CPU]

@@ -2625,6 +2625,43 @@ struct DynamicQuantValues {
   DynamicQuantArgs args() const { return DynamicQuantArgs{x, smooth_scales, group_index, asymmetric, bits}; }
 };
 
+// dynamic_block_quant
+struct DynamicBlockQuantArgs {
+  const at::Tensor& x;
+  double min_scale;
+  c10::string_view round_mode;
+  int64_t dst_type;
+  int64_t row_block_size;
+  int64_t col_block_size;
+  double dst_type_max;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const DynamicBlockQuantArgs& a, F&& f) {
+  return f(a.x, a.min_scale, a.round_mode, a.dst_type, a.row_block_size, a.col_block_size, a.dst_type_max);
+}
+
+// dynamic_block_quant's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   DynamicBlockQuantValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct DynamicBlockQuantValues {
+  at::Tensor x;
+  double min_scale = 0.0;
+  std::string round_mode = "rint";
+  int64_t dst_type = 1;
+  int64_t row_block_size = 1;
+  int64_t col_block_size = 128;
+  double dst_type_max = 0.0;
+
+  DynamicBlockQuantValues() = default;
+  // A copy of a call's arguments.
+  explicit DynamicBlockQuantValues(const DynamicBlockQuantArgs& a)
+      : x(a.x), min_scale(a.min_scale), round_mode(std::string(a.round_mode)), dst_type(a.dst_type), row_block_size(a.row_block_size), col_block_size(a.col_block_size), dst_type_max(a.dst_type_max) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  DynamicBlockQuantArgs args() const { return DynamicBlockQuantArgs{x, min_scale, round_mode, dst_type, row_block_size, col_block_size, dst_type_max}; }
+};
+
 // swiglu
 struct SwigluArgs {
   const at::Tensor& x;

@@ -522,6 +522,14 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_dynamic_quant(const D
   return op.call(a.x, a.smooth_scales, a.group_index, a.asymmetric, a.bits);
 }
 
+// dynamic_block_quant
+inline std::tuple<at::Tensor, at::Tensor> call_dynamic_block_quant(const DynamicBlockQuantArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::dynamic_block_quant", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, double, c10::string_view, int64_t, int64_t, int64_t, double)>();
+  return op.call(a.x, a.min_scale, a.round_mode, a.dst_type, a.row_block_size, a.col_block_size, a.dst_type_max);
+}
+
 // swiglu
 inline at::Tensor call_swiglu(const SwigluArgs& a) {
   static const auto op = c10::Dispatcher::singleton()

@@ -1018,6 +1018,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu_unboxed(const a
   return npu_fa::dynamic_quant_cpu(npu_fa::DynamicQuantArgs{x, smooth_scales, group_index, asymmetric, bits});
 }
 
+std::tuple<at::Tensor, at::Tensor> dynamic_block_quant_cpu_unboxed(const at::Tensor& x, double min_scale, c10::string_view round_mode, int64_t dst_type, int64_t row_block_size, int64_t col_block_size, double dst_type_max) {
+  npu_fa::DeviceRule rule("dynamic_block_quant");
+  rule.device_tensor("x", x);
+  return npu_fa::dynamic_block_quant_cpu(npu_fa::DynamicBlockQuantArgs{x, min_scale, round_mode, dst_type, row_block_size, col_block_size, dst_type_max});
+}
+
 at::Tensor swiglu_cpu_unboxed(const at::Tensor& x, int64_t dim) {
   npu_fa::DeviceRule rule("swiglu");
   rule.device_tensor("x", x);
@@ -1278,6 +1284,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("add_rms_norm_dynamic_quant(Tensor x1, Tensor x2, Tensor gamma, Tensor? smooth_scale1=None, Tensor? smooth_scale2=None, Tensor? beta=None, float epsilon=1e-06, bool output_y1=True, bool output_y2=False) -> (Tensor y1, Tensor y2, Tensor x, Tensor scale1, Tensor scale2)", {at::Tag::pt2_compliant_tag});
   m.def("rms_norm_quant(Tensor x, Tensor gamma, Tensor beta, Tensor scale, Tensor offset, float epsilon=1e-06) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("dynamic_quant(Tensor x, Tensor? smooth_scales=None, Tensor? group_index=None, bool asymmetric=False, int bits=8) -> (Tensor y, Tensor scale, Tensor offset)", {at::Tag::pt2_compliant_tag});
+  m.def("dynamic_block_quant(Tensor x, float min_scale=0.0, str round_mode=\"rint\", int dst_type=1, int row_block_size=1, int col_block_size=128, float dst_type_max=0.0) -> (Tensor y, Tensor scale)", {at::Tag::pt2_compliant_tag});
   m.def("swiglu(Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("swiglu_grad(Tensor grad_output, Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("trans_quant_param(Tensor scale, Tensor? offset=None, int round_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
@@ -1362,6 +1369,7 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("add_rms_norm_dynamic_quant", TORCH_FN(add_rms_norm_dynamic_quant_cpu_unboxed));
   m.impl("rms_norm_quant", TORCH_FN(rms_norm_quant_cpu_unboxed));
   m.impl("dynamic_quant", TORCH_FN(dynamic_quant_cpu_unboxed));
+  m.impl("dynamic_block_quant", TORCH_FN(dynamic_block_quant_cpu_unboxed));
   m.impl("swiglu", TORCH_FN(swiglu_cpu_unboxed));
   m.impl("swiglu_grad", TORCH_FN(swiglu_grad_cpu_unboxed));
   m.impl("trans_quant_param", TORCH_FN(trans_quant_param_cpu_unboxed));

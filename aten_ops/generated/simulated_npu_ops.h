@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 62> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 63> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "ring_attention_update",
     "apply_rotary_pos_emb",
@@ -55,6 +55,7 @@ inline constexpr std::array<const char*, 62> kSimulatedNpuCpuKernelOps = {
     "add_rms_norm_dynamic_quant",
     "rms_norm_quant",
     "dynamic_quant",
+    "dynamic_block_quant",
     "swiglu",
     "swiglu_grad",
     "trans_quant_param",

@@ -250,6 +250,7 @@ SAMPLES = {
     "npu_moe_token_permute": _permute,
     "npu_moe_token_unpermute": _unpermute,
     "npu_dynamic_quant": lambda: ((torch.randn(3, 16, dtype=torch.float16),), {}),
+    "npu_dynamic_block_quant": lambda: ((torch.randn(3, 200, dtype=torch.bfloat16),), {"dst_type": 24}),
     "npu_dynamic_quant_asymmetric": lambda: ((torch.randn(3, 16, dtype=torch.bfloat16),), {}),
     "npu_swiglu": lambda: ((torch.randn(3, 8),), {}),
     "npu_swiglu_backward": lambda: ((torch.randn(3, 4), torch.randn(3, 8)), {}),

@@ -167,6 +167,8 @@ CASES = {
                                         [(0, 8), (0, 2)])},
     "dynamic_quant": {"n0": (lambda: ((_r(0, 3, 16),), {}), [(0, 3, 16), (0, 3), (0,)]),
                       "int4_asymmetric": (lambda: ((_r(2, 0, 16), None, None, True, 4), {}), [(2, 0, 2), (2, 0), (2, 0)])},
+    "dynamic_block_quant": {"m0": (lambda: ((_r(0, 200),), {}), [(0, 200), (0, 2)]),
+                            "b0_3d": (lambda: ((_r(0, 3, 8),), {"row_block_size": 2}), [(0, 3, 8), (0, 2, 1)])},
     "swiglu": {"n0": (lambda: ((_r(0, 8),), {}), [(0, 4)])},
     "swiglu_grad": {"n0": (lambda: ((_r(0, 4), _r(0, 8)), {}), [(0, 8)])},
     "quantize": {"n0": (lambda: ((_r(0, 8), torch.ones(8), None, 12, 1, True), {}), [(0, 8)]),

@@ -16,6 +16,13 @@ def _dq(asymmetric=False, bits=8, smooth=None, groups=False, dtype=torch.float32
     return make
 
 
+def _dbq(shape, dtype=torch.bfloat16, dst_type=1, rows=1, cols=128, min_scale=0.0):
+    def make():
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+        return (x, min_scale, "rint", dst_type, rows, cols), {}
+    return make
+
+
 def _swiglu(shape, dim, dtype=torch.float32, grad=False):
     def make():
         x = torch.randn(*shape, dtype=dtype, requires_grad=not grad)
@@ -159,6 +166,8 @@ OPCHECK_CASES = {
 
     "dynamic_quant": {"int8": _dq(), "int8_smooth_bf16": _dq(smooth="row", dtype=torch.bfloat16),
                       "int4_groups": _dq(bits=4, smooth="groups"), "asymmetric_fp16": _dq(True, dtype=torch.float16)},
+    "dynamic_block_quant": {"int8_rows": _dbq((3, 200)), "e4m3_3d_blocks": _dbq((2, 5, 40), torch.float16, 24, 2, 16),
+                            "e5m2_min_scale_fp32": _dbq((4, 8), torch.float32, 23, 3, 5, min_scale=0.5)},
     "swiglu": {"last_dim": _swiglu((3, 8), -1), "dim0_bf16": _swiglu((4, 3, 2), 0, torch.bfloat16)},
     "swiglu_grad": {"last_dim": _swiglu((3, 8), -1, grad=True), "middle_dim": _swiglu((2, 6, 3), 1, grad=True)},
 }

@@ -3,10 +3,12 @@
 
     y, scale = npu_dynamic_quant(x)                      # int8 rows, fp32 per-row scale (x ~= y * scale)
     y, scale, offset = npu_dynamic_quant_asymmetric(x)   # x ~= (y - offset) * scale
+    y, scale = npu_dynamic_block_quant(x, dst_type=torch.int8, col_block_size=128)  # one scale per 1 x 128 block
     h = npu_swiglu(gate_up)                              # silu(first half) * second half; differentiable
 
-Only the per-token mode and the int8 / int4 (torch.quint4x2: 8 values packed per int32) outputs are implemented;
-the float8 / hifloat8 outputs and the per-tensor / per-channel modes raise NotImplementedError.
+npu_dynamic_quant implements the per-token mode and the int8 / int4 (torch.quint4x2: 8 values packed per int32)
+outputs; npu_dynamic_block_quant int8 and float8 (e4m3fn, e5m2). Hifloat8 outputs and the per-tensor /
+per-channel modes raise NotImplementedError.
 """
 from typing import List, Optional, Tuple
 
@@ -76,6 +78,43 @@ def npu_dynamic_quant_asymmetric(input: Tensor, *, smooth_scales: Optional[Tenso
     bits = _bits(op, dst_type)
     _check_mode(op, quant_mode, dst_type_max)
     return _OPS.dynamic_quant(input, smooth_scales, group_index, True, bits)
+
+
+# npu_dynamic_block_quant's targets: torch.dtype -> torch_npu's code (c10::ScalarType); hifloat8 (code 256 + 34) has
+# no torch dtype and is not implemented.
+_BLOCK_QUANT_CODES = {torch.int8: 1, torch.float8_e4m3fn: 24, torch.float8_e5m2: 23}
+
+
+def _block_quant_code(op: str, dst_type) -> int:
+    if isinstance(dst_type, torch.dtype):
+        if dst_type not in _BLOCK_QUANT_CODES:
+            raise ValueError(f"{op}: argument 'dst_type' must be torch.int8, torch.float8_e4m3fn or "
+                             f"torch.float8_e5m2 (or their codes 1, 24, 23); got {dst_type}")
+        return _BLOCK_QUANT_CODES[dst_type]
+    if isinstance(dst_type, bool) or not isinstance(dst_type, int):
+        raise TypeError(f"{op}: argument 'dst_type' must be a torch.dtype or a torch_npu dtype code (int); got "
+                        f"{dst_type!r}")
+    if dst_type >= 256:
+        raise NotImplementedError(f"{op}: argument 'dst_type' {dst_type} (hifloat8) is not implemented; use int8 (1), "
+                                  f"float8_e4m3fn (24) or float8_e5m2 (23)")
+    return dst_type
+
+
+@_args.torch_npu_api
+def npu_dynamic_block_quant(x: Tensor, *, min_scale: float = 0.0, round_mode: str = "rint", dst_type=1,
+                            row_block_size: int = 1, col_block_size: int = 128,
+                            dst_type_max: float = 0.0) -> Tuple[Tensor, Tensor]:
+    """torch_npu.npu_dynamic_block_quant: (y, scale) with one scale per block of row_block_size x col_block_size
+    values of the 2-D / 3-D x: scale = max(max|block| / Q, min_scale), y = cast(x / scale) (Q: 127 for int8, 448
+    float8_e4m3fn, 57344 float8_e5m2, or dst_type_max). dst_type: a torch.dtype or torch_npu's code."""
+    op = "npu_dynamic_block_quant"
+    if not isinstance(round_mode, str):
+        raise TypeError(f"{op}: argument 'round_mode' must be a str; got {round_mode!r}")
+    if round_mode == "round":
+        raise NotImplementedError(f"{op}: round_mode 'round' belongs to hifloat8 outputs, which are not implemented; "
+                                  f"argument 'round_mode' must be 'rint'")
+    return _OPS.dynamic_block_quant(x, min_scale, round_mode, _block_quant_code(op, dst_type), row_block_size,
+                                    col_block_size, dst_type_max)
 
 
 @_args.torch_npu_api

@@ -3,6 +3,23 @@ data."""
 import torch
 
 
+_BLOCK_QUANT_DTYPES = {1: torch.int8, 24: torch.float8_e4m3fn, 23: torch.float8_e5m2}
+
+
+def dynamic_block_quant(a):
+    op = "dynamic_block_quant"
+    x = a.x
+    torch._check(x.dim() in (2, 3), lambda: f"{op}: argument 'x' must be 2-D [M, N] or 3-D [B, M, N]")
+    torch._check(a.dst_type in _BLOCK_QUANT_DTYPES,
+                 lambda: f"{op}: argument 'dst_type' must be 1 (int8), 24 (float8_e4m3fn) or 23 (float8_e5m2)")
+    torch._check(a.row_block_size >= 1 and a.col_block_size >= 1,
+                 lambda: f"{op}: arguments 'row_block_size' and 'col_block_size' must be >= 1")
+    blocks = ((x.shape[-2] + a.row_block_size - 1) // a.row_block_size,
+              (x.shape[-1] + a.col_block_size - 1) // a.col_block_size)
+    return (x.new_empty(x.shape, dtype=_BLOCK_QUANT_DTYPES[a.dst_type]),
+            x.new_empty((*x.shape[:-2], *blocks), dtype=torch.float32))
+
+
 def dynamic_quant(a):
     op = "dynamic_quant"
     x = a.x

@@ -1,10 +1,11 @@
-// CPU kernels of the activation quantisation (dynamic_quant) and SwiGLU (swiglu, swiglu_grad) ops. The row math is
+// CPU kernels of the activation quantisation (dynamic_quant, dynamic_block_quant) and SwiGLU (swiglu, swiglu_grad) ops. The row math is
 // vectorised in quant_kernels_isa.cpp; here rows are converted to fp32, scheduled with at::parallel_for and narrowed.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "cpu/quant/quant_kernels.h"
@@ -140,6 +141,108 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> dynamic_quant_cpu(const DynamicQu
     });
   });
   return {y, scale, offset};
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// dynamic_block_quant
+// ---------------------------------------------------------------------------------------------------------------
+namespace {
+
+// The quantised target of dynamic_block_quant: its dtype and largest value.
+struct BlockQuantTarget {
+  at::ScalarType dtype;
+  float max;
+};
+
+BlockQuantTarget block_quant_target(const char* op, int64_t dst_type, double dst_type_max) {
+  BlockQuantTarget t{};
+  switch (dst_type) {
+    case static_cast<int64_t>(at::kChar): t = {at::kChar, 127.f}; break;
+    case static_cast<int64_t>(at::kFloat8_e4m3fn): t = {at::kFloat8_e4m3fn, 448.f}; break;
+    case static_cast<int64_t>(at::kFloat8_e5m2): t = {at::kFloat8_e5m2, 57344.f}; break;
+    default:
+      TORCH_CHECK_VALUE(false, op, ": argument 'dst_type' must be a torch dtype code of int8 (1), float8_e4m3fn (24) ",
+                        "or float8_e5m2 (23); got ", dst_type);
+  }
+  TORCH_CHECK_VALUE(dst_type_max >= 0 && dst_type_max <= t.max, op, ": argument 'dst_type_max' must be 0 (the ",
+                    "target's largest value, ", t.max, ") or in (0, ", t.max, "]; got ", dst_type_max);
+  if (dst_type_max > 0) t.max = static_cast<float>(dst_type_max);
+  return t;
+}
+
+// One block's rows [r0, r1) x columns [c0, c1) of an [M, N] matrix: its scale, and y = cast(x * factor).
+template <typename scalar_t, typename out_t>
+float quantize_block(const scalar_t* x, out_t* y, int64_t N, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                     float qmax, float min_scale, bool is_int8) {
+  float amax = 0.f;  // NaN when the block holds one: it propagates to the scale, as dynamic_quant's does
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) {
+      const float a = std::abs(static_cast<float>(x[r * N + c]));
+      amax = std::isnan(a) || std::isnan(amax) ? std::numeric_limits<float>::quiet_NaN() : std::max(amax, a);
+    }
+  // scale = max(amax / Q, min_scale); the values are multiplied by the factor that scale stands for (Q / amax, or
+  // 1 / min_scale), as upstream computes them.
+  const bool floor = min_scale > 0.f && amax / qmax < min_scale;
+  const float scale = floor ? min_scale : amax / qmax;
+  const float factor = scale == 0.f ? 0.f : floor ? 1.f / min_scale : qmax / amax;
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) {
+      float v = static_cast<float>(x[r * N + c]) * factor;
+      if (is_int8) v = std::isnan(v) ? 0.f : std::min(127.f, std::max(-127.f, std::nearbyint(v)));  // int8 has no NaN
+      y[r * N + c] = static_cast<out_t>(v);
+    }
+  return scale;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> dynamic_block_quant_cpu(const DynamicBlockQuantArgs& args) {
+  const char* op = "dynamic_block_quant";
+  const at::Tensor& x = args.x;
+  check_activation(op, "x", x, false);
+  TORCH_CHECK_VALUE(x.dim() == 2 || x.dim() == 3, op, ": argument 'x' must be 2-D [M, N] or 3-D [B, M, N]; got shape ",
+                    x.sizes());
+  TORCH_CHECK_VALUE(args.round_mode == "rint", op, ": argument 'round_mode' must be \"rint\" (\"round\" is ",
+                    "hifloat8's, which is not implemented); got \"", args.round_mode, "\"");
+  TORCH_CHECK_VALUE(args.row_block_size >= 1 && args.col_block_size >= 1, op, ": arguments 'row_block_size' and ",
+                    "'col_block_size' must be >= 1; got ", args.row_block_size, " and ", args.col_block_size);
+  TORCH_CHECK_VALUE(args.min_scale >= 0 && std::isfinite(args.min_scale), op,
+                    ": argument 'min_scale' must be a finite value >= 0; got ", args.min_scale);
+  const BlockQuantTarget target = block_quant_target(op, args.dst_type, args.dst_type_max);
+  const int64_t B = x.dim() == 3 ? x.size(0) : 1, M = x.size(-2), N = x.size(-1);
+  const int64_t rb = args.row_block_size, cb = args.col_block_size;
+  const int64_t Mb = (M + rb - 1) / rb, Nb = (N + cb - 1) / cb;
+  std::vector<int64_t> scale_shape{Mb, Nb};
+  if (x.dim() == 3) scale_shape.insert(scale_shape.begin(), B);
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(target.dtype));
+  at::Tensor scale = at::empty(scale_shape, x.options().dtype(at::kFloat));
+  if (x.numel() == 0) return {y, scale};
+  const at::Tensor xc = x.contiguous();
+  float* sp = scale.data_ptr<float>();
+  const float min_scale = static_cast<float>(args.min_scale);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "dynamic_block_quant", [&] {
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    auto run = [&](auto* yp) {
+      // One task per block row of one matrix: its blocks are disjoint from every other task's.
+      at::parallel_for(0, B * Mb, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, rb * N)), [&](int64_t t0,
+                                                                                                  int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t b = t / Mb, i = t % Mb, r0 = i * rb, r1 = std::min(M, r0 + rb);
+          for (int64_t j = 0; j < Nb; ++j)
+            sp[t * Nb + j] = quantize_block(xp + b * M * N, yp + b * M * N, N, r0, r1, j * cb,
+                                            std::min(N, (j + 1) * cb), target.max, min_scale,
+                                            target.dtype == at::kChar);
+        }
+      });
+    };
+    if (target.dtype == at::kChar)
+      run(y.data_ptr<int8_t>());
+    else if (target.dtype == at::kFloat8_e4m3fn)
+      run(y.data_ptr<c10::Float8_e4m3fn>());
+    else
+      run(y.data_ptr<c10::Float8_e5m2>());
+  });
+  return {y, scale};
 }
 
 // ---------------------------------------------------------------------------------------------------------------

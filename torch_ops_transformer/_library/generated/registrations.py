@@ -84,6 +84,7 @@ OPS = {
     'add_rms_norm_dynamic_quant': OpInfo("add_rms_norm with per-row dynamic int8 quantisation (torch_npu npu_add_rms_norm_dynamic_quant): y = x * rstd * gamma (+ beta) in fp32 for x = x1 + x2 (rounded to x1's dtype, returned as x; gamma 1-D [H], H = x1.size(-1)); for output k in {1, 2} (output_y1, output_y2): v = y * smooth_scalek (when given), scalek = max|v| / 127 per row (float32, x1.shape[:-1]), yk = round(v / scalek) (half to even; 0 for a row of zeros), int8 of x1's shape. An output not asked for is a zero-dimensional 0 (int8, float32); a smooth scale needs its output. Not differentiable.", ('CPU',), False, True),
     'rms_norm_quant': OpInfo("RMSNorm with static per-tensor int8 quantisation (torch_npu npu_rms_norm_quant): y = x * rstd * gamma + beta in fp32 (gamma, beta: [H] or [1, H], H = x.size(-1)), out = clamp(round(y * scale + offset), -128, 127), rounding half to even; scale and offset hold one value each (scale floating, offset int8 or floating). x float16, bfloat16 or float32; out int8 of x's shape. Not differentiable.", ('CPU',), False, True),
     'dynamic_quant': OpInfo("Per-token dynamic quantisation (torch_npu npu_dynamic_quant / npu_dynamic_quant_asymmetric). Each row r of x (the last dimension; x at least 2-D, float16/bfloat16/float32) is v = x[r] * smooth (fp32), smooth = smooth_scales [H], or row g of smooth_scales [G, H] for the rows [group_index[g-1], group_index[g]) (group_index: nondecreasing cumulative row ends, last = the row count). Symmetric: scale = max|v| / Q, y = round(v / scale); asymmetric: scale = (max v - min v) / (2Q + 1), offset = Q - max v / scale, y = round(v / scale + offset); Q = 127 (bits 8) or 7 (bits 4), rounding half to even, clamped to [-Q-1, Q]; a row with scale 0 gives y = 0 (and offset 0). y: int8 of x's shape (bits 8), or int32 [..., H/8] holding 8 int4 values each, element j of a group in bits 4j..4j+3 (bits 4). scale (and offset, asymmetric; empty otherwise): float32 x.shape[:-1]. Not differentiable.", ('CPU',), False, True),
+    'dynamic_block_quant': OpInfo('Block-wise dynamic quantisation (torch_npu npu_dynamic_block_quant; vLLM-Ascend writes its int8 / float8 MLA caches with it). x float16/bfloat16/float32, 2-D [M, N] or 3-D [B, M, N], is cut into blocks of row_block_size rows by col_block_size columns (the last blocks of a dimension may be partial). Per block, with amax = max|x| over the block and Q = dst_type_max if > 0 else the target\'s largest value (int8 127, float8_e4m3fn 448, float8_e5m2 57344): scale = max(amax / Q, min_scale), y = cast(x * (Q / amax)) (x / min_scale when min_scale is the larger; round half to even, int8 clamped to [-127, 127]); a block with scale 0 gives y = 0. dst_type: a torch dtype code, 1 int8, 24 float8_e4m3fn, 23 float8_e5m2 (hifloat8 is not implemented); round_mode "rint". Returns y (x\'s shape, the target dtype) and scale (float32, [ceil(M / row_block_size), ceil(N / col_block_size)], with B in front for 3-D x). Not differentiable.', ('CPU',), False, True),
     'swiglu': OpInfo("SwiGLU (torch_npu npu_swiglu): x is split in halves A (first) and B (second) along dim (of even size); out = silu(A) * B = A * sigmoid(A) * B, x's dtype (float16, bfloat16, float32, float64), computed in fp32 (fp64 for fp64). Differentiable in x.", ('CPU',), True, True),
     'swiglu_grad': OpInfo("Backward of swiglu (torch_npu npu_swiglu_backward): with s = sigmoid(A), dA = g * B * s * (1 + A * (1 - s)), dB = g * silu(A), concatenated along dim into x's shape and dtype.", ('CPU',), False, True),
     'trans_quant_param': OpInfo("torch_npu npu_trans_quant_param: packs a float32 quantisation scale (and offset) into the int64 form the quantised matmuls read. Per element: bits 0-31 hold the fp32 bits of the scale truncated to FP19 (& 0xFFFFE000; round_mode 1 first rounds the mantissa to 10 bits, half away from zero), bit 46 is set, and with offset bits 37-45 hold the offset rounded (half to even) and clamped to [-256, 255], as 9-bit two's complement. scale and offset are float32 1-D or 2-D, non-empty; the result has scale's shape, or the broadcast 1-D shape of the two when scale is 1-D.", ('CPU',), False, True),
@@ -714,6 +715,15 @@ def _fake_dynamic_quant(x, smooth_scales=None, group_index=None, asymmetric=Fals
     a = DynamicQuantArgs(x, smooth_scales, group_index, asymmetric, bits)
     check_devices('dynamic_quant', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.quant.fake', 'dynamic_quant')(a)
+
+
+DynamicBlockQuantArgs = collections.namedtuple('DynamicBlockQuantArgs', ['x', 'min_scale', 'round_mode', 'dst_type', 'row_block_size', 'col_block_size', 'dst_type_max'])
+
+
+def _fake_dynamic_block_quant(x, min_scale=0.0, round_mode="rint", dst_type=1, row_block_size=1, col_block_size=128, dst_type_max=0.0):
+    a = DynamicBlockQuantArgs(x, min_scale, round_mode, dst_type, row_block_size, col_block_size, dst_type_max)
+    check_devices('dynamic_block_quant', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.quant.fake', 'dynamic_block_quant')(a)
 
 
 SwigluArgs = collections.namedtuple('SwigluArgs', ['x', 'dim'])
@@ -1786,6 +1796,7 @@ def register():
     torch.library.register_fake("npu_fa::add_rms_norm_dynamic_quant", _fake_add_rms_norm_dynamic_quant)
     torch.library.register_fake("npu_fa::rms_norm_quant", _fake_rms_norm_quant)
     torch.library.register_fake("npu_fa::dynamic_quant", _fake_dynamic_quant)
+    torch.library.register_fake("npu_fa::dynamic_block_quant", _fake_dynamic_block_quant)
     torch.library.register_fake("npu_fa::swiglu", _fake_swiglu)
     torch.library.register_autograd("npu_fa::swiglu", _backward_swiglu, setup_context=_setup_swiglu)
     torch.library.register_fake("npu_fa::swiglu_grad", _fake_swiglu_grad)
