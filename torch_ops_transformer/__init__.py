@@ -17,6 +17,9 @@ generated from native_functions.yaml. Public Python API:
 - `MLAAttention`, `MLALatentCache`, `PagedMLARunner` — DeepSeek's absorbed Multi-head Latent Attention on the MLA ops
   (prolog, latent-space fused attention over a paged latent cache, W_uv and o_proj), from a transformers
   DeepseekV3Attention (`from_hf`), and a runner that drives a transformers DeepSeek-V3 with it (docs/mla.md);
+- `DSAAttention`, `DSALatentCache`, `PagedDSARunner` — DeepSeek-V3.2's sparse attention (lightning indexer +
+  sparse flash attention over paged caches) and a runner that drives a transformers DeepSeek-V3.2 with it
+  (docs/sparse_attention.md);
 - `PagedKVCache` — a block-allocated KV cache written through `scatter_pa_kv_cache`; `npu_scatter_pa_kv_cache`
   (torch_npu's form of that write, ND and PA_NZ caches); `npu_kv_rmsnorm_rope_cache` (+`_v2`, `_v2_functional`) —
   MLA's RMSNorm + interleaved rope + latent-cache write.
@@ -123,8 +126,11 @@ from .mc2 import (
     tensor_parallel,
 )
 from .mla import (
+    DSAAttention,
+    DSALatentCache,
     MLAAttention,
     MLALatentCache,
+    PagedDSARunner,
     PagedMLARunner,
     npu_mla_prolog,
     npu_mla_prolog_v2,
@@ -245,6 +251,9 @@ __all__ = [
     "MLAAttention",
     "MLALatentCache",
     "PagedMLARunner",
+    "DSAAttention",
+    "DSALatentCache",
+    "PagedDSARunner",
     "npu_apply_rotary_pos_emb",
     "npu_interleave_rope",
     "npu_rotary_mul",

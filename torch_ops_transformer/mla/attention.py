@@ -210,7 +210,8 @@ class MLAAttention(nn.Module):
         m = cls(a.hidden_size if hasattr(a, "hidden_size") else a.o_proj.out_features, n, r, d, dr, dv, q_lora,
                 scaling=a.scaling, q_norm_eps=a.q_a_layernorm.variance_epsilon if q_lora is not None else 1e-6,
                 kv_norm_eps=a.kv_a_layernorm.variance_epsilon, o_proj_bias=a.o_proj.bias is not None,
-                layer_idx=getattr(a, "layer_idx", 0) or 0, dtype=w_ref.dtype, device=w_ref.device)
+                layer_idx=getattr(a, "layer_idx", 0) or 0, dtype=w_ref.dtype, device=w_ref.device,
+                **cls._hf_extra_kwargs(a))
         interleaved = bool(getattr(getattr(a, "config", None), "rope_interleave", True))
         perm = None if interleaved else _interleave_perm(dr)
 
@@ -237,6 +238,11 @@ class MLAAttention(nn.Module):
         m.o_proj.load_state_dict(a.o_proj.state_dict())
         return m
 
+    @classmethod
+    def _hf_extra_kwargs(cls, hf_attention: nn.Module) -> dict:
+        """Constructor arguments a subclass reads from the transformers module (its own extra sizes); none here."""
+        return {}
+
     # ------------------------------------------------------------------------------------------------ forward
     def _prolog(self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, kr_cache: Tensor,
                 slots: Tensor) -> Tuple[Tensor, Tensor]:
@@ -262,30 +268,42 @@ class MLAAttention(nn.Module):
                                   epsilon=self.kv_norm_eps, cache_mode="PA")
         return q.reshape(*lead, n, -1).contiguous(), q_rope.reshape(*lead, n, dr).contiguous()
 
-    def forward(self, hidden_states: Tensor, cos: Tensor, sin: Tensor, cache: MLALatentCache,
-                batch: MLABatch) -> Tensor:
+    def _step_inputs(self, hidden_states: Tensor, cos: Tensor, sin: Tensor,
+                     batch: MLABatch) -> Tuple[bool, Tensor, Tensor, Tensor, Tensor]:
+        """Checks that hidden_states fits the batch and lays the step out: (tnd, x, cos, sin, slots) with cos/sin
+        [T, Dr] (TND) or [B, S, Dr] (BSND) in x's dtype and the slots of the new tokens ([T] or [B, S])."""
         tnd = hidden_states.dim() == 2
         b = len(batch.seq_ids)
         if tnd:
             if hidden_states.shape[0] != batch.num_tokens:
-                raise ValueError(f"MLAAttention: TND hidden_states has {hidden_states.shape[0]} tokens but the batch "
-                                 f"has sum(q_lens) = {batch.num_tokens}")
+                raise ValueError(f"{type(self).__name__}: TND hidden_states has {hidden_states.shape[0]} tokens but "
+                                 f"the batch has sum(q_lens) = {batch.num_tokens}")
             cos, sin = cos.reshape(-1, self.qk_rope_head_dim), sin.reshape(-1, self.qk_rope_head_dim)
             slots = batch.slot_mapping
         elif hidden_states.dim() == 3:
             s = hidden_states.shape[1]
             if hidden_states.shape[0] != b or not batch.uniform or batch.q_lens[0] != s:
-                raise ValueError(f"MLAAttention: BSND hidden_states {list(hidden_states.shape[:2])} needs every "
-                                 f"sequence of the batch to have S new tokens; q_lens are {batch.q_lens} (use TND "
-                                 f"[T, hidden] for a ragged batch)")
+                raise ValueError(f"{type(self).__name__}: BSND hidden_states {list(hidden_states.shape[:2])} needs "
+                                 f"every sequence of the batch to have S new tokens; q_lens are {batch.q_lens} (use "
+                                 f"TND [T, hidden] for a ragged batch)")
             cos, sin = cos.reshape(b, s, -1), sin.reshape(b, s, -1)
             slots = batch.slot_mapping.reshape(b, s)
         else:
-            raise ValueError(f"MLAAttention: hidden_states must be [B, S, hidden] (BSND) or [T, hidden] (TND); got "
-                             f"shape {list(hidden_states.shape)}")
+            raise ValueError(f"{type(self).__name__}: hidden_states must be [B, S, hidden] (BSND) or [T, hidden] "
+                             f"(TND); got shape {list(hidden_states.shape)}")
         x = hidden_states.contiguous()
+        return tnd, x, cos.to(x.dtype).contiguous(), sin.to(x.dtype).contiguous(), slots
+
+    def _up_project(self, latent_out: Tensor, out_shape: Sequence[int]) -> Tensor:
+        """W_uv per head, then o_proj: latent attention output [.., N, kv_lora_rank] -> [*out_shape[:-1], hidden]."""
+        lat = latent_out.reshape(-1, self.num_heads, self.kv_lora_rank).transpose(0, 1)  # [N, T, r]
+        v = torch.bmm(lat, self.weight_uv.transpose(1, 2)).transpose(0, 1).reshape(-1, self.num_heads * self.v_head_dim)
+        return self.o_proj(v).reshape(*out_shape[:-1], self.hidden_size)
+
+    def forward(self, hidden_states: Tensor, cos: Tensor, sin: Tensor, cache: MLALatentCache,
+                batch: MLABatch) -> Tensor:
+        tnd, x, cos, sin, slots = self._step_inputs(hidden_states, cos, sin, batch)
         kv_cache, kr_cache = cache.kv_cache(self.layer_idx), cache.kr_cache(self.layer_idx)
-        cos, sin = cos.to(x.dtype).contiguous(), sin.to(x.dtype).contiguous()
         q, q_rope = self._prolog(x, cos, sin, kv_cache, kr_cache, slots)
         causal = not batch.is_decode
         q_lens = torch.tensor(batch.q_lens, dtype=torch.int64).cumsum(0).tolist() if tnd else batch.q_lens
@@ -296,10 +314,7 @@ class MLAAttention(nn.Module):
             num_key_value_heads=1, scale=self.scaling, input_layout="TND" if tnd else "BSND",
             sparse_mode=3 if causal else 0, atten_mask=_causal_mask(x.device) if causal else None,
             block_size=batch.block_size)[0]
-        # W_uv per head: [T, N, r] -> [N, T, r] @ [N, r, Dv] -> [T, N*Dv]
-        lat = out.reshape(-1, self.num_heads, self.kv_lora_rank).transpose(0, 1)
-        v = torch.bmm(lat, self.weight_uv.transpose(1, 2)).transpose(0, 1).reshape(-1, self.num_heads * self.v_head_dim)
-        return self.o_proj(v).reshape(*hidden_states.shape[:-1], self.hidden_size)
+        return self._up_project(out, hidden_states.shape)
 
 
 # ================================================================================================================
@@ -320,8 +335,9 @@ class _HFMLAAdapter(nn.Module):
                 attention_mask: Optional[Tensor] = None, **kwargs) -> Tuple[Tensor, None]:
         runner = self._runner[0]
         if runner.batch is None:
-            raise RuntimeError("MLAAttention inside a transformers model runs through PagedMLARunner "
-                               "(prefill / decode / generate), which supplies the paged cache and the batch")
+            raise RuntimeError(f"{type(self.mla).__name__} inside a transformers model runs through "
+                               f"{type(runner).__name__} (prefill / decode / generate), which supplies the paged "
+                               f"cache and the batch")
         cos, sin = position_embeddings
         x = hidden_states[0] if runner.packed else hidden_states  # packed: [1, T, H] -> TND [T, H]
         out = self.mla(x, cos, sin, runner.cache, runner.batch)
@@ -340,28 +356,42 @@ class PagedMLARunner:
     `prefill(prompts)` runs the prompts as one packed TND step (positions restart at 0 per prompt) and returns
     (seq_ids, last-token logits [B, vocab]); `decode(seq_ids, tokens)` one BSND step of one token per sequence;
     `free(seq_ids)` returns their blocks. Each step calls the base model with use_cache=False (the paged cache is
-    ours), so `output_hidden_states=True` works as for transformers' own forward (`last_outputs`)."""
+    ours), so `output_hidden_states=True` works as for transformers' own forward (`last_outputs`). A DeepSeek-V3.2
+    model (attention with an indexer) is a TypeError: PagedDSARunner (mla.sparse_attention_runner) runs it."""
 
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int = 16, dtype: Optional[torch.dtype] = None):
+        name = type(self).__name__
         layers = getattr(getattr(model, "model", None), "layers", None)
         if layers is None or not hasattr(model, "lm_head"):
-            raise TypeError(f"PagedMLARunner: argument 'model' must be a transformers causal LM with model.layers "
-                            f"and lm_head (e.g. DeepseekV3ForCausalLM); got {type(model).__name__}")
-        cfg = model.config
+            raise TypeError(f"{name}: argument 'model' must be a transformers causal LM with model.layers and "
+                            f"lm_head (e.g. {self._MODEL_EXAMPLE}); got {type(model).__name__}")
+        if any(isinstance(layer.self_attn, _HFMLAAdapter) for layer in layers):
+            raise ValueError(f"{name}: the model's attention is already swapped (one runner per model)")
         ref = next(model.parameters())
         self.model = model
-        self.cache = MLALatentCache(num_blocks, block_size, cfg.kv_lora_rank, cfg.qk_rope_head_dim,
-                                    num_layers=len(layers), dtype=dtype or ref.dtype, device=ref.device)
+        self.cache = self._make_cache(model.config, len(layers), num_blocks, block_size, dtype or ref.dtype,
+                                      ref.device)
         self.batch: Optional[MLABatch] = None
         self.packed = False
         self.last_outputs = None
-        for i, layer in enumerate(layers):
-            attn = layer.self_attn
-            if isinstance(attn, _HFMLAAdapter):
-                raise ValueError("PagedMLARunner: the model's attention is already swapped (one runner per model)")
-            mla = MLAAttention.from_hf(attn)
+        modules = [self._attention_from_hf(layer.self_attn) for layer in layers]  # all converted before any swap
+        for i, (layer, mla) in enumerate(zip(layers, modules)):
             mla.layer_idx = i
             layer.self_attn = _HFMLAAdapter(mla, self)
+
+    _MODEL_EXAMPLE = "DeepseekV3ForCausalLM"
+
+    def _make_cache(self, cfg, num_layers: int, num_blocks: int, block_size: int, dtype: torch.dtype,
+                    device) -> MLALatentCache:
+        """The paged cache of every layer (a subclass's attention may need more than the latent)."""
+        return MLALatentCache(num_blocks, block_size, cfg.kv_lora_rank, cfg.qk_rope_head_dim, num_layers=num_layers,
+                              dtype=dtype, device=device)
+
+    def _attention_from_hf(self, hf_attention: nn.Module) -> MLAAttention:
+        if hasattr(hf_attention, "indexer"):  # dense MLA would silently drop the indexer's selection
+            raise TypeError(f"{type(self).__name__}: the model's attention has a sparse-attention indexer (a "
+                            f"DeepSeek-V3.2 model); use PagedDSARunner, which runs its selection")
+        return MLAAttention.from_hf(hf_attention)
 
     def _run(self, ids: Tensor, positions: Tensor, batch: MLABatch, packed: bool, **kwargs) -> Tensor:
         self.batch, self.packed = batch, packed
@@ -378,8 +408,8 @@ class PagedMLARunner:
         (seq_ids, logits of each prompt's last token [B, vocab])."""
         prompts = [[int(t) for t in (p.tolist() if isinstance(p, Tensor) else p)] for p in prompts]
         if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("PagedMLARunner.prefill: argument 'prompts' must be a non-empty list of non-empty "
-                             "token lists")
+            raise ValueError(f"{type(self).__name__}.prefill: argument 'prompts' must be a non-empty list of "
+                             f"non-empty token lists")
         dev = self.cache.kv_caches[0].device
         seq_ids = [self.cache.add_sequence() for _ in prompts]
         try:
