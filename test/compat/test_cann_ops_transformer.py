@@ -66,12 +66,13 @@ def _cu(lengths):
 
 @pytest.mark.parametrize("mask_mode", [0, 3])
 def test_lightning_indexer_bsnd_equals_ours(mask_mode):
-    q, k, w = _indexer_inputs()
+    q, k, w = _indexer_inputs(dtype=torch.bfloat16)
     idx, val = OPS.lightning_indexer(q, k, w, 4, mask_mode=mask_mode, return_value=1)
     ref_idx, ref_val = tot.npu_lightning_indexer(q, k, w, sparse_count=4, sparse_mode=mask_mode, return_value=True)
-    assert torch.equal(idx, ref_idx) and torch.equal(val, ref_val)
+    # upstream's values are float32: ours (rounded to q's dtype) widened
+    assert torch.equal(idx, ref_idx) and val.dtype == torch.float32 and torch.equal(val, ref_val.float())
     idx0, val0 = OPS.lightning_indexer(q, k, w, 4, mask_mode=mask_mode)
-    assert torch.equal(idx0, ref_idx) and val0.shape == (0,)
+    assert torch.equal(idx0, ref_idx) and val0.shape == (0,) and val0.dtype == torch.float32
 
 
 def test_lightning_indexer_tnd_and_paged_equal_ours():
@@ -111,7 +112,7 @@ def test_lightning_indexer_compressed_causal_equals_ours_row_by_row():
                 ri, rv = tot.npu_lightning_indexer(q[b:b + 1, i:i + 1], k[b:b + 1], w[b:b + 1, i:i + 1],
                                                    actual_seq_lengths_key=[seen], sparse_count=3, sparse_mode=0,
                                                    return_value=True)
-                want_i, want_v = ri[0, 0], rv[0, 0]
+                want_i, want_v = ri[0, 0], rv[0, 0].float()
             assert torch.equal(idx[b, i], want_i), (b, i)
             assert torch.equal(val[b, i], want_v), (b, i)
 

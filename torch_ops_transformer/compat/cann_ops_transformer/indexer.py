@@ -126,7 +126,7 @@ def lightning_indexer(q, k, w, topk, *, cu_seqlens_q=None, cu_seqlens_k=None, se
                       cmp_residual_k=None, block_table=None, output_idx_offset=None, metadata=None, max_seqlen_q=-1,
                       layout_q="BSND", layout_k="BSND", mask_mode=0, cmp_ratio=1, return_value=0):
     """cann_ops_transformer.lightning_indexer: (sparse_indices int32 [B, S1, N2, topk] / [T1, N2, topk],
-    sparse_values of that shape when return_value, else an empty [0] tensor), on npu_lightning_indexer.
+    sparse_values float32 of that shape when return_value, else an empty [0] tensor), on npu_lightning_indexer.
     `metadata` and `max_seqlen_q` are tiling hints on the NPU and are not needed here."""
     op = "cann_ops_transformer.lightning_indexer"
     for name, t in (("q", q), ("k", k), ("w", w)):
@@ -143,7 +143,9 @@ def lightning_indexer(q, k, w, topk, *, cu_seqlens_q=None, cu_seqlens_k=None, se
                                      sparse_count=count, sparse_mode=sparse_mode, return_value=want)
 
     idx, values = _select(op, rank, q, k, topk, rows, k_lens, layout_k, mask_mode, cmp_ratio, cmp_residual_k)
-    return _post(op, idx, values, rows, output_idx_offset)
+    idx, values = _post(op, idx, values, rows, output_idx_offset)
+    # upstream's values are float32; ours come in q's dtype (the fp32 scores rounded to it), widened here
+    return idx, values.to(torch.float64 if values.dtype == torch.float64 else torch.float32)
 
 
 def quant_lightning_indexer(query, key, weights, query_dequant_scale, key_dequant_scale, topk, quant_mode, *,
