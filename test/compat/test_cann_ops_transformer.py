@@ -227,6 +227,29 @@ def test_sparse_flash_mla_tnd_and_paged_equal_bsnd():
     torch.testing.assert_close(p_lse, lse, rtol=0, atol=0)
 
 
+def test_sparse_flash_mla_tnd_varlen_equals_ours():
+    """TND with sequences of different lengths (cu_seqlens), causal ori_kv (mode 3), compressed HCA entries."""
+    g = torch.Generator().manual_seed(7)
+    q_lens, ori_lens, cmp_lens, res = [3, 2], [10, 6], [3, 2], [1, 0]
+    q = torch.randn(sum(q_lens), 4, 16, generator=g)
+    ori = torch.randn(sum(ori_lens), 1, 16, generator=g)
+    cmp = torch.randn(sum(cmp_lens), 1, 16, generator=g)
+    out, lse = OPS.sparse_flash_mla(q, ori_kv=ori, cmp_kv=cmp, cu_seqlens_q=_cu(q_lens),
+                                    cu_seqlens_ori_kv=_cu(ori_lens), cu_seqlens_cmp_kv=_cu(cmp_lens),
+                                    cmp_residual_kv=torch.tensor(res), softmax_scale=0.3, cmp_ratio=3,
+                                    ori_mask_mode=3, cmp_mask_mode=3, layout_q="TND", layout_kv="TND",
+                                    return_softmax_lse=True)
+    qs, os_, cs = (torch.split(t, n) for t, n in ((q, q_lens), (ori, ori_lens), (cmp, cmp_lens)))
+    for b in range(2):
+        entries = [[list(range(ori_lens[b] - q_lens[b] + i + 1))
+                    + [ori_lens[b] + c for c in range(_compressed_seen(cmp_lens[b], q_lens[b], i, 3, res[b]))]
+                    for i in range(q_lens[b])]]
+        ref_out, ref_lse = _rows_reference(qs[b][None], [torch.cat([os_[b], cs[b]])], entries, 0.3, None)
+        start = sum(q_lens[:b])
+        torch.testing.assert_close(out[start:start + q_lens[b]], ref_out[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(lse[:, start:start + q_lens[b]], ref_lse[0], rtol=1e-6, atol=1e-6)
+
+
 def test_sparse_flash_mla_grad_equals_autograd_of_the_forward():
     q, ori, cmp, sinks = _mla_inputs(S3=5, dtype=torch.float64)
     res = torch.tensor([0, 1], dtype=torch.int32)
@@ -467,6 +490,15 @@ MINDSPEED_STYLE = """
     out.sum().backward()
     assert out.device.type == "npu" and out.shape == q.shape and lse.shape == (B, 1, S1, N1)
     assert torch.isfinite(out.cpu()).all() and kv.grad is not None and cmp_kv.grad is not None
+    # the explicit backward gives the indexer's KL target, which trains the indexer
+    grads = cann_ops_transformer.sparse_flash_mla_grad(q, torch.ones_like(out), out.detach(), lse.detach(),
+        ori_kv=kv.detach(), cmp_kv=cmp_kv.detach(), cmp_sparse_indices=idx, cmp_residual_kv=residual,
+        sinks=sinks.detach(), softmax_scale=1 / math.sqrt(D), cmp_ratio=cmp_ratio, ori_mask_mode=4, cmp_mask_mode=3,
+        ori_win_left=3, ori_win_right=0)
+    assert torch.allclose(grads[1].cpu(), kv.grad.cpu(), atol=1e-5) and grads[5].shape == idx.shape
+    dq, dk, dw, y = cann_ops_transformer.ops.sparse_lightning_indexer_kl_loss_grad(qi, ki, w, idx, grads[5],
+        cmp_residual_k=residual, layout_q="BSND", layout_k="BSND", cmp_ratio=cmp_ratio)
+    assert dq.shape == qi.shape and dk.shape == ki.shape and dw.shape == w.shape and y.device.type == "npu"
     print("ok", tuple(idx.shape))
 """
 
