@@ -212,11 +212,13 @@ setup(
     version="0.1.0",
     description="CANN ops-transformer (FlashAttention, RoPE, MoE, MC2) as native PyTorch ops on CPU and Ascend NPU",
     packages=find_packages(include=["torch_ops_transformer", "torch_ops_transformer.*"]),
-    # the CANN kernel library, if built; the torch_npu shim's upstream function list and its PYTHONPATH entry; the
-    # flash_attn shim's PYTHONPATH entry.
+    # the CANN kernel library, if built; the torch_npu shim's upstream function list and its PYTHONPATH entry (with
+    # the cann_ops_transformer stand-in's, and that stand-in's function list); the flash_attn shim's PYTHONPATH entry.
     package_data={"torch_ops_transformer": EXT["package_data"],
                   "torch_ops_transformer.compat": ["torch_npu_functions.yaml", "pythonpath/torch_npu/__init__.py",
-                                                    "flash_attn_pythonpath/flash_attn/__init__.py"]},
+                                                    "pythonpath/cann_ops_transformer/__init__.py",
+                                                    "flash_attn_pythonpath/flash_attn/__init__.py"],
+                  "torch_ops_transformer.compat.cann_ops_transformer": ["functions.yaml"]},
     python_requires=">=3.9",
     # numpy: torch warns "Failed to initialize NumPy" on every import without it.
     install_requires=["torch>=2.13", "pyyaml", "numpy"],
