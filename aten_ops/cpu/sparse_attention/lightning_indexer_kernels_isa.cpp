@@ -1,9 +1,11 @@
 // The lightning-indexer loops (see lightning_indexer_kernels.h), compiled once per instruction set.
 //
 // Forward: work units of (sequence, key head, block of kQueryBlock query tokens). A unit walks the keys its last
-// token sees in chunks of kKeyChunk: the chunk is converted to A once (for a paged cache, block by block) and every
-// token of the block takes its G x chunk dot products against it (one brgemm product in fp32; at::vec dot products,
-// four heads per pass over a key, in fp64), then folds them into the chunk's scores, sum_h w_h * ReLU(x). The top K
+// token sees in chunks of kKeyChunk. The chunk's products with every head of every token of the block are one
+// brgemm product C = K_chunk · [q_i0 .. q_i1-1]ᵀ (the queries packed once per unit as B, D x (tokens * G)): 16-bit
+// keys are A as they sit in the cache (B VNNI-packed, where brgemm multiplies that dtype), other keys are converted
+// to fp32 rows first (fp64, or where brgemm refuses: at::vec dot products). Each token then folds its columns into
+// the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over the heads per key. The top K
 // of a token's score row are found by selection (std::nth_element, O(keys)) and only those K are sorted. With at
 // least as many units as threads, units run in parallel; with fewer (decode: one token per sequence), the threads
 // split each unit's chunks instead.
@@ -97,16 +99,41 @@ inline void axpy(T a, const T* x, T* y, int64_t n) {
 
 // ---- forward -------------------------------------------------------------------------------------------------
 
+// n values of a key row in the accumulation type; 16-bit rows to fp32 a vector at a time (the conversion of the
+// streamed keys is a large part of the fp32 path's work).
+template <typename A, typename T>
+inline void to_acc(const T* src, int64_t n, A* dst) {
+  int64_t d = 0;
+  if constexpr (std::is_same_v<A, float> && (std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>)) {
+    using Vf = at::vec::Vectorized<float>;
+    constexpr int64_t L = 2 * Vf::size();
+    for (; d + L <= n; d += L) {
+      Vf lo, hi;
+      at::vec::load_to_float<T>(src + d, lo, hi);
+      lo.store(dst + d);
+      hi.store(dst + d + Vf::size());
+    }
+  }
+  for (; d < n; ++d) dst[d] = static_cast<A>(src[d]);
+}
+
 // A work unit of the forward: a block of query tokens [i0, i1) of sequence b against key head n2.
 struct Unit {
   int64_t b, n2, i0, i1;
 };
 
-// One thread's buffers: a chunk of keys in A, their dequant scales, and the chunk's G x kKeyChunk dot products.
-template <typename A>
+// How a unit's chunk products run. kVnni: the 16-bit key rows are brgemm's A operand as they sit in the cache
+// (no conversion), against the unit's queries packed once as a VNNI B = [q_1 .. q_nb]ᵀ. kFp32: the chunk is converted
+// to fp32 rows, against the fp32 B. kDots: at::vec dot products (fp64, or a machine where brgemm refuses both).
+enum class Product { kVnni, kFp32, kDots };
+
+// One thread's buffers for a unit: the packed queries (B [D, nb * G]), a chunk of keys in A and their dequant
+// scales, and the chunk's products C [kKeyChunk, nb * G] (row j: key j against every head of every token).
+template <typename A, typename key_t>
 struct ChunkScratch {
-  std::vector<A> kbuf, kscale, dotbuf;
-  ChunkScratch(int64_t D, int64_t G) : kbuf(kKeyChunk * D), kscale(kKeyChunk), dotbuf(G * kKeyChunk) {}
+  std::vector<key_t> b16;  // kVnni
+  std::vector<A> b, kbuf, kscale, dots;
+  ChunkScratch(int64_t D, int64_t cols) : kbuf(kKeyChunk * D), kscale(kKeyChunk), dots(kKeyChunk * cols) {}
 };
 
 template <typename A, typename key_t>
@@ -114,10 +141,8 @@ class IndexerForward {
  public:
   explicit IndexerForward(const IndexerForwardParams& p)
       : p_(p), g_(*p.geo), q_(static_cast<const A*>(p.q)), w_(static_cast<const A*>(p.w)),
-        qs_(static_cast<const A*>(p.qscale)), key_(static_cast<const key_t*>(p.key)),
-        // fp32 products run on oneDNN's brgemm (q [G, D] times the chunk stored transposed, [D, chunk]); fp64, or a
-        // machine where brgemm refuses fp32, uses the vectorised dot products.
-        use_mm_(std::is_same_v<A, float> && brgemm_usable(at::kFloat)) {}
+        qs_(static_cast<const A*>(p.qscale)), key_(static_cast<const key_t*>(p.key)), product_(choose_product()),
+        panel_(product_ == Product::kVnni ? brgemm_vnni_panel(c10::CppTypeToScalarType<key_t>::value) : 0) {}
 
   void run() {
     std::vector<Unit> units;
@@ -126,18 +151,20 @@ class IndexerForward {
         for (int64_t i0 = 0; i0 < g_.q_len[b]; i0 += kQueryBlock)
           units.push_back({b, n2, i0, std::min(g_.q_len[b], i0 + kQueryBlock)});
     const int64_t n_units = static_cast<int64_t>(units.size());
+    const int64_t cols = kQueryBlock * g_.G;
     if (n_units >= at::get_num_threads()) {
       // Enough units for every thread: each unit scores and selects on one thread, its buffers reused.
       at::parallel_for(0, n_units, 1, [&](int64_t u0, int64_t u1) {
-        ChunkScratch<A> cs(g_.D, g_.G);
+        ChunkScratch<A, key_t> cs(g_.D, cols);
         std::vector<A> scores;
         std::vector<int64_t> order;
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t vmax = prepare(units[u], scores);
+          pack_queries(units[u], cs);
           for (int64_t c0 = 0; c0 < vmax; c0 += kKeyChunk) score_chunk(units[u], vmax, c0, cs, scores.data());
           for (int64_t i = units[u].i0; i < units[u].i1; ++i) select_top(units[u], vmax, i, scores.data(), order);
         }
-        if (use_mm_) brgemm::release(false);
+        release();
       });
       return;
     }
@@ -148,9 +175,10 @@ class IndexerForward {
       const int64_t vmax = prepare(un, scores);
       const int64_t chunks = (vmax + kKeyChunk - 1) / kKeyChunk;
       at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
-        ChunkScratch<A> cs(g_.D, g_.G);
+        ChunkScratch<A, key_t> cs(g_.D, cols);
+        pack_queries(un, cs);
         for (int64_t c = k0; c < k1; ++c) score_chunk(un, vmax, c * kKeyChunk, cs, scores.data());
-        if (use_mm_) brgemm::release(false);
+        release();
       });
       at::parallel_for(un.i0, un.i1, 1, [&](int64_t i0, int64_t i1) {
         std::vector<int64_t> order;
@@ -160,6 +188,24 @@ class IndexerForward {
   }
 
  private:
+  Product choose_product() const {
+    if constexpr (!std::is_same_v<A, float>) {
+      return Product::kDots;
+    } else {
+      constexpr bool k16 = std::is_same_v<key_t, c10::BFloat16> || std::is_same_v<key_t, c10::Half>;
+      if constexpr (k16) {
+        // (the query was converted from the key's dtype, so packing it back to 16 bits is exact)
+        if (g_.D % 2 == 0 && p_.qscale == nullptr && brgemm_vnni_panel(c10::CppTypeToScalarType<key_t>::value) > 0)
+          return Product::kVnni;
+      }
+      return brgemm_usable(at::kFloat) ? Product::kFp32 : Product::kDots;
+    }
+  }
+
+  void release() const {
+    if (product_ != Product::kDots) brgemm::release(product_ == Product::kVnni);
+  }
+
   // Sizes the unit's score rows (one per token, as long as its last token's visible keys) and zeroes them.
   int64_t prepare(const Unit& un, std::vector<A>& scores) const {
     int64_t vmax = 0;
@@ -168,59 +214,96 @@ class IndexerForward {
     return vmax;
   }
 
-  // The keys [c0, c1) of sequence b, head n2, converted to A: row-major [n, D], or transposed [D, kKeyChunk] for
-  // the brgemm product; and their dequant scales.
-  void load_chunk(const Unit& un, int64_t c0, int64_t c1, ChunkScratch<A>& cs) const {
-    const int64_t D = g_.D, N2 = g_.N2;
+  const A* query(const Unit& un, int64_t i) const {
+    return q_ + ((g_.q_start[un.b] + i) * g_.N1 + un.n2 * g_.G) * g_.D;
+  }
+
+  // B = [q_i0 .. q_i1-1]ᵀ, D x (nb * G): column (i - i0) * G + h is query head h of token i.
+  void pack_queries(const Unit& un, ChunkScratch<A, key_t>& cs) const {
+    if (product_ == Product::kDots) return;
+    const int64_t G = g_.G, D = g_.D, cols = (un.i1 - un.i0) * G;
+    std::vector<A>& b = cs.b;
+    b.assign(D * cols, A(0));
+    for (int64_t i = un.i0; i < un.i1; ++i) {
+      const A* qi = query(un, i);
+      for (int64_t h = 0; h < G; ++h)
+        for (int64_t d = 0; d < D; ++d) b[d * cols + (i - un.i0) * G + h] = qi[h * D + d];
+    }
+    if constexpr (sizeof(key_t) == 2) {
+      if (product_ == Product::kVnni) {
+        std::vector<key_t> rows(b.size());
+        for (size_t e = 0; e < b.size(); ++e) rows[e] = static_cast<key_t>(b[e]);
+        cs.b16.resize(b.size());
+        brgemm::pack_rows_vnni(rows.data(), cols, D, cols, panel_, cs.b16.data());
+      }
+    }
+  }
+
+  // C[j, (i - i0) * G + h] = q_i,h . key (c0 + j) for the chunk [c0, c1), and the keys' dequant scales.
+  void chunk_products(const Unit& un, int64_t c0, int64_t c1, ChunkScratch<A, key_t>& cs) const {
+    const int64_t D = g_.D, N2 = g_.N2, G = g_.G, nb = un.i1 - un.i0, cols = nb * G;
     for (int64_t s = c0; s < c1;) {
       int64_t run = 0;
       const int64_t row = g_.key_row(un.b, s, c1 - s, &run);
-      for (int64_t r = 0; r < run; ++r) {
-        const key_t* src = key_ + ((row + r) * N2 + un.n2) * D;
-        const int64_t j = s - c0 + r;
-        if (use_mm_) {
-          for (int64_t d = 0; d < D; ++d) cs.kbuf[d * kKeyChunk + j] = static_cast<A>(src[d]);
-        } else {
-          for (int64_t d = 0; d < D; ++d) cs.kbuf[j * D + d] = static_cast<A>(src[d]);
-        }
-        if (p_.kscale) cs.kscale[j] = static_cast<A>(p_.kscale[(row + r) * N2 + un.n2]);
+      const int64_t j = s - c0;
+      const key_t* src = key_ + (row * N2 + un.n2) * D;
+      if (p_.kscale)
+        for (int64_t r = 0; r < run; ++r) cs.kscale[j + r] = static_cast<A>(p_.kscale[(row + r) * N2 + un.n2]);
+      if (product_ == Product::kVnni) {
+        if constexpr (std::is_same_v<A, float> && sizeof(key_t) == 2)
+          brgemm::mm_panels(run, cols, D, src, N2 * D, cs.b16.data(), cols, cs.dots.data() + j * cols, cols, false,
+                            panel_);
+      } else {
+        for (int64_t r = 0; r < run; ++r) to_acc(src + r * N2 * D, D, cs.kbuf.data() + (j + r) * D);
       }
       s += run;
+    }
+    const int64_t n = c1 - c0;
+    if (product_ == Product::kFp32) {
+      if constexpr (std::is_same_v<A, float>)
+        brgemm::mm(n, cols, D, cs.kbuf.data(), D, cs.b.data(), cols, cs.dots.data(), cols, false);
+    } else if (product_ == Product::kDots) {
+      // [G, n] per token, transposed into C's layout
+      std::vector<A> t(G * n);
+      for (int64_t i = un.i0; i < un.i1; ++i) {
+        dots(query(un, i), G, cs.kbuf.data(), n, D, t.data(), n);
+        for (int64_t h = 0; h < G; ++h)
+          for (int64_t jj = 0; jj < n; ++jj) cs.dots[jj * cols + (i - un.i0) * G + h] = t[h * n + jj];
+      }
     }
   }
 
   // Adds sum_h w_h * ReLU(q_h . k) of the chunk starting at c0 into every token's score row.
-  void score_chunk(const Unit& un, int64_t vmax, int64_t c0, ChunkScratch<A>& cs, A* scores) const {
-    const int64_t c1 = std::min(vmax, c0 + kKeyChunk), N1 = g_.N1, G = g_.G, D = g_.D;
-    load_chunk(un, c0, c1, cs);
+  void score_chunk(const Unit& un, int64_t vmax, int64_t c0, ChunkScratch<A, key_t>& cs, A* scores) const {
+    using V = at::vec::Vectorized<A>;
+    constexpr int64_t L = V::size();
+    const int64_t c1 = std::min(vmax, c0 + kKeyChunk), N1 = g_.N1, G = g_.G, cols = (un.i1 - un.i0) * G;
+    chunk_products(un, c0, c1, cs);
+    std::vector<A> wq(G);
     for (int64_t i = un.i0; i < un.i1; ++i) {
       const int64_t vi = g_.visible_keys(un.b, i);
       if (vi <= c0) continue;
       const int64_t n = std::min(c1, vi) - c0;
       const int64_t row = g_.q_start[un.b] + i;
-      const A* qrow = q_ + (row * N1 + un.n2 * G) * D;
       const A* wrow = w_ + row * N1 + un.n2 * G;
-      if constexpr (std::is_same_v<A, float>) {
-        if (use_mm_)
-          brgemm::mm(G, n, D, qrow, D, cs.kbuf.data(), kKeyChunk, cs.dotbuf.data(), kKeyChunk, false);
-        else
-          dots(qrow, G, cs.kbuf.data(), n, D, cs.dotbuf.data(), kKeyChunk);
-      } else {
-        dots(qrow, G, cs.kbuf.data(), n, D, cs.dotbuf.data(), kKeyChunk);
-      }
+      const A* qsrow = qs_ ? qs_ + row * N1 + un.n2 * G : nullptr;
       A* sc = scores + (i - un.i0) * vmax + c0;
-      for (int64_t h = 0; h < G; ++h) {
-        const A wh = wrow[h];
-        const A* x = cs.dotbuf.data() + h * kKeyChunk;
-        if (qs_) {
-          const A f = qs_[row * N1 + un.n2 * G + h];
-          for (int64_t j = 0; j < n; ++j) {
-            const A v = x[j] * f * cs.kscale[j];
-            sc[j] += wh * (v > A(0) ? v : A(0));
-          }
-        } else {
-          for (int64_t j = 0; j < n; ++j) sc[j] += wh * (x[j] > A(0) ? x[j] : A(0));
+      for (int64_t j = 0; j < n; ++j) {
+        const A* x = cs.dots.data() + j * cols + (i - un.i0) * G;
+        const A ks = qsrow ? cs.kscale[j] : A(1);
+        V acc(A(0));
+        int64_t h = 0;
+        for (; h + L <= G; h += L) {
+          V v = V::loadu(x + h);
+          if (qsrow) v = v * V::loadu(qsrow + h) * V(ks);
+          acc = at::vec::fmadd(at::vec::maximum(v, V(A(0))), V::loadu(wrow + h), acc);
         }
+        A sum = at::vec::vec_reduce_all<A>([](V& a, V& b) { return a + b; }, acc);
+        for (; h < G; ++h) {
+          const A v = qsrow ? x[h] * qsrow[h] * ks : x[h];
+          sum += wrow[h] * (v > A(0) ? v : A(0));
+        }
+        sc[j] += sum;
       }
     }
   }
@@ -253,7 +336,8 @@ class IndexerForward {
   const A* w_;
   const A* qs_;
   const key_t* key_;
-  const bool use_mm_;
+  const Product product_;
+  const int64_t panel_;
 };
 
 template <typename A, typename key_t>

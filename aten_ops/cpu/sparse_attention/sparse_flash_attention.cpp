@@ -158,9 +158,13 @@ void gather(const SfaGeometry& g, const CacheView& cv, const scalar_t* q, const 
   }
   w.k.resize(M * Dqk);
   if (!cv.value_is_key) w.v.resize(M * cv.Dv);
-  for (int64_t m = 0; m < M; ++m)
-    load_row<scalar_t, acc_t>(cv, w.rows[m], n2, w.k.data() + m * Dqk,
-                              cv.value_is_key ? nullptr : w.v.data() + m * cv.Dv);
+  // (inside a parallel region, e.g. one item per thread, this loop runs on the calling thread; outside, a lone
+  // decode item's rows are split across the threads)
+  at::parallel_for(0, M, 128, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      load_row<scalar_t, acc_t>(cv, w.rows[m], n2, w.k.data() + m * Dqk,
+                                cv.value_is_key ? nullptr : w.v.data() + m * cv.Dv);
+  });
   w.vptr = cv.value_is_key ? w.k.data() : w.v.data();
   w.ldv = cv.value_is_key ? Dqk : cv.Dv;
 }
@@ -205,18 +209,20 @@ void forward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q
         gather<scalar_t, acc_t>(g, cv, q, qr, Dq, t, n2, w);
         w.s.resize(g.G * M);
         gemm<acc_t>(g.G, M, Dqk, w.q.data(), Dqk, false, w.k.data(), Dqk, true, w.s.data(), M, g.scale);
-        for (int64_t h = 0; h < g.G; ++h) {
-          acc_t* srow = w.s.data() + h * M;
-          acc_t m = mx[h];
-          for (int64_t j = 0; j < M; ++j) m = std::max(m, srow[j]);
-          acc_t sum = 0;
-          for (int64_t j = 0; j < M; ++j) {
-            srow[j] = std::exp(srow[j] - m);
-            sum += srow[j];
+        at::parallel_for(0, g.G, 8, [&](int64_t h0, int64_t h1) {  // split across threads as the gather is
+          for (int64_t h = h0; h < h1; ++h) {
+            acc_t* srow = w.s.data() + h * M;
+            acc_t m = mx[h];
+            for (int64_t j = 0; j < M; ++j) m = std::max(m, srow[j]);
+            acc_t sum = 0;
+            for (int64_t j = 0; j < M; ++j) {
+              srow[j] = std::exp(srow[j] - m);
+              sum += srow[j];
+            }
+            mx[h] = m;
+            sm[h] = sum;
           }
-          mx[h] = m;
-          sm[h] = sum;
-        }
+        });
         if (cv.input_precision) {  // P = E / (sum + sink term), rounded; the output is then P V itself
           for (int64_t h = 0; h < g.G; ++h) {
             acc_t den = sm[h];
