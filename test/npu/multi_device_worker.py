@@ -234,3 +234,22 @@ def case_multi_npu_test_helper_runs_with_two_devices():
         testing.skipIfUnsupportMultiNPU(8)(lambda: "ran")()
     with torch.npu.device(1):
         assert testing.get_npu_device() == "npu:1"
+
+
+def _send_and_exit(queue):
+    tot.npu_sim.enable()  # what `import torch_npu` does in a rank process of torch_npu's tests
+    queue.put(torch.arange(6.0).npu().cpu())  # the host tensor a rank hands back, then the process ends at once
+
+
+def case_a_tensor_sent_by_an_exited_process_can_still_be_read():
+    """torch_npu's multi-NPU tests read their ranks' results after the rank processes may have exited."""
+    import time
+
+    ctx = torch.multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_send_and_exit, args=(queue,))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0
+    time.sleep(0.2)
+    assert torch.equal(queue.get(timeout=60), torch.arange(6.0))

@@ -10,14 +10,17 @@ from native_functions.yaml via the codegen); other aten ops run through PyTorch'
 """
 import ctypes
 import functools
+import io
 import os
 import platform
 import sys
 import time
 import types
 import uuid
+from multiprocessing.reduction import ForkingPickler
 
 import torch
+from torch.multiprocessing.reductions import reduce_tensor as _TORCH_REDUCE_TENSOR
 
 from .._internal.real_torch_npu import real_torch_npu_loaded, real_torch_npu_spec
 from .._library.loader import extension_cdll
@@ -388,6 +391,8 @@ def enable(installed_torch_npu_failed: bool = False) -> None:
     devices = device_count_from_environment()
     _install_cpp(devices)
     _device_count = devices
+    if devices > 1:
+        _send_host_tensors_by_value()
     torch.utils.rename_privateuse1_backend(_BACKEND)
     torch._register_device_module(_BACKEND, _device_module())
     torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
@@ -395,6 +400,29 @@ def enable(installed_torch_npu_failed: bool = False) -> None:
     _enabled = True
     # F.scaled_dot_product_attention on npu tensors -> our flash attention (PyTorch's overrideable SDPA hook).
     sdpa.enable()
+
+
+def _rebuild_from_bytes(data: bytes) -> torch.Tensor:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _reduce_host_tensor_by_value(tensor: torch.Tensor):
+    """Pickles a host tensor's values (torch.save) instead of a handle to its shared memory; other tensors (npu
+    tensors, tensors requiring grad, subclasses) keep torch's own reduction."""
+    if tensor.device.type != "cpu" or tensor.requires_grad or type(tensor) is not torch.Tensor:
+        return _TORCH_REDUCE_TENSOR(tensor)
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return _rebuild_from_bytes, (buffer.getvalue(),)
+
+
+def _send_host_tensors_by_value() -> None:
+    """Several simulated devices stand for the ranks of a multi-NPU job, one process per rank; torch_npu's tests spawn
+    them and send results back through torch.multiprocessing queues. torch's reduction sends a handle to the
+    tensor's shared memory, which the receiver can open only while the sender keeps the tensor: a real rank's
+    teardown takes long enough, a simulated rank exits at once and the parent then fails (FileNotFoundError).
+    Host tensors are sent by value instead (the queue's feeder thread flushes them before the process ends)."""
+    ForkingPickler.register(torch.Tensor, _reduce_host_tensor_by_value)
 
 
 def enable_from_environment() -> None:
