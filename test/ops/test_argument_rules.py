@@ -60,7 +60,8 @@ DEVICE_CASES = [pytest.param(op, arg, id=f"{op}-{arg}") for op, names in TENSOR_
 
 def test_every_op_with_tensors_is_covered():
     assert {p.values[0] for p in DEVICE_CASES} | SINGLE_TENSOR_OPS == set(SPECS)
-    assert SINGLE_TENSOR_OPS == {"convert_weight_to_int4pack", "moe_compute_expert_tokens", "moe_ffn_prepack", "swiglu"}
+    assert SINGLE_TENSOR_OPS == {"convert_weight_to_int4pack", "dynamic_block_quant", "moe_compute_expert_tokens",
+                                 "moe_ffn_prepack", "swiglu"}
 
 
 @pytest.mark.parametrize("op,arg", DEVICE_CASES)
