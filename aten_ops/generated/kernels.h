@@ -221,6 +221,8 @@ at::Tensor quant_lightning_indexer_cpu(const QuantLightningIndexerArgs& args);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_indexer_grad_kl_loss_cpu(const SparseLightningIndexerGradKlLossArgs& args);
 // sparse_flash_attention [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu(const SparseFlashAttentionArgs& args);
+// sparse_flash_attention [PrivateUse1]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_npu(const SparseFlashAttentionArgs& args);
 // sparse_flash_attention_grad [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(const SparseFlashAttentionGradArgs& args);
 // kv_quant_sparse_flash_attention [CPU]

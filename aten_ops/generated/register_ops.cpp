@@ -1177,6 +1177,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu_unboxe
   return npu_fa::sparse_flash_attention_cpu(npu_fa::SparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks});
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& sparse_indices, double scale_value, const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& actual_seq_lengths_query, const std::optional<at::Tensor>& actual_seq_lengths_kv, const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope, int64_t sparse_block_size, c10::string_view layout_query, c10::string_view layout_kv, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, int64_t attention_mode, bool return_softmax_lse, const std::optional<at::Tensor>& sinks) {
+  npu_fa::DeviceRule rule("sparse_flash_attention");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("sparse_indices", sparse_indices);
+  rule.device_tensor("block_table", block_table);
+  rule.device_tensor("query_rope", query_rope);
+  rule.device_tensor("key_rope", key_rope);
+  rule.device_tensor("sinks", sinks);
+  rule.host_tensor("actual_seq_lengths_query", actual_seq_lengths_query);
+  rule.host_tensor("actual_seq_lengths_kv", actual_seq_lengths_kv);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::sparse_flash_attention_npu(npu_fa::SparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, query_rope, key_rope, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, return_softmax_lse, sinks});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& sparse_indices, const at::Tensor& d_out, const at::Tensor& out, const at::Tensor& softmax_max, const at::Tensor& softmax_sum, double scale_value, int64_t sparse_block_size, const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope, const std::optional<at::Tensor>& actual_seq_qlen, const std::optional<at::Tensor>& actual_seq_kvlen, c10::string_view layout, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, int64_t attention_mode, const std::optional<at::Tensor>& block_table, c10::string_view layout_kv, const std::optional<at::Tensor>& sinks) {
   npu_fa::DeviceRule rule("sparse_flash_attention_grad");
   rule.device_tensor("query", query);
@@ -1409,4 +1425,5 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_npu_privateuse1));
   m.impl("moe_init_routing_v2", TORCH_FN(moe_init_routing_v2_npu_privateuse1));
   m.impl("moe_finalize_routing", TORCH_FN(moe_finalize_routing_npu_privateuse1));
+  m.impl("sparse_flash_attention", TORCH_FN(sparse_flash_attention_npu_privateuse1));
 }

@@ -106,6 +106,17 @@ def case_rotary_position_embedding():
     _allowed_and_equal(run, lambda: OPS.rotary_position_embedding(x, cos, sin, 2))
 
 
+def case_sparse_flash_attention():
+    from test.sparse_attention.sfa_reference import make_inputs as sfa_inputs
+    inp = sfa_inputs(B=1, S1=2, N1=2, Dn=8, Dr=4, S2=6, K=3, dtype=torch.float64)
+    args = (inp["query"], inp["key"], inp["value"], inp["sparse_indices"], inp["scale_value"])
+    kw = dict(inp["kwargs"], return_softmax_lse=True)
+    nkw = {k: _npu(v) for k, v in kw.items()}
+    run = lambda: OPS.sparse_flash_attention(*[_npu(a) for a in args], **nkw)  # noqa: E731
+    _refused(run, "sparse_flash_attention", "float64")
+    _allowed_and_equal(run, lambda: OPS.sparse_flash_attention(*args, **kw))
+
+
 def case_op_without_an_ascendc_kernel():
     x = torch.randn(4, 16)
     run = lambda: OPS.swiglu(_npu(x), -1)  # noqa: E731

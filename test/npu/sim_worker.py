@@ -206,9 +206,10 @@ def case_host_lengths_may_stay_on_the_cpu():
         raise AssertionError("a cpu atten_mask with npu inputs was accepted")
 
 
-def case_sparse_flash_attention_runs_the_cpu_kernel_on_npu():
-    """No PrivateUse1 kernel: the simulated npu runs the CPU kernel (forward, backward, paged cache with host
-    lengths), results on the npu and equal to the CPU's."""
+def case_sparse_flash_attention_trains_on_npu():
+    """The forward runs the Ascend C kernel and the backward (no PrivateUse1 kernel) the CPU kernel through the
+    simulated device, on a paged cache with host lengths: results on the npu and within fp32 rounding of the CPU's
+    (the kernel sums in another order)."""
     tot = _sim()
     from test.sparse_attention.sfa_reference import make_inputs
 
@@ -225,7 +226,8 @@ def case_sparse_flash_attention_runs_the_cpu_kernel_on_npu():
         out.square().sum().backward()
         res[device] = [out.detach()] + [t.grad for t in leaves]
     assert all(t.device.type == "npu" for t in res["npu"])
-    assert all(torch.equal(a.cpu(), b) for a, b in zip(res["npu"], res["cpu"]))
+    for a, b in zip(res["npu"], res["cpu"]):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
 
 
 def case_enable_is_idempotent():

@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
 
 #include "common/checked_math.h"
 
@@ -210,6 +213,60 @@ SfaGeometry parse_sfa(const SfaCall& c) {
     TORCH_CHECK_VALUE(p[e] >= -1, op, ": argument 'sparse_indices' must hold block indices >= 0 or -1 (unused "
                       "slot); got ", p[e]);
   return g;
+}
+
+SfaTensors check_sfa_tensors(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope,
+                             int64_t attention_mode, const std::optional<at::Tensor>& sinks, const SfaGeometry& g) {
+  check_float(op, "query", query);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"key", &key}, {"value", &value}})
+    TORCH_CHECK_TYPE(t->scalar_type() == query.scalar_type(), op, ": argument '", name, "' must have query's dtype (",
+                     query.scalar_type(), "); got ", t->scalar_type());
+  TORCH_CHECK_VALUE(attention_mode == 0 || attention_mode == 2, op,
+                    ": argument 'attention_mode' must be 0 (plain) or 2 (MLA absorb: query_rope and key_rope "
+                    "given); got ", attention_mode);
+  const int64_t Dn = key.size(-1);
+  TORCH_CHECK_VALUE(query.size(-1) == Dn, op, ": argument 'query' must have key's head dim (", Dn, "); got shape ",
+                    query.sizes());
+  int64_t Dr = 0;
+  if (attention_mode == 2) {
+    TORCH_CHECK_VALUE(query_rope.has_value() && key_rope.has_value(), op,
+                      ": attention_mode 2 (MLA absorb) needs both 'query_rope' and 'key_rope'");
+    TORCH_CHECK_VALUE(value.sizes() == key.sizes(), op,
+                      ": attention_mode 2 (MLA absorb) needs value of key's shape ", key.sizes(), "; got ",
+                      value.sizes());
+    for (const auto& [name, t, like] : {std::tuple<const char*, const at::Tensor*, const at::Tensor*>{
+                                            "query_rope", &*query_rope, &query},
+                                        {"key_rope", &*key_rope, &key}}) {
+      TORCH_CHECK_TYPE(t->scalar_type() == query.scalar_type(), op, ": argument '", name,
+                       "' must have query's dtype (", query.scalar_type(), "); got ", t->scalar_type());
+      const bool ok = t->dim() == like->dim() &&
+                      t->sizes().slice(0, t->dim() - 1) == like->sizes().slice(0, like->dim() - 1);
+      TORCH_CHECK_VALUE(ok, op, ": argument '", name, "' must have the shape of ", name == std::string("query_rope")
+                        ? "query" : "key", " ", like->sizes(), " but for its last size; got ", t->sizes());
+    }
+    Dr = query_rope->size(-1);
+    TORCH_CHECK_VALUE(key_rope->size(-1) == Dr, op, ": arguments 'query_rope' and 'key_rope' must have one rope dim; "
+                      "got ", Dr, " and ", key_rope->size(-1));
+  } else {
+    TORCH_CHECK_VALUE(!query_rope.has_value() && !key_rope.has_value(), op,
+                      ": 'query_rope' / 'key_rope' need attention_mode 2 (MLA absorb); got attention_mode ",
+                      attention_mode);
+    const bool ok = value.dim() == key.dim() &&
+                    value.sizes().slice(0, key.dim() - 1) == key.sizes().slice(0, key.dim() - 1);
+    TORCH_CHECK_VALUE(ok, op, ": argument 'value' must have key's shape ", key.sizes(),
+                      " but for its last size; got ", value.sizes());
+  }
+  if (sinks.has_value()) {
+    // float64 sinks with a float64 query: what gradcheck of the sink gradient needs.
+    const bool ok = sinks->scalar_type() == at::kFloat ||
+                    (sinks->scalar_type() == at::kDouble && query.scalar_type() == at::kDouble);
+    TORCH_CHECK_TYPE(ok, op, ": argument 'sinks' must be float32 (or float64 with a float64 query); got ",
+                     sinks->scalar_type(), " with a ", query.scalar_type(), " query");
+    TORCH_CHECK_VALUE(sinks->dim() == 1 && sinks->size(0) == g.N1, op, ": argument 'sinks' must be [N1] = [", g.N1,
+                      "]; got shape ", sinks->sizes());
+  }
+  return {Dn, Dr, value.size(-1)};
 }
 
 void SfaGeometry::select(int64_t t, int64_t n2, std::vector<int64_t>& rows) const {

@@ -68,4 +68,15 @@ SfaGeometry parse_sfa(const SfaCall& call);
 // float16, bfloat16, float32 or float64.
 void check_float(const char* op, const char* name, const at::Tensor& t);
 
+// Head dims of a checked sparse_flash_attention call: key's (= query's), the rope parts' (0 without) and value's.
+struct SfaTensors {
+  int64_t Dn, Dr, Dv;
+};
+
+// The rules of sparse_flash_attention's own tensors (dtypes, attention_mode and its rope tensors, value's shape,
+// sinks), shared by its grad and by every backend.
+SfaTensors check_sfa_tensors(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope,
+                             int64_t attention_mode, const std::optional<at::Tensor>& sinks, const SfaGeometry& g);
+
 }  // namespace npu_fa::sparse_attention
