@@ -12,6 +12,9 @@
 //   route):
 //     "decode_scale" the scale 5% too large
 //     "decode_tail"  the last key of every sequence ignored (its length one short)
+//   sparse flash attention (sparse_attention/sparse_attention.cpp):
+//     "sfa_scale"  the scale 5% too large
+//     "sfa_causal" one more token visible past sparse_mode 3's causal limit (when a row selects it)
 // Simulated device only: a CANN build never reads the variable.
 #pragma once
 

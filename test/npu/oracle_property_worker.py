@@ -1,7 +1,7 @@
 """The differential oracle over the space of valid calls, not a grid: hypothesis draws random valid calls of the ops
 the oracle covers (FlashAttention training forward + backward, prefill with per-batch lengths, paged prefill,
 decode contiguous and paged, the SDPA hook forward + backward, RoPE forward + backward, MoE gating, dispatch, grouped
-matmul and combine), runs each on the simulated npu under `oracle.check(mode="raise")` — no report may appear (a
+matmul and combine, DeepSeek-V3.2's sparse flash attention), runs each on the simulated npu under `oracle.check(mode="raise")` — no report may appear (a
 false alarm) — and again under every injected kernel fault that applies to it (TOT_NPU_SIM_FAULT) — each fault whose
 effect on the result exceeds a correct kernel's rounding must be caught (a miss otherwise). Run by
 test_oracle_property.py through runner_worker.py; the rates are printed as one `oracle-rates` JSON line on stderr.
@@ -374,6 +374,44 @@ def _moe_property(rows, experts, k, hidden, dtype, seed):
 
 def case_moe():
     _moe_property()
+
+
+# ---- DeepSeek-V3.2 sparse flash attention (its Ascend C kernel) --------------------------------------------------
+SFA_FAULTS = ("sfa_scale", "sfa_causal")
+
+
+@settings(SETTINGS, max_examples=examples(25))
+@given(layouts=st.sampled_from([("BSND", "BSND"), ("BSND", "PA_BSND"), ("TND", "TND"), ("TND", "PA_BSND")]),
+       heads=st.sampled_from([(1, 1), (4, 1), (4, 2)]), rope=st.booleans(), sbs=st.sampled_from([1, 4]),
+       mode=st.sampled_from([3, 3, 0]), sinks=st.booleans(), q_lens=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       kv_extra=st.lists(st.integers(0, 30), min_size=2, max_size=2), k=st.integers(1, 8),
+       fill=st.sampled_from([0.0, 0.3]), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       seed=st.integers(0, 10**6))
+def _sfa_property(layouts, heads, rope, sbs, mode, sinks, q_lens, kv_extra, k, fill, dtype, seed):
+    from test.sparse_attention.sfa_reference import make_inputs
+
+    B = len(q_lens)
+    kv_lens = [q + e for q, e in zip(q_lens, kv_extra)]  # the causal limit keeps every row some keys
+    S1 = max(q_lens)
+    q_lens = q_lens if layouts[0] == "TND" else [S1] * B
+    inp = make_inputs(layout_query=layouts[0], layout_kv=layouts[1], B=B, S1=S1, N1=heads[0], N2=heads[1], Dn=16,
+                      Dr=8, S2=max(kv_lens), K=k, sbs=sbs, block_size=8, q_lens=q_lens, kv_lens=kv_lens, dtype=dtype,
+                      seed=seed, rope=rope, fill=fill)
+    sink = torch.randn(heads[0], generator=torch.Generator().manual_seed(seed)) if sinks else None
+
+    def build(device):
+        def call():
+            d = _to(inp, device)
+            return OPS.sparse_flash_attention(d["query"], d["key"], d["value"], d["sparse_indices"], d["scale_value"],
+                                              sparse_mode=mode, return_softmax_lse=True,
+                                              sinks=_to(sink, device), **d["kwargs"])
+        return call
+    _judge_if_valid("sparse flash attention", f"{layouts} heads={heads} rope={rope} sbs={sbs} mode={mode} "
+                    f"sinks={sinks} q={q_lens} kv={kv_lens} k={k} {dtype}", build, SFA_FAULTS)
+
+
+def case_sparse_flash_attention():
+    _sfa_property()
 
 
 def case_every_op_sample_calls():

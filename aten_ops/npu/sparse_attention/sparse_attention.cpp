@@ -19,6 +19,7 @@
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
 #include "npu/host_alias.h"
+#include "npu/injected_fault.h"
 #include "sparse_attention/sparse_flash_attention_tiling.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
@@ -84,13 +85,14 @@ std::string plan_kernel(const SparseFlashAttentionArgs& a, const SfaGeometry& g,
   s.s1 = uint32_t(g.S1);
   s.has_sinks = a.sinks.has_value();
   s.return_stats = a.return_softmax_lse;
-  s.scale = float(g.scale);
+  s.scale = npu_host::injected_fault() == "sfa_scale" ? float(g.scale) * 1.05f : float(g.scale);
   return tot_ascendc::SparseFlashAttentionTilingFn(s, tot_ascendc::Ascend910B(), tiling);
 }
 
 // Per query row: (sequence or -1 for padding, visible tokens, first cache row of the sequence when unpaged, 0).
 // Visible tokens: the KV length, under sparse_mode 3 at most kv_len - q_len + i + 1 (the right-down causal limit).
 at::Tensor row_table(const SfaGeometry& g) {
+  const int64_t causal_fault = npu_host::injected_fault() == "sfa_causal" ? 1 : 0;  // one token past the limit
   at::Tensor host = at::zeros({g.T1, 4}, at::TensorOptions().dtype(at::kInt));
   int32_t* r = host.data_ptr<int32_t>();
   for (int64_t t = 0; t < g.T1; ++t, r += 4) {
@@ -98,7 +100,7 @@ at::Tensor row_table(const SfaGeometry& g) {
     r[0] = int32_t(b);
     if (b < 0) continue;
     int64_t limit = g.kv_len[b];
-    if (g.sparse_mode == 3) limit = std::min(limit, g.kv_len[b] - g.q_len[b] + g.row_pos[t] + 1);
+    if (g.sparse_mode == 3) limit = std::min(limit, g.kv_len[b] - g.q_len[b] + g.row_pos[t] + 1 + causal_fault);
     r[1] = int32_t(std::max<int64_t>(limit, 0));
     if (g.kv_layout == KvLayout::BSND) r[2] = int32_t(b * g.S2);
     else if (g.kv_layout == KvLayout::TND) r[2] = int32_t(g.kv_begin[b]);
