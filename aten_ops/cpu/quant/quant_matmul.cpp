@@ -4,7 +4,8 @@
 //   quant_matmul              W8A8 (and W4A4 unpacked to int8): at::_int_mm (oneDNN's s8s8 -> s32 GEMM, VNNI /
 //                             AMX-INT8 where the CPU has them), then ATen element-wise passes for the epilogue;
 //   weight_quant_batchmatmul  W8A16 / W4A16: (column tile) tasks on the intra-op threads, each dequantising its
-//                             [K, tile] block of the weight into x's dtype and calling ATen's GEMM on it.
+//                             [K, tile] block of the weight (rounded to x's dtype) and calling ATen's GEMM on it, in
+//                             x's dtype where the CPU multiplies it natively, else in fp32.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/brgemm.h"
 #include "cpu/quant/swiglu_variants.h"
 #include "generated/kernels.h"
 
@@ -353,11 +355,12 @@ namespace {
 
 constexpr int64_t kTile = 128;  // columns per task: a [K, 128] block of x's dtype stays in L2 for serving K
 
-// Columns [n0, n1) of the weight (int8 [K, N] view, any strides) dequantised into dst [K, n1 - n0] (x's dtype):
-// (w + offset[g]) * scale[g] in fp32 (g = k / group), one rounding.
-template <typename scalar_t, typename weight_t>
+// Columns [n0, n1) of the weight (int8 [K, N] view, any strides) dequantised into dst [K, n1 - n0]:
+// (w + offset[g]) * scale[g] in fp32 (g = k / group), rounded once to x's dtype (scalar_t), stored as out_t (x's
+// dtype, or fp32 for the fp32 product).
+template <typename scalar_t, typename weight_t, typename out_t = scalar_t>
 void dequant_block(const weight_t* w, int64_t sk, int64_t sn, int64_t K, int64_t n0, int64_t n1, const float* s,
-                   const float* o, int64_t N, int64_t group, scalar_t* dst) {
+                   const float* o, int64_t N, int64_t group, out_t* dst) {
   const int64_t T = n1 - n0;
   std::vector<float> row(T);
   for (int64_t k = 0; k < K; ++k) {
@@ -372,8 +375,8 @@ void dequant_block(const weight_t* w, int64_t sk, int64_t sn, int64_t K, int64_t
       const float* og = o + g * N + n0;
       for (int64_t j = 0; j < T; ++j) row[j] += og[j];
     }
-    scalar_t* d = dst + k * T;
-    for (int64_t j = 0; j < T; ++j) d[j] = static_cast<scalar_t>(row[j] * sg[j]);
+    out_t* d = dst + k * T;
+    for (int64_t j = 0; j < T; ++j) d[j] = static_cast<out_t>(static_cast<scalar_t>(row[j] * sg[j]));
   }
 }
 
@@ -512,23 +515,34 @@ at::Tensor weight_quant_batchmatmul_cpu(const WeightQuantBatchmatmulArgs& args) 
       const float* sp = scale.data_ptr<float>();
       const float* opp = offset.defined() ? offset.data_ptr<float>() : nullptr;
       const int64_t tiles = (N + kTile - 1) / kTile;
+      // The products run in x's dtype where the CPU multiplies it natively (fp32; bf16 / fp16 where oneDNN's
+      // brgemm takes them: AVX512-BF16, AMX); elsewhere PyTorch's 16-bit GEMM is an emulation many times slower than
+      // fp32, so the dequantised block (still rounded to x's dtype) and x are multiplied in fp32 instead.
+      const bool native = xt == at::kFloat || cpu::brgemm_usable(xt);
+      const auto mm_options = native ? x.options() : x.options().dtype(at::kFloat);
       AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xt, "weight_quant_batchmatmul", [&] {
         for (int64_t b = 0; b < Bt; ++b) {
-          const at::Tensor x2d = xs[b].contiguous();
+          const at::Tensor x2d = native ? xs[b].contiguous() : xs[b].to(at::kFloat).contiguous();
           const at::Tensor w8 = ws[b];
           at::Tensor yb = y.narrow(0, b * R, R);
+          at::Tensor ymm = native ? yb : at::empty({R, N}, mm_options);
           const int8_t* wp = w8.data_ptr<int8_t>();
           const int64_t sk = w8.stride(0), sn = w8.stride(1);
           at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-            at::Tensor block = at::empty({K, kTile}, x.options());
+            at::Tensor block = at::empty({K, kTile}, mm_options);
             for (int64_t t = t0; t < t1; ++t) {
               const int64_t n0 = t * kTile, n1 = std::min(N, n0 + kTile), T = n1 - n0;
-              at::Tensor dense = T == kTile ? block : at::empty({K, T}, x.options());
-              dequant_block<scalar_t, int8_t>(wp, sk, sn, K, n0, n1, sp, opp, N, group, dense.data_ptr<scalar_t>());
-              at::Tensor out = yb.narrow(1, n0, T);
+              at::Tensor dense = T == kTile ? block : at::empty({K, T}, mm_options);
+              if (native)
+                dequant_block<scalar_t, int8_t>(wp, sk, sn, K, n0, n1, sp, opp, N, group, dense.data_ptr<scalar_t>());
+              else
+                dequant_block<scalar_t, int8_t, float>(wp, sk, sn, K, n0, n1, sp, opp, N, group,
+                                                       dense.data_ptr<float>());
+              at::Tensor out = ymm.narrow(1, n0, T);
               at::mm_out(out, x2d, dense);
             }
           });
+          if (!native) yb.copy_(ymm);
         }
       });
     }
