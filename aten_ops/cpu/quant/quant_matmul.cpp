@@ -37,12 +37,21 @@ at::Tensor unpack_offset(const at::Tensor& packed) {
 // int32 holding 8 int4 each along `dim` (element j in bits 4j..4j+3) -> int8 with that dimension 8 times longer.
 at::Tensor unpack_int4(const at::Tensor& packed, int64_t dim) {
   const int64_t d = dim < 0 ? dim + packed.dim() : dim;
-  at::Tensor moved = packed.movedim(d, -1);
-  const at::Tensor shifts = at::arange(0, 32, 4, packed.options());
-  at::Tensor nib = moved.unsqueeze(-1).bitwise_right_shift(shifts).bitwise_and(15);
+  const at::Tensor moved = packed.movedim(d, -1).contiguous();
   std::vector<int64_t> shape(moved.sizes().begin(), moved.sizes().end());
   shape.back() *= 8;
-  at::Tensor q = (nib.bitwise_xor(8) - 8).to(at::kChar).reshape(shape);
+  at::Tensor q = at::empty(shape, packed.options().dtype(at::kChar));
+  const int32_t* src = moved.data_ptr<int32_t>();
+  int8_t* dst = q.data_ptr<int8_t>();
+  // One pass over the words (a weight-only matmul unpacks its whole weight on every call): nibble j of a word is
+  // element 8w + j, its two's complement value (nib ^ 8) - 8.
+  at::parallel_for(0, moved.numel(), 4096, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const uint32_t word = static_cast<uint32_t>(src[w]);
+      for (int64_t j = 0; j < 8; ++j)
+        dst[w * 8 + j] = static_cast<int8_t>(static_cast<int32_t>(((word >> (4 * j)) & 15u) ^ 8u) - 8);
+    }
+  });
   return q.movedim(-1, d);
 }
 
