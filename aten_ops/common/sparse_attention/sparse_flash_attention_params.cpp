@@ -215,6 +215,17 @@ SfaGeometry parse_sfa(const SfaCall& c) {
   return g;
 }
 
+void check_sinks(const char* op, const std::optional<at::Tensor>& sinks, const at::Tensor& query, int64_t N1) {
+  if (!sinks.has_value()) return;
+  // float64 sinks with a float64 query: what gradcheck of the sink gradient needs.
+  const bool ok = sinks->scalar_type() == at::kFloat ||
+                  (sinks->scalar_type() == at::kDouble && query.scalar_type() == at::kDouble);
+  TORCH_CHECK_TYPE(ok, op, ": argument 'sinks' must be float32 (or float64 with a float64 query); got ",
+                   sinks->scalar_type(), " with a ", query.scalar_type(), " query");
+  TORCH_CHECK_VALUE(sinks->dim() == 1 && sinks->size(0) == N1, op, ": argument 'sinks' must be [N1] = [", N1,
+                    "]; got shape ", sinks->sizes());
+}
+
 SfaTensors check_sfa_tensors(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                              const std::optional<at::Tensor>& query_rope, const std::optional<at::Tensor>& key_rope,
                              int64_t attention_mode, const std::optional<at::Tensor>& sinks, const SfaGeometry& g) {
@@ -257,15 +268,7 @@ SfaTensors check_sfa_tensors(const char* op, const at::Tensor& query, const at::
     TORCH_CHECK_VALUE(ok, op, ": argument 'value' must have key's shape ", key.sizes(),
                       " but for its last size; got ", value.sizes());
   }
-  if (sinks.has_value()) {
-    // float64 sinks with a float64 query: what gradcheck of the sink gradient needs.
-    const bool ok = sinks->scalar_type() == at::kFloat ||
-                    (sinks->scalar_type() == at::kDouble && query.scalar_type() == at::kDouble);
-    TORCH_CHECK_TYPE(ok, op, ": argument 'sinks' must be float32 (or float64 with a float64 query); got ",
-                     sinks->scalar_type(), " with a ", query.scalar_type(), " query");
-    TORCH_CHECK_VALUE(sinks->dim() == 1 && sinks->size(0) == g.N1, op, ": argument 'sinks' must be [N1] = [", g.N1,
-                      "]; got shape ", sinks->sizes());
-  }
+  check_sinks(op, sinks, query, g.N1);
   return {Dn, Dr, value.size(-1)};
 }
 

@@ -73,6 +73,9 @@ struct SfaTensors {
   int64_t Dn, Dr, Dv;
 };
 
+// The rule of the optional attention sinks: float32 (float64 with a float64 query), [N1].
+void check_sinks(const char* op, const std::optional<at::Tensor>& sinks, const at::Tensor& query, int64_t N1);
+
 // The rules of sparse_flash_attention's own tensors (dtypes, attention_mode and its rope tensors, value's shape,
 // sinks), shared by its grad and by every backend.
 SfaTensors check_sfa_tensors(const char* op, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,

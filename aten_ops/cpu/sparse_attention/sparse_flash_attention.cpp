@@ -587,12 +587,7 @@ at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttention
                         (a.value.size(-1) == Dn || a.value.size(-1) == kv_d);
   TORCH_CHECK_VALUE(value_ok, op, ": argument 'value' must have key's shape ", a.key.sizes(),
                     " with a last size of ", Dn, " or ", kv_d, "; got ", a.value.sizes());
-  if (a.sinks.has_value()) {
-    TORCH_CHECK_TYPE(a.sinks->scalar_type() == at::kFloat, op, ": argument 'sinks' must be float32; got ",
-                     a.sinks->scalar_type());
-    TORCH_CHECK_VALUE(a.sinks->dim() == 1 && a.sinks->size(0) == g.N1, op, ": argument 'sinks' must be [N1] = [",
-                      g.N1, "]; got shape ", a.sinks->sizes());
-  }
+  sparse_attention::check_sinks(op, a.sinks, a.query, g.N1);  // (query is never float64 here: float32 sinks)
   at::Tensor out = at::empty(with_last(a.query, Dn), a.query.options());
   if (out.numel() == 0) return out;
   const at::Tensor q = a.query.contiguous(), k = a.key.contiguous();
