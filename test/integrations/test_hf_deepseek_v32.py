@@ -26,6 +26,7 @@ from torch_ops_transformer.mla import (DSAAttention, DSAIndexer, DSALatentCache,
                                        PagedDSARunner, PagedMLARunner)
 from torch_ops_transformer.mla.attention import _HFMLAAdapter  # noqa: E402
 
+from test.common import hf_generation  # noqa: E402
 from test.common.reference import check_tolerance  # noqa: E402
 
 PROMPT_LENS = (9, 14, 3)
@@ -69,23 +70,7 @@ def token_lists(lens, seed):
 
 
 def hf_run(model, prompt):
-    """transformers alone on one prompt: (new tokens, per-step logits [NEW_TOKENS, V], prefill hidden states)."""
-    with torch.no_grad():
-        ids = torch.tensor([prompt])
-        hidden = model(ids, output_hidden_states=True).hidden_states
-        out = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
-    return out.sequences[0, len(prompt):].tolist(), torch.cat(out.logits), [h[0] for h in hidden]
-
-
-def hf_forced(model, prompt, tokens):
-    """transformers' logits of each generation step when `tokens` are the generated ones (teacher forcing: with a
-    causal indexer the selection of a position does not depend on later tokens), and its prefill hidden states."""
-    with torch.no_grad():
-        ids = torch.tensor([prompt + tokens[:-1]])
-        out = model(ids, output_hidden_states=True)
-    n = len(prompt)
-    return out.logits[0, n - 1:], [h[0, :n] for h in out.hidden_states]
+    return hf_generation.hf_run(model, prompt, NEW_TOKENS)
 
 
 def run_runner(runner, prompts):
@@ -123,7 +108,7 @@ def test_generation_matches_transformers(name):
 
     for b, (p, (hf_tokens, hf_logits, hf_hidden)) in enumerate(zip(ps, ref)):
         assert tokens[b] == hf_tokens, f"prompt {b} ({len(p)} tokens): ours {tokens[b]} vs transformers {hf_tokens}"
-        logits64, hidden64 = hf_forced(model64, p, hf_tokens)
+        logits64, hidden64 = hf_generation.hf_forced(model64, p, hf_tokens)
         check_tolerance(f"{name}: logits of prompt {b}", step_logits[b], logits64, hf_logits)
         start = sum(PROMPT_LENS[:b])
         for layer, (h_ours, h32, h64) in enumerate(zip(hidden, hf_hidden, hidden64)):
