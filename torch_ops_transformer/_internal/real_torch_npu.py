@@ -12,6 +12,20 @@ NOT_IMPLEMENTED_MARK = "__torch_ops_transformer_not_implemented__"
 PYTHONPATH_DIR = Path(__file__).resolve().parent.parent / "compat" / "pythonpath"
 
 
+def not_implemented_stub(module: str, name: str, by: str, doc: str):
+    """`module.name` of a stand-in (the torch_npu shim, the cann_ops_transformer stand-in) that this project does not
+    implement: calling it raises NotImplementedError naming it, `by` (who leaves it out) and the page `doc` that
+    lists what is provided."""
+    def stub(*args, **kwargs):
+        raise NotImplementedError(f"{module}.{name} is not implemented by {by}; see {doc} for the functions it "
+                                  f"provides")
+
+    stub.__name__ = stub.__qualname__ = name
+    stub.__doc__ = f"{module}.{name}: not implemented by torch_ops_transformer (calling it raises)."
+    setattr(stub, NOT_IMPLEMENTED_MARK, True)
+    return stub
+
+
 def is_shim(module) -> bool:
     """The shim, or the placeholder module `import torch_npu` creates from PYTHONPATH_DIR before install() fills it."""
     return bool(getattr(module, SHIM_MARK, False)) or str(getattr(module, "__file__", "")).startswith(

@@ -28,7 +28,8 @@ import yaml
 from .. import npu_sim
 from .._internal import args as _args
 from .._internal.real_torch_npu import (NOT_IMPLEMENTED_MARK, PYTHONPATH_DIR, SHIM_MARK,  # noqa: F401 (API)
-                                        is_shim, real_module_spec, real_torch_npu_loaded, real_torch_npu_spec)
+                                        is_shim, not_implemented_stub, real_module_spec, real_torch_npu_loaded,
+                                        real_torch_npu_spec)
 from .._internal.version import __version__
 from . import hccl_names
 
@@ -47,14 +48,8 @@ def upstream_functions() -> dict:
 
 
 def _not_implemented_stub(name: str):
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"torch_npu.{name} is not implemented by torch_ops_transformer (the torch_npu "
-                                  f"shim); see docs/torch_npu_compat.md for the functions it provides")
-
-    stub.__name__ = stub.__qualname__ = name
-    stub.__doc__ = f"torch_npu.{name}: not implemented by torch_ops_transformer (calling it raises)."
-    setattr(stub, NOT_IMPLEMENTED_MARK, True)
-    return stub
+    return not_implemented_stub("torch_npu", name, "torch_ops_transformer (the torch_npu shim)",
+                                "docs/torch_npu_compat.md")
 
 
 def _fill(mod: types.ModuleType) -> types.ModuleType:

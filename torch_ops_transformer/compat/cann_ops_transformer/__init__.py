@@ -21,7 +21,7 @@ from typing import Optional
 
 import yaml
 
-from ..._internal.real_torch_npu import NOT_IMPLEMENTED_MARK, PYTHONPATH_DIR, SHIM_MARK, real_module_spec
+from ..._internal.real_torch_npu import PYTHONPATH_DIR, SHIM_MARK, not_implemented_stub, real_module_spec
 from ..._internal.version import __version__
 from . import indexer, metadata, sparse_flash_mla
 
@@ -42,14 +42,8 @@ def implemented_names():
 
 
 def _stub(name: str):
-    def stub(*args, **kwargs):
-        raise NotImplementedError(f"cann_ops_transformer.{name} is not implemented by torch_ops_transformer's "
-                                  f"stand-in; see docs/sparse_attention.md for the functions it provides")
-
-    stub.__name__ = stub.__qualname__ = name
-    stub.__doc__ = f"cann_ops_transformer.{name}: not implemented by torch_ops_transformer (calling it raises)."
-    setattr(stub, NOT_IMPLEMENTED_MARK, True)
-    return stub
+    return not_implemented_stub("cann_ops_transformer", name, "torch_ops_transformer's stand-in",
+                                "docs/sparse_attention.md")
 
 
 def _function(name: str):
