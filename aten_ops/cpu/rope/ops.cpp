@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/rope/params.h"
+#include "cpu/rope/rope_kernels.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -109,40 +110,31 @@ TableRows prepare_tables(const char* op, const at::Tensor& x, const at::Tensor& 
 
 int64_t grain_rows(int64_t D) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(D, 1)); }
 
-// In-place forward over a contiguous tensor (rows of D); `src` may equal `dst`.
-template <typename scalar_t, typename acc_t>
-void forward_rows(const scalar_t* src, scalar_t* dst, int64_t rows, int64_t D, const RotaryMap& m,
-                  const TableRows& t) {
-  const acc_t* cp = t.cos.data_ptr<acc_t>();
-  const acc_t* sp = t.sin.data_ptr<acc_t>();
-  at::parallel_for(0, rows, grain_rows(D), [&](int64_t r0, int64_t r1) {
-    std::vector<acc_t> xr(D);
-    for (int64_t r = r0; r < r1; ++r) {
-      const scalar_t* xs = src + r * D;
-      for (int64_t j = 0; j < D; ++j) xr[j] = static_cast<acc_t>(xs[j]);
-      const acc_t* c = cp + t.cos_off[r];
-      const acc_t* s = sp + t.sin_off[r];
-      scalar_t* out = dst + r * D;
-      for (int64_t j = 0; j < D; ++j) {
-        const acc_t v = xr[m.a[j]] * c[j] + static_cast<acc_t>(m.sign[j]) * xr[m.b[j]] * s[j];
-        out[j] = static_cast<scalar_t>(v);
-      }
-    }
-  });
+// Forward over a contiguous tensor (rows of D) with the per-ISA row loop (cpu/rope/rope_kernels_isa.cpp); `src` may
+// equal `dst`. The tables are in the accumulation type, mode and D validated.
+void forward_rows(const at::Tensor& src, const at::Tensor& dst, int64_t mode, const TableRows& t) {
+  cpu::RopeRowsParams p;
+  p.dtype = src.scalar_type();
+  p.D = src.size(-1);
+  p.rows = src.numel() / p.D;
+  p.mode = mode;
+  p.src = src.data_ptr();
+  p.dst = dst.data_ptr();
+  p.cos = t.cos.data_ptr();
+  p.sin = t.sin.data_ptr();
+  p.cos_off = t.cos_off.data();
+  p.sin_off = t.sin_off.data();
+  cpu::rope_rows_stub(p);
 }
 
 at::ScalarType acc_type(const at::Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 void rope_inplace(const char* op, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t mode) {
-  const RotaryMap m = make_map(op, mode, x.dim() ? x.size(-1) : 0);
+  rope::check_mode_and_dim(op, mode, x.dim() ? x.size(-1) : 0);
   const TableRows t = prepare_tables(op, x, cos, sin, acc_type(x));
   if (x.numel() == 0) return;
   at::Tensor xc = x.contiguous();
-  const int64_t D = x.size(-1), rows = x.numel() / D;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_inplace", [&] {
-    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    forward_rows<scalar_t, acc_t>(xc.data_ptr<scalar_t>(), xc.data_ptr<scalar_t>(), rows, D, m, t);
-  });
+  forward_rows(xc, xc, mode, t);
   if (!xc.is_same(x)) x.copy_(xc);
 }
 
@@ -172,16 +164,12 @@ at::Tensor align_table(const char* op, const at::Tensor& table, const std::strin
 
 at::Tensor rotary_position_embedding_cpu(const RotaryPositionEmbeddingArgs& args) {
   const char* op = "rotary_position_embedding";
-  const RotaryMap m = make_map(op, args.mode, args.x.dim() ? args.x.size(-1) : 0);
+  rope::check_mode_and_dim(op, args.mode, args.x.dim() ? args.x.size(-1) : 0);
   const TableRows t = prepare_tables(op, args.x, args.cos, args.sin, acc_type(args.x));
   at::Tensor out = at::empty(args.x.sizes(), args.x.options().memory_format(at::MemoryFormat::Contiguous));
   if (args.x.numel() == 0) return out;
   const at::Tensor xc = args.x.contiguous();
-  const int64_t D = args.x.size(-1), rows = args.x.numel() / D;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args.x.scalar_type(), "rope_forward", [&] {
-    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    forward_rows<scalar_t, acc_t>(xc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, D, m, t);
-  });
+  forward_rows(xc, out, args.mode, t);
   return out;
 }
 
@@ -285,8 +273,7 @@ struct RopeCachePlan {
 
 // One of query/key for rope_with_sin_cos_cache: x viewed as [T, heads, head_size]. Per token the cos/sin of the
 // rotary half are gathered once (from one position row, or per column from its section's row), then every head is
-// rotated in the accumulation dtype with at::vec (NeoX halves are contiguous runs; GPT-J pairs are de-interleaved
-// into the same two runs and written back).
+// rotated in the accumulation dtype by the per-ISA loop (cpu/rope/rope_kernels_isa.cpp).
 at::Tensor rope_cache_one(const char* op, const char* name, const at::Tensor& pos, const at::IntArrayRef token_shape,
                           const at::Tensor& x, const at::Tensor& cache, int64_t head_size, bool neox,
                           const RopeCachePlan& plan) {
@@ -303,60 +290,29 @@ at::Tensor rope_cache_one(const char* op, const char* name, const at::Tensor& po
               " values per token, not a multiple of head_size=", head_size);
   at::Tensor out = x.contiguous().clone(at::MemoryFormat::Contiguous);
   if (out.numel() == 0) return out;
-  const int64_t T = plan.tokens, heads = tail / head_size, rot = plan.rot, half = plan.half;
-  const int64_t* pp = pos.data_ptr<int64_t>();  // [rows, T]
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "rope_with_sin_cos_cache", [&] {
-    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
-    using Vec = at::vec::Vectorized<acc_t>;
-    const at::Tensor tab = cache.to(std::is_same_v<acc_t, double> ? at::kDouble : at::kFloat).contiguous();
-    const acc_t* tp = tab.data_ptr<acc_t>();
-    scalar_t* o = out.data_ptr<scalar_t>();
-    const int64_t grain = std::max<int64_t>(1, grain_rows(head_size) / std::max<int64_t>(heads, 1));
-    at::parallel_for(0, T, grain, [&](int64_t t0, int64_t t1) {
-      std::vector<acc_t> buf(4 * half);
-      acc_t *c = buf.data(), *s = c + half, *x1 = s + half, *x2 = x1 + half;
-      for (int64_t t = t0; t < t1; ++t) {
-        for (int64_t j = 0; j < half; ++j) {
-          const acc_t* row = tp + pp[plan.row_of[j] * T + t] * rot;
-          c[j] = row[j];
-          s[j] = row[half + j];
-        }
-        for (int64_t h = 0; h < heads; ++h) {
-          scalar_t* v = o + (t * heads + h) * head_size;
-          if (neox) {
-            at::vec::convert(v, x1, half);
-            at::vec::convert(v + half, x2, half);
-          } else {
-            for (int64_t k = 0; k < half; ++k) {
-              x1[k] = static_cast<acc_t>(v[2 * k]);
-              x2[k] = static_cast<acc_t>(v[2 * k + 1]);
-            }
-          }
-          int64_t k = 0;
-          for (; k + Vec::size() <= half; k += Vec::size()) {
-            const Vec a = Vec::loadu(x1 + k), b = Vec::loadu(x2 + k), cv = Vec::loadu(c + k), sv = Vec::loadu(s + k);
-            (a * cv - b * sv).store(x1 + k);
-            (b * cv + a * sv).store(x2 + k);
-          }
-          for (; k < half; ++k) {
-            const acc_t a = x1[k], b = x2[k];
-            x1[k] = a * c[k] - b * s[k];
-            x2[k] = b * c[k] + a * s[k];
-          }
-          if (neox) {
-            at::vec::convert(x1, v, half);
-            at::vec::convert(x2, v + half, half);
-          } else {
-            for (int64_t q = 0; q < half; ++q) {
-              v[2 * q] = static_cast<scalar_t>(x1[q]);
-              v[2 * q + 1] = static_cast<scalar_t>(x2[q]);
-            }
-          }
-        }
-      }
-    });
-  });
+  cpu::RopeCacheParams p;
+  p.dtype = x.scalar_type();
+  p.table_dtype = cache.scalar_type();
+  p.tokens = plan.tokens;
+  p.heads = tail / head_size;
+  p.head_size = head_size;
+  p.rot = plan.rot;
+  p.neox = neox;
+  p.one_row = plan.rows == 1;
+  p.x = out.data_ptr();
+  p.table = cache.data_ptr();
+  p.pos = pos.data_ptr<int64_t>();
+  p.row_of = plan.row_of.data();
+  cpu::rope_cache_stub(p);
   return out;
+}
+
+// The cache as the kernel reads it: contiguous, in x's dtype or x's accumulation type (any other dtype, e.g. a
+// float16 cache for bfloat16 x, is converted to the accumulation type once).
+at::Tensor table_for(const at::Tensor& cache, const at::Tensor& x) {
+  const at::ScalarType acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType want = cache.scalar_type() == x.scalar_type() ? x.scalar_type() : acc;
+  return cache.to(want).contiguous();
 }
 
 }  // namespace
@@ -417,10 +373,10 @@ std::tuple<at::Tensor, at::Tensor> rope_with_sin_cos_cache_cpu(const RopeWithSin
     TORCH_CHECK(lo >= 0 && hi < max_pos, op, ": positions must lie in [0, ", max_pos,
                 ") (cos_sin_cache rows); got values in [", lo, ", ", hi, "]");
   }
-  return {rope_cache_one(op, "query", pos, token_shape, args.query, args.cos_sin_cache, args.head_size,
-                         args.is_neox_style, plan),
-          rope_cache_one(op, "key", pos, token_shape, args.key, args.cos_sin_cache, args.head_size,
-                         args.is_neox_style, plan)};
+  return {rope_cache_one(op, "query", pos, token_shape, args.query, table_for(args.cos_sin_cache, args.query),
+                         args.head_size, args.is_neox_style, plan),
+          rope_cache_one(op, "key", pos, token_shape, args.key, table_for(args.cos_sin_cache, args.key),
+                         args.head_size, args.is_neox_style, plan)};
 }
 
 }  // namespace npu_fa
