@@ -206,6 +206,9 @@ EXTRAS = {
 }
 EXTRAS["demo"] = EXTRAS["hf"]  # the extra's earlier name
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+# What some of torch_npu's own test files import besides torch_npu (`python -m tools.upstream_tests`); not in `all`:
+# nothing of this package needs them.
+EXTRAS["upstream"] = ["einops", "ml_dtypes"]
 
 setup(
     name="torch_ops_transformer",
