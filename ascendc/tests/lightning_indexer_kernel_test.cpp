@@ -34,6 +34,7 @@ struct Case {
   bool causal = true;
   uint32_t max_tile_rows = 128;
   bool equal_keys = false;       // every key row identical: all scores tie
+  uint32_t max_splits = 48;      // 1: each item on one core (no split of its keys, no merge)
 };
 
 template <typename T>
@@ -75,12 +76,14 @@ bool RunTyped(const Case& c) {
   s.rows = T1; s.q_heads = c.N1; s.kv_heads = c.N2; s.d = c.D; s.sparse_count = c.K; s.dtype = c.dtype;
   s.return_value = c.values; s.paged = c.paged; s.batch = c.B; s.block_size = c.block_size;
   s.max_blocks = max_blocks; s.kv_rows = kv_rows; s.max_tile_rows = c.max_tile_rows;
+  s.max_splits = c.max_splits;
+  for (uint32_t i = 0; i < T1; ++i) s.max_keys = std::max<uint32_t>(s.max_keys, uint32_t(rows[uint64_t(i) * 4 + 1]));
   LightningIndexerTiling t;
   const std::string err = LightningIndexerTilingFn(s, Ascend910B(), t);
   if (!err.empty()) { std::printf("FAIL %s: tiling: %s\n", c.name, err.c_str()); return false; }
   uint8_t* tiling = (uint8_t*)AscendC::GmAlloc(sizeof(t));
   std::memcpy(tiling, &t, sizeof(t));
-  uint8_t* ws = (uint8_t*)AscendC::GmAlloc(32);
+  uint8_t* ws = (uint8_t*)AscendC::GmAlloc(std::max<uint64_t>(t.workspace_bytes, 32));
   AscendC::SetKernelMode(AscendC::KernelMode::AIV_MODE);
   try {
     ICPU_RUN_KF(lightning_indexer, t.block_dim, (uint8_t*)q, (uint8_t*)k, (uint8_t*)w, (uint8_t*)table,
@@ -139,8 +142,10 @@ bool RunTyped(const Case& c) {
       }
     }
   const bool ok = why.empty() && worst_sel <= tol_sel && worst_val <= 2.0;
-  std::printf("%s %s: selection |err| %.3g (tol %.3g) values %.3g%s%s tile=%u cores=%u\n", ok ? "ok" : "FAIL",
-              c.name, worst_sel, tol_sel, worst_val, why.empty() ? "" : " ", why.c_str(), t.tile_rows, t.block_dim);
+  std::printf("%s %s: selection |err| %.3g (tol %.3g) values %.3g%s%s tile=%u splits=%u%s cores=%u\n",
+              ok ? "ok" : "FAIL", c.name, worst_sel, tol_sel, worst_val, why.empty() ? "" : " ", why.c_str(),
+              t.tile_rows, t.splits, t.splits == 1 ? "" : t.split_keys <= t.sparse_count ? " direct" : " selected",
+              t.block_dim);
   for (void* p : {(void*)q, (void*)k, (void*)w, (void*)table, (void*)rows, (void*)idx, (void*)val, (void*)tiling,
                   (void*)ws})
     AscendC::GmFree(p);
@@ -157,19 +162,26 @@ bool Run(const Case& c) {
 
 int main() {
   const SparseDtype F16 = SparseDtype::FP16, BF = SparseDtype::BF16, F32 = SparseDtype::FP32;
-  // name, dtype, B, S1, N1, N2, D, K, paged, values, block_size, S2, kv_len, q_len, causal, max_tile_rows, equal_keys
+  // name, dtype, B, S1, N1, N2, D, K, paged, values, block_size, S2, kv_len, q_len, causal, max_tile_rows,
+  // equal_keys, max_splits (few items: their keys are split over the cores and merged, unless max_splits = 1)
   std::vector<Case> cases = {
       {"fp32 BSND GQA2 causal, padding row, 8-key tiles, values", F32, 2, 3, 4, 2, 40, 12, false, true, 0, 37,
        {37, 9}, {3, 2}, true, 8},
       {"fp16 paged16 decode, K > visible keys", F16, 2, 1, 8, 1, 64, 48, true, false, 16, 64, {64, 21}, {1, 1}},
       {"bf16 BSND full visibility, a sequence without keys, values", BF, 3, 2, 4, 1, 32, 6, false, true, 0, 40,
        {40, 0, 7}, {2, 2, 1}, false},
-      {"fp32 paged32 several tiles per item, causal prefill", F32, 1, 5, 6, 1, 24, 16, true, false, 32, 96, {90}, {5},
+      {"fp32 paged32 several tiles per range, causal prefill", F32, 1, 5, 6, 1, 24, 16, true, false, 32, 96, {90}, {5},
        true, 16},
       {"bf16 DeepSeek-like 64 heads of 128, K 64 of 300 keys", BF, 1, 2, 64, 1, 128, 64, true, false, 64, 320, {300},
        {2}},
       {"fp16 equal keys: ties in position order, values", F16, 1, 2, 4, 1, 16, 20, false, true, 0, 30, {30}, {2},
        true, 8, true},
+      {"fp16 equal keys over split ranges: ties across the merge", F16, 1, 1, 4, 1, 16, 20, false, true, 0, 60,
+       {60}, {1}, true, 8, true},
+      {"fp32 decode without the split (one core per item)", F32, 2, 1, 4, 1, 32, 10, true, true, 16, 64, {64, 40},
+       {1, 1}, false, 16, false, 1},
+      {"bf16 48 items: no split, causal prefill", BF, 4, 6, 4, 2, 24, 7, false, false, 0, 24, {24, 13, 6, 20},
+       {6, 6, 3, 5}},
   };
   int failed = 0;
   for (const Case& c : cases) failed += Run(c) ? 0 : 1;

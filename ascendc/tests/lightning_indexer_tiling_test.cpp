@@ -20,7 +20,7 @@ IndexerShape Shape(uint32_t rows, uint32_t n1, uint32_t n2, uint32_t d, SparseDt
   IndexerShape s;
   s.rows = rows; s.q_heads = n1; s.kv_heads = n2; s.d = d; s.dtype = dt; s.sparse_count = k; s.paged = paged;
   s.return_value = values; s.batch = 2; s.block_size = paged ? 128 : 0; s.max_blocks = paged ? 64 : 0;
-  s.kv_rows = 8192;
+  s.kv_rows = 8192; s.max_keys = 4096;
   return s;
 }
 
@@ -52,17 +52,32 @@ void CheckTiling(const IndexerShape& s) {
   if (t.tile_rows < 128)  // the tiling takes the largest tile that fits
     Check(IndexerUbBytes(t.tile_rows + 8, t.group, t.d_pad, t.k_pad, dbytes, s.return_value) > p.UsableUb(),
           n + ": the tile is the largest that fits");
-  // Items: every (row, key head) exactly once, contiguous non-empty ranges per core.
-  std::vector<int> seen(t.items, 0);
+  // Key ranges: only for fewer items than cores; whole tiles; together they cover every key; no range empty.
+  Check(t.splits >= 1 && t.units == t.items * t.splits, n + ": units = items * splits");
+  if (t.items >= p.aiv_cores) Check(t.splits == 1, n + ": enough items: no split");
+  if (t.splits > 1) {
+    Check(t.split_keys % t.tile_rows == 0, n + ": a range is whole tiles");
+    Check(uint64_t(t.split_keys) * t.splits >= s.max_keys && uint64_t(t.split_keys) * (t.splits - 1) < s.max_keys,
+          n + ": the ranges cover the keys, none empty");
+    Check(t.units <= p.aiv_cores && t.block_dim == t.units, n + ": one unit per core");
+    Check(t.workspace_bytes == uint64_t(t.units) * t.k_pad * 8, n + ": workspace = the partial lists");
+  } else {
+    Check(t.workspace_bytes == 0, n + ": no split, no workspace");
+  }
+  // Units (phase 1) and items (whole, or the merge) each exactly once, in contiguous ranges per core.
+  std::vector<int> units(t.units, 0), items(t.items, 0);
   Check(t.items == s.rows * s.kv_heads, n + ": item count");
   Check(IndexerItemBegin(t, 0) == 0 && IndexerItemBegin(t, t.block_dim) == t.items, n + ": ranges span [0, items)");
+  Check(IndexerUnitBegin(t, 0) == 0 && IndexerUnitBegin(t, t.block_dim) == t.units, n + ": ranges span [0, units)");
   for (uint32_t c = 0; c < t.block_dim; ++c) {
-    Check(IndexerItemBegin(t, c + 1) > IndexerItemBegin(t, c), n + ": every core has an item");
-    for (uint32_t k = IndexerItemBegin(t, c); k < IndexerItemBegin(t, c + 1) && k < t.items; ++k) seen[k]++;
+    Check(IndexerUnitBegin(t, c + 1) > IndexerUnitBegin(t, c), n + ": every core has a unit");
+    for (uint32_t k = IndexerUnitBegin(t, c); k < IndexerUnitBegin(t, c + 1) && k < t.units; ++k) units[k]++;
+    for (uint32_t k = IndexerItemBegin(t, c); k < IndexerItemBegin(t, c + 1) && k < t.items; ++k) items[k]++;
   }
   bool once = true;
-  for (int v : seen) once = once && v == 1;
-  Check(once, n + ": every item once");
+  for (int v : units) once = once && v == 1;
+  for (int v : items) once = once && v == 1;
+  Check(once, n + ": every unit and every item once");
 }
 
 }  // namespace
@@ -79,8 +94,25 @@ int main() {
   }
   const PlatformInfo p = Ascend910B();
   LightningIndexerTiling t;
-  LightningIndexerTilingFn(Shape(4, 8, 1, 64, SparseDtype::FP16, 64, false, false), p, t);
-  Check(t.tile_rows == 128 && t.block_dim == 4, "a small call: the full 128-key tile, one core per item");
+  IndexerShape few = Shape(4, 8, 1, 64, SparseDtype::FP16, 64, false, false);
+  few.max_splits = 1;
+  LightningIndexerTilingFn(few, p, t);
+  Check(t.tile_rows == 128 && t.block_dim == 4 && t.splits == 1, "max_splits 1: one core per item");
+  LightningIndexerTilingFn(Shape(4, 64, 1, 128, SparseDtype::BF16, 2048, true, false), p, t);
+  Check(t.splits >= 8 && t.splits <= 12 && t.block_dim == t.units,
+        "decode, 4 items of 4096 keys: 8 to 12 ranges each (whole tiles), one core per range");
+  IndexerShape short_keys = Shape(4, 8, 1, 64, SparseDtype::FP16, 64, false, false);
+  short_keys.max_keys = 200;
+  LightningIndexerTilingFn(short_keys, p, t);
+  Check(t.splits == 2 && t.split_keys == 128, "200 keys of 128-key tiles: two ranges");
+  short_keys.max_keys = 100;
+  LightningIndexerTilingFn(short_keys, p, t);
+  Check(t.splits == 1 && t.workspace_bytes == 0, "keys for one tile: no split");
+  for (uint32_t keys : {1u, 9u, 100u, 1000u, 5000u}) {
+    IndexerShape k = Shape(3, 16, 1, 64, SparseDtype::BF16, 512, true, false);
+    k.max_keys = keys;
+    CheckTiling(k);
+  }
   LightningIndexerTiling big_k;
   LightningIndexerTilingFn(Shape(4, 64, 1, 128, SparseDtype::BF16, 8192, true, false), p, big_k);
   LightningIndexerTilingFn(Shape(4, 64, 1, 128, SparseDtype::BF16, 2048, true, false), p, t);

@@ -184,7 +184,7 @@ def case_full_product():
 
 @full_case
 def case_full_long_keys_multi_tile():
-    # 600 keys per sequence: several 128-key tiles per row, the tile skip of a full top-k
+    # 600 keys per sequence, top-256: each row's keys split over the cores, their scores merged
     q, k, w, kw = make_inputs("TND", "TND", torch.bfloat16, B=2, S1=4, S2=600, N1=8, N2=1, q_lens=[4, 2],
                               k_lens=[600, 333], seed=9)
     (idx, val), (cpu_idx, _) = _run(q, k, w, kw, 256, 3, True)

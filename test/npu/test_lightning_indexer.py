@@ -25,7 +25,9 @@ def test_tiling_program():
 def test_kernel_host_program_vs_float64():
     out = _run_program("lightning_indexer_kernel_test",
                        ["ascendc/tests/lightning_indexer_kernel_test.cpp", KERNEL, TILING])
-    assert "tile=8 " in out and "tile=16 " in out  # the multi-tile cases ran as intended
+    # the multi-tile cases, both kinds of split ranges (scores for the merge, or a range's top-k) and no split ran
+    assert "tile=8 " in out and "tile=16 " in out and "splits=1 " in out
+    assert " direct " in out and " selected " in out
 
 
 @pytest.mark.parametrize("case", case_names(WORKER))

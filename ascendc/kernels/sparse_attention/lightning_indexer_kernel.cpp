@@ -9,6 +9,11 @@
 // fold of the 64-lane chunks, one WholeReduceSum per row); Relu and an Axpy by the head's weight add the head's
 // share to the tile's fp32 scores.
 //
+// Few items (decode): each item's keys are split into ranges over the idle cores (tiling: splits). A range no longer
+// than K writes its scores straight to the GM workspace (every key is a candidate; its position is implied by the
+// slot); a longer one writes its top-k (the heap array). After a SyncAll the item's core merges the ranges'
+// candidates through the same heap and writes the row.
+//
 // Top-k: a running selection of K (score, position) pairs in UB, kept as a binary heap whose root is the worst
 // pair (lower score, or the same score at a higher position). The tile's positions all follow the heap's, so a key
 // enters a full heap only with a strictly larger score than the root: equal scores keep the lower position, as the
@@ -43,7 +48,7 @@ template <typename T>
 class LightningIndexer {
  public:
   __aicore__ inline void Init(GM_ADDR query, GM_ADDR key, GM_ADDR weights, GM_ADDR block_table, GM_ADDR row_info,
-                              GM_ADDR sparse_indices, GM_ADDR sparse_values,
+                              GM_ADDR sparse_indices, GM_ADDR sparse_values, GM_ADDR workspace,
                               const tot_ascendc::LightningIndexerTiling& t) {
     t_ = t;
     const uint64_t qRows = uint64_t(t.rows) * t.q_heads, outLen = uint64_t(t.rows) * t.kv_heads * t.sparse_count;
@@ -54,13 +59,39 @@ class LightningIndexer {
     rowGm_.SetGlobalBuffer((__gm__ int32_t*)row_info, uint64_t(t.rows) * kRowInfo);
     idxGm_.SetGlobalBuffer((__gm__ int32_t*)sparse_indices, outLen);
     if (t.return_value) valGm_.SetGlobalBuffer((__gm__ T*)sparse_values, outLen);
+    if (t.splits > 1) {
+      const uint64_t lists = uint64_t(t.units) * t.k_pad;
+      wsScore_.SetGlobalBuffer((__gm__ float*)GetUserWorkspace(workspace), lists);
+      wsPos_.SetGlobalBuffer((__gm__ int32_t*)(GetUserWorkspace(workspace) + lists * sizeof(float)), lists);
+    }
     InitBuffers();
   }
 
   __aicore__ inline void Process() {
     const uint32_t core = uint32_t(GetBlockIdx());
+    if (t_.splits == 1) {
+      const uint32_t end = tot_ascendc::IndexerItemBegin(t_, core + 1);
+      for (uint32_t item = tot_ascendc::IndexerItemBegin(t_, core); item < end; ++item) {
+        const uint32_t t = item / t_.kv_heads, n2 = item % t_.kv_heads;
+        SelectKeys(t, n2, 0, 0xffffffffu);
+        WriteSelection(t, n2);
+      }
+      return;
+    }
+    const uint32_t unitEnd = tot_ascendc::IndexerUnitBegin(t_, core + 1);
+    for (uint32_t unit = tot_ascendc::IndexerUnitBegin(t_, core); unit < unitEnd; ++unit) {
+      const uint32_t item = unit / t_.splits, range = unit % t_.splits;
+      unit_ = unit;
+      SelectKeys(item / t_.kv_heads, item % t_.kv_heads, range * t_.split_keys, t_.split_keys);
+      if (!Direct()) WritePartial(unit);
+    }
+    PipeBarrier<PIPE_ALL>();
+    SyncAll();  // every range's partial list is in the workspace
     const uint32_t end = tot_ascendc::IndexerItemBegin(t_, core + 1);
-    for (uint32_t item = tot_ascendc::IndexerItemBegin(t_, core); item < end; ++item) RunItem(item);
+    for (uint32_t item = tot_ascendc::IndexerItemBegin(t_, core); item < end; ++item) {
+      Merge(item);
+      WriteSelection(item / t_.kv_heads, item % t_.kv_heads);
+    }
   }
 
  private:
@@ -80,24 +111,35 @@ class LightningIndexer {
     if (t_.return_value && sizeof(T) != sizeof(float)) pipe_.InitBuffer(valOut_, (k * sizeof(T) + 31) / 32 * 32);
   }
 
-  // ---- one (query row, key head) item ----
+  // ---- one (query row, key head) item, or one range of its keys ----
 
-  __aicore__ inline void RunItem(uint32_t item) {
-    const uint32_t t = item / t_.kv_heads, n2 = item % t_.kv_heads;
+  // The running top-k of row t, key head n2 over the keys [begin, begin + count) it sees, in ascending position.
+  __aicore__ inline void SelectKeys(uint32_t t, uint32_t n2, uint32_t begin, uint32_t count) {
     const int32_t b = rowGm_.GetValue(uint64_t(t) * kRowInfo);
     const int32_t limit = rowGm_.GetValue(uint64_t(t) * kRowInfo + 1);
     const int32_t base = rowGm_.GetValue(uint64_t(t) * kRowInfo + 2);
     size_ = 0;
-    if (b >= 0 && limit > 0) {
-      LoadQuery(t, n2);
-      for (uint32_t j0 = 0; j0 < uint32_t(limit); j0 += t_.tile_rows) {
-        const uint32_t n = uint32_t(limit) - j0 < t_.tile_rows ? uint32_t(limit) - j0 : t_.tile_rows;
-        GatherTile(uint32_t(b), uint32_t(base), n2, j0, n);
-        ScoreTile(t, n2, n);
-        SelectFromTile(j0, n);
-      }
+    if (b < 0 || limit <= int32_t(begin)) return;
+    const uint32_t end = uint32_t(limit) - begin < count ? uint32_t(limit) : begin + count;
+    LoadQuery(t, n2);
+    for (uint32_t j0 = begin; j0 < end; j0 += t_.tile_rows) {
+      const uint32_t n = end - j0 < t_.tile_rows ? end - j0 : t_.tile_rows;
+      GatherTile(uint32_t(b), uint32_t(base), n2, j0, n);
+      ScoreTile(t, n2, n);
+      if (Direct()) WriteScores(j0 - begin, n);
+      else SelectFromTile(j0, n);
     }
-    WriteSelection(t, n2);
+  }
+
+  // A split range no longer than K: all its keys are candidates of the merge, no selection here.
+  __aicore__ inline bool Direct() { return t_.splits > 1 && t_.split_keys <= t_.sparse_count; }
+
+  // The tile's scores to the unit's workspace row at slot `at` (the range's key at + j).
+  __aicore__ inline void WriteScores(uint32_t at, uint32_t n) {
+    PipeSync<HardEvent::V_MTE3>();
+    DataCopyPad(wsScore_[uint64_t(unit_) * t_.k_pad + at], scores_.Get<float>(),
+                DataCopyExtParams(1, n * sizeof(float), 0, 0, 0));
+    PipeSync<HardEvent::MTE3_V>();  // the next tile's scores overwrite the buffer
   }
 
   // The group's query rows [G, d_pad] in fp32 (zero-padded columns contribute nothing to the dot products).
@@ -193,8 +235,8 @@ class LightningIndexer {
   // NaN ranks as -inf (as on CPU).
   __aicore__ inline float Rank(float x) { return x != x ? t_.neg_inf : x; }
 
-  // A key later than every pair in the heap: it enters while the heap is not full, else only with a larger score
-  // than the root's (an equal score at a later position ranks lower).
+  // A pair enters while the heap is not full, else only when it ranks above the root. For the keys of a tile (later
+  // than every pair in the heap) that is a strictly larger score: an equal score at a later position ranks lower.
   __aicore__ inline void Offer(float score, int32_t pos) {
     LocalTensor<float> hs = heapScore_.Get<float>();
     LocalTensor<int32_t> hp = heapPos_.Get<int32_t>();
@@ -211,7 +253,7 @@ class LightningIndexer {
       hp.SetValue(i, pos);
       return;
     }
-    if (!(score > hs.GetValue(0))) return;
+    if (!Worse(hs.GetValue(0), hp.GetValue(0), score, pos)) return;
     SiftDown(score, pos, size_);
   }
 
@@ -236,6 +278,48 @@ class LightningIndexer {
     }
     hs.SetValue(i, score);
     hp.SetValue(i, pos);
+  }
+
+  // A range's selection to its rows of the workspace: the heap array as it is (the merge knows its length).
+  __aicore__ inline void WritePartial(uint32_t unit) {
+    LocalTensor<float> hs = heapScore_.Get<float>();
+    LocalTensor<int32_t> hp = heapPos_.Get<int32_t>();
+    const uint64_t at = uint64_t(unit) * t_.k_pad;
+    PipeSync<HardEvent::S_MTE3>();
+    DataCopyPad(wsScore_[at], hs, DataCopyExtParams(1, t_.sparse_count * sizeof(float), 0, 0, 0));
+    DataCopyPad(wsPos_[at], hp, DataCopyExtParams(1, t_.sparse_count * sizeof(int32_t), 0, 0, 0));
+    PipeSync<HardEvent::MTE3_S>();  // the heap is rewritten by the next unit's scalar writes
+  }
+
+  // The item's candidates, range by range, a tile at a time through the score and dot buffers, offered to an empty
+  // heap: a direct range's scores (the position is the range's start + slot), else a range's top-k pairs. A range
+  // holds as many as the row sees of its keys (at most K of them when it selected).
+  __aicore__ inline void Merge(uint32_t item) {
+    const uint32_t t = item / t_.kv_heads;
+    const int32_t b = rowGm_.GetValue(uint64_t(t) * kRowInfo);
+    const int32_t limit = b < 0 ? 0 : rowGm_.GetValue(uint64_t(t) * kRowInfo + 1);
+    LocalTensor<float> sc = scores_.Get<float>();
+    LocalTensor<int32_t> pos = dots_.Get<int32_t>();
+    const DataCopyPadExtParams<float> noPadF(false, 0, 0, 0.f);
+    const DataCopyPadExtParams<int32_t> noPadI(false, 0, 0, 0);
+    const bool direct = Direct();
+    size_ = 0;
+    for (uint32_t r = 0; r < t_.splits; ++r) {
+      const int32_t begin = int32_t(r * t_.split_keys);
+      if (limit <= begin) break;
+      uint32_t count = uint32_t(limit - begin) < t_.split_keys ? uint32_t(limit - begin) : t_.split_keys;
+      if (!direct && count > t_.sparse_count) count = t_.sparse_count;
+      const uint64_t at = (uint64_t(item) * t_.splits + r) * t_.k_pad;
+      for (uint32_t j0 = 0; j0 < count; j0 += t_.tile_rows) {
+        const uint32_t n = count - j0 < t_.tile_rows ? count - j0 : t_.tile_rows;
+        PipeSync<HardEvent::S_MTE2>();  // the scalar reads of the previous pairs are done
+        DataCopyPad(sc, wsScore_[at + j0], DataCopyExtParams(1, n * sizeof(float), 0, 0, 0), noPadF);
+        if (!direct) DataCopyPad(pos, wsPos_[at + j0], DataCopyExtParams(1, n * sizeof(int32_t), 0, 0, 0), noPadI);
+        PipeSync<HardEvent::MTE2_S>();
+        for (uint32_t j = 0; j < n; ++j)
+          Offer(Rank(sc.GetValue(j)), direct ? begin + int32_t(j0 + j) : pos.GetValue(j));
+      }
+    }
   }
 
   // Sorts the heap best first (repeatedly moving the worst pair to the end), pads the slots past it with -1 / -inf
@@ -282,20 +366,21 @@ class LightningIndexer {
 
   tot_ascendc::LightningIndexerTiling t_;
   uint32_t size_ = 0;  // pairs in the running selection
+  uint32_t unit_ = 0;  // the split range being scored (phase 1)
   TPipe pipe_;
   TQue<TPosition::VECIN, 1> kQue_, qQue_;
   TBuf<TPosition::VECCALC> kF_, prod_, qF_, dots_, scores_, redTmp_, red_, heapScore_, heapPos_, valOut_;
   GlobalTensor<T> qGm_, kGm_, valGm_;
-  GlobalTensor<float> wGm_;
-  GlobalTensor<int32_t> tableGm_, rowGm_, idxGm_;
+  GlobalTensor<float> wGm_, wsScore_;
+  GlobalTensor<int32_t> tableGm_, rowGm_, idxGm_, wsPos_;
 };
 
 template <typename T>
 __aicore__ inline void RunIndexer(GM_ADDR query, GM_ADDR key, GM_ADDR weights, GM_ADDR block_table, GM_ADDR row_info,
-                                  GM_ADDR sparse_indices, GM_ADDR sparse_values,
+                                  GM_ADDR sparse_indices, GM_ADDR sparse_values, GM_ADDR workspace,
                                   const tot_ascendc::LightningIndexerTiling& t) {
   LightningIndexer<T> op;
-  op.Init(query, key, weights, block_table, row_info, sparse_indices, sparse_values, t);
+  op.Init(query, key, weights, block_table, row_info, sparse_indices, sparse_values, workspace, t);
   op.Process();
 }
 
@@ -307,9 +392,9 @@ extern "C" __global__ __aicore__ void lightning_indexer(GM_ADDR query, GM_ADDR k
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   const tot_ascendc::LightningIndexerTiling t = *reinterpret_cast<__gm__ tot_ascendc::LightningIndexerTiling*>(tiling);
   if (t.dtype == uint32_t(tot_ascendc::SparseDtype::FP16))
-    RunIndexer<half>(query, key, weights, block_table, row_info, sparse_indices, sparse_values, t);
+    RunIndexer<half>(query, key, weights, block_table, row_info, sparse_indices, sparse_values, workspace, t);
   else if (t.dtype == uint32_t(tot_ascendc::SparseDtype::BF16))
-    RunIndexer<bfloat16_t>(query, key, weights, block_table, row_info, sparse_indices, sparse_values, t);
+    RunIndexer<bfloat16_t>(query, key, weights, block_table, row_info, sparse_indices, sparse_values, workspace, t);
   else
-    RunIndexer<float>(query, key, weights, block_table, row_info, sparse_indices, sparse_values, t);
+    RunIndexer<float>(query, key, weights, block_table, row_info, sparse_indices, sparse_values, workspace, t);
 }

@@ -14,6 +14,30 @@ constexpr uint32_t kMaxTile = 128;
 
 uint32_t DtypeBytes(SparseDtype d) { return d == SparseDtype::FP32 ? 4 : 2; }
 
+// Fewer items than cores: each item's keys in up to cores / items ranges of whole tiles, so every core scores keys;
+// the partial lists go through the workspace to the merge. Otherwise (or with keys for one tile) no split.
+void SplitKeys(const IndexerShape& s, uint32_t cores, LightningIndexerTiling& t) {
+  t.splits = 1;
+  t.split_keys = s.max_keys;
+  t.units = t.items;
+  t.workspace_bytes = 0;
+  if (t.items >= cores) return;
+  uint32_t splits = cores / t.items;
+  if (splits > s.max_splits) splits = s.max_splits;
+  const uint32_t tiles = CeilDiv(s.max_keys, t.tile_rows);
+  if (splits > tiles) splits = tiles;
+  if (splits < 2) return;
+  t.split_keys = AlignUp(CeilDiv(s.max_keys, splits), t.tile_rows);
+  t.splits = CeilDiv(s.max_keys, t.split_keys);  // no trailing range without keys
+  if (t.splits < 2) {
+    t.splits = 1;
+    t.split_keys = s.max_keys;
+    return;
+  }
+  t.units = t.items * t.splits;
+  t.workspace_bytes = uint64_t(t.units) * t.k_pad * (kFloat + sizeof(int32_t));
+}
+
 }  // namespace
 
 uint32_t IndexerUbBytes(uint32_t tile_rows, uint32_t group, uint32_t d_pad, uint32_t k_pad, uint32_t dtype_bytes,
@@ -71,7 +95,11 @@ std::string LightningIndexerTilingFn(const IndexerShape& s, const PlatformInfo& 
   if (items > std::numeric_limits<uint32_t>::max()) return "more than 2^32 - 1 (row, key head) items";
   t.items = uint32_t(items);
   const uint32_t cores = platform.aiv_cores;
-  t.block_dim = t.items < cores ? t.items : cores;
+  SplitKeys(s, cores, t);
+  const uint32_t work = t.splits > 1 ? t.units : t.items;
+  t.block_dim = work < cores ? work : cores;
+  t.units_base = t.units / t.block_dim;
+  t.units_extra = t.units % t.block_dim;
   t.items_base = t.items / t.block_dim;
   t.items_extra = t.items % t.block_dim;
   return "";

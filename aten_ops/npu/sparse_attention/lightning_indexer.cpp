@@ -3,12 +3,14 @@
 // common/sparse_attention/lightning_indexer_params: parse_lightning_indexer). The host resolves what is per query
 // row — its sequence (-1 for rows past the query lengths), the number of leading keys it may see (the key length,
 // or the right-down causal limit of sparse_mode 3) and where its sequence starts in unpaged keys — into a small
-// int32 row table; the kernel scores, selects and writes every slot itself. What the kernel does not cover (float64,
+// int32 row table; the kernel scores, selects and writes every slot itself (for few rows, splitting their keys over
+// the cores and merging the partial selections through the workspace). What the kernel does not cover (float64,
 // head dims beyond one vector repeat stride, a group and top-k that do not fit UB, more than 2^31 key rows, no query
 // heads or a head dim of 0) goes to npu_host::fallback_to_cpu (the CPU kernel on the simulated device; an error on
 // CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1); see docs/ascendc_sparse_attention.md.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <string>
@@ -69,6 +71,8 @@ std::string plan_kernel(const LightningIndexerArgs& a, const IndexerGeometry& g,
   s.block_size = uint32_t(g.block_size);
   s.max_blocks = s.paged ? uint32_t(g.block_table.size(1)) : 0;
   s.kv_rows = uint64_t(g.k_rows);
+  for (int64_t b = 0; b < g.B; ++b)  // the last query of a sequence sees the most keys
+    if (g.q_len[b] > 0) s.max_keys = std::max(s.max_keys, uint32_t(g.visible_keys(b, g.q_len[b] - 1)));
   return tot_ascendc::LightningIndexerTilingFn(s, tot_ascendc::Ascend910B(), tiling);
 }
 
@@ -118,7 +122,8 @@ std::tuple<at::Tensor, at::Tensor> lightning_indexer_npu(const LightningIndexerA
   npu_fa::ascendc::Launch launch(kOp);
   TOT_ASCENDC_RUN(launch, lightning_indexer, tiling.block_dim, AscendC::KernelMode::AIV_MODE, launch.Gm(q),
                   launch.Gm(k), launch.Gm(w), launch.Gm(table), launch.Gm(rows), launch.Gm(indices),
-                  launch.Gm(vals), launch.Workspace(0, a.query.options()), launch.Tiling(tiling, a.query.options()));
+                  launch.Gm(vals), launch.Workspace(int64_t(tiling.workspace_bytes), a.query.options()),
+                  launch.Tiling(tiling, a.query.options()));
   return {indices, values};
 }
 
