@@ -24,7 +24,8 @@
 // Arguments: query [T1, N1, d], key [kv_rows, N2, d] (paged: kv_rows = blocks * block_size), weights fp32 [T1, N1],
 // block_table int32 [B, max_blocks] (paged), row_info int32 [T1, 4] = (sequence or -1, visible keys, first key row
 // of the sequence (unpaged), 0), sparse_indices int32 [T1, N2, K], sparse_values [T1, N2, K] in the input dtype
-// (return_value). Absent tensors may be any GM buffer (never read).
+// (return_value), workspace (split ranges only): fp32 scores [units, k_pad] then int32 positions [units, k_pad].
+// Absent tensors may be any GM buffer (never read).
 #include "kernel_operator.h"
 
 #include "sparse_attention/lightning_indexer_tiling.h"
