@@ -213,6 +213,8 @@ std::tuple<at::Tensor, at::Tensor> dequant_swiglu_quant_cpu(const DequantSwigluQ
 at::Tensor transpose_batchmatmul_cpu(const TransposeBatchmatmulArgs& args);
 // lightning_indexer [CPU]
 std::tuple<at::Tensor, at::Tensor> lightning_indexer_cpu(const LightningIndexerArgs& args);
+// lightning_indexer [PrivateUse1]
+std::tuple<at::Tensor, at::Tensor> lightning_indexer_npu(const LightningIndexerArgs& args);
 // lightning_indexer_grad [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lightning_indexer_grad_cpu(const LightningIndexerGradArgs& args);
 // quant_lightning_indexer [CPU]

@@ -1119,6 +1119,18 @@ std::tuple<at::Tensor, at::Tensor> lightning_indexer_cpu_unboxed(const at::Tenso
   return npu_fa::lightning_indexer_cpu(npu_fa::LightningIndexerArgs{query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value});
 }
 
+std::tuple<at::Tensor, at::Tensor> lightning_indexer_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& weights, const std::optional<at::Tensor>& actual_seq_lengths_query, const std::optional<at::Tensor>& actual_seq_lengths_key, const std::optional<at::Tensor>& block_table, c10::string_view layout_query, c10::string_view layout_key, int64_t sparse_count, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens, bool return_value) {
+  npu_fa::DeviceRule rule("lightning_indexer");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("weights", weights);
+  rule.device_tensor("block_table", block_table);
+  rule.host_tensor("actual_seq_lengths_query", actual_seq_lengths_query);
+  rule.host_tensor("actual_seq_lengths_key", actual_seq_lengths_key);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::lightning_indexer_npu(npu_fa::LightningIndexerArgs{query, key, weights, actual_seq_lengths_query, actual_seq_lengths_key, block_table, layout_query, layout_key, sparse_count, sparse_mode, pre_tokens, next_tokens, return_value});
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lightning_indexer_grad_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& dy, const at::Tensor& sparse_indices, const at::Tensor& weights, const std::optional<at::Tensor>& actual_seq_lengths_query, const std::optional<at::Tensor>& actual_seq_lengths_key, c10::string_view layout, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens) {
   npu_fa::DeviceRule rule("lightning_indexer_grad");
   rule.device_tensor("query", query);
@@ -1425,5 +1437,6 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("moe_gating_top_k_softmax_v2", TORCH_FN(moe_gating_top_k_softmax_v2_npu_privateuse1));
   m.impl("moe_init_routing_v2", TORCH_FN(moe_init_routing_v2_npu_privateuse1));
   m.impl("moe_finalize_routing", TORCH_FN(moe_finalize_routing_npu_privateuse1));
+  m.impl("lightning_indexer", TORCH_FN(lightning_indexer_npu_privateuse1));
   m.impl("sparse_flash_attention", TORCH_FN(sparse_flash_attention_npu_privateuse1));
 }

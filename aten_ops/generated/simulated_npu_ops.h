@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 62> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 61> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "ring_attention_update",
     "apply_rotary_pos_emb",
@@ -66,7 +66,6 @@ inline constexpr std::array<const char*, 62> kSimulatedNpuCpuKernelOps = {
     "clipped_swiglu",
     "dequant_swiglu_quant",
     "transpose_batchmatmul",
-    "lightning_indexer",
     "lightning_indexer_grad",
     "quant_lightning_indexer",
     "sparse_lightning_indexer_grad_kl_loss",
@@ -82,7 +81,6 @@ inline bool is_host_tensor(std::string_view op, std::string_view arg) {
   if (op == "npu_fa::grouped_matmul_grad") return arg == "group_list";
   if (op == "npu_fa::grouped_matmul_quant") return arg == "group_list";
   if (op == "npu_fa::grouped_matmul_swiglu_quant") return arg == "group_list";
-  if (op == "npu_fa::lightning_indexer") return arg == "actual_seq_lengths_query" || arg == "actual_seq_lengths_key";
   if (op == "npu_fa::lightning_indexer_grad") return arg == "actual_seq_lengths_query" || arg == "actual_seq_lengths_key";
   if (op == "npu_fa::quant_lightning_indexer") return arg == "actual_seq_lengths_query" || arg == "actual_seq_lengths_key";
   if (op == "npu_fa::sparse_lightning_indexer_grad_kl_loss") return arg == "actual_seq_qlen" || arg == "actual_seq_klen";

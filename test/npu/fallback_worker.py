@@ -117,6 +117,15 @@ def case_sparse_flash_attention():
     _allowed_and_equal(run, lambda: OPS.sparse_flash_attention(*args, **kw))
 
 
+def case_lightning_indexer():
+    from test.sparse_attention.test_lightning_indexer import make_inputs as indexer_inputs
+    q, k, w, kw = indexer_inputs("BSND", "BSND", torch.float64, B=1, S1=3, S2=10)
+    nkw = {n: _npu(v) for n, v in kw.items()}
+    run = lambda: OPS.lightning_indexer(_npu(q), _npu(k), _npu(w), sparse_count=4, return_value=True, **nkw)  # noqa: E731
+    _refused(run, "lightning_indexer", "float64")
+    _allowed_and_equal(run, lambda: OPS.lightning_indexer(q, k, w, sparse_count=4, return_value=True, **kw))
+
+
 def case_op_without_an_ascendc_kernel():
     x = torch.randn(4, 16)
     run = lambda: OPS.swiglu(_npu(x), -1)  # noqa: E731

@@ -3,7 +3,8 @@ training shape and predicted on an Ascend 910B, with the share of the cube, vect
 predicts it uses — the numbers the next step of kernel work is chosen from.
 
 Each kernel runs once on the simulated npu device in count-only mode (bench/npu_counters.py `counted_launch`; the
-gating kernel, whose control flow reads vector results, runs for real — the counters are the same); its
+kernels whose control flow reads vector results — gating, routing, the indexer's top-k — run for real: the
+counters are those of the real walk); its
 counters go through the model (npu_perf_model.predict) with the pipeline read from the counters
 (`pipeline_from_counts`: cube jobs per AIV = hand-offs) and the part of its cube work an AIV waits for, which is a
 property of the kernel's code (column "waits for"). Compulsory bytes (inputs read once, outputs written once) are
@@ -117,13 +118,31 @@ def _init_routing(tokens=2048, k=8, hidden=2048, experts=64):
                       build, 0.0, "-", count_only=False)
 
 
+def _indexer(b=4, n=64, d=128, keys=4096, k=2048, block=128):
+    def build():
+        # random inputs: the running top-k's scalar work depends on the scores (zeros would tie and skip every tile)
+        g = torch.Generator().manual_seed(0)
+        per = keys // block
+        q = _npu(torch.randn(b, 1, n, d, generator=g).to(torch.bfloat16))[0]
+        key = _npu(torch.randn(b * per, block, 1, d, generator=g).to(torch.bfloat16))[0]
+        w = _npu((torch.randn(b, 1, n, generator=g) / n).to(torch.bfloat16))[0]
+        table = _npu(torch.arange(b * per, dtype=torch.int32).view(b, per))[0]
+        lens = torch.full((b,), keys, dtype=torch.int32)
+        return (lambda: torch.ops.npu_fa.lightning_indexer(
+            q, key, w, actual_seq_lengths_key=lens, block_table=table, layout_key="PA_BSND", sparse_count=k)), \
+            [q, key, w, table]
+    # The top-k's control flow reads the scores (run for real; the counters are those of the real walk).
+    return KernelCase("lightning_indexer", f"decode B{b} N{n} D{d}, {keys} paged keys, top-{k}, bf16", build, 1.0,
+                      "-", count_only=False)
+
+
 def kernel_cases(quick: bool = False) -> List[KernelCase]:
     if quick:
         return [_fa_forward(1, 2, 256, 64), _fa_backward(1, 2, 128, 64), _decode(2, 8, 2, 512, 64),
                 _rope(128, 8, 64), _gating(256, 16, 4), _init_routing(64, 2, 256, 8), _grouped_matmul(256, 128, 256, 4),
-                _finalize(64, 2, 256)]
+                _finalize(64, 2, 256), _indexer(2, 8, 64, 512, 64, 64)]
     return [_fa_forward(), _fa_backward(), _decode(), _rope(), _gating(), _init_routing(), _grouped_matmul(),
-            _finalize()]
+            _finalize(), _indexer()]
 
 
 def _nbytes(values) -> int:

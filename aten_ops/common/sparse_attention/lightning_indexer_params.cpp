@@ -39,6 +39,34 @@ void from_cumulative(const char* op, const char* name, const std::vector<int64_t
 
 }  // namespace
 
+void check_indexer_floating(const char* op, const char* name, const at::Tensor& t) {
+  const at::ScalarType s = t.scalar_type();
+  TORCH_CHECK_TYPE(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble, op, ": argument '",
+                   name, "' must be float16, bfloat16, float32 or float64; got ", s);
+}
+
+void check_indexer_dtypes(const char* op, const at::Tensor& q, const char* qn, const at::Tensor& k, const char* kn,
+                          const at::Tensor& w, const char* wn) {
+  check_indexer_floating(op, qn, q);
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), op, ": argument '", kn, "' must have the dtype of '", qn,
+                   "' (", q.scalar_type(), "); got ", k.scalar_type());
+  const bool w_ok = w.scalar_type() == q.scalar_type() ||
+                    (w.scalar_type() == at::kFloat && (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16));
+  TORCH_CHECK_TYPE(w_ok, op, ": argument '", wn, "' must have the dtype of '", qn, "' (", q.scalar_type(),
+                   ") or be float32 next to a 16-bit query; got ", w.scalar_type());
+}
+
+IndexerGeometry parse_lightning_indexer(const char* op, const IndexerInputs& in, int64_t sparse_count,
+                                        bool return_value) {
+  check_indexer_dtypes(op, in.query, in.name_query, in.key, in.name_key, in.weights, in.name_weights);
+  check_sparse_count(op, sparse_count);
+  IndexerGeometry g = parse_indexer_geometry(op, in);
+  TORCH_CHECK_VALUE(!(return_value && g.key_layout == KeyLayout::PA_BSND), op,
+                    ": argument 'return_value' must be False with layout_key \"PA_BSND\" (the values serve training, ",
+                    "which uses contiguous keys)");
+  return g;
+}
+
 void check_sparse_count(const char* op, int64_t sparse_count) {
   const bool ok = (sparse_count >= 1 && sparse_count <= 2048) ||
                   (sparse_count >= 3072 && sparse_count <= 8192 && sparse_count % 1024 == 0);

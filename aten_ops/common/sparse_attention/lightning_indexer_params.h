@@ -82,6 +82,19 @@ struct IndexerInputs {
 // pre/next_tokens; errors name the argument, what is expected and what was given. Dtypes are the caller's.
 IndexerGeometry parse_indexer_geometry(const char* op, const IndexerInputs& in);
 
+// query / key (16-bit, fp32 or fp64, one dtype) and weights (their dtype, or float32 next to 16-bit ones); `qn`,
+// `kn`, `wn` are the arguments' names in the calling op.
+void check_indexer_dtypes(const char* op, const at::Tensor& q, const char* qn, const at::Tensor& k, const char* kn,
+                          const at::Tensor& w, const char* wn);
+
+// A float16 / bfloat16 / float32 / float64 tensor.
+void check_indexer_floating(const char* op, const char* name, const at::Tensor& t);
+
+// Every rule of lightning_indexer's forward (dtypes, sparse_count, the geometry, return_value only with contiguous
+// keys), shared by the CPU and npu backends so both raise the same errors.
+IndexerGeometry parse_lightning_indexer(const char* op, const IndexerInputs& in, int64_t sparse_count,
+                                        bool return_value);
+
 // sparse_count in [1, 2048] or one of 3072, 4096, 5120, 6144, 7168, 8192 (upstream's set).
 void check_sparse_count(const char* op, int64_t sparse_count);
 

@@ -20,27 +20,6 @@ namespace {
 using sparse_attention::IndexerGeometry;
 using sparse_attention::IndexerInputs;
 
-bool is_float(at::ScalarType s) {
-  return s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble;
-}
-
-void check_floating(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_TYPE(is_float(t.scalar_type()), op, ": argument '", name,
-                   "' must be float16, bfloat16, float32 or float64; got ", t.scalar_type());
-}
-
-// query / key (16-bit, fp32 or fp64, one dtype) and weights (their dtype, or float32 next to 16-bit ones)
-void check_qkw_dtypes(const char* op, const at::Tensor& q, const char* qn, const at::Tensor& k, const char* kn,
-                      const at::Tensor& w, const char* wn) {
-  check_floating(op, qn, q);
-  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type(), op, ": argument '", kn, "' must have the dtype of '", qn,
-                   "' (", q.scalar_type(), "); got ", k.scalar_type());
-  const bool w_ok = w.scalar_type() == q.scalar_type() ||
-                    (w.scalar_type() == at::kFloat && (q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16));
-  TORCH_CHECK_TYPE(w_ok, op, ": argument '", wn, "' must have the dtype of '", qn, "' (", q.scalar_type(),
-                   ") or be float32 next to a 16-bit query; got ", w.scalar_type());
-}
-
 at::ScalarType acc_type(const at::Tensor& t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 at::Tensor acc(const at::Tensor& t, at::ScalarType a) { return t.to(at::kCPU).to(a).contiguous(); }
@@ -64,15 +43,11 @@ IndexerInputs indexer_inputs(const at::Tensor& q, const at::Tensor& k, const at:
 
 std::tuple<at::Tensor, at::Tensor> lightning_indexer_cpu(const LightningIndexerArgs& args) {
   const char* op = "lightning_indexer";
-  check_qkw_dtypes(op, args.query, "query", args.key, "key", args.weights, "weights");
-  sparse_attention::check_sparse_count(op, args.sparse_count);
-  const IndexerGeometry g = sparse_attention::parse_indexer_geometry(
+  const IndexerGeometry g = sparse_attention::parse_lightning_indexer(
       op, indexer_inputs(args.query, args.key, args.weights, args.actual_seq_lengths_query,
                          args.actual_seq_lengths_key, args.block_table, args.layout_query, args.layout_key,
-                         args.sparse_mode, args.pre_tokens, args.next_tokens));
-  TORCH_CHECK_VALUE(!(args.return_value && g.key_layout == sparse_attention::KeyLayout::PA_BSND), op,
-                    ": argument 'return_value' must be False with layout_key \"PA_BSND\" (the values serve training, ",
-                    "which uses contiguous keys)");
+                         args.sparse_mode, args.pre_tokens, args.next_tokens),
+      args.sparse_count, args.return_value);
   const int64_t K = args.sparse_count;
   const auto shape = indices_shape(args.query, g, K);
   at::Tensor indices = at::full(shape, -1, args.query.options().dtype(at::kInt));
@@ -152,7 +127,7 @@ at::Tensor quant_lightning_indexer_cpu(const QuantLightningIndexerArgs& args) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lightning_indexer_grad_cpu(const LightningIndexerGradArgs& args) {
   const char* op = "lightning_indexer_grad";
-  check_qkw_dtypes(op, args.query, "query", args.key, "key", args.weights, "weights");
+  sparse_attention::check_indexer_dtypes(op, args.query, "query", args.key, "key", args.weights, "weights");
   const std::optional<at::Tensor> no_table;
   const std::string layout(args.layout);
   TORCH_CHECK_VALUE(layout == "BSND" || layout == "TND", op, ": argument 'layout' must be \"BSND\" or \"TND\"; got \"",
@@ -166,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lightning_indexer_grad_cpu(const 
   const at::ScalarType A = acc_type(args.query);
   const bool no_dy = args.dy.numel() == 0;
   if (!no_dy) {
-    check_floating(op, "dy", args.dy);
+    sparse_attention::check_indexer_floating(op, "dy", args.dy);
     TORCH_CHECK_VALUE(args.dy.sizes() == args.sparse_indices.sizes(), op,
                       ": argument 'dy' must have the shape of 'sparse_indices' ", args.sparse_indices.sizes(),
                       " (or be empty: no gradient); got ", args.dy.sizes());
@@ -200,7 +175,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_inde
   const std::string layout(args.layout);
   TORCH_CHECK_VALUE(layout == "BSND" || layout == "TND", op, ": argument 'layout' must be \"BSND\" or \"TND\"; got \"",
                     layout, "\"");
-  check_qkw_dtypes(op, args.query_index, "query_index", args.key_index, "key_index", args.weights, "weights");
+  sparse_attention::check_indexer_dtypes(op, args.query_index, "query_index", args.key_index, "key_index",
+                                         args.weights, "weights");
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"query", &args.query}, {"key", &args.key}})
     TORCH_CHECK_TYPE(t->scalar_type() == args.query_index.scalar_type(), op, ": argument '", name,
                      "' must have the dtype of 'query_index' (", args.query_index.scalar_type(), "); got ",
@@ -255,13 +231,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_lightning_inde
                                     : std::vector<int64_t>{q.size(0), 1, q.size(1), N1};
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"softmax_max", &args.softmax_max},
                                 {"softmax_sum", &args.softmax_sum}}) {
-    check_floating(op, name, *t);
+    sparse_attention::check_indexer_floating(op, name, *t);
     TORCH_CHECK_VALUE(t->sizes() == at::IntArrayRef(sshape), op, ": argument '", name, "' must be ",
                       tnd ? "[N2=1, T1, G=N1] " : "[B, N2=1, S1, G=N1] ", at::IntArrayRef(sshape), "; got ",
                       t->sizes());
   }
   if (args.sinks.has_value()) {
-    check_floating(op, "sinks", *args.sinks);
+    sparse_attention::check_indexer_floating(op, "sinks", *args.sinks);
     TORCH_CHECK_VALUE(args.sinks->dim() == 1 && args.sinks->size(0) == N1, op,
                       ": argument 'sinks' must be 1-D [N1=", N1, "]; got shape ", args.sinks->sizes());
   }
