@@ -42,6 +42,14 @@ def test_installed_modules_and_device_functions(tmp_path):
         w = torch.randn(4, 8, dtype=torch.bfloat16).npu()
         nz = torch_npu.npu_format_cast(w, 29, customize_dtype=torch.float8_e4m3fn)
         assert nz.dtype == torch.bfloat16 and torch.equal(nz, w) and torch_npu.get_npu_format(nz) == 29
+        # the option torch_npu's tests save and restore around a case (torch_npu._C._npu_getOption)
+        saved = torch_npu._C._npu_getOption("ALLOW_INTERNAL_FORMAT")
+        assert saved == b"disable"
+        torch.npu.config.allow_internal_format = True
+        assert torch_npu._C._npu_getOption("ALLOW_INTERNAL_FORMAT") == b"enable"
+        torch.npu.config.allow_internal_format = saved
+        assert torch_npu._C._npu_getOption("ALLOW_INTERNAL_FORMAT") == b"disable"
+        assert torch_npu._C._npu_getOption("NO_SUCH_OPTION") is None
 
         # ATB functions: on torch_npu, and the module vLLM-Ascend imports
         from torch_npu.op_plugin.atb._atb_ops import _register_atb_extensions, _npu_paged_attention

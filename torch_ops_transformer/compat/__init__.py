@@ -64,6 +64,7 @@ def _fill(mod: types.ModuleType) -> types.ModuleType:
 
     mod.npu_format_cast, mod.get_npu_format = formats.npu_format_cast, formats.get_npu_format
     mod.empty_with_format, mod.Format = formats.empty_with_format, formats.Format
+    mod._C = formats.c_module()  # torch_npu._C._npu_getOption (the option torch_npu's tests save and restore)
     for name, fn in atb.FUNCTIONS.items():  # the ATB functions torch_npu puts on itself (op_plugin.atb._atb_ops)
         setattr(mod, name, fn)
     setattr(mod, SHIM_MARK, True)

@@ -9,6 +9,7 @@ both are checked and recorded, the values and dtype never change. `empty_with_fo
 same way.
 """
 import enum
+import types
 import os
 
 import torch
@@ -83,3 +84,23 @@ def empty_with_format(size, dtype=None, layout=torch.strided, device=None, pin_m
         raise TypeError(f"torch_npu.empty_with_format: unexpected arguments {args or ''}{kwargs or ''}")
     out = torch.empty(tuple(size), dtype=dtype, layout=layout, device=device, pin_memory=pin_memory)
     return out if acl_format in PLAIN_FORMATS else _tag(out, acl_format)
+
+
+# torch_npu._C's option getter, which torch_npu's tests call to save and restore `torch.npu.config` around a case:
+# option name -> the config attribute it reads. Private formats only tag tensors here, so the option changes no value.
+_OPTIONS = {"ALLOW_INTERNAL_FORMAT": "allow_internal_format"}
+
+
+def npu_get_option(name: str):
+    """torch_npu._C._npu_getOption: b"enable" or b"disable" for a known boolean option, None otherwise (as upstream
+    for an option never set)."""
+    attr = _OPTIONS.get(name)
+    config = getattr(getattr(torch, "npu", None), "config", None)
+    if attr is None or config is None:
+        return None
+    return b"enable" if getattr(config, attr, False) not in (False, b"disable", None) else b"disable"
+
+
+def c_module():
+    """The part of torch_npu._C (the C++ binding) that code written for torch_npu reads."""
+    return types.SimpleNamespace(_npu_getOption=npu_get_option)
