@@ -2791,11 +2791,12 @@ struct QuantMatmulArgs {
   const std::optional<at::Tensor>& pertoken_scale;
   const std::optional<at::Tensor>& bias;
   int64_t output_dtype;
+  at::OptionalIntArrayRef group_sizes;
 };
 // Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
 template <class F>
 decltype(auto) apply_args(const QuantMatmulArgs& a, F&& f) {
-  return f(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype);
+  return f(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype, a.group_sizes);
 }
 
 // quant_matmul's arguments held by value, so that some can be replaced by name and the rest passed on:
@@ -2809,14 +2810,15 @@ struct QuantMatmulValues {
   std::optional<at::Tensor> pertoken_scale;
   std::optional<at::Tensor> bias;
   int64_t output_dtype = 1;
+  std::optional<std::vector<int64_t>> group_sizes;
 
   QuantMatmulValues() = default;
   // A copy of a call's arguments.
   explicit QuantMatmulValues(const QuantMatmulArgs& a)
-      : x1(a.x1), x2(a.x2), scale(a.scale), offset(a.offset), pertoken_scale(a.pertoken_scale), bias(a.bias), output_dtype(a.output_dtype) {}
+      : x1(a.x1), x2(a.x2), scale(a.scale), offset(a.offset), pertoken_scale(a.pertoken_scale), bias(a.bias), output_dtype(a.output_dtype), group_sizes(a.group_sizes ? std::optional<std::vector<int64_t>>(a.group_sizes->vec()) : std::nullopt) {}
 
   // The argument struct over these members: valid while this object lives and is not changed.
-  QuantMatmulArgs args() const { return QuantMatmulArgs{x1, x2, scale, offset, pertoken_scale, bias, output_dtype}; }
+  QuantMatmulArgs args() const { return QuantMatmulArgs{x1, x2, scale, offset, pertoken_scale, bias, output_dtype, group_sizes ? at::OptionalIntArrayRef(*group_sizes) : at::OptionalIntArrayRef()}; }
 };
 
 // weight_quant_batchmatmul

@@ -566,8 +566,8 @@ inline at::Tensor call_quantize(const QuantizeArgs& a) {
 inline at::Tensor call_quant_matmul(const QuantMatmulArgs& a) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("npu_fa::quant_matmul", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t)>();
-  return op.call(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype);
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, at::OptionalIntArrayRef)>();
+  return op.call(a.x1, a.x2, a.scale, a.offset, a.pertoken_scale, a.bias, a.output_dtype, a.group_sizes);
 }
 
 // weight_quant_batchmatmul

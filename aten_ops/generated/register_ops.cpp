@@ -1052,7 +1052,7 @@ at::Tensor quantize_cpu_unboxed(const at::Tensor& input, const at::Tensor& scale
   return npu_fa::quantize_cpu(npu_fa::QuantizeArgs{input, scales, zero_points, dtype, axis, div_mode});
 }
 
-at::Tensor quant_matmul_cpu_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale, const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale, const std::optional<at::Tensor>& bias, int64_t output_dtype) {
+at::Tensor quant_matmul_cpu_unboxed(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& scale, const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& pertoken_scale, const std::optional<at::Tensor>& bias, int64_t output_dtype, at::OptionalIntArrayRef group_sizes) {
   npu_fa::DeviceRule rule("quant_matmul");
   rule.device_tensor("x1", x1);
   rule.device_tensor("x2", x2);
@@ -1060,7 +1060,7 @@ at::Tensor quant_matmul_cpu_unboxed(const at::Tensor& x1, const at::Tensor& x2, 
   rule.device_tensor("offset", offset);
   rule.device_tensor("pertoken_scale", pertoken_scale);
   rule.device_tensor("bias", bias);
-  return npu_fa::quant_matmul_cpu(npu_fa::QuantMatmulArgs{x1, x2, scale, offset, pertoken_scale, bias, output_dtype});
+  return npu_fa::quant_matmul_cpu(npu_fa::QuantMatmulArgs{x1, x2, scale, offset, pertoken_scale, bias, output_dtype, group_sizes});
 }
 
 at::Tensor weight_quant_batchmatmul_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& antiquant_scale, const std::optional<at::Tensor>& antiquant_offset, const std::optional<at::Tensor>& quant_scale, const std::optional<at::Tensor>& quant_offset, const std::optional<at::Tensor>& bias, int64_t antiquant_group_size) {
@@ -1317,7 +1317,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("swiglu_grad(Tensor grad_output, Tensor x, int dim=-1) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("trans_quant_param(Tensor scale, Tensor? offset=None, int round_mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("quantize(Tensor input, Tensor scales, Tensor? zero_points=None, int dtype=12, int axis=1, bool div_mode=True) -> Tensor", {at::Tag::pt2_compliant_tag});
-  m.def("quant_matmul(Tensor x1, Tensor x2, Tensor scale, Tensor? offset=None, Tensor? pertoken_scale=None, Tensor? bias=None, int output_dtype=1) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("quant_matmul(Tensor x1, Tensor x2, Tensor scale, Tensor? offset=None, Tensor? pertoken_scale=None, Tensor? bias=None, int output_dtype=1, int[]? group_sizes=None) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("weight_quant_batchmatmul(Tensor x, Tensor weight, Tensor antiquant_scale, Tensor? antiquant_offset=None, Tensor? quant_scale=None, Tensor? quant_offset=None, Tensor? bias=None, int antiquant_group_size=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("convert_weight_to_int4pack(Tensor weight, int inner_k_tiles=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("clipped_swiglu(Tensor x, Tensor? group_index=None, int dim=-1, float alpha=1.702, float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor", {at::Tag::pt2_compliant_tag});

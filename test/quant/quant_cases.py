@@ -81,6 +81,28 @@ def _qmm(out_code, scale_kind="float", batch=(), pertoken=False, bias=None, int4
     return make
 
 
+def _qmm_group(a8w4=True, out_code=5, x2_transposed=False):
+    """Per-group forms, group_sizes [0, 0, 16] over K = 64: A8W4 (int64 scale, y_offset) or A4W4 (zero points)."""
+    def make():
+        g = torch.Generator().manual_seed(9)
+        M, K, N, G = 3, 64, 16, 16
+        if a8w4:
+            x1 = torch.randint(-128, 128, (M, K), generator=g, dtype=torch.int8)
+            scale = torch.ops.npu_fa.trans_quant_param(torch.rand(K // G * N, generator=g)).view(K // G, N)
+            offset = torch.randn(N, generator=g)
+        else:
+            x1 = torch.randint(-2**31, 2**31 - 1, (M, K // 8), generator=g, dtype=torch.int32)
+            scale = torch.rand(K // G, N, generator=g)
+            offset = torch.randint(-3, 4, (K // G, N), generator=g).half()
+        if x2_transposed:
+            x2 = torch.randint(-2**31, 2**31 - 1, (N, K // 8), generator=g, dtype=torch.int32).t()
+        else:
+            x2 = torch.randint(-2**31, 2**31 - 1, (K, N // 8), generator=g, dtype=torch.int32)
+        pts = torch.rand(M, 1, generator=g)
+        return (x1, x2, scale, offset, pts, None, out_code, [0, 0, G]), {}
+    return make
+
+
 def _wqbmm(int4=False, group=0, offset=True, dtype=torch.bfloat16, bias=False):
     def make():
         g = torch.Generator().manual_seed(5)
@@ -160,7 +182,8 @@ OPCHECK_CASES = {
                  "mul_int4_axis_m2_bf16": _quantize(False, 16, -2, torch.bfloat16)},
     "quant_matmul": {"int8_out": _qmm(1), "fp16_int64_scale": _qmm(5, "int64"),
                      "bf16_pertoken_batch": _qmm(15, batch=(2,), pertoken=True, bias=torch.bfloat16),
-                     "int32_bias": _qmm(3, bias="int32"), "int4_fp16": _qmm(5, "int64", int4=True)},
+                     "int32_bias": _qmm(3, bias="int32"), "int4_fp16": _qmm(5, "int64", int4=True),
+                     "a8w4_group_fp16": _qmm_group(), "a4w4_group_bf16_x2_transposed": _qmm_group(False, 15, True)},
     "weight_quant_batchmatmul": {"w8_channel_bf16": _wqbmm(), "w4_group_fp16": _wqbmm(True, 32, dtype=torch.float16),
                                  "w8_bias_no_offset": _wqbmm(offset=False, bias=True)},
 

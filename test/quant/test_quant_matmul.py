@@ -237,6 +237,93 @@ def test_quant_matmul_empty():
     assert torch.equal(out, torch.zeros(3, 4, dtype=torch.int32))
 
 
+# ---- npu_quant_matmul per group (A8W4, A4W4) -------------------------------------------------------------------------
+def fp19(packed):
+    """The fp32 a trans_quant_param int64 carries in bits 0-31 (numpy, independent of the op's unpacking)."""
+    low = (packed.numpy().astype(np.int64) & 0xFFFFFFFF).astype(np.uint32)
+    return torch.from_numpy(low.view(np.float32).copy()).reshape(packed.shape)
+
+
+def a8w4_reference(x1, w, scale, y_offset, pertoken, group):
+    """float64, the hardware's A8W4 result: (sum_g scale[g] * (x1 - 8) @ w over group g's K rows + y_offset)
+    * pertoken. `w` holds the int4 values [K, N], `scale` fp32 [K / group, N]."""
+    w_scaled = w.double() * scale.double().repeat_interleave(group, 0)
+    return ((x1.double() - 8) @ w_scaled + y_offset.double()) * pertoken.double().reshape(-1, 1)
+
+
+def a4w4_reference(x1, w, scale, zero, pertoken, group):
+    """float64: pertoken * x1 @ ((w - zero) * scale), zero and scale [K / group, N] repeated over each group's rows."""
+    dequant = (w.double() - zero.double().repeat_interleave(group, 0)) * scale.double().repeat_interleave(group, 0)
+    return (x1.double() @ dequant) * pertoken.double().reshape(-1, 1)
+
+
+def _a8w4_inputs(M=3, K=128, N=24, group=32, seed=20):
+    g = torch.Generator().manual_seed(seed)
+    x1 = torch.randint(-128, 128, (M, K), dtype=torch.int8, generator=g)
+    w = torch.randint(-8, 8, (K, N), dtype=torch.int32, generator=g)
+    scale = torch.rand(K // group, N, generator=g) * 0.1
+    y_offset = torch.randn(N, generator=g)
+    pertoken = torch.rand(M, 1, generator=g) * 0.01
+    return x1, w, scale, y_offset, pertoken
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale_kind", ["int64", "float32"])
+def test_quant_matmul_a8w4(out_dtype, scale_kind):
+    group = 32
+    x1, w, scale, y_offset, pertoken = _a8w4_inputs()
+    packed = tot.npu_trans_quant_param(scale.reshape(-1)).reshape(scale.shape)
+    arg, used = (packed, fp19(packed)) if scale_kind == "int64" else (scale, scale)
+    ours = tot.npu_quant_matmul(x1, tot.npu_convert_weight_to_int4pack(w), arg, offset=y_offset,
+                                pertoken_scale=pertoken, output_dtype=out_dtype, group_sizes=[0, 0, group])
+    ref64 = a8w4_reference(x1, w, used, y_offset, pertoken, group)
+    assert ours.dtype == out_dtype and ours.shape == (3, 24)
+    check_tolerance("quant_matmul a8w4", ours, ref64, ref64.to(out_dtype))
+
+
+def test_quant_matmul_a8w4_compensated_offset_gives_the_plain_product():
+    """With y_offset = 8 * sum_k w * scale (what the caller precomputes), the result is x1 @ (w * scale) * pertoken;
+    group_sizes [1, 1, G] reads as [0, 0, G]; pertoken_scale [M] as [M, 1]."""
+    group = 16
+    x1, w, scale, _, pertoken = _a8w4_inputs(M=4, K=64, N=16, group=group, seed=21)
+    w_scaled = w.double() * scale.double().repeat_interleave(group, 0)
+    y_offset = (8 * w_scaled.sum(0)).float()
+    ours = tot.npu_quant_matmul(x1, tot.npu_convert_weight_to_int4pack(w), scale, offset=y_offset,
+                                pertoken_scale=pertoken.reshape(-1), output_dtype=torch.float16,
+                                group_sizes=[1, 1, group])
+    plain = (x1.double() @ w_scaled) * pertoken.double()
+    check_tolerance("quant_matmul a8w4 compensated", ours, plain, plain.half(), floor=1e-4)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("x2_layout", ["k_n8", "transposed_n_k8"])
+def test_quant_matmul_a4w4_per_group(out_dtype, x2_layout):
+    g = torch.Generator().manual_seed(22)
+    M, K, N, group = 5, 128, 16, 32
+    q1, q2 = torch.randint(-8, 8, (M, K), generator=g), torch.randint(-8, 8, (K, N), generator=g)
+    x2 = pack_int4(q2) if x2_layout == "k_n8" else pack_int4(q2.t().contiguous()).t()
+    scale = torch.rand(K // group, N, generator=g) * 0.05
+    zero = (torch.randn(K // group, N, generator=g) * 2).half()            # non-integer zero points too
+    pertoken = torch.rand(M, 1, generator=g)
+    ours = tot.npu_quant_matmul(pack_int4(q1), x2, scale, offset=zero, pertoken_scale=pertoken,
+                                output_dtype=out_dtype, group_sizes=[0, 0, group])
+    ref64 = a4w4_reference(q1, q2, scale, zero, pertoken, group)
+    assert ours.dtype == out_dtype and ours.shape == (M, N)
+    check_tolerance("quant_matmul a4w4 per group", ours, ref64, ref64.to(out_dtype))
+
+
+def test_quant_matmul_per_group_compile_fullgraph():
+    x1, w, scale, y_offset, pertoken = _a8w4_inputs(M=2, K=64, N=16, group=16, seed=23)
+    x2 = tot.npu_convert_weight_to_int4pack(w)
+
+    def f(a, b, s, o, p):
+        return tot.npu_quant_matmul(a, b, s, offset=o, pertoken_scale=p, output_dtype=torch.bfloat16,
+                                    group_sizes=[0, 0, 16])
+
+    compiled = torch.compile(f, fullgraph=True)
+    assert torch.equal(compiled(x1, x2, scale, y_offset, pertoken), f(x1, x2, scale, y_offset, pertoken))
+
+
 # ---- npu_weight_quant_batchmatmul ----------------------------------------------------------------------------------
 def wqbmm_reference(x, w, scale, offset=None, group=0, bias=None):
     """(float64 result, the same in x's dtype with torch.matmul on the dequantised weight)."""
@@ -343,6 +430,69 @@ BAD_QMM = {
 }
 
 
+def _a8w4(**over):
+    """Valid A8W4 arguments (M 2, K 64, N 16, group 16) with some replaced."""
+    a = dict(x1=random_int8((2, 64), 1), x2=torch.zeros(64, 2, dtype=torch.int32), scale=torch.rand(4, 16),
+             offset=torch.zeros(16), pertoken_scale=torch.ones(2, 1), output_dtype=torch.float16,
+             group_sizes=[0, 0, 16])
+    a.update(over)
+    return a
+
+
+def _a4w4(**over):
+    """Valid per-group A4W4 arguments (M 2, K 64, N 16, group 16) with some replaced."""
+    a = dict(x1=torch.zeros(2, 8, dtype=torch.int32), x2=torch.zeros(64, 2, dtype=torch.int32),
+             scale=torch.rand(4, 16), offset=torch.zeros(4, 16, dtype=torch.float16),
+             pertoken_scale=torch.ones(2), output_dtype=torch.bfloat16, group_sizes=[0, 0, 16])
+    a.update(over)
+    return a
+
+
+BAD_QMM_GROUP = {
+    "group_sizes_length": (_a8w4(group_sizes=[0, 16]), "'group_sizes'.*3 values"),
+    "group_sizes_negative": (_a8w4(group_sizes=[0, 0, -16]), "'group_sizes'.*>= 0"),
+    "group_sizes_type": (_a8w4(group_sizes=16), "'group_sizes'.*list"),
+    "group_k_zero": (_a8w4(group_sizes=[1, 1, 0]), "group_k > 0"),
+    "group_not_dividing_k": (_a8w4(group_sizes=[0, 0, 24], scale=torch.rand(2, 16)), "group_k = 24 must divide K"),
+    "int4_x1_int8_x2": (_a4w4(x2=random_int8((64, 16), 2)), "int32 x2"),
+    "x1_float": (_a8w4(x1=torch.zeros(2, 64)), "int32 x2 .* with an int8 x1 .*got x1 Float"),
+    "x1_3d": (_a8w4(x1=random_int8((1, 2, 64), 1)), "2-D x1 and x2"),
+    "a8w4_x2_transposed": (_a8w4(x2=torch.zeros(16, 8, dtype=torch.int32).t()), "'x2'.*\\[K, N/8\\]"),
+    "a4w4_x2_shape": (_a4w4(x2=torch.zeros(9, 2, dtype=torch.int32)), "'x2'.*transpose"),
+    "output_int8": (_a8w4(output_dtype=torch.int8), "'output_dtype'"),
+    "bias": (_a8w4(bias=torch.zeros(16)), "'bias' must be None"),
+    "scale_shape": (_a8w4(scale=torch.rand(16)), "'scale' must be \\[K / group_k, N\\] = \\[4, 16\\]"),
+    "scale_dtype": (_a8w4(scale=torch.rand(4, 16).bfloat16()), "'scale' must be int64"),
+    "a4w4_scale_int64": (_a4w4(scale=torch.ops.npu_fa.trans_quant_param(torch.rand(4, 16))), "'scale' must be float32"),
+    "scale_offset_bits": (_a8w4(scale=torch.ops.npu_fa.trans_quant_param(torch.rand(64), torch.ones(64)).view(4, 16)),
+                          "offset bits"),
+    "a8w4_offset_missing": (_a8w4(offset=None), "'offset' is required"),
+    "a8w4_offset_dtype": (_a8w4(offset=torch.zeros(16).half()), "'offset'.*float32"),
+    "a8w4_offset_shape": (_a8w4(offset=torch.zeros(4, 16)), "'offset'.*\\[N\\] = \\[16\\]"),
+    "a4w4_offset_missing": (_a4w4(offset=None), "'offset' is required"),
+    "a4w4_offset_dtype": (_a4w4(offset=torch.zeros(4, 16)), "'offset'.*float16"),
+    "a4w4_offset_shape": (_a4w4(offset=torch.zeros(16, dtype=torch.float16)), "'offset'.*scale's shape"),
+    "pertoken_missing": (_a8w4(pertoken_scale=None), "'pertoken_scale'.*required"),
+    "pertoken_dtype": (_a8w4(pertoken_scale=torch.ones(2, 1).half()), "'pertoken_scale' must be float32"),
+    "pertoken_shape": (_a4w4(pertoken_scale=torch.ones(1, 2)), "'pertoken_scale' must be \\[M\\] or \\[M, 1\\]"),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(BAD_QMM_GROUP))
+def test_quant_matmul_per_group_rejects(rule):
+    kwargs, words = BAD_QMM_GROUP[rule]
+    kwargs = dict(kwargs)
+    args = (kwargs.pop("x1"), kwargs.pop("x2"), kwargs.pop("scale"))
+    with pytest.raises((ValueError, TypeError, RuntimeError), match=words):
+        tot.npu_quant_matmul(*args, **kwargs)
+
+
+def test_quant_matmul_int8_x2_int32_names_a8w4():
+    """An int8 x1 with an int32 x2 and no group_sizes: the message says it is A8W4 and needs group_sizes."""
+    with pytest.raises(TypeError, match="A8W4: it needs group_sizes"):
+        tot.npu_quant_matmul(random_int8((2, 64), 1), torch.zeros(64, 2, dtype=torch.int32), torch.ones(1))
+
+
 @pytest.mark.parametrize("rule", sorted(BAD_QMM))
 def test_quant_matmul_rejects(rule):
     make, kwargs, words = BAD_QMM[rule]
@@ -352,8 +502,10 @@ def test_quant_matmul_rejects(rule):
 
 def test_quant_matmul_not_implemented_cases():
     x1, x2 = _x12()
-    with pytest.raises(NotImplementedError, match="group_sizes"):
+    with pytest.raises(NotImplementedError, match="group_sizes"):          # int8 x int8 per block: Ascend 950
         tot.npu_quant_matmul(x1, x2, torch.ones(1), group_sizes=[1, 1, 32])
+    with pytest.raises(NotImplementedError, match="group_m or group_n"):
+        tot.npu_quant_matmul(**_a8w4(group_sizes=[1, 128, 16]))
     with pytest.raises(NotImplementedError, match="y_scale"):
         tot.npu_quant_matmul(x1, x2, torch.ones(1), y_scale=torch.ones(1))
     with pytest.raises(NotImplementedError, match="x1_dtype"):

@@ -158,6 +158,16 @@ def _format_or_none(op: str, name: str, value, tensor: Tensor, feature: str) -> 
     _args.same_dtype_or_none(op, name, value, tensor.dtype, feature)
 
 
+def _group_sizes(op: str, value) -> Optional[List[int]]:
+    """None or a list / tuple of ints (the op checks its length and values, naming the argument)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise TypeError(f"{op}: argument 'group_sizes' must be None or a list of 3 ints [group_m, group_n, group_k]; "
+                        f"got {value!r}")
+    return list(value)
+
+
 @_args.torch_npu_api
 def npu_trans_quant_param(scale: Tensor, offset: Optional[Tensor] = None, round_mode: Optional[int] = 0) -> Tensor:
     """torch_npu.npu_trans_quant_param: float32 scale (and offset) -> int64 (scale's fp32 bits truncated to FP19 in
@@ -183,7 +193,10 @@ def npu_quant_matmul(x1: Tensor, x2: Tensor, scale: Tensor, *, offset: Optional[
                      group_sizes: Optional[List[int]] = None, y_scale: Optional[Tensor] = None) -> Tensor:
     """torch_npu.npu_quant_matmul: W8A8 (int8 x1, x2) or W4A4 (int32 holding 8 int4) matmul in int32, dequantised
     by scale (per tensor / channel; float32, bfloat16 or npu_trans_quant_param's int64) and pertoken_scale, plus
-    bias and offset; output_dtype int8 (default), float16, bfloat16, int32 (the accumulation)."""
+    bias and offset; output_dtype int8 (default), float16, bfloat16, int32 (the accumulation). group_sizes
+    [0, 0, G] (or [1, 1, G]) selects the per-group forms: A8W4 (int8 x1, int4 x2, scale [K/G, N], offset the
+    y_offset [N] that carries 8 * sum(x2 * scale), docs/quant.md) and A4W4 per-token per-group asymmetric (offset
+    the float16 zero points [K/G, N])."""
     op = "npu_quant_matmul"
     code = 1 if output_dtype is None else _dtype_code(op, "output_dtype", output_dtype, _MATMUL_OUTPUT_CODES)
     _format_or_none(op, "x1_dtype", x1_dtype, x1, "a low-precision float format of x1")
@@ -194,13 +207,11 @@ def npu_quant_matmul(x1: Tensor, x2: Tensor, scale: Tensor, *, offset: Optional[
     elif pertoken_scale_dtype is not None:
         _args.same_dtype_or_none(op, "pertoken_scale_dtype", pertoken_scale_dtype, None, "pertoken_scale_dtype")
     _args.same_dtype_or_none(op, "scale_dtype", scale_dtype, scale.dtype, "a float8_e8m0 (mx) scale")
-    if group_sizes is not None and any(g != 0 for g in group_sizes):
-        raise NotImplementedError(f"{op}: per-group quantisation (argument 'group_sizes' = {list(group_sizes)}) is "
-                                  f"not implemented; pass None")
     if y_scale is not None:
         raise NotImplementedError(f"{op}: argument 'y_scale' (an output scale for float8 outputs) is not "
                                   f"implemented; pass None")
-    return _OPS.quant_matmul(x1, x2, scale, offset, pertoken_scale, bias, code)
+    groups = _group_sizes(op, group_sizes)
+    return _OPS.quant_matmul(x1, x2, scale, offset, pertoken_scale, bias, code, groups)
 
 
 @_args.torch_npu_api

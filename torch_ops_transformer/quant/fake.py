@@ -86,11 +86,18 @@ _MATMUL_OUT = {1: torch.int8, 3: torch.int32, 5: torch.float16, 6: torch.float32
 def quant_matmul(a):
     op = "quant_matmul"
     x1, x2 = a.x1, a.x2
-    torch._check(x1.dtype == x2.dtype and x1.dtype in (torch.int8, torch.int32),
-                 lambda: f"{op}: arguments 'x1' and 'x2' must both be int8 or both int32")
     torch._check(2 <= x1.dim() <= 6 and 2 <= x2.dim() <= 6, lambda: f"{op}: x1 and x2 must have 2 to 6 dimensions")
     torch._check(a.output_dtype in _MATMUL_OUT, lambda: f"{op}: unsupported output_dtype {a.output_dtype}")
     M, K = x1.shape[-2], x1.shape[-1]
+    if a.group_sizes is not None and any(g != 0 for g in a.group_sizes):
+        # Per-group A8W4 (int8 x1, x2 [K, N/8]) / A4W4 (int32 x1 [M, K/8], x2 [K, N/8] or [K/8, N]): 2-D.
+        torch._check(x2.dtype == torch.int32 and x1.dtype in (torch.int8, torch.int32),
+                     lambda: f"{op}: per-group quantisation needs an int32 x2 and an int8 or int32 x1")
+        K = K if x1.dtype == torch.int8 else K * 8
+        N = x2.shape[-1] * 8 if x2.shape[-2] == K else x2.shape[-1]
+        return x1.new_empty((M, N), dtype=_MATMUL_OUT[a.output_dtype])
+    torch._check(x1.dtype == x2.dtype and x1.dtype in (torch.int8, torch.int32),
+                 lambda: f"{op}: arguments 'x1' and 'x2' must both be int8 or both int32")
     if x1.dtype == torch.int32:
         K = K * 8
         N = x2.shape[-1] * 8 if x2.shape[-2] == K else x2.shape[-1]
