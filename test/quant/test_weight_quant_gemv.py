@@ -11,7 +11,7 @@ from test.common.reference import check_tolerance
 from test.common.tiers import FULL, pairwise
 from test.quant.test_quant_matmul import pack_int4, wqbmm_reference
 
-GEMV_ROWS = 16  # kGemvRows in aten_ops/cpu/quant/quant_matmul.cpp: rows per product of the fused path
+GEMV_ROWS = 32  # kGemvRows in aten_ops/cpu/quant/quant_matmul.cpp: rows per product of the fused path
 
 
 def make_weight(form, K, N, g):

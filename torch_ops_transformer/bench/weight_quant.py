@@ -1,14 +1,14 @@
 """`python -m torch_ops_transformer.bench weight_quant`: weight-only quantised linear layers (W8A16 per channel, W4A16
 per group of 128 rows) with `npu_weight_quant_batchmatmul`, against the same layer in PyTorch.
 
-x is bf16 [M, K] (M = 1: decode, 16: a small batch and the largest M of the fused small-M kernel, 256: prefill), the
+x is bf16 [M, K] (M = 1: decode, 32: a small batch and the largest M of the fused small-M kernel, 256: prefill), the
 weight [K, N] int8 or int4 (eight per int32, `npu_convert_weight_to_int4pack`), per channel or per group of 128 rows,
 with bf16 scales. Contenders, alternating in one process (median):
 - ours: `npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_group_size=...)`;
 - torch fp32: `x.float() @ w` with the weight dequantised once beforehand to fp32 (an unquantised fp32 layer: 4 bytes
   per weight against ours 1 or 0.5);
 - torch bf16: `x @ w` with the weight dequantised once to bf16 (an unquantised bf16 layer). Where the CPU has no
-  native bf16 GEMM (AVX512-BF16 / AMX) PyTorch emulates it: then it is timed for M = 1 only (at M = 16 one
+  native bf16 GEMM (AVX512-BF16 / AMX) PyTorch emulates it: then it is timed for M = 1 only (at M = 32 one
   product takes seconds) and the note under the table says so;
 - torch dequant + mm: the weight dequantised on every call, then `x @ w` in fp32 (what a port without the op does).
 Ratios are peer / ours. A row whose result differs from a float64 reference by more than 2% of its largest value
@@ -23,7 +23,7 @@ from ..quant.api import npu_convert_weight_to_int4pack, npu_weight_quant_batchma
 from .common import format_table, isa_flags, machine_line, time_alternating
 
 TOL = 2e-2  # of max|reference|: bf16 weights and outputs
-GEMV_ROWS = 16  # rows of x up to which the op runs its fused small-M kernel (kGemvRows in quant_matmul.cpp)
+GEMV_ROWS = 32  # rows of x up to which the op runs its fused small-M kernel (kGemvRows in quant_matmul.cpp)
 
 
 @dataclasses.dataclass
