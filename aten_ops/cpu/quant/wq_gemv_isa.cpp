@@ -3,8 +3,9 @@
 //
 // Every weight is dequantised once per call, in registers: (w + offset) * scale in fp32, rounded to x's dtype
 // (as the NPU's antiquant and the GEMM path do), then multiplied with fp32 accumulation.
-// - N-major weights (columns adjacent): a column block is dequantised kKc rows at a time into an L1 panel, then
-//   every row of x runs 4 vector accumulators per kSub columns down the panel (k ascending).
+// - N-major weights (columns adjacent), kKc rows at a time: for one or two rows of x the dequantised weights go
+//   straight from registers into 4 vector accumulators per kSub columns; for more rows they are stored in an L1
+//   panel that every row of x runs its accumulators down. k ascending either way.
 // - K-major weights (rows adjacent): a column is dequantised into a buffer along K, then every row of x takes a dot
 //   product with it in four vector accumulators, summed in a fixed order.
 // Columns are independent and each is computed the same way wherever it falls, so the result does not depend on how
@@ -114,8 +115,6 @@ inline float round_one(float v) {
 inline Vec dequant(Vec q, Vec s, const Vec* o) { return o ? (q + *o) * s : q * s; }
 inline float dequant(float q, float s, const float* o) { return o ? (q + *o) * s : q * s; }
 
-constexpr bool is_int4(WqWeight f) { return f == WqWeight::kInt4NMajor || f == WqWeight::kInt4KMajor; }
-
 // Weight (k, n) as a scalar, for the ragged edges.
 template <WqWeight F>
 inline float weight_at(const WqGemvParams& p, int64_t k, int64_t n) {
@@ -170,7 +169,8 @@ void dequant_panel(const WqGemvParams& p, int64_t k0, int64_t kn, int64_t n0, in
       a.store(dst + j);
       b.store(dst + j + W);
     }
-    for (int64_t j = Tv; j < T; ++j) dst[j] = round_one<Rd>(dequant(weight_at<F>(p, k, n0 + j), s[j], o ? o + j : nullptr));
+    for (int64_t j = Tv; j < T; ++j)
+      dst[j] = round_one<Rd>(dequant(weight_at<F>(p, k, n0 + j), s[j], o ? o + j : nullptr));
     std::fill(dst + T, dst + Tz, 0.f);
   }
 }
