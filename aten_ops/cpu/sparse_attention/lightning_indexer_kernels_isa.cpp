@@ -6,7 +6,8 @@
 // keys are A as they sit in the cache (B VNNI-packed, where brgemm multiplies that dtype), other keys are converted
 // to fp32 rows first (fp64, or where brgemm refuses: at::vec dot products). Each token then folds its columns into
 // the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over the heads per key. The top K
-// of a token's score row are found by selection (std::nth_element, O(keys)) and only those K are sorted. With at
+// of a token's score row are found by a radix select on the scores' order-preserving integer images (O(keys), see
+// top_k) and only those K are sorted. With at
 // least as many units as threads, units run in parallel; with fewer (decode: one token per sequence), the threads
 // split each unit's chunks instead.
 // Backward and KL loss: one unit per query token; the key gradient is scattered into per-thread buffers that are
@@ -24,8 +25,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -97,6 +98,103 @@ inline void axpy(T a, const T* x, T* y, int64_t n) {
   for (; d < n; ++d) y[d] += a * x[d];
 }
 
+// ---- top-k selection --------------------------------------------------------------------------------------
+
+// The order-preserving unsigned image of a score: a < b (as numbers) iff key(a) < key(b). -0 is folded into +0
+// (they compare equal, so their ties go by position like any other), and NaN maps to -inf's image: it ranks last,
+// level with -inf.
+template <typename A>
+using KeyOf = std::conditional_t<std::is_same_v<A, double>, uint64_t, uint32_t>;
+
+template <typename A>
+inline KeyOf<A> score_key(A x) {
+  using U = KeyOf<A>;
+  constexpr U sign = U(1) << (8 * sizeof(U) - 1);
+  if (std::isnan(x)) x = -std::numeric_limits<A>::infinity();
+  x += A(0);  // -0 + 0 = +0
+  U u;
+  std::memcpy(&u, &x, sizeof(U));
+  return (u & sign) ? U(~u) : U(u | sign);
+}
+
+// One thread's buffers for top_k, reused across its rows.
+template <typename A>
+struct TopKScratch {
+  std::vector<KeyOf<A>> keys;       // the row's images
+  std::vector<int32_t> cand;        // positions still level with the threshold's digits so far
+  std::vector<int32_t> hist;        // one digit's histogram
+  std::vector<std::pair<KeyOf<A>, int32_t>> top;  // the selected (image, position) before the final sort
+};
+
+constexpr int kDigitBits = 11;  // 2048 counters: the histogram stays in L1
+
+// The kk (<= n) largest of sc[0..n) by (score descending, position ascending), their positions written to idx in
+// that order; NaN scores are rewritten to -inf (the values the op returns). A radix select on the images, most
+// significant digit first: the first digit's histogram runs over the whole row, the next ones only over the
+// positions whose digits so far equal the k-th largest image's (the candidates), until the k-th image T is known
+// whole. One pass then takes every position above T and the first (lowest) positions level with T, and only those
+// kk are sorted. O(n) with no data-dependent comparisons of the row, unlike an index-array nth_element.
+template <typename A>
+void top_k(A* sc, int64_t n, int64_t kk, TopKScratch<A>& ts, int32_t* idx) {
+  using U = KeyOf<A>;
+  constexpr int kBits = 8 * sizeof(U);
+  ts.keys.resize(n);
+  U* key = ts.keys.data();
+  // the images, and the first (most significant) digit's histogram in the same pass
+  int hi = kBits, width = std::min(kDigitBits, hi), lo = hi - width;
+  U mask = (U(1) << width) - 1;
+  ts.hist.assign(size_t(1) << width, 0);
+  for (int64_t s = 0; s < n; ++s) {
+    if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();
+    key[s] = score_key(sc[s]);
+    ++ts.hist[(key[s] >> lo) & mask];
+  }
+  ts.top.clear();
+  ts.top.reserve(kk);
+  if (kk == n) {
+    for (int64_t s = 0; s < n; ++s) ts.top.emplace_back(key[s], static_cast<int32_t>(s));
+  } else {
+    // rank: how many of the candidates (the positions whose digits so far equal T's) are at or above T
+    int64_t rank = kk;
+    U prefix = 0;
+    for (bool first = true;; first = false) {
+      const int32_t* h = ts.hist.data();
+      // T's digit: counting down from the largest, the one where the count reaches rank
+      int64_t d = static_cast<int64_t>(mask), above = 0;
+      while (above + h[d] < rank) above += h[d--];
+      rank -= above;
+      prefix |= U(d) << lo;
+      // keep the candidates with this digit, in ascending position
+      size_t m = 0;
+      if (first) {
+        ts.cand.resize(h[d]);
+        for (int64_t s = 0; s < n; ++s)
+          if (static_cast<int64_t>((key[s] >> lo) & mask) == d) ts.cand[m++] = static_cast<int32_t>(s);
+      } else {
+        for (int32_t s : ts.cand)
+          if (static_cast<int64_t>((key[s] >> lo) & mask) == d) ts.cand[m++] = s;
+        ts.cand.resize(m);
+      }
+      if (lo == 0) break;
+      hi = lo;
+      width = std::min(kDigitBits, hi);
+      lo = hi - width;
+      mask = (U(1) << width) - 1;
+      ts.hist.assign(size_t(1) << width, 0);
+      for (int32_t s : ts.cand) ++ts.hist[(key[s] >> lo) & mask];
+    }
+    // prefix is T whole; the candidates are the positions with image T, ascending: the first `rank` are taken
+    const U T = prefix;
+    for (int64_t s = 0; s < n; ++s)
+      if (key[s] > T) ts.top.emplace_back(key[s], static_cast<int32_t>(s));
+    for (int64_t j = 0; j < rank; ++j) ts.top.emplace_back(T, ts.cand[j]);
+  }
+  std::sort(ts.top.begin(), ts.top.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  for (int64_t j = 0; j < kk; ++j) idx[j] = ts.top[j].second;
+}
+
 // ---- forward -------------------------------------------------------------------------------------------------
 
 // n values of a key row in the accumulation type; 16-bit rows to fp32 a vector at a time (the conversion of the
@@ -115,6 +213,39 @@ inline void to_acc(const T* src, int64_t n, A* dst) {
     }
   }
   for (; d < n; ++d) dst[d] = static_cast<A>(src[d]);
+}
+
+// Keys folded together by score_chunk: each key's sum is one chain of dependent multiply-adds over the heads, so
+// several keys side by side keep the FMA units busy instead of waiting on one chain's latency.
+constexpr int64_t kFoldKeys = 4;
+
+// out[r] += sum_h w_h * ReLU(x_r,h) for the R keys r whose products x_r = x + r * ldx (G heads), x scaled by qs_h and
+// ks[r] when qs is given (quant). Every key's sum runs in the same order whatever R is (vector lanes over the
+// heads, their reduction, then the heads past the last full vector), so R changes the speed only.
+template <int64_t R, typename A>
+inline void fold_keys(const A* x, int64_t ldx, int64_t G, const A* w, const A* qs, const A* ks, A* out) {
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  V acc[R];
+  for (int64_t r = 0; r < R; ++r) acc[r] = V(A(0));
+  int64_t h = 0;
+  for (; h + L <= G; h += L) {
+    const V wv = V::loadu(w + h);
+    for (int64_t r = 0; r < R; ++r) {
+      V v = V::loadu(x + r * ldx + h);
+      if (qs) v = v * V::loadu(qs + h) * V(ks[r]);
+      acc[r] = at::vec::fmadd(at::vec::maximum(v, V(A(0))), wv, acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    A sum = at::vec::vec_reduce_all<A>([](V& a, V& b) { return a + b; }, acc[r]);
+    const A* xr = x + r * ldx;
+    for (int64_t t = h; t < G; ++t) {
+      const A v = qs ? xr[t] * qs[t] * ks[r] : xr[t];
+      sum += w[t] * (v > A(0) ? v : A(0));
+    }
+    out[r] += sum;
+  }
 }
 
 // A work unit of the forward: a block of query tokens [i0, i1) of sequence b against key head n2.
@@ -157,7 +288,7 @@ class IndexerForward {
       at::parallel_for(0, n_units, 1, [&](int64_t u0, int64_t u1) {
         ChunkScratch<A, key_t> cs(g_.D, cols);
         std::vector<A> scores;
-        std::vector<int64_t> order;
+        TopKScratch<A> order;
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t vmax = prepare(units[u], scores);
           pack_queries(units[u], cs);
@@ -181,7 +312,7 @@ class IndexerForward {
         release();
       });
       at::parallel_for(un.i0, un.i1, 1, [&](int64_t i0, int64_t i1) {
-        std::vector<int64_t> order;
+        TopKScratch<A> order;
         for (int64_t i = i0; i < i1; ++i) select_top(un, vmax, i, scores.data(), order);
       });
     }
@@ -275,11 +406,8 @@ class IndexerForward {
 
   // Adds sum_h w_h * ReLU(q_h . k) of the chunk starting at c0 into every token's score row.
   void score_chunk(const Unit& un, int64_t vmax, int64_t c0, ChunkScratch<A, key_t>& cs, A* scores) const {
-    using V = at::vec::Vectorized<A>;
-    constexpr int64_t L = V::size();
     const int64_t c1 = std::min(vmax, c0 + kKeyChunk), N1 = g_.N1, G = g_.G, cols = (un.i1 - un.i0) * G;
     chunk_products(un, c0, c1, cs);
-    std::vector<A> wq(G);
     for (int64_t i = un.i0; i < un.i1; ++i) {
       const int64_t vi = g_.visible_keys(un.b, i);
       if (vi <= c0) continue;
@@ -288,46 +416,27 @@ class IndexerForward {
       const A* wrow = w_ + row * N1 + un.n2 * G;
       const A* qsrow = qs_ ? qs_ + row * N1 + un.n2 * G : nullptr;
       A* sc = scores + (i - un.i0) * vmax + c0;
-      for (int64_t j = 0; j < n; ++j) {
-        const A* x = cs.dots.data() + j * cols + (i - un.i0) * G;
-        const A ks = qsrow ? cs.kscale[j] : A(1);
-        V acc(A(0));
-        int64_t h = 0;
-        for (; h + L <= G; h += L) {
-          V v = V::loadu(x + h);
-          if (qsrow) v = v * V::loadu(qsrow + h) * V(ks);
-          acc = at::vec::fmadd(at::vec::maximum(v, V(A(0))), V::loadu(wrow + h), acc);
-        }
-        A sum = at::vec::vec_reduce_all<A>([](V& a, V& b) { return a + b; }, acc);
-        for (; h < G; ++h) {
-          const A v = qsrow ? x[h] * qsrow[h] * ks : x[h];
-          sum += wrow[h] * (v > A(0) ? v : A(0));
-        }
-        sc[j] += sum;
-      }
+      const A* x = cs.dots.data() + (i - un.i0) * G;
+      const A* ks = qsrow ? cs.kscale.data() : nullptr;
+      int64_t j = 0;
+      for (; j + kFoldKeys <= n; j += kFoldKeys)
+        fold_keys<kFoldKeys>(x + j * cols, cols, G, wrow, qsrow, ks ? ks + j : nullptr, sc + j);
+      for (; j < n; ++j) fold_keys<1>(x + j * cols, cols, G, wrow, qsrow, ks ? ks + j : nullptr, sc + j);
     }
   }
 
-  // The top K of token i's row: selection (std::nth_element, O(keys)), then only those K sorted (descending score,
-  // ties by the lower position; NaN ranks last).
-  void select_top(const Unit& un, int64_t vmax, int64_t i, A* scores, std::vector<int64_t>& order) const {
+  // The top K of token i's row (descending score, ties by the lower position; NaN ranks as -inf), by the radix
+  // selection of top_k below, written to indices and values.
+  void select_top(const Unit& un, int64_t vmax, int64_t i, A* scores, TopKScratch<A>& ts) const {
     const int64_t vi = g_.visible_keys(un.b, i), K = p_.K, N2 = g_.N2;
     if (vi == 0) return;
     A* sc = scores + (i - un.i0) * vmax;
-    for (int64_t s = 0; s < vi; ++s)
-      if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();
     const int64_t kk = std::min(K, vi);
-    order.resize(vi);
-    std::iota(order.begin(), order.end(), int64_t(0));
-    auto before = [sc](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); };
-    if (kk < vi) std::nth_element(order.begin(), order.begin() + kk, order.end(), before);
-    std::sort(order.begin(), order.begin() + kk, before);
     const int64_t o = ((g_.q_start[un.b] + i) * N2 + un.n2) * K;
+    top_k(sc, vi, kk, ts, p_.indices + o);
     A* values = static_cast<A*>(p_.values);
-    for (int64_t j = 0; j < kk; ++j) {
-      p_.indices[o + j] = static_cast<int32_t>(order[j]);
-      if (values) values[o + j] = sc[order[j]];
-    }
+    if (values)
+      for (int64_t j = 0; j < kk; ++j) values[o + j] = sc[p_.indices[o + j]];
   }
 
   const IndexerForwardParams& p_;
