@@ -120,79 +120,88 @@ inline KeyOf<A> score_key(A x) {
 // One thread's buffers for top_k, reused across its rows.
 template <typename A>
 struct TopKScratch {
-  std::vector<KeyOf<A>> keys;       // the row's images
-  std::vector<int32_t> cand;        // positions still level with the threshold's digits so far
-  std::vector<int32_t> hist;        // one digit's histogram
-  std::vector<std::pair<KeyOf<A>, int32_t>> top;  // the selected (image, position) before the final sort
+  std::vector<KeyOf<A>> keys;                     // the row's images
+  std::vector<int32_t> hist;                      // one digit's histogram
+  std::vector<std::pair<KeyOf<A>, int32_t>> top;  // (image, position): the row's leaders, ascending position
+  std::vector<int32_t> cand;                      // entries of top whose digits so far equal the k-th image's
 };
 
 constexpr int kDigitBits = 11;  // 2048 counters: the histogram stays in L1
 
+// The digit of `width` bits at bit `lo` of every candidate's image, counted into ts.hist.
+template <typename A>
+void count_digits(TopKScratch<A>& ts, int lo, int width) {
+  using U = KeyOf<A>;
+  const U mask = (U(1) << width) - 1;
+  ts.hist.assign(size_t(1) << width, 0);
+  for (int32_t c : ts.cand) ++ts.hist[(ts.top[c].first >> lo) & mask];
+}
+
+// The digit where counting the histogram down from its largest digit reaches `rank`; rank becomes the rank within
+// that digit.
+inline int64_t kth_digit(const std::vector<int32_t>& hist, int64_t& rank) {
+  int64_t d = static_cast<int64_t>(hist.size()) - 1, above = 0;
+  while (above + hist[d] < rank) above += hist[d--];
+  rank -= above;
+  return d;
+}
+
 // The kk (<= n) largest of sc[0..n) by (score descending, position ascending), their positions written to idx in
 // that order; NaN scores are rewritten to -inf (the values the op returns). A radix select on the images, most
-// significant digit first: the first digit's histogram runs over the whole row, the next ones only over the
-// positions whose digits so far equal the k-th largest image's (the candidates), until the k-th image T is known
-// whole. One pass then takes every position above T and the first (lowest) positions level with T, and only those
-// kk are sorted. O(n) with no data-dependent comparisons of the row, unlike an index-array nth_element.
+// significant digit first: the first digit's histogram runs over the whole row and fixes the k-th image's first
+// digit d0; one more pass over the row keeps (image, position) of everything with a first digit >= d0 (the leaders:
+// the kk - rank above the k-th image's digit and the candidates level with it). The next digits' histograms run
+// over the candidates only, until the k-th image T is known whole; then the leaders above T and the first `rank`
+// level with T (the lowest positions) are the top kk, and only those are sorted. O(n) with no data-dependent
+// comparisons of the row, unlike an index-array nth_element.
 template <typename A>
 void top_k(A* sc, int64_t n, int64_t kk, TopKScratch<A>& ts, int32_t* idx) {
   using U = KeyOf<A>;
-  constexpr int kBits = 8 * sizeof(U);
+  constexpr int kBits = 8 * sizeof(U), lo0 = kBits - kDigitBits;
   ts.keys.resize(n);
   U* key = ts.keys.data();
-  // the images, and the first (most significant) digit's histogram in the same pass
-  int hi = kBits, width = std::min(kDigitBits, hi), lo = hi - width;
-  U mask = (U(1) << width) - 1;
-  ts.hist.assign(size_t(1) << width, 0);
   for (int64_t s = 0; s < n; ++s) {
     if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();
     key[s] = score_key(sc[s]);
-    ++ts.hist[(key[s] >> lo) & mask];
   }
-  ts.top.clear();
-  ts.top.reserve(kk);
+  auto& top = ts.top;
+  top.clear();
   if (kk == n) {
-    for (int64_t s = 0; s < n; ++s) ts.top.emplace_back(key[s], static_cast<int32_t>(s));
+    for (int64_t s = 0; s < n; ++s) top.emplace_back(key[s], static_cast<int32_t>(s));
   } else {
-    // rank: how many of the candidates (the positions whose digits so far equal T's) are at or above T
+    ts.hist.assign(size_t(1) << kDigitBits, 0);
+    for (int64_t s = 0; s < n; ++s) ++ts.hist[key[s] >> lo0];
     int64_t rank = kk;
-    U prefix = 0;
-    for (bool first = true;; first = false) {
-      const int32_t* h = ts.hist.data();
-      // T's digit: counting down from the largest, the one where the count reaches rank
-      int64_t d = static_cast<int64_t>(mask), above = 0;
-      while (above + h[d] < rank) above += h[d--];
-      rank -= above;
-      prefix |= U(d) << lo;
-      // keep the candidates with this digit, in ascending position
-      size_t m = 0;
-      if (first) {
-        ts.cand.resize(h[d]);
-        for (int64_t s = 0; s < n; ++s)
-          if (static_cast<int64_t>((key[s] >> lo) & mask) == d) ts.cand[m++] = static_cast<int32_t>(s);
-      } else {
-        for (int32_t s : ts.cand)
-          if (static_cast<int64_t>((key[s] >> lo) & mask) == d) ts.cand[m++] = s;
-        ts.cand.resize(m);
-      }
-      if (lo == 0) break;
-      hi = lo;
-      width = std::min(kDigitBits, hi);
-      lo = hi - width;
-      mask = (U(1) << width) - 1;
-      ts.hist.assign(size_t(1) << width, 0);
-      for (int32_t s : ts.cand) ++ts.hist[(key[s] >> lo) & mask];
+    const U d0 = static_cast<U>(kth_digit(ts.hist, rank));
+    ts.cand.clear();
+    for (int64_t s = 0; s < n; ++s) {
+      const U d = key[s] >> lo0;
+      if (d < d0) continue;
+      if (d == d0) ts.cand.push_back(static_cast<int32_t>(top.size()));
+      top.emplace_back(key[s], static_cast<int32_t>(s));
     }
-    // prefix is T whole; the candidates are the positions with image T, ascending: the first `rank` are taken
-    const U T = prefix;
-    for (int64_t s = 0; s < n; ++s)
-      if (key[s] > T) ts.top.emplace_back(key[s], static_cast<int32_t>(s));
-    for (int64_t j = 0; j < rank; ++j) ts.top.emplace_back(T, ts.cand[j]);
+    U T = d0 << lo0;
+    for (int hi = lo0; hi > 0;) {
+      const int width = std::min(kDigitBits, hi), lo = hi - width;
+      count_digits(ts, lo, width);
+      const U d = static_cast<U>(kth_digit(ts.hist, rank));
+      T |= d << lo;
+      size_t m = 0;  // keep the candidates with this digit, in order
+      for (int32_t c : ts.cand)
+        if (((top[c].first >> lo) & ((U(1) << width) - 1)) == d) ts.cand[m++] = c;
+      ts.cand.resize(m);
+      hi = lo;
+    }
+    // T is the k-th image: keep the leaders above it and the first `rank` level with it
+    size_t m = 0;
+    for (const auto& e : top)
+      if (e.first > T || (e.first == T && rank-- > 0)) top[m++] = e;
+    top.resize(m);
   }
-  std::sort(ts.top.begin(), ts.top.end(), [](const auto& a, const auto& b) {
+  std::sort(top.begin(), top.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   });
-  for (int64_t j = 0; j < kk; ++j) idx[j] = ts.top[j].second;
+  for (int64_t j = 0; j < kk; ++j) idx[j] = top[j].second;
 }
 
 // ---- forward -------------------------------------------------------------------------------------------------
