@@ -109,12 +109,15 @@ using KeyOf = std::conditional_t<std::is_same_v<A, double>, uint64_t, uint32_t>;
 template <typename A>
 inline KeyOf<A> score_key(A x) {
   using U = KeyOf<A>;
-  constexpr U sign = U(1) << (8 * sizeof(U) - 1);
+  constexpr int top = 8 * sizeof(U) - 1;
   if (std::isnan(x)) x = -std::numeric_limits<A>::infinity();
   x += A(0);  // -0 + 0 = +0
   U u;
   std::memcpy(&u, &x, sizeof(U));
-  return (u & sign) ? U(~u) : U(u | sign);
+  // negative: all bits flipped (larger magnitude, smaller image); positive: the sign bit set. Branch-free, so the
+  // loop over a row vectorises.
+  const U neg = U(0) - (u >> top);
+  return u ^ (neg | (U(1) << top));
 }
 
 // One thread's buffers for top_k, reused across its rows.
@@ -160,17 +163,32 @@ void top_k(A* sc, int64_t n, int64_t kk, TopKScratch<A>& ts, int32_t* idx) {
   constexpr int kBits = 8 * sizeof(U), lo0 = kBits - kDigitBits;
   ts.keys.resize(n);
   U* key = ts.keys.data();
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   for (int64_t s = 0; s < n; ++s) {
-    if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();
-    key[s] = score_key(sc[s]);
+    const A v = std::isnan(sc[s]) ? kNegInf : sc[s];
+    sc[s] = v;
+    key[s] = score_key(v);
   }
   auto& top = ts.top;
   top.clear();
   if (kk == n) {
     for (int64_t s = 0; s < n; ++s) top.emplace_back(key[s], static_cast<int32_t>(s));
   } else {
-    ts.hist.assign(size_t(1) << kDigitBits, 0);
-    for (int64_t s = 0; s < n; ++s) ++ts.hist[key[s] >> lo0];
+    // four interleaved histograms: neighbouring scores often share a first digit, and one counter incremented
+    // back to back waits on its own store each time
+    constexpr int64_t kBins = int64_t(1) << kDigitBits;
+    ts.hist.assign(4 * kBins, 0);
+    int32_t* h = ts.hist.data();
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      ++h[key[t] >> lo0];
+      ++h[kBins + (key[t + 1] >> lo0)];
+      ++h[2 * kBins + (key[t + 2] >> lo0)];
+      ++h[3 * kBins + (key[t + 3] >> lo0)];
+    }
+    for (; t < n; ++t) ++h[key[t] >> lo0];
+    for (int64_t d = 0; d < kBins; ++d) h[d] += h[kBins + d] + h[2 * kBins + d] + h[3 * kBins + d];
+    ts.hist.resize(kBins);
     int64_t rank = kk;
     const U d0 = static_cast<U>(kth_digit(ts.hist, rank));
     ts.cand.clear();
