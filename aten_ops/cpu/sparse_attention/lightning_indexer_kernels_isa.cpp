@@ -5,11 +5,10 @@
 // brgemm product C = K_chunk · [q_i0 .. q_i1-1]ᵀ (the queries packed once per unit as B, D x (tokens * G)): 16-bit
 // keys are A as they sit in the cache (B VNNI-packed, where brgemm multiplies that dtype), other keys are converted
 // to fp32 rows first (fp64, or where brgemm refuses: at::vec dot products). Each token then folds its columns into
-// the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over the heads per key. The top K
-// of a token's score row are found by a radix select on the scores' order-preserving integer images (O(keys), see
-// top_k) and only those K are sorted. With at
-// least as many units as threads, units run in parallel; with fewer (decode: one token per sequence), the threads
-// split each unit's chunks instead.
+// the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over the heads, a few keys side by side. The top K of a
+// token's score row are found by a radix select on the scores' order-preserving integer images (O(keys), see top_k)
+// and only those K are sorted. With at least as many units as threads, units run in parallel; with fewer (decode: one
+// token per sequence), the threads split each unit's chunks instead.
 // Backward and KL loss: one unit per query token; the key gradient is scattered into per-thread buffers that are
 // summed at the end (no atomics; the sum order depends on the thread count only through the buffer split).
 #include "cpu/sparse_attention/lightning_indexer_kernels.h"
