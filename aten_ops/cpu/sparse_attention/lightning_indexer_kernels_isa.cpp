@@ -5,10 +5,10 @@
 // brgemm product C = K_chunk · [q_i0 .. q_i1-1]ᵀ (the queries packed once per unit as B, D x (tokens * G)): 16-bit
 // keys are A as they sit in the cache (B VNNI-packed, where brgemm multiplies that dtype), other keys are converted
 // to fp32 rows first (fp64, or where brgemm refuses: at::vec dot products). Each token then folds its columns into
-// the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over the heads per key. The top K
-// of a token's score row are found by selection (std::nth_element, O(keys)) and only those K are sorted. With at
-// least as many units as threads, units run in parallel; with fewer (decode: one token per sequence), the threads
-// split each unit's chunks instead.
+// the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over the heads, a few keys side by side. The top K of a
+// token's score row are found by a radix select on the scores' order-preserving integer images (O(keys), see top_k)
+// and only those K are sorted. With at least as many units as threads, units run in parallel; with fewer (decode: one
+// token per sequence), the threads split each unit's chunks instead.
 // Backward and KL loss: one unit per query token; the key gradient is scattered into per-thread buffers that are
 // summed at the end (no atomics; the sum order depends on the thread count only through the buffer split).
 #include "cpu/sparse_attention/lightning_indexer_kernels.h"
@@ -24,8 +24,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -97,6 +97,130 @@ inline void axpy(T a, const T* x, T* y, int64_t n) {
   for (; d < n; ++d) y[d] += a * x[d];
 }
 
+// ---- top-k selection --------------------------------------------------------------------------------------
+
+// The order-preserving unsigned image of a score: a < b (as numbers) iff key(a) < key(b). -0 is folded into +0
+// (they compare equal, so their ties go by position like any other), and NaN maps to -inf's image: it ranks last,
+// level with -inf.
+template <typename A>
+using KeyOf = std::conditional_t<std::is_same_v<A, double>, uint64_t, uint32_t>;
+
+template <typename A>
+inline KeyOf<A> score_key(A x) {
+  using U = KeyOf<A>;
+  constexpr int top = 8 * sizeof(U) - 1;
+  if (std::isnan(x)) x = -std::numeric_limits<A>::infinity();
+  x += A(0);  // -0 + 0 = +0
+  U u;
+  std::memcpy(&u, &x, sizeof(U));
+  // negative: all bits flipped (larger magnitude, smaller image); positive: the sign bit set. Branch-free, so the
+  // loop over a row vectorises.
+  const U neg = U(0) - (u >> top);
+  return u ^ (neg | (U(1) << top));
+}
+
+// One thread's buffers for top_k, reused across its rows.
+template <typename A>
+struct TopKScratch {
+  std::vector<KeyOf<A>> keys;                     // the row's images
+  std::vector<int32_t> hist;                      // one digit's histogram
+  std::vector<std::pair<KeyOf<A>, int32_t>> top;  // (image, position): the row's leaders, ascending position
+  std::vector<int32_t> cand;                      // entries of top whose digits so far equal the k-th image's
+};
+
+constexpr int kDigitBits = 11;  // 2048 counters: the histogram stays in L1
+
+// The digit of `width` bits at bit `lo` of every candidate's image, counted into ts.hist.
+template <typename A>
+void count_digits(TopKScratch<A>& ts, int lo, int width) {
+  using U = KeyOf<A>;
+  const U mask = (U(1) << width) - 1;
+  ts.hist.assign(size_t(1) << width, 0);
+  for (int32_t c : ts.cand) ++ts.hist[(ts.top[c].first >> lo) & mask];
+}
+
+// The digit where counting the histogram down from its largest digit reaches `rank`; rank becomes the rank within
+// that digit.
+inline int64_t kth_digit(const std::vector<int32_t>& hist, int64_t& rank) {
+  int64_t d = static_cast<int64_t>(hist.size()) - 1, above = 0;
+  while (above + hist[d] < rank) above += hist[d--];
+  rank -= above;
+  return d;
+}
+
+// The kk (<= n) largest of sc[0..n) by (score descending, position ascending), their positions written to idx in
+// that order; NaN scores are rewritten to -inf (the values the op returns). A radix select on the images, most
+// significant digit first: the first digit's histogram runs over the whole row and fixes the k-th image's first
+// digit d0; one more pass over the row keeps (image, position) of everything with a first digit >= d0 (the leaders:
+// the kk - rank above the k-th image's digit and the candidates level with it). The next digits' histograms run
+// over the candidates only, until the k-th image T is known whole; then the leaders above T and the first `rank`
+// level with T (the lowest positions) are the top kk, and only those are sorted. O(n) with no data-dependent
+// comparisons of the row, unlike an index-array nth_element.
+template <typename A>
+void top_k(A* sc, int64_t n, int64_t kk, TopKScratch<A>& ts, int32_t* idx) {
+  using U = KeyOf<A>;
+  constexpr int kBits = 8 * sizeof(U), lo0 = kBits - kDigitBits;
+  ts.keys.resize(n);
+  U* key = ts.keys.data();
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  for (int64_t s = 0; s < n; ++s) {
+    const A v = std::isnan(sc[s]) ? kNegInf : sc[s];
+    sc[s] = v;
+    key[s] = score_key(v);
+  }
+  auto& top = ts.top;
+  top.clear();
+  if (kk == n) {
+    for (int64_t s = 0; s < n; ++s) top.emplace_back(key[s], static_cast<int32_t>(s));
+  } else {
+    // four interleaved histograms: neighbouring scores often share a first digit, and one counter incremented
+    // back to back waits on its own store each time
+    constexpr int64_t kBins = int64_t(1) << kDigitBits;
+    ts.hist.assign(4 * kBins, 0);
+    int32_t* h = ts.hist.data();
+    int64_t t = 0;
+    for (; t + 4 <= n; t += 4) {
+      ++h[key[t] >> lo0];
+      ++h[kBins + (key[t + 1] >> lo0)];
+      ++h[2 * kBins + (key[t + 2] >> lo0)];
+      ++h[3 * kBins + (key[t + 3] >> lo0)];
+    }
+    for (; t < n; ++t) ++h[key[t] >> lo0];
+    for (int64_t d = 0; d < kBins; ++d) h[d] += h[kBins + d] + h[2 * kBins + d] + h[3 * kBins + d];
+    ts.hist.resize(kBins);
+    int64_t rank = kk;
+    const U d0 = static_cast<U>(kth_digit(ts.hist, rank));
+    ts.cand.clear();
+    for (int64_t s = 0; s < n; ++s) {
+      const U d = key[s] >> lo0;
+      if (d < d0) continue;
+      if (d == d0) ts.cand.push_back(static_cast<int32_t>(top.size()));
+      top.emplace_back(key[s], static_cast<int32_t>(s));
+    }
+    U T = d0 << lo0;
+    for (int hi = lo0; hi > 0;) {
+      const int width = std::min(kDigitBits, hi), lo = hi - width;
+      count_digits(ts, lo, width);
+      const U d = static_cast<U>(kth_digit(ts.hist, rank));
+      T |= d << lo;
+      size_t m = 0;  // keep the candidates with this digit, in order
+      for (int32_t c : ts.cand)
+        if (((top[c].first >> lo) & ((U(1) << width) - 1)) == d) ts.cand[m++] = c;
+      ts.cand.resize(m);
+      hi = lo;
+    }
+    // T is the k-th image: keep the leaders above it and the first `rank` level with it
+    size_t m = 0;
+    for (const auto& e : top)
+      if (e.first > T || (e.first == T && rank-- > 0)) top[m++] = e;
+    top.resize(m);
+  }
+  std::sort(top.begin(), top.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  for (int64_t j = 0; j < kk; ++j) idx[j] = top[j].second;
+}
+
 // ---- forward -------------------------------------------------------------------------------------------------
 
 // n values of a key row in the accumulation type; 16-bit rows to fp32 a vector at a time (the conversion of the
@@ -115,6 +239,39 @@ inline void to_acc(const T* src, int64_t n, A* dst) {
     }
   }
   for (; d < n; ++d) dst[d] = static_cast<A>(src[d]);
+}
+
+// Keys folded together by score_chunk: each key's sum is one chain of dependent multiply-adds over the heads, so
+// several keys side by side keep the FMA units busy instead of waiting on one chain's latency.
+constexpr int64_t kFoldKeys = 4;
+
+// out[r] += sum_h w_h * ReLU(x_r,h) for the R keys r whose products x_r = x + r * ldx (G heads), x scaled by qs_h and
+// ks[r] when qs is given (quant). Every key's sum runs in the same order whatever R is (vector lanes over the
+// heads, their reduction, then the heads past the last full vector), so R changes the speed only.
+template <int64_t R, typename A>
+inline void fold_keys(const A* x, int64_t ldx, int64_t G, const A* w, const A* qs, const A* ks, A* out) {
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  V acc[R];
+  for (int64_t r = 0; r < R; ++r) acc[r] = V(A(0));
+  int64_t h = 0;
+  for (; h + L <= G; h += L) {
+    const V wv = V::loadu(w + h);
+    for (int64_t r = 0; r < R; ++r) {
+      V v = V::loadu(x + r * ldx + h);
+      if (qs) v = v * V::loadu(qs + h) * V(ks[r]);
+      acc[r] = at::vec::fmadd(at::vec::maximum(v, V(A(0))), wv, acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    A sum = at::vec::vec_reduce_all<A>([](V& a, V& b) { return a + b; }, acc[r]);
+    const A* xr = x + r * ldx;
+    for (int64_t t = h; t < G; ++t) {
+      const A v = qs ? xr[t] * qs[t] * ks[r] : xr[t];
+      sum += w[t] * (v > A(0) ? v : A(0));
+    }
+    out[r] += sum;
+  }
 }
 
 // A work unit of the forward: a block of query tokens [i0, i1) of sequence b against key head n2.
@@ -157,7 +314,7 @@ class IndexerForward {
       at::parallel_for(0, n_units, 1, [&](int64_t u0, int64_t u1) {
         ChunkScratch<A, key_t> cs(g_.D, cols);
         std::vector<A> scores;
-        std::vector<int64_t> order;
+        TopKScratch<A> order;
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t vmax = prepare(units[u], scores);
           pack_queries(units[u], cs);
@@ -181,7 +338,7 @@ class IndexerForward {
         release();
       });
       at::parallel_for(un.i0, un.i1, 1, [&](int64_t i0, int64_t i1) {
-        std::vector<int64_t> order;
+        TopKScratch<A> order;
         for (int64_t i = i0; i < i1; ++i) select_top(un, vmax, i, scores.data(), order);
       });
     }
@@ -275,11 +432,8 @@ class IndexerForward {
 
   // Adds sum_h w_h * ReLU(q_h . k) of the chunk starting at c0 into every token's score row.
   void score_chunk(const Unit& un, int64_t vmax, int64_t c0, ChunkScratch<A, key_t>& cs, A* scores) const {
-    using V = at::vec::Vectorized<A>;
-    constexpr int64_t L = V::size();
     const int64_t c1 = std::min(vmax, c0 + kKeyChunk), N1 = g_.N1, G = g_.G, cols = (un.i1 - un.i0) * G;
     chunk_products(un, c0, c1, cs);
-    std::vector<A> wq(G);
     for (int64_t i = un.i0; i < un.i1; ++i) {
       const int64_t vi = g_.visible_keys(un.b, i);
       if (vi <= c0) continue;
@@ -288,46 +442,27 @@ class IndexerForward {
       const A* wrow = w_ + row * N1 + un.n2 * G;
       const A* qsrow = qs_ ? qs_ + row * N1 + un.n2 * G : nullptr;
       A* sc = scores + (i - un.i0) * vmax + c0;
-      for (int64_t j = 0; j < n; ++j) {
-        const A* x = cs.dots.data() + j * cols + (i - un.i0) * G;
-        const A ks = qsrow ? cs.kscale[j] : A(1);
-        V acc(A(0));
-        int64_t h = 0;
-        for (; h + L <= G; h += L) {
-          V v = V::loadu(x + h);
-          if (qsrow) v = v * V::loadu(qsrow + h) * V(ks);
-          acc = at::vec::fmadd(at::vec::maximum(v, V(A(0))), V::loadu(wrow + h), acc);
-        }
-        A sum = at::vec::vec_reduce_all<A>([](V& a, V& b) { return a + b; }, acc);
-        for (; h < G; ++h) {
-          const A v = qsrow ? x[h] * qsrow[h] * ks : x[h];
-          sum += wrow[h] * (v > A(0) ? v : A(0));
-        }
-        sc[j] += sum;
-      }
+      const A* x = cs.dots.data() + (i - un.i0) * G;
+      const A* ks = qsrow ? cs.kscale.data() : nullptr;
+      int64_t j = 0;
+      for (; j + kFoldKeys <= n; j += kFoldKeys)
+        fold_keys<kFoldKeys>(x + j * cols, cols, G, wrow, qsrow, ks ? ks + j : nullptr, sc + j);
+      for (; j < n; ++j) fold_keys<1>(x + j * cols, cols, G, wrow, qsrow, ks ? ks + j : nullptr, sc + j);
     }
   }
 
-  // The top K of token i's row: selection (std::nth_element, O(keys)), then only those K sorted (descending score,
-  // ties by the lower position; NaN ranks last).
-  void select_top(const Unit& un, int64_t vmax, int64_t i, A* scores, std::vector<int64_t>& order) const {
+  // The top K of token i's row (descending score, ties by the lower position; NaN ranks as -inf), by the radix
+  // selection of top_k below, written to indices and values.
+  void select_top(const Unit& un, int64_t vmax, int64_t i, A* scores, TopKScratch<A>& ts) const {
     const int64_t vi = g_.visible_keys(un.b, i), K = p_.K, N2 = g_.N2;
     if (vi == 0) return;
     A* sc = scores + (i - un.i0) * vmax;
-    for (int64_t s = 0; s < vi; ++s)
-      if (std::isnan(sc[s])) sc[s] = -std::numeric_limits<A>::infinity();
     const int64_t kk = std::min(K, vi);
-    order.resize(vi);
-    std::iota(order.begin(), order.end(), int64_t(0));
-    auto before = [sc](int64_t a, int64_t c) { return sc[a] > sc[c] || (sc[a] == sc[c] && a < c); };
-    if (kk < vi) std::nth_element(order.begin(), order.begin() + kk, order.end(), before);
-    std::sort(order.begin(), order.begin() + kk, before);
     const int64_t o = ((g_.q_start[un.b] + i) * N2 + un.n2) * K;
+    top_k(sc, vi, kk, ts, p_.indices + o);
     A* values = static_cast<A*>(p_.values);
-    for (int64_t j = 0; j < kk; ++j) {
-      p_.indices[o + j] = static_cast<int32_t>(order[j]);
-      if (values) values[o + j] = sc[order[j]];
-    }
+    if (values)
+      for (int64_t j = 0; j < kk; ++j) values[o + j] = sc[p_.indices[o + j]];
   }
 
   const IndexerForwardParams& p_;
