@@ -103,7 +103,9 @@ def case_rotary_position_embedding():
     x, cos, sin = torch.randn(2, 5, 3, 8, generator=g), torch.randn(1, 5, 1, 8, generator=g), torch.randn(1, 5, 1, 8, generator=g)
     ref = tot.npu_rotary_position_embedding(x, cos, sin, 0)
     got = tot.npu_rotary_position_embedding(x.npu(), cos.npu(), sin.npu(), 0)
-    assert got.device.type == "npu" and torch.equal(got.cpu(), ref)
+    # The Ascend C kernel rounds each product as the NPU's vector unit does; the CPU kernel's vector code may fuse
+    # x * cos - x' * sin into one multiply-add: the two agree to fp32 rounding, not bit for bit.
+    assert got.device.type == "npu" and torch.allclose(got.cpu(), ref, rtol=1e-6, atol=1e-6)
 
 
 def case_incre_flash_attention():

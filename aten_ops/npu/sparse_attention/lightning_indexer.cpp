@@ -105,6 +105,11 @@ std::tuple<at::Tensor, at::Tensor> lightning_indexer_npu(const LightningIndexerA
   at::Tensor indices = at::empty(shape, a.query.options().dtype(at::kInt));
   at::Tensor values = a.return_value ? at::empty(shape, a.query.options()) : at::empty({0}, a.query.options());
   if (indices.numel() == 0) return {indices, values};
+  if (a.key.numel() == 0) {  // no key rows: every slot is empty (-1, value -inf), as on the CPU; nothing to launch
+    indices.fill_(-1);
+    if (a.return_value) values.fill_(-std::numeric_limits<double>::infinity());
+    return {indices, values};
+  }
 
   tot_ascendc::LightningIndexerTiling tiling;
   const std::string unsupported = plan_kernel(a, g, tiling);
