@@ -91,3 +91,11 @@ def passed(res):
 def assert_passed(res):
     """Fails with the program's output unless it exited 0 with PASSED as its last line."""
     assert passed(res), f"exit {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
+
+
+def run_program(name, sources, flags=()):
+    """Build `sources` into program `name`, run it, fail unless it passed; returns its stdout (for the checks a test
+    makes on which cases ran)."""
+    res = run(build(name, sources, flags))
+    assert_passed(res)
+    return res.stdout

@@ -3,27 +3,20 @@ its tikicpulib-style host program (both torch-free C++ under ascendc/tests), and
 simulated device (inference_worker.py, run in a child process)."""
 import pytest
 
-from test.npu import ascendc_programs
 from test.npu import inference_worker as WORKER
+from test.npu.ascendc_programs import run_program
 from test.npu.runner import case_names
 
 TILING = "ascendc/kernels/inference/incre_flash_attention_tiling.cpp"
 KERNEL = "ascendc/kernels/inference/incre_flash_attention_kernel.cpp"
 
 
-def _run_program(name, sources):
-    exe = ascendc_programs.build(name, sources)
-    res = ascendc_programs.run(exe)
-    ascendc_programs.assert_passed(res)
-    return res.stdout
-
-
 def test_tiling_program():
-    _run_program("incre_flash_attention_tiling_test", ["ascendc/tests/incre_flash_attention_tiling_test.cpp", TILING])
+    run_program("incre_flash_attention_tiling_test", ["ascendc/tests/incre_flash_attention_tiling_test.cpp", TILING])
 
 
 def test_kernel_host_program_vs_float64():
-    out = _run_program("incre_flash_attention_kernel_test",
+    out = run_program("incre_flash_attention_kernel_test",
                        ["ascendc/tests/incre_flash_attention_kernel_test.cpp", KERNEL, TILING])
     assert "splits=3" in out and "chunk=32" in out  # the forced-split and chunked-group cases ran as intended
 

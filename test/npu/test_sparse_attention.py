@@ -3,28 +3,21 @@ and its tikicpulib-style host program (both torch-free C++ under ascendc/tests),
 simulated device (sparse_attention_worker.py, run in a child process)."""
 import pytest
 
-from test.npu import ascendc_programs
 from test.npu import sparse_attention_worker as WORKER
+from test.npu.ascendc_programs import run_program
 from test.npu.runner import case_names
 
 TILING = "ascendc/kernels/sparse_attention/sparse_flash_attention_tiling.cpp"
 KERNEL = "ascendc/kernels/sparse_attention/sparse_flash_attention_kernel.cpp"
 
 
-def _run_program(name, sources):
-    exe = ascendc_programs.build(name, sources)
-    res = ascendc_programs.run(exe)
-    ascendc_programs.assert_passed(res)
-    return res.stdout
-
-
 def test_tiling_program():
-    _run_program("sparse_flash_attention_tiling_test",
+    run_program("sparse_flash_attention_tiling_test",
                  ["ascendc/tests/sparse_flash_attention_tiling_test.cpp", TILING])
 
 
 def test_kernel_host_program_vs_float64():
-    out = _run_program("sparse_flash_attention_kernel_test",
+    out = run_program("sparse_flash_attention_kernel_test",
                        ["ascendc/tests/sparse_flash_attention_kernel_test.cpp", KERNEL, TILING])
     assert "chunk=16" in out and "tile=8 " in out  # the chunked-group and multi-tile cases ran as intended
 
