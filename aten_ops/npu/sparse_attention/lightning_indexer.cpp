@@ -21,6 +21,7 @@
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
 #include "npu/host_alias.h"
+#include "npu/sparse_attention/kernel_dtype.h"
 #include "sparse_attention/lightning_indexer_tiling.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
@@ -32,15 +33,10 @@ namespace {
 
 using sparse_attention::IndexerGeometry;
 using sparse_attention::KeyLayout;
+using sparse_attention::kernel_dtype;
 
 constexpr const char* kOp = "lightning_indexer";
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-
-tot_ascendc::SparseDtype kernel_dtype(at::ScalarType t) {
-  if (t == at::kHalf) return tot_ascendc::SparseDtype::FP16;
-  if (t == at::kBFloat16) return tot_ascendc::SparseDtype::BF16;
-  return tot_ascendc::SparseDtype::FP32;
-}
 
 // [B, S1, N2, K] (BSND) or [T1, N2, K] (TND), as the CPU op.
 std::vector<int64_t> indices_shape(const at::Tensor& query, const IndexerGeometry& g, int64_t K) {

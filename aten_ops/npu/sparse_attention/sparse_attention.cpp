@@ -19,6 +19,7 @@
 #include "generated/kernels.h"
 #include "npu/ascendc_launch.h"
 #include "npu/host_alias.h"
+#include "npu/sparse_attention/kernel_dtype.h"
 #include "npu/injected_fault.h"
 #include "sparse_attention/sparse_flash_attention_tiling.h"
 
@@ -30,16 +31,11 @@ namespace npu_fa {
 namespace {
 
 using sparse_attention::KvLayout;
+using sparse_attention::kernel_dtype;
 using sparse_attention::SfaGeometry;
 
 constexpr const char* kOp = "sparse_flash_attention";
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-
-tot_ascendc::SparseDtype kernel_dtype(at::ScalarType t) {
-  if (t == at::kHalf) return tot_ascendc::SparseDtype::FP16;
-  if (t == at::kBFloat16) return tot_ascendc::SparseDtype::BF16;
-  return tot_ascendc::SparseDtype::FP32;
-}
 
 std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
   std::vector<int64_t> s(t.sizes().begin(), t.sizes().end());
