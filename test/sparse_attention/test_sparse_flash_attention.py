@@ -334,5 +334,38 @@ def test_large_head_count_speed_path_matches_reference():
                     value_scale=float(inp["value"].abs().max()))
 
 
+@pytest.mark.parametrize("rope", [True, False])
+def test_decode_with_many_selected_rows_matches_reference_on_any_thread_count(rope):
+    """A decode step (one query row per sequence) selecting more rows than the forward's row blocks (256) and more
+    value columns than its column blocks (64), a head count off the vector width, sinks: the float64 reference,
+    bit-equal on 1 and 2 threads, and each row's result equal to the same row computed in a batch (the batch runs
+    its items in parallel, a lone decode row splits its blocks across the threads)."""
+    inp = make_inputs(B=3, S1=1, N1=20, Dn=72 if rope else 68, Dr=8 if rope else 0, S2=700, K=600, rope=rope,
+                      dtype=torch.bfloat16, fill=0.1, seed=21)
+    sinks = torch.randn(20, generator=torch.Generator().manual_seed(3))
+    before = torch.get_num_threads()
+    try:
+        runs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            runs.append(_call(inp, sinks=sinks, return_softmax_lse=True))
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    out = runs[0][0]
+    check_tolerance("out", out, reference_of(inp, sinks=sinks.double())[0],
+                    reference_of(inp, dtype=torch.bfloat16, sinks=sinks)[0],
+                    value_scale=float(inp["value"].abs().max()))
+    for b in range(3):
+        one = dict(inp, query=inp["query"][b:b + 1], sparse_indices=inp["sparse_indices"][b:b + 1],
+                   kwargs=dict(inp["kwargs"], block_table=None))
+        one["key"], one["value"] = inp["key"][b:b + 1], inp["value"][b:b + 1]
+        if rope:
+            one["kwargs"]["query_rope"] = inp["kwargs"]["query_rope"][b:b + 1]
+            one["kwargs"]["key_rope"] = inp["kwargs"]["key_rope"][b:b + 1]
+        assert torch.equal(_call(one, sinks=sinks)[0], out[b:b + 1])
+
+
 def test_doc_example():
     run_examples("sparse_attention.md", "Sparse flash attention")

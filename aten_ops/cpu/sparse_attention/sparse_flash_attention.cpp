@@ -1,15 +1,13 @@
 // CPU kernels of sparse flash attention (DeepSeek-V3.2's DSA): sparse_flash_attention, its backward and
 // kv_quant_sparse_flash_attention (docs/sparse_attention.md, "Sparse flash attention").
 //
-// Work item = (query row t, KV head n2). The KV tokens row t selects are gathered ONCE per item into an fp32 (fp64
-// for fp64 inputs) tile K̃ [M, Dqk] ([latent, rope] for MLA) and, unless value is key itself, Ṽ [M, Dv]; the G = N1 /
-// N2 query heads sharing that KV head are one [G, Dqk] block, so the scores are one small GEMM S = Q K̃ᵀ [G, M] and
-// the output one more, O = P Ṽ [G, Dv] (at::mm on the gathered tiles, BLAS underneath). The softmax runs over the
-// whole selected row in the accumulation type (max, exp, sum in two passes: the row is already gathered, so the
-// online rescaling of FlashAttention would only add work); items run in parallel (at::parallel_for), or, when there
-// are fewer items than threads (decode), one after another with the threads inside their products. The quantised
-// op rounds its dequantised rows and P to the query's dtype, as upstream's golden does.
+// The forward runs in sparse_flash_attention_kernels_isa.cpp (compiled per instruction set, brgemm products and a
+// vectorised softmax); this file validates, allocates and calls it, and holds the backward.
 //
+// Backward work item = (query row t, KV head n2). The KV tokens row t selects are gathered ONCE per item into an
+// fp32 (fp64 for fp64 inputs) tile K̃ [M, Dqk] ([latent, rope] for MLA) and, unless value is key itself, Ṽ [M, Dv];
+// the G = N1 / N2 query heads sharing that KV head are one [G, Dqk] block, so the products are small GEMMs (at::mm
+// on the gathered tiles).
 // The backward recomputes S per item (P from the forward's softmax_max / softmax_sum, or from S itself when the
 // forward did not return them), forms dS = P ⊙ (dO Ṽᵀ - rowsum(dO ⊙ out)) and writes dq / dq_rope directly. The
 // key / value gradients of the selected rows (dK̃ = scale dSᵀ Q, dṼ = Pᵀ dO) go to a per-chunk buffer; the chunk
@@ -27,6 +25,7 @@
 #include <vector>
 
 #include "common/sparse_attention/sparse_flash_attention_params.h"
+#include "cpu/sparse_attention/sparse_flash_attention_kernels.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -38,6 +37,8 @@ using sparse_attention::check_sfa_tensors;
 using sparse_attention::SfaTensors;
 using sparse_attention::KvLayout;
 using sparse_attention::SfaGeometry;
+using cpu::CacheView;
+using cpu::CPU_CAPABILITY::load_row;
 
 template <typename T>
 using acc_type_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -68,70 +69,6 @@ void gemm(int64_t m, int64_t n, int64_t k, const acc_t* a, int64_t lda, bool ta,
     at::mm_out(C, A, Bm);
   else
     at::mm_out(C, A, Bm).mul_(alpha);
-}
-
-// Runs fn(i0, i1) over the items [0, n): in parallel when there are at least as many items as threads, else on
-// this thread one after another, outside any parallel region, so the BLAS products inside each item use the
-// threads instead (a decode step has only one item per sequence and KV head).
-template <typename F>
-void for_items(int64_t n, const F& fn) {
-  if (n >= at::get_num_threads())
-    at::parallel_for(0, n, 1, fn);
-  else if (n > 0)
-    fn(0, n);
-}
-
-// How the cache rows of one call are read: the latent part (and rope) of key, and value.
-struct CacheView {
-  int64_t N2 = 1, Dn = 0, Dr = 0, Dv = 0;  // K̃ = [latent (Dn), rope (Dr)]; Ṽ of Dv
-  bool value_is_key = false;               // Ṽ = the latent columns of K̃ (MLA: the same cache)
-  // floating caches (contiguous [rows, N2, D])
-  const void* key = nullptr;
-  const void* key_rope = nullptr;
-  const void* value = nullptr;
-  // quantised cache rows: [latent int8 / fp8 (Dn bytes), rope (Dr * esize bytes), Dn / tile float32 scales]
-  const uint8_t* qkey = nullptr;
-  int64_t row_bytes = 0, tile = 1;
-  bool fp8 = false;
-  // Round the dequantised latent and the probabilities P to the query's dtype before the products, as upstream's
-  // golden for the quantised op does (its products take 16-bit operands).
-  bool input_precision = false;
-};
-
-// Fills K̃ row (Dn + Dr values) and, when not shared, Ṽ row (Dv values) of cache row r, head n2.
-template <typename scalar_t, typename acc_t>
-inline void load_row(const CacheView& cv, int64_t r, int64_t n2, acc_t* krow, acc_t* vrow) {
-  const int64_t e = r * cv.N2 + n2;
-  if (cv.qkey != nullptr) {
-    const uint8_t* row = cv.qkey + e * cv.row_bytes;
-    const uint8_t* sc = row + cv.Dn + cv.Dr * static_cast<int64_t>(sizeof(scalar_t));
-    for (int64_t t0 = 0; t0 < cv.Dn; t0 += cv.tile) {
-      float s;
-      std::memcpy(&s, sc + (t0 / cv.tile) * 4, 4);
-      for (int64_t d = t0; d < t0 + cv.tile; ++d) {
-        const float x = cv.fp8 ? static_cast<float>(c10::Float8_e4m3fn(row[d], c10::Float8_e4m3fn::from_bits()))
-                               : static_cast<float>(static_cast<int8_t>(row[d]));
-        const float y = x * s;
-        krow[d] = cv.input_precision ? static_cast<acc_t>(static_cast<scalar_t>(y)) : static_cast<acc_t>(y);
-      }
-    }
-    for (int64_t d = 0; d < cv.Dr; ++d) {
-      scalar_t x;
-      std::memcpy(&x, row + cv.Dn + d * sizeof(scalar_t), sizeof(scalar_t));
-      krow[cv.Dn + d] = static_cast<acc_t>(x);
-    }
-    return;
-  }
-  const scalar_t* k = static_cast<const scalar_t*>(cv.key) + e * cv.Dn;
-  for (int64_t d = 0; d < cv.Dn; ++d) krow[d] = static_cast<acc_t>(k[d]);
-  if (cv.Dr > 0) {
-    const scalar_t* kr = static_cast<const scalar_t*>(cv.key_rope) + e * cv.Dr;
-    for (int64_t d = 0; d < cv.Dr; ++d) krow[cv.Dn + d] = static_cast<acc_t>(kr[d]);
-  }
-  if (!cv.value_is_key) {
-    const scalar_t* v = static_cast<const scalar_t*>(cv.value) + e * cv.Dv;
-    for (int64_t d = 0; d < cv.Dv; ++d) vrow[d] = static_cast<acc_t>(v[d]);
-  }
 }
 
 // Per-thread buffers of one work item.
@@ -176,81 +113,6 @@ inline int64_t stat_base(const SfaGeometry& g, int64_t t, int64_t n2) {
   if (g.q_tnd) return (n2 * g.T1 + t) * g.G;
   const int64_t b = t / g.S1, s = t % g.S1;
   return ((b * g.N2 + n2) * g.S1 + s) * g.G;
-}
-
-struct FwdOut {
-  void* out;         // [T1, N1, Dv] scalar_t
-  void* smax;        // stats (acc_t) or nullptr
-  void* ssum;
-  const void* sinks;  // [N1] in acc_t (sinks_in_acc) or nullptr
-};
-
-template <typename scalar_t>
-void forward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t* q, const scalar_t* qr, int64_t Dq,
-                    const FwdOut& o) {
-  using acc_t = acc_type_t<scalar_t>;
-  const int64_t Dqk = cv.Dn + cv.Dr, Dv = cv.Dv, items = g.T1 * g.N2;
-  scalar_t* out = static_cast<scalar_t*>(o.out);
-  acc_t* smax = static_cast<acc_t*>(o.smax);
-  acc_t* ssum = static_cast<acc_t*>(o.ssum);
-  const acc_t* sinks = static_cast<const acc_t*>(o.sinks);
-  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
-  for_items(items, [&](int64_t i0, int64_t i1) {
-    Tiles<acc_t> w;
-    std::vector<acc_t> ov, mx, sm;
-    for (int64_t it = i0; it < i1; ++it) {
-      const int64_t t = it / g.N2, n2 = it % g.N2;
-      g.select(t, n2, w.rows);
-      const int64_t M = static_cast<int64_t>(w.rows.size());
-      mx.assign(g.G, kNegInf);
-      sm.assign(g.G, 0);
-      ov.assign(g.G * Dv, 0);
-      if (sinks != nullptr && g.row_batch[t] >= 0)
-        for (int64_t h = 0; h < g.G; ++h) mx[h] = sinks[n2 * g.G + h];
-      if (M > 0) {
-        gather<scalar_t, acc_t>(g, cv, q, qr, Dq, t, n2, w);
-        w.s.resize(g.G * M);
-        gemm<acc_t>(g.G, M, Dqk, w.q.data(), Dqk, false, w.k.data(), Dqk, true, w.s.data(), M, g.scale);
-        at::parallel_for(0, g.G, 8, [&](int64_t h0, int64_t h1) {  // split across threads as the gather is
-          for (int64_t h = h0; h < h1; ++h) {
-            acc_t* srow = w.s.data() + h * M;
-            acc_t m = mx[h];
-            for (int64_t j = 0; j < M; ++j) m = std::max(m, srow[j]);
-            acc_t sum = 0;
-            for (int64_t j = 0; j < M; ++j) {
-              srow[j] = std::exp(srow[j] - m);
-              sum += srow[j];
-            }
-            mx[h] = m;
-            sm[h] = sum;
-          }
-        });
-        if (cv.input_precision) {  // P = E / (sum + sink term), rounded; the output is then P V itself
-          for (int64_t h = 0; h < g.G; ++h) {
-            acc_t den = sm[h];
-            if (sinks != nullptr) den += std::exp(sinks[n2 * g.G + h] - mx[h]);
-            acc_t* srow = w.s.data() + h * M;
-            for (int64_t j = 0; j < M; ++j) srow[j] = static_cast<acc_t>(static_cast<scalar_t>(srow[j] / den));
-          }
-        }
-        gemm<acc_t>(g.G, Dv, M, w.s.data(), M, false, w.vptr, w.ldv, false, ov.data(), Dv);
-      }
-      if (sinks != nullptr && g.row_batch[t] >= 0)
-        for (int64_t h = 0; h < g.G; ++h) sm[h] += std::exp(sinks[n2 * g.G + h] - mx[h]);
-      for (int64_t h = 0; h < g.G; ++h) {
-        scalar_t* dst = out + (t * g.N1 + n2 * g.G + h) * Dv;
-        const acc_t inv = cv.input_precision ? acc_t(1) : sm[h] > 0 ? acc_t(1) / sm[h] : acc_t(0);
-        for (int64_t d = 0; d < Dv; ++d) dst[d] = static_cast<scalar_t>(ov[h * Dv + d] * inv);
-      }
-      if (smax != nullptr) {
-        const int64_t base = stat_base(g, t, n2);
-        for (int64_t h = 0; h < g.G; ++h) {
-          smax[base + h] = mx[h];
-          ssum[base + h] = sm[h];
-        }
-      }
-    }
-  });
 }
 
 struct BwdIo {
@@ -466,12 +328,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_cpu(const 
   cv.key_rope = kr.defined() ? kr.data_ptr() : nullptr;
   cv.value = v.data_ptr();
   cv.value_is_key = v.data_ptr() == k.data_ptr() && v.sizes() == k.sizes();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "sparse_flash_attention", [&] {
-    forward_kernel<scalar_t>(g, cv, q.data_ptr<scalar_t>(), qr.defined() ? qr.data_ptr<scalar_t>() : nullptr,
-                             d.Dn, FwdOut{out.data_ptr(), a.return_softmax_lse ? smax.data_ptr() : nullptr,
-                                          a.return_softmax_lse ? ssum.data_ptr() : nullptr,
-                                          sinks.defined() ? sinks.data_ptr() : nullptr});
-  });
+  cpu::SfaForwardParams p;
+  p.geo = &g;
+  p.cv = cv;
+  p.dtype = q.scalar_type();
+  p.q = q.data_ptr();
+  p.qr = qr.defined() ? qr.data_ptr() : nullptr;
+  p.Dq = d.Dn;
+  p.out = out.data_ptr();
+  p.smax = a.return_softmax_lse ? smax.data_ptr() : nullptr;
+  p.ssum = a.return_softmax_lse ? ssum.data_ptr() : nullptr;
+  p.sinks = sinks.defined() ? sinks.data_ptr() : nullptr;
+  cpu::sparse_flash_attention_forward_stub(p);
   return {out, smax, ssum};
 }
 
@@ -603,11 +471,15 @@ at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttention
   cv.tile = a.tile_size;
   cv.fp8 = ks == at::kFloat8_e4m3fn;
   cv.input_precision = true;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "kv_quant_sparse_flash_attention", [&] {
-    forward_kernel<scalar_t>(g, cv, q.data_ptr<scalar_t>(), nullptr, Dn + Dr,
-                             FwdOut{out.data_ptr(), nullptr, nullptr,
-                                    sinks.defined() ? sinks.data_ptr() : nullptr});
-  });
+  cpu::SfaForwardParams p;
+  p.geo = &g;
+  p.cv = cv;
+  p.dtype = q.scalar_type();
+  p.q = q.data_ptr();
+  p.Dq = Dn + Dr;
+  p.out = out.data_ptr();
+  p.sinks = sinks.defined() ? sinks.data_ptr() : nullptr;
+  cpu::sparse_flash_attention_forward_stub(p);
   return out;
 }
 
