@@ -14,21 +14,18 @@
 //   3. rows split over AIVs: dQ accumulator -> dq in the output dtype.
 // P and dS are rounded to the input dtype before their matmuls, as FlashAttention-2 does on the cube.
 #include "kernel_operator.h"
+
+#include "common/vector_helpers.h"
 #include "attention/flash_attention_score_grad_tiling.h"
 #include "attention/flash_attention_score_grad_kernel.h"
 
 using namespace AscendC;
+using tot_ascendc::PipeSync;
 using tot_ascendc::FlashAttentionScoreGradTiling;
 
 namespace {
 
 constexpr float kNegInf = -__builtin_inff();
-
-template <HardEvent E>
-__aicore__ inline void PipeSync() {
-  SetFlag<E>(0);
-  WaitFlag<E>(0);
-}
 
 __aicore__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __aicore__ inline uint32_t MinU(uint32_t a, uint32_t b) { return a < b ? a : b; }

@@ -16,23 +16,19 @@
 // length) per sequence.
 #include "kernel_operator.h"
 
+#include "common/vector_helpers.h"
+
 #include "inference/incre_flash_attention_tiling.h"
 #include "inference/incre_flash_attention_kernel.h"
 
 using namespace AscendC;
+using tot_ascendc::PipeSync;
 
 namespace {
 
 constexpr float kNoMax = -3.0e38f;  // finite "minus infinity": exp(kNoMax - m) is 0 without inf - inf = NaN
 constexpr uint32_t kStat = 8;       // floats per statistics row (one DataBlock)
 constexpr uint32_t kLanes = 64;     // fp32 elements per vector repeat
-
-// Orders two pipes on the hardware (e.g. the scalar unit reading a vector result: V_S); program order here.
-template <HardEvent event>
-__aicore__ inline void PipeSync() {
-  SetFlag<event>(0);
-  WaitFlag<event>(0);
-}
 
 template <typename T>
 class DecodeAttention {
@@ -179,21 +175,9 @@ class DecodeAttention {
     }
   }
 
-  // s[j] = scale * q_g · k_j: Mul with q_g broadcast over the rows (src1 repeat stride 0), fold the 64-lane
-  // chunks of each row onto the first, then one WholeReduceSum per row.
+  // s[j] = scale * q_g · k_j (the vector-unit GEMV of common/vector_helpers.h).
   __aicore__ inline void Scores(const LocalTensor<float>& s, const LocalTensor<float>& k, uint32_t g, uint32_t rows) {
-    LocalTensor<float> prod = prod_.Get<float>(), q = qF_.Get<float>()[g * dp_];
-    const uint8_t rowBlocks = uint8_t(dp_ / 8);
-    for (uint32_t c = 0; c < dp_; c += kLanes) {
-      const uint64_t lanes = dp_ - c < kLanes ? dp_ - c : kLanes;
-      Mul(prod[c], k[c], q[c], lanes, uint8_t(rows), BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
-    }
-    for (uint32_t c = kLanes; c < dp_; c += kLanes) {
-      const uint64_t lanes = dp_ - c < kLanes ? dp_ - c : kLanes;
-      Add(prod, prod, prod[c], lanes, uint8_t(rows), BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, rowBlocks));
-    }
-    const int32_t first = int32_t(dp_ < kLanes ? dp_ : kLanes);
-    WholeReduceSum(s, prod, first, int32_t(rows), 1, 1, int32_t(rowBlocks));
+    tot_ascendc::RowDots(s, k, qF_.Get<float>()[g * dp_], prod_.Get<float>(), dp_, rows);
     Muls(s, s, t_.scale, int32_t(rows));
   }
 

@@ -28,22 +28,18 @@
 // Absent tensors may be any GM buffer (never read).
 #include "kernel_operator.h"
 
+#include "common/vector_helpers.h"
+
 #include "sparse_attention/lightning_indexer_tiling.h"
 #include "sparse_attention/lightning_indexer_kernel.h"
 
 using namespace AscendC;
+using tot_ascendc::PipeSync;
 
 namespace {
 
 constexpr uint32_t kLanes = 64;   // fp32 elements per vector repeat
 constexpr uint32_t kRowInfo = 4;  // int32 entries per query row in row_info
-
-// Orders two pipes on the hardware (e.g. the scalar unit reading a vector result: V_S); program order here.
-template <HardEvent event>
-__aicore__ inline void PipeSync() {
-  SetFlag<event>(0);
-  WaitFlag<event>(0);
-}
 
 template <typename T>
 class LightningIndexer {
@@ -198,22 +194,10 @@ class LightningIndexer {
     }
   }
 
-  // dots[j] = q_h . k_j: Mul with q_h broadcast over the rows (src1 repeat stride 0), fold the 64-lane chunks of each
-  // row onto the first, then one WholeReduceSum per row.
+  // dots[j] = q_h . k_j (the vector-unit GEMV of common/vector_helpers.h).
   __aicore__ inline void Dots(const LocalTensor<float>& dots, uint32_t h, uint32_t rows) {
     const uint32_t d = t_.d_pad;
-    LocalTensor<float> prod = prod_.Get<float>(), k = kF_.Get<float>(), q = qF_.Get<float>()[h * d];
-    const uint8_t rowBlocks = uint8_t(d / 8);
-    for (uint32_t c = 0; c < d; c += kLanes) {
-      const uint64_t lanes = d - c < kLanes ? d - c : kLanes;
-      Mul(prod[c], k[c], q[c], lanes, uint8_t(rows), BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
-    }
-    for (uint32_t c = kLanes; c < d; c += kLanes) {
-      const uint64_t lanes = d - c < kLanes ? d - c : kLanes;
-      Add(prod, prod, prod[c], lanes, uint8_t(rows), BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, rowBlocks));
-    }
-    const int32_t first = int32_t(d < kLanes ? d : kLanes);
-    WholeReduceSum(dots, prod, first, int32_t(rows), 1, 1, int32_t(rowBlocks));
+    tot_ascendc::RowDots(dots, kF_.Get<float>(), qF_.Get<float>()[h * d], prod_.Get<float>(), d, rows);
   }
 
   // ---- the running top-k (a heap with the worst pair at the root) ----

@@ -23,10 +23,13 @@
 // layout (BSND [B, N2, S1, G], TND [N2, T1, G]). Absent tensors may be any GM buffer (never read).
 #include "kernel_operator.h"
 
+#include "common/vector_helpers.h"
+
 #include "sparse_attention/sparse_flash_attention_tiling.h"
 #include "sparse_attention/sparse_flash_attention_kernel.h"
 
 using namespace AscendC;
+using tot_ascendc::PipeSync;
 
 namespace {
 
@@ -34,13 +37,6 @@ constexpr float kNoMax = -3.0e38f;  // finite "minus infinity": exp(kNoMax - m) 
 constexpr uint32_t kStat = 8;       // floats per statistics row (one DataBlock)
 constexpr uint32_t kLanes = 64;     // fp32 elements per vector repeat
 constexpr uint32_t kRowInfo = 4;    // int32 entries per query row in row_info
-
-// Orders two pipes on the hardware (e.g. the scalar unit reading a vector result: V_S); program order here.
-template <HardEvent event>
-__aicore__ inline void PipeSync() {
-  SetFlag<event>(0);
-  WaitFlag<event>(0);
-}
 
 template <typename T>
 class SparseAttention {
@@ -228,22 +224,10 @@ class SparseAttention {
     }
   }
 
-  // s[j] = scale * q_g · k_j over [latent | rope]: Mul with q_g broadcast over the rows (src1 repeat stride 0), fold
-  // the 64-lane chunks of each row onto the first, then one WholeReduceSum per row.
+  // s[j] = scale * q_g · k_j over [latent | rope] (the vector-unit GEMV of common/vector_helpers.h).
   __aicore__ inline void Scores(const LocalTensor<float>& s, const LocalTensor<float>& k, uint32_t g, uint32_t rows) {
     const uint32_t dq = t_.dq_pad;
-    LocalTensor<float> prod = prod_.Get<float>(), q = qF_.Get<float>()[g * dq];
-    const uint8_t rowBlocks = uint8_t(dq / 8);
-    for (uint32_t c = 0; c < dq; c += kLanes) {
-      const uint64_t lanes = dq - c < kLanes ? dq - c : kLanes;
-      Mul(prod[c], k[c], q[c], lanes, uint8_t(rows), BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, 0));
-    }
-    for (uint32_t c = kLanes; c < dq; c += kLanes) {
-      const uint64_t lanes = dq - c < kLanes ? dq - c : kLanes;
-      Add(prod, prod, prod[c], lanes, uint8_t(rows), BinaryRepeatParams(1, 1, 1, rowBlocks, rowBlocks, rowBlocks));
-    }
-    const int32_t first = int32_t(dq < kLanes ? dq : kLanes);
-    WholeReduceSum(s, prod, first, int32_t(rows), 1, 1, int32_t(rowBlocks));
+    tot_ascendc::RowDots(s, k, qF_.Get<float>()[g * dq], prod_.Get<float>(), dq, rows);
     Muls(s, s, t_.scale, int32_t(rows));
   }
 
