@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from ..inference.api import npu_fused_infer_attention_score
 from ..kv_cache.api import BlockAllocator, npu_kv_rmsnorm_rope_cache
+from ..kv_cache.runner import PagedModelRunner
 from .prolog import npu_mla_prolog_v3
 from ..rope.api import npu_interleave_rope
 
@@ -344,7 +345,7 @@ class _HFMLAAdapter(nn.Module):
         return (out.unsqueeze(0) if runner.packed else out), None
 
 
-class PagedMLARunner:
+class PagedMLARunner(PagedModelRunner):
     """A transformers DeepSeek-V3 causal LM (`DeepseekV3ForCausalLM`; any model whose decoder layers' `self_attn`
     are DeepseekV3Attention-like) with every layer's attention swapped for MLAAttention (`from_hf`) over one
     MLALatentCache. The model is modified in place; its other modules (embeddings, norms, MLP / MoE, lm_head,
@@ -360,20 +361,14 @@ class PagedMLARunner:
     model (attention with an indexer) is a TypeError: PagedDSARunner (mla.sparse_attention_runner) runs it."""
 
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int = 16, dtype: Optional[torch.dtype] = None):
-        name = type(self).__name__
-        layers = getattr(getattr(model, "model", None), "layers", None)
-        if layers is None or not hasattr(model, "lm_head"):
-            raise TypeError(f"{name}: argument 'model' must be a transformers causal LM with model.layers and "
-                            f"lm_head (e.g. {self._MODEL_EXAMPLE}); got {type(model).__name__}")
+        super().__init__(model)
+        layers = model.model.layers
         if any(isinstance(layer.self_attn, _HFMLAAdapter) for layer in layers):
-            raise ValueError(f"{name}: the model's attention is already swapped (one runner per model)")
+            raise ValueError(f"{type(self).__name__}: the model's attention is already swapped (one runner per "
+                             f"model)")
         ref = next(model.parameters())
-        self.model = model
         self.cache = self._make_cache(model.config, len(layers), num_blocks, block_size, dtype or ref.dtype,
                                       ref.device)
-        self.batch: Optional[MLABatch] = None
-        self.packed = False
-        self.last_outputs = None
         modules = [self._attention_from_hf(layer.self_attn) for layer in layers]  # all converted before any swap
         for i, (layer, mla) in enumerate(zip(layers, modules)):
             mla.layer_idx = i
@@ -392,66 +387,3 @@ class PagedMLARunner:
             raise TypeError(f"{type(self).__name__}: the model's attention has a sparse-attention indexer (a "
                             f"DeepSeek-V3.2 model); use PagedDSARunner, which runs its selection")
         return MLAAttention.from_hf(hf_attention)
-
-    def _run(self, ids: Tensor, positions: Tensor, batch: MLABatch, packed: bool, **kwargs) -> Tensor:
-        self.batch, self.packed = batch, packed
-        try:
-            out = self.model.model(input_ids=ids, position_ids=positions, use_cache=False, **kwargs)
-        finally:
-            self.batch = None
-        self.last_outputs = out
-        return out.last_hidden_state
-
-    @torch.no_grad()
-    def prefill(self, prompts: Sequence[Sequence[int]], **kwargs) -> Tuple[List[int], Tensor]:
-        """New sequences for `prompts` (lists of token ids, any lengths >= 1), run as one packed TND step; returns
-        (seq_ids, logits of each prompt's last token [B, vocab])."""
-        prompts = [[int(t) for t in (p.tolist() if isinstance(p, Tensor) else p)] for p in prompts]
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError(f"{type(self).__name__}.prefill: argument 'prompts' must be a non-empty list of "
-                             f"non-empty token lists")
-        dev = self.cache.kv_caches[0].device
-        seq_ids = [self.cache.add_sequence() for _ in prompts]
-        try:
-            batch = self.cache.prepare(seq_ids, [len(p) for p in prompts])
-        except Exception:
-            for s in seq_ids:
-                self.cache.free(s)
-            raise
-        ids = torch.tensor([t for p in prompts for t in p], device=dev).unsqueeze(0)
-        pos = torch.cat([torch.arange(len(p)) for p in prompts]).to(dev).unsqueeze(0)
-        h = self._run(ids, pos, batch, packed=True, **kwargs)[0]
-        last = torch.tensor(batch.q_lens).cumsum(0) - 1
-        return seq_ids, self.model.lm_head(h[last.to(dev)])
-
-    @torch.no_grad()
-    def decode(self, seq_ids: Sequence[int], tokens: Sequence[int], **kwargs) -> Tensor:
-        """One new token per sequence (BSND, S = 1); returns their logits [B, vocab]."""
-        seq_ids = list(seq_ids)
-        dev = self.cache.kv_caches[0].device
-        pos = self.cache.seq_lens(seq_ids).to(dev).unsqueeze(1)  # the new token's position = tokens so far
-        batch = self.cache.prepare(seq_ids, [1] * len(seq_ids))
-        ids = torch.as_tensor(list(tokens), device=dev).reshape(-1, 1)
-        h = self._run(ids, pos, batch, packed=False, **kwargs)
-        return self.model.lm_head(h[:, -1])
-
-    def free(self, seq_ids: Sequence[int]) -> None:
-        for s in seq_ids:
-            self.cache.free(s)
-
-    @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> List[List[int]]:
-        """Greedy generation of exactly `max_new_tokens` tokens per prompt (no stopping criterion); returns the new
-        tokens of each prompt. The sequences' blocks are freed at the end."""
-        seq_ids, logits = self.prefill(prompts)
-        out: List[List[int]] = [[] for _ in prompts]
-        try:
-            for step in range(max_new_tokens):
-                nxt = logits.argmax(-1).tolist()
-                for b, t in enumerate(nxt):
-                    out[b].append(t)
-                if step + 1 < max_new_tokens:
-                    logits = self.decode(seq_ids, nxt)
-        finally:
-            self.free(seq_ids)
-        return out

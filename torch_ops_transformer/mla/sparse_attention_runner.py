@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kv_cache.api import npu_scatter_nd_update_
@@ -228,7 +227,7 @@ class DSAAttention(MLAAttention):
 class PagedDSARunner(PagedMLARunner):
     """A transformers DeepSeek-V3.2 causal LM (`DeepseekV32ForCausalLM`) with every layer's attention swapped for
     DSAAttention (`from_hf`) over one DSALatentCache: PagedMLARunner's prefill / decode / free / generate (ragged TND
-    prefill, BSND decode, greedy), each step selecting `index_topk` keys per query with the lightning indexer over
+    prefill, BSND decode, greedy; kv_cache.runner.PagedModelRunner), each step selecting `index_topk` keys per query with the lightning indexer over
     the paged indexer-key cache and attending to them with sparse flash attention.
 
         runner = PagedDSARunner(model, num_blocks=64, block_size=16)
@@ -248,34 +247,5 @@ class PagedDSARunner(PagedMLARunner):
     def _attention_from_hf(self, hf_attention: nn.Module) -> DSAAttention:
         return DSAAttention.from_hf(hf_attention)
 
-    def _packed(self, sequences) -> Tuple[List[List[int]], Tensor, Tensor]:
-        seqs = [[int(t) for t in (s.tolist() if isinstance(s, Tensor) else s)] for s in sequences]
-        if not seqs or any(len(s) == 0 for s in seqs):
-            raise ValueError(f"{type(self).__name__}: argument 'sequences' must be a non-empty list of non-empty "
-                             f"token lists")
-        dev = self.cache.kv_caches[0].device
-        ids = torch.tensor([t for s in seqs for t in s], device=dev).unsqueeze(0)
-        pos = torch.cat([torch.arange(len(s)) for s in seqs]).to(dev).unsqueeze(0)
-        return seqs, ids, pos
-
-    def train_forward(self, sequences: Sequence[Sequence[int]], **kwargs) -> Tensor:
-        """Logits [T, vocab] of a packed batch of token lists (T = their total length), differentiable."""
-        seqs, ids, pos = self._packed(sequences)
-        cu = torch.tensor([len(s) for s in seqs]).cumsum(0).tolist()
-        h = self._run(ids, pos, DSATrainBatch(cu), packed=True, **kwargs)[0]
-        return self.model.lm_head(h)
-
-    def lm_loss(self, sequences: Sequence[Sequence[int]]) -> Tensor:
-        """Sum over the sequences of the mean cross entropy of each token's logits against the next token (what
-        transformers' `model(ids, labels=ids).loss` is for one sequence)."""
-        seqs = [list(s) for s in sequences]
-        if any(len(s) < 2 for s in seqs):
-            raise ValueError(f"{type(self).__name__}.lm_loss: every sequence needs at least 2 tokens; got lengths "
-                             f"{[len(s) for s in seqs]}")
-        logits = self.train_forward(seqs)
-        loss, start = logits.new_zeros(()), 0
-        for s in seqs:
-            target = torch.tensor(s[1:], device=logits.device)
-            loss = loss + F.cross_entropy(logits[start:start + len(s) - 1].float(), target)
-            start += len(s)
-        return loss
+    def _train_batch(self, cu_seqlens: List[int]) -> DSATrainBatch:
+        return DSATrainBatch(cu_seqlens)
