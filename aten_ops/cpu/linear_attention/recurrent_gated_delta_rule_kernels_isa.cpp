@@ -1,7 +1,7 @@
 // The loops of recurrent_gated_delta_rule and rms_norm_gated for one instruction set (see
-// recurrent_gated_delta_rule_kernels.h). The recurrence keeps one (sequence, value head) state [Dv, Dk] in an A
-// buffer while it runs over the sequence's tokens: each row of the state is one decay, one dot product with k, one
-// rank-1 update and one dot product with q, all along the contiguous Dk dimension in Vectorized<A>.
+// recurrent_gated_delta_rule_kernels.h). The recurrence runs each state row of a (sequence, value head) through
+// the sequence's tokens: per token one decay, one dot product with k, one update along k and one dot product with
+// q, all along the contiguous Dk dimension in Vectorized<A>.
 #include "cpu/linear_attention/recurrent_gated_delta_rule_kernels.h"
 
 #ifndef CPU_CAPABILITY
@@ -64,52 +64,75 @@ void store_either(const A* src, int64_t n, void* base, bool is_float, int64_t of
 
 // ---- recurrence ----
 
-// The per-token buffers of one (sequence, head) work item, reused across items of a thread.
+// The rows of the state never mix: row i of S (its Dk values for value dimension i) evolves from its own past, the
+// token's k, q, gates and v[i] only. So an item runs row by row through all of its tokens, one Dk-long row in
+// registers / L1 at a time: each row of the cache is read once (from the sequence's first slot) and written once
+// per token (to the token's slot), with no [Dv, Dk] scratch copy in between.
+
+// The tokens of one (sequence, head) work item in A, reused across the items of a thread.
 template <typename A>
 struct GdrScratch {
-  std::vector<A> S, q, k, v, decay, o;
-  GdrScratch(int64_t Dk, int64_t Dv)
-      : S(static_cast<size_t>(Dk * Dv)), q(Dk), k(Dk), v(Dv), decay(Dk), o(Dv) {}
+  std::vector<A> q, k, v, decay, alpha, beta, row;
+  void resize(int64_t L, int64_t Dk, int64_t Dv, bool per_column) {
+    q.resize(static_cast<size_t>(L * Dk));
+    k.resize(static_cast<size_t>(L * Dk));
+    v.resize(static_cast<size_t>(L * Dv));
+    decay.resize(per_column ? static_cast<size_t>(L * Dk) : 0);
+    alpha.resize(static_cast<size_t>(L));
+    beta.resize(static_cast<size_t>(L));
+    row.resize(static_cast<size_t>(Dk));
+  }
 };
 
-// One token on the state S [Dv, Dk]: per row i, S_i = S_i * d (d = alpha, or the per-column decay); x = S_i · k;
-// S_i += beta (v_i - x) k; o_i = scale S_i · q.
+// One token on one state row (n = Dk values): row *= d (d = alpha, or the per-column decay); x = row · k;
+// row += beta (v_i - x) k; returns scale (row · q). Each pass keeps four independent accumulators (the dot products
+// are latency bound otherwise: one row is only Dk / W vectors); the order of the sums depends on n only.
 template <typename A>
-void gdr_token(A* S, int64_t Dv, int64_t Dk, const A* q, const A* k, const A* v, const A* decay, A alpha, A beta,
-               A scale, A* o) {
+A gdr_row(A* row, int64_t n, const A* q, const A* k, A v_i, const A* decay, A alpha, A beta, A scale) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t W = Vec::size();
   const Vec av(alpha);
-  for (int64_t i = 0; i < Dv; ++i) {
-    A* row = S + i * Dk;
-    Vec acc(A(0));
-    int64_t j = 0;
-    for (; j + W <= Dk; j += W) {
-      const Vec r = Vec::loadu(row + j) * (decay ? Vec::loadu(decay + j) : av);
-      r.store(row + j);
-      acc = at::vec::fmadd(r, Vec::loadu(k + j), acc);
-    }
-    A x = reduce_sum(acc);
-    for (; j < Dk; ++j) {
-      row[j] *= decay ? decay[j] : alpha;
-      x += row[j] * k[j];
-    }
-    const A y = beta * (v[i] - x);
-    const Vec yv(y);
-    Vec acc2(A(0));
-    j = 0;
-    for (; j + W <= Dk; j += W) {
-      const Vec r = at::vec::fmadd(yv, Vec::loadu(k + j), Vec::loadu(row + j));
-      r.store(row + j);
-      acc2 = at::vec::fmadd(r, Vec::loadu(q + j), acc2);
-    }
-    A dot = reduce_sum(acc2);
-    for (; j < Dk; ++j) {
-      row[j] += y * k[j];
-      dot += row[j] * q[j];
-    }
-    o[i] = scale * dot;
+  auto decay_dot = [&](int64_t j, Vec& acc) {
+    const Vec r = Vec::loadu(row + j) * (decay ? Vec::loadu(decay + j) : av);
+    r.store(row + j);
+    acc = at::vec::fmadd(r, Vec::loadu(k + j), acc);
+  };
+  Vec a0(A(0)), a1(A(0)), a2(A(0)), a3(A(0));
+  int64_t j = 0;
+  for (; j + 4 * W <= n; j += 4 * W) {
+    decay_dot(j, a0);
+    decay_dot(j + W, a1);
+    decay_dot(j + 2 * W, a2);
+    decay_dot(j + 3 * W, a3);
   }
+  for (; j + W <= n; j += W) decay_dot(j, a0);
+  A x = reduce_sum((a0 + a1) + (a2 + a3));
+  for (; j < n; ++j) {
+    row[j] *= decay ? decay[j] : alpha;
+    x += row[j] * k[j];
+  }
+  const A y = beta * (v_i - x);
+  const Vec yv(y);
+  auto update_dot = [&](int64_t j, Vec& acc) {
+    const Vec r = at::vec::fmadd(yv, Vec::loadu(k + j), Vec::loadu(row + j));
+    r.store(row + j);
+    acc = at::vec::fmadd(r, Vec::loadu(q + j), acc);
+  };
+  Vec b0(A(0)), b1(A(0)), b2(A(0)), b3(A(0));
+  j = 0;
+  for (; j + 4 * W <= n; j += 4 * W) {
+    update_dot(j, b0);
+    update_dot(j + W, b1);
+    update_dot(j + 2 * W, b2);
+    update_dot(j + 3 * W, b3);
+  }
+  for (; j + W <= n; j += W) update_dot(j, b0);
+  A dot = reduce_sum((b0 + b1) + (b2 + b3));
+  for (; j < n; ++j) {
+    row[j] += y * k[j];
+    dot += row[j] * q[j];
+  }
+  return scale * dot;
 }
 
 // decay[j] = alpha * exp(gk[j]), j < n.
@@ -122,13 +145,13 @@ void column_decay(const A* gk, int64_t n, A alpha, A* decay) {
   for (; j < n; ++j) decay[j] = alpha * std::exp(gk[j]);
 }
 
-// One sequence b, value head h: its tokens in order, the state kept in s.S between them.
+// One sequence b, value head h: its tokens converted to A once, then the state row by row through them.
 template <typename T, typename A>
 void gdr_item(const RecurrentGdrParams& p, int64_t b, int64_t h, GdrScratch<A>& s) {
   const int64_t Dk = p.Dk, Dv = p.Dv, Nv = p.Nv, Nk = p.Nk;
   const int64_t hk = h / (Nv / Nk);
+  const int64_t t0 = p.seq_start[b], L = p.seq_start[b + 1] - t0;
   const bool state_float = p.state_dtype == at::kFloat && !std::is_same_v<T, float>;
-  const int64_t plane = Dv * Dk;
   const T* q = static_cast<const T*>(p.query);
   const T* k = static_cast<const T*>(p.key);
   const T* v = static_cast<const T*>(p.value);
@@ -136,22 +159,27 @@ void gdr_item(const RecurrentGdrParams& p, int64_t b, int64_t h, GdrScratch<A>& 
   const A* g = static_cast<const A*>(p.g);
   const A* gk = static_cast<const A*>(p.gk);
   T* out = static_cast<T*>(p.out);
-  load_either<T>(p.state, state_float, (p.first_slot[b] * Nv + h) * plane, plane, s.S.data());
-  for (int64_t t = p.seq_start[b]; t < p.seq_start[b + 1]; ++t) {
-    load_row(q + (t * Nk + hk) * Dk, Dk, s.q.data());
-    load_row(k + (t * Nk + hk) * Dk, Dk, s.k.data());
-    load_row(v + (t * Nv + h) * Dv, Dv, s.v.data());
-    const A alpha = g ? std::exp(g[t * Nv + h]) : A(1);
-    const A b_t = beta ? beta[t * Nv + h] : A(1);
-    const A* decay = nullptr;
-    if (gk != nullptr) {
-      column_decay(gk + (t * Nv + h) * Dk, Dk, alpha, s.decay.data());
-      decay = s.decay.data();
+  s.resize(L, Dk, Dv, gk != nullptr);
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t t = t0 + l;
+    load_row(q + (t * Nk + hk) * Dk, Dk, s.q.data() + l * Dk);
+    load_row(k + (t * Nk + hk) * Dk, Dk, s.k.data() + l * Dk);
+    load_row(v + (t * Nv + h) * Dv, Dv, s.v.data() + l * Dv);
+    s.alpha[l] = g ? std::exp(g[t * Nv + h]) : A(1);
+    s.beta[l] = beta ? beta[t * Nv + h] : A(1);
+    if (gk != nullptr) column_decay(gk + (t * Nv + h) * Dk, Dk, s.alpha[l], s.decay.data() + l * Dk);
+  }
+  const A scale = static_cast<A>(p.scale);
+  A* row = s.row.data();
+  for (int64_t i = 0; i < Dv; ++i) {
+    load_either<T>(p.state, state_float, ((p.first_slot[b] * Nv + h) * Dv + i) * Dk, Dk, row);
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t t = t0 + l;
+      const A o = gdr_row(row, Dk, s.q.data() + l * Dk, s.k.data() + l * Dk, s.v[l * Dv + i],
+                          gk ? s.decay.data() + l * Dk : nullptr, s.alpha[l], s.beta[l], scale);
+      out[(t * Nv + h) * Dv + i] = static_cast<T>(o);
+      store_either<T>(row, Dk, p.state, state_float, ((p.slot[t] * Nv + h) * Dv + i) * Dk);
     }
-    gdr_token(s.S.data(), Dv, Dk, s.q.data(), s.k.data(), s.v.data(), decay, alpha, b_t, static_cast<A>(p.scale),
-              s.o.data());
-    load_row(s.o.data(), Dv, out + (t * Nv + h) * Dv);
-    store_either<T>(s.S.data(), plane, p.state, state_float, (p.slot[t] * Nv + h) * plane);
   }
 }
 
@@ -159,7 +187,7 @@ template <typename T>
 void recurrent(const RecurrentGdrParams& p) {
   using A = norm::acc_of<T>;
   at::parallel_for(0, p.B * p.Nv, 1, [&](int64_t w0, int64_t w1) {
-    GdrScratch<A> s(p.Dk, p.Dv);
+    GdrScratch<A> s;
     for (int64_t w = w0; w < w1; ++w) gdr_item<T, A>(p, w / p.Nv, w % p.Nv, s);
   });
 }
