@@ -101,9 +101,9 @@ class RMSNormGated(torch.nn.Module):
     """Drop-in for transformers' Qwen3NextRMSNormGated (same parameter name `weight`, `variance_epsilon`, and
     forward(hidden_states, gate)) on rms_norm_gated."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, **kwargs) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, **kwargs))
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, dtype=None, device=None, **kwargs) -> None:
+        super().__init__()  # (other keyword arguments are ignored, as transformers' module ignores them)
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device))
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: Tensor, gate: Optional[Tensor] = None) -> Tensor:
