@@ -69,7 +69,11 @@ void store_either(const A* src, int64_t n, void* base, bool is_float, int64_t of
 // registers / L1 at a time: each row of the cache is read once (from the sequence's first slot) and written once
 // per token (to the token's slot), with no [Dv, Dk] scratch copy in between.
 
-// The tokens of one (sequence, head) work item in A, reused across the items of a thread.
+// State rows updated together (gdr_rows).
+constexpr int kRows = 4;
+
+// The tokens of one (sequence, head) work item in A and its current state rows, reused across the items of a
+// thread.
 template <typename A>
 struct GdrScratch {
   std::vector<A> q, k, v, decay, alpha, beta, row;
@@ -80,59 +84,62 @@ struct GdrScratch {
     decay.resize(per_column ? static_cast<size_t>(L * Dk) : 0);
     alpha.resize(static_cast<size_t>(L));
     beta.resize(static_cast<size_t>(L));
-    row.resize(static_cast<size_t>(Dk));
+    row.resize(static_cast<size_t>(kRows * Dk));
   }
 };
 
-// One token on one state row (n = Dk values): row *= d (d = alpha, or the per-column decay); x = row · k;
-// row += beta (v_i - x) k; returns scale (row · q). Each pass keeps four independent accumulators (the dot products
-// are latency bound otherwise: one row is only Dk / W vectors); the order of the sums depends on n only.
-template <typename A>
-A gdr_row(A* row, int64_t n, const A* q, const A* k, A v_i, const A* decay, A alpha, A beta, A scale) {
+// One token on R state rows of n = Dk values each (rows[r * n + j]): per row, row *= d (d = alpha, or the
+// per-column decay); x = row · k; row += beta (v[r] - x) k; o[r] = scale (row · q). The R rows are independent,
+// so working on them together gives each pass R independent accumulator chains (one row alone is latency bound: it
+// is only Dk / W vectors) and loads k, q and the decay once for R rows. Per row, the order of the sums depends on n
+// only.
+template <typename A, int R>
+void gdr_rows(A* rows, int64_t n, const A* q, const A* k, const A* v, const A* decay, A alpha, A beta, A scale,
+              A* o) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t W = Vec::size();
-  const Vec av(alpha);
-  auto decay_dot = [&](int64_t j, Vec& acc) {
-    const Vec r = Vec::loadu(row + j) * (decay ? Vec::loadu(decay + j) : av);
-    r.store(row + j);
-    acc = at::vec::fmadd(r, Vec::loadu(k + j), acc);
-  };
-  Vec a0(A(0)), a1(A(0)), a2(A(0)), a3(A(0));
+  Vec acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = Vec(A(0));
   int64_t j = 0;
-  for (; j + 4 * W <= n; j += 4 * W) {
-    decay_dot(j, a0);
-    decay_dot(j + W, a1);
-    decay_dot(j + 2 * W, a2);
-    decay_dot(j + 3 * W, a3);
+  for (; j + W <= n; j += W) {
+    const Vec kj = Vec::loadu(k + j);
+    const Vec dj = decay ? Vec::loadu(decay + j) : Vec(alpha);
+    for (int r = 0; r < R; ++r) {
+      const Vec x = Vec::loadu(rows + r * n + j) * dj;
+      x.store(rows + r * n + j);
+      acc[r] = at::vec::fmadd(x, kj, acc[r]);
+    }
   }
-  for (; j + W <= n; j += W) decay_dot(j, a0);
-  A x = reduce_sum((a0 + a1) + (a2 + a3));
-  for (; j < n; ++j) {
-    row[j] *= decay ? decay[j] : alpha;
-    x += row[j] * k[j];
+  const int64_t tail = j;
+  A y[R];
+  for (int r = 0; r < R; ++r) {
+    A* row = rows + r * n;
+    A x = reduce_sum(acc[r]);
+    for (int64_t jj = tail; jj < n; ++jj) {
+      row[jj] *= decay ? decay[jj] : alpha;
+      x += row[jj] * k[jj];
+    }
+    y[r] = beta * (v[r] - x);
+    acc[r] = Vec(A(0));
   }
-  const A y = beta * (v_i - x);
-  const Vec yv(y);
-  auto update_dot = [&](int64_t j, Vec& acc) {
-    const Vec r = at::vec::fmadd(yv, Vec::loadu(k + j), Vec::loadu(row + j));
-    r.store(row + j);
-    acc = at::vec::fmadd(r, Vec::loadu(q + j), acc);
-  };
-  Vec b0(A(0)), b1(A(0)), b2(A(0)), b3(A(0));
-  j = 0;
-  for (; j + 4 * W <= n; j += 4 * W) {
-    update_dot(j, b0);
-    update_dot(j + W, b1);
-    update_dot(j + 2 * W, b2);
-    update_dot(j + 3 * W, b3);
+  for (j = 0; j + W <= n; j += W) {
+    const Vec kj = Vec::loadu(k + j);
+    const Vec qj = Vec::loadu(q + j);
+    for (int r = 0; r < R; ++r) {
+      const Vec x = at::vec::fmadd(Vec(y[r]), kj, Vec::loadu(rows + r * n + j));
+      x.store(rows + r * n + j);
+      acc[r] = at::vec::fmadd(x, qj, acc[r]);
+    }
   }
-  for (; j + W <= n; j += W) update_dot(j, b0);
-  A dot = reduce_sum((b0 + b1) + (b2 + b3));
-  for (; j < n; ++j) {
-    row[j] += y * k[j];
-    dot += row[j] * q[j];
+  for (int r = 0; r < R; ++r) {
+    A* row = rows + r * n;
+    A dot = reduce_sum(acc[r]);
+    for (int64_t jj = tail; jj < n; ++jj) {
+      row[jj] += y[r] * k[jj];
+      dot += row[jj] * q[jj];
+    }
+    o[r] = scale * dot;
   }
-  return scale * dot;
 }
 
 // decay[j] = alpha * exp(gk[j]), j < n.
@@ -145,20 +152,40 @@ void column_decay(const A* gk, int64_t n, A alpha, A* decay) {
   for (; j < n; ++j) decay[j] = alpha * std::exp(gk[j]);
 }
 
-// One sequence b, value head h: its tokens converted to A once, then the state row by row through them.
+// State rows i .. i + R of a work item (its tokens already in s): read from the first slot, then per token
+// updated, their outputs written, and stored to the token's slot.
+template <typename T, typename A, int R>
+void run_rows(const RecurrentGdrParams& p, int64_t b, int64_t h, int64_t i, GdrScratch<A>& s, A scale) {
+  const int64_t Dk = p.Dk, Dv = p.Dv, Nv = p.Nv;
+  const int64_t t0 = p.seq_start[b], L = p.seq_start[b + 1] - t0;
+  const bool state_float = p.state_dtype == at::kFloat && !std::is_same_v<T, float>;
+  T* out = static_cast<T*>(p.out);
+  A* rows = s.row.data();
+  // the R rows are consecutive in the cache: one [R, Dk] block per slot
+  load_either<T>(p.state, state_float, ((p.first_slot[b] * Nv + h) * Dv + i) * Dk, R * Dk, rows);
+  A v[R], o[R];
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t t = t0 + l;
+    for (int r = 0; r < R; ++r) v[r] = s.v[l * Dv + i + r];
+    gdr_rows<A, R>(rows, Dk, s.q.data() + l * Dk, s.k.data() + l * Dk, v, s.decay.empty() ? nullptr :
+                   s.decay.data() + l * Dk, s.alpha[l], s.beta[l], scale, o);
+    for (int r = 0; r < R; ++r) out[(t * Nv + h) * Dv + i + r] = static_cast<T>(o[r]);
+    store_either<T>(rows, R * Dk, p.state, state_float, ((p.slot[t] * Nv + h) * Dv + i) * Dk);
+  }
+}
+
+// One sequence b, value head h: its tokens converted to A once, then the state, kRows rows at a time, through them.
 template <typename T, typename A>
 void gdr_item(const RecurrentGdrParams& p, int64_t b, int64_t h, GdrScratch<A>& s) {
   const int64_t Dk = p.Dk, Dv = p.Dv, Nv = p.Nv, Nk = p.Nk;
   const int64_t hk = h / (Nv / Nk);
   const int64_t t0 = p.seq_start[b], L = p.seq_start[b + 1] - t0;
-  const bool state_float = p.state_dtype == at::kFloat && !std::is_same_v<T, float>;
   const T* q = static_cast<const T*>(p.query);
   const T* k = static_cast<const T*>(p.key);
   const T* v = static_cast<const T*>(p.value);
   const A* beta = static_cast<const A*>(p.beta);
   const A* g = static_cast<const A*>(p.g);
   const A* gk = static_cast<const A*>(p.gk);
-  T* out = static_cast<T*>(p.out);
   s.resize(L, Dk, Dv, gk != nullptr);
   for (int64_t l = 0; l < L; ++l) {
     const int64_t t = t0 + l;
@@ -170,15 +197,11 @@ void gdr_item(const RecurrentGdrParams& p, int64_t b, int64_t h, GdrScratch<A>& 
     if (gk != nullptr) column_decay(gk + (t * Nv + h) * Dk, Dk, s.alpha[l], s.decay.data() + l * Dk);
   }
   const A scale = static_cast<A>(p.scale);
-  A* row = s.row.data();
-  for (int64_t i = 0; i < Dv; ++i) {
-    load_either<T>(p.state, state_float, ((p.first_slot[b] * Nv + h) * Dv + i) * Dk, Dk, row);
-    for (int64_t l = 0; l < L; ++l) {
-      const int64_t t = t0 + l;
-      const A o = gdr_row(row, Dk, s.q.data() + l * Dk, s.k.data() + l * Dk, s.v[l * Dv + i],
-                          gk ? s.decay.data() + l * Dk : nullptr, s.alpha[l], s.beta[l], scale);
-      out[(t * Nv + h) * Dv + i] = static_cast<T>(o);
-      store_either<T>(row, Dk, p.state, state_float, ((p.slot[t] * Nv + h) * Dv + i) * Dk);
+  for (int64_t i = 0; i < Dv; i += kRows) {
+    if (i + kRows <= Dv) {
+      run_rows<T, A, kRows>(p, b, h, i, s, scale);
+    } else {
+      for (int64_t r = i; r < Dv; ++r) run_rows<T, A, 1>(p, b, h, r, s, scale);
     }
   }
 }
