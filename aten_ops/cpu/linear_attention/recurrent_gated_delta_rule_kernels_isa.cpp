@@ -277,24 +277,46 @@ void gated_forward(const RmsNormGatedParams& p) {
   });
 }
 
-// One row of the backward; adds the row's u * h to dw.
+// One row of the backward; adds the row's u * h to dw. g (nullptr: no gate) is overwritten with dgate.
 template <typename A>
-void gated_grad_row(const A* x, A* dy, A* g, int64_t n, const A* w, A rs, A* dx, A* dw) {
-  A m = 0;
-  for (int64_t j = 0; j < n; ++j) {
+void gated_grad_row(const A* x, const A* dy, A* g, int64_t n, const A* w, A rs, A* dx, A* dw) {
+  using Vec = at::vec::Vectorized<A>;
+  constexpr int64_t W = Vec::size();
+  const Vec one(A(1)), rv(rs);
+  Vec macc(A(0));
+  int64_t j = 0;
+  // dx holds w * u until the second pass; m = sum of w u h
+  for (; j + W <= n; j += W) {
+    const Vec h = Vec::loadu(x + j) * rv, d = Vec::loadu(dy + j), wj = Vec::loadu(w + j);
+    Vec u = d;
+    if (g != nullptr) {
+      const Vec gj = Vec::loadu(g + j);
+      const Vec sig = one / (one + gj.neg().exp());
+      u = d * gj * sig;
+      (d * wj * h * sig * (one + gj * (one - sig))).store(g + j);
+    }
+    (Vec::loadu(dw + j) + u * h).store(dw + j);
+    const Vec wu = wj * u;
+    wu.store(dx + j);
+    macc = at::vec::fmadd(wu, h, macc);
+  }
+  A m = reduce_sum(macc);
+  for (; j < n; ++j) {
     const A h = x[j] * rs;
     A u = dy[j];
     if (g != nullptr) {
       const A sig = A(1) / (A(1) + std::exp(-g[j]));
-      u *= g[j] * sig;
-      g[j] = dy[j] * w[j] * h * sig * (A(1) + g[j] * (A(1) - sig));  // dgate, over the gate's buffer
+      u = dy[j] * g[j] * sig;
+      g[j] = dy[j] * w[j] * h * sig * (A(1) + g[j] * (A(1) - sig));
     }
     dw[j] += u * h;
     dx[j] = w[j] * u;
     m += dx[j] * h;
   }
-  m /= static_cast<A>(n);
-  for (int64_t j = 0; j < n; ++j) dx[j] = rs * (dx[j] - x[j] * rs * m);
+  const Vec mv(m / static_cast<A>(n));
+  j = 0;
+  for (; j + W <= n; j += W) (rv * (Vec::loadu(dx + j) - Vec::loadu(x + j) * rv * mv)).store(dx + j);
+  for (; j < n; ++j) dx[j] = rs * (dx[j] - x[j] * rs * (m / static_cast<A>(n)));
 }
 
 template <typename T>
