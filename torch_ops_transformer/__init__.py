@@ -190,6 +190,8 @@ from .rope import (
 )
 from .rope import npu_mrope  # decoder-layer and serving-loop ops: rope, sampling, kv_cache, attention, moe
 from .sampling import npu_top_k_top_p
+from .linear_attention import (RMSNormGated, npu_recurrent_gated_delta_rule,
+                               npu_recurrent_gated_delta_rule_functional, rms_norm_gated)
 from .sparse_attention import (npu_lightning_indexer, npu_lightning_indexer_grad, npu_quant_lightning_indexer,
                                npu_sparse_lightning_indexer_grad_kl_loss)
 from .kv_cache import (npu_gather_pa_kv_cache, npu_gather_pa_kv_cache_functional, npu_scatter_nd_update,
@@ -330,6 +332,8 @@ __all__ += ["npu_mrope", "npu_top_k_top_p", "npu_gather_pa_kv_cache", "npu_gathe
             "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_ring_attention_update", "npu_grouped_matmul_add",
             "npu_grouped_matmul_add_"]
 __all__ += ["npu_sparse_flash_attention", "npu_sparse_flash_attention_grad", "npu_kv_quant_sparse_flash_attention"]
+__all__ += ["npu_recurrent_gated_delta_rule", "npu_recurrent_gated_delta_rule_functional", "rms_norm_gated",
+            "RMSNormGated"]
 
 
 def _startup() -> None:

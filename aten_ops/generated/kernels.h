@@ -229,4 +229,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_npu(const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(const SparseFlashAttentionGradArgs& args);
 // kv_quant_sparse_flash_attention [CPU]
 at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttentionArgs& args);
+// recurrent_gated_delta_rule [CPU]
+at::Tensor recurrent_gated_delta_rule_cpu(const RecurrentGatedDeltaRuleArgs& args);
+// recurrent_gated_delta_rule_functional [CPU]
+std::tuple<at::Tensor, at::Tensor> recurrent_gated_delta_rule_functional_cpu(const RecurrentGatedDeltaRuleFunctionalArgs& args);
+// rms_norm_gated [CPU]
+std::tuple<at::Tensor, at::Tensor> rms_norm_gated_cpu(const RmsNormGatedArgs& args);
+// rms_norm_gated_grad [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_gated_grad_cpu(const RmsNormGatedGradArgs& args);
 }  // namespace npu_fa

@@ -3421,6 +3421,160 @@ struct KvQuantSparseFlashAttentionValues {
   KvQuantSparseFlashAttentionArgs args() const { return KvQuantSparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks}; }
 };
 
+// recurrent_gated_delta_rule
+struct RecurrentGatedDeltaRuleArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const at::Tensor& state;
+  const std::optional<at::Tensor>& beta;
+  std::optional<double> scale;
+  const std::optional<at::Tensor>& actual_seq_lengths;
+  const std::optional<at::Tensor>& ssm_state_indices;
+  const std::optional<at::Tensor>& num_accepted_tokens;
+  const std::optional<at::Tensor>& g;
+  const std::optional<at::Tensor>& gk;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const RecurrentGatedDeltaRuleArgs& a, F&& f) {
+  return f(a.query, a.key, a.value, a.state, a.beta, a.scale, a.actual_seq_lengths, a.ssm_state_indices, a.num_accepted_tokens, a.g, a.gk);
+}
+
+// recurrent_gated_delta_rule's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RecurrentGatedDeltaRuleValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RecurrentGatedDeltaRuleValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor state;
+  std::optional<at::Tensor> beta;
+  std::optional<double> scale;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<at::Tensor> ssm_state_indices;
+  std::optional<at::Tensor> num_accepted_tokens;
+  std::optional<at::Tensor> g;
+  std::optional<at::Tensor> gk;
+
+  RecurrentGatedDeltaRuleValues() = default;
+  // A copy of a call's arguments.
+  explicit RecurrentGatedDeltaRuleValues(const RecurrentGatedDeltaRuleArgs& a)
+      : query(a.query), key(a.key), value(a.value), state(a.state), beta(a.beta), scale(a.scale), actual_seq_lengths(a.actual_seq_lengths), ssm_state_indices(a.ssm_state_indices), num_accepted_tokens(a.num_accepted_tokens), g(a.g), gk(a.gk) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RecurrentGatedDeltaRuleArgs args() const { return RecurrentGatedDeltaRuleArgs{query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk}; }
+};
+
+// recurrent_gated_delta_rule_functional
+struct RecurrentGatedDeltaRuleFunctionalArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const at::Tensor& state;
+  const std::optional<at::Tensor>& beta;
+  std::optional<double> scale;
+  const std::optional<at::Tensor>& actual_seq_lengths;
+  const std::optional<at::Tensor>& ssm_state_indices;
+  const std::optional<at::Tensor>& num_accepted_tokens;
+  const std::optional<at::Tensor>& g;
+  const std::optional<at::Tensor>& gk;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const RecurrentGatedDeltaRuleFunctionalArgs& a, F&& f) {
+  return f(a.query, a.key, a.value, a.state, a.beta, a.scale, a.actual_seq_lengths, a.ssm_state_indices, a.num_accepted_tokens, a.g, a.gk);
+}
+
+// recurrent_gated_delta_rule_functional's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RecurrentGatedDeltaRuleFunctionalValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RecurrentGatedDeltaRuleFunctionalValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  at::Tensor state;
+  std::optional<at::Tensor> beta;
+  std::optional<double> scale;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<at::Tensor> ssm_state_indices;
+  std::optional<at::Tensor> num_accepted_tokens;
+  std::optional<at::Tensor> g;
+  std::optional<at::Tensor> gk;
+
+  RecurrentGatedDeltaRuleFunctionalValues() = default;
+  // A copy of a call's arguments.
+  explicit RecurrentGatedDeltaRuleFunctionalValues(const RecurrentGatedDeltaRuleFunctionalArgs& a)
+      : query(a.query), key(a.key), value(a.value), state(a.state), beta(a.beta), scale(a.scale), actual_seq_lengths(a.actual_seq_lengths), ssm_state_indices(a.ssm_state_indices), num_accepted_tokens(a.num_accepted_tokens), g(a.g), gk(a.gk) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RecurrentGatedDeltaRuleFunctionalArgs args() const { return RecurrentGatedDeltaRuleFunctionalArgs{query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk}; }
+};
+
+// rms_norm_gated
+struct RmsNormGatedArgs {
+  const at::Tensor& x;
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& gate;
+  double epsilon;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const RmsNormGatedArgs& a, F&& f) {
+  return f(a.x, a.weight, a.gate, a.epsilon);
+}
+
+// rms_norm_gated's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RmsNormGatedValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RmsNormGatedValues {
+  at::Tensor x;
+  at::Tensor weight;
+  std::optional<at::Tensor> gate;
+  double epsilon = 1e-06;
+
+  RmsNormGatedValues() = default;
+  // A copy of a call's arguments.
+  explicit RmsNormGatedValues(const RmsNormGatedArgs& a)
+      : x(a.x), weight(a.weight), gate(a.gate), epsilon(a.epsilon) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RmsNormGatedArgs args() const { return RmsNormGatedArgs{x, weight, gate, epsilon}; }
+};
+
+// rms_norm_gated_grad
+struct RmsNormGatedGradArgs {
+  const at::Tensor& dy;
+  const at::Tensor& x;
+  const at::Tensor& weight;
+  const at::Tensor& rstd;
+  const std::optional<at::Tensor>& gate;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const RmsNormGatedGradArgs& a, F&& f) {
+  return f(a.dy, a.x, a.weight, a.rstd, a.gate);
+}
+
+// rms_norm_gated_grad's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   RmsNormGatedGradValues v(args); v.dy = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct RmsNormGatedGradValues {
+  at::Tensor dy;
+  at::Tensor x;
+  at::Tensor weight;
+  at::Tensor rstd;
+  std::optional<at::Tensor> gate;
+
+  RmsNormGatedGradValues() = default;
+  // A copy of a call's arguments.
+  explicit RmsNormGatedGradValues(const RmsNormGatedGradArgs& a)
+      : dy(a.dy), x(a.x), weight(a.weight), rstd(a.rstd), gate(a.gate) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  RmsNormGatedGradArgs args() const { return RmsNormGatedGradArgs{dy, x, weight, rstd, gate}; }
+};
+
 // fused_infer_attention_score's arguments, with which fused_infer_attention_score_grad's schema starts.
 inline FusedInferAttentionScoreArgs forward_args(const FusedInferAttentionScoreGradArgs& a) {
   return FusedInferAttentionScoreArgs{a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink};

@@ -666,4 +666,36 @@ inline at::Tensor call_kv_quant_sparse_flash_attention(const KvQuantSparseFlashA
   return op.call(a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.key_quant_mode, a.value_quant_mode, a.key_dequant_scale, a.value_dequant_scale, a.block_table, a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.quant_scale_repo_mode, a.tile_size, a.rope_head_dim, a.key_dtype, a.value_dtype, a.sinks);
 }
 
+// recurrent_gated_delta_rule
+inline at::Tensor call_recurrent_gated_delta_rule(const RecurrentGatedDeltaRuleArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::recurrent_gated_delta_rule", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::optional<double>, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
+  return op.call(a.query, a.key, a.value, a.state, a.beta, a.scale, a.actual_seq_lengths, a.ssm_state_indices, a.num_accepted_tokens, a.g, a.gk);
+}
+
+// recurrent_gated_delta_rule_functional
+inline std::tuple<at::Tensor, at::Tensor> call_recurrent_gated_delta_rule_functional(const RecurrentGatedDeltaRuleFunctionalArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::recurrent_gated_delta_rule_functional", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, std::optional<double>, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&)>();
+  return op.call(a.query, a.key, a.value, a.state, a.beta, a.scale, a.actual_seq_lengths, a.ssm_state_indices, a.num_accepted_tokens, a.g, a.gk);
+}
+
+// rms_norm_gated
+inline std::tuple<at::Tensor, at::Tensor> call_rms_norm_gated(const RmsNormGatedArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::rms_norm_gated", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, double)>();
+  return op.call(a.x, a.weight, a.gate, a.epsilon);
+}
+
+// rms_norm_gated_grad
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_rms_norm_gated_grad(const RmsNormGatedGradArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::rms_norm_gated_grad", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return op.call(a.dy, a.x, a.weight, a.rstd, a.gate);
+}
+
 }  // namespace npu_fa

@@ -1239,6 +1239,64 @@ at::Tensor kv_quant_sparse_flash_attention_cpu_unboxed(const at::Tensor& query, 
   return npu_fa::kv_quant_sparse_flash_attention_cpu(npu_fa::KvQuantSparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks});
 }
 
+at::Tensor recurrent_gated_delta_rule_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& state, const std::optional<at::Tensor>& beta, std::optional<double> scale, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& ssm_state_indices, const std::optional<at::Tensor>& num_accepted_tokens, const std::optional<at::Tensor>& g, const std::optional<at::Tensor>& gk) {
+  npu_fa::DeviceRule rule("recurrent_gated_delta_rule");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("state", state);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("g", g);
+  rule.device_tensor("gk", gk);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("ssm_state_indices", ssm_state_indices);
+  rule.host_tensor("num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_self_overlap("recurrent_gated_delta_rule", "state", state);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "query", query);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "key", key);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "value", value);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "beta", beta);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "actual_seq_lengths", actual_seq_lengths);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "ssm_state_indices", ssm_state_indices);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "g", g);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "gk", gk);
+  return npu_fa::recurrent_gated_delta_rule_cpu(npu_fa::RecurrentGatedDeltaRuleArgs{query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk});
+}
+
+std::tuple<at::Tensor, at::Tensor> recurrent_gated_delta_rule_functional_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& state, const std::optional<at::Tensor>& beta, std::optional<double> scale, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& ssm_state_indices, const std::optional<at::Tensor>& num_accepted_tokens, const std::optional<at::Tensor>& g, const std::optional<at::Tensor>& gk) {
+  npu_fa::DeviceRule rule("recurrent_gated_delta_rule_functional");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("state", state);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("g", g);
+  rule.device_tensor("gk", gk);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("ssm_state_indices", ssm_state_indices);
+  rule.host_tensor("num_accepted_tokens", num_accepted_tokens);
+  return npu_fa::recurrent_gated_delta_rule_functional_cpu(npu_fa::RecurrentGatedDeltaRuleFunctionalArgs{query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk});
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_gated_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& gate, double epsilon) {
+  npu_fa::DeviceRule rule("rms_norm_gated");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("gate", gate);
+  return npu_fa::rms_norm_gated_cpu(npu_fa::RmsNormGatedArgs{x, weight, gate, epsilon});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_gated_grad_cpu_unboxed(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& rstd, const std::optional<at::Tensor>& gate) {
+  npu_fa::DeviceRule rule("rms_norm_gated_grad");
+  rule.device_tensor("dy", dy);
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("rstd", rstd);
+  rule.device_tensor("gate", gate);
+  return npu_fa::rms_norm_gated_grad_cpu(npu_fa::RmsNormGatedGradArgs{dy, x, weight, rstd, gate});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -1330,6 +1388,10 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("sparse_flash_attention(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, float scale_value, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, Tensor? query_rope=None, Tensor? key_rope=None, int sparse_block_size=1, str layout_query=\"BSND\", str layout_kv=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, bool return_softmax_lse=False, Tensor? sinks=None) -> (Tensor attention_out, Tensor softmax_max, Tensor softmax_sum)", {at::Tag::pt2_compliant_tag});
   m.def("sparse_flash_attention_grad(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, Tensor d_out, Tensor out, Tensor softmax_max, Tensor softmax_sum, float scale_value, int sparse_block_size, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, str layout=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, Tensor? block_table=None, str layout_kv=\"\", Tensor? sinks=None) -> (Tensor d_query, Tensor d_key, Tensor d_value, Tensor d_query_rope, Tensor d_key_rope, Tensor d_sinks)", {at::Tag::pt2_compliant_tag});
   m.def("kv_quant_sparse_flash_attention(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, float scale_value, int key_quant_mode, int value_quant_mode, *, Tensor? key_dequant_scale=None, Tensor? value_dequant_scale=None, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, int sparse_block_size=1, str layout_query=\"BSND\", str layout_kv=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, int quant_scale_repo_mode=1, int tile_size=128, int rope_head_dim=64, int? key_dtype=None, int? value_dtype=None, Tensor? sinks=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("recurrent_gated_delta_rule(Tensor query, Tensor key, Tensor value, Tensor(a!) state, *, Tensor? beta=None, float? scale=None, Tensor? actual_seq_lengths=None, Tensor? ssm_state_indices=None, Tensor? num_accepted_tokens=None, Tensor? g=None, Tensor? gk=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("recurrent_gated_delta_rule_functional(Tensor query, Tensor key, Tensor value, Tensor state, *, Tensor? beta=None, float? scale=None, Tensor? actual_seq_lengths=None, Tensor? ssm_state_indices=None, Tensor? num_accepted_tokens=None, Tensor? g=None, Tensor? gk=None) -> (Tensor out, Tensor new_state)", {at::Tag::pt2_compliant_tag});
+  m.def("rms_norm_gated(Tensor x, Tensor weight, Tensor? gate=None, float epsilon=1e-06) -> (Tensor y, Tensor rstd)", {at::Tag::pt2_compliant_tag});
+  m.def("rms_norm_gated_grad(Tensor dy, Tensor x, Tensor weight, Tensor rstd, Tensor? gate=None) -> (Tensor dx, Tensor dweight, Tensor dgate)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -1415,6 +1477,10 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("sparse_flash_attention", TORCH_FN(sparse_flash_attention_cpu_unboxed));
   m.impl("sparse_flash_attention_grad", TORCH_FN(sparse_flash_attention_grad_cpu_unboxed));
   m.impl("kv_quant_sparse_flash_attention", TORCH_FN(kv_quant_sparse_flash_attention_cpu_unboxed));
+  m.impl("recurrent_gated_delta_rule", TORCH_FN(recurrent_gated_delta_rule_cpu_unboxed));
+  m.impl("recurrent_gated_delta_rule_functional", TORCH_FN(recurrent_gated_delta_rule_functional_cpu_unboxed));
+  m.impl("rms_norm_gated", TORCH_FN(rms_norm_gated_cpu_unboxed));
+  m.impl("rms_norm_gated_grad", TORCH_FN(rms_norm_gated_grad_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

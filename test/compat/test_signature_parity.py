@@ -410,6 +410,22 @@ SAMPLES.update({
 })
 
 
+def _gdr_sample():
+    """A speculative-decoding step as the upstream doc shows it: two sequences of two tokens."""
+    q = torch.nn.functional.normalize(torch.randn(4, 1, 8), dim=-1)
+    return (q, q.clone(), torch.randn(4, 2, 4), torch.randn(4, 2, 4, 8)), dict(
+        beta=torch.rand(4, 2), scale=8 ** -0.5, actual_seq_lengths=torch.tensor([2, 2], dtype=torch.int32),
+        ssm_state_indices=torch.arange(4, dtype=torch.int32),
+        num_accepted_tokens=torch.tensor([1, 2], dtype=torch.int32), g=-torch.rand(4, 2))
+
+
+# linear attention (Gated DeltaNet): the recurrent gated delta rule
+SAMPLES.update({
+    "npu_recurrent_gated_delta_rule": _gdr_sample,
+    "npu_recurrent_gated_delta_rule_functional": _gdr_sample,
+})
+
+
 def test_every_function_has_a_sample():
     assert sorted(SCHEMAS) == sorted(SAMPLES)
 
@@ -452,3 +468,4 @@ def test_optional_scalar_accepts_none(name, arg):
     args, kwargs = SAMPLES[name]()
     default = next(a for a in SCHEMAS[name].arguments if a.name == arg).default_value
     assert _outcome(name, args, {**kwargs, arg: None}) == _outcome(name, args, {**kwargs, arg: default})
+

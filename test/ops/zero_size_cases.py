@@ -270,6 +270,23 @@ CASES.update({
     "kv_quant_sparse_flash_attention": {"s0": (_kv_quant_zero, [(1, 0, 2, 16)])},
 })
 
+
+# linear attention (gdnrec): the recurrent gated delta rule and the gated RMSNorm
+def _gdr_zero(tokens=0, dv=4):
+    q = _r(tokens, 1, 8)
+    return (q, q, _r(tokens, 2, dv), _r(3, 2, dv, 8)), dict(actual_seq_lengths=_z(0, dtype=I32) if tokens == 0
+                                                              else None)
+
+
+CASES.update({
+    "recurrent_gated_delta_rule": {"t0": (_gdr_zero, [(0, 2, 4)]),
+                                   "dv0": (lambda: _gdr_zero(tokens=2, dv=0), [(2, 2, 0)])},
+    "recurrent_gated_delta_rule_functional": {"t0": (_gdr_zero, [(0, 2, 4), (3, 2, 4, 8)])},
+    "rms_norm_gated": {"rows0": (lambda: ((_r(0, 8), _r(8), _r(0, 8)), {}), [(0, 8), (0, 1)])},
+    "rms_norm_gated_grad": {"rows0": (lambda: ((_r(0, 8), _r(0, 8), _r(8), _r(0, 1), _r(0, 8)), {}),
+                                      [(0, 8), (8,), (0, 8)])},
+})
+
 _PROCESS_GROUP = "needs an initialised torch.distributed process group (group_name); test/mc2 covers it"
 NO_CASE = {
     "trans_quant_param": "upstream rejects an empty scale (its documented rule, tested in test/quant)",

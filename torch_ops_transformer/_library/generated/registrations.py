@@ -102,6 +102,10 @@ OPS = {
     'sparse_flash_attention': OpInfo("Sparse flash attention (CANN SparseFlashAttention, torch_npu npu_sparse_flash_attention; DeepSeek-V3.2's DSA): each query token attends only to the KV tokens its row of sparse_indices selects, out = softmax(scale_value * q K̃ᵀ) Ṽ per query head, N1 query heads sharing each of the N2 KV heads. Entry b >= 0 of a row selects the tokens [b * sparse_block_size, (b + 1) * sparse_block_size) clipped to the sequence's KV length; -1 selects nothing; duplicates count once per slot. attention_mode 2 (MLA absorb): the scores use [query, query_rope] against [key, key_rope], value (key's shape) gives the output; attention_mode 0: no rope tensors. sparse_mode 3 also hides the tokens j > kv_len - q_len + i from query i (right-down causal); 0 does not. Layouts: query BSND [B,S1,N1,D] or TND [T1,N1,D] (actual_seq_lengths_query cumulative, required); KV BSND, TND (cumulative actual_seq_lengths_kv, required) or PA_BSND (paged [blocks, block_size, N2, D] with block_table [B, max_blocks] and per-sequence actual_seq_lengths_kv). sinks (float32 [N1]; float64 with a float64 query): one more logit per head in the softmax denominator (a zero value row: out = Σ e^s v / (e^sink + Σ e^s)); a valid query row without keys then gives zeros too. Outputs: attention_out (query's shape and dtype, value's head dim); with return_softmax_lse softmax_max and softmax_sum (float32, float64 for float64 inputs; BSND [B,N2,S1,N1/N2], TND [N2,T1,N1/N2]) of the scaled scores, else empty [0]. A query that attends to no key gives zeros (max -inf, sum 0). fp32 accumulation. Differentiable in query, key, value, query_rope, key_rope and sinks (sparse_flash_attention_grad).", ('CPU', 'PrivateUse1'), True, True),
     'sparse_flash_attention_grad': OpInfo('Backward of sparse_flash_attention (CANN SparseFlashAttentionGrad, torch_npu npu_sparse_flash_attention_grad): the arguments of the forward call (layout = its layout_query; layout_kv "" = layout; block_table for a paged cache, our extension) with d_out, the forward\'s out and its softmax_max / softmax_sum; empty statistics ([0], the forward without return_softmax_lse) are recomputed. With P the forward\'s probabilities over the selected tokens: dV = Pᵀ dO, dS = P ⊙ (dO Vᵀ - rowsum(dO ⊙ out)), [dq, dq_rope] = scale dS K̃, [dK̃, dK̃_rope] = scale dSᵀ [q, q_rope], scattered back to every selected cache row (a row selected by several queries or slots sums their contributions, in an order that depends on the shapes and indices only). Returns d_query, d_key, d_value, d_query_rope, d_key_rope, d_sinks in their inputs\' shapes and dtypes (empty [0] for an absent rope tensor or sinks); cache rows no query selects get zeros. d_sinks[n] = -Σ p_sink · rowsum(dO ⊙ out) over every query row of head n, p_sink = e^(sink - max) / sum (the sink\'s probability; the value it carries is zero), summed in token order.', ('CPU',), False, True),
     'kv_quant_sparse_flash_attention': OpInfo("Sparse flash attention over an int8 (or float8_e4m3fn) MLA cache with per-token, per-tile scales (CANN KvQuantSparseFlashAttention, torch_npu npu_kv_quant_sparse_flash_attention): attention_mode 2, key_quant_mode = value_quant_mode = 2 (per tile), quant_scale_repo_mode 1 (scales stored in the cache row). query [.., N1, Dn + rope_head_dim] is [q_nope, q_rope]; each cache row of key [.., N2, KV_D] holds Dn quantised latent values, then rope_head_dim rope values in query's dtype (as bytes), then Dn / tile_size float32 scales (as bytes): KV_D = Dn + rope_head_dim * query.element_size() + 4 * Dn / tile_size. K̃ = [latent * scale of its tile, rope], Ṽ = the dequantised latent (the MLA cache is both; value's int8 content is not read). Selection, masks, layouts, sinks and the empty-query rule as sparse_flash_attention. Returns [.., N1, Dn] in query's dtype. Inference only.", ('CPU',), False, True),
+    'recurrent_gated_delta_rule': OpInfo("torch_npu's npu_recurrent_gated_delta_rule (CANN RecurrentGatedDeltaRule): the token-by-token gated delta rule of Gated DeltaNet (Qwen3-Next) and Kimi Delta Attention over a state cache, updated in place. query, key [T, Nk, Dk], value [T, Nv, Dv] (Nv a multiple of Nk; value head h reads query/key head h // (Nv / Nk)); state [slots, Nv, Dv, Dk], contiguous, query's dtype or float32. The T tokens are B sequences of actual_seq_lengths[i] >= 1 tokens (int32/int64 [B], sum T; None: every token is a sequence of one). Token t reads and writes the slot ssm_state_indices[t] (int32/int64 [T], distinct, in [0, slots); None: t). Sequence i starts from the state in the slot of its token num_accepted_tokens[i] - 1 (int32/int64 [B] in [1, L_i]; None: its first token), then per token, with a = exp(g[t, h]) (float [T, Nv]; None: 1), ak = exp(gk[t, h]) (float [T, Nv, Dk]; None: 1), b = beta[t, h] (float [T, Nv]; None: 1): S = a S diag(ak); S += b (v - S k) kᵀ; o = scale S q (scale None: Dk^-0.5), and S is written to the token's slot. Returns o [T, Nv, Dv] in query's dtype. Computed in fp32 (fp64 for fp64); NaN in a gate or beta propagates to that sequence's and head's outputs and states (no check on the values). Inference only (not differentiable).", ('CPU',), False, True),
+    'recurrent_gated_delta_rule_functional': OpInfo("torch_npu's npu_recurrent_gated_delta_rule_functional: recurrent_gated_delta_rule on a copy of state; returns (out, new_state) with new_state the updated copy (contiguous, state's dtype), state itself unchanged. Same arguments and rules. Inference only (not differentiable).", ('CPU',), False, True),
+    'rms_norm_gated': OpInfo("The gated RMSNorm of Qwen3-Next's Gated DeltaNet output (transformers' Qwen3NextRMSNormGated, norm before gate), with its roundings: per row r of the last dimension (n = weight.numel()), rstd = 1 / sqrt(mean(x^2) + epsilon) in fp32, h = x * rstd rounded to x's dtype, p = weight * h (rounded to x's dtype when weight has it), y = p * silu(gate) in fp32 rounded to x's dtype (no gate: y = p). x float16, bfloat16, float32 or float64; weight [n], x's dtype or float32; gate x's shape, x's dtype or float32; epsilon > 0. fp64 x: all in fp64. Returns y (x's shape and dtype) and rstd (float32, float64 for float64 x, shape x.shape[:-1] + [1]). Differentiable in x, weight and gate (rms_norm_gated_grad).", ('CPU',), True, True),
+    'rms_norm_gated_grad': OpInfo("Backward of rms_norm_gated from the forward's rstd (the roundings of the forward taken as exact): with h = x * rstd, s = silu(gate) (1 without gate) and u = dy * s, dweight = sum over rows of u * h, dx = rstd * (w u - h * mean(w u h)) with w = weight, dgate = dy * w * h * silu'(gate). Computed in fp32 (fp64 for fp64); dx, dweight, dgate in x's, weight's and gate's dtypes (dgate an empty [0] tensor without gate). The rows are summed into dweight in an order that depends on the row count only.", ('CPU',), False, True),
 }
 
 
@@ -877,6 +881,42 @@ def _fake_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, sca
     a = KvQuantSparseFlashAttentionArgs(query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks)
     check_devices('kv_quant_sparse_flash_attention', a._asdict().items(), host=('actual_seq_lengths_query', 'actual_seq_lengths_kv'))
     return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'kv_quant_sparse_flash_attention')(a)
+
+
+RecurrentGatedDeltaRuleArgs = collections.namedtuple('RecurrentGatedDeltaRuleArgs', ['query', 'key', 'value', 'state', 'beta', 'scale', 'actual_seq_lengths', 'ssm_state_indices', 'num_accepted_tokens', 'g', 'gk'])
+
+
+def _fake_recurrent_gated_delta_rule(query, key, value, state, *, beta=None, scale=None, actual_seq_lengths=None, ssm_state_indices=None, num_accepted_tokens=None, g=None, gk=None):
+    a = RecurrentGatedDeltaRuleArgs(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk)
+    check_devices('recurrent_gated_delta_rule', a._asdict().items(), host=('actual_seq_lengths', 'ssm_state_indices', 'num_accepted_tokens'))
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'recurrent_gated_delta_rule')(a)
+
+
+RecurrentGatedDeltaRuleFunctionalArgs = collections.namedtuple('RecurrentGatedDeltaRuleFunctionalArgs', ['query', 'key', 'value', 'state', 'beta', 'scale', 'actual_seq_lengths', 'ssm_state_indices', 'num_accepted_tokens', 'g', 'gk'])
+
+
+def _fake_recurrent_gated_delta_rule_functional(query, key, value, state, *, beta=None, scale=None, actual_seq_lengths=None, ssm_state_indices=None, num_accepted_tokens=None, g=None, gk=None):
+    a = RecurrentGatedDeltaRuleFunctionalArgs(query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk)
+    check_devices('recurrent_gated_delta_rule_functional', a._asdict().items(), host=('actual_seq_lengths', 'ssm_state_indices', 'num_accepted_tokens'))
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'recurrent_gated_delta_rule_functional')(a)
+
+
+RmsNormGatedArgs = collections.namedtuple('RmsNormGatedArgs', ['x', 'weight', 'gate', 'epsilon'])
+
+
+def _fake_rms_norm_gated(x, weight, gate=None, epsilon=1e-06):
+    a = RmsNormGatedArgs(x, weight, gate, epsilon)
+    check_devices('rms_norm_gated', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'rms_norm_gated')(a)
+
+
+RmsNormGatedGradArgs = collections.namedtuple('RmsNormGatedGradArgs', ['dy', 'x', 'weight', 'rstd', 'gate'])
+
+
+def _fake_rms_norm_gated_grad(dy, x, weight, rstd, gate=None):
+    a = RmsNormGatedGradArgs(dy, x, weight, rstd, gate)
+    check_devices('rms_norm_gated_grad', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'rms_norm_gated_grad')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1708,9 +1748,33 @@ def _backward_sparse_flash_attention(ctx, grad_attention_out, grad_softmax_max, 
     )
 
 
+def _setup_rms_norm_gated(ctx, inputs, output):
+    (x, weight, gate, epsilon,) = inputs
+    (y, rstd,) = output
+    ctx.save_for_backward(x, weight, rstd, gate)
+    ctx.mark_non_differentiable(rstd)
+
+
+def _backward_rms_norm_gated(ctx, grad_y, grad_rstd):
+    (x, weight, rstd, gate,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.rms_norm_gated_grad.default(
+        grad_y,
+        x,
+        weight,
+        rstd,
+        gate,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # x
+        grads[1] if _needs_grad(ctx, 1) else None,  # weight
+        grads[2] if _needs_grad(ctx, 2) else None,  # gate
+        None,  # epsilon
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
+    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1817,3 +1881,8 @@ def register():
     torch.library.register_autograd("npu_fa::sparse_flash_attention", _backward_sparse_flash_attention, setup_context=_setup_sparse_flash_attention)
     torch.library.register_fake("npu_fa::sparse_flash_attention_grad", _fake_sparse_flash_attention_grad)
     torch.library.register_fake("npu_fa::kv_quant_sparse_flash_attention", _fake_kv_quant_sparse_flash_attention)
+    torch.library.register_fake("npu_fa::recurrent_gated_delta_rule", _fake_recurrent_gated_delta_rule)
+    torch.library.register_fake("npu_fa::recurrent_gated_delta_rule_functional", _fake_recurrent_gated_delta_rule_functional)
+    torch.library.register_fake("npu_fa::rms_norm_gated", _fake_rms_norm_gated)
+    torch.library.register_autograd("npu_fa::rms_norm_gated", _backward_rms_norm_gated, setup_context=_setup_rms_norm_gated)
+    torch.library.register_fake("npu_fa::rms_norm_gated_grad", _fake_rms_norm_gated_grad)
