@@ -229,4 +229,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_npu(const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(const SparseFlashAttentionGradArgs& args);
 // kv_quant_sparse_flash_attention [CPU]
 at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttentionArgs& args);
+// chunk_gated_delta_rule [CPU]
+std::tuple<at::Tensor, at::Tensor> chunk_gated_delta_rule_cpu(const ChunkGatedDeltaRuleArgs& args);
+// chunk_gated_delta_rule_backward [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gated_delta_rule_backward_cpu(const ChunkGatedDeltaRuleBackwardArgs& args);
 }  // namespace npu_fa

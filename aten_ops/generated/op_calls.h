@@ -666,4 +666,20 @@ inline at::Tensor call_kv_quant_sparse_flash_attention(const KvQuantSparseFlashA
   return op.call(a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.key_quant_mode, a.value_quant_mode, a.key_dequant_scale, a.value_dequant_scale, a.block_table, a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.quant_scale_repo_mode, a.tile_size, a.rope_head_dim, a.key_dtype, a.value_dtype, a.sinks);
 }
 
+// chunk_gated_delta_rule
+inline std::tuple<at::Tensor, at::Tensor> call_chunk_gated_delta_rule(const ChunkGatedDeltaRuleArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::chunk_gated_delta_rule", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::optional<double>, const std::optional<at::Tensor>&)>();
+  return op.call(a.query, a.key, a.value, a.beta, a.initial_state, a.actual_seq_lengths, a.scale, a.g);
+}
+
+// chunk_gated_delta_rule_backward
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_chunk_gated_delta_rule_backward(const ChunkGatedDeltaRuleBackwardArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::chunk_gated_delta_rule_backward", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::optional<double>, const std::optional<at::Tensor>&)>();
+  return op.call(a.d_out, a.d_final_state, a.query, a.key, a.value, a.beta, a.initial_state, a.actual_seq_lengths, a.scale, a.g);
+}
+
 }  // namespace npu_fa

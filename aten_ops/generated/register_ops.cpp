@@ -1239,6 +1239,32 @@ at::Tensor kv_quant_sparse_flash_attention_cpu_unboxed(const at::Tensor& query, 
   return npu_fa::kv_quant_sparse_flash_attention_cpu(npu_fa::KvQuantSparseFlashAttentionArgs{query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks});
 }
 
+std::tuple<at::Tensor, at::Tensor> chunk_gated_delta_rule_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& actual_seq_lengths, std::optional<double> scale, const std::optional<at::Tensor>& g) {
+  npu_fa::DeviceRule rule("chunk_gated_delta_rule");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("initial_state", initial_state);
+  rule.device_tensor("g", g);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  return npu_fa::chunk_gated_delta_rule_cpu(npu_fa::ChunkGatedDeltaRuleArgs{query, key, value, beta, initial_state, actual_seq_lengths, scale, g});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gated_delta_rule_backward_cpu_unboxed(const at::Tensor& d_out, const std::optional<at::Tensor>& d_final_state, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& actual_seq_lengths, std::optional<double> scale, const std::optional<at::Tensor>& g) {
+  npu_fa::DeviceRule rule("chunk_gated_delta_rule_backward");
+  rule.device_tensor("d_out", d_out);
+  rule.device_tensor("d_final_state", d_final_state);
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("initial_state", initial_state);
+  rule.device_tensor("g", g);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  return npu_fa::chunk_gated_delta_rule_backward_cpu(npu_fa::ChunkGatedDeltaRuleBackwardArgs{d_out, d_final_state, query, key, value, beta, initial_state, actual_seq_lengths, scale, g});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -1330,6 +1356,8 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("sparse_flash_attention(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, float scale_value, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, Tensor? query_rope=None, Tensor? key_rope=None, int sparse_block_size=1, str layout_query=\"BSND\", str layout_kv=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, bool return_softmax_lse=False, Tensor? sinks=None) -> (Tensor attention_out, Tensor softmax_max, Tensor softmax_sum)", {at::Tag::pt2_compliant_tag});
   m.def("sparse_flash_attention_grad(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, Tensor d_out, Tensor out, Tensor softmax_max, Tensor softmax_sum, float scale_value, int sparse_block_size, Tensor? query_rope=None, Tensor? key_rope=None, Tensor? actual_seq_qlen=None, Tensor? actual_seq_kvlen=None, str layout=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, Tensor? block_table=None, str layout_kv=\"\", Tensor? sinks=None) -> (Tensor d_query, Tensor d_key, Tensor d_value, Tensor d_query_rope, Tensor d_key_rope, Tensor d_sinks)", {at::Tag::pt2_compliant_tag});
   m.def("kv_quant_sparse_flash_attention(Tensor query, Tensor key, Tensor value, Tensor sparse_indices, float scale_value, int key_quant_mode, int value_quant_mode, *, Tensor? key_dequant_scale=None, Tensor? value_dequant_scale=None, Tensor? block_table=None, Tensor? actual_seq_lengths_query=None, Tensor? actual_seq_lengths_kv=None, int sparse_block_size=1, str layout_query=\"BSND\", str layout_kv=\"BSND\", int sparse_mode=3, int pre_tokens=9223372036854775807, int next_tokens=9223372036854775807, int attention_mode=0, int quant_scale_repo_mode=1, int tile_size=128, int rope_head_dim=64, int? key_dtype=None, int? value_dtype=None, Tensor? sinks=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("chunk_gated_delta_rule(Tensor query, Tensor key, Tensor value, Tensor? beta=None, Tensor? initial_state=None, Tensor? actual_seq_lengths=None, float? scale=None, Tensor? g=None) -> (Tensor out, Tensor final_state)", {at::Tag::pt2_compliant_tag});
+  m.def("chunk_gated_delta_rule_backward(Tensor d_out, Tensor? d_final_state, Tensor query, Tensor key, Tensor value, Tensor? beta=None, Tensor? initial_state=None, Tensor? actual_seq_lengths=None, float? scale=None, Tensor? g=None) -> (Tensor d_query, Tensor d_key, Tensor d_value, Tensor d_beta, Tensor d_initial_state, Tensor d_g)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -1415,6 +1443,8 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("sparse_flash_attention", TORCH_FN(sparse_flash_attention_cpu_unboxed));
   m.impl("sparse_flash_attention_grad", TORCH_FN(sparse_flash_attention_grad_cpu_unboxed));
   m.impl("kv_quant_sparse_flash_attention", TORCH_FN(kv_quant_sparse_flash_attention_cpu_unboxed));
+  m.impl("chunk_gated_delta_rule", TORCH_FN(chunk_gated_delta_rule_cpu_unboxed));
+  m.impl("chunk_gated_delta_rule_backward", TORCH_FN(chunk_gated_delta_rule_backward_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

@@ -102,6 +102,8 @@ OPS = {
     'sparse_flash_attention': OpInfo("Sparse flash attention (CANN SparseFlashAttention, torch_npu npu_sparse_flash_attention; DeepSeek-V3.2's DSA): each query token attends only to the KV tokens its row of sparse_indices selects, out = softmax(scale_value * q K̃ᵀ) Ṽ per query head, N1 query heads sharing each of the N2 KV heads. Entry b >= 0 of a row selects the tokens [b * sparse_block_size, (b + 1) * sparse_block_size) clipped to the sequence's KV length; -1 selects nothing; duplicates count once per slot. attention_mode 2 (MLA absorb): the scores use [query, query_rope] against [key, key_rope], value (key's shape) gives the output; attention_mode 0: no rope tensors. sparse_mode 3 also hides the tokens j > kv_len - q_len + i from query i (right-down causal); 0 does not. Layouts: query BSND [B,S1,N1,D] or TND [T1,N1,D] (actual_seq_lengths_query cumulative, required); KV BSND, TND (cumulative actual_seq_lengths_kv, required) or PA_BSND (paged [blocks, block_size, N2, D] with block_table [B, max_blocks] and per-sequence actual_seq_lengths_kv). sinks (float32 [N1]; float64 with a float64 query): one more logit per head in the softmax denominator (a zero value row: out = Σ e^s v / (e^sink + Σ e^s)); a valid query row without keys then gives zeros too. Outputs: attention_out (query's shape and dtype, value's head dim); with return_softmax_lse softmax_max and softmax_sum (float32, float64 for float64 inputs; BSND [B,N2,S1,N1/N2], TND [N2,T1,N1/N2]) of the scaled scores, else empty [0]. A query that attends to no key gives zeros (max -inf, sum 0). fp32 accumulation. Differentiable in query, key, value, query_rope, key_rope and sinks (sparse_flash_attention_grad).", ('CPU', 'PrivateUse1'), True, True),
     'sparse_flash_attention_grad': OpInfo('Backward of sparse_flash_attention (CANN SparseFlashAttentionGrad, torch_npu npu_sparse_flash_attention_grad): the arguments of the forward call (layout = its layout_query; layout_kv "" = layout; block_table for a paged cache, our extension) with d_out, the forward\'s out and its softmax_max / softmax_sum; empty statistics ([0], the forward without return_softmax_lse) are recomputed. With P the forward\'s probabilities over the selected tokens: dV = Pᵀ dO, dS = P ⊙ (dO Vᵀ - rowsum(dO ⊙ out)), [dq, dq_rope] = scale dS K̃, [dK̃, dK̃_rope] = scale dSᵀ [q, q_rope], scattered back to every selected cache row (a row selected by several queries or slots sums their contributions, in an order that depends on the shapes and indices only). Returns d_query, d_key, d_value, d_query_rope, d_key_rope, d_sinks in their inputs\' shapes and dtypes (empty [0] for an absent rope tensor or sinks); cache rows no query selects get zeros. d_sinks[n] = -Σ p_sink · rowsum(dO ⊙ out) over every query row of head n, p_sink = e^(sink - max) / sum (the sink\'s probability; the value it carries is zero), summed in token order.', ('CPU',), False, True),
     'kv_quant_sparse_flash_attention': OpInfo("Sparse flash attention over an int8 (or float8_e4m3fn) MLA cache with per-token, per-tile scales (CANN KvQuantSparseFlashAttention, torch_npu npu_kv_quant_sparse_flash_attention): attention_mode 2, key_quant_mode = value_quant_mode = 2 (per tile), quant_scale_repo_mode 1 (scales stored in the cache row). query [.., N1, Dn + rope_head_dim] is [q_nope, q_rope]; each cache row of key [.., N2, KV_D] holds Dn quantised latent values, then rope_head_dim rope values in query's dtype (as bytes), then Dn / tile_size float32 scales (as bytes): KV_D = Dn + rope_head_dim * query.element_size() + 4 * Dn / tile_size. K̃ = [latent * scale of its tile, rope], Ṽ = the dequantised latent (the MLA cache is both; value's int8 content is not read). Selection, masks, layouts, sinks and the empty-query rule as sparse_flash_attention. Returns [.., N1, Dn] in query's dtype. Inference only.", ('CPU',), False, True),
+    'chunk_gated_delta_rule': OpInfo("The gated delta rule over whole sequences (CANN ChunkGatedDeltaRule, torch_npu npu_chunk_gated_delta_rule; Qwen3-Next / Qwen3.5 Gated DeltaNet, Kimi-Linear). TND inputs: query and key [T, Nk, Dk], value [T, Nv, Dv] (Nv a multiple of Nk: value head h reads key head h // (Nv / Nk)); actual_seq_lengths [B] (int32/int64, >= 0, summing to T; absent: one sequence of T tokens) splits the tokens into sequences. Per sequence and value head, with S in R^{Dv x Dk} starting at initial_state[b, h] ([B, Nv, Dv, Dk]; absent: zeros): S_t = exp(g_t) S_{t-1} + beta_t (v_t - exp(g_t) S_{t-1} k_t) k_t^T, o_t = S_t (scale q_t). beta [T, Nv] (absent: 1), g [T, Nv] (log decay; absent: 0), scale (absent: 1.0). q and k are used as given (upstream expects them L2-normalised by the caller). Computed in chunks of 64 tokens (the WY / UT form: an intra-chunk unit-triangular inverse, the state carried between chunks by matrix products), in fp32 (fp64 for fp64). query, key, value fp32/fp16/bf16/fp64 of one dtype; beta, g, initial_state any of those. Returns out [T, Nv, Dv] in value's dtype and final_state [B, Nv, Dv, Dk] in initial_state's dtype (fp32, or fp64 for fp64 inputs, when absent). Differentiable in query, key, value, beta, initial_state and g (chunk_gated_delta_rule_backward).", ('CPU',), True, True),
+    'chunk_gated_delta_rule_backward': OpInfo("Backward of chunk_gated_delta_rule: d_out [T, Nv, Dv] and d_final_state [B, Nv, Dv, Dk] (absent: zeros) with the forward's arguments. Recomputes the states at the chunk starts, then walks the chunks of each sequence backwards through the same chunked form (products in fp32, fp64 for fp64). Returns d_query, d_key, d_value, d_beta, d_initial_state, d_g in their inputs' shapes and dtypes (empty [0] for an absent beta, initial_state or g); the key heads' gradients sum their value heads' contributions in head order, so results do not depend on the thread count.", ('CPU',), False, True),
 }
 
 
@@ -877,6 +879,24 @@ def _fake_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, sca
     a = KvQuantSparseFlashAttentionArgs(query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks)
     check_devices('kv_quant_sparse_flash_attention', a._asdict().items(), host=('actual_seq_lengths_query', 'actual_seq_lengths_kv'))
     return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'kv_quant_sparse_flash_attention')(a)
+
+
+ChunkGatedDeltaRuleArgs = collections.namedtuple('ChunkGatedDeltaRuleArgs', ['query', 'key', 'value', 'beta', 'initial_state', 'actual_seq_lengths', 'scale', 'g'])
+
+
+def _fake_chunk_gated_delta_rule(query, key, value, beta=None, initial_state=None, actual_seq_lengths=None, scale=None, g=None):
+    a = ChunkGatedDeltaRuleArgs(query, key, value, beta, initial_state, actual_seq_lengths, scale, g)
+    check_devices('chunk_gated_delta_rule', a._asdict().items(), host=('actual_seq_lengths',))
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'chunk_gated_delta_rule')(a)
+
+
+ChunkGatedDeltaRuleBackwardArgs = collections.namedtuple('ChunkGatedDeltaRuleBackwardArgs', ['d_out', 'd_final_state', 'query', 'key', 'value', 'beta', 'initial_state', 'actual_seq_lengths', 'scale', 'g'])
+
+
+def _fake_chunk_gated_delta_rule_backward(d_out, d_final_state, query, key, value, beta=None, initial_state=None, actual_seq_lengths=None, scale=None, g=None):
+    a = ChunkGatedDeltaRuleBackwardArgs(d_out, d_final_state, query, key, value, beta, initial_state, actual_seq_lengths, scale, g)
+    check_devices('chunk_gated_delta_rule_backward', a._asdict().items(), host=('actual_seq_lengths',))
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'chunk_gated_delta_rule_backward')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1708,9 +1728,42 @@ def _backward_sparse_flash_attention(ctx, grad_attention_out, grad_softmax_max, 
     )
 
 
+def _setup_chunk_gated_delta_rule(ctx, inputs, output):
+    (query, key, value, beta, initial_state, actual_seq_lengths, scale, g,) = inputs
+    (out, final_state,) = output
+    ctx.save_for_backward(query, key, value, beta, initial_state, actual_seq_lengths, g)
+    ctx.scale = scale
+
+
+def _backward_chunk_gated_delta_rule(ctx, grad_out, grad_final_state):
+    (query, key, value, beta, initial_state, actual_seq_lengths, g,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.chunk_gated_delta_rule_backward.default(
+        grad_out,
+        grad_final_state,
+        query,
+        key,
+        value,
+        beta,
+        initial_state,
+        actual_seq_lengths,
+        ctx.scale,
+        g,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # query
+        grads[1] if _needs_grad(ctx, 1) else None,  # key
+        grads[2] if _needs_grad(ctx, 2) else None,  # value
+        grads[3] if _needs_grad(ctx, 3) else None,  # beta
+        grads[4] if _needs_grad(ctx, 4) else None,  # initial_state
+        None,  # actual_seq_lengths
+        None,  # scale
+        grads[5] if _needs_grad(ctx, 7) else None,  # g
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
+    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1817,3 +1870,6 @@ def register():
     torch.library.register_autograd("npu_fa::sparse_flash_attention", _backward_sparse_flash_attention, setup_context=_setup_sparse_flash_attention)
     torch.library.register_fake("npu_fa::sparse_flash_attention_grad", _fake_sparse_flash_attention_grad)
     torch.library.register_fake("npu_fa::kv_quant_sparse_flash_attention", _fake_kv_quant_sparse_flash_attention)
+    torch.library.register_fake("npu_fa::chunk_gated_delta_rule", _fake_chunk_gated_delta_rule)
+    torch.library.register_autograd("npu_fa::chunk_gated_delta_rule", _backward_chunk_gated_delta_rule, setup_context=_setup_chunk_gated_delta_rule)
+    torch.library.register_fake("npu_fa::chunk_gated_delta_rule_backward", _fake_chunk_gated_delta_rule_backward)
