@@ -71,6 +71,30 @@ def test_defaults_one_sequence_and_scale_one():
     assert fin.shape == (1, 4, 8, 16)
 
 
+def test_strong_decay_stays_finite_and_within_the_tolerance_rule():
+    """g down to -20 per token: e^G underflows to 0 within a chunk in fp32; the chunk form must not produce inf/NaN
+    from ratios of underflowed decays."""
+    inp = make_inputs([140], dtype=torch.float32)
+    inp["g"] = inp["g"] * 20
+    out, state = call(inp)
+    ref_out, ref_state = reference(inp)
+    same_out, same_state = reference(inp, torch.float32)
+    check_tolerance("out", out, ref_out, same_out)
+    check_tolerance("final_state", state, ref_state, same_state)
+
+
+def test_strided_inputs_from_a_fused_projection():
+    """q, k, v sliced from one [T, 2*Nk*Dk + Nv*Dv] projection (as Qwen3-Next splits its mixed qkv)."""
+    inp = make_inputs([50, 20], dtype=torch.float32)
+    T = 70
+    fused = torch.cat([inp["query"].reshape(T, -1), inp["key"].reshape(T, -1), inp["value"].reshape(T, -1)], dim=1)
+    q, k, v = fused.split([32, 32, 32], dim=1)
+    views = dict(inp, query=q.view(T, 2, 16), key=k.view(T, 2, 16), value=v.view(T, 4, 8))
+    assert not views["query"].is_contiguous()
+    for a, b in zip(call(views), call(inp)):
+        assert torch.equal(a, b)
+
+
 def test_state_dtypes():
     """final_state takes initial_state's dtype; without one, fp32 (fp64 for fp64 inputs). out: value's dtype."""
     inp = make_inputs([5], dtype=torch.bfloat16, state_dtype=torch.bfloat16)
