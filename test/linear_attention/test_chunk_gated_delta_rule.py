@@ -28,6 +28,7 @@ def reference(inp, dtype=torch.float64):
 
 
 # lengths around the 64-token chunk: 1, 63, 64, 65, two full chunks and a tail, an empty sequence
+@pytest.mark.asan  # sequence offsets, strides and empty tensors drive the kernel's indexing
 @pytest.mark.parametrize("lens,Nk,Nv", [([1], 1, 1), ([63, 64, 65], 2, 4), ([130, 0, 7], 1, 3), ([200], 2, 2)])
 def test_float64_matches_the_token_recurrence(lens, Nk, Nv):
     inp = make_inputs(lens, Nk=Nk, Nv=Nv, Dk=16, Dv=8, dtype=torch.float64)
@@ -83,6 +84,7 @@ def test_strong_decay_stays_finite_and_within_the_tolerance_rule():
     check_tolerance("final_state", state, ref_state, same_state)
 
 
+@pytest.mark.asan  # sequence offsets, strides and empty tensors drive the kernel's indexing
 def test_strided_inputs_from_a_fused_projection():
     """q, k, v sliced from one [T, 2*Nk*Dk + Nv*Dv] projection (as Qwen3-Next splits its mixed qkv)."""
     inp = make_inputs([50, 20], dtype=torch.float32)
@@ -153,6 +155,7 @@ def _grads(out, state, d_out, d_state, leaves):
     return torch.autograd.grad((out * d_out).sum() + (state * d_state).sum(), [leaves[n] for n in NAMES])
 
 
+@pytest.mark.asan  # sequence offsets, strides and empty tensors drive the kernel's indexing
 @pytest.mark.parametrize("lens,Nk,Nv", [([100, 0, 37], 2, 4), ([64, 65], 1, 1)])
 def test_gradients_match_autograd_through_the_reference(lens, Nk, Nv):
     base = make_inputs(lens, Nk=Nk, Nv=Nv, Dk=16, Dv=8, dtype=torch.float64)
@@ -220,6 +223,7 @@ def test_results_do_not_depend_on_the_thread_count(dtype):
         assert torch.equal(a, b)
 
 
+@pytest.mark.asan  # sequence offsets, strides and empty tensors drive the kernel's indexing
 def test_zero_tokens_return_the_initial_state():
     inp = make_inputs([0, 0], dtype=torch.float32)
     out, state = call(inp)
@@ -231,6 +235,7 @@ def test_zero_tokens_return_the_initial_state():
     assert torch.equal(grads[4], torch.ones_like(state))
 
 
+@pytest.mark.asan  # sequence offsets, strides and empty tensors drive the kernel's indexing
 def test_zero_width_heads():
     q = torch.zeros(5, 1, 0)
     out, state = tot.npu_chunk_gated_delta_rule(q, q, torch.randn(5, 2, 3), actual_seq_lengths=[5])
