@@ -63,6 +63,8 @@ generated from native_functions.yaml. Public Python API:
   the optimizer update (an unchanged DDP training loop), on torch.distributed (docs/mc2.md).
 - `npu_sparse_flash_attention` (+`_grad`), `npu_kv_quant_sparse_flash_attention` — DeepSeek-V3.2's sparse attention
   over the tokens an indexer selected, plain, paged or int8 MLA caches (package `sparse_attention`).
+- `npu_chunk_gated_delta_rule` — the Gated DeltaNet recurrence of Qwen3-Next / Qwen3.5 and Kimi-Linear over whole
+  sequences, in chunks (differentiable; package `linear_attention`).
 
 The package is laid out family-first, like aten_ops/cpu/ and test/: attention, inference, rope, kv_cache, mla, moe,
 mc2, quant, sparse_attention (each with its torch_npu-compatible API, modules and fake kernels), the role packages
@@ -200,6 +202,7 @@ from .attention import npu_ring_attention_update
 from .moe import npu_grouped_matmul_add, npu_grouped_matmul_add_
 from .sparse_attention import (npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention,
                                npu_sparse_flash_attention_grad)
+from .linear_attention import npu_chunk_gated_delta_rule  # linear attention (Gated DeltaNet)
 
 
 def enable_compile_lowering() -> None:
@@ -334,6 +337,7 @@ __all__ += ["npu_mrope", "npu_top_k_top_p", "npu_gather_pa_kv_cache", "npu_gathe
 __all__ += ["npu_sparse_flash_attention", "npu_sparse_flash_attention_grad", "npu_kv_quant_sparse_flash_attention"]
 __all__ += ["npu_recurrent_gated_delta_rule", "npu_recurrent_gated_delta_rule_functional", "rms_norm_gated",
             "RMSNormGated"]
+__all__ += ["npu_chunk_gated_delta_rule"]
 
 
 def _startup() -> None:

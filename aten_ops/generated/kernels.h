@@ -237,4 +237,8 @@ std::tuple<at::Tensor, at::Tensor> recurrent_gated_delta_rule_functional_cpu(con
 std::tuple<at::Tensor, at::Tensor> rms_norm_gated_cpu(const RmsNormGatedArgs& args);
 // rms_norm_gated_grad [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_gated_grad_cpu(const RmsNormGatedGradArgs& args);
+// chunk_gated_delta_rule [CPU]
+std::tuple<at::Tensor, at::Tensor> chunk_gated_delta_rule_cpu(const ChunkGatedDeltaRuleArgs& args);
+// chunk_gated_delta_rule_backward [CPU]
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gated_delta_rule_backward_cpu(const ChunkGatedDeltaRuleBackwardArgs& args);
 }  // namespace npu_fa

@@ -3575,6 +3575,88 @@ struct RmsNormGatedGradValues {
   RmsNormGatedGradArgs args() const { return RmsNormGatedGradArgs{dy, x, weight, rstd, gate}; }
 };
 
+// chunk_gated_delta_rule
+struct ChunkGatedDeltaRuleArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const std::optional<at::Tensor>& beta;
+  const std::optional<at::Tensor>& initial_state;
+  const std::optional<at::Tensor>& actual_seq_lengths;
+  std::optional<double> scale;
+  const std::optional<at::Tensor>& g;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const ChunkGatedDeltaRuleArgs& a, F&& f) {
+  return f(a.query, a.key, a.value, a.beta, a.initial_state, a.actual_seq_lengths, a.scale, a.g);
+}
+
+// chunk_gated_delta_rule's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   ChunkGatedDeltaRuleValues v(args); v.query = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct ChunkGatedDeltaRuleValues {
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  std::optional<at::Tensor> beta;
+  std::optional<at::Tensor> initial_state;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<double> scale;
+  std::optional<at::Tensor> g;
+
+  ChunkGatedDeltaRuleValues() = default;
+  // A copy of a call's arguments.
+  explicit ChunkGatedDeltaRuleValues(const ChunkGatedDeltaRuleArgs& a)
+      : query(a.query), key(a.key), value(a.value), beta(a.beta), initial_state(a.initial_state), actual_seq_lengths(a.actual_seq_lengths), scale(a.scale), g(a.g) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  ChunkGatedDeltaRuleArgs args() const { return ChunkGatedDeltaRuleArgs{query, key, value, beta, initial_state, actual_seq_lengths, scale, g}; }
+};
+
+// chunk_gated_delta_rule_backward
+struct ChunkGatedDeltaRuleBackwardArgs {
+  const at::Tensor& d_out;
+  const std::optional<at::Tensor>& d_final_state;
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const std::optional<at::Tensor>& beta;
+  const std::optional<at::Tensor>& initial_state;
+  const std::optional<at::Tensor>& actual_seq_lengths;
+  std::optional<double> scale;
+  const std::optional<at::Tensor>& g;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const ChunkGatedDeltaRuleBackwardArgs& a, F&& f) {
+  return f(a.d_out, a.d_final_state, a.query, a.key, a.value, a.beta, a.initial_state, a.actual_seq_lengths, a.scale, a.g);
+}
+
+// chunk_gated_delta_rule_backward's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   ChunkGatedDeltaRuleBackwardValues v(args); v.d_out = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct ChunkGatedDeltaRuleBackwardValues {
+  at::Tensor d_out;
+  std::optional<at::Tensor> d_final_state;
+  at::Tensor query;
+  at::Tensor key;
+  at::Tensor value;
+  std::optional<at::Tensor> beta;
+  std::optional<at::Tensor> initial_state;
+  std::optional<at::Tensor> actual_seq_lengths;
+  std::optional<double> scale;
+  std::optional<at::Tensor> g;
+
+  ChunkGatedDeltaRuleBackwardValues() = default;
+  // A copy of a call's arguments.
+  explicit ChunkGatedDeltaRuleBackwardValues(const ChunkGatedDeltaRuleBackwardArgs& a)
+      : d_out(a.d_out), d_final_state(a.d_final_state), query(a.query), key(a.key), value(a.value), beta(a.beta), initial_state(a.initial_state), actual_seq_lengths(a.actual_seq_lengths), scale(a.scale), g(a.g) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  ChunkGatedDeltaRuleBackwardArgs args() const { return ChunkGatedDeltaRuleBackwardArgs{d_out, d_final_state, query, key, value, beta, initial_state, actual_seq_lengths, scale, g}; }
+};
+
 // fused_infer_attention_score's arguments, with which fused_infer_attention_score_grad's schema starts.
 inline FusedInferAttentionScoreArgs forward_args(const FusedInferAttentionScoreGradArgs& a) {
   return FusedInferAttentionScoreArgs{a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink};

@@ -698,4 +698,20 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> call_rms_norm_gated_grad(c
   return op.call(a.dy, a.x, a.weight, a.rstd, a.gate);
 }
 
+// chunk_gated_delta_rule
+inline std::tuple<at::Tensor, at::Tensor> call_chunk_gated_delta_rule(const ChunkGatedDeltaRuleArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::chunk_gated_delta_rule", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::optional<double>, const std::optional<at::Tensor>&)>();
+  return op.call(a.query, a.key, a.value, a.beta, a.initial_state, a.actual_seq_lengths, a.scale, a.g);
+}
+
+// chunk_gated_delta_rule_backward
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> call_chunk_gated_delta_rule_backward(const ChunkGatedDeltaRuleBackwardArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::chunk_gated_delta_rule_backward", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, std::optional<double>, const std::optional<at::Tensor>&)>();
+  return op.call(a.d_out, a.d_final_state, a.query, a.key, a.value, a.beta, a.initial_state, a.actual_seq_lengths, a.scale, a.g);
+}
+
 }  // namespace npu_fa

@@ -1297,6 +1297,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_gated_grad_cpu_unboxed(c
   return npu_fa::rms_norm_gated_grad_cpu(npu_fa::RmsNormGatedGradArgs{dy, x, weight, rstd, gate});
 }
 
+std::tuple<at::Tensor, at::Tensor> chunk_gated_delta_rule_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& actual_seq_lengths, std::optional<double> scale, const std::optional<at::Tensor>& g) {
+  npu_fa::DeviceRule rule("chunk_gated_delta_rule");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("initial_state", initial_state);
+  rule.device_tensor("g", g);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  return npu_fa::chunk_gated_delta_rule_cpu(npu_fa::ChunkGatedDeltaRuleArgs{query, key, value, beta, initial_state, actual_seq_lengths, scale, g});
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gated_delta_rule_backward_cpu_unboxed(const at::Tensor& d_out, const std::optional<at::Tensor>& d_final_state, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& beta, const std::optional<at::Tensor>& initial_state, const std::optional<at::Tensor>& actual_seq_lengths, std::optional<double> scale, const std::optional<at::Tensor>& g) {
+  npu_fa::DeviceRule rule("chunk_gated_delta_rule_backward");
+  rule.device_tensor("d_out", d_out);
+  rule.device_tensor("d_final_state", d_final_state);
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("initial_state", initial_state);
+  rule.device_tensor("g", g);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  return npu_fa::chunk_gated_delta_rule_backward_cpu(npu_fa::ChunkGatedDeltaRuleBackwardArgs{d_out, d_final_state, query, key, value, beta, initial_state, actual_seq_lengths, scale, g});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -1392,6 +1418,8 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("recurrent_gated_delta_rule_functional(Tensor query, Tensor key, Tensor value, Tensor state, *, Tensor? beta=None, float? scale=None, Tensor? actual_seq_lengths=None, Tensor? ssm_state_indices=None, Tensor? num_accepted_tokens=None, Tensor? g=None, Tensor? gk=None) -> (Tensor out, Tensor new_state)", {at::Tag::pt2_compliant_tag});
   m.def("rms_norm_gated(Tensor x, Tensor weight, Tensor? gate=None, float epsilon=1e-06) -> (Tensor y, Tensor rstd)", {at::Tag::pt2_compliant_tag});
   m.def("rms_norm_gated_grad(Tensor dy, Tensor x, Tensor weight, Tensor rstd, Tensor? gate=None) -> (Tensor dx, Tensor dweight, Tensor dgate)", {at::Tag::pt2_compliant_tag});
+  m.def("chunk_gated_delta_rule(Tensor query, Tensor key, Tensor value, Tensor? beta=None, Tensor? initial_state=None, Tensor? actual_seq_lengths=None, float? scale=None, Tensor? g=None) -> (Tensor out, Tensor final_state)", {at::Tag::pt2_compliant_tag});
+  m.def("chunk_gated_delta_rule_backward(Tensor d_out, Tensor? d_final_state, Tensor query, Tensor key, Tensor value, Tensor? beta=None, Tensor? initial_state=None, Tensor? actual_seq_lengths=None, float? scale=None, Tensor? g=None) -> (Tensor d_query, Tensor d_key, Tensor d_value, Tensor d_beta, Tensor d_initial_state, Tensor d_g)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -1481,6 +1509,8 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("recurrent_gated_delta_rule_functional", TORCH_FN(recurrent_gated_delta_rule_functional_cpu_unboxed));
   m.impl("rms_norm_gated", TORCH_FN(rms_norm_gated_cpu_unboxed));
   m.impl("rms_norm_gated_grad", TORCH_FN(rms_norm_gated_grad_cpu_unboxed));
+  m.impl("chunk_gated_delta_rule", TORCH_FN(chunk_gated_delta_rule_cpu_unboxed));
+  m.impl("chunk_gated_delta_rule_backward", TORCH_FN(chunk_gated_delta_rule_backward_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

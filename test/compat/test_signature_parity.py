@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torch_ops_transformer as tot
+from test.linear_attention.chunk_gated_delta_rule_reference import make_inputs as make_gdn_inputs
 from test.sparse_attention.sfa_reference import make_inputs
 from torch_ops_transformer._internal import args as _args
 from torch_ops_transformer.compat import upstream_functions
@@ -343,6 +344,17 @@ SAMPLES.update({
     "npu_sparse_flash_attention_grad": _sfa_grad,
     "npu_kv_quant_sparse_flash_attention": _kv_quant_sfa,
 })
+
+
+def _gdn_chunk():
+    inp = make_gdn_inputs([3, 5], Nk=1, Nv=2, Dk=8, Dv=4)
+    return (inp["query"], inp["key"], inp["value"]), dict(
+        beta=inp["beta"], initial_state=inp["initial_state"], actual_seq_lengths=inp["actual_seq_lengths"],
+        scale=inp["scale"], g=inp["g"])
+
+
+# linear attention (Gated DeltaNet)
+SAMPLES.update({"npu_chunk_gated_delta_rule": _gdn_chunk})
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,6 +13,7 @@ from test.moe import distribute_cases, fused_ffn_cases, grouped_matmul_cases, ro
 from test.norm import norm_cases
 from test.quant import quant_cases
 from test.rope import rope_cases
+from test.linear_attention import chunk_gated_delta_rule_cases
 from test.sampling import sampling_cases
 from test.sparse_attention import indexer_cases
 from test.sparse_attention import sfa_cases
@@ -27,6 +28,7 @@ CASE_MODULES += (sampling_cases,)
 CASE_MODULES += (indexer_cases,)
 CASE_MODULES += (sfa_cases,)
 CASE_MODULES += (recurrent_gated_delta_rule_cases,)
+CASE_MODULES += (chunk_gated_delta_rule_cases,)
 
 
 def _collect_cases():

@@ -287,6 +287,26 @@ CASES.update({
                                       [(0, 8), (8,), (0, 8)])},
 })
 
+def _gdn_chunk_zero(lens=(0, 0)):
+    """chunk_gated_delta_rule with Nk 1, Nv 2, Dk 4, Dv 3 over sequences of the given lengths (T = their sum)."""
+    T = sum(lens)
+    return (_r(T, 1, 4), _r(T, 1, 4), _r(T, 2, 3), _r(T, 2), _r(len(lens), 2, 3, 4),
+            torch.tensor(lens, dtype=I32), 0.5, -_r(T, 2).abs()), {}
+
+
+def _gdn_chunk_grad_zero():
+    args, _ = _gdn_chunk_zero()
+    return (_r(0, 2, 3), _r(2, 2, 3, 4), *args), {}
+
+
+CASES.update({
+    "chunk_gated_delta_rule": {"t0": (_gdn_chunk_zero, [(0, 2, 3), (2, 2, 3, 4)]),
+                               "b0": (lambda: _gdn_chunk_zero(()), [(0, 2, 3), (0, 2, 3, 4)])},
+    "chunk_gated_delta_rule_backward": {"t0": (_gdn_chunk_grad_zero,
+                                               [(0, 1, 4), (0, 1, 4), (0, 2, 3), (0, 2), (2, 2, 3, 4), (0, 2)])},
+})
+
+
 _PROCESS_GROUP = "needs an initialised torch.distributed process group (group_name); test/mc2 covers it"
 NO_CASE = {
     "trans_quant_param": "upstream rejects an empty scale (its documented rule, tested in test/quant)",

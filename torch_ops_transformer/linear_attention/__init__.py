@@ -1,9 +1,12 @@
-"""The linear attention family (aten_ops/cpu/linear_attention, docs/linear_attention.md): Gated DeltaNet (Qwen3-Next,
-Qwen3.5) and Kimi Delta Attention layers.
+"""The linear attention family (aten_ops/cpu/linear_attention, docs/linear_attention.md): the Gated DeltaNet layers
+of Qwen3-Next / Qwen3.5 and Kimi-Linear.
 
-- `recurrent_gated_delta_rule` — torch_npu's npu_recurrent_gated_delta_rule (+ _functional), Qwen3-Next's gated
-  RMSNorm (`rms_norm_gated`, `RMSNormGated`);
-- `fake_recurrent_gated_delta_rule` — their fake kernels.
+- `chunk_gated_delta_rule` — torch_npu's npu_chunk_gated_delta_rule (the prefill / training form);
+- `recurrent_gated_delta_rule` — torch_npu's npu_recurrent_gated_delta_rule (+ _functional), the decode form over a
+  state cache, and Qwen3-Next's gated RMSNorm (`rms_norm_gated`, `RMSNormGated`);
+- `fake_<part>` — the fake kernels of each part.
 """
+from . import fake_chunk_gated_delta_rule, fake_recurrent_gated_delta_rule  # noqa: F401  (the YAML names them)
+from .chunk_gated_delta_rule import npu_chunk_gated_delta_rule
 from .recurrent_gated_delta_rule import (RMSNormGated, npu_recurrent_gated_delta_rule,
                                          npu_recurrent_gated_delta_rule_functional, rms_norm_gated)

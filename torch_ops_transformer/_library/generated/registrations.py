@@ -106,6 +106,8 @@ OPS = {
     'recurrent_gated_delta_rule_functional': OpInfo("torch_npu's npu_recurrent_gated_delta_rule_functional: recurrent_gated_delta_rule on a copy of state; returns (out, new_state) with new_state the updated copy (contiguous, state's dtype), state itself unchanged. Same arguments and rules. Inference only (not differentiable).", ('CPU',), False, True),
     'rms_norm_gated': OpInfo("The gated RMSNorm of Qwen3-Next's Gated DeltaNet output (transformers' Qwen3NextRMSNormGated, norm before gate), with its roundings: per row r of the last dimension (n = weight.numel()), rstd = 1 / sqrt(mean(x^2) + epsilon) in fp32, h = x * rstd rounded to x's dtype, p = weight * h (rounded to x's dtype when weight has it), y = p * silu(gate) in fp32 rounded to x's dtype (no gate: y = p). x float16, bfloat16, float32 or float64; weight [n], x's dtype or float32; gate x's shape, x's dtype or float32; epsilon > 0. fp64 x: all in fp64. Returns y (x's shape and dtype) and rstd (float32, float64 for float64 x, shape x.shape[:-1] + [1]). Differentiable in x, weight and gate (rms_norm_gated_grad).", ('CPU',), True, True),
     'rms_norm_gated_grad': OpInfo("Backward of rms_norm_gated from the forward's rstd (the roundings of the forward taken as exact): with h = x * rstd, s = silu(gate) (1 without gate) and u = dy * s, dweight = sum over rows of u * h, dx = rstd * (w u - h * mean(w u h)) with w = weight, dgate = dy * w * h * silu'(gate). Computed in fp32 (fp64 for fp64); dx, dweight, dgate in x's, weight's and gate's dtypes (dgate an empty [0] tensor without gate). The rows are summed into dweight in an order that depends on the row count only.", ('CPU',), False, True),
+    'chunk_gated_delta_rule': OpInfo("The gated delta rule over whole sequences (CANN ChunkGatedDeltaRule, torch_npu npu_chunk_gated_delta_rule; Qwen3-Next / Qwen3.5 Gated DeltaNet, Kimi-Linear). TND inputs: query and key [T, Nk, Dk], value [T, Nv, Dv] (Nv a multiple of Nk: value head h reads key head h // (Nv / Nk)); actual_seq_lengths [B] (int32/int64, >= 0, summing to T; absent: one sequence of T tokens) splits the tokens into sequences. Per sequence and value head, with S in R^{Dv x Dk} starting at initial_state[b, h] ([B, Nv, Dv, Dk]; absent: zeros): S_t = exp(g_t) S_{t-1} + beta_t (v_t - exp(g_t) S_{t-1} k_t) k_t^T, o_t = S_t (scale q_t). beta [T, Nv] (absent: 1), g [T, Nv] (log decay; absent: 0), scale (absent: 1.0). q and k are used as given (upstream expects them L2-normalised by the caller). Computed in chunks of 64 tokens (the WY / UT form: an intra-chunk unit-triangular inverse, the state carried between chunks by matrix products), in fp32 (fp64 for fp64). query, key, value fp32/fp16/bf16/fp64 of one dtype; beta, g, initial_state any of those. Returns out [T, Nv, Dv] in value's dtype and final_state [B, Nv, Dv, Dk] in initial_state's dtype (fp32, or fp64 for fp64 inputs, when absent). Differentiable in query, key, value, beta, initial_state and g (chunk_gated_delta_rule_backward).", ('CPU',), True, True),
+    'chunk_gated_delta_rule_backward': OpInfo("Backward of chunk_gated_delta_rule: d_out [T, Nv, Dv] and d_final_state [B, Nv, Dv, Dk] (absent: zeros) with the forward's arguments. Recomputes the states at the chunk starts, then walks the chunks of each sequence backwards through the same chunked form (products in fp32, fp64 for fp64). Returns d_query, d_key, d_value, d_beta, d_initial_state, d_g in their inputs' shapes and dtypes (empty [0] for an absent beta, initial_state or g); the key heads' gradients sum their value heads' contributions in head order, so results do not depend on the thread count.", ('CPU',), False, True),
 }
 
 
@@ -917,6 +919,24 @@ def _fake_rms_norm_gated_grad(dy, x, weight, rstd, gate=None):
     a = RmsNormGatedGradArgs(dy, x, weight, rstd, gate)
     check_devices('rms_norm_gated_grad', a._asdict().items(), host=())
     return _fake_kernel('torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'rms_norm_gated_grad')(a)
+
+
+ChunkGatedDeltaRuleArgs = collections.namedtuple('ChunkGatedDeltaRuleArgs', ['query', 'key', 'value', 'beta', 'initial_state', 'actual_seq_lengths', 'scale', 'g'])
+
+
+def _fake_chunk_gated_delta_rule(query, key, value, beta=None, initial_state=None, actual_seq_lengths=None, scale=None, g=None):
+    a = ChunkGatedDeltaRuleArgs(query, key, value, beta, initial_state, actual_seq_lengths, scale, g)
+    check_devices('chunk_gated_delta_rule', a._asdict().items(), host=('actual_seq_lengths',))
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'chunk_gated_delta_rule')(a)
+
+
+ChunkGatedDeltaRuleBackwardArgs = collections.namedtuple('ChunkGatedDeltaRuleBackwardArgs', ['d_out', 'd_final_state', 'query', 'key', 'value', 'beta', 'initial_state', 'actual_seq_lengths', 'scale', 'g'])
+
+
+def _fake_chunk_gated_delta_rule_backward(d_out, d_final_state, query, key, value, beta=None, initial_state=None, actual_seq_lengths=None, scale=None, g=None):
+    a = ChunkGatedDeltaRuleBackwardArgs(d_out, d_final_state, query, key, value, beta, initial_state, actual_seq_lengths, scale, g)
+    check_devices('chunk_gated_delta_rule_backward', a._asdict().items(), host=('actual_seq_lengths',))
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'chunk_gated_delta_rule_backward')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1772,9 +1792,42 @@ def _backward_rms_norm_gated(ctx, grad_y, grad_rstd):
     )
 
 
+def _setup_chunk_gated_delta_rule(ctx, inputs, output):
+    (query, key, value, beta, initial_state, actual_seq_lengths, scale, g,) = inputs
+    (out, final_state,) = output
+    ctx.save_for_backward(query, key, value, beta, initial_state, actual_seq_lengths, g)
+    ctx.scale = scale
+
+
+def _backward_chunk_gated_delta_rule(ctx, grad_out, grad_final_state):
+    (query, key, value, beta, initial_state, actual_seq_lengths, g,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.chunk_gated_delta_rule_backward.default(
+        grad_out,
+        grad_final_state,
+        query,
+        key,
+        value,
+        beta,
+        initial_state,
+        actual_seq_lengths,
+        ctx.scale,
+        g,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # query
+        grads[1] if _needs_grad(ctx, 1) else None,  # key
+        grads[2] if _needs_grad(ctx, 2) else None,  # value
+        grads[3] if _needs_grad(ctx, 3) else None,  # beta
+        grads[4] if _needs_grad(ctx, 4) else None,  # initial_state
+        None,  # actual_seq_lengths
+        None,  # scale
+        grads[5] if _needs_grad(ctx, 7) else None,  # g
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
+    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1886,3 +1939,6 @@ def register():
     torch.library.register_fake("npu_fa::rms_norm_gated", _fake_rms_norm_gated)
     torch.library.register_autograd("npu_fa::rms_norm_gated", _backward_rms_norm_gated, setup_context=_setup_rms_norm_gated)
     torch.library.register_fake("npu_fa::rms_norm_gated_grad", _fake_rms_norm_gated_grad)
+    torch.library.register_fake("npu_fa::chunk_gated_delta_rule", _fake_chunk_gated_delta_rule)
+    torch.library.register_autograd("npu_fa::chunk_gated_delta_rule", _backward_chunk_gated_delta_rule, setup_context=_setup_chunk_gated_delta_rule)
+    torch.library.register_fake("npu_fa::chunk_gated_delta_rule_backward", _fake_chunk_gated_delta_rule_backward)

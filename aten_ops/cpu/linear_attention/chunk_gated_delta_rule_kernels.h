@@ -1,0 +1,47 @@
+// The chunked gated delta rule's loops (cpu/linear_attention/chunk_gated_delta_rule.cpp validates and allocates;
+// chunk_gated_delta_rule_kernels_isa.cpp, compiled once per instruction set, runs the chunks). One task is one
+// (sequence, value head): its chunks run in order on one thread, so results do not depend on the thread count.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+#include "cpu/isa_dispatch.h"
+
+namespace npu_fa::cpu {
+
+// Chunk length of the WY / UT form (upstream's kernel and golden use 64 too).
+constexpr int64_t kGdnChunk = 64;
+
+// One call's geometry and buffers. query / key / value (and d_out) are contiguous in `dtype`; every other buffer is
+// contiguous in the accumulation type acc_t (float, or double for a float64 `dtype`).
+struct GdnChunkParams {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  int64_t B = 0, T = 0, Nk = 1, Nv = 1, Dk = 0, Dv = 0;
+  const int64_t* starts = nullptr;  // [B + 1]: sequence b holds tokens starts[b] .. starts[b + 1] - 1
+  double scale = 1.0;
+  const void* q = nullptr;      // [T, Nk, Dk]
+  const void* k = nullptr;      // [T, Nk, Dk]
+  const void* v = nullptr;      // [T, Nv, Dv]
+  const void* beta = nullptr;   // [T, Nv] acc_t
+  const void* g = nullptr;      // [T, Nv] acc_t
+  const void* state0 = nullptr; // [B, Nv, Dv, Dk] acc_t
+  // forward
+  void* out = nullptr;          // [T, Nv, Dv] dtype
+  void* state = nullptr;        // [B, Nv, Dv, Dk] acc_t: the final states
+  // backward
+  const void* d_out = nullptr;        // [T, Nv, Dv] dtype
+  const void* d_state = nullptr;      // [B, Nv, Dv, Dk] acc_t
+  void* dq = nullptr;                 // [T, Nk, Dk] acc_t
+  void* dk = nullptr;                 // [T, Nk, Dk] acc_t
+  void* dv = nullptr;                 // [T, Nv, Dv] acc_t
+  void* dbeta = nullptr;              // [T, Nv] acc_t
+  void* dg = nullptr;                 // [T, Nv] acc_t
+  void* d_state0 = nullptr;           // [B, Nv, Dv, Dk] acc_t
+};
+
+NPU_FA_DECLARE_ISA_STUB(chunk_gated_delta_rule_forward_stub, void (*)(const GdnChunkParams&));
+NPU_FA_DECLARE_ISA_STUB(chunk_gated_delta_rule_backward_stub, void (*)(const GdnChunkParams&));
+
+}  // namespace npu_fa::cpu

@@ -1,0 +1,407 @@
+// The chunked gated delta rule, forward and backward, compiled once per instruction set (cpu/isa_dispatch.h).
+//
+// Notation, per task (sequence b, value head h, key head h / (Nv / Nk)) and chunk of c <= 64 tokens. The state is
+// kept transposed, H = Sᵀ in R^{Dk x Dv}, so that every product below is row-major. Within the chunk:
+//   G_i = g_0 + .. + g_i (cumulative log decay), γ_i = e^{G_i}, D_ij = e^{G_i - G_j} for j <= i (else 0)
+//   A_ij = β_i (k_i · k_j) D_ij for j < i,   T = (I + A)⁻¹ (unit lower triangular: the UT transform)
+//   W = T diag(βγ) K,   U = T diag(β) V,   Vn = U - W H          (the new values the chunk writes)
+//   O = diag(scale γ) Q H + P Vn,   P_ij = scale (q_i · k_j) D_ij for j <= i
+//   H' = γ_c H + (diag(e^{G_c - G}) K)ᵀ Vn                     (the state carried to the next chunk)
+// Unrolling the token recurrence over the chunk gives exactly these (the WY representation of the product of the
+// rank-one updates). T is built by forward substitution (c³/6 multiply-adds, less than one c x c x Dk product);
+// everything else is a blocked product on brgemm (fp32) or a plain loop (fp64, the reference dtype).
+//
+// The backward recomputes the chunk-start states H of a task (one forward sweep, kept in a per-task buffer), then
+// walks the chunks backwards, carrying dH: reverse-mode differentiation of the formulas above, written out step by
+// step in chunk_backward.
+#include "cpu/linear_attention/chunk_gated_delta_rule_kernels.h"
+
+#include "cpu/brgemm.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace npu_fa::cpu::CPU_CAPABILITY {
+
+namespace {
+
+template <typename T>
+using acc_type_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// c[m, n] (+)= a[m, k] · b[k, n], row-major: brgemm for fp32 when usable, else a plain loop (fp64: speed does not
+// matter there, and a loop keeps results independent of any BLAS threading).
+template <typename A>
+void mm(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const A* b, int64_t ldb, A* c, int64_t ldc,
+        bool add, bool use_brgemm) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (!add)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, A(0));
+    return;
+  }
+  if constexpr (std::is_same_v<A, float>) {
+    if (use_brgemm) {
+      brgemm::mm<float>(m, n, k, a, lda, b, ldb, c, ldc, add);
+      return;
+    }
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    A* ci = c + i * ldc;
+    if (!add) std::fill(ci, ci + n, A(0));
+    for (int64_t p = 0; p < k; ++p) {
+      const A aip = a[i * lda + p];
+      const A* bp = b + p * ldb;
+      for (int64_t j = 0; j < n; ++j) ci[j] += aip * bp[j];
+    }
+  }
+}
+
+// dst[j, i] = s * src[i, j] for an rows x cols src (row strides ld_src, ld_dst).
+template <typename A>
+void transpose(const A* src, int64_t ld_src, int64_t rows, int64_t cols, A* dst, int64_t ld_dst, A s = A(1)) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = s * src[i * ld_src + j];
+}
+
+template <typename A>
+A dot(const A* x, const A* y, int64_t n) {
+  A s = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+// The buffers of one chunk (C = 64 rows at most), in the accumulation type. Forward quantities first, then the
+// backward's.
+template <typename A>
+struct ChunkBuffers {
+  int64_t Dk, Dv;
+  std::vector<A> q, k, v, beta, G, gam, e;                  // inputs of the chunk and its decays
+  std::vector<A> kt, kk, qk, D, Tm, kb, vb, w, u, p, o, kdt;  // forward
+  std::vector<A> wh, h0t, dht, d_o, vnt, pt, qgt, dkd, dvn, dP, dqg, dqk, dqkt, dwp, wnt, dT, kbnt, vbt, tt, dkb,
+      dvb, x, dA, sym, dq, dk, dv, dbeta, dG;
+  ChunkBuffers(int64_t Dk_, int64_t Dv_) : Dk(Dk_), Dv(Dv_) {
+    const int64_t C = kGdnChunk;
+    for (auto* b : {&q, &k, &kb, &w, &dkd, &dqg, &dwp, &dkb, &dq, &dk}) b->resize(C * Dk);
+    for (auto* b : {&v, &vb, &u, &o, &wh, &d_o, &dvn, &dvb, &dv}) b->resize(C * Dv);
+    for (auto* b : {&kt, &kdt, &qgt, &wnt, &kbnt}) b->resize(Dk * C);
+    for (auto* b : {&vnt, &vbt}) b->resize(Dv * C);
+    for (auto* b : {&kk, &qk, &D, &Tm, &p, &pt, &dP, &dqk, &dqkt, &dT, &tt, &x, &dA, &sym}) b->resize(C * C);
+    for (auto* b : {&beta, &G, &gam, &e, &dbeta, &dG}) b->resize(C);
+    for (auto* b : {&h0t, &dht}) b->resize(Dv * Dk);
+  }
+};
+
+template <typename scalar_t>
+class ChunkRule {
+  using A = acc_type_t<scalar_t>;
+
+ public:
+  explicit ChunkRule(const GdnChunkParams& p)
+      : p_(p), group_(p.Nv / p.Nk), brgemm_(std::is_same_v<A, float> && brgemm_usable(at::kFloat)) {}
+
+  void forward() {
+    run_tasks([&](int64_t b, int64_t h, ChunkBuffers<A>& s, std::vector<A>& H) {
+      load_state(static_cast<const A*>(p_.state0), b, h, H.data());
+      for (int64_t t0 = p_.starts[b]; t0 < p_.starts[b + 1]; t0 += kGdnChunk) {
+        const int64_t c = std::min(kGdnChunk, p_.starts[b + 1] - t0);
+        load_chunk(s, t0, c, h);
+        intra_chunk(s, c);
+        state_chunk(s, c, H.data(), /*write_out=*/true, t0, h);
+      }
+      store_state(H.data(), b, h, static_cast<A*>(p_.state));
+    });
+  }
+
+  void backward() {
+    run_tasks([&](int64_t b, int64_t h, ChunkBuffers<A>& s, std::vector<A>& H) {
+      const int64_t t_begin = p_.starts[b], t_end = p_.starts[b + 1];
+      const int64_t n_chunks = (t_end - t_begin + kGdnChunk - 1) / kGdnChunk;
+      const int64_t hsize = p_.Dk * p_.Dv;
+      // The state at the start of every chunk (one forward sweep), then the chunks backwards.
+      std::vector<A> starts(n_chunks * hsize);
+      load_state(static_cast<const A*>(p_.state0), b, h, H.data());
+      for (int64_t j = 0; j < n_chunks; ++j) {
+        const int64_t t0 = t_begin + j * kGdnChunk, c = std::min(kGdnChunk, t_end - t0);
+        std::copy(H.begin(), H.end(), starts.begin() + j * hsize);
+        load_chunk(s, t0, c, h);
+        intra_chunk(s, c);
+        state_chunk(s, c, H.data(), /*write_out=*/false, t0, h);
+      }
+      std::vector<A> dH(hsize), dH_prev(hsize);
+      load_state(static_cast<const A*>(p_.d_state), b, h, dH.data());
+      for (int64_t j = n_chunks - 1; j >= 0; --j) {
+        const int64_t t0 = t_begin + j * kGdnChunk, c = std::min(kGdnChunk, t_end - t0);
+        load_chunk(s, t0, c, h);
+        intra_chunk(s, c);
+        chunk_backward(s, c, starts.data() + j * hsize, dH.data(), dH_prev.data(), t0, h);
+        std::swap(dH, dH_prev);
+      }
+      store_state(dH.data(), b, h, static_cast<A*>(p_.d_state0));
+    });
+  }
+
+ private:
+  // Runs body(b, h, buffers, H) for every (sequence, value head), in parallel over tasks; each task on one thread.
+  template <typename F>
+  void run_tasks(const F& body) {
+    const int64_t tasks = p_.B * p_.Nv;
+    at::parallel_for(0, tasks, 1, [&](int64_t i0, int64_t i1) {
+      ChunkBuffers<A> s(p_.Dk, p_.Dv);
+      std::vector<A> H(p_.Dk * p_.Dv);
+      for (int64_t i = i0; i < i1; ++i) body(i / p_.Nv, i % p_.Nv, s, H);
+      if (brgemm_) brgemm::release(false);
+    });
+  }
+
+  // H = S0ᵀ of task (b, h): src [B, Nv, Dv, Dk] (null: zeros).
+  void load_state(const A* src, int64_t b, int64_t h, A* H) const {
+    if (src == nullptr) {
+      std::fill(H, H + p_.Dk * p_.Dv, A(0));
+      return;
+    }
+    transpose(src + (b * p_.Nv + h) * p_.Dv * p_.Dk, p_.Dk, p_.Dv, p_.Dk, H, p_.Dv);
+  }
+
+  void store_state(const A* H, int64_t b, int64_t h, A* dst) const {
+    transpose(H, p_.Dv, p_.Dk, p_.Dv, dst + (b * p_.Nv + h) * p_.Dv * p_.Dk, p_.Dk);
+  }
+
+  // Rows t0 .. t0 + c - 1 of q, k (key head of h), v, beta, g in the accumulation type; G, γ, D.
+  void load_chunk(ChunkBuffers<A>& s, int64_t t0, int64_t c, int64_t h) const {
+    const int64_t Dk = p_.Dk, Dv = p_.Dv, kh = h / group_;
+    const auto* q = static_cast<const scalar_t*>(p_.q);
+    const auto* k = static_cast<const scalar_t*>(p_.k);
+    const auto* v = static_cast<const scalar_t*>(p_.v);
+    const auto* beta = static_cast<const A*>(p_.beta);
+    const auto* g = static_cast<const A*>(p_.g);
+    for (int64_t i = 0; i < c; ++i) {
+      const int64_t t = t0 + i;
+      const scalar_t* qr = q + (t * p_.Nk + kh) * Dk;
+      const scalar_t* kr = k + (t * p_.Nk + kh) * Dk;
+      const scalar_t* vr = v + (t * p_.Nv + h) * Dv;
+      for (int64_t d = 0; d < Dk; ++d) {
+        s.q[i * Dk + d] = static_cast<A>(qr[d]);
+        s.k[i * Dk + d] = static_cast<A>(kr[d]);
+      }
+      for (int64_t d = 0; d < Dv; ++d) s.v[i * Dv + d] = static_cast<A>(vr[d]);
+      s.beta[i] = beta == nullptr ? A(1) : beta[t * p_.Nv + h];
+      const A gi = g == nullptr ? A(0) : g[t * p_.Nv + h];
+      s.G[i] = i == 0 ? gi : s.G[i - 1] + gi;
+    }
+    const int64_t C = kGdnChunk;
+    for (int64_t i = 0; i < c; ++i) {
+      s.gam[i] = std::exp(s.G[i]);
+      s.e[i] = std::exp(s.G[c - 1] - s.G[i]);
+      for (int64_t j = 0; j < c; ++j) s.D[i * C + j] = j <= i ? std::exp(s.G[i] - s.G[j]) : A(0);
+    }
+  }
+
+  // The parts of a chunk that do not depend on the state: KKᵀ, QKᵀ, T, W, U, P, Kdᵀ.
+  void intra_chunk(ChunkBuffers<A>& s, int64_t c) const {
+    const int64_t C = kGdnChunk, Dk = p_.Dk, Dv = p_.Dv;
+    const A scale = static_cast<A>(p_.scale);
+    transpose(s.k.data(), Dk, c, Dk, s.kt.data(), C);
+    mm(c, c, Dk, s.k.data(), Dk, s.kt.data(), C, s.kk.data(), C, false, brgemm_);
+    mm(c, c, Dk, s.q.data(), Dk, s.kt.data(), C, s.qk.data(), C, false, brgemm_);
+    // T = (I + A)⁻¹ row by row: T_i = e_i - Σ_{m<i} A_im T_m (T_m is zero right of its diagonal).
+    A* Tm = s.Tm.data();
+    for (int64_t i = 0; i < c; ++i) {
+      A* ti = Tm + i * C;
+      std::fill(ti, ti + c, A(0));
+      ti[i] = 1;
+      for (int64_t m = 0; m < i; ++m) {
+        const A a = s.beta[i] * s.kk[i * C + m] * s.D[i * C + m];
+        const A* tm = Tm + m * C;
+        for (int64_t j = 0; j <= m; ++j) ti[j] -= a * tm[j];
+      }
+    }
+    for (int64_t i = 0; i < c; ++i) {
+      const A bg = s.beta[i] * s.gam[i];
+      for (int64_t d = 0; d < Dk; ++d) s.kb[i * Dk + d] = bg * s.k[i * Dk + d];
+      for (int64_t d = 0; d < Dv; ++d) s.vb[i * Dv + d] = s.beta[i] * s.v[i * Dv + d];
+      for (int64_t j = 0; j < c; ++j) s.p[i * C + j] = j <= i ? scale * s.qk[i * C + j] * s.D[i * C + j] : A(0);
+      for (int64_t d = 0; d < Dk; ++d) s.kdt[d * C + i] = s.e[i] * s.k[i * Dk + d];
+    }
+    mm(c, Dk, c, Tm, C, s.kb.data(), Dk, s.w.data(), Dk, false, brgemm_);
+    mm(c, Dv, c, Tm, C, s.vb.data(), Dv, s.u.data(), Dv, false, brgemm_);
+  }
+
+  // Vn = U - W H (into s.u), the chunk's output rows (write_out) and H <- γ_c H + Kdᵀ Vn.
+  void state_chunk(ChunkBuffers<A>& s, int64_t c, A* H, bool write_out, int64_t t0, int64_t h) const {
+    const int64_t C = kGdnChunk, Dk = p_.Dk, Dv = p_.Dv;
+    mm(c, Dv, Dk, s.w.data(), Dk, H, Dv, s.wh.data(), Dv, false, brgemm_);
+    for (int64_t i = 0; i < c * Dv; ++i) s.u[i] -= s.wh[i];
+    if (write_out) {
+      const A scale = static_cast<A>(p_.scale);
+      for (int64_t i = 0; i < c; ++i)  // Qg = diag(scale γ) Q, in s.kb's place (not needed any more)
+        for (int64_t d = 0; d < Dk; ++d) s.kb[i * Dk + d] = scale * s.gam[i] * s.q[i * Dk + d];
+      mm(c, Dv, Dk, s.kb.data(), Dk, H, Dv, s.o.data(), Dv, false, brgemm_);
+      mm(c, Dv, c, s.p.data(), C, s.u.data(), Dv, s.o.data(), Dv, true, brgemm_);
+      auto* out = static_cast<scalar_t*>(p_.out);
+      for (int64_t i = 0; i < c; ++i) {
+        scalar_t* orow = out + ((t0 + i) * p_.Nv + h) * Dv;
+        for (int64_t d = 0; d < Dv; ++d) orow[d] = static_cast<scalar_t>(s.o[i * Dv + d]);
+      }
+    }
+    const A gc = s.gam[c - 1];
+    for (int64_t i = 0; i < Dk * Dv; ++i) H[i] *= gc;
+    mm(Dk, Dv, c, s.kdt.data(), C, s.u.data(), Dv, H, Dv, true, brgemm_);
+  }
+
+  // One chunk backwards: H0 the state entering it, dH1 the gradient of the state leaving it; writes dH0 and the
+  // chunk's gradients (dq, dk summed per value head into the [T, Nv, Dk] scratch, the rest directly).
+  void chunk_backward(ChunkBuffers<A>& s, int64_t c, const A* H0, const A* dH1, A* dH0, int64_t t0,
+                      int64_t h) const {
+    const int64_t C = kGdnChunk, Dk = p_.Dk, Dv = p_.Dv;
+    const A scale = static_cast<A>(p_.scale);
+    const auto* d_out = static_cast<const scalar_t*>(p_.d_out);
+    // Vn = U - W H0 (into s.u)
+    mm(c, Dv, Dk, s.w.data(), Dk, H0, Dv, s.wh.data(), Dv, false, brgemm_);
+    for (int64_t i = 0; i < c * Dv; ++i) s.u[i] -= s.wh[i];
+    const A* Vn = s.u.data();
+    for (int64_t i = 0; i < c; ++i) {
+      const scalar_t* r = d_out + ((t0 + i) * p_.Nv + h) * Dv;
+      for (int64_t d = 0; d < Dv; ++d) s.d_o[i * Dv + d] = static_cast<A>(r[d]);
+    }
+    std::fill(s.dG.begin(), s.dG.begin() + c, A(0));
+    std::fill(s.dq.begin(), s.dq.begin() + c * Dk, A(0));
+    transpose(H0, Dv, Dk, Dv, s.h0t.data(), Dk);
+    transpose(dH1, Dv, Dk, Dv, s.dht.data(), Dk);
+
+    // H1 = γ_c H0 + Kdᵀ Vn, Kd_i = e_i k_i
+    const A gc = s.gam[c - 1];
+    for (int64_t i = 0; i < Dk * Dv; ++i) dH0[i] = gc * dH1[i];
+    s.dG[c - 1] += gc * dot(H0, dH1, Dk * Dv);
+    mm(c, Dk, Dv, Vn, Dv, s.dht.data(), Dk, s.dkd.data(), Dk, false, brgemm_);      // dKd = Vn dH1ᵀ
+    transpose(s.kdt.data(), C, Dk, c, s.kb.data(), Dk);                              // Kd rows (s.kb reused)
+    mm(c, Dv, Dk, s.kb.data(), Dk, dH1, Dv, s.dvn.data(), Dv, false, brgemm_);      // dVn = Kd dH1
+    for (int64_t i = 0; i < c; ++i) {
+      const A de = dot(s.k.data() + i * Dk, s.dkd.data() + i * Dk, Dk);
+      for (int64_t d = 0; d < Dk; ++d) s.dk[i * Dk + d] = s.e[i] * s.dkd[i * Dk + d];
+      s.dG[c - 1] += s.e[i] * de;
+      s.dG[i] -= s.e[i] * de;
+    }
+
+    // O = Qg H0 + P Vn, Qg = diag(scale γ) Q
+    transpose(Vn, Dv, c, Dv, s.vnt.data(), C);
+    mm(c, c, Dv, s.d_o.data(), Dv, s.vnt.data(), C, s.dP.data(), C, false, brgemm_);  // dP = dO Vnᵀ
+    transpose(s.p.data(), C, c, c, s.pt.data(), C);
+    mm(c, Dv, c, s.pt.data(), C, s.d_o.data(), Dv, s.dvn.data(), Dv, true, brgemm_);  // dVn += Pᵀ dO
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t d = 0; d < Dk; ++d) s.qgt[d * C + i] = scale * s.gam[i] * s.q[i * Dk + d];
+    mm(Dk, Dv, c, s.qgt.data(), C, s.d_o.data(), Dv, dH0, Dv, true, brgemm_);        // dH0 += Qgᵀ dO
+    mm(c, Dk, Dv, s.d_o.data(), Dv, s.h0t.data(), Dk, s.dqg.data(), Dk, false, brgemm_);  // dQg = dO H0ᵀ
+    for (int64_t i = 0; i < c; ++i) {
+      const A sg = scale * s.gam[i];
+      for (int64_t d = 0; d < Dk; ++d) s.dq[i * Dk + d] += sg * s.dqg[i * Dk + d];
+      s.dG[i] += sg * dot(s.q.data() + i * Dk, s.dqg.data() + i * Dk, Dk);
+    }
+    // P_ij = scale QK_ij D_ij (j <= i): dQK = scale dP ⊙ D; the D part of the gradient goes to dD (s.x below)
+    A* dD = s.x.data();
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        const A dp = j <= i ? s.dP[i * C + j] : A(0);
+        s.dqk[i * C + j] = scale * dp * s.D[i * C + j];
+        dD[i * C + j] = scale * dp * s.qk[i * C + j];
+      }
+    transpose(s.dqk.data(), C, c, c, s.dqkt.data(), C);
+    mm(c, Dk, c, s.dqk.data(), C, s.k.data(), Dk, s.dq.data(), Dk, true, brgemm_);   // dQ += dQK K
+    mm(c, Dk, c, s.dqkt.data(), C, s.q.data(), Dk, s.dk.data(), Dk, true, brgemm_);  // dK += dQKᵀ Q
+
+    // Vn = U - W H0: dU = dVn, dW = -dVn H0ᵀ (dwp holds dVn H0ᵀ), dH0 -= Wᵀ dVn
+    mm(c, Dk, Dv, s.dvn.data(), Dv, s.h0t.data(), Dk, s.dwp.data(), Dk, false, brgemm_);
+    transpose(s.w.data(), Dk, c, Dk, s.wnt.data(), C, A(-1));
+    mm(Dk, Dv, c, s.wnt.data(), C, s.dvn.data(), Dv, dH0, Dv, true, brgemm_);
+    // W = T Kb, U = T Vb: dT = dW Kbᵀ + dU Vbᵀ, dKb = Tᵀ dW, dVb = Tᵀ dU (Kb recomputed: s.kb was reused)
+    for (int64_t i = 0; i < c; ++i) {
+      const A bg = s.beta[i] * s.gam[i];
+      for (int64_t d = 0; d < Dk; ++d) s.kbnt[d * C + i] = -bg * s.k[i * Dk + d];
+      for (int64_t d = 0; d < Dv; ++d) s.vbt[d * C + i] = s.vb[i * Dv + d];
+    }
+    mm(c, c, Dv, s.dvn.data(), Dv, s.vbt.data(), C, s.dT.data(), C, false, brgemm_);
+    mm(c, c, Dk, s.dwp.data(), Dk, s.kbnt.data(), C, s.dT.data(), C, true, brgemm_);
+    transpose(s.Tm.data(), C, c, c, s.tt.data(), C);
+    mm(c, Dk, c, s.tt.data(), C, s.dwp.data(), Dk, s.dkb.data(), Dk, false, brgemm_);  // -dKb
+    mm(c, Dv, c, s.tt.data(), C, s.dvn.data(), Dv, s.dvb.data(), Dv, false, brgemm_);  // dVb
+    // Kb_i = β_i γ_i k_i, Vb_i = β_i v_i
+    for (int64_t i = 0; i < c; ++i) {
+      const A kdkb = -dot(s.k.data() + i * Dk, s.dkb.data() + i * Dk, Dk);
+      const A bg = s.beta[i] * s.gam[i];
+      for (int64_t d = 0; d < Dk; ++d) s.dk[i * Dk + d] -= bg * s.dkb[i * Dk + d];
+      s.dbeta[i] = s.gam[i] * kdkb + dot(s.v.data() + i * Dv, s.dvb.data() + i * Dv, Dv);
+      s.dG[i] += bg * kdkb;
+      for (int64_t d = 0; d < Dv; ++d) s.dv[i * Dv + d] = s.beta[i] * s.dvb[i * Dv + d];
+    }
+    // T = (I + A)⁻¹: dA = -Tᵀ dT Tᵀ on the strict lower triangle (s.sym holds Tᵀ dT first)
+    mm(c, c, c, s.tt.data(), C, s.dT.data(), C, s.sym.data(), C, false, brgemm_);
+    mm(c, c, c, s.sym.data(), C, s.tt.data(), C, s.dA.data(), C, false, brgemm_);
+    // A_ij = β_i KK_ij D_ij (j < i): dβ, dD and dKK; KK = K Kᵀ gives dK += (dKK + dKKᵀ) K
+    std::fill(s.sym.begin(), s.sym.begin() + C * c, A(0));
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t j = 0; j < i; ++j) {
+        const A da = -s.dA[i * C + j];
+        const A kk = s.kk[i * C + j], d = s.D[i * C + j];
+        s.dbeta[i] += da * kk * d;
+        dD[i * C + j] += da * s.beta[i] * kk;
+        const A dkk = da * s.beta[i] * d;
+        s.sym[i * C + j] += dkk;
+        s.sym[j * C + i] += dkk;
+      }
+    mm(c, Dk, c, s.sym.data(), C, s.k.data(), Dk, s.dk.data(), Dk, true, brgemm_);
+    // D_ij = e^{G_i - G_j} (j <= i); then G = cumsum(g): dg_j = Σ_{i >= j} dG_i
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t j = 0; j <= i; ++j) {
+        const A m = dD[i * C + j] * s.D[i * C + j];
+        s.dG[i] += m;
+        s.dG[j] -= m;
+      }
+    auto* dq = static_cast<A*>(p_.dq);
+    auto* dk = static_cast<A*>(p_.dk);
+    auto* dv = static_cast<A*>(p_.dv);
+    auto* dbeta = static_cast<A*>(p_.dbeta);
+    auto* dg = static_cast<A*>(p_.dg);
+    A acc = 0;
+    for (int64_t i = c - 1; i >= 0; --i) {
+      const int64_t t = t0 + i;
+      acc += s.dG[i];
+      // dq / dk: [T, Nv, Dk] per value head here; the caller sums each key head's group
+      std::memcpy(dq + (t * p_.Nv + h) * Dk, s.dq.data() + i * Dk, Dk * sizeof(A));
+      std::memcpy(dk + (t * p_.Nv + h) * Dk, s.dk.data() + i * Dk, Dk * sizeof(A));
+      std::memcpy(dv + (t * p_.Nv + h) * Dv, s.dv.data() + i * Dv, Dv * sizeof(A));
+      dbeta[t * p_.Nv + h] = s.dbeta[i];
+      dg[t * p_.Nv + h] = acc;
+    }
+  }
+
+  const GdnChunkParams& p_;
+  const int64_t group_;
+  const bool brgemm_;
+};
+
+void chunk_gated_delta_rule_forward(const GdnChunkParams& p) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.dtype, "chunk_gated_delta_rule", [&] {
+    ChunkRule<scalar_t>(p).forward();
+  });
+}
+
+void chunk_gated_delta_rule_backward(const GdnChunkParams& p) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.dtype, "chunk_gated_delta_rule_backward", [&] {
+    ChunkRule<scalar_t>(p).backward();
+  });
+}
+
+}  // namespace
+
+NPU_FA_REGISTER_ISA_KERNEL(chunk_gated_delta_rule_forward_stub, chunk_gated_delta_rule_forward);
+NPU_FA_REGISTER_ISA_KERNEL(chunk_gated_delta_rule_backward_stub, chunk_gated_delta_rule_backward);
+
+}  // namespace npu_fa::cpu::CPU_CAPABILITY
