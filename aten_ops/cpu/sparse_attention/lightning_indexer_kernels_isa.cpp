@@ -4,13 +4,13 @@
 // token sees in chunks of kKeyChunk. The chunk's products with every head of every token of the block are one
 // brgemm product C = K_chunk · [q_i0 .. q_i1-1]ᵀ (the queries packed once per unit as B, D x (tokens * G)): 16-bit
 // keys are A as they sit in the cache (B VNNI-packed, where brgemm multiplies that dtype), other keys are converted
-// to fp32 rows first (fp64, or where brgemm refuses: at::vec dot products), the next chunk's rows requested into L2
-// meanwhile. Each token then folds its columns into the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over
-// the heads, a few keys side by side. The top K of a token's score row are found by a radix select on the scores'
-// order-preserving integer images (O(keys), see select_images) and only those K are sorted. With at least as many
-// units as threads, units run in parallel; with fewer (decode: one token per sequence), the threads split each unit's
-// chunks instead, each also making the images of its chunks' scores and counting their first digits, so only the
-// rest of the selection follows the products. The buffers are per thread and kept across calls (ThreadScratch).
+// to fp32 rows first (fp64, or where brgemm refuses: at::vec dot products). Each token then folds its columns into
+// the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over the heads, a few keys side by side. The top K of a
+// token's score row are found by a radix select on the scores' order-preserving integer images (O(keys), see
+// select_images) and only those K are sorted. With at least as many units as threads, units run in parallel; with
+// fewer (decode: one token per sequence), the threads claim each unit's chunks one at a time instead, each also
+// making the images of its chunks' scores and counting their first digits, so only the rest of the selection
+// follows the products. The buffers are per thread and kept across calls (ThreadScratch).
 // Backward and KL loss: one unit per query token; the key gradient is scattered into per-thread buffers that are
 // summed at the end (no atomics; the sum order depends on the thread count only through the buffer split).
 #include "cpu/sparse_attention/lightning_indexer_kernels.h"
@@ -25,6 +25,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -316,13 +317,12 @@ struct Unit {
 enum class Product { kVnni, kFp32, kDots };
 
 // One thread's buffers for a unit: the packed queries (B [D, nb * G]), a chunk of keys in A and their dequant
-// scales, the chunk's products C [kKeyChunk, nb * G] (row j: key j against every head of every token; kDots builds
-// them through `t`), and the next chunk's key rows (prefetched while this chunk is converted).
+// scales, and the chunk's products C [kKeyChunk, nb * G] (row j: key j against every head of every token; kDots
+// builds them through `t`).
 template <typename A, typename key_t>
 struct ChunkScratch {
   std::vector<key_t> b16;  // kVnni
   std::vector<A> b, kbuf, kscale, dots, t;
-  std::vector<const key_t*> next;
   void size_for(int64_t D, int64_t cols) {
     kbuf.resize(kKeyChunk * D);
     kscale.resize(kKeyChunk);
@@ -348,20 +348,6 @@ template <typename A, typename key_t>
 ThreadScratch<A, key_t>& thread_scratch() {
   static thread_local ThreadScratch<A, key_t> scratch;
   return scratch;
-}
-
-// Requests the cache lines of `bytes` bytes at p into L2. The paged cache's blocks sit anywhere in memory and the
-// hardware prefetchers stop at every page boundary, so a chunk's key rows are requested one chunk ahead, while the
-// current chunk is converted and multiplied. (Inline asm: GCC may drop __builtin_prefetch in these kernels.)
-inline void prefetch_l2(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) {
-#if defined(__x86_64__)
-    asm volatile("prefetcht1 %0" : : "m"(c[o]));
-#else
-    __builtin_prefetch(c + o, 0, 2);
-#endif
-  }
 }
 
 template <typename A, typename key_t>
@@ -407,14 +393,19 @@ class IndexerForward {
       const int64_t nb = un.i1 - un.i0, chunks = (vmax + kKeyChunk - 1) / kKeyChunk;
       mine.images.resize(nb * vmax);
       mine.counts.assign(n_threads * nb * 4 * kBins, 0);
-      at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
+      // The threads claim the chunks one at a time rather than a fixed half each: on cores shared with other
+      // processes a thread that is descheduled for a while leaves its chunks to the others instead of holding up
+      // the whole step. A chunk's scores do not depend on the thread that makes them, and the histograms are
+      // summed, so the results are the same for any claiming order.
+      std::atomic<int64_t> next_chunk{0};
+      at::parallel_for(0, std::min(n_threads, chunks), 1, [&](int64_t, int64_t) {
         ThreadScratch<A, key_t>& ts = thread_scratch<A, key_t>();
         ts.chunk.size_for(g_.D, cols);
         pack_queries(un, ts.chunk);
         // (clamped: called inside an outer parallel region, the body runs inline on a thread of that region)
         const int64_t t = std::min<int64_t>(at::get_thread_num(), n_threads - 1);
         int32_t* counts = mine.counts.data() + t * nb * 4 * kBins;
-        for (int64_t c = k0; c < k1; ++c) {
+        for (int64_t c = next_chunk++; c < chunks; c = next_chunk++) {
           score_chunk(un, vmax, c * kKeyChunk, ts.chunk, mine.scores.data());
           image_chunk(un, vmax, c * kKeyChunk, mine.scores.data(), mine.images.data(), counts);
         }
@@ -485,24 +476,9 @@ class IndexerForward {
     }
   }
 
-  // The rows of the keys [s0, s1) of the unit's sequence into cs.next.
-  void next_rows(const Unit& un, int64_t s0, int64_t s1, ChunkScratch<A, key_t>& cs) const {
-    cs.next.clear();
-    for (int64_t s = s0; s < s1;) {
-      int64_t run = 0;
-      const int64_t row = g_.key_row(un.b, s, s1 - s, &run);
-      for (int64_t r = 0; r < run; ++r) cs.next.push_back(key_ + ((row + r) * g_.N2 + un.n2) * g_.D);
-      s += run;
-    }
-  }
-
-  // C[j, (i - i0) * G + h] = q_i,h . key (c0 + j) for the chunk [c0, c1), and the keys' dequant scales. Where the
-  // keys are converted (not kVnni), the rows of the next chunk [c1, n1) are requested into L2 along the way, one
-  // per converted row, so they arrive while this chunk is multiplied.
-  void chunk_products(const Unit& un, int64_t c0, int64_t c1, int64_t n1, ChunkScratch<A, key_t>& cs) const {
+  // C[j, (i - i0) * G + h] = q_i,h . key (c0 + j) for the chunk [c0, c1), and the keys' dequant scales.
+  void chunk_products(const Unit& un, int64_t c0, int64_t c1, ChunkScratch<A, key_t>& cs) const {
     const int64_t D = g_.D, N2 = g_.N2, G = g_.G, nb = un.i1 - un.i0, cols = nb * G;
-    if (product_ != Product::kVnni) next_rows(un, c1, n1, cs);
-    const int64_t n_next = static_cast<int64_t>(cs.next.size());
     for (int64_t s = c0; s < c1;) {
       int64_t run = 0;
       const int64_t row = g_.key_row(un.b, s, c1 - s, &run);
@@ -515,10 +491,7 @@ class IndexerForward {
           brgemm::mm_panels(run, cols, D, src, N2 * D, cs.b16.data(), cols, cs.dots.data() + j * cols, cols, false,
                             panel_);
       } else {
-        for (int64_t r = 0; r < run; ++r) {
-          if (j + r < n_next) prefetch_l2(cs.next[j + r], D * static_cast<int64_t>(sizeof(key_t)));
-          to_acc(src + r * N2 * D, D, cs.kbuf.data() + (j + r) * D);
-        }
+        for (int64_t r = 0; r < run; ++r) to_acc(src + r * N2 * D, D, cs.kbuf.data() + (j + r) * D);
       }
       s += run;
     }
@@ -541,7 +514,7 @@ class IndexerForward {
   // Adds sum_h w_h * ReLU(q_h . k) of the chunk starting at c0 into every token's score row.
   void score_chunk(const Unit& un, int64_t vmax, int64_t c0, ChunkScratch<A, key_t>& cs, A* scores) const {
     const int64_t c1 = std::min(vmax, c0 + kKeyChunk), N1 = g_.N1, G = g_.G, cols = (un.i1 - un.i0) * G;
-    chunk_products(un, c0, c1, std::min(vmax, c1 + kKeyChunk), cs);
+    chunk_products(un, c0, c1, cs);
     for (int64_t i = un.i0; i < un.i1; ++i) {
       const int64_t vi = g_.visible_keys(un.b, i);
       if (vi <= c0) continue;
