@@ -331,9 +331,9 @@ struct ChunkScratch {
 };
 
 // A thread's buffers, kept from call to call: they only grow (to the largest call the thread served), so a stream
-// of decode steps neither allocates nor faults pages in. Blocks of 128 KiB and more (a 128k-key score row is 512 KiB)
-// come from mmap in glibc, and the kernel zero-fills every page of a fresh mapping on first touch: allocated per
-// call, they cost as much as the top-k itself.
+// of decode steps allocates nothing large. Allocated per call, a 128k-key row's buffers (512 KiB of scores, as much
+// of images) would depend on the allocator keeping them mapped: glibc can serve blocks of 128 KiB and more by mmap,
+// whose pages the kernel zero-fills again on first touch.
 template <typename A, typename key_t>
 struct ThreadScratch {
   ChunkScratch<A, key_t> chunk;
@@ -382,7 +382,7 @@ class IndexerForward {
       });
       return;
     }
-    // Decode and other short batches: fewer units than threads, so the threads split each unit's keys instead
+    // Decode and other short batches: fewer units than threads, so the threads share each unit's keys instead
     // (the chunks' score columns are disjoint). Each thread also takes the images of the scores it produced and
     // counts their first digits while they are in cache, so of each token's selection only select_images (one pass
     // over the row's images, then the candidates) is left for after the keys. The rows are this thread's.
