@@ -138,3 +138,19 @@ def test_results_do_not_depend_on_the_thread_count(q_len):
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+@pytest.mark.parametrize("n", [100, 40000])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_decode_rows_split_over_any_thread_count(n, q_len):
+    # fewer work units than threads (decode): the threads split a row's key chunks, and each takes the images of its
+    # own scores and counts their first digits for the selection; 3 threads leave some idle at n = 100 (one chunk)
+    kv = torch.cat([spread_values(n // 2, seed=9), tied_values(n - n // 2, 40, seed=10)])
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            check(kv, 2048, q_len=q_len, paged_block=128)
+            check(kv, 64, q_len=q_len)
+    finally:
+        torch.set_num_threads(before)

@@ -6,9 +6,11 @@
 // keys are A as they sit in the cache (B VNNI-packed, where brgemm multiplies that dtype), other keys are converted
 // to fp32 rows first (fp64, or where brgemm refuses: at::vec dot products). Each token then folds its columns into
 // the chunk's scores, sum_h w_h * ReLU(x), a vectorised pass over the heads, a few keys side by side. The top K of a
-// token's score row are found by a radix select on the scores' order-preserving integer images (O(keys), see top_k)
-// and only those K are sorted. With at least as many units as threads, units run in parallel; with fewer (decode: one
-// token per sequence), the threads split each unit's chunks instead.
+// token's score row are found by a radix select on the scores' order-preserving integer images (O(keys), see
+// select_images) and only those K are sorted. With at least as many units as threads, units run in parallel; with
+// fewer (decode: one token per sequence), the threads claim each unit's chunks one at a time instead, each also
+// making the images of its chunks' scores and counting their first digits, so only the rest of the selection
+// follows the products. The buffers are per thread and kept across calls (ThreadScratch).
 // Backward and KL loss: one unit per query token; the key gradient is scattered into per-thread buffers that are
 // summed at the end (no atomics; the sum order depends on the thread count only through the buffer split).
 #include "cpu/sparse_attention/lightning_indexer_kernels.h"
@@ -23,6 +25,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -124,6 +127,7 @@ template <typename A>
 struct TopKScratch {
   std::vector<KeyOf<A>> keys;                     // the row's images
   std::vector<int32_t> hist;                      // one digit's histogram
+  std::vector<int32_t> first;                     // the row's first-digit histogram
   std::vector<std::pair<KeyOf<A>, int32_t>> top;  // (image, position): the row's leaders, ascending position
   std::vector<int32_t> cand;                      // entries of top whose digits so far equal the k-th image's
 };
@@ -148,46 +152,60 @@ inline int64_t kth_digit(const std::vector<int32_t>& hist, int64_t& rank) {
   return d;
 }
 
-// The kk (<= n) largest of sc[0..n) by (score descending, position ascending), their positions written to idx in
-// that order; NaN scores are rewritten to -inf (the values the op returns). A radix select on the images, most
-// significant digit first: the first digit's histogram runs over the whole row and fixes the k-th image's first
-// digit d0; one more pass over the row keeps (image, position) of everything with a first digit >= d0 (the leaders:
-// the kk - rank above the k-th image's digit and the candidates level with it). The next digits' histograms run
-// over the candidates only, until the k-th image T is known whole; then the leaders above T and the first `rank`
-// level with T (the lowest positions) are the top kk, and only those are sorted. O(n) with no data-dependent
-// comparisons of the row, unlike an index-array nth_element.
+constexpr int64_t kBins = int64_t(1) << kDigitBits;
+
+// Images of the scores sc[s0, s1) into key[s0, s1); NaN scores are rewritten to -inf (the values the op returns).
 template <typename A>
-void top_k(A* sc, int64_t n, int64_t kk, TopKScratch<A>& ts, int32_t* idx) {
-  using U = KeyOf<A>;
-  constexpr int kBits = 8 * sizeof(U), lo0 = kBits - kDigitBits;
-  ts.keys.resize(n);
-  U* key = ts.keys.data();
+void score_images(A* sc, int64_t s0, int64_t s1, KeyOf<A>* key) {
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
-  for (int64_t s = 0; s < n; ++s) {
+  for (int64_t s = s0; s < s1; ++s) {
     const A v = std::isnan(sc[s]) ? kNegInf : sc[s];
     sc[s] = v;
     key[s] = score_key(v);
   }
+}
+
+// Adds the first digits (the top kDigitBits bits) of the images key[s0, s1) into h4: four interleaved histograms of
+// kBins counters (neighbouring scores often share a first digit, and one counter incremented back to back waits on
+// its own store each time), summed by fold_histograms. The counts are integers, so any split of a row into ranges
+// counted separately and summed gives the same histogram.
+template <typename U>
+void count_first_digits(const U* key, int64_t s0, int64_t s1, int32_t* h4) {
+  constexpr int lo0 = 8 * sizeof(U) - kDigitBits;
+  int64_t t = s0;
+  for (; t + 4 <= s1; t += 4) {
+    ++h4[key[t] >> lo0];
+    ++h4[kBins + (key[t + 1] >> lo0)];
+    ++h4[2 * kBins + (key[t + 2] >> lo0)];
+    ++h4[3 * kBins + (key[t + 3] >> lo0)];
+  }
+  for (; t < s1; ++t) ++h4[key[t] >> lo0];
+}
+
+// hist[d] += the count of digit d in the four histograms of h4.
+inline void fold_histograms(const int32_t* h4, int32_t* hist) {
+  for (int64_t d = 0; d < kBins; ++d) hist[d] += h4[d] + h4[kBins + d] + h4[2 * kBins + d] + h4[3 * kBins + d];
+}
+
+// The kk (<= n) largest of a row of n scores by (score descending, position ascending), their positions written to
+// idx in that order, from the scores' images key[0..n) and (when kk < n) the histogram `first` of their first digits.
+// A radix select on the images, most significant digit first: the first digit's histogram fixes the k-th image's
+// first digit d0; one pass over the row keeps (image, position) of everything with a first digit >= d0 (the leaders:
+// the kk - rank above the k-th image's digit and the candidates level with it). The next digits' histograms run over
+// the candidates only, until the k-th image T is known whole; then the leaders above T and the first `rank` level
+// with T (the lowest positions) are the top kk, and only those are sorted. O(n) with no data-dependent comparisons
+// of the row, unlike an index-array nth_element.
+template <typename A>
+void select_images(const KeyOf<A>* key, int64_t n, int64_t kk, const int32_t* first, TopKScratch<A>& ts,
+                   int32_t* idx) {
+  using U = KeyOf<A>;
+  constexpr int kBits = 8 * sizeof(U), lo0 = kBits - kDigitBits;
   auto& top = ts.top;
   top.clear();
   if (kk == n) {
     for (int64_t s = 0; s < n; ++s) top.emplace_back(key[s], static_cast<int32_t>(s));
   } else {
-    // four interleaved histograms: neighbouring scores often share a first digit, and one counter incremented
-    // back to back waits on its own store each time
-    constexpr int64_t kBins = int64_t(1) << kDigitBits;
-    ts.hist.assign(4 * kBins, 0);
-    int32_t* h = ts.hist.data();
-    int64_t t = 0;
-    for (; t + 4 <= n; t += 4) {
-      ++h[key[t] >> lo0];
-      ++h[kBins + (key[t + 1] >> lo0)];
-      ++h[2 * kBins + (key[t + 2] >> lo0)];
-      ++h[3 * kBins + (key[t + 3] >> lo0)];
-    }
-    for (; t < n; ++t) ++h[key[t] >> lo0];
-    for (int64_t d = 0; d < kBins; ++d) h[d] += h[kBins + d] + h[2 * kBins + d] + h[3 * kBins + d];
-    ts.hist.resize(kBins);
+    ts.hist.assign(first, first + kBins);
     int64_t rank = kk;
     const U d0 = static_cast<U>(kth_digit(ts.hist, rank));
     ts.cand.clear();
@@ -219,6 +237,20 @@ void top_k(A* sc, int64_t n, int64_t kk, TopKScratch<A>& ts, int32_t* idx) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   });
   for (int64_t j = 0; j < kk; ++j) idx[j] = top[j].second;
+}
+
+// The top kk (<= n) of sc[0..n) as select_images orders them; NaN scores are rewritten to -inf.
+template <typename A>
+void top_k(A* sc, int64_t n, int64_t kk, TopKScratch<A>& ts, int32_t* idx) {
+  ts.keys.resize(n);
+  score_images(sc, 0, n, ts.keys.data());
+  ts.first.assign(kBins, 0);
+  if (kk < n) {
+    ts.hist.assign(4 * kBins, 0);
+    count_first_digits(ts.keys.data(), 0, n, ts.hist.data());
+    fold_histograms(ts.hist.data(), ts.first.data());
+  }
+  select_images(ts.keys.data(), n, kk, ts.first.data(), ts, idx);
 }
 
 // ---- forward -------------------------------------------------------------------------------------------------
@@ -285,13 +317,38 @@ struct Unit {
 enum class Product { kVnni, kFp32, kDots };
 
 // One thread's buffers for a unit: the packed queries (B [D, nb * G]), a chunk of keys in A and their dequant
-// scales, and the chunk's products C [kKeyChunk, nb * G] (row j: key j against every head of every token).
+// scales, and the chunk's products C [kKeyChunk, nb * G] (row j: key j against every head of every token; kDots
+// builds them through `t`).
 template <typename A, typename key_t>
 struct ChunkScratch {
   std::vector<key_t> b16;  // kVnni
-  std::vector<A> b, kbuf, kscale, dots;
-  ChunkScratch(int64_t D, int64_t cols) : kbuf(kKeyChunk * D), kscale(kKeyChunk), dots(kKeyChunk * cols) {}
+  std::vector<A> b, kbuf, kscale, dots, t;
+  void size_for(int64_t D, int64_t cols) {
+    kbuf.resize(kKeyChunk * D);
+    kscale.resize(kKeyChunk);
+    dots.resize(kKeyChunk * cols);
+  }
 };
+
+// A thread's buffers, kept from call to call: they only grow (to the largest call the thread served), so a stream
+// of decode steps allocates nothing large. Allocated per call, a 128k-key row's buffers (512 KiB of scores, as much
+// of images) would depend on the allocator keeping them mapped: glibc can serve blocks of 128 KiB and more by mmap,
+// whose pages the kernel zero-fills again on first touch.
+template <typename A, typename key_t>
+struct ThreadScratch {
+  ChunkScratch<A, key_t> chunk;
+  TopKScratch<A> order;
+  std::vector<A> scores;  // the score rows of the unit this thread prepares
+  // decode: the images of those rows, and every thread's four-way first-digit histograms of every row
+  std::vector<KeyOf<A>> images;
+  std::vector<int32_t> counts;
+};
+
+template <typename A, typename key_t>
+ThreadScratch<A, key_t>& thread_scratch() {
+  static thread_local ThreadScratch<A, key_t> scratch;
+  return scratch;
+}
 
 template <typename A, typename key_t>
 class IndexerForward {
@@ -312,34 +369,57 @@ class IndexerForward {
     if (n_units >= at::get_num_threads()) {
       // Enough units for every thread: each unit scores and selects on one thread, its buffers reused.
       at::parallel_for(0, n_units, 1, [&](int64_t u0, int64_t u1) {
-        ChunkScratch<A, key_t> cs(g_.D, cols);
-        std::vector<A> scores;
-        TopKScratch<A> order;
+        ThreadScratch<A, key_t>& ts = thread_scratch<A, key_t>();
+        ts.chunk.size_for(g_.D, cols);
         for (int64_t u = u0; u < u1; ++u) {
-          const int64_t vmax = prepare(units[u], scores);
-          pack_queries(units[u], cs);
-          for (int64_t c0 = 0; c0 < vmax; c0 += kKeyChunk) score_chunk(units[u], vmax, c0, cs, scores.data());
-          for (int64_t i = units[u].i0; i < units[u].i1; ++i) select_top(units[u], vmax, i, scores.data(), order);
+          const int64_t vmax = prepare(units[u], ts.scores);
+          pack_queries(units[u], ts.chunk);
+          for (int64_t c0 = 0; c0 < vmax; c0 += kKeyChunk) score_chunk(units[u], vmax, c0, ts.chunk, ts.scores.data());
+          for (int64_t i = units[u].i0; i < units[u].i1; ++i)
+            select_top(units[u], vmax, i, ts.scores.data(), ts.order);
         }
         release();
       });
       return;
     }
-    // Decode and other short batches: fewer units than threads, so the threads split each unit's keys instead
-    // (the chunks' score columns are disjoint), then its tokens' selections.
-    std::vector<A> scores;
+    // Decode and other short batches: fewer units than threads, so the threads share each unit's keys instead
+    // (the chunks' score columns are disjoint). Each thread also takes the images of the scores it produced and
+    // counts their first digits while they are in cache, so of each token's selection only select_images (one pass
+    // over the row's images, then the candidates) is left for after the keys. The rows are this thread's.
+    ThreadScratch<A, key_t>& mine = thread_scratch<A, key_t>();
+    const int64_t n_threads = at::get_num_threads();
     for (const Unit& un : units) {
-      const int64_t vmax = prepare(un, scores);
-      const int64_t chunks = (vmax + kKeyChunk - 1) / kKeyChunk;
-      at::parallel_for(0, chunks, 1, [&](int64_t k0, int64_t k1) {
-        ChunkScratch<A, key_t> cs(g_.D, cols);
-        pack_queries(un, cs);
-        for (int64_t c = k0; c < k1; ++c) score_chunk(un, vmax, c * kKeyChunk, cs, scores.data());
+      const int64_t vmax = prepare(un, mine.scores);
+      const int64_t nb = un.i1 - un.i0, chunks = (vmax + kKeyChunk - 1) / kKeyChunk;
+      mine.images.resize(nb * vmax);
+      mine.counts.assign(n_threads * nb * 4 * kBins, 0);
+      // The threads claim the chunks one at a time rather than a fixed half each: on cores shared with other
+      // processes a thread that is descheduled for a while leaves its chunks to the others instead of holding up
+      // the whole step. A chunk's scores do not depend on the thread that makes them, and the histograms are
+      // summed, so the results are the same for any claiming order.
+      std::atomic<int64_t> next_chunk{0};
+      at::parallel_for(0, std::min(n_threads, chunks), 1, [&](int64_t, int64_t) {
+        ThreadScratch<A, key_t>& ts = thread_scratch<A, key_t>();
+        ts.chunk.size_for(g_.D, cols);
+        pack_queries(un, ts.chunk);
+        // (clamped: called inside an outer parallel region, the body runs inline on a thread of that region)
+        const int64_t t = std::min<int64_t>(at::get_thread_num(), n_threads - 1);
+        int32_t* counts = mine.counts.data() + t * nb * 4 * kBins;
+        for (int64_t c = next_chunk++; c < chunks; c = next_chunk++) {
+          score_chunk(un, vmax, c * kKeyChunk, ts.chunk, mine.scores.data());
+          image_chunk(un, vmax, c * kKeyChunk, mine.scores.data(), mine.images.data(), counts);
+        }
         release();
       });
       at::parallel_for(un.i0, un.i1, 1, [&](int64_t i0, int64_t i1) {
-        TopKScratch<A> order;
-        for (int64_t i = i0; i < i1; ++i) select_top(un, vmax, i, scores.data(), order);
+        TopKScratch<A>& order = thread_scratch<A, key_t>().order;
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t r = i - un.i0;
+          order.first.assign(kBins, 0);
+          for (int64_t t = 0; t < n_threads; ++t)
+            fold_histograms(mine.counts.data() + (t * nb + r) * 4 * kBins, order.first.data());
+          select_top(un, vmax, i, mine.scores.data(), order, mine.images.data() + r * vmax);
+        }
       });
     }
   }
@@ -421,7 +501,8 @@ class IndexerForward {
         brgemm::mm(n, cols, D, cs.kbuf.data(), D, cs.b.data(), cols, cs.dots.data(), cols, false);
     } else if (product_ == Product::kDots) {
       // [G, n] per token, transposed into C's layout
-      std::vector<A> t(G * n);
+      std::vector<A>& t = cs.t;
+      t.resize(G * n);
       for (int64_t i = un.i0; i < un.i1; ++i) {
         dots(query(un, i), G, cs.kbuf.data(), n, D, t.data(), n);
         for (int64_t h = 0; h < G; ++h)
@@ -451,15 +532,32 @@ class IndexerForward {
     }
   }
 
+  // The images and first-digit counts (into each row's four-way histogram of `counts`) of the chunk starting at c0,
+  // for the decode selection.
+  void image_chunk(const Unit& un, int64_t vmax, int64_t c0, A* scores, KeyOf<A>* images, int32_t* counts) const {
+    const int64_t c1 = std::min(vmax, c0 + kKeyChunk);
+    for (int64_t i = un.i0; i < un.i1; ++i) {
+      const int64_t r = i - un.i0, s1 = std::min(c1, g_.visible_keys(un.b, i));
+      if (s1 <= c0) continue;
+      score_images(scores + r * vmax, c0, s1, images + r * vmax);
+      count_first_digits(images + r * vmax, c0, s1, counts + r * 4 * kBins);
+    }
+  }
+
   // The top K of token i's row (descending score, ties by the lower position; NaN ranks as -inf), by the radix
-  // selection of top_k below, written to indices and values.
-  void select_top(const Unit& un, int64_t vmax, int64_t i, A* scores, TopKScratch<A>& ts) const {
+  // selection of top_k, written to indices and values. With `images`, the row's images and its first-digit
+  // histogram (ts.first) are already made (image_chunk), and only select_images runs.
+  void select_top(const Unit& un, int64_t vmax, int64_t i, A* scores, TopKScratch<A>& ts,
+                  const KeyOf<A>* images = nullptr) const {
     const int64_t vi = g_.visible_keys(un.b, i), K = p_.K, N2 = g_.N2;
     if (vi == 0) return;
     A* sc = scores + (i - un.i0) * vmax;
     const int64_t kk = std::min(K, vi);
     const int64_t o = ((g_.q_start[un.b] + i) * N2 + un.n2) * K;
-    top_k(sc, vi, kk, ts, p_.indices + o);
+    if (images)
+      select_images(images, vi, kk, ts.first.data(), ts, p_.indices + o);
+    else
+      top_k(sc, vi, kk, ts, p_.indices + o);
     A* values = static_cast<A*>(p_.values);
     if (values)
       for (int64_t j = 0; j < kk; ++j) values[o + j] = sc[p_.indices[o + j]];
