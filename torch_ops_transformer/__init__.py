@@ -63,6 +63,8 @@ generated from native_functions.yaml. Public Python API:
   the optimizer update (an unchanged DDP training loop), on torch.distributed (docs/mc2.md).
 - `npu_sparse_flash_attention` (+`_grad`), `npu_kv_quant_sparse_flash_attention` — DeepSeek-V3.2's sparse attention
   over the tokens an indexer selected, plain, paged or int8 MLA caches (package `sparse_attention`).
+- `npu_fused_causal_conv1d` (+`_v2`), `npu_masked_causal_conv1d` (+`_backward`) — the causal depthwise conv1d of
+  Gated DeltaNet / Mamba layers over a conv-state cache, and its masked training form (package `linear_attention`).
 
 The package is laid out family-first, like aten_ops/cpu/ and test/: attention, inference, rope, kv_cache, mla, moe,
 mc2, quant, sparse_attention (each with its torch_npu-compatible API, modules and fake kernels), the role packages
@@ -198,6 +200,8 @@ from .attention import npu_ring_attention_update
 from .moe import npu_grouped_matmul_add, npu_grouped_matmul_add_
 from .sparse_attention import (npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention,
                                npu_sparse_flash_attention_grad)
+from .linear_attention import (npu_fused_causal_conv1d, npu_fused_causal_conv1d_v2, npu_masked_causal_conv1d,
+                               npu_masked_causal_conv1d_backward)
 
 
 def enable_compile_lowering() -> None:
@@ -330,6 +334,8 @@ __all__ += ["npu_mrope", "npu_top_k_top_p", "npu_gather_pa_kv_cache", "npu_gathe
             "npu_scatter_nd_update", "npu_scatter_nd_update_", "npu_ring_attention_update", "npu_grouped_matmul_add",
             "npu_grouped_matmul_add_"]
 __all__ += ["npu_sparse_flash_attention", "npu_sparse_flash_attention_grad", "npu_kv_quant_sparse_flash_attention"]
+__all__ += ["npu_fused_causal_conv1d", "npu_fused_causal_conv1d_v2", "npu_masked_causal_conv1d",
+            "npu_masked_causal_conv1d_backward"]
 
 
 def _startup() -> None:

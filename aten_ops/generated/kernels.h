@@ -229,4 +229,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_npu(const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_flash_attention_grad_cpu(const SparseFlashAttentionGradArgs& args);
 // kv_quant_sparse_flash_attention [CPU]
 at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttentionArgs& args);
+// fused_causal_conv1d [CPU]
+at::Tensor fused_causal_conv1d_cpu(const FusedCausalConv1dArgs& args);
+// fused_causal_conv1d_v2 [CPU]
+void fused_causal_conv1d_v2_cpu(const FusedCausalConv1dV2Args& args);
+// masked_causal_conv1d [CPU]
+at::Tensor masked_causal_conv1d_cpu(const MaskedCausalConv1dArgs& args);
+// masked_causal_conv1d_backward [CPU]
+std::tuple<at::Tensor, at::Tensor> masked_causal_conv1d_backward_cpu(const MaskedCausalConv1dBackwardArgs& args);
 }  // namespace npu_fa

@@ -666,4 +666,36 @@ inline at::Tensor call_kv_quant_sparse_flash_attention(const KvQuantSparseFlashA
   return op.call(a.query, a.key, a.value, a.sparse_indices, a.scale_value, a.key_quant_mode, a.value_quant_mode, a.key_dequant_scale, a.value_dequant_scale, a.block_table, a.actual_seq_lengths_query, a.actual_seq_lengths_kv, a.sparse_block_size, a.layout_query, a.layout_kv, a.sparse_mode, a.pre_tokens, a.next_tokens, a.attention_mode, a.quant_scale_repo_mode, a.tile_size, a.rope_head_dim, a.key_dtype, a.value_dtype, a.sinks);
 }
 
+// fused_causal_conv1d
+inline at::Tensor call_fused_causal_conv1d(const FusedCausalConv1dArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::fused_causal_conv1d", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, c10::string_view)>();
+  return op.call(a.x, a.weight, a.conv_states, a.query_start_loc, a.cache_indices, a.initial_state_mode, a.bias, a.num_accepted_tokens, a.activation, a.pad_slot_id, a.run_mode, a.residual_connection, a.max_query_len, a.num_computed_tokens, a.block_idx_first_scheduled_token, a.block_idx_last_scheduled_token, a.initial_state_idx, a.block_size, a.conv_mode);
+}
+
+// fused_causal_conv1d_v2
+inline void call_fused_causal_conv1d_v2(const FusedCausalConv1dV2Args& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::fused_causal_conv1d_v2", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, c10::string_view)>();
+  return op.call(a.x, a.weight, a.conv_states, a.query_start_loc, a.cache_indices, a.initial_state_mode, a.bias, a.num_accepted_tokens, a.activation, a.pad_slot_id, a.run_mode, a.residual_connection, a.max_query_len, a.num_computed_tokens, a.block_idx_first_scheduled_token, a.block_idx_last_scheduled_token, a.initial_state_idx, a.block_size, a.conv_mode);
+}
+
+// masked_causal_conv1d
+inline at::Tensor call_masked_causal_conv1d(const MaskedCausalConv1dArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::masked_causal_conv1d", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return op.call(a.input, a.weight, a.mask);
+}
+
+// masked_causal_conv1d_backward
+inline std::tuple<at::Tensor, at::Tensor> call_masked_causal_conv1d_backward(const MaskedCausalConv1dBackwardArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::masked_causal_conv1d_backward", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return op.call(a.grad_output, a.input, a.weight, a.mask);
+}
+
 }  // namespace npu_fa

@@ -16,6 +16,7 @@ from test.rope import rope_cases
 from test.sampling import sampling_cases
 from test.sparse_attention import indexer_cases
 from test.sparse_attention import sfa_cases
+from test.linear_attention import causal_conv1d_cases
 from torch_ops_transformer import OPS as REGISTRY
 
 OPS = torch.ops.npu_fa
@@ -25,6 +26,7 @@ CASE_MODULES = (attention_cases, distribute_cases, fused_ffn_cases, grouped_matm
 CASE_MODULES += (sampling_cases,)
 CASE_MODULES += (indexer_cases,)
 CASE_MODULES += (sfa_cases,)
+CASE_MODULES += (causal_conv1d_cases,)
 
 
 def _collect_cases():

@@ -143,17 +143,22 @@ def test_top_level_holds_only_packages_and_the_entry_points():
     assert packages == sorted(FAMILIES + list(ROLES) + list(PRIVATE))
 
 
+def _fake_modules(family):
+    """A family's fake-kernel modules: fake.py, or fake_<part>.py per part of a family whose parts are separate."""
+    return sorted(p.stem for p in (PACKAGE / family).glob("fake*.py"))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_is_a_package_with_its_fake_kernels(family):
     assert (PACKAGE / family / "__init__.py").is_file()
-    assert (PACKAGE / family / "fake.py").is_file()
+    assert _fake_modules(family)
     assert (ROOT / "test" / family).is_dir()
 
 
 def test_yaml_fake_kernels_live_in_their_family_package():
     entries = yaml.safe_load((ROOT / "native_functions.yaml").read_text())
     modules = {e["fake"].split(":")[0] for e in entries if e.get("fake")}
-    assert modules == {f"{NAME}.{family}.fake" for family in FAMILIES}
+    assert modules == {f"{NAME}.{family}.{m}" for family in FAMILIES for m in _fake_modules(family)}
 
 
 def test_init_only_re_exports():

@@ -102,6 +102,10 @@ OPS = {
     'sparse_flash_attention': OpInfo("Sparse flash attention (CANN SparseFlashAttention, torch_npu npu_sparse_flash_attention; DeepSeek-V3.2's DSA): each query token attends only to the KV tokens its row of sparse_indices selects, out = softmax(scale_value * q K̃ᵀ) Ṽ per query head, N1 query heads sharing each of the N2 KV heads. Entry b >= 0 of a row selects the tokens [b * sparse_block_size, (b + 1) * sparse_block_size) clipped to the sequence's KV length; -1 selects nothing; duplicates count once per slot. attention_mode 2 (MLA absorb): the scores use [query, query_rope] against [key, key_rope], value (key's shape) gives the output; attention_mode 0: no rope tensors. sparse_mode 3 also hides the tokens j > kv_len - q_len + i from query i (right-down causal); 0 does not. Layouts: query BSND [B,S1,N1,D] or TND [T1,N1,D] (actual_seq_lengths_query cumulative, required); KV BSND, TND (cumulative actual_seq_lengths_kv, required) or PA_BSND (paged [blocks, block_size, N2, D] with block_table [B, max_blocks] and per-sequence actual_seq_lengths_kv). sinks (float32 [N1]; float64 with a float64 query): one more logit per head in the softmax denominator (a zero value row: out = Σ e^s v / (e^sink + Σ e^s)); a valid query row without keys then gives zeros too. Outputs: attention_out (query's shape and dtype, value's head dim); with return_softmax_lse softmax_max and softmax_sum (float32, float64 for float64 inputs; BSND [B,N2,S1,N1/N2], TND [N2,T1,N1/N2]) of the scaled scores, else empty [0]. A query that attends to no key gives zeros (max -inf, sum 0). fp32 accumulation. Differentiable in query, key, value, query_rope, key_rope and sinks (sparse_flash_attention_grad).", ('CPU', 'PrivateUse1'), True, True),
     'sparse_flash_attention_grad': OpInfo('Backward of sparse_flash_attention (CANN SparseFlashAttentionGrad, torch_npu npu_sparse_flash_attention_grad): the arguments of the forward call (layout = its layout_query; layout_kv "" = layout; block_table for a paged cache, our extension) with d_out, the forward\'s out and its softmax_max / softmax_sum; empty statistics ([0], the forward without return_softmax_lse) are recomputed. With P the forward\'s probabilities over the selected tokens: dV = Pᵀ dO, dS = P ⊙ (dO Vᵀ - rowsum(dO ⊙ out)), [dq, dq_rope] = scale dS K̃, [dK̃, dK̃_rope] = scale dSᵀ [q, q_rope], scattered back to every selected cache row (a row selected by several queries or slots sums their contributions, in an order that depends on the shapes and indices only). Returns d_query, d_key, d_value, d_query_rope, d_key_rope, d_sinks in their inputs\' shapes and dtypes (empty [0] for an absent rope tensor or sinks); cache rows no query selects get zeros. d_sinks[n] = -Σ p_sink · rowsum(dO ⊙ out) over every query row of head n, p_sink = e^(sink - max) / sum (the sink\'s probability; the value it carries is zero), summed in token order.', ('CPU',), False, True),
     'kv_quant_sparse_flash_attention': OpInfo("Sparse flash attention over an int8 (or float8_e4m3fn) MLA cache with per-token, per-tile scales (CANN KvQuantSparseFlashAttention, torch_npu npu_kv_quant_sparse_flash_attention): attention_mode 2, key_quant_mode = value_quant_mode = 2 (per tile), quant_scale_repo_mode 1 (scales stored in the cache row). query [.., N1, Dn + rope_head_dim] is [q_nope, q_rope]; each cache row of key [.., N2, KV_D] holds Dn quantised latent values, then rope_head_dim rope values in query's dtype (as bytes), then Dn / tile_size float32 scales (as bytes): KV_D = Dn + rope_head_dim * query.element_size() + 4 * Dn / tile_size. K̃ = [latent * scale of its tile, rope], Ṽ = the dequantised latent (the MLA cache is both; value's int8 content is not read). Selection, masks, layouts, sinks and the empty-query rule as sparse_flash_attention. Returns [.., N1, Dn] in query's dtype. Inference only.", ('CPU',), False, True),
+    'fused_causal_conv1d': OpInfo('Causal depthwise conv1d over variable-length sequences with a conv-state cache (torch_npu npu_fused_causal_conv1d, Qwen3-Next\'s conv of the Gated DeltaNet layer). x [T, dim] (sequence b = rows query_start_loc[b]..query_start_loc[b+1]) or [batch, L, dim]; weight [K, dim]; conv_states [slots, C, dim] with C >= K-1, updated in place. Per sequence, the cached rows (line cache_indices[b], or b) are prepended to x: offset = C-(K-1) (all C rows), num_accepted_tokens[b]-1 (speculative decoding: rows 0..offset+K-2), or 0 with K-1 zero rows when num_computed_tokens[b] == 0 or initial_state_mode[b] == 0; the last min(C, len) rows of the padded sequence are written back to the line; y[t] = sum_k weight[k] * padded[offset+t+k] (+ bias), SiLU when activation is "silu"/"swish", + x[t] with residual_connection=1. conv_mode "pangu" zeroes y[t] for t < K-1-num_computed_tokens[b]. A 2-D cache_indices [batch, max_blocks] enables prefix caching (read line cache_indices[b, initial_state_idx[b]], write line cache_indices[b, block_idx_last_scheduled_token[b]], the K-1 rows ending each completed block written to the lines from block_idx_first_scheduled_token[b]). Sequences whose line is pad_slot_id are skipped (their rows of y are 0). Returns y in x\'s dtype; fp32 accumulation. Not differentiable.', ('CPU',), False, True),
+    'fused_causal_conv1d_v2': OpInfo('fused_causal_conv1d written into x in place (torch_npu npu_fused_causal_conv1d_v2): the rows of the sequences it computes become y, the others (skipped sequences, rows outside query_start_loc) keep their values. conv_states is updated as by fused_causal_conv1d. Not differentiable.', ('CPU',), False, True),
+    'masked_causal_conv1d': OpInfo("Causal depthwise conv1d with an output mask (torch_npu npu_masked_causal_conv1d): input [S, B, H], weight [W, H], out[s, b, h] = sum_k weight[k, h] * input[s-(W-1-k), b, h] (zero before the start), set to 0 where mask [B, S] (bool) is False. input's dtype (float16, bfloat16, float32, float64), fp32 accumulation (fp64 for fp64). Differentiable in input and weight.", ('CPU',), True, True),
+    'masked_causal_conv1d_backward': OpInfo("Backward of masked_causal_conv1d (torch_npu npu_masked_causal_conv1d_backward): with g = grad_output zeroed where mask is False, grad_input[s, b, h] = sum_k weight[k, h] * g[s+W-1-k, b, h] and grad_weight[k, h] = sum over s, b of g[s, b, h] * input[s-(W-1-k), b, h] (summed in fp64 in an order that depends on the shapes only). Both in input's dtype.", ('CPU',), False, True),
 }
 
 
@@ -877,6 +881,42 @@ def _fake_kv_quant_sparse_flash_attention(query, key, value, sparse_indices, sca
     a = KvQuantSparseFlashAttentionArgs(query, key, value, sparse_indices, scale_value, key_quant_mode, value_quant_mode, key_dequant_scale, value_dequant_scale, block_table, actual_seq_lengths_query, actual_seq_lengths_kv, sparse_block_size, layout_query, layout_kv, sparse_mode, pre_tokens, next_tokens, attention_mode, quant_scale_repo_mode, tile_size, rope_head_dim, key_dtype, value_dtype, sinks)
     check_devices('kv_quant_sparse_flash_attention', a._asdict().items(), host=('actual_seq_lengths_query', 'actual_seq_lengths_kv'))
     return _fake_kernel('torch_ops_transformer.sparse_attention.fake', 'kv_quant_sparse_flash_attention')(a)
+
+
+FusedCausalConv1dArgs = collections.namedtuple('FusedCausalConv1dArgs', ['x', 'weight', 'conv_states', 'query_start_loc', 'cache_indices', 'initial_state_mode', 'bias', 'num_accepted_tokens', 'activation', 'pad_slot_id', 'run_mode', 'residual_connection', 'max_query_len', 'num_computed_tokens', 'block_idx_first_scheduled_token', 'block_idx_last_scheduled_token', 'initial_state_idx', 'block_size', 'conv_mode'])
+
+
+def _fake_fused_causal_conv1d(x, weight, conv_states, *, query_start_loc=None, cache_indices=None, initial_state_mode=None, bias=None, num_accepted_tokens=None, activation="None", pad_slot_id=-1, run_mode=0, residual_connection=0, max_query_len=-1, num_computed_tokens=None, block_idx_first_scheduled_token=None, block_idx_last_scheduled_token=None, initial_state_idx=None, block_size=128, conv_mode="default"):
+    a = FusedCausalConv1dArgs(x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode)
+    check_devices('fused_causal_conv1d', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_causal_conv1d', 'fused_causal_conv1d')(a)
+
+
+FusedCausalConv1dV2Args = collections.namedtuple('FusedCausalConv1dV2Args', ['x', 'weight', 'conv_states', 'query_start_loc', 'cache_indices', 'initial_state_mode', 'bias', 'num_accepted_tokens', 'activation', 'pad_slot_id', 'run_mode', 'residual_connection', 'max_query_len', 'num_computed_tokens', 'block_idx_first_scheduled_token', 'block_idx_last_scheduled_token', 'initial_state_idx', 'block_size', 'conv_mode'])
+
+
+def _fake_fused_causal_conv1d_v2(x, weight, conv_states, *, query_start_loc=None, cache_indices=None, initial_state_mode=None, bias=None, num_accepted_tokens=None, activation="None", pad_slot_id=-1, run_mode=0, residual_connection=0, max_query_len=-1, num_computed_tokens=None, block_idx_first_scheduled_token=None, block_idx_last_scheduled_token=None, initial_state_idx=None, block_size=128, conv_mode="default"):
+    a = FusedCausalConv1dV2Args(x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode)
+    check_devices('fused_causal_conv1d_v2', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_causal_conv1d', 'fused_causal_conv1d_v2')(a)
+
+
+MaskedCausalConv1dArgs = collections.namedtuple('MaskedCausalConv1dArgs', ['input', 'weight', 'mask'])
+
+
+def _fake_masked_causal_conv1d(input, weight, mask=None):
+    a = MaskedCausalConv1dArgs(input, weight, mask)
+    check_devices('masked_causal_conv1d', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_causal_conv1d', 'masked_causal_conv1d')(a)
+
+
+MaskedCausalConv1dBackwardArgs = collections.namedtuple('MaskedCausalConv1dBackwardArgs', ['grad_output', 'input', 'weight', 'mask'])
+
+
+def _fake_masked_causal_conv1d_backward(grad_output, input, weight, *, mask=None):
+    a = MaskedCausalConv1dBackwardArgs(grad_output, input, weight, mask)
+    check_devices('masked_causal_conv1d_backward', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_causal_conv1d', 'masked_causal_conv1d_backward')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1708,9 +1748,30 @@ def _backward_sparse_flash_attention(ctx, grad_attention_out, grad_softmax_max, 
     )
 
 
+def _setup_masked_causal_conv1d(ctx, inputs, output):
+    (input, weight, mask,) = inputs
+    result0 = output
+    ctx.save_for_backward(input, weight, mask)
+
+
+def _backward_masked_causal_conv1d(ctx, grad_result0):
+    (input, weight, mask,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.masked_causal_conv1d_backward.default(
+        grad_result0,
+        input,
+        weight,
+        mask=mask,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # input
+        grads[1] if _needs_grad(ctx, 1) else None,  # weight
+        None,  # mask
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
+    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.linear_attention.fake_causal_conv1d', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1817,3 +1878,8 @@ def register():
     torch.library.register_autograd("npu_fa::sparse_flash_attention", _backward_sparse_flash_attention, setup_context=_setup_sparse_flash_attention)
     torch.library.register_fake("npu_fa::sparse_flash_attention_grad", _fake_sparse_flash_attention_grad)
     torch.library.register_fake("npu_fa::kv_quant_sparse_flash_attention", _fake_kv_quant_sparse_flash_attention)
+    torch.library.register_fake("npu_fa::fused_causal_conv1d", _fake_fused_causal_conv1d)
+    torch.library.register_fake("npu_fa::fused_causal_conv1d_v2", _fake_fused_causal_conv1d_v2)
+    torch.library.register_fake("npu_fa::masked_causal_conv1d", _fake_masked_causal_conv1d)
+    torch.library.register_autograd("npu_fa::masked_causal_conv1d", _backward_masked_causal_conv1d, setup_context=_setup_masked_causal_conv1d)
+    torch.library.register_fake("npu_fa::masked_causal_conv1d_backward", _fake_masked_causal_conv1d_backward)
