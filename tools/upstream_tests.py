@@ -11,8 +11,8 @@ Each file runs in its own pytest process with PYTHONPATH=$(python -m torch_ops_t
 `--unskip-cann` also runs the cases upstream disables with `@unittest.skip(...CANN...)` (written for a newer CANN
 than its CI had); `--unskip WORD` those whose `@unittest.skip(...)` line contains WORD (cases upstream has written
 but not yet enabled), and `--any-soc` the cases `@SupportedDevices` limits to another SoC than the simulated one
-(TOT_ANY_SOC=1 for the shim's SupportedDevices). `--devices N` gives the simulated npu device N devices (TOT_NPU_SIM_DEVICES), so the multi-NPU
-cases (`skipIfUnsupportMultiNPU(N)`, HCCL worlds of N ranks on gloo) run instead of skipping. Failures that are our NotImplementedError (a function or an argument — quantisation, NZ format —
+(TOT_ANY_SOC=1 for the shim's SupportedDevices). `--devices N` gives the simulated npu device N devices
+(TOT_NPU_SIM_DEVICES), so the multi-NPU cases (`skipIfUnsupportMultiNPU(N)`, HCCL worlds of N ranks on gloo) run instead of skipping. Failures that are our NotImplementedError (a function or an argument — quantisation, NZ format —
 this project does not implement, named in the message) are counted apart as "not implemented". Nothing of upstream's is copied into this repository; this is a measuring tool
 (docs/torch_npu_compat.md).
 """

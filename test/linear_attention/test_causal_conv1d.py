@@ -2,7 +2,7 @@
 (causal_conv1d_reference.py) under the project's tolerance rule, the cache update compared exactly: variable-length
 prefill with and without cached state, decode and speculative decode (num_accepted_tokens), mixed batches, prefix
 caching, pangu mode, residual, bias and SiLU, padded entries; agreement with transformers' Qwen3-Next conv; the
-in-place v2; thread-count independence; zero sizes; one test per bad-input rule."""
+in-place v2; torch.compile; thread-count independence; zero sizes; one test per bad-input rule."""
 import pytest
 import torch
 
@@ -227,6 +227,19 @@ def test_thread_count_does_not_change_the_result():
         torch.set_num_threads(before)
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
+
+def test_torch_compile_fullgraph_updates_the_cache():
+    lens = [4, 3]
+    x, w, st = _inputs(lens, dim=16)
+    q = _qsl(lens)
+
+    def f(x, w, s, q):
+        return tot.npu_fused_causal_conv1d(x, w, s, query_start_loc=q, residual_connection=1)
+
+    s_eager, s_compiled = st.clone(), st.clone()
+    y = f(x, w, s_eager, q)
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, s_compiled, q), y)
+    assert torch.equal(s_compiled, s_eager)
 
 @pytest.mark.asan
 def test_zero_sizes():

@@ -1,6 +1,6 @@
 """npu_masked_causal_conv1d and npu_masked_causal_conv1d_backward against the token-by-token reference
 (causal_conv1d_reference.py) under the project's tolerance rule; the autograd wiring, gradcheck in float64,
-thread-count independence, zero sizes and one test per bad-input rule."""
+torch.compile, thread-count independence, zero sizes and one test per bad-input rule."""
 import pytest
 import torch
 
@@ -60,6 +60,18 @@ def test_gradcheck_float64(with_mask):
     torch.autograd.gradcheck(lambda a, b: tot.npu_masked_causal_conv1d(a, b, mask=mask),
                              (x.requires_grad_(), w.requires_grad_()))
 
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    x, w, mask = _inputs(S=6, B=2, H=16, seed=7)
+    x.requires_grad_()
+    w.requires_grad_()
+
+    def f(x, w, m):
+        return (tot.npu_masked_causal_conv1d(x, w, mask=m) ** 2).sum()
+
+    eager = torch.autograd.grad(f(x, w, mask), (x, w))
+    compiled = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, mask), (x, w))
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
 
 def test_thread_count_does_not_change_the_result():
     x, w, mask = _inputs(S=64, B=4, H=300, dtype=torch.bfloat16, seed=4)

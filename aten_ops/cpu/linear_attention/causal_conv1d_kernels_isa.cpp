@@ -84,24 +84,55 @@ inline void epilogue(A* y, int64_t n, const A* bias, bool silu, bool zero, const
   }
 }
 
+// A thread's scratch for fused_causal_conv1d, kept across its tasks: the weights (and bias) are converted once per
+// block of channels, since the tasks are ordered block by block (a decode step is one token per sequence, so the
+// conversion would otherwise cost as much as the conv).
+template <typename T>
+struct FusedWorkspace {
+  using A = acc_of<T>;
+  int64_t c0 = -1;            // the block whose weights w / bias hold
+  std::vector<A> w, bias;     // [K, n], [n]
+  std::vector<A> ring, out;   // [K, n], [n]
+  std::vector<T> stash;       // the prefix rows of the line, [prefix, n]
+  std::vector<const A*> rows; // the window, oldest row first
+
+  void load_block(const FusedConvParams& p, int64_t block_c0, int64_t n) {
+    if (block_c0 == c0) return;
+    c0 = block_c0;
+    w.resize(static_cast<size_t>(p.K * n));
+    const T* weight = static_cast<const T*>(p.weight);
+    for (int64_t k = 0; k < p.K; ++k) to_acc(weight + k * p.dim + c0, n, w.data() + k * n);
+    if (p.bias != nullptr) {
+      bias.resize(static_cast<size_t>(n));
+      to_acc(static_cast<const T*>(p.bias) + c0, n, bias.data());
+    }
+    ring.resize(static_cast<size_t>(p.K * n));
+    out.resize(static_cast<size_t>(n));
+    rows.resize(static_cast<size_t>(p.K));
+  }
+};
+
 // One sequence, channels [c0, c0+n). Order matters for the in-place op (y == x) and for a cache line that is both
 // read and written: the prefix rows are stashed first, the cache is written from the stash and x, and the outputs
 // are computed from the last token down, so y[t] overwrites x[t] only after every window that reads x[t] is loaded.
 template <typename T>
-void fused_sequence(const FusedConvParams& p, const SeqPlan& s, int64_t c0, int64_t n, std::vector<T>& stash,
-                    std::vector<acc_of<T>>& scratch) {
+void fused_sequence(const FusedConvParams& p, const SeqPlan& s, int64_t c0, int64_t n, FusedWorkspace<T>& ws) {
   using A = acc_of<T>;
   const int64_t K = p.K, C = p.C, dim = p.dim;
   const T* x = static_cast<const T*>(p.x);
   T* states = static_cast<T*>(p.states);
   T* y = static_cast<T*>(p.y);
   const int64_t prefix = s.read_line < 0 ? K - 1 : s.offset + K - 1;
-  stash.assign(static_cast<size_t>(prefix * n), T(0));
-  if (s.read_line >= 0)
+  ws.stash.resize(static_cast<size_t>(prefix * n));
+  T* stash = ws.stash.data();
+  if (s.read_line >= 0) {
     for (int64_t r = 0; r < prefix; ++r)
-      std::memcpy(stash.data() + r * n, states + (s.read_line * C + r) * dim + c0, n * sizeof(T));
+      std::memcpy(stash + r * n, states + (s.read_line * C + r) * dim + c0, n * sizeof(T));
+  } else {
+    std::fill(stash, stash + prefix * n, T(0));
+  }
   auto padded = [&](int64_t r) -> const T* {
-    return r < prefix ? stash.data() + r * n : x + (s.start + r - prefix) * dim + c0;
+    return r < prefix ? stash + r * n : x + (s.start + r - prefix) * dim + c0;
   };
   const int64_t total = prefix + s.len, kept = std::min(C, total);
   for (int64_t i = 0; i < kept; ++i)
@@ -112,46 +143,41 @@ void fused_sequence(const FusedConvParams& p, const SeqPlan& s, int64_t c0, int6
                   n * sizeof(T));
   if (s.len == 0) return;
 
-  // scratch: weights [K, n], bias [n], the ring [K, n], the output row [n]
-  scratch.resize(static_cast<size_t>((2 * K + 2) * n));
-  A* w = scratch.data();
-  A* bias = w + K * n;
-  A* ring = bias + n;
-  A* out = ring + K * n;
-  const T* weight = static_cast<const T*>(p.weight);
-  for (int64_t k = 0; k < K; ++k) to_acc(weight + k * dim + c0, n, w + k * n);
-  if (p.bias != nullptr) to_acc(static_cast<const T*>(p.bias) + c0, n, bias);
-  std::vector<const A*> rows(K);
+  A* ring = ws.ring.data();
+  A* out = ws.out.data();
   auto slot = [&](int64_t r) { return ring + (r % K) * n; };
   const int64_t last = s.offset + s.len - 1;  // the first padded row of the last token's window
   for (int64_t k = 0; k < K; ++k) to_acc(padded(last + k), n, slot(last + k));
   for (int64_t t = s.len - 1; t >= 0; --t) {
     const int64_t r0 = s.offset + t;
     if (t != s.len - 1) to_acc(padded(r0), n, slot(r0));  // replaces row r0 + K, which no window below reads
-    for (int64_t k = 0; k < K; ++k) rows[k] = slot(r0 + k);
-    window_dot(rows.data(), w, K, n, n, out);
-    epilogue(out, n, p.bias ? bias : nullptr, p.silu, t < s.reset, p.residual ? rows[K - 1] : nullptr);
+    for (int64_t k = 0; k < K; ++k) ws.rows[k] = slot(r0 + k);
+    window_dot(ws.rows.data(), ws.w.data(), K, n, n, out);
+    epilogue(out, n, p.bias ? ws.bias.data() : nullptr, p.silu, t < s.reset, p.residual ? ws.rows[K - 1] : nullptr);
     from_acc(out, n, y + (s.start + t) * dim + c0);
   }
 }
 
+// Tasks block-major (all sequences of one block of channels, then the next), so a thread's consecutive tasks share
+// the block's converted weights.
 template <typename T>
 void fused(const FusedConvParams& p) {
   const auto& seqs = *p.seqs;
+  const int64_t nseq = static_cast<int64_t>(seqs.size());
   const int64_t blocks = (p.dim + kChannelBlock - 1) / kChannelBlock;
-  const int64_t tasks = static_cast<int64_t>(seqs.size()) * blocks;
-  at::parallel_for(0, tasks, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<T> stash;
-    std::vector<acc_of<T>> scratch;
+  at::parallel_for(0, nseq * blocks, 1, [&](int64_t i0, int64_t i1) {
+    FusedWorkspace<T> ws;
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t c0 = (i % blocks) * kChannelBlock;
-      fused_sequence<T>(p, seqs[i / blocks], c0, std::min(kChannelBlock, p.dim - c0), stash, scratch);
+      const int64_t c0 = (i / nseq) * kChannelBlock, n = std::min(kChannelBlock, p.dim - c0);
+      ws.load_block(p, c0, n);
+      fused_sequence<T>(p, seqs[i % nseq], c0, n, ws);
     }
   });
 }
 
 void fused_causal_conv1d(const FusedConvParams& p) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.dtype, "fused_causal_conv1d", [&] { fused<scalar_t>(p); });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, p.dtype, "fused_causal_conv1d",
+                                  [&] { fused<scalar_t>(p); });
 }
 
 // masked_causal_conv1d forward, one batch column b and channels [c0, c0+n): a ring of the W input rows of the window.
@@ -235,7 +261,8 @@ void grad_weight_block(const MaskedConvParams& p, int64_t c0, int64_t n, std::ve
         to_acc(in + (src * B + b) * H + c0, n, xd);
         double* a = acc + k * n;
         int64_t j = 0;
-        for (; j + V <= n; j += V) at::vec::fmadd(Vec::loadu(gd + j), Vec::loadu(xd + j), Vec::loadu(a + j)).store(a + j);
+        for (; j + V <= n; j += V)
+          at::vec::fmadd(Vec::loadu(gd + j), Vec::loadu(xd + j), Vec::loadu(a + j)).store(a + j);
         for (; j < n; ++j) a[j] += gd[j] * xd[j];
       }
     }
