@@ -84,6 +84,7 @@ def test_default_offset_reads_the_whole_line():
     _check("offset", x, w, st, dict(query_start_loc=_qsl(lens)))
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("decode", [False, True])
 def test_prefix_caching(decode):
     B, block = 4, 4
@@ -291,6 +292,13 @@ def test_bad_conv_states_shape():
     _bad("argument 'conv_states' must be 3-D", conv_states=torch.zeros(4, 1, 8))
 
 
+def test_bad_conv_states_dtype():
+    _bad("argument 'conv_states' must have the dtype of 'x'", conv_states=torch.zeros(4, 2, 8, dtype=torch.bfloat16))
+
+
+def test_bad_bias_dtype():
+    _bad("argument 'bias' must have the dtype of 'x'", bias=torch.zeros(8, dtype=torch.float16))
+
 def test_bad_bias_shape():
     _bad("argument 'bias' must be 1-D", bias=torch.zeros(7))
 
@@ -312,6 +320,19 @@ def test_query_start_loc_of_3d_x_must_be_uniform():
          x=torch.zeros(2, 3, 8), query_start_loc=torch.tensor([0, 2, 6], dtype=I32))
 
 
+def test_query_start_loc_dtype():
+    _bad("argument 'query_start_loc' must be int32 or int64", query_start_loc=torch.tensor([0.0, 3.0, 5.0]))
+
+
+def test_query_start_loc_rank():
+    _bad("argument 'query_start_loc' must be 1-D \\[batch\\+1\\]", query_start_loc=torch.zeros(1, 3, dtype=I32))
+
+
+def test_initial_state_mode_length():
+    _bad("argument 'initial_state_mode' must be 1-D \\[2\\]", initial_state_mode=torch.ones(3, dtype=I32))
+
+
+@pytest.mark.asan
 def test_cache_index_out_of_range():
     _bad("argument 'cache_indices' must lie in \\[0, slots=4\\)", cache_indices=torch.tensor([0, 4], dtype=I32))
 
@@ -324,6 +345,7 @@ def test_cache_indices_dtype():
     _bad("argument 'cache_indices' must be int32 or int64", cache_indices=torch.tensor([0.0, 1.0]))
 
 
+@pytest.mark.asan
 def test_cache_lines_must_be_distinct():
     _bad("line 1 is used by sequences 0 and 1", cache_indices=torch.tensor([1, 1], dtype=I32))
 

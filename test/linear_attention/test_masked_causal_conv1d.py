@@ -132,6 +132,9 @@ def test_bad_weight_shape():
     _bad("argument 'weight' must be 2-D \\[W, H\\]", weight=torch.zeros(3, 7))
 
 
+def test_weight_needs_a_tap():
+    _bad("argument 'weight' must be 2-D \\[W, H\\] with W >= 1", weight=torch.zeros(0, 8))
+
 def test_bad_weight_dtype():
     _bad("argument 'weight' must have the dtype of 'input'", weight=torch.zeros(3, 8, dtype=torch.float16))
 
