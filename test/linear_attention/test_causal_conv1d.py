@@ -1,7 +1,7 @@
 """npu_fused_causal_conv1d and npu_fused_causal_conv1d_v2 against the token-by-token reference
 (causal_conv1d_reference.py) under the project's tolerance rule, the cache update compared exactly: variable-length
 prefill with and without cached state, decode and speculative decode (num_accepted_tokens), mixed batches, prefix
-caching, pangu mode, residual, bias and SiLU, padded entries; agreement with transformers' Qwen3-Next conv; the
+caching, pangu mode, residual, bias and SiLU, padded entries, seeded random calls; agreement with transformers' Qwen3-Next conv; the
 in-place v2; torch.compile; thread-count independence; zero sizes; one test per bad-input rule."""
 import pytest
 import torch
@@ -107,6 +107,35 @@ def test_prefix_caching(decode):
         kw["query_start_loc"] = _qsl(lens)
     _check(f"apc_{'decode' if decode else 'prefill'}", x, w, st, kw)
 
+
+def _random_call(seed):
+    """A seeded random call: widths, line lengths, sequence lengths, draft tokens, computed counts, a padded entry,
+    cache lines in any order, the optional epilogue."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rint(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    K, m, B = rint(1, 4), rint(0, 3), rint(1, 4)
+    lens = [rint(1, 6) for _ in range(B)]
+    x, w, st = _inputs(lens, dim=rint(1, 20), K=K, state_len=K - 1 + m, slots=B + 2, seed=seed)
+    lines = torch.randperm(B + 2, generator=g)[:B].to(I32)
+    if B > 1 and rint(0, 1):
+        lines[rint(0, B - 1)] = -1
+    kw = dict(query_start_loc=_qsl(lens), cache_indices=lines, residual_connection=rint(0, 1),
+              num_computed_tokens=torch.tensor([rint(0, 3) for _ in range(B)], dtype=I32),
+              conv_mode=("default", "pangu")[rint(0, 1)], activation=("None", "silu")[rint(0, 1)])
+    if rint(0, 1):
+        kw["num_accepted_tokens"] = torch.tensor([rint(1, min(n, m + 1)) for n in lens], dtype=I32)
+    if rint(0, 1):
+        kw["bias"] = torch.randn(x.shape[1], generator=g)
+    return x, w, st, kw
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_calls_match_the_reference(seed):
+    x, w, st, kw = _random_call(seed)
+    _check(f"random_{seed}", x, w, st, kw)
 
 def test_pangu_mode_resets_the_first_outputs():
     lens = [5, 3, 4]
