@@ -1,8 +1,9 @@
 """npu_fused_causal_conv1d and npu_fused_causal_conv1d_v2 against the token-by-token reference
 (causal_conv1d_reference.py) under the project's tolerance rule, the cache update compared exactly: variable-length
 prefill with and without cached state, decode and speculative decode (num_accepted_tokens), mixed batches, prefix
-caching, pangu mode, residual, bias and SiLU, padded entries, seeded random calls; agreement with transformers' Qwen3-Next conv; the
-in-place v2; torch.compile; thread-count independence; zero sizes; one test per bad-input rule."""
+caching, pangu mode, residual, bias and SiLU, padded entries, seeded random calls; agreement with transformers'
+Qwen3-Next conv; the in-place v2; torch.compile; thread-count independence; zero sizes; one test per bad-input
+rule."""
 import pytest
 import torch
 
