@@ -1,15 +1,18 @@
 """Runs torch_npu's own per-op tests (op-plugin's test/test_custom_ops and test/test_base_ops), unchanged, against
 this project through the torch_npu shim, and prints passed/failed/skipped per file.
 
-    python -m tools.upstream_tests --op-plugin PATH [--commit REV] [--only WORD] [--unskip-cann] [--devices N] [--timeout S] [-v]
+    python -m tools.upstream_tests --op-plugin PATH [--commit REV] [--only WORD] [--unskip-cann] [--unskip WORD]
+                                   [--any-soc] [--devices N] [--timeout S] [-v]
 
 PATH is an op-plugin checkout, or its git directory (then the test files are read at REV, default HEAD). Only the
 files that call a function we implement (torch_ops_transformer/compat/torch_npu_functions.yaml, 'mirrored') are run.
 Each file runs in its own pytest process with PYTHONPATH=$(python -m torch_ops_transformer.compat --pythonpath):
 `import torch_npu` gives the shim, `.npu()` the simulated device, `torch_npu.testing` the shim's test helpers.
 `--unskip-cann` also runs the cases upstream disables with `@unittest.skip(...CANN...)` (written for a newer CANN
-than its CI had). `--devices N` gives the simulated npu device N devices (TOT_NPU_SIM_DEVICES), so the multi-NPU
-cases (`skipIfUnsupportMultiNPU(N)`, HCCL worlds of N ranks on gloo) run instead of skipping. Failures that are our NotImplementedError (a function or an argument — quantisation, NZ format —
+than its CI had); `--unskip WORD` those whose `@unittest.skip(...)` line contains WORD (cases upstream has written
+but not yet enabled), and `--any-soc` the cases `@SupportedDevices` limits to another SoC than the simulated one
+(TOT_ANY_SOC=1 for the shim's SupportedDevices). `--devices N` gives the simulated npu device N devices
+(TOT_NPU_SIM_DEVICES), so the multi-NPU cases (`skipIfUnsupportMultiNPU(N)`, HCCL worlds of N ranks on gloo) run instead of skipping. Failures that are our NotImplementedError (a function or an argument — quantisation, NZ format —
 this project does not implement, named in the message) are counted apart as "not implemented". Nothing of upstream's is copied into this repository; this is a measuring tool
 (docs/torch_npu_compat.md).
 """
@@ -51,6 +54,11 @@ _NOT_IMPLEMENTED = " - NotImplementedError: "
 _SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error|errors|xfailed|xpassed)")
 
 
+def _skip_lines(word: str):
+    """The `@unittest.skip(...)` lines that contain `word`."""
+    return re.compile(rf"^\s*@unittest\.skip\(.*{re.escape(word)}.*\)\s*$", re.M)
+
+
 def _run(path: Path, device_env: dict, verbose: bool, timeout: float):
     counts = {"passed": 0, "failed": 0, "not implemented": 0, "skipped": 0, "error": 0}
     try:
@@ -80,6 +88,10 @@ def main(argv=None) -> int:
     parser.add_argument("--commit", default="HEAD")
     parser.add_argument("--only", default=None, help="run only files whose name contains this")
     parser.add_argument("--unskip-cann", action="store_true", help="run the cases upstream skips for its CANN")
+    parser.add_argument("--unskip", default=None, metavar="WORD",
+                        help="run the cases whose @unittest.skip(...) line contains WORD")
+    parser.add_argument("--any-soc", action="store_true",
+                        help="run the cases @SupportedDevices limits to another SoC than the simulated one")
     parser.add_argument("--devices", type=int, default=None,
                         help="simulated npu devices per process (TOT_NPU_SIM_DEVICES; default: the environment's, else 1)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per test file (default 1800)")
@@ -90,6 +102,8 @@ def main(argv=None) -> int:
              if _calls_mirrored(t, names) and (args.only is None or args.only in n)}
     env = {k: v for k, v in os.environ.items() if k != "TOT_NPU_SIM"}
     env["PYTHONPATH"] = os.pathsep.join([str(PYTHONPATH_DIR), str(ROOT)] + [env.get("PYTHONPATH", "")])
+    if args.any_soc:
+        env["TOT_ANY_SOC"] = "1"
     if args.devices is not None:
         env["TOT_NPU_SIM_DEVICES"] = str(args.devices)
     env["COLUMNS"] = "400"  # pytest cuts the failure reasons of its summary to the terminal width
@@ -97,7 +111,11 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in sorted(files.items()):
             path = Path(tmp) / name.replace("/", "__")  # one flat folder: no package __init__ needed
-            path.write_text(_CANN_SKIP.sub("", text) if args.unskip_cann else text)
+            if args.unskip_cann:
+                text = _CANN_SKIP.sub("", text)
+            if args.unskip:
+                text = _skip_lines(args.unskip).sub("", text)
+            path.write_text(text)
             counts, failures = _run(path, env, args.verbose, args.timeout)
             for k in total:
                 total[k] += counts.get(k, 0)

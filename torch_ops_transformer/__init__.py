@@ -65,6 +65,8 @@ generated from native_functions.yaml. Public Python API:
   over the tokens an indexer selected, plain, paged or int8 MLA caches (package `sparse_attention`).
 - `npu_chunk_gated_delta_rule` — the Gated DeltaNet recurrence of Qwen3-Next / Qwen3.5 and Kimi-Linear over whole
   sequences, in chunks (differentiable; package `linear_attention`).
+- `npu_fused_causal_conv1d` (+`_v2`), `npu_masked_causal_conv1d` (+`_backward`) — the causal depthwise conv1d of
+  Gated DeltaNet / Mamba layers over a conv-state cache, and its masked training form (package `linear_attention`).
 
 The package is laid out family-first, like aten_ops/cpu/ and test/: attention, inference, rope, kv_cache, mla, moe,
 mc2, quant, sparse_attention (each with its torch_npu-compatible API, modules and fake kernels), the role packages
@@ -203,6 +205,8 @@ from .moe import npu_grouped_matmul_add, npu_grouped_matmul_add_
 from .sparse_attention import (npu_kv_quant_sparse_flash_attention, npu_sparse_flash_attention,
                                npu_sparse_flash_attention_grad)
 from .linear_attention import npu_chunk_gated_delta_rule  # linear attention (Gated DeltaNet)
+from .linear_attention import (npu_fused_causal_conv1d, npu_fused_causal_conv1d_v2, npu_masked_causal_conv1d,
+                               npu_masked_causal_conv1d_backward)
 
 
 def enable_compile_lowering() -> None:
@@ -338,6 +342,8 @@ __all__ += ["npu_sparse_flash_attention", "npu_sparse_flash_attention_grad", "np
 __all__ += ["npu_recurrent_gated_delta_rule", "npu_recurrent_gated_delta_rule_functional", "rms_norm_gated",
             "RMSNormGated"]
 __all__ += ["npu_chunk_gated_delta_rule"]
+__all__ += ["npu_fused_causal_conv1d", "npu_fused_causal_conv1d_v2", "npu_masked_causal_conv1d",
+            "npu_masked_causal_conv1d_backward"]
 
 
 def _startup() -> None:

@@ -241,4 +241,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rms_norm_gated_grad_cpu(const Rms
 std::tuple<at::Tensor, at::Tensor> chunk_gated_delta_rule_cpu(const ChunkGatedDeltaRuleArgs& args);
 // chunk_gated_delta_rule_backward [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gated_delta_rule_backward_cpu(const ChunkGatedDeltaRuleBackwardArgs& args);
+// fused_causal_conv1d [CPU]
+at::Tensor fused_causal_conv1d_cpu(const FusedCausalConv1dArgs& args);
+// fused_causal_conv1d_v2 [CPU]
+void fused_causal_conv1d_v2_cpu(const FusedCausalConv1dV2Args& args);
+// masked_causal_conv1d [CPU]
+at::Tensor masked_causal_conv1d_cpu(const MaskedCausalConv1dArgs& args);
+// masked_causal_conv1d_backward [CPU]
+std::tuple<at::Tensor, at::Tensor> masked_causal_conv1d_backward_cpu(const MaskedCausalConv1dBackwardArgs& args);
 }  // namespace npu_fa

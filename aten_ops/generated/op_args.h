@@ -3657,6 +3657,188 @@ struct ChunkGatedDeltaRuleBackwardValues {
   ChunkGatedDeltaRuleBackwardArgs args() const { return ChunkGatedDeltaRuleBackwardArgs{d_out, d_final_state, query, key, value, beta, initial_state, actual_seq_lengths, scale, g}; }
 };
 
+// fused_causal_conv1d
+struct FusedCausalConv1dArgs {
+  const at::Tensor& x;
+  const at::Tensor& weight;
+  const at::Tensor& conv_states;
+  const std::optional<at::Tensor>& query_start_loc;
+  const std::optional<at::Tensor>& cache_indices;
+  const std::optional<at::Tensor>& initial_state_mode;
+  const std::optional<at::Tensor>& bias;
+  const std::optional<at::Tensor>& num_accepted_tokens;
+  c10::string_view activation;
+  int64_t pad_slot_id;
+  int64_t run_mode;
+  int64_t residual_connection;
+  int64_t max_query_len;
+  const std::optional<at::Tensor>& num_computed_tokens;
+  const std::optional<at::Tensor>& block_idx_first_scheduled_token;
+  const std::optional<at::Tensor>& block_idx_last_scheduled_token;
+  const std::optional<at::Tensor>& initial_state_idx;
+  int64_t block_size;
+  c10::string_view conv_mode;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const FusedCausalConv1dArgs& a, F&& f) {
+  return f(a.x, a.weight, a.conv_states, a.query_start_loc, a.cache_indices, a.initial_state_mode, a.bias, a.num_accepted_tokens, a.activation, a.pad_slot_id, a.run_mode, a.residual_connection, a.max_query_len, a.num_computed_tokens, a.block_idx_first_scheduled_token, a.block_idx_last_scheduled_token, a.initial_state_idx, a.block_size, a.conv_mode);
+}
+
+// fused_causal_conv1d's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   FusedCausalConv1dValues v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct FusedCausalConv1dValues {
+  at::Tensor x;
+  at::Tensor weight;
+  at::Tensor conv_states;
+  std::optional<at::Tensor> query_start_loc;
+  std::optional<at::Tensor> cache_indices;
+  std::optional<at::Tensor> initial_state_mode;
+  std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> num_accepted_tokens;
+  std::string activation = "None";
+  int64_t pad_slot_id = -1;
+  int64_t run_mode = 0;
+  int64_t residual_connection = 0;
+  int64_t max_query_len = -1;
+  std::optional<at::Tensor> num_computed_tokens;
+  std::optional<at::Tensor> block_idx_first_scheduled_token;
+  std::optional<at::Tensor> block_idx_last_scheduled_token;
+  std::optional<at::Tensor> initial_state_idx;
+  int64_t block_size = 128;
+  std::string conv_mode = "default";
+
+  FusedCausalConv1dValues() = default;
+  // A copy of a call's arguments.
+  explicit FusedCausalConv1dValues(const FusedCausalConv1dArgs& a)
+      : x(a.x), weight(a.weight), conv_states(a.conv_states), query_start_loc(a.query_start_loc), cache_indices(a.cache_indices), initial_state_mode(a.initial_state_mode), bias(a.bias), num_accepted_tokens(a.num_accepted_tokens), activation(std::string(a.activation)), pad_slot_id(a.pad_slot_id), run_mode(a.run_mode), residual_connection(a.residual_connection), max_query_len(a.max_query_len), num_computed_tokens(a.num_computed_tokens), block_idx_first_scheduled_token(a.block_idx_first_scheduled_token), block_idx_last_scheduled_token(a.block_idx_last_scheduled_token), initial_state_idx(a.initial_state_idx), block_size(a.block_size), conv_mode(std::string(a.conv_mode)) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  FusedCausalConv1dArgs args() const { return FusedCausalConv1dArgs{x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode}; }
+};
+
+// fused_causal_conv1d_v2
+struct FusedCausalConv1dV2Args {
+  const at::Tensor& x;
+  const at::Tensor& weight;
+  const at::Tensor& conv_states;
+  const std::optional<at::Tensor>& query_start_loc;
+  const std::optional<at::Tensor>& cache_indices;
+  const std::optional<at::Tensor>& initial_state_mode;
+  const std::optional<at::Tensor>& bias;
+  const std::optional<at::Tensor>& num_accepted_tokens;
+  c10::string_view activation;
+  int64_t pad_slot_id;
+  int64_t run_mode;
+  int64_t residual_connection;
+  int64_t max_query_len;
+  const std::optional<at::Tensor>& num_computed_tokens;
+  const std::optional<at::Tensor>& block_idx_first_scheduled_token;
+  const std::optional<at::Tensor>& block_idx_last_scheduled_token;
+  const std::optional<at::Tensor>& initial_state_idx;
+  int64_t block_size;
+  c10::string_view conv_mode;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const FusedCausalConv1dV2Args& a, F&& f) {
+  return f(a.x, a.weight, a.conv_states, a.query_start_loc, a.cache_indices, a.initial_state_mode, a.bias, a.num_accepted_tokens, a.activation, a.pad_slot_id, a.run_mode, a.residual_connection, a.max_query_len, a.num_computed_tokens, a.block_idx_first_scheduled_token, a.block_idx_last_scheduled_token, a.initial_state_idx, a.block_size, a.conv_mode);
+}
+
+// fused_causal_conv1d_v2's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   FusedCausalConv1dV2Values v(args); v.x = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct FusedCausalConv1dV2Values {
+  at::Tensor x;
+  at::Tensor weight;
+  at::Tensor conv_states;
+  std::optional<at::Tensor> query_start_loc;
+  std::optional<at::Tensor> cache_indices;
+  std::optional<at::Tensor> initial_state_mode;
+  std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> num_accepted_tokens;
+  std::string activation = "None";
+  int64_t pad_slot_id = -1;
+  int64_t run_mode = 0;
+  int64_t residual_connection = 0;
+  int64_t max_query_len = -1;
+  std::optional<at::Tensor> num_computed_tokens;
+  std::optional<at::Tensor> block_idx_first_scheduled_token;
+  std::optional<at::Tensor> block_idx_last_scheduled_token;
+  std::optional<at::Tensor> initial_state_idx;
+  int64_t block_size = 128;
+  std::string conv_mode = "default";
+
+  FusedCausalConv1dV2Values() = default;
+  // A copy of a call's arguments.
+  explicit FusedCausalConv1dV2Values(const FusedCausalConv1dV2Args& a)
+      : x(a.x), weight(a.weight), conv_states(a.conv_states), query_start_loc(a.query_start_loc), cache_indices(a.cache_indices), initial_state_mode(a.initial_state_mode), bias(a.bias), num_accepted_tokens(a.num_accepted_tokens), activation(std::string(a.activation)), pad_slot_id(a.pad_slot_id), run_mode(a.run_mode), residual_connection(a.residual_connection), max_query_len(a.max_query_len), num_computed_tokens(a.num_computed_tokens), block_idx_first_scheduled_token(a.block_idx_first_scheduled_token), block_idx_last_scheduled_token(a.block_idx_last_scheduled_token), initial_state_idx(a.initial_state_idx), block_size(a.block_size), conv_mode(std::string(a.conv_mode)) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  FusedCausalConv1dV2Args args() const { return FusedCausalConv1dV2Args{x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode}; }
+};
+
+// masked_causal_conv1d
+struct MaskedCausalConv1dArgs {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& mask;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MaskedCausalConv1dArgs& a, F&& f) {
+  return f(a.input, a.weight, a.mask);
+}
+
+// masked_causal_conv1d's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MaskedCausalConv1dValues v(args); v.input = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MaskedCausalConv1dValues {
+  at::Tensor input;
+  at::Tensor weight;
+  std::optional<at::Tensor> mask;
+
+  MaskedCausalConv1dValues() = default;
+  // A copy of a call's arguments.
+  explicit MaskedCausalConv1dValues(const MaskedCausalConv1dArgs& a)
+      : input(a.input), weight(a.weight), mask(a.mask) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MaskedCausalConv1dArgs args() const { return MaskedCausalConv1dArgs{input, weight, mask}; }
+};
+
+// masked_causal_conv1d_backward
+struct MaskedCausalConv1dBackwardArgs {
+  const at::Tensor& grad_output;
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& mask;
+};
+// Calls f with every argument, in schema order (for code that maps all of them, e.g. to CPU aliases).
+template <class F>
+decltype(auto) apply_args(const MaskedCausalConv1dBackwardArgs& a, F&& f) {
+  return f(a.grad_output, a.input, a.weight, a.mask);
+}
+
+// masked_causal_conv1d_backward's arguments held by value, so that some can be replaced by name and the rest passed on:
+//   MaskedCausalConv1dBackwardValues v(args); v.grad_output = other; kernel(v.args());
+// Members not set keep the schema's defaults (a value-initialised tensor where it has none).
+struct MaskedCausalConv1dBackwardValues {
+  at::Tensor grad_output;
+  at::Tensor input;
+  at::Tensor weight;
+  std::optional<at::Tensor> mask;
+
+  MaskedCausalConv1dBackwardValues() = default;
+  // A copy of a call's arguments.
+  explicit MaskedCausalConv1dBackwardValues(const MaskedCausalConv1dBackwardArgs& a)
+      : grad_output(a.grad_output), input(a.input), weight(a.weight), mask(a.mask) {}
+
+  // The argument struct over these members: valid while this object lives and is not changed.
+  MaskedCausalConv1dBackwardArgs args() const { return MaskedCausalConv1dBackwardArgs{grad_output, input, weight, mask}; }
+};
+
 // fused_infer_attention_score's arguments, with which fused_infer_attention_score_grad's schema starts.
 inline FusedInferAttentionScoreArgs forward_args(const FusedInferAttentionScoreGradArgs& a) {
   return FusedInferAttentionScoreArgs{a.query, a.key, a.value, a.pse_shift, a.atten_mask, a.actual_seq_lengths, a.actual_seq_lengths_kv, a.block_table, a.num_heads, a.scale, a.pre_tokens, a.next_tokens, a.input_layout, a.num_key_value_heads, a.sparse_mode, a.inner_precise, a.block_size, a.softmax_lse_flag, a.antiquant_scale, a.antiquant_offset, a.key_antiquant_scale, a.key_antiquant_offset, a.value_antiquant_scale, a.value_antiquant_offset, a.antiquant_mode, a.key_antiquant_mode, a.value_antiquant_mode, a.query_rope, a.key_rope, a.learnable_sink};

@@ -714,4 +714,36 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at
   return op.call(a.d_out, a.d_final_state, a.query, a.key, a.value, a.beta, a.initial_state, a.actual_seq_lengths, a.scale, a.g);
 }
 
+// fused_causal_conv1d
+inline at::Tensor call_fused_causal_conv1d(const FusedCausalConv1dArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::fused_causal_conv1d", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, c10::string_view)>();
+  return op.call(a.x, a.weight, a.conv_states, a.query_start_loc, a.cache_indices, a.initial_state_mode, a.bias, a.num_accepted_tokens, a.activation, a.pad_slot_id, a.run_mode, a.residual_connection, a.max_query_len, a.num_computed_tokens, a.block_idx_first_scheduled_token, a.block_idx_last_scheduled_token, a.initial_state_idx, a.block_size, a.conv_mode);
+}
+
+// fused_causal_conv1d_v2
+inline void call_fused_causal_conv1d_v2(const FusedCausalConv1dV2Args& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::fused_causal_conv1d_v2", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view, int64_t, int64_t, int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, c10::string_view)>();
+  return op.call(a.x, a.weight, a.conv_states, a.query_start_loc, a.cache_indices, a.initial_state_mode, a.bias, a.num_accepted_tokens, a.activation, a.pad_slot_id, a.run_mode, a.residual_connection, a.max_query_len, a.num_computed_tokens, a.block_idx_first_scheduled_token, a.block_idx_last_scheduled_token, a.initial_state_idx, a.block_size, a.conv_mode);
+}
+
+// masked_causal_conv1d
+inline at::Tensor call_masked_causal_conv1d(const MaskedCausalConv1dArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::masked_causal_conv1d", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return op.call(a.input, a.weight, a.mask);
+}
+
+// masked_causal_conv1d_backward
+inline std::tuple<at::Tensor, at::Tensor> call_masked_causal_conv1d_backward(const MaskedCausalConv1dBackwardArgs& a) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npu_fa::masked_causal_conv1d_backward", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return op.call(a.grad_output, a.input, a.weight, a.mask);
+}
+
 }  // namespace npu_fa

@@ -1323,6 +1323,92 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   return npu_fa::chunk_gated_delta_rule_backward_cpu(npu_fa::ChunkGatedDeltaRuleBackwardArgs{d_out, d_final_state, query, key, value, beta, initial_state, actual_seq_lengths, scale, g});
 }
 
+at::Tensor fused_causal_conv1d_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& conv_states, const std::optional<at::Tensor>& query_start_loc, const std::optional<at::Tensor>& cache_indices, const std::optional<at::Tensor>& initial_state_mode, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& num_accepted_tokens, c10::string_view activation, int64_t pad_slot_id, int64_t run_mode, int64_t residual_connection, int64_t max_query_len, const std::optional<at::Tensor>& num_computed_tokens, const std::optional<at::Tensor>& block_idx_first_scheduled_token, const std::optional<at::Tensor>& block_idx_last_scheduled_token, const std::optional<at::Tensor>& initial_state_idx, int64_t block_size, c10::string_view conv_mode) {
+  npu_fa::DeviceRule rule("fused_causal_conv1d");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("conv_states", conv_states);
+  rule.device_tensor("query_start_loc", query_start_loc);
+  rule.device_tensor("cache_indices", cache_indices);
+  rule.device_tensor("initial_state_mode", initial_state_mode);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("num_accepted_tokens", num_accepted_tokens);
+  rule.device_tensor("num_computed_tokens", num_computed_tokens);
+  rule.device_tensor("block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  rule.device_tensor("block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  rule.device_tensor("initial_state_idx", initial_state_idx);
+  npu_fa::check_no_self_overlap("fused_causal_conv1d", "conv_states", conv_states);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "x", x);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "weight", weight);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "query_start_loc", query_start_loc);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "cache_indices", cache_indices);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "initial_state_mode", initial_state_mode);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "bias", bias);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "num_computed_tokens", num_computed_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "initial_state_idx", initial_state_idx);
+  return npu_fa::fused_causal_conv1d_cpu(npu_fa::FusedCausalConv1dArgs{x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode});
+}
+
+void fused_causal_conv1d_v2_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& conv_states, const std::optional<at::Tensor>& query_start_loc, const std::optional<at::Tensor>& cache_indices, const std::optional<at::Tensor>& initial_state_mode, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& num_accepted_tokens, c10::string_view activation, int64_t pad_slot_id, int64_t run_mode, int64_t residual_connection, int64_t max_query_len, const std::optional<at::Tensor>& num_computed_tokens, const std::optional<at::Tensor>& block_idx_first_scheduled_token, const std::optional<at::Tensor>& block_idx_last_scheduled_token, const std::optional<at::Tensor>& initial_state_idx, int64_t block_size, c10::string_view conv_mode) {
+  npu_fa::DeviceRule rule("fused_causal_conv1d_v2");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("conv_states", conv_states);
+  rule.device_tensor("query_start_loc", query_start_loc);
+  rule.device_tensor("cache_indices", cache_indices);
+  rule.device_tensor("initial_state_mode", initial_state_mode);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("num_accepted_tokens", num_accepted_tokens);
+  rule.device_tensor("num_computed_tokens", num_computed_tokens);
+  rule.device_tensor("block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  rule.device_tensor("block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  rule.device_tensor("initial_state_idx", initial_state_idx);
+  npu_fa::check_no_self_overlap("fused_causal_conv1d_v2", "x", x);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "weight", weight);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "conv_states", conv_states);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "query_start_loc", query_start_loc);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "cache_indices", cache_indices);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "initial_state_mode", initial_state_mode);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "bias", bias);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "num_computed_tokens", num_computed_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "initial_state_idx", initial_state_idx);
+  npu_fa::check_no_self_overlap("fused_causal_conv1d_v2", "conv_states", conv_states);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "weight", weight);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "query_start_loc", query_start_loc);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "cache_indices", cache_indices);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "initial_state_mode", initial_state_mode);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "bias", bias);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "num_computed_tokens", num_computed_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "initial_state_idx", initial_state_idx);
+  return npu_fa::fused_causal_conv1d_v2_cpu(npu_fa::FusedCausalConv1dV2Args{x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode});
+}
+
+at::Tensor masked_causal_conv1d_cpu_unboxed(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& mask) {
+  npu_fa::DeviceRule rule("masked_causal_conv1d");
+  rule.device_tensor("input", input);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("mask", mask);
+  return npu_fa::masked_causal_conv1d_cpu(npu_fa::MaskedCausalConv1dArgs{input, weight, mask});
+}
+
+std::tuple<at::Tensor, at::Tensor> masked_causal_conv1d_backward_cpu_unboxed(const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& mask) {
+  npu_fa::DeviceRule rule("masked_causal_conv1d_backward");
+  rule.device_tensor("grad_output", grad_output);
+  rule.device_tensor("input", input);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("mask", mask);
+  return npu_fa::masked_causal_conv1d_backward_cpu(npu_fa::MaskedCausalConv1dBackwardArgs{grad_output, input, weight, mask});
+}
+
 }  // namespace
 
 TORCH_LIBRARY(npu_fa, m) {
@@ -1420,6 +1506,10 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("rms_norm_gated_grad(Tensor dy, Tensor x, Tensor weight, Tensor rstd, Tensor? gate=None) -> (Tensor dx, Tensor dweight, Tensor dgate)", {at::Tag::pt2_compliant_tag});
   m.def("chunk_gated_delta_rule(Tensor query, Tensor key, Tensor value, Tensor? beta=None, Tensor? initial_state=None, Tensor? actual_seq_lengths=None, float? scale=None, Tensor? g=None) -> (Tensor out, Tensor final_state)", {at::Tag::pt2_compliant_tag});
   m.def("chunk_gated_delta_rule_backward(Tensor d_out, Tensor? d_final_state, Tensor query, Tensor key, Tensor value, Tensor? beta=None, Tensor? initial_state=None, Tensor? actual_seq_lengths=None, float? scale=None, Tensor? g=None) -> (Tensor d_query, Tensor d_key, Tensor d_value, Tensor d_beta, Tensor d_initial_state, Tensor d_g)", {at::Tag::pt2_compliant_tag});
+  m.def("fused_causal_conv1d(Tensor x, Tensor weight, Tensor(a!) conv_states, *, Tensor? query_start_loc=None, Tensor? cache_indices=None, Tensor? initial_state_mode=None, Tensor? bias=None, Tensor? num_accepted_tokens=None, str activation=\"None\", int pad_slot_id=-1, int run_mode=0, int residual_connection=0, int max_query_len=-1, Tensor? num_computed_tokens=None, Tensor? block_idx_first_scheduled_token=None, Tensor? block_idx_last_scheduled_token=None, Tensor? initial_state_idx=None, int block_size=128, str conv_mode=\"default\") -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("fused_causal_conv1d_v2(Tensor(a!) x, Tensor weight, Tensor(b!) conv_states, *, Tensor? query_start_loc=None, Tensor? cache_indices=None, Tensor? initial_state_mode=None, Tensor? bias=None, Tensor? num_accepted_tokens=None, str activation=\"None\", int pad_slot_id=-1, int run_mode=0, int residual_connection=0, int max_query_len=-1, Tensor? num_computed_tokens=None, Tensor? block_idx_first_scheduled_token=None, Tensor? block_idx_last_scheduled_token=None, Tensor? initial_state_idx=None, int block_size=128, str conv_mode=\"default\") -> ()", {at::Tag::pt2_compliant_tag});
+  m.def("masked_causal_conv1d(Tensor input, Tensor weight, Tensor? mask=None) -> Tensor", {at::Tag::pt2_compliant_tag});
+  m.def("masked_causal_conv1d_backward(Tensor grad_output, Tensor input, Tensor weight, *, Tensor? mask=None) -> (Tensor grad_input, Tensor grad_weight)", {at::Tag::pt2_compliant_tag});
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
@@ -1511,6 +1601,10 @@ TORCH_LIBRARY_IMPL(npu_fa, CPU, m) {
   m.impl("rms_norm_gated_grad", TORCH_FN(rms_norm_gated_grad_cpu_unboxed));
   m.impl("chunk_gated_delta_rule", TORCH_FN(chunk_gated_delta_rule_cpu_unboxed));
   m.impl("chunk_gated_delta_rule_backward", TORCH_FN(chunk_gated_delta_rule_backward_cpu_unboxed));
+  m.impl("fused_causal_conv1d", TORCH_FN(fused_causal_conv1d_cpu_unboxed));
+  m.impl("fused_causal_conv1d_v2", TORCH_FN(fused_causal_conv1d_v2_cpu_unboxed));
+  m.impl("masked_causal_conv1d", TORCH_FN(masked_causal_conv1d_cpu_unboxed));
+  m.impl("masked_causal_conv1d_backward", TORCH_FN(masked_causal_conv1d_backward_cpu_unboxed));
 }
 
 TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {

@@ -438,6 +438,22 @@ SAMPLES.update({
 })
 
 
+# the causal conv1d ops (linear_attention)
+def _conv1d_prefill():
+    return ((torch.randn(5, 16), torch.randn(3, 16), torch.randn(4, 2, 16)),
+            {"query_start_loc": torch.tensor([0, 3, 5], dtype=torch.int32),
+             "cache_indices": torch.tensor([2, 0], dtype=torch.int32)})
+
+
+SAMPLES.update({
+    "npu_fused_causal_conv1d": _conv1d_prefill,
+    "npu_fused_causal_conv1d_v2": _conv1d_prefill,
+    "npu_masked_causal_conv1d": lambda: ((torch.randn(6, 2, 16), torch.randn(3, 16)),
+                                         {"mask": torch.rand(2, 6) > 0.3}),
+    "npu_masked_causal_conv1d_backward": lambda: ((torch.randn(6, 2, 16), torch.randn(6, 2, 16), torch.randn(3, 16)),
+                                                  {"mask": torch.rand(2, 6) > 0.3}),
+})
+
 def test_every_function_has_a_sample():
     assert sorted(SCHEMAS) == sorted(SAMPLES)
 

@@ -102,3 +102,40 @@ def test_upstream_tests_tool_counts_a_test_file_written_for_torch_npu(tmp_path, 
     out = capsys.readouterr().out
     assert "test/test_custom_ops/test_npu_rotary_mul.py: 1 passed, 1 failed, 1 skipped" in out, out
     assert "test_unrelated" not in out and "total: 1 passed, 1 failed, 0 not implemented, 1 skipped, 0 error" in out
+
+
+def test_supported_devices_runs_any_soc_with_tot_any_soc(monkeypatch):
+    monkeypatch.setenv("TOT_ANY_SOC", "1")
+    assert testing.SupportedDevices(["Ascend950"])(lambda: "ran")() == "ran"
+
+
+def test_upstream_tests_tool_unskips_by_word_and_soc(tmp_path, capsys):
+    from tools import upstream_tests
+
+    folder = tmp_path / "test" / "test_custom_ops"
+    folder.mkdir(parents=True)
+    (folder / "test_npu_rotary_mul.py").write_text(textwrap.dedent("""
+        import unittest
+        import torch, torch_npu
+        from torch_npu.testing.testcase import TestCase, run_tests
+        from torch_npu.testing.common_utils import SupportedDevices
+
+        class TestRotary(TestCase):
+            @unittest.skip("Skip test_npu_rotary_mul now")
+            @SupportedDevices(["Ascend950"])
+            def test_written_not_enabled(self):
+                x, c, s = torch.randn(1, 2, 2, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+                x1, x2 = x.chunk(2, -1)
+                golden = x * c + torch.cat((-x2, x1), -1) * s
+                self.assertRtolEqual(golden, torch_npu.npu_rotary_mul(x.npu(), c.npu(), s.npu()).cpu())
+
+            @unittest.skip("kept")
+            def test_kept_skipped(self):
+                pass
+
+        if __name__ == "__main__":
+            run_tests()
+        """))
+    upstream_tests.main(["--op-plugin", str(tmp_path), "--unskip", "now", "--any-soc"])
+    out = capsys.readouterr().out
+    assert "test/test_custom_ops/test_npu_rotary_mul.py: 1 passed, 1 skipped" in out, out

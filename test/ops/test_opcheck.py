@@ -18,6 +18,7 @@ from test.sampling import sampling_cases
 from test.sparse_attention import indexer_cases
 from test.sparse_attention import sfa_cases
 from test.linear_attention import recurrent_gated_delta_rule_cases
+from test.linear_attention import causal_conv1d_cases
 from torch_ops_transformer import OPS as REGISTRY
 
 OPS = torch.ops.npu_fa
@@ -29,6 +30,7 @@ CASE_MODULES += (indexer_cases,)
 CASE_MODULES += (sfa_cases,)
 CASE_MODULES += (recurrent_gated_delta_rule_cases,)
 CASE_MODULES += (chunk_gated_delta_rule_cases,)
+CASE_MODULES += (causal_conv1d_cases,)
 
 
 def _collect_cases():

@@ -307,6 +307,20 @@ CASES.update({
 })
 
 
+# the causal conv1d ops (linear_attention): no tokens, empty sequences, zero channels
+CASES.update({
+    "fused_causal_conv1d": {
+        "t0": (lambda: ((_z(0, 8), _r(3, 8), _r(2, 2, 8)), dict(query_start_loc=_z(3, dtype=I32))), [(0, 8)]),
+        "b0": (lambda: ((_z(0, 8), _r(3, 8), _r(2, 2, 8)), dict(query_start_loc=_z(1, dtype=I32))), [(0, 8)]),
+        "d0": (lambda: ((_z(0, 2, 8), _r(3, 8), _r(2, 2, 8)), {}), [(0, 2, 8)])},
+    "fused_causal_conv1d_v2": {
+        "t0": (lambda: ((_z(0, 8), _r(3, 8), _r(2, 2, 8)), dict(query_start_loc=_z(3, dtype=I32))), None)},
+    "masked_causal_conv1d": {"s0": (lambda: ((_r(0, 2, 8), _r(3, 8)), {}), [(0, 2, 8)]),
+                             "b0": (lambda: ((_r(4, 0, 8), _r(3, 8), _z(0, 4, dtype=torch.bool)), {}), [(4, 0, 8)])},
+    "masked_causal_conv1d_backward": {"s0": (lambda: ((_r(0, 2, 8), _r(0, 2, 8), _r(3, 8)), {}),
+                                             [(0, 2, 8), (3, 8)])},
+})
+
 _PROCESS_GROUP = "needs an initialised torch.distributed process group (group_name); test/mc2 covers it"
 NO_CASE = {
     "trans_quant_param": "upstream rejects an empty scale (its documented rule, tested in test/quant)",

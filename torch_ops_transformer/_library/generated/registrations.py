@@ -108,6 +108,10 @@ OPS = {
     'rms_norm_gated_grad': OpInfo("Backward of rms_norm_gated from the forward's rstd (the roundings of the forward taken as exact): with h = x * rstd, s = silu(gate) (1 without gate) and u = dy * s, dweight = sum over rows of u * h, dx = rstd * (w u - h * mean(w u h)) with w = weight, dgate = dy * w * h * silu'(gate). Computed in fp32 (fp64 for fp64); dx, dweight, dgate in x's, weight's and gate's dtypes (dgate an empty [0] tensor without gate). The rows are summed into dweight in an order that depends on the row count only.", ('CPU',), False, True),
     'chunk_gated_delta_rule': OpInfo("The gated delta rule over whole sequences (CANN ChunkGatedDeltaRule, torch_npu npu_chunk_gated_delta_rule; Qwen3-Next / Qwen3.5 Gated DeltaNet, Kimi-Linear). TND inputs: query and key [T, Nk, Dk], value [T, Nv, Dv] (Nv a multiple of Nk: value head h reads key head h // (Nv / Nk)); actual_seq_lengths [B] (int32/int64, >= 0, summing to T; absent: one sequence of T tokens) splits the tokens into sequences. Per sequence and value head, with S in R^{Dv x Dk} starting at initial_state[b, h] ([B, Nv, Dv, Dk]; absent: zeros): S_t = exp(g_t) S_{t-1} + beta_t (v_t - exp(g_t) S_{t-1} k_t) k_t^T, o_t = S_t (scale q_t). beta [T, Nv] (absent: 1), g [T, Nv] (log decay; absent: 0), scale (absent: 1.0). q and k are used as given (upstream expects them L2-normalised by the caller). Computed in chunks of 64 tokens (the WY / UT form: an intra-chunk unit-triangular inverse, the state carried between chunks by matrix products), in fp32 (fp64 for fp64). query, key, value fp32/fp16/bf16/fp64 of one dtype; beta, g, initial_state any of those. Returns out [T, Nv, Dv] in value's dtype and final_state [B, Nv, Dv, Dk] in initial_state's dtype (fp32, or fp64 for fp64 inputs, when absent). Differentiable in query, key, value, beta, initial_state and g (chunk_gated_delta_rule_backward).", ('CPU',), True, True),
     'chunk_gated_delta_rule_backward': OpInfo("Backward of chunk_gated_delta_rule: d_out [T, Nv, Dv] and d_final_state [B, Nv, Dv, Dk] (absent: zeros) with the forward's arguments. Recomputes the states at the chunk starts, then walks the chunks of each sequence backwards through the same chunked form (products in fp32, fp64 for fp64). Returns d_query, d_key, d_value, d_beta, d_initial_state, d_g in their inputs' shapes and dtypes (empty [0] for an absent beta, initial_state or g); the key heads' gradients sum their value heads' contributions in head order, so results do not depend on the thread count.", ('CPU',), False, True),
+    'fused_causal_conv1d': OpInfo('Causal depthwise conv1d over variable-length sequences with a conv-state cache (torch_npu npu_fused_causal_conv1d, Qwen3-Next\'s conv of the Gated DeltaNet layer). x [T, dim] (sequence b = rows query_start_loc[b]..query_start_loc[b+1]) or [batch, L, dim]; weight [K, dim]; conv_states [slots, C, dim] with C >= K-1, updated in place. Per sequence, the cached rows (line cache_indices[b], or b) are prepended to x: offset = C-(K-1) (all C rows), num_accepted_tokens[b]-1 (speculative decoding: rows 0..offset+K-2), or 0 with K-1 zero rows when num_computed_tokens[b] == 0 or initial_state_mode[b] == 0; the last min(C, len) rows of the padded sequence are written back to the line; y[t] = sum_k weight[k] * padded[offset+t+k] (+ bias), SiLU when activation is "silu"/"swish", + x[t] with residual_connection=1. conv_mode "pangu" zeroes y[t] for t < K-1-num_computed_tokens[b]. A 2-D cache_indices [batch, max_blocks] enables prefix caching (read line cache_indices[b, initial_state_idx[b]], write line cache_indices[b, block_idx_last_scheduled_token[b]], the K-1 rows ending each completed block written to the lines from block_idx_first_scheduled_token[b]). Sequences whose line is pad_slot_id are skipped (their rows of y are 0). Returns y in x\'s dtype; fp32 accumulation. Not differentiable.', ('CPU',), False, True),
+    'fused_causal_conv1d_v2': OpInfo('fused_causal_conv1d written into x in place (torch_npu npu_fused_causal_conv1d_v2): the rows of the sequences it computes become y, the others (skipped sequences, rows outside query_start_loc) keep their values. conv_states is updated as by fused_causal_conv1d. Not differentiable.', ('CPU',), False, True),
+    'masked_causal_conv1d': OpInfo("Causal depthwise conv1d with an output mask (torch_npu npu_masked_causal_conv1d): input [S, B, H], weight [W, H], out[s, b, h] = sum_k weight[k, h] * input[s-(W-1-k), b, h] (zero before the start), set to 0 where mask [B, S] (bool) is False. input's dtype (float16, bfloat16, float32, float64), fp32 accumulation (fp64 for fp64). Differentiable in input and weight.", ('CPU',), True, True),
+    'masked_causal_conv1d_backward': OpInfo("Backward of masked_causal_conv1d (torch_npu npu_masked_causal_conv1d_backward): with g = grad_output zeroed where mask is False, grad_input[s, b, h] = sum_k weight[k, h] * g[s+W-1-k, b, h] and grad_weight[k, h] = sum over s, b of g[s, b, h] * input[s-(W-1-k), b, h] (summed in fp64 in an order that depends on the shapes only). Both in input's dtype.", ('CPU',), False, True),
 }
 
 
@@ -937,6 +941,42 @@ def _fake_chunk_gated_delta_rule_backward(d_out, d_final_state, query, key, valu
     a = ChunkGatedDeltaRuleBackwardArgs(d_out, d_final_state, query, key, value, beta, initial_state, actual_seq_lengths, scale, g)
     check_devices('chunk_gated_delta_rule_backward', a._asdict().items(), host=('actual_seq_lengths',))
     return _fake_kernel('torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'chunk_gated_delta_rule_backward')(a)
+
+
+FusedCausalConv1dArgs = collections.namedtuple('FusedCausalConv1dArgs', ['x', 'weight', 'conv_states', 'query_start_loc', 'cache_indices', 'initial_state_mode', 'bias', 'num_accepted_tokens', 'activation', 'pad_slot_id', 'run_mode', 'residual_connection', 'max_query_len', 'num_computed_tokens', 'block_idx_first_scheduled_token', 'block_idx_last_scheduled_token', 'initial_state_idx', 'block_size', 'conv_mode'])
+
+
+def _fake_fused_causal_conv1d(x, weight, conv_states, *, query_start_loc=None, cache_indices=None, initial_state_mode=None, bias=None, num_accepted_tokens=None, activation="None", pad_slot_id=-1, run_mode=0, residual_connection=0, max_query_len=-1, num_computed_tokens=None, block_idx_first_scheduled_token=None, block_idx_last_scheduled_token=None, initial_state_idx=None, block_size=128, conv_mode="default"):
+    a = FusedCausalConv1dArgs(x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode)
+    check_devices('fused_causal_conv1d', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_causal_conv1d', 'fused_causal_conv1d')(a)
+
+
+FusedCausalConv1dV2Args = collections.namedtuple('FusedCausalConv1dV2Args', ['x', 'weight', 'conv_states', 'query_start_loc', 'cache_indices', 'initial_state_mode', 'bias', 'num_accepted_tokens', 'activation', 'pad_slot_id', 'run_mode', 'residual_connection', 'max_query_len', 'num_computed_tokens', 'block_idx_first_scheduled_token', 'block_idx_last_scheduled_token', 'initial_state_idx', 'block_size', 'conv_mode'])
+
+
+def _fake_fused_causal_conv1d_v2(x, weight, conv_states, *, query_start_loc=None, cache_indices=None, initial_state_mode=None, bias=None, num_accepted_tokens=None, activation="None", pad_slot_id=-1, run_mode=0, residual_connection=0, max_query_len=-1, num_computed_tokens=None, block_idx_first_scheduled_token=None, block_idx_last_scheduled_token=None, initial_state_idx=None, block_size=128, conv_mode="default"):
+    a = FusedCausalConv1dV2Args(x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode)
+    check_devices('fused_causal_conv1d_v2', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_causal_conv1d', 'fused_causal_conv1d_v2')(a)
+
+
+MaskedCausalConv1dArgs = collections.namedtuple('MaskedCausalConv1dArgs', ['input', 'weight', 'mask'])
+
+
+def _fake_masked_causal_conv1d(input, weight, mask=None):
+    a = MaskedCausalConv1dArgs(input, weight, mask)
+    check_devices('masked_causal_conv1d', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_causal_conv1d', 'masked_causal_conv1d')(a)
+
+
+MaskedCausalConv1dBackwardArgs = collections.namedtuple('MaskedCausalConv1dBackwardArgs', ['grad_output', 'input', 'weight', 'mask'])
+
+
+def _fake_masked_causal_conv1d_backward(grad_output, input, weight, *, mask=None):
+    a = MaskedCausalConv1dBackwardArgs(grad_output, input, weight, mask)
+    check_devices('masked_causal_conv1d_backward', a._asdict().items(), host=())
+    return _fake_kernel('torch_ops_transformer.linear_attention.fake_causal_conv1d', 'masked_causal_conv1d_backward')(a)
 
 
 def _setup_flash_attention_score(ctx, inputs, output):
@@ -1825,9 +1865,30 @@ def _backward_chunk_gated_delta_rule(ctx, grad_out, grad_final_state):
     )
 
 
+def _setup_masked_causal_conv1d(ctx, inputs, output):
+    (input, weight, mask,) = inputs
+    result0 = output
+    ctx.save_for_backward(input, weight, mask)
+
+
+def _backward_masked_causal_conv1d(ctx, grad_result0):
+    (input, weight, mask,) = ctx.saved_tensors
+    grads = torch.ops.npu_fa.masked_causal_conv1d_backward.default(
+        grad_result0,
+        input,
+        weight,
+        mask=mask,
+    )
+    return (
+        grads[0] if _needs_grad(ctx, 0) else None,  # input
+        grads[1] if _needs_grad(ctx, 1) else None,  # weight
+        None,  # mask
+    )
+
+
 def register():
     """Register fake kernels and autograd formulas; called once at import."""
-    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
+    for m in ['torch_ops_transformer.attention.fake', 'torch_ops_transformer.inference.fake', 'torch_ops_transformer.kv_cache.fake', 'torch_ops_transformer.linear_attention.fake_causal_conv1d', 'torch_ops_transformer.linear_attention.fake_chunk_gated_delta_rule', 'torch_ops_transformer.linear_attention.fake_recurrent_gated_delta_rule', 'torch_ops_transformer.mc2.fake', 'torch_ops_transformer.mla.fake', 'torch_ops_transformer.moe.fake', 'torch_ops_transformer.norm.fake', 'torch_ops_transformer.quant.fake', 'torch_ops_transformer.rope.fake', 'torch_ops_transformer.sampling.fake', 'torch_ops_transformer.sparse_attention.fake']:
         importlib.import_module(m)  # fail at import, not at the first trace, if one is missing
     torch.library.register_fake("npu_fa::flash_attention_score", _fake_flash_attention_score)
     torch.library.register_autograd("npu_fa::flash_attention_score", _backward_flash_attention_score, setup_context=_setup_flash_attention_score)
@@ -1942,3 +2003,8 @@ def register():
     torch.library.register_fake("npu_fa::chunk_gated_delta_rule", _fake_chunk_gated_delta_rule)
     torch.library.register_autograd("npu_fa::chunk_gated_delta_rule", _backward_chunk_gated_delta_rule, setup_context=_setup_chunk_gated_delta_rule)
     torch.library.register_fake("npu_fa::chunk_gated_delta_rule_backward", _fake_chunk_gated_delta_rule_backward)
+    torch.library.register_fake("npu_fa::fused_causal_conv1d", _fake_fused_causal_conv1d)
+    torch.library.register_fake("npu_fa::fused_causal_conv1d_v2", _fake_fused_causal_conv1d_v2)
+    torch.library.register_fake("npu_fa::masked_causal_conv1d", _fake_masked_causal_conv1d)
+    torch.library.register_autograd("npu_fa::masked_causal_conv1d", _backward_masked_causal_conv1d, setup_context=_setup_masked_causal_conv1d)
+    torch.library.register_fake("npu_fa::masked_causal_conv1d_backward", _fake_masked_causal_conv1d_backward)
