@@ -156,7 +156,8 @@ def case_correct_kernels_produce_no_report_over_the_test_grids():
     with oracle.check(mode="raise"):
         for m in ("test.npu.prefill_worker", "test.npu.inference_worker", "test.npu.attention_grad_worker",
                   "test.npu.sdpa_worker", "test.npu.moe_dispatch_worker", "test.npu.moe_routing_worker",
-                  "test.npu.moe_worker", "test.npu.rope_worker", "test.npu.grouped_matmul_worker"):
+                  "test.npu.moe_worker", "test.npu.rope_worker", "test.npu.grouped_matmul_worker",
+                  "test.npu.linear_attention_worker"):
             _run_cases(m)
     assert oracle.stats().checked - before > 200, oracle.stats()
 
