@@ -139,6 +139,7 @@ class RecurrentGdr {
       PipeSync<HardEvent::MTE2_V>();
     } else {
       LocalTensor<S> in = sIn_.Get<S>();
+      PipeSync<HardEvent::MTE3_MTE2>();  // the previous unit's last store has read the staging rows
       CopyRowsIn(in, stateGm_[at], n, t_.dk);
       PipeSync<HardEvent::MTE2_V>();
       Cast(s, in, RoundMode::CAST_NONE, n * t_.dk_pad);
