@@ -114,6 +114,20 @@ MUTANTS = [
            what="the npu rotary_position_embedding launches the Ascend C kernel with cos and sin swapped",
            # the torch_npu port on the simulated npu (full tier only) catches it too: the default tier must as well
            tests=["test/npu/test_rope.py", "test/torch_npu/test_on_simulated_npu.py"]),
+    Mutant("ascendc-gdr-rank1-update-one-row", layer="Ascend C kernel", family="ascendc",
+           path="ascendc/kernels/linear_attention/recurrent_gated_delta_rule_kernel.cpp",
+           old="Mul(prod[c], k[c], yb, lanes, uint8_t(n), BinaryRepeatParams(1, 1, 0, rowBlocks, 0, 1));",
+           new="Mul(prod[c], k[c], yb, lanes, uint8_t(n), BinaryRepeatParams(1, 1, 0, rowBlocks, 0, 0));",
+           what="the recurrent gated delta rule kernel's rank-1 update adds the first state row's correction to "
+                "every row of its block",
+           tests=["test/npu/test_linear_attention.py"]),
+    Mutant("npu-gdr-first-slot-ignores-accepted-tokens", layer="npu glue", family="npu",
+           path="aten_ops/npu/linear_attention/recurrent_gated_delta_rule.cpp",
+           old="r[2 * b + 1] = b < B ? int32_t(p.first_slot[b]) : 0;",
+           new="r[2 * b + 1] = b < B ? int32_t(p.slot[p.seq_start[b]]) : 0;",
+           what="the npu recurrent_gated_delta_rule starts every sequence from its first token's slot, ignoring "
+                "num_accepted_tokens",
+           tests=["test/npu/test_linear_attention.py"]),
     # ---- MC2 collectives (C++) -------------------------------------------------------------------------------------
     Mutant("mc2-validation-skipped-for-two-ranks", layer="CPU kernel", family="mc2",
            path="aten_ops/cpu/mc2/collectives.cpp",

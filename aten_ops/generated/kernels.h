@@ -231,8 +231,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 at::Tensor kv_quant_sparse_flash_attention_cpu(const KvQuantSparseFlashAttentionArgs& args);
 // recurrent_gated_delta_rule [CPU]
 at::Tensor recurrent_gated_delta_rule_cpu(const RecurrentGatedDeltaRuleArgs& args);
+// recurrent_gated_delta_rule [PrivateUse1]
+at::Tensor recurrent_gated_delta_rule_npu(const RecurrentGatedDeltaRuleArgs& args);
 // recurrent_gated_delta_rule_functional [CPU]
 std::tuple<at::Tensor, at::Tensor> recurrent_gated_delta_rule_functional_cpu(const RecurrentGatedDeltaRuleFunctionalArgs& args);
+// recurrent_gated_delta_rule_functional [PrivateUse1]
+std::tuple<at::Tensor, at::Tensor> recurrent_gated_delta_rule_functional_npu(const RecurrentGatedDeltaRuleFunctionalArgs& args);
 // rms_norm_gated [CPU]
 std::tuple<at::Tensor, at::Tensor> rms_norm_gated_cpu(const RmsNormGatedArgs& args);
 // rms_norm_gated_grad [CPU]

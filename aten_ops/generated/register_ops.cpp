@@ -1264,6 +1264,32 @@ at::Tensor recurrent_gated_delta_rule_cpu_unboxed(const at::Tensor& query, const
   return npu_fa::recurrent_gated_delta_rule_cpu(npu_fa::RecurrentGatedDeltaRuleArgs{query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk});
 }
 
+at::Tensor recurrent_gated_delta_rule_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& state, const std::optional<at::Tensor>& beta, std::optional<double> scale, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& ssm_state_indices, const std::optional<at::Tensor>& num_accepted_tokens, const std::optional<at::Tensor>& g, const std::optional<at::Tensor>& gk) {
+  npu_fa::DeviceRule rule("recurrent_gated_delta_rule");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("state", state);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("g", g);
+  rule.device_tensor("gk", gk);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("ssm_state_indices", ssm_state_indices);
+  rule.host_tensor("num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_self_overlap("recurrent_gated_delta_rule", "state", state);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "query", query);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "key", key);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "value", value);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "beta", beta);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "actual_seq_lengths", actual_seq_lengths);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "ssm_state_indices", ssm_state_indices);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "g", g);
+  npu_fa::check_no_overlap("recurrent_gated_delta_rule", "state", state, "gk", gk);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::recurrent_gated_delta_rule_npu(npu_fa::RecurrentGatedDeltaRuleArgs{query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk});
+}
+
 std::tuple<at::Tensor, at::Tensor> recurrent_gated_delta_rule_functional_cpu_unboxed(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& state, const std::optional<at::Tensor>& beta, std::optional<double> scale, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& ssm_state_indices, const std::optional<at::Tensor>& num_accepted_tokens, const std::optional<at::Tensor>& g, const std::optional<at::Tensor>& gk) {
   npu_fa::DeviceRule rule("recurrent_gated_delta_rule_functional");
   rule.device_tensor("query", query);
@@ -1277,6 +1303,22 @@ std::tuple<at::Tensor, at::Tensor> recurrent_gated_delta_rule_functional_cpu_unb
   rule.host_tensor("ssm_state_indices", ssm_state_indices);
   rule.host_tensor("num_accepted_tokens", num_accepted_tokens);
   return npu_fa::recurrent_gated_delta_rule_functional_cpu(npu_fa::RecurrentGatedDeltaRuleFunctionalArgs{query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk});
+}
+
+std::tuple<at::Tensor, at::Tensor> recurrent_gated_delta_rule_functional_npu_privateuse1(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& state, const std::optional<at::Tensor>& beta, std::optional<double> scale, const std::optional<at::Tensor>& actual_seq_lengths, const std::optional<at::Tensor>& ssm_state_indices, const std::optional<at::Tensor>& num_accepted_tokens, const std::optional<at::Tensor>& g, const std::optional<at::Tensor>& gk) {
+  npu_fa::DeviceRule rule("recurrent_gated_delta_rule_functional");
+  rule.device_tensor("query", query);
+  rule.device_tensor("key", key);
+  rule.device_tensor("value", value);
+  rule.device_tensor("state", state);
+  rule.device_tensor("beta", beta);
+  rule.device_tensor("g", g);
+  rule.device_tensor("gk", gk);
+  rule.host_tensor("actual_seq_lengths", actual_seq_lengths);
+  rule.host_tensor("ssm_state_indices", ssm_state_indices);
+  rule.host_tensor("num_accepted_tokens", num_accepted_tokens);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::recurrent_gated_delta_rule_functional_npu(npu_fa::RecurrentGatedDeltaRuleFunctionalArgs{query, key, value, state, beta, scale, actual_seq_lengths, ssm_state_indices, num_accepted_tokens, g, gk});
 }
 
 std::tuple<at::Tensor, at::Tensor> rms_norm_gated_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& gate, double epsilon) {
@@ -1629,4 +1671,6 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("moe_finalize_routing", TORCH_FN(moe_finalize_routing_npu_privateuse1));
   m.impl("lightning_indexer", TORCH_FN(lightning_indexer_npu_privateuse1));
   m.impl("sparse_flash_attention", TORCH_FN(sparse_flash_attention_npu_privateuse1));
+  m.impl("recurrent_gated_delta_rule", TORCH_FN(recurrent_gated_delta_rule_npu_privateuse1));
+  m.impl("recurrent_gated_delta_rule_functional", TORCH_FN(recurrent_gated_delta_rule_functional_npu_privateuse1));
 }

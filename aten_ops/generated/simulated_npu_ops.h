@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 71> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 69> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "ring_attention_update",
     "apply_rotary_pos_emb",
@@ -71,8 +71,6 @@ inline constexpr std::array<const char*, 71> kSimulatedNpuCpuKernelOps = {
     "sparse_lightning_indexer_grad_kl_loss",
     "sparse_flash_attention_grad",
     "kv_quant_sparse_flash_attention",
-    "recurrent_gated_delta_rule",
-    "recurrent_gated_delta_rule_functional",
     "rms_norm_gated",
     "rms_norm_gated_grad",
     "chunk_gated_delta_rule",
@@ -96,8 +94,6 @@ inline bool is_host_tensor(std::string_view op, std::string_view arg) {
   if (op == "npu_fa::sparse_lightning_indexer_grad_kl_loss") return arg == "actual_seq_qlen" || arg == "actual_seq_klen";
   if (op == "npu_fa::sparse_flash_attention_grad") return arg == "actual_seq_qlen" || arg == "actual_seq_kvlen";
   if (op == "npu_fa::kv_quant_sparse_flash_attention") return arg == "actual_seq_lengths_query" || arg == "actual_seq_lengths_kv";
-  if (op == "npu_fa::recurrent_gated_delta_rule") return arg == "actual_seq_lengths" || arg == "ssm_state_indices" || arg == "num_accepted_tokens";
-  if (op == "npu_fa::recurrent_gated_delta_rule_functional") return arg == "actual_seq_lengths" || arg == "ssm_state_indices" || arg == "num_accepted_tokens";
   if (op == "npu_fa::chunk_gated_delta_rule") return arg == "actual_seq_lengths";
   if (op == "npu_fa::chunk_gated_delta_rule_backward") return arg == "actual_seq_lengths";
   return false;

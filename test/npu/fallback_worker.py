@@ -126,6 +126,15 @@ def case_lightning_indexer():
     _allowed_and_equal(run, lambda: OPS.lightning_indexer(q, k, w, sparse_count=4, return_value=True, **kw))
 
 
+def case_recurrent_gated_delta_rule():
+    from test.linear_attention.test_recurrent_gated_delta_rule import make_inputs as gdr_inputs
+    args, kw = gdr_inputs(torch.float64, lens=(2, 1))
+    nkw = {n: _npu(v) for n, v in kw.items()}
+    run = lambda: OPS.recurrent_gated_delta_rule_functional(*map(_npu, args), **nkw)  # noqa: E731
+    _refused(run, "recurrent_gated_delta_rule_functional", "float64")
+    _allowed_and_equal(run, lambda: OPS.recurrent_gated_delta_rule_functional(*args, **kw))
+
+
 def case_op_without_an_ascendc_kernel():
     x = torch.randn(4, 16)
     run = lambda: OPS.swiglu(_npu(x), -1)  # noqa: E731

@@ -17,6 +17,7 @@ import sys
 import torch
 
 from torch_ops_transformer import oracle
+from test.common.tiers import TIER
 from test.inference.prefill_cases import to_layout
 from test.npu.runner import env_var, no_fallback
 
@@ -143,11 +144,13 @@ def case_backward_and_decode_faults_are_caught():
 
 
 def _run_cases(module_name):
-    """Every case of a worker module, but those that read the profiler (the oracle's CPU runs would appear in it)."""
+    """Every case of a worker module, but those that read the profiler (the oracle's CPU runs would appear in it)
+    and, outside the full tier, its @full_case ones."""
     module = importlib.import_module(module_name)
     for name in sorted(n for n in dir(module) if n.startswith("case_")):
-        if "profiler" not in name:
-            getattr(module, name)()
+        case = getattr(module, name)
+        if "profiler" not in name and (TIER == "full" or not getattr(case, "full_tier", False)):
+            case()
 
 
 def case_correct_kernels_produce_no_report_over_the_test_grids():
@@ -156,7 +159,8 @@ def case_correct_kernels_produce_no_report_over_the_test_grids():
     with oracle.check(mode="raise"):
         for m in ("test.npu.prefill_worker", "test.npu.inference_worker", "test.npu.attention_grad_worker",
                   "test.npu.sdpa_worker", "test.npu.moe_dispatch_worker", "test.npu.moe_routing_worker",
-                  "test.npu.moe_worker", "test.npu.rope_worker", "test.npu.grouped_matmul_worker"):
+                  "test.npu.moe_worker", "test.npu.rope_worker", "test.npu.grouped_matmul_worker",
+                  "test.npu.linear_attention_worker"):
             _run_cases(m)
     assert oracle.stats().checked - before > 200, oracle.stats()
 

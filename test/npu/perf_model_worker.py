@@ -75,7 +75,8 @@ def case_per_kernel_peak_shares():
     names = [r.case.name for r in rows]
     assert names == ["flash_attention_score", "flash_attention_score_grad", "incre_flash_attention",
                      "rotary_position_embedding", "moe_gating_top_k_softmax", "moe_init_routing_v2",
-                     "grouped_matmul", "moe_finalize_routing", "lightning_indexer"], names
+                     "grouped_matmul", "moe_finalize_routing", "lightning_indexer",
+                     "recurrent_gated_delta_rule"], names
     for r in rows:
         mix = r.case.name in ("flash_attention_score", "flash_attention_score_grad", "grouped_matmul")
         s = r.shares

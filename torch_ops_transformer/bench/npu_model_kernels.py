@@ -136,13 +136,29 @@ def _indexer(b=4, n=64, d=128, keys=4096, k=2048, block=128):
                       "-", count_only=False)
 
 
+def _gated_delta_rule(b=16, nk=16, nv=32, d=128):
+    def build():
+        # Qwen3-Next's decode step: one token per sequence, bf16 activations, a float32 state cache of one slot per
+        # sequence (written back in place)
+        q, k = _npu(*(torch.zeros(b, nk, d, dtype=torch.bfloat16) for _ in range(2)))
+        v = _npu(torch.zeros(b, nv, d, dtype=torch.bfloat16))[0]
+        state = _npu(torch.zeros(b, nv, d, d))[0]
+        beta, g = _npu(torch.ones(b, nv), torch.zeros(b, nv))
+        idx = torch.arange(b, dtype=torch.int32)
+        # the state is listed twice: read once and written once in place (the op's compulsory bytes)
+        return (lambda: torch.ops.npu_fa.recurrent_gated_delta_rule(
+            q, k, v, state, beta=beta, g=g, ssm_state_indices=idx)), [q, k, v, state, beta, g, state]
+    return KernelCase("recurrent_gated_delta_rule", f"decode B{b} Nk{nk} Nv{nv} {d}x{d} state, bf16, fp32 cache",
+                      build, 1.0, "-")
+
+
 def kernel_cases(quick: bool = False) -> List[KernelCase]:
     if quick:
         return [_fa_forward(1, 2, 256, 64), _fa_backward(1, 2, 128, 64), _decode(2, 8, 2, 512, 64),
                 _rope(128, 8, 64), _gating(256, 16, 4), _init_routing(64, 2, 256, 8), _grouped_matmul(256, 128, 256, 4),
-                _finalize(64, 2, 256), _indexer(2, 8, 64, 512, 64, 64)]
+                _finalize(64, 2, 256), _indexer(2, 8, 64, 512, 64, 64), _gated_delta_rule(2, 2, 4, 64)]
     return [_fa_forward(), _fa_backward(), _decode(), _rope(), _gating(), _init_routing(), _grouped_matmul(),
-            _finalize(), _indexer()]
+            _finalize(), _indexer(), _gated_delta_rule()]
 
 
 def _nbytes(values) -> int:
