@@ -16,6 +16,7 @@
 #include "cpu/sparse_attention/lightning_indexer_kernels.h"
 
 #include "cpu/brgemm.h"
+#include "cpu/vec_convert.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -254,24 +255,6 @@ void top_k(A* sc, int64_t n, int64_t kk, TopKScratch<A>& ts, int32_t* idx) {
 }
 
 // ---- forward -------------------------------------------------------------------------------------------------
-
-// n values of a key row in the accumulation type; 16-bit rows to fp32 a vector at a time (the conversion of the
-// streamed keys is a large part of the fp32 path's work).
-template <typename A, typename T>
-inline void to_acc(const T* src, int64_t n, A* dst) {
-  int64_t d = 0;
-  if constexpr (std::is_same_v<A, float> && (std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>)) {
-    using Vf = at::vec::Vectorized<float>;
-    constexpr int64_t L = 2 * Vf::size();
-    for (; d + L <= n; d += L) {
-      Vf lo, hi;
-      at::vec::load_to_float<T>(src + d, lo, hi);
-      lo.store(dst + d);
-      hi.store(dst + d + Vf::size());
-    }
-  }
-  for (; d < n; ++d) dst[d] = static_cast<A>(src[d]);
-}
 
 // Keys folded together by score_chunk: each key's sum is one chain of dependent multiply-adds over the heads, so
 // several keys side by side keep the FMA units busy instead of waiting on one chain's latency.

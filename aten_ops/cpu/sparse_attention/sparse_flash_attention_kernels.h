@@ -13,6 +13,7 @@
 
 #include "common/sparse_attention/sparse_flash_attention_params.h"
 #include "cpu/isa_dispatch.h"
+#include "cpu/vec_convert.h"
 
 namespace npu_fa::cpu {
 
@@ -80,16 +81,9 @@ inline void load_row(const CacheView& cv, int64_t r, int64_t n2, acc_t* krow, ac
     }
     return;
   }
-  const scalar_t* k = static_cast<const scalar_t*>(cv.key) + e * cv.Dn;
-  for (int64_t d = 0; d < cv.Dn; ++d) krow[d] = static_cast<acc_t>(k[d]);
-  if (cv.Dr > 0) {
-    const scalar_t* kr = static_cast<const scalar_t*>(cv.key_rope) + e * cv.Dr;
-    for (int64_t d = 0; d < cv.Dr; ++d) krow[cv.Dn + d] = static_cast<acc_t>(kr[d]);
-  }
-  if (!cv.value_is_key) {
-    const scalar_t* v = static_cast<const scalar_t*>(cv.value) + e * cv.Dv;
-    for (int64_t d = 0; d < cv.Dv; ++d) vrow[d] = static_cast<acc_t>(v[d]);
-  }
+  to_acc(static_cast<const scalar_t*>(cv.key) + e * cv.Dn, cv.Dn, krow);
+  if (cv.Dr > 0) to_acc(static_cast<const scalar_t*>(cv.key_rope) + e * cv.Dr, cv.Dr, krow + cv.Dn);
+  if (!cv.value_is_key) to_acc(static_cast<const scalar_t*>(cv.value) + e * cv.Dv, cv.Dv, vrow);
 }
 
 }  // namespace npu_fa::cpu::CPU_CAPABILITY
