@@ -1,5 +1,5 @@
 """transformers' own greedy generation and teacher-forced logits, the reference of the tests that run a Hugging Face
-model's attention on our ops (test/integrations/test_hf_deepseek_mla.py, test_hf_deepseek_v32.py)."""
+model's token mixers on our ops (test/integrations/test_hf_deepseek_mla.py, _deepseek_v32.py, _qwen3_next.py)."""
 import torch
 
 
@@ -22,3 +22,21 @@ def hf_forced(model, prompt, tokens):
         out = model(ids, output_hidden_states=True)
     n = len(prompt)
     return out.logits[0, n - 1:], [h[0, :n] for h in out.hidden_states]
+
+
+def runner_steps(runner, prompts, new_tokens):
+    """Greedy prefill / decode through one of our paged runners (kv_cache.runner.PagedModelRunner): (tokens,
+    per-step logits [new_tokens, V] per prompt, prefill hidden states packed [1, T, H] per layer). The sequences are
+    freed."""
+    seq_ids, logits = runner.prefill(prompts, output_hidden_states=True)
+    hidden = runner.last_outputs.hidden_states
+    tokens, step_logits = [[] for _ in prompts], [[] for _ in prompts]
+    for step in range(new_tokens):
+        nxt = logits.argmax(-1).tolist()
+        for b, t in enumerate(nxt):
+            tokens[b].append(t)
+            step_logits[b].append(logits[b])
+        if step + 1 < new_tokens:
+            logits = runner.decode(seq_ids, nxt)
+    runner.free(seq_ids)
+    return tokens, [torch.stack(s) for s in step_logits], hidden

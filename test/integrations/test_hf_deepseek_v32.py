@@ -74,20 +74,7 @@ def hf_run(model, prompt):
 
 
 def run_runner(runner, prompts):
-    """Greedy steps through prefill / decode: (tokens, per-step logits [NEW_TOKENS, V] per prompt, prefill hidden
-    states packed [1, T, H] per layer). The sequences are freed."""
-    seq_ids, logits = runner.prefill(prompts, output_hidden_states=True)
-    hidden = runner.last_outputs.hidden_states
-    tokens, step_logits = [[] for _ in prompts], [[] for _ in prompts]
-    for step in range(NEW_TOKENS):
-        nxt = logits.argmax(-1).tolist()
-        for b, t in enumerate(nxt):
-            tokens[b].append(t)
-            step_logits[b].append(logits[b])
-        if step + 1 < NEW_TOKENS:
-            logits = runner.decode(seq_ids, nxt)
-    runner.free(seq_ids)
-    return tokens, [torch.stack(s) for s in step_logits], hidden
+    return hf_generation.runner_steps(runner, prompts, NEW_TOKENS)
 
 
 def widen_selection(runner):

@@ -76,18 +76,7 @@ def token_lists(lens, seed):
 
 
 def run_runner(runner, prompts):
-    """Greedy prefill / decode: (tokens, per-step logits [NEW_TOKENS, V] per prompt); the sequences are freed."""
-    seq_ids, logits = runner.prefill(prompts)
-    tokens, step_logits = [[] for _ in prompts], [[] for _ in prompts]
-    for step in range(NEW_TOKENS):
-        nxt = logits.argmax(-1).tolist()
-        for b, t in enumerate(nxt):
-            tokens[b].append(t)
-            step_logits[b].append(logits[b])
-        if step + 1 < NEW_TOKENS:
-            logits = runner.decode(seq_ids, nxt)
-    runner.free(seq_ids)
-    return tokens, [torch.stack(s) for s in step_logits]
+    return hf_generation.runner_steps(runner, prompts, NEW_TOKENS)[:2]
 
 
 def test_generation_matches_transformers(monkeypatch):
