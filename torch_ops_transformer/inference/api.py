@@ -49,6 +49,19 @@ def _optimised_mask(op: str, sparse_mode: int, atten_mask: Optional[Tensor]) -> 
     return None if _known_causal_mask(atten_mask) else atten_mask.reshape(2048, 2048)
 
 
+_OPTIMISED_MASKS: dict = {}
+
+
+def optimised_causal_mask(device=None) -> Tensor:
+    """The optimised causal mask sparse modes 2-4 take (bool 2048 x 2048, True strictly above the diagonal), one
+    tensor per device: a model runner passing it to every layer and step lets the wrappers recognise it
+    (`_known_causal_mask`) instead of building and checking a new one each call."""
+    key = str(torch.device("cpu") if device is None else torch.device(device))
+    if key not in _OPTIMISED_MASKS:
+        _OPTIMISED_MASKS[key] = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
+    return _OPTIMISED_MASKS[key]
+
+
 # Masks already found to be the optimised causal mask: id -> (weak reference, version counter). Serving engines pass
 # one such tensor to every layer and step; the ops verify its 4M entries on each call (~10 ms on a CPU, 20x a small
 # decode step), so the wrapper verifies a tensor once and then passes None, which modes 2-4 treat identically.

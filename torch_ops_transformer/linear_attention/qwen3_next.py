@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention.api import npu_fusion_attention
-from ..inference.api import npu_fused_infer_attention_score
+from ..inference.api import npu_fused_infer_attention_score, optimised_causal_mask
 from ..kv_cache.api import BlockAllocator, npu_scatter_nd_update_
 from ..kv_cache.runner import PagedModelRunner
 from ..norm.api import npu_rms_norm
@@ -37,14 +37,6 @@ from ..rope.api import npu_rotary_mul
 from .causal_conv1d import npu_fused_causal_conv1d, npu_masked_causal_conv1d
 from .chunk_gated_delta_rule import npu_chunk_gated_delta_rule
 from .recurrent_gated_delta_rule import npu_recurrent_gated_delta_rule, rms_norm_gated
-
-# FIA's rightDownCausal (sparse_mode 3) mask: the compressed 2048 x 2048 upper triangle, True = masked.
-_CAUSAL_MASK_SIZE = 2048
-
-
-def _causal_mask(device) -> Tensor:
-    return torch.triu(torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=device), diagonal=1)
-
 
 @dataclass
 class HybridBatch:
@@ -279,12 +271,12 @@ class GatedAttentionLayer(nn.Module):
             actual_seq_lengths=None if decode else torch.tensor(batch.q_lens).cumsum(0).tolist(),
             actual_seq_lengths_kv=batch.kv_lens, num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
             scale=self.scaling, input_layout="BSND" if decode else "TND", sparse_mode=0 if decode else 3,
-            atten_mask=None if decode else _causal_mask(x.device), block_size=batch.block_size)[0]
+            atten_mask=None if decode else optimised_causal_mask(x.device), block_size=batch.block_size)[0]
         return self._output(out, gate)
 
     def forward_train(self, x: Tensor, cos: Tensor, sin: Tensor, batch: HybridTrainBatch) -> Tensor:
         q, k, v, gate = self._qkv(x, cos, sin)
-        out = npu_fusion_attention(q, k, v, self.num_heads, "TND", atten_mask=_causal_mask(x.device),
+        out = npu_fusion_attention(q, k, v, self.num_heads, "TND", atten_mask=optimised_causal_mask(x.device),
                                    scale=self.scaling, actual_seq_qlen=batch.cu_seqlens,
                                    actual_seq_kvlen=batch.cu_seqlens, sparse_mode=3)[0]
         return self._output(out, gate)

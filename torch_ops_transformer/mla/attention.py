@@ -20,27 +20,11 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..inference.api import npu_fused_infer_attention_score
+from ..inference.api import npu_fused_infer_attention_score, optimised_causal_mask
 from ..kv_cache.api import BlockAllocator, npu_kv_rmsnorm_rope_cache
 from ..kv_cache.runner import PagedModelRunner
 from .prolog import npu_mla_prolog_v3
 from ..rope.api import npu_interleave_rope
-
-# FIA's rightDownCausal (sparse_mode 3) mask: the compressed 2048 x 2048 upper triangle, True = masked.
-_CAUSAL_MASK_SIZE = 2048
-
-
-_MASKS = {}
-
-
-def _causal_mask(device) -> Tensor:
-    """Built once per device (every prefill step of every layer passes it)."""
-    key = str(device)
-    if key not in _MASKS:
-        _MASKS[key] = torch.triu(torch.ones(_CAUSAL_MASK_SIZE, _CAUSAL_MASK_SIZE, dtype=torch.bool, device=device),
-                                 diagonal=1)
-    return _MASKS[key]
-
 
 @dataclass
 class MLABatch:
@@ -313,7 +297,7 @@ class MLAAttention(nn.Module):
             q, kv_cache, kv_cache, query_rope=q_rope, key_rope=kr_cache, block_table=batch.block_table,
             actual_seq_lengths=q_lens, actual_seq_lengths_kv=batch.kv_lens, num_heads=self.num_heads,
             num_key_value_heads=1, scale=self.scaling, input_layout="TND" if tnd else "BSND",
-            sparse_mode=3 if causal else 0, atten_mask=_causal_mask(x.device) if causal else None,
+            sparse_mode=3 if causal else 0, atten_mask=optimised_causal_mask(x.device) if causal else None,
             block_size=batch.block_size)[0]
         return self._up_project(out, hidden_states.shape)
 
