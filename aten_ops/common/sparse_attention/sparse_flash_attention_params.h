@@ -57,6 +57,13 @@ struct SfaGeometry {
     }
   }
 
+  // Offset of (query row t, KV head n2, group head 0) in softmax_max / softmax_sum (TND [N2, T1, G], BSND
+  // [B, N2, S1, G]).
+  int64_t stat_offset(int64_t t, int64_t n2) const {
+    if (q_tnd) return (n2 * T1 + t) * G;
+    return ((t / S1 * N2 + n2) * S1 + t % S1) * G;
+  }
+
   // The physical rows query row t (batch b, position i) attends to through KV head n2, in slot order (a token
   // selected twice appears twice); empty for padding rows.
   void select(int64_t t, int64_t n2, std::vector<int64_t>& rows) const;

@@ -108,13 +108,6 @@ void gather(const SfaGeometry& g, const CacheView& cv, const scalar_t* q, const 
   w.ldv = cv.value_is_key ? Dqk : cv.Dv;
 }
 
-// Offset of (row t, head n2, group head 0) in softmax_max / softmax_sum.
-inline int64_t stat_base(const SfaGeometry& g, int64_t t, int64_t n2) {
-  if (g.q_tnd) return (n2 * g.T1 + t) * g.G;
-  const int64_t b = t / g.S1, s = t % g.S1;
-  return ((b * g.N2 + n2) * g.S1 + s) * g.G;
-}
-
 struct BwdIo {
   const void* dout;  // [T1, N1, Dv] scalar_t
   const void* out;
@@ -201,7 +194,7 @@ BwdAcc backward_kernel(const SfaGeometry& g, const CacheView& cv, const scalar_t
         mx.assign(g.G, 0);
         sm.assign(g.G, 0);
         if (smax != nullptr) {
-          const int64_t sb = stat_base(g, t, n2);
+          const int64_t sb = g.stat_offset(t, n2);
           for (int64_t h = 0; h < g.G; ++h) {
             mx[h] = smax[sb + h];
             sm[h] = ssum[sb + h];

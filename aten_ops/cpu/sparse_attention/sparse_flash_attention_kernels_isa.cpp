@@ -290,18 +290,11 @@ class Forward {
     if (p_.smax == nullptr) return;
     A* smax = static_cast<A*>(p_.smax);
     A* ssum = static_cast<A*>(p_.ssum);
-    const int64_t base = stat_base(t, n2);
+    const int64_t base = g_.stat_offset(t, n2);
     for (int64_t h = 0; h < G_; ++h) {
       smax[base + h] = s.mx[h];
       ssum[base + h] = s.sm[h];
     }
-  }
-
-  // Offset of (row t, head n2, group head 0) in softmax_max / softmax_sum.
-  int64_t stat_base(int64_t t, int64_t n2) const {
-    if (g_.q_tnd) return (n2 * g_.T1 + t) * G_;
-    const int64_t b = t / g_.S1, i = t % g_.S1;
-    return ((b * g_.N2 + n2) * g_.S1 + i) * G_;
   }
 
   const SfaForwardParams& p_;
