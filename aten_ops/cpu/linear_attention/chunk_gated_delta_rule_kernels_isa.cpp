@@ -17,6 +17,7 @@
 #include "cpu/linear_attention/chunk_gated_delta_rule_kernels.h"
 
 #include "cpu/brgemm.h"
+#include "cpu/vec_convert.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -65,13 +66,6 @@ void mm(int64_t m, int64_t n, int64_t k, const A* a, int64_t lda, const A* b, in
   }
 }
 
-// dst[j, i] = s * src[i, j] for an rows x cols src (row strides ld_src, ld_dst).
-template <typename A>
-void transpose(const A* src, int64_t ld_src, int64_t rows, int64_t cols, A* dst, int64_t ld_dst, A s = A(1)) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) dst[j * ld_dst + i] = s * src[i * ld_src + j];
-}
-
 template <typename A>
 A dot(const A* x, const A* y, int64_t n) {
   A s = 0;
@@ -79,25 +73,46 @@ A dot(const A* x, const A* y, int64_t n) {
   return s;
 }
 
+// x[i * ld + j] = -x[i * ld + j] for i < rows, j < cols.
+template <typename A>
+void negate_rows(A* x, int64_t ld, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) x[i * ld + j] = -x[i * ld + j];
+}
+
 // The buffers of one chunk (C = 64 rows at most), in the accumulation type. Forward quantities first, then the
-// backward's.
+// backward's. Operands are stacked so that one product does two jobs (fewer and larger brgemm calls: on these
+// small shapes the call overhead and the kernels' edges are a visible share):
+//   kq    K in rows C - c .. C - 1 and Q in rows C .. C + c - 1: [K; Q] Kᵀ gives KKᵀ and QKᵀ in one product
+//   kvb   [diag(βγ) K | diag(β) V], c x (Dk + Dv): T kvb gives [W | U] in one product
+//   wu    [W | U] in rows 0 .. c - 1, Qg = diag(scale γ) Q in rows c .. 2c - 1 (first Dk columns): [W; Qg] H
+//         gives W H and Qg H in one product (whq)
 template <typename A>
 struct ChunkBuffers {
-  int64_t Dk, Dv;
-  std::vector<A> q, k, v, beta, G, gam, e;                  // inputs of the chunk and its decays
-  std::vector<A> kt, kk, qk, D, Tm, kb, vb, w, u, p, o, kdt;  // forward
-  std::vector<A> wh, h0t, dht, d_o, vnt, pt, qgt, dkd, dvn, dP, dqg, dqk, dqkt, dwp, wnt, dT, kbnt, vbt, tt, dkb,
+  int64_t Dk, Dv, ld;                                        // ld: row stride of kvb and wu (Dk + Dv)
+  std::vector<A> kq, v, beta, G, gam, e;                     // inputs of the chunk and its decays
+  std::vector<A> kt, kkqk, D, Tm, kvb, wu, whq, vn, p, kdt;  // forward
+  A *k = nullptr, *q = nullptr;                              // this chunk's rows of kq
+  A *kk = nullptr, *qk = nullptr;                            // KKᵀ and QKᵀ: rows of kkqk
+  std::vector<A> kd, h0t, dht, d_o, vnt, pt, qgt, dkd, dvn, dP, dqg, dqk, dqkt, dwp, wnt, dT, kbnt, vbt, tt, dkb,
       dvb, x, dA, sym, dq, dk, dv, dbeta, dG;
-  ChunkBuffers(int64_t Dk_, int64_t Dv_) : Dk(Dk_), Dv(Dv_) {
+  ChunkBuffers(int64_t Dk_, int64_t Dv_) : Dk(Dk_), Dv(Dv_), ld(Dk_ + Dv_) {
     const int64_t C = kGdnChunk;
-    for (auto* b : {&q, &k, &kb, &w, &dkd, &dqg, &dwp, &dkb, &dq, &dk}) b->resize(C * Dk);
-    for (auto* b : {&v, &vb, &u, &o, &wh, &d_o, &dvn, &dvb, &dv}) b->resize(C * Dv);
+    for (auto* b : {&kq}) b->resize(2 * C * Dk);
+    for (auto* b : {&kd, &dkd, &dqg, &dwp, &dkb, &dq, &dk}) b->resize(C * Dk);
+    for (auto* b : {&v, &vn, &d_o, &dvn, &dvb, &dv}) b->resize(C * Dv);
     for (auto* b : {&kt, &kdt, &qgt, &wnt, &kbnt}) b->resize(Dk * C);
     for (auto* b : {&vnt, &vbt}) b->resize(Dv * C);
-    for (auto* b : {&kk, &qk, &D, &Tm, &p, &pt, &dP, &dqk, &dqkt, &dT, &tt, &x, &dA, &sym}) b->resize(C * C);
+    for (auto* b : {&D, &Tm, &p, &pt, &dP, &dqk, &dqkt, &dT, &tt, &x, &dA, &sym}) b->resize(C * C);
+    kkqk.resize(2 * C * C);
+    kvb.resize(C * ld);
+    wu.resize(2 * C * ld);
+    whq.resize(2 * C * Dv);
     for (auto* b : {&beta, &G, &gam, &e, &dbeta, &dG}) b->resize(C);
     for (auto* b : {&h0t, &dht}) b->resize(Dv * Dk);
   }
+  A* W() { return wu.data(); }
+  A* U() { return wu.data() + Dk; }
 };
 
 template <typename scalar_t>
@@ -168,93 +183,126 @@ class ChunkRule {
       std::fill(H, H + p_.Dk * p_.Dv, A(0));
       return;
     }
-    transpose(src + (b * p_.Nv + h) * p_.Dv * p_.Dk, p_.Dk, p_.Dv, p_.Dk, H, p_.Dv);
+    transpose_tiles(src + (b * p_.Nv + h) * p_.Dv * p_.Dk, p_.Dk, p_.Dv, p_.Dk, H, p_.Dv);
   }
 
   void store_state(const A* H, int64_t b, int64_t h, A* dst) const {
-    transpose(H, p_.Dv, p_.Dk, p_.Dv, dst + (b * p_.Nv + h) * p_.Dv * p_.Dk, p_.Dk);
+    transpose_tiles(H, p_.Dv, p_.Dk, p_.Dv, dst + (b * p_.Nv + h) * p_.Dv * p_.Dk, p_.Dk);
   }
 
   // Rows t0 .. t0 + c - 1 of q, k (key head of h), v, beta, g in the accumulation type; G, γ, D.
   void load_chunk(ChunkBuffers<A>& s, int64_t t0, int64_t c, int64_t h) const {
-    const int64_t Dk = p_.Dk, Dv = p_.Dv, kh = h / group_;
+    const int64_t C = kGdnChunk, Dk = p_.Dk, Dv = p_.Dv, kh = h / group_;
     const auto* q = static_cast<const scalar_t*>(p_.q);
     const auto* k = static_cast<const scalar_t*>(p_.k);
     const auto* v = static_cast<const scalar_t*>(p_.v);
     const auto* beta = static_cast<const A*>(p_.beta);
     const auto* g = static_cast<const A*>(p_.g);
+    s.k = s.kq.data() + (C - c) * Dk;
+    s.q = s.kq.data() + C * Dk;
     for (int64_t i = 0; i < c; ++i) {
       const int64_t t = t0 + i;
-      const scalar_t* qr = q + (t * p_.Nk + kh) * Dk;
-      const scalar_t* kr = k + (t * p_.Nk + kh) * Dk;
-      const scalar_t* vr = v + (t * p_.Nv + h) * Dv;
-      for (int64_t d = 0; d < Dk; ++d) {
-        s.q[i * Dk + d] = static_cast<A>(qr[d]);
-        s.k[i * Dk + d] = static_cast<A>(kr[d]);
-      }
-      for (int64_t d = 0; d < Dv; ++d) s.v[i * Dv + d] = static_cast<A>(vr[d]);
+      to_acc(q + (t * p_.Nk + kh) * Dk, Dk, s.q + i * Dk);
+      to_acc(k + (t * p_.Nk + kh) * Dk, Dk, s.k + i * Dk);
+      to_acc(v + (t * p_.Nv + h) * Dv, Dv, s.v.data() + i * Dv);
       s.beta[i] = beta == nullptr ? A(1) : beta[t * p_.Nv + h];
       const A gi = g == nullptr ? A(0) : g[t * p_.Nv + h];
       s.G[i] = i == 0 ? gi : s.G[i - 1] + gi;
     }
-    const int64_t C = kGdnChunk;
+    // D_ij = e^{G_i - G_j}: c² exponentials a chunk, vectorised (scalar exp would cost as much as a product).
+    // A row's last vector may run past j = i (up to a multiple of the vector width, within the C columns) before
+    // the zeros are written; columns from c on are never read.
+    using Vec = at::vec::Vectorized<A>;
     for (int64_t i = 0; i < c; ++i) {
       s.gam[i] = std::exp(s.G[i]);
       s.e[i] = std::exp(s.G[c - 1] - s.G[i]);
-      for (int64_t j = 0; j < c; ++j) s.D[i * C + j] = j <= i ? std::exp(s.G[i] - s.G[j]) : A(0);
+      A* Di = s.D.data() + i * C;
+      const Vec Gi(s.G[i]);
+      for (int64_t j = 0; j <= i; j += Vec::size()) (Gi - Vec::loadu(s.G.data() + j)).exp().store(Di + j);
+      std::fill(Di + i + 1, Di + c, A(0));
     }
   }
 
-  // The parts of a chunk that do not depend on the state: KKᵀ, QKᵀ, T, W, U, P, Kdᵀ.
-  void intra_chunk(ChunkBuffers<A>& s, int64_t c) const {
-    const int64_t C = kGdnChunk, Dk = p_.Dk, Dv = p_.Dv;
-    const A scale = static_cast<A>(p_.scale);
-    transpose(s.k.data(), Dk, c, Dk, s.kt.data(), C);
-    mm(c, c, Dk, s.k.data(), Dk, s.kt.data(), C, s.kk.data(), C, false, brgemm_);
-    mm(c, c, Dk, s.q.data(), Dk, s.kt.data(), C, s.qk.data(), C, false, brgemm_);
-    // T = (I + A)⁻¹ row by row: T_i = e_i - Σ_{m<i} A_im T_m (T_m is zero right of its diagonal).
+  // T = (I + A)⁻¹ row by row: T_i = e_i - Σ_{m<i} A_im T_m. Rows are zero right of their diagonal and the buffer's
+  // rows are zeroed across all C columns, so each update runs over whole vectors (up to column m rounded up to the
+  // vector width: the extra columns add zeros) instead of a scalar tail per row.
+  void ut_transform(ChunkBuffers<A>& s, int64_t c) const {
+    using Vec = at::vec::Vectorized<A>;
+    constexpr int64_t V = Vec::size();
+    const int64_t C = kGdnChunk;
     A* Tm = s.Tm.data();
     for (int64_t i = 0; i < c; ++i) {
       A* ti = Tm + i * C;
-      std::fill(ti, ti + c, A(0));
+      std::fill(ti, ti + C, A(0));
       ti[i] = 1;
       for (int64_t m = 0; m < i; ++m) {
-        const A a = s.beta[i] * s.kk[i * C + m] * s.D[i * C + m];
+        const Vec a(s.beta[i] * s.kk[i * C + m] * s.D[i * C + m]);
         const A* tm = Tm + m * C;
-        for (int64_t j = 0; j <= m; ++j) ti[j] -= a * tm[j];
+        for (int64_t j = 0; j <= m; j += V) (Vec::loadu(ti + j) - a * Vec::loadu(tm + j)).store(ti + j);
       }
     }
-    for (int64_t i = 0; i < c; ++i) {
-      const A bg = s.beta[i] * s.gam[i];
-      for (int64_t d = 0; d < Dk; ++d) s.kb[i * Dk + d] = bg * s.k[i * Dk + d];
-      for (int64_t d = 0; d < Dv; ++d) s.vb[i * Dv + d] = s.beta[i] * s.v[i * Dv + d];
-      for (int64_t j = 0; j < c; ++j) s.p[i * C + j] = j <= i ? scale * s.qk[i * C + j] * s.D[i * C + j] : A(0);
-      for (int64_t d = 0; d < Dk; ++d) s.kdt[d * C + i] = s.e[i] * s.k[i * Dk + d];
-    }
-    mm(c, Dk, c, Tm, C, s.kb.data(), Dk, s.w.data(), Dk, false, brgemm_);
-    mm(c, Dv, c, Tm, C, s.vb.data(), Dv, s.u.data(), Dv, false, brgemm_);
   }
 
-  // Vn = U - W H (into s.u), the chunk's output rows (write_out) and H <- γ_c H + Kdᵀ Vn.
+  // The parts of a chunk that do not depend on the state: KKᵀ, QKᵀ, T, [W | U], P, Kdᵀ.
+  void intra_chunk(ChunkBuffers<A>& s, int64_t c) const {
+    const int64_t C = kGdnChunk, Dk = p_.Dk, Dv = p_.Dv, ld = s.ld;
+    const A scale = static_cast<A>(p_.scale);
+    transpose_tiles(s.k, Dk, c, Dk, s.kt.data(), C);
+    mm(2 * c, c, Dk, s.k, Dk, s.kt.data(), C, s.kkqk.data(), C, false, brgemm_);  // [KKᵀ; QKᵀ]
+    s.kk = s.kkqk.data();
+    s.qk = s.kkqk.data() + c * C;
+    ut_transform(s, c);
+    for (int64_t i = 0; i < c; ++i) {
+      const A bg = s.beta[i] * s.gam[i], b = s.beta[i];
+      const A* ki = s.k + i * Dk;
+      const A* vi = s.v.data() + i * Dv;
+      A* kvb = s.kvb.data() + i * ld;
+      for (int64_t d = 0; d < Dk; ++d) kvb[d] = bg * ki[d];
+      for (int64_t d = 0; d < Dv; ++d) kvb[Dk + d] = b * vi[d];
+      A* pi = s.p.data() + i * C;
+      const A* qki = s.qk + i * C;
+      const A* Di = s.D.data() + i * C;
+      for (int64_t j = 0; j <= i; ++j) pi[j] = scale * qki[j] * Di[j];
+      std::fill(pi + i + 1, pi + c, A(0));
+    }
+    for (int64_t d = 0; d < Dk; ++d)  // Kdᵀ = Kᵀ diag(e), from the transpose made for KKᵀ
+      for (int64_t i = 0; i < c; ++i) s.kdt[d * C + i] = s.kt[d * C + i] * s.e[i];
+    mm(c, ld, c, s.Tm.data(), C, s.kvb.data(), ld, s.wu.data(), ld, false, brgemm_);  // [W | U]
+  }
+
+  // W H (and Qg H, rows c .. 2c - 1 of s.whq, with qh), then the new values Vn = U - W H into s.vn.
+  void new_values(ChunkBuffers<A>& s, int64_t c, const A* H, bool qh) const {
+    const int64_t Dk = p_.Dk, Dv = p_.Dv;
+    mm(qh ? 2 * c : c, Dv, Dk, s.wu.data(), s.ld, H, Dv, s.whq.data(), Dv, false, brgemm_);
+    for (int64_t i = 0; i < c; ++i) {
+      const A* u = s.U() + i * s.ld;
+      const A* wh = s.whq.data() + i * Dv;
+      A* vn = s.vn.data() + i * Dv;
+      for (int64_t d = 0; d < Dv; ++d) vn[d] = u[d] - wh[d];
+    }
+  }
+
+  // Vn, the chunk's output rows (write_out) and H <- γ_c H + Kdᵀ Vn.
   void state_chunk(ChunkBuffers<A>& s, int64_t c, A* H, bool write_out, int64_t t0, int64_t h) const {
     const int64_t C = kGdnChunk, Dk = p_.Dk, Dv = p_.Dv;
-    mm(c, Dv, Dk, s.w.data(), Dk, H, Dv, s.wh.data(), Dv, false, brgemm_);
-    for (int64_t i = 0; i < c * Dv; ++i) s.u[i] -= s.wh[i];
     if (write_out) {
       const A scale = static_cast<A>(p_.scale);
-      for (int64_t i = 0; i < c; ++i)  // Qg = diag(scale γ) Q, in s.kb's place (not needed any more)
-        for (int64_t d = 0; d < Dk; ++d) s.kb[i * Dk + d] = scale * s.gam[i] * s.q[i * Dk + d];
-      mm(c, Dv, Dk, s.kb.data(), Dk, H, Dv, s.o.data(), Dv, false, brgemm_);
-      mm(c, Dv, c, s.p.data(), C, s.u.data(), Dv, s.o.data(), Dv, true, brgemm_);
-      auto* out = static_cast<scalar_t*>(p_.out);
-      for (int64_t i = 0; i < c; ++i) {
-        scalar_t* orow = out + ((t0 + i) * p_.Nv + h) * Dv;
-        for (int64_t d = 0; d < Dv; ++d) orow[d] = static_cast<scalar_t>(s.o[i * Dv + d]);
+      for (int64_t i = 0; i < c; ++i) {  // Qg = diag(scale γ) Q below [W | U]
+        const A sg = scale * s.gam[i];
+        A* qg = s.wu.data() + (c + i) * s.ld;
+        for (int64_t d = 0; d < Dk; ++d) qg[d] = sg * s.q[i * Dk + d];
       }
+    }
+    new_values(s, c, H, write_out);
+    if (write_out) {
+      A* o = s.whq.data() + c * Dv;  // O = Qg H + P Vn
+      mm(c, Dv, c, s.p.data(), C, s.vn.data(), Dv, o, Dv, true, brgemm_);
+      auto* out = static_cast<scalar_t*>(p_.out);
+      for (int64_t i = 0; i < c; ++i) from_acc(o + i * Dv, Dv, out + ((t0 + i) * p_.Nv + h) * Dv);
     }
     const A gc = s.gam[c - 1];
     for (int64_t i = 0; i < Dk * Dv; ++i) H[i] *= gc;
-    mm(Dk, Dv, c, s.kdt.data(), C, s.u.data(), Dv, H, Dv, true, brgemm_);
+    mm(Dk, Dv, c, s.kdt.data(), C, s.vn.data(), Dv, H, Dv, true, brgemm_);
   }
 
   // One chunk backwards: H0 the state entering it, dH1 the gradient of the state leaving it; writes dH0 and the
@@ -264,37 +312,35 @@ class ChunkRule {
     const int64_t C = kGdnChunk, Dk = p_.Dk, Dv = p_.Dv;
     const A scale = static_cast<A>(p_.scale);
     const auto* d_out = static_cast<const scalar_t*>(p_.d_out);
-    // Vn = U - W H0 (into s.u)
-    mm(c, Dv, Dk, s.w.data(), Dk, H0, Dv, s.wh.data(), Dv, false, brgemm_);
-    for (int64_t i = 0; i < c * Dv; ++i) s.u[i] -= s.wh[i];
-    const A* Vn = s.u.data();
+    new_values(s, c, H0, /*qh=*/false);
+    const A* Vn = s.vn.data();
     for (int64_t i = 0; i < c; ++i) {
       const scalar_t* r = d_out + ((t0 + i) * p_.Nv + h) * Dv;
       for (int64_t d = 0; d < Dv; ++d) s.d_o[i * Dv + d] = static_cast<A>(r[d]);
     }
     std::fill(s.dG.begin(), s.dG.begin() + c, A(0));
     std::fill(s.dq.begin(), s.dq.begin() + c * Dk, A(0));
-    transpose(H0, Dv, Dk, Dv, s.h0t.data(), Dk);
-    transpose(dH1, Dv, Dk, Dv, s.dht.data(), Dk);
+    transpose_tiles(H0, Dv, Dk, Dv, s.h0t.data(), Dk);
+    transpose_tiles(dH1, Dv, Dk, Dv, s.dht.data(), Dk);
 
     // H1 = γ_c H0 + Kdᵀ Vn, Kd_i = e_i k_i
     const A gc = s.gam[c - 1];
     for (int64_t i = 0; i < Dk * Dv; ++i) dH0[i] = gc * dH1[i];
     s.dG[c - 1] += gc * dot(H0, dH1, Dk * Dv);
     mm(c, Dk, Dv, Vn, Dv, s.dht.data(), Dk, s.dkd.data(), Dk, false, brgemm_);      // dKd = Vn dH1ᵀ
-    transpose(s.kdt.data(), C, Dk, c, s.kb.data(), Dk);                              // Kd rows (s.kb reused)
-    mm(c, Dv, Dk, s.kb.data(), Dk, dH1, Dv, s.dvn.data(), Dv, false, brgemm_);      // dVn = Kd dH1
+    transpose_tiles(s.kdt.data(), C, Dk, c, s.kd.data(), Dk);                        // Kd rows
+    mm(c, Dv, Dk, s.kd.data(), Dk, dH1, Dv, s.dvn.data(), Dv, false, brgemm_);      // dVn = Kd dH1
     for (int64_t i = 0; i < c; ++i) {
-      const A de = dot(s.k.data() + i * Dk, s.dkd.data() + i * Dk, Dk);
+      const A de = dot(s.k + i * Dk, s.dkd.data() + i * Dk, Dk);
       for (int64_t d = 0; d < Dk; ++d) s.dk[i * Dk + d] = s.e[i] * s.dkd[i * Dk + d];
       s.dG[c - 1] += s.e[i] * de;
       s.dG[i] -= s.e[i] * de;
     }
 
     // O = Qg H0 + P Vn, Qg = diag(scale γ) Q
-    transpose(Vn, Dv, c, Dv, s.vnt.data(), C);
+    transpose_tiles(Vn, Dv, c, Dv, s.vnt.data(), C);
     mm(c, c, Dv, s.d_o.data(), Dv, s.vnt.data(), C, s.dP.data(), C, false, brgemm_);  // dP = dO Vnᵀ
-    transpose(s.p.data(), C, c, c, s.pt.data(), C);
+    transpose_tiles(s.p.data(), C, c, c, s.pt.data(), C);
     mm(c, Dv, c, s.pt.data(), C, s.d_o.data(), Dv, s.dvn.data(), Dv, true, brgemm_);  // dVn += Pᵀ dO
     for (int64_t i = 0; i < c; ++i)
       for (int64_t d = 0; d < Dk; ++d) s.qgt[d * C + i] = scale * s.gam[i] * s.q[i * Dk + d];
@@ -303,7 +349,7 @@ class ChunkRule {
     for (int64_t i = 0; i < c; ++i) {
       const A sg = scale * s.gam[i];
       for (int64_t d = 0; d < Dk; ++d) s.dq[i * Dk + d] += sg * s.dqg[i * Dk + d];
-      s.dG[i] += sg * dot(s.q.data() + i * Dk, s.dqg.data() + i * Dk, Dk);
+      s.dG[i] += sg * dot(s.q + i * Dk, s.dqg.data() + i * Dk, Dk);
     }
     // P_ij = scale QK_ij D_ij (j <= i): dQK = scale dP ⊙ D; the D part of the gradient goes to dD (s.x below)
     A* dD = s.x.data();
@@ -313,28 +359,29 @@ class ChunkRule {
         s.dqk[i * C + j] = scale * dp * s.D[i * C + j];
         dD[i * C + j] = scale * dp * s.qk[i * C + j];
       }
-    transpose(s.dqk.data(), C, c, c, s.dqkt.data(), C);
-    mm(c, Dk, c, s.dqk.data(), C, s.k.data(), Dk, s.dq.data(), Dk, true, brgemm_);   // dQ += dQK K
-    mm(c, Dk, c, s.dqkt.data(), C, s.q.data(), Dk, s.dk.data(), Dk, true, brgemm_);  // dK += dQKᵀ Q
+    transpose_tiles(s.dqk.data(), C, c, c, s.dqkt.data(), C);
+    mm(c, Dk, c, s.dqk.data(), C, s.k, Dk, s.dq.data(), Dk, true, brgemm_);   // dQ += dQK K
+    mm(c, Dk, c, s.dqkt.data(), C, s.q, Dk, s.dk.data(), Dk, true, brgemm_);  // dK += dQKᵀ Q
 
     // Vn = U - W H0: dU = dVn, dW = -dVn H0ᵀ (dwp holds dVn H0ᵀ), dH0 -= Wᵀ dVn
     mm(c, Dk, Dv, s.dvn.data(), Dv, s.h0t.data(), Dk, s.dwp.data(), Dk, false, brgemm_);
-    transpose(s.w.data(), Dk, c, Dk, s.wnt.data(), C, A(-1));
+    transpose_tiles(s.W(), s.ld, c, Dk, s.wnt.data(), C);
+    negate_rows(s.wnt.data(), C, Dk, c);
     mm(Dk, Dv, c, s.wnt.data(), C, s.dvn.data(), Dv, dH0, Dv, true, brgemm_);
-    // W = T Kb, U = T Vb: dT = dW Kbᵀ + dU Vbᵀ, dKb = Tᵀ dW, dVb = Tᵀ dU (Kb recomputed: s.kb was reused)
+    // W = T Kb, U = T Vb: dT = dW Kbᵀ + dU Vbᵀ, dKb = Tᵀ dW, dVb = Tᵀ dU
     for (int64_t i = 0; i < c; ++i) {
       const A bg = s.beta[i] * s.gam[i];
       for (int64_t d = 0; d < Dk; ++d) s.kbnt[d * C + i] = -bg * s.k[i * Dk + d];
-      for (int64_t d = 0; d < Dv; ++d) s.vbt[d * C + i] = s.vb[i * Dv + d];
+      for (int64_t d = 0; d < Dv; ++d) s.vbt[d * C + i] = s.kvb[i * s.ld + Dk + d];
     }
     mm(c, c, Dv, s.dvn.data(), Dv, s.vbt.data(), C, s.dT.data(), C, false, brgemm_);
     mm(c, c, Dk, s.dwp.data(), Dk, s.kbnt.data(), C, s.dT.data(), C, true, brgemm_);
-    transpose(s.Tm.data(), C, c, c, s.tt.data(), C);
+    transpose_tiles(s.Tm.data(), C, c, c, s.tt.data(), C);
     mm(c, Dk, c, s.tt.data(), C, s.dwp.data(), Dk, s.dkb.data(), Dk, false, brgemm_);  // -dKb
     mm(c, Dv, c, s.tt.data(), C, s.dvn.data(), Dv, s.dvb.data(), Dv, false, brgemm_);  // dVb
     // Kb_i = β_i γ_i k_i, Vb_i = β_i v_i
     for (int64_t i = 0; i < c; ++i) {
-      const A kdkb = -dot(s.k.data() + i * Dk, s.dkb.data() + i * Dk, Dk);
+      const A kdkb = -dot(s.k + i * Dk, s.dkb.data() + i * Dk, Dk);
       const A bg = s.beta[i] * s.gam[i];
       for (int64_t d = 0; d < Dk; ++d) s.dk[i * Dk + d] -= bg * s.dkb[i * Dk + d];
       s.dbeta[i] = s.gam[i] * kdkb + dot(s.v.data() + i * Dv, s.dvb.data() + i * Dv, Dv);
@@ -356,7 +403,7 @@ class ChunkRule {
         s.sym[i * C + j] += dkk;
         s.sym[j * C + i] += dkk;
       }
-    mm(c, Dk, c, s.sym.data(), C, s.k.data(), Dk, s.dk.data(), Dk, true, brgemm_);
+    mm(c, Dk, c, s.sym.data(), C, s.k, Dk, s.dk.data(), Dk, true, brgemm_);
     // D_ij = e^{G_i - G_j} (j <= i); then G = cumsum(g): dg_j = Σ_{i >= j} dG_i
     for (int64_t i = 0; i < c; ++i)
       for (int64_t j = 0; j <= i; ++j) {

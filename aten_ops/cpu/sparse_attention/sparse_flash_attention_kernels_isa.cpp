@@ -76,23 +76,6 @@ inline at::vec::Vectorized<A> vexp(const at::vec::Vectorized<A>& x) {
     return x.exp();
 }
 
-// dst[j * ld_dst + i] = src[i * ld_src + j] for i < rows, j < cols: register transposes of full tiles.
-template <typename A>
-void transpose(const A* src, int64_t ld_src, int64_t rows, int64_t cols, A* dst, int64_t ld_dst) {
-  constexpr int64_t T = at::vec::Vectorized<A>::size();
-  for (int64_t i0 = 0; i0 < rows; i0 += T)
-    for (int64_t j0 = 0; j0 < cols; j0 += T) {
-      const A* s = src + i0 * ld_src + j0;
-      A* d = dst + j0 * ld_dst + i0;
-      if (i0 + T <= rows && j0 + T <= cols) {
-        at::vec::transpose_mxn<A, T, T>(s, ld_src, d, ld_dst);
-      } else {
-        for (int64_t i = 0; i < std::min(T, rows - i0); ++i)
-          for (int64_t j = 0; j < std::min(T, cols - j0); ++j) d[j * ld_dst + i] = s[i * ld_src + j];
-      }
-    }
-}
-
 // One thread's item buffers, kept across calls (they only grow): fresh multi-MiB vectors would be page-faulted in
 // again on every decode step.
 template <typename A>
@@ -188,7 +171,7 @@ class Forward {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t r0 = b * kRowBlock, r1 = std::min(M, r0 + kRowBlock);
         exp_and_sum(st + r0 * G_, r1 - r0, s.mx.data(), bsum + b * G_);
-        transpose(st + r0 * G_, G_, r1 - r0, G_, pm + r0, ldp);
+        transpose_tiles(st + r0 * G_, G_, r1 - r0, G_, pm + r0, ldp);
       }
     });
     for (int64_t b = 0; b < nb; ++b)
@@ -219,7 +202,7 @@ class Forward {
       const scalar_t* srcr = qr != nullptr ? qr + (t * g_.N1 + head) * cv_.Dr : src + cv_.Dn;
       for (int64_t d = 0; d < cv_.Dr; ++d) dst[cv_.Dn + d] = static_cast<A>(srcr[d]);
     }
-    transpose(rows, Dqk_, G_, Dqk_, grow(s.qt, Dqk_ * G_), G_);
+    transpose_tiles(rows, Dqk_, G_, Dqk_, grow(s.qt, Dqk_ * G_), G_);
   }
 
   // st[r, h] *= scale over `rows` rows of G heads; bmax[h] = the block's largest (a NaN wins).
