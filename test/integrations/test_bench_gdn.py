@@ -21,4 +21,5 @@ def test_quick_run_checks_against_transformers(capsys):
 
 def test_flop_count():
     # one chunk of 64 tokens, one value head of 128 x 128: 2 * (64^2 * (3*128 + 2*128) + 3 * 64 * 128^2)
-    assert gdn.chunk_flops(64, nv=1) == 2 * (64 * 64 * 640 + 3 * 64 * 128 * 128)
+    assert gdn.chunk_flops(64, nv=1, c=64) == 2 * (64 * 64 * 640 + 3 * 64 * 128 * 128)
+    assert gdn.chunk_flops(64, nv=1) == 2 * 2 * (32 * 32 * 640 + 3 * 32 * 128 * 128)  # two of the kernel's chunks

@@ -6,7 +6,8 @@ Sizes: a tensor-parallel shard of Qwen3-Next's linear attention, 2 key heads and
 has 16 / 32 over 8 devices), bf16 inputs (both contenders accumulate in fp32), one sequence, q/k L2-normalised, g in
 log space (<= 0), beta in (0, 1), scale 1/sqrt(128).
 - prefill: `npu_chunk_gated_delta_rule` over T tokens with an initial state, vs transformers' chunked form (chunk 64);
-  the GFLOP/s column counts the chunked algorithm's products (`chunk_flops`), and "GEMM share" divides that rate by
+  the GFLOP/s column counts the products of our kernel's chunked algorithm (`chunk_flops` with its 32-token
+  chunks), and "GEMM share" divides that rate by
   a same-run fp32 matmul's.
 - training: forward + backward of the same call (gradients of q, k, v, beta, g and the initial state) vs autograd
   through transformers' chunked form.
@@ -27,7 +28,8 @@ from ..linear_attention import npu_chunk_gated_delta_rule, npu_recurrent_gated_d
 from .common import format_table, gemm_gflops, machine_line, time_alternating
 
 NK, NV, D = 2, 4, 128
-CHUNK = 64
+CHUNK = 64         # transformers' chunk (its default, the model's)
+KERNEL_CHUNK = 32  # our CPU kernel's (kGdnChunk in aten_ops/cpu/linear_attention/chunk_gated_delta_rule_kernels.h)
 
 
 def _transformers_gdn() -> Tuple[Callable, Callable]:
@@ -37,7 +39,7 @@ def _transformers_gdn() -> Tuple[Callable, Callable]:
     return mod.torch_chunk_gated_delta_rule, mod.torch_recurrent_gated_delta_rule
 
 
-def chunk_flops(T: int, nv: int = NV, dk: int = D, dv: int = D, c: int = CHUNK) -> float:
+def chunk_flops(T: int, nv: int = NV, dk: int = D, dv: int = D, c: int = KERNEL_CHUNK) -> float:
     """Flops of the chunked forward's products for T tokens. Multiply-adds per chunk of C tokens and value head:
     K·Kᵀ and Q·Kᵀ (C²·Dk each), the triangular solve applied to β·K and β·V (C²·(Dk + Dv)), the masked
     (Q·Kᵀ)·U (C²·Dv), W·S and Q·S (C·Dk·Dv each) and the state update Kᵀ·U (C·Dk·Dv); two flops each."""
