@@ -88,9 +88,11 @@ class CausalConv {
     const uint32_t offset = uint32_t(seqGm_.GetValue(row + tot_ascendc::kConvOffset));
     const uint32_t writeLine = uint32_t(seqGm_.GetValue(row + tot_ascendc::kConvWriteLine));
     const uint32_t reset = uint32_t(seqGm_.GetValue(row + tot_ascendc::kConvReset));
-    LoadWindow(readLine, offset, c0, n);
     const uint32_t prefix = (readLine < 0 ? 0 : offset) + t_.width - 1;
-    MoveCachedRows(readLine, writeLine, prefix, len, c0, n);
+    if (!LoadLineOnce(readLine, offset, prefix, len, c0, n)) {
+      LoadWindow(readLine, offset, c0, n);
+      MoveCachedRows(readLine, writeLine, prefix, len, c0, n);
+    }
     for (uint32_t t0 = 0; t0 < len; t0 += t_.rows) {
       const uint32_t r = len - t0 < t_.rows ? len - t0 : t_.rows;
       Tile(start, len, t0, r, writeLine, reset, c0, n);
@@ -160,6 +162,33 @@ class CausalConv {
     RowsIn(stage, stGm_[LineRow(uint32_t(readLine), offset, c0)], carried, n);
     PipeSync<HardEvent::MTE2_V>();
     ToFloat(win, stage, carried * t_.channels);
+  }
+
+  // The window and the cached rows that stay in the line (see MoveCachedRows) from one read of the line's rows
+  // [min(offset, first kept), prefix), when they fit the staging rows (a decode step: K-1 rows); false otherwise.
+  __aicore__ inline bool LoadLineOnce(int32_t readLine, uint32_t offset, uint32_t prefix, uint32_t len, uint32_t c0,
+                                      uint32_t n) {
+    if (readLine < 0) return false;
+    const uint64_t total = uint64_t(prefix) + len;
+    const uint64_t kept = total < t_.state_len ? total : t_.state_len;
+    const uint32_t src0 = total - kept < prefix ? uint32_t(total - kept) : prefix;  // prefix: nothing stays
+    const uint32_t lo = src0 < offset ? src0 : offset, count = prefix - lo;
+    if (count > t_.stage_rows) return false;
+    if (count == 0) return true;  // K = 1 and no cached row stays
+    const uint32_t d = t_.channels, carried = t_.width - 1, line = uint32_t(readLine);
+    LocalTensor<T> stage = stage_.Get<T>();
+    PipeSync<HardEvent::MTE3_V>();  // the previous unit's stores from the window are done
+    PipeSync<HardEvent::V_MTE2>();
+    PipeSync<HardEvent::MTE3_MTE2>();
+    RowsIn(stage, stGm_[LineRow(line, lo, c0)], count, n);
+    PipeSync<HardEvent::MTE2_V>();
+    if (carried > 0) ToFloat(win_.Get<float>(), stage[(offset - lo) * d], carried * d);
+    const uint32_t dst0 = uint32_t(t_.state_len - kept);
+    if (src0 < prefix && dst0 != src0) {  // every row is in UB: the store may overlap what was read
+      PipeSync<HardEvent::MTE2_MTE3>();
+      RowsOut(stGm_[LineRow(line, dst0, c0)], stage[(src0 - lo) * d], prefix - src0, n);
+    }
+    return true;
   }
 
   // The cached rows that stay in the line: padded rows [total - kept, prefix) to line rows [C - kept, C - len)
