@@ -128,6 +128,18 @@ MUTANTS = [
            what="the npu recurrent_gated_delta_rule starts every sequence from its first token's slot, ignoring "
                 "num_accepted_tokens",
            tests=["test/npu/test_linear_attention.py"]),
+    Mutant("ascendc-conv-window-carry-off-by-one", layer="Ascend C kernel", family="ascendc",
+           path="ascendc/kernels/linear_attention/fused_causal_conv1d_kernel.cpp",
+           old="Muls(win[j * d], win[(r + j) * d], 1.f, int32_t(d));",
+           new="Muls(win[j * d], win[(r + j - 1) * d], 1.f, int32_t(d));",
+           what="the fused causal conv1d kernel carries the window rows one row early into the next tile",
+           tests=["test/npu/test_linear_attention.py"]),
+    Mutant("npu-conv-zero-state-reads-the-line", layer="npu glue", family="npu",
+           path="aten_ops/npu/linear_attention/fused_causal_conv1d.cpp",
+           old="r[tot_ascendc::kConvReadLine] = int32_t(s.read_line);",
+           new="r[tot_ascendc::kConvReadLine] = int32_t(s.write_line);",
+           what="the npu fused_causal_conv1d reads the cached rows of sequences that have no initial state",
+           tests=["test/npu/test_linear_attention.py"]),
     # ---- MC2 collectives (C++) -------------------------------------------------------------------------------------
     Mutant("mc2-validation-skipped-for-two-ranks", layer="CPU kernel", family="mc2",
            path="aten_ops/cpu/mc2/collectives.cpp",

@@ -247,8 +247,12 @@ std::tuple<at::Tensor, at::Tensor> chunk_gated_delta_rule_cpu(const ChunkGatedDe
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> chunk_gated_delta_rule_backward_cpu(const ChunkGatedDeltaRuleBackwardArgs& args);
 // fused_causal_conv1d [CPU]
 at::Tensor fused_causal_conv1d_cpu(const FusedCausalConv1dArgs& args);
+// fused_causal_conv1d [PrivateUse1]
+at::Tensor fused_causal_conv1d_npu(const FusedCausalConv1dArgs& args);
 // fused_causal_conv1d_v2 [CPU]
 void fused_causal_conv1d_v2_cpu(const FusedCausalConv1dV2Args& args);
+// fused_causal_conv1d_v2 [PrivateUse1]
+void fused_causal_conv1d_v2_npu(const FusedCausalConv1dV2Args& args);
 // masked_causal_conv1d [CPU]
 at::Tensor masked_causal_conv1d_cpu(const MaskedCausalConv1dArgs& args);
 // masked_causal_conv1d_backward [CPU]

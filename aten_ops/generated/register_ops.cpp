@@ -1394,6 +1394,36 @@ at::Tensor fused_causal_conv1d_cpu_unboxed(const at::Tensor& x, const at::Tensor
   return npu_fa::fused_causal_conv1d_cpu(npu_fa::FusedCausalConv1dArgs{x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode});
 }
 
+at::Tensor fused_causal_conv1d_npu_privateuse1(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& conv_states, const std::optional<at::Tensor>& query_start_loc, const std::optional<at::Tensor>& cache_indices, const std::optional<at::Tensor>& initial_state_mode, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& num_accepted_tokens, c10::string_view activation, int64_t pad_slot_id, int64_t run_mode, int64_t residual_connection, int64_t max_query_len, const std::optional<at::Tensor>& num_computed_tokens, const std::optional<at::Tensor>& block_idx_first_scheduled_token, const std::optional<at::Tensor>& block_idx_last_scheduled_token, const std::optional<at::Tensor>& initial_state_idx, int64_t block_size, c10::string_view conv_mode) {
+  npu_fa::DeviceRule rule("fused_causal_conv1d");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("conv_states", conv_states);
+  rule.device_tensor("query_start_loc", query_start_loc);
+  rule.device_tensor("cache_indices", cache_indices);
+  rule.device_tensor("initial_state_mode", initial_state_mode);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("num_accepted_tokens", num_accepted_tokens);
+  rule.device_tensor("num_computed_tokens", num_computed_tokens);
+  rule.device_tensor("block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  rule.device_tensor("block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  rule.device_tensor("initial_state_idx", initial_state_idx);
+  npu_fa::check_no_self_overlap("fused_causal_conv1d", "conv_states", conv_states);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "x", x);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "weight", weight);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "query_start_loc", query_start_loc);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "cache_indices", cache_indices);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "initial_state_mode", initial_state_mode);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "bias", bias);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "num_computed_tokens", num_computed_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d", "conv_states", conv_states, "initial_state_idx", initial_state_idx);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::fused_causal_conv1d_npu(npu_fa::FusedCausalConv1dArgs{x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode});
+}
+
 void fused_causal_conv1d_v2_cpu_unboxed(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& conv_states, const std::optional<at::Tensor>& query_start_loc, const std::optional<at::Tensor>& cache_indices, const std::optional<at::Tensor>& initial_state_mode, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& num_accepted_tokens, c10::string_view activation, int64_t pad_slot_id, int64_t run_mode, int64_t residual_connection, int64_t max_query_len, const std::optional<at::Tensor>& num_computed_tokens, const std::optional<at::Tensor>& block_idx_first_scheduled_token, const std::optional<at::Tensor>& block_idx_last_scheduled_token, const std::optional<at::Tensor>& initial_state_idx, int64_t block_size, c10::string_view conv_mode) {
   npu_fa::DeviceRule rule("fused_causal_conv1d_v2");
   rule.device_tensor("x", x);
@@ -1432,6 +1462,47 @@ void fused_causal_conv1d_v2_cpu_unboxed(const at::Tensor& x, const at::Tensor& w
   npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "block_idx_last_scheduled_token", block_idx_last_scheduled_token);
   npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "initial_state_idx", initial_state_idx);
   return npu_fa::fused_causal_conv1d_v2_cpu(npu_fa::FusedCausalConv1dV2Args{x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode});
+}
+
+void fused_causal_conv1d_v2_npu_privateuse1(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& conv_states, const std::optional<at::Tensor>& query_start_loc, const std::optional<at::Tensor>& cache_indices, const std::optional<at::Tensor>& initial_state_mode, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& num_accepted_tokens, c10::string_view activation, int64_t pad_slot_id, int64_t run_mode, int64_t residual_connection, int64_t max_query_len, const std::optional<at::Tensor>& num_computed_tokens, const std::optional<at::Tensor>& block_idx_first_scheduled_token, const std::optional<at::Tensor>& block_idx_last_scheduled_token, const std::optional<at::Tensor>& initial_state_idx, int64_t block_size, c10::string_view conv_mode) {
+  npu_fa::DeviceRule rule("fused_causal_conv1d_v2");
+  rule.device_tensor("x", x);
+  rule.device_tensor("weight", weight);
+  rule.device_tensor("conv_states", conv_states);
+  rule.device_tensor("query_start_loc", query_start_loc);
+  rule.device_tensor("cache_indices", cache_indices);
+  rule.device_tensor("initial_state_mode", initial_state_mode);
+  rule.device_tensor("bias", bias);
+  rule.device_tensor("num_accepted_tokens", num_accepted_tokens);
+  rule.device_tensor("num_computed_tokens", num_computed_tokens);
+  rule.device_tensor("block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  rule.device_tensor("block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  rule.device_tensor("initial_state_idx", initial_state_idx);
+  npu_fa::check_no_self_overlap("fused_causal_conv1d_v2", "x", x);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "weight", weight);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "conv_states", conv_states);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "query_start_loc", query_start_loc);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "cache_indices", cache_indices);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "initial_state_mode", initial_state_mode);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "bias", bias);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "num_computed_tokens", num_computed_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "x", x, "initial_state_idx", initial_state_idx);
+  npu_fa::check_no_self_overlap("fused_causal_conv1d_v2", "conv_states", conv_states);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "weight", weight);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "query_start_loc", query_start_loc);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "cache_indices", cache_indices);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "initial_state_mode", initial_state_mode);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "bias", bias);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "num_accepted_tokens", num_accepted_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "num_computed_tokens", num_computed_tokens);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "block_idx_first_scheduled_token", block_idx_first_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "block_idx_last_scheduled_token", block_idx_last_scheduled_token);
+  npu_fa::check_no_overlap("fused_causal_conv1d_v2", "conv_states", conv_states, "initial_state_idx", initial_state_idx);
+  const c10::DeviceGuard guard(rule.device());
+  return npu_fa::fused_causal_conv1d_v2_npu(npu_fa::FusedCausalConv1dV2Args{x, weight, conv_states, query_start_loc, cache_indices, initial_state_mode, bias, num_accepted_tokens, activation, pad_slot_id, run_mode, residual_connection, max_query_len, num_computed_tokens, block_idx_first_scheduled_token, block_idx_last_scheduled_token, initial_state_idx, block_size, conv_mode});
 }
 
 at::Tensor masked_causal_conv1d_cpu_unboxed(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& mask) {
@@ -1673,4 +1744,6 @@ TORCH_LIBRARY_IMPL(npu_fa, PrivateUse1, m) {
   m.impl("sparse_flash_attention", TORCH_FN(sparse_flash_attention_npu_privateuse1));
   m.impl("recurrent_gated_delta_rule", TORCH_FN(recurrent_gated_delta_rule_npu_privateuse1));
   m.impl("recurrent_gated_delta_rule_functional", TORCH_FN(recurrent_gated_delta_rule_functional_npu_privateuse1));
+  m.impl("fused_causal_conv1d", TORCH_FN(fused_causal_conv1d_npu_privateuse1));
+  m.impl("fused_causal_conv1d_v2", TORCH_FN(fused_causal_conv1d_v2_npu_privateuse1));
 }

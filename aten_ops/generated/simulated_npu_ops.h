@@ -9,7 +9,7 @@ namespace npu_fa {
 // Ops whose CPU kernel also serves the simulated npu device (npu_sim.enable()): every op with a CPU kernel
 // and no PrivateUse1 kernel of its own. aten_ops/npu_sim registers them for PrivateUse1 when enabled. On
 // CANN builds these have no npu kernel yet.
-inline constexpr std::array<const char*, 69> kSimulatedNpuCpuKernelOps = {
+inline constexpr std::array<const char*, 67> kSimulatedNpuCpuKernelOps = {
     "dropout_gen_mask",
     "ring_attention_update",
     "apply_rotary_pos_emb",
@@ -75,8 +75,6 @@ inline constexpr std::array<const char*, 69> kSimulatedNpuCpuKernelOps = {
     "rms_norm_gated_grad",
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_backward",
-    "fused_causal_conv1d",
-    "fused_causal_conv1d_v2",
     "masked_causal_conv1d",
     "masked_causal_conv1d_backward",
 };

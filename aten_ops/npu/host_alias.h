@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -86,12 +87,17 @@ std::tuple<T...> device_alias(const std::tuple<T...>& ts, const c10::Device& dev
 }
 
 // The CPU kernel for a call the Ascend C kernel cannot run (`why_not` says why, as "... does not handle <why_not>"),
-// results on `device`; raises on CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1.
+// results on `device`; raises on CANN builds and under TOT_NPU_SIM_NO_FALLBACK=1. An op without results (in place)
+// has written its npu tensors through their CPU aliases.
 template <class Args, class CpuKernel>
 auto fallback_to_cpu(const char* op, const std::string& why_not, const Args& args, CpuKernel&& cpu_kernel,
                      const c10::Device& device) {
   check_fallback_allowed(op, why_not);
-  return device_alias(call_with_cpu_aliases(args, cpu_kernel), device);
+  if constexpr (std::is_void_v<decltype(call_with_cpu_aliases(args, cpu_kernel))>) {
+    call_with_cpu_aliases(args, cpu_kernel);
+  } else {
+    return device_alias(call_with_cpu_aliases(args, cpu_kernel), device);
+  }
 }
 
 }  // namespace npu_fa::npu_host

@@ -135,6 +135,16 @@ def case_recurrent_gated_delta_rule():
     _allowed_and_equal(run, lambda: OPS.recurrent_gated_delta_rule_functional(*args, **kw))
 
 
+def case_fused_causal_conv1d():
+    from test.linear_attention.test_causal_conv1d import _inputs as conv_inputs, _qsl
+    x, w, st = conv_inputs([3, 2], dtype=torch.float64)
+    kw = dict(query_start_loc=_qsl([3, 2]))
+    nkw = {n: _npu(v) for n, v in kw.items()}
+    run = lambda: OPS.fused_causal_conv1d(_npu(x), _npu(w), _npu(st), **nkw)  # noqa: E731
+    _refused(run, "fused_causal_conv1d", "float64")
+    _allowed_and_equal(run, lambda: OPS.fused_causal_conv1d(x, w, st.clone(), **kw))
+
+
 def case_op_without_an_ascendc_kernel():
     x = torch.randn(4, 16)
     run = lambda: OPS.swiglu(_npu(x), -1)  # noqa: E731

@@ -76,7 +76,7 @@ def case_per_kernel_peak_shares():
     assert names == ["flash_attention_score", "flash_attention_score_grad", "incre_flash_attention",
                      "rotary_position_embedding", "moe_gating_top_k_softmax", "moe_init_routing_v2",
                      "grouped_matmul", "moe_finalize_routing", "lightning_indexer",
-                     "recurrent_gated_delta_rule"], names
+                     "recurrent_gated_delta_rule", "fused_causal_conv1d"], names
     for r in rows:
         mix = r.case.name in ("flash_attention_score", "flash_attention_score_grad", "grouped_matmul")
         s = r.shares

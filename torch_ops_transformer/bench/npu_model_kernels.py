@@ -152,13 +152,28 @@ def _gated_delta_rule(b=16, nk=16, nv=32, d=128):
                       build, 1.0, "-")
 
 
+def _causal_conv1d(b=16, dim=8192, k=4):
+    def build():
+        # Qwen3-Next's conv in a decode step: one token per sequence over the 2*16*128 + 32*128 channels of q, k and
+        # v, bf16, a K-1-row cache line per sequence (shifted in place), SiLU
+        x = _npu(torch.zeros(b, dim, dtype=torch.bfloat16))[0]
+        w = _npu(torch.zeros(k, dim, dtype=torch.bfloat16))[0]
+        states = _npu(torch.zeros(b, k - 1, dim, dtype=torch.bfloat16))[0]
+        qsl, lines = _npu(torch.arange(b + 1, dtype=torch.int32), torch.arange(b, dtype=torch.int32))
+        # the cache is listed twice: read once and written once in place (the op's compulsory bytes)
+        return (lambda: torch.ops.npu_fa.fused_causal_conv1d(
+            x, w, states, query_start_loc=qsl, cache_indices=lines, activation="silu")), [x, w, states, states]
+    return KernelCase("fused_causal_conv1d", f"decode B{b}, {dim} channels, K={k}, bf16, SiLU", build, 1.0, "-")
+
+
 def kernel_cases(quick: bool = False) -> List[KernelCase]:
     if quick:
         return [_fa_forward(1, 2, 256, 64), _fa_backward(1, 2, 128, 64), _decode(2, 8, 2, 512, 64),
                 _rope(128, 8, 64), _gating(256, 16, 4), _init_routing(64, 2, 256, 8), _grouped_matmul(256, 128, 256, 4),
-                _finalize(64, 2, 256), _indexer(2, 8, 64, 512, 64, 64), _gated_delta_rule(2, 2, 4, 64)]
+                _finalize(64, 2, 256), _indexer(2, 8, 64, 512, 64, 64), _gated_delta_rule(2, 2, 4, 64),
+                _causal_conv1d(2, 256, 4)]
     return [_fa_forward(), _fa_backward(), _decode(), _rope(), _gating(), _init_routing(), _grouped_matmul(),
-            _finalize(), _indexer(), _gated_delta_rule()]
+            _finalize(), _indexer(), _gated_delta_rule(), _causal_conv1d()]
 
 
 def _nbytes(values) -> int:

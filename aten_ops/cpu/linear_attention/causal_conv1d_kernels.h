@@ -9,22 +9,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/linear_attention/causal_conv1d_plan.h"
 #include "cpu/isa_dispatch.h"
 
 namespace npu_fa::cpu {
 
-// One sequence of fused_causal_conv1d: rows [start, start+len) of x. The padded sequence is the first `prefix`
-// rows of cache line `read_line` (or K-1 zero rows when read_line < 0) followed by the len rows of x; the conv of
-// token t reads padded rows offset+t .. offset+t+K-1.
-struct SeqPlan {
-  int64_t start = 0, len = 0;
-  int64_t read_line = -1;   // < 0: K-1 zero rows, offset 0
-  int64_t offset = 0;       // first padded row the conv reads
-  int64_t write_line = 0;   // receives the last min(C, prefix+len) padded rows
-  int64_t reset = 0;        // y[t] = conv 0 for t < reset (before the residual)
-  // prefix caching: the K-1 padded rows starting at offset + fill_at[i] go to the last K-1 rows of fill_lines[i]
-  std::vector<int64_t> fill_lines, fill_at;
-};
+// One sequence of fused_causal_conv1d (common/linear_attention/causal_conv1d_plan.h).
+using SeqPlan = linear_attention::SeqPlan;
 
 struct FusedConvParams {
   c10::ScalarType dtype;  // x, weight, conv_states, bias, y
