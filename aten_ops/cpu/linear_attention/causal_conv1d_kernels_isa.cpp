@@ -3,6 +3,7 @@
 // is computed by one task in a fixed order and the results do not depend on the thread count. Rows are converted to
 // the accumulation type (fp32, fp64 for fp64) once and kept in a ring of the K rows a token's window needs.
 #include "cpu/linear_attention/causal_conv1d_kernels.h"
+#include "cpu/vec_convert.h"
 
 #ifndef CPU_CAPABILITY
 #error "this *_isa.cpp must be compiled with -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 (setup.py does this)"
@@ -29,24 +30,6 @@ using acc_of = std::conditional_t<std::is_same_v<T, double>, double, float>;
 constexpr int64_t kChannelBlock = 128;
 // The weight gradient has one task per block only (no (sequence, block) split), so its blocks are narrower.
 constexpr int64_t kGradWeightBlock = 32;
-
-template <typename T, typename A>
-inline void to_acc(const T* src, int64_t n, A* dst) {
-  if constexpr (std::is_same_v<T, A>) {
-    std::copy(src, src + n, dst);
-  } else {
-    at::vec::convert(src, dst, n);
-  }
-}
-
-template <typename A, typename T>
-inline void from_acc(const A* src, int64_t n, T* dst) {
-  if constexpr (std::is_same_v<T, A>) {
-    std::copy(src, src + n, dst);
-  } else {
-    at::vec::convert(src, dst, n);
-  }
-}
 
 // out[j] = sum_k w[k][j] * rows[k][j], j < n (rows[k] the k-th row of the window, oldest first).
 template <typename A>
