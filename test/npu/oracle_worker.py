@@ -6,7 +6,8 @@ the FlashAttention forward a wrong scale, an off-by-one window and a mask ignore
 wrong scale and an off-by-one window, in the decode kernel a wrong scale and the last key of each sequence ignored,
 must each be caught and reported with the op, its arguments and the worst element; correct kernels over the npu test grids of prefill, decode, the attention
 backward, the SDPA route, RoPE and the MoE ops must produce no report; the modes, lists, saving and replay, the torch_npu route (an `npu::` op of
-torch_npu's schema, mapped to the shim's function) and the calls that are not re-run behave as documented.
+torch_npu's schema, mapped to the shim's function) and the calls that are not re-run behave as documented; ops
+that write their arguments (state and conv caches) are re-run from the arguments as they were before the call.
 """
 import importlib
 import logging
