@@ -613,7 +613,7 @@ def fused_conv_draws(draw):
 
 def _fused_conv_call(d, device):
     g = torch.Generator().manual_seed(d["seed"])
-    b, dim, I32_ = d["batch"], d["dim"], torch.int32
+    b, dim, i32 = d["batch"], d["dim"], torch.int32
     lens = {"decode": [1] * b, "spec": [min(n, d["C"] - d["K"] + 2) for n in d["lens"]],
             "batch_3d": [d["lens"][0]] * b}.get(d["mode"], d["lens"])
     x = torch.randn(b, lens[0], dim, generator=g) if d["mode"] == "batch_3d" else torch.randn(sum(lens), dim,
@@ -621,15 +621,15 @@ def _fused_conv_call(d, device):
     weight = 0.5 * torch.randn(d["K"], dim, generator=g)
     slots = b + 3
     states = torch.randn(slots, d["C"], dim, generator=g)
-    lines = torch.randperm(slots, generator=g)[:b].to(I32_)
+    lines = torch.randperm(slots, generator=g)[:b].to(i32)
     if d["pad"]:
         lines[0] = -1
     kw = dict(cache_indices=lines, activation="silu" if d["silu"] else "None", residual_connection=d["residual"])
     if d["mode"] != "batch_3d":
-        kw["query_start_loc"] = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=I32_)
+        kw["query_start_loc"] = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=i32)
     if d["mode"] == "spec":
         kw["num_accepted_tokens"] = torch.tensor([int(torch.randint(1, n + 1, (1,), generator=g)) for n in lens],
-                                                 dtype=I32_)
+                                                 dtype=i32)
     if d["bias"]:
         kw["bias"] = torch.randn(dim, generator=g).to(d["dtype"])
     x, weight, states = (t.to(d["dtype"]) for t in (x, weight, states))
