@@ -1,4 +1,4 @@
-// TOT_NPU_SIM_FAULT: a deliberately broken variant of an attention kernel's arguments, so that tests can prove the
+// TOT_NPU_SIM_FAULT: a deliberately broken variant of a kernel's arguments, so that tests can prove the
 // differential oracle (torch_ops_transformer/oracle, docs/oracle.md) catches a wrong device kernel. One value at a
 // time, read at every call; the glue that owns a kernel applies the faults that name it:
 //   FlashAttention forward (attention/attention.cpp, also the prefill ops through attention/flash_forward.h):
@@ -15,6 +15,11 @@
 //   sparse flash attention (sparse_attention/sparse_attention.cpp):
 //     "sfa_scale"  the scale 5% too large
 //     "sfa_causal" one more token visible past sparse_mode 3's causal limit (when a row selects it)
+//   recurrent gated delta rule (linear_attention/recurrent_gated_delta_rule.cpp, both forms):
+//     "gdr_scale"    the scale 5% too large (the outputs)
+//     "gdr_accepted" every sequence starts from its first token's slot (num_accepted_tokens ignored)
+//     "gdr_slot"     the last token of every sequence of two or more tokens writes its state over its
+//                    predecessor's slot (the state cache, not the outputs)
 // Simulated device only: a CANN build never reads the variable.
 #pragma once
 

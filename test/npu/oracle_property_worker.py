@@ -1,9 +1,12 @@
 """The differential oracle over the space of valid calls, not a grid: hypothesis draws random valid calls of the ops
 the oracle covers (FlashAttention training forward + backward, prefill with per-batch lengths, paged prefill,
 decode contiguous and paged, the SDPA hook forward + backward, RoPE forward + backward, MoE gating, dispatch, grouped
-matmul and combine, DeepSeek-V3.2's sparse flash attention), runs each on the simulated npu under `oracle.check(mode="raise")` — no report may appear (a
-false alarm) — and again under every injected kernel fault that applies to it (TOT_NPU_SIM_FAULT) — each fault whose
-effect on the result exceeds a correct kernel's rounding must be caught (a miss otherwise). Run by
+matmul and combine, DeepSeek-V3.2's sparse flash attention, the linear-attention family: the recurrent gated delta
+rule over its state cache, the chunked rule forward + backward, the causal conv1d ops over their conv-state cache,
+the gated RMSNorm), runs each on the simulated npu under `oracle.check(mode="raise")` — no report may appear (a
+false alarm) — and again under every injected fault that applies to it (TOT_NPU_SIM_FAULT for the Ascend C kernels;
+argument faults for the ops that run their CPU kernel on the device) — each fault whose effect on the result exceeds
+a correct kernel's rounding must be caught (a miss otherwise). Run by
 test_oracle_property.py through runner_worker.py; the rates are printed as one `oracle-rates` JSON line on stderr.
 
 Seeded (derandomized) in the default profile; HYPOTHESIS_PROFILE=long draws 25x more, unseeded.
@@ -17,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_ops_transformer import oracle
 from test.attention.attention_cases import Case as TrainCase, dy_like, make_inputs as train_inputs
@@ -44,10 +49,13 @@ class Rates:
     faults_below_rounding: int = 0  # the fault changed nothing measurable on this draw: not counted
     misses: List[str] = field(default_factory=list)
     by_family: Dict[str, Dict[str, int]] = field(default_factory=dict)  # draws / effective / caught per family
+    by_fault: Dict[str, Dict[str, int]] = field(default_factory=dict)   # effective / caught per fault
 
-    def count(self, family: str, what: str) -> None:
+    def count(self, family: str, what: str, fault: str = "") -> None:
         row = self.by_family.setdefault(family, {"draws": 0, "effective": 0, "caught": 0})
         row[what] += 1
+        if fault:
+            self.by_fault.setdefault(fault, {"effective": 0, "caught": 0})[what] += 1
 
 
 RATES = Rates()
@@ -94,21 +102,29 @@ def _judge(family: str, describe: str, call: Callable[[], object], faults: Seque
     RATES.draws += 1
     RATES.count(family, "draws")
     for name in faults:
-        with env_var("TOT_NPU_SIM_FAULT", name):
+        with _fault(name):
             faulty = _tensors(call())
             if not _effect(clean, faulty):
                 RATES.faults_below_rounding += 1
                 continue
             RATES.faults_effective += 1
-            RATES.count(family, "effective")
+            RATES.count(family, "effective", name)
             try:
                 with oracle.check(mode="raise"):
                     call()
             except oracle.OracleMismatch:
                 RATES.faults_caught += 1
-                RATES.count(family, "caught")
+                RATES.count(family, "caught", name)
                 continue
             RATES.misses.append(f"{family} with fault {name}: {describe}")
+
+
+def _fault(name: str):
+    """The context that injects fault `name`: a kernel fault of the npu glue (TOT_NPU_SIM_FAULT), or, for the ops
+    that run their CPU kernel on the device (no kernel of their own to break), an argument fault of ARGUMENT_FAULTS."""
+    if name in ARGUMENT_FAULTS:
+        return _ArgumentFault(*ARGUMENT_FAULTS[name])
+    return env_var("TOT_NPU_SIM_FAULT", name)
 
 
 def _judge_if_valid(family: str, describe: str, build: Callable[[str], Callable[[], object]],
@@ -414,6 +430,277 @@ def case_sparse_flash_attention():
     _sfa_property()
 
 
+# ---- linear attention: the recurrent rule (its Ascend C kernel) and the ops that run their CPU kernel on npu -------
+# The recurrent rule's kernel faults (TOT_NPU_SIM_FAULT) break its host tables: one breaks the outputs only
+# ("gdr_scale"), one the written state cache only ("gdr_slot"), so both what the op returns and what it writes are
+# judged. The chunked rule, the conv ops and the gated RMSNorm have no Ascend C kernel: on npu they run their CPU
+# kernel through the simulated device's generic path, which the oracle checks like any other call (each draw
+# asserts how many calls it checked). To prove the rules catch a wrong result there too, the worker breaks those
+# calls' arguments on the way to the device (ARGUMENT_FAULTS), as a broken glue would; the oracle keeps its own
+# copy of the true arguments.
+GDR_FAULTS = ("gdr_scale", "gdr_accepted", "gdr_slot")
+
+
+def _on_npu(values) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.device.type == NPU for t in values)
+
+
+class _ArgumentFault(TorchDispatchMode):
+    """Rewrites arguments of the npu calls of `ops` before they run (entered outside the oracle, so the oracle sees
+    the call first; its CPU re-run, on CPU tensors, passes through unchanged). Written arguments are never
+    replaced, only read ones: the device must still write the caller's tensors."""
+
+    def __init__(self, ops, rewrite):
+        super().__init__()
+        self.ops, self.rewrite = {f"npu_fa::{op}" for op in ops}, rewrite
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if getattr(func, "namespace", "") != "npu_fa" or func._schema.name not in self.ops:
+            return func(*args, **kwargs)
+        values = dict(kwargs)
+        values.update({a.name: v for a, v in zip(func._schema.arguments, args)})
+        for a in func._schema.arguments:  # (arguments equal to their defaults arrive without them)
+            if a.name not in values and a.has_default_value():
+                values[a.name] = a.default_value
+        if not _on_npu(values.values()):
+            return func(*args, **kwargs)
+        return func(**self.rewrite(values))
+
+
+def _scaled(values, factor=1.05):
+    values["scale"] = (1.0 if values.get("scale") is None else values["scale"]) * factor
+    return values
+
+
+def _first_tap_dropped(values):
+    w = values["weight"].clone()
+    w[0] = 0  # the oldest tap
+    return dict(values, weight=w)
+
+
+def _lines_rolled(values):
+    lines = values.get("cache_indices")
+    return values if lines is None else dict(values, cache_indices=lines.roll(1, 0))
+
+
+# name -> (ops, rewrite of the device call's arguments)
+ARGUMENT_FAULTS = {
+    "chunk_scale": (("chunk_gated_delta_rule",), _scaled),
+    "chunk_bwd_scale": (("chunk_gated_delta_rule_backward",), _scaled),
+    "conv_tap": (("fused_causal_conv1d", "fused_causal_conv1d_v2", "masked_causal_conv1d"), _first_tap_dropped),
+    "conv_line": (("fused_causal_conv1d", "fused_causal_conv1d_v2"), _lines_rolled),  # each reads its neighbour's
+    "conv_bwd_mask": (("masked_causal_conv1d_backward",), lambda v: dict(v, mask=None)),
+    "norm_eps": (("rms_norm_gated",), lambda v: dict(v, epsilon=v["epsilon"] * 1e4)),
+}
+
+
+def _checked_calls(call, expected: int):
+    """Runs `call` and requires the oracle (already on) to have checked `expected` calls in it: an op the device
+    runs through its CPU kernel must not slip past the oracle."""
+    def run():
+        before = oracle.stats().checked
+        result = call()
+        assert oracle.stats().checked - before == expected or not _oracle_on(), \
+            f"{oracle.stats().checked - before} calls checked, expected {expected}"
+        return result
+    return run
+
+
+def _oracle_on() -> bool:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return any(isinstance(m, oracle._OracleMode) for m in _get_current_dispatch_mode_stack())
+
+
+@st.composite
+def recurrent_draws(draw):
+    lens = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+    nk = draw(st.sampled_from([1, 2]))
+    d = dict(form=draw(st.sampled_from(["in_place", "functional"])), lens=tuple(lens), Nk=nk,
+             Nv=nk * draw(st.sampled_from([1, 2, 3])), Dk=draw(st.sampled_from([8, 19, 32, 64])),
+             Dv=draw(st.sampled_from([4, 12, 32])), dtype=draw(st.sampled_from([torch.float32, torch.bfloat16,
+                                                                              torch.float16])),
+             state_fp32=draw(st.booleans()), with_gk=draw(st.booleans()),
+             accepted=tuple(draw(st.integers(1, n)) for n in lens) if draw(st.booleans()) else None,
+             slots=sum(lens) + draw(st.integers(0, 5)), default_slots=draw(st.integers(0, 5)) == 0,
+             drop=draw(st.sampled_from([(), (), ("beta",), ("g",), ("beta", "g")])),
+             scale=draw(st.sampled_from([None, 0.3])), seed=draw(st.integers(0, 10**6)))
+    return d
+
+
+def _recurrent_call(d, device):
+    from test.linear_attention.test_recurrent_gated_delta_rule import make_inputs as recurrent_inputs
+
+    (q, k, v, state), kw = recurrent_inputs(d["dtype"], lens=d["lens"], Nk=d["Nk"], Nv=d["Nv"], Dk=d["Dk"],
+                                            Dv=d["Dv"], slots=d["slots"], with_gk=d["with_gk"],
+                                            state_dtype=torch.float32 if d["state_fp32"] else None,
+                                            accepted=d["accepted"], seed=d["seed"])
+    for name in d["drop"] + (("ssm_state_indices",) if d["default_slots"] else ()):
+        kw.pop(name)
+    op = OPS.recurrent_gated_delta_rule if d["form"] == "in_place" else OPS.recurrent_gated_delta_rule_functional
+
+    def call():
+        cache = state.clone().to(device)  # a fresh cache per run: the in-place form writes it
+        floats = {n: t.to(device) for n, t in kw.items() if t.is_floating_point()}
+        hosts = {n: t for n, t in kw.items() if not t.is_floating_point()}  # lengths and slots: host tensors
+        res = op(q.to(device), k.to(device), v.to(device), cache, scale=d["scale"], **floats, **hosts)
+        return list(res if isinstance(res, tuple) else (res,)) + [cache]
+    return _checked_calls(call, 1)
+
+
+@settings(SETTINGS, max_examples=examples(30))
+@given(d=recurrent_draws())
+def _recurrent_property(d):
+    _judge_if_valid("recurrent gated delta rule", repr(d), lambda device: _recurrent_call(d, device), GDR_FAULTS)
+
+
+def case_recurrent_gated_delta_rule():
+    _recurrent_property()
+
+
+def _grads(out, leaves, seed):
+    """The outputs' gradients with respect to `leaves` for fixed random output gradients."""
+    g = torch.Generator().manual_seed(seed)
+    outs = [o for o in out if o.requires_grad]
+    dys = [torch.randn(o.shape, generator=g).to(o.dtype).to(o.device) for o in outs]
+    return list(torch.autograd.grad(outs, leaves, dys))
+
+
+@settings(SETTINGS, max_examples=examples(12))
+@given(lens=st.lists(st.integers(0, 90), min_size=1, max_size=3), heads=st.sampled_from([(1, 1), (1, 2), (2, 4)]),
+       dims=st.sampled_from([(8, 4), (16, 16), (32, 8)]), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       state=st.booleans(), with_g=st.booleans(), with_beta=st.booleans(), seed=st.integers(0, 10**6))
+def _chunk_property(lens, heads, dims, dtype, state, with_g, with_beta, seed):
+    from test.linear_attention.chunk_gated_delta_rule_reference import make_inputs as chunk_inputs
+
+    if sum(lens) == 0:
+        lens = lens + [5]
+    inp = chunk_inputs(lens, Nk=heads[0], Nv=heads[1], Dk=dims[0], Dv=dims[1], dtype=dtype, seed=seed, state=state,
+                       with_g=with_g)
+    if not with_beta:
+        inp["beta"] = None
+    names = ("query", "key", "value", "beta", "initial_state", "g")
+
+    def build(device):
+        def call():
+            a = {n: (inp[n].to(device).requires_grad_() if inp[n] is not None else None) for n in names}
+            out = OPS.chunk_gated_delta_rule(a["query"], a["key"], a["value"], a["beta"], a["initial_state"],
+                                             inp["actual_seq_lengths"], inp["scale"], a["g"])
+            return list(out) + _grads(out, [t for t in a.values() if t is not None], seed)
+        return _checked_calls(call, 2)
+    _judge_if_valid("chunk gated delta rule fwd+bwd", f"lens={lens} heads={heads} dims={dims} {dtype} "
+                    f"state={state} g={with_g} beta={with_beta}", build, ("chunk_scale", "chunk_bwd_scale"))
+
+
+def case_chunk_gated_delta_rule():
+    _chunk_property()
+
+
+@st.composite
+def fused_conv_draws(draw):
+    mode = draw(st.sampled_from(["prefill", "prefill", "decode", "spec", "batch_3d"]))
+    batch = draw(st.integers(1, 4))
+    K = draw(st.sampled_from([2, 3, 4]))
+    extra = draw(st.integers(1, 3)) if mode == "spec" else draw(st.sampled_from([0, 0, 2]))
+    return dict(mode=mode, form=draw(st.sampled_from(["y", "v2"])), batch=batch, K=K, C=K - 1 + extra,
+                lens=[draw(st.integers(0 if mode == "prefill" else 1, 20)) for _ in range(batch)],
+                dim=draw(st.sampled_from([16, 40, 130])), pad=mode != "batch_3d" and draw(st.integers(0, 3)) == 0,
+                bias=draw(st.booleans()), silu=draw(st.booleans()), residual=draw(st.integers(0, 1)),
+                dtype=draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float16])),
+                seed=draw(st.integers(0, 10**6)))
+
+
+def _fused_conv_call(d, device):
+    g = torch.Generator().manual_seed(d["seed"])
+    b, dim, i32 = d["batch"], d["dim"], torch.int32
+    lens = {"decode": [1] * b, "spec": [min(n, d["C"] - d["K"] + 2) for n in d["lens"]],
+            "batch_3d": [d["lens"][0]] * b}.get(d["mode"], d["lens"])
+    x = torch.randn(b, lens[0], dim, generator=g) if d["mode"] == "batch_3d" else torch.randn(sum(lens), dim,
+                                                                                                generator=g)
+    weight = 0.5 * torch.randn(d["K"], dim, generator=g)
+    slots = b + 3
+    states = torch.randn(slots, d["C"], dim, generator=g)
+    lines = torch.randperm(slots, generator=g)[:b].to(i32)
+    if d["pad"]:
+        lines[0] = -1
+    kw = dict(cache_indices=lines, activation="silu" if d["silu"] else "None", residual_connection=d["residual"])
+    if d["mode"] != "batch_3d":
+        kw["query_start_loc"] = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=i32)
+    if d["mode"] == "spec":
+        kw["num_accepted_tokens"] = torch.tensor([int(torch.randint(1, n + 1, (1,), generator=g)) for n in lens],
+                                                 dtype=i32)
+    if d["bias"]:
+        kw["bias"] = torch.randn(dim, generator=g).to(d["dtype"])
+    x, weight, states = (t.to(d["dtype"]) for t in (x, weight, states))
+
+    def call():
+        xd, sd = x.clone().to(device), states.clone().to(device)  # fresh: the op writes conv_states (and _v2 x)
+        kwd = _to(kw, device)
+        if d["form"] == "y":
+            return [OPS.fused_causal_conv1d(xd, weight.to(device), sd, **kwd), sd]
+        OPS.fused_causal_conv1d_v2(xd, weight.to(device), sd, **kwd)
+        return [xd, sd]
+    return _checked_calls(call, 1)
+
+
+@settings(SETTINGS, max_examples=examples(20))
+@given(d=fused_conv_draws())
+def _fused_conv_property(d):
+    _judge_if_valid("fused causal conv1d (conv_states in place)", repr(d), lambda device: _fused_conv_call(d, device),
+                    ("conv_tap", "conv_line"))
+
+
+def case_fused_causal_conv1d():
+    _fused_conv_property()
+
+
+@settings(SETTINGS, max_examples=examples(10))
+@given(S=st.integers(1, 50), B=st.integers(1, 3), H=st.sampled_from([8, 40, 136]), W=st.sampled_from([1, 3, 4]),
+       with_mask=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       seed=st.integers(0, 10**6))
+def _masked_conv_property(S, B, H, W, with_mask, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(S, B, H, generator=g).to(dtype), (0.5 * torch.randn(W, H, generator=g)).to(dtype)
+    mask = torch.rand(B, S, generator=g) > 0.3 if with_mask else None
+
+    def build(device):
+        def call():
+            leaves = [x.to(device).requires_grad_(), w.to(device).requires_grad_()]
+            out = OPS.masked_causal_conv1d(*leaves, _to(mask, device))
+            return [out] + _grads([out], leaves, seed)
+        return _checked_calls(call, 2)
+    _judge_if_valid("masked causal conv1d fwd+bwd", f"S={S} B={B} H={H} W={W} mask={with_mask} {dtype}", build,
+                    ("conv_tap", "conv_bwd_mask"))
+
+
+def case_masked_causal_conv1d():
+    _masked_conv_property()
+
+
+@settings(SETTINGS, max_examples=examples(8))
+@given(rows=st.integers(1, 40), n=st.sampled_from([8, 64, 130]), gate=st.booleans(), fp32_weight=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), seed=st.integers(0, 10**6))
+def _norm_property(rows, n, gate, fp32_weight, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, n, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(torch.float32 if fp32_weight else dtype)
+    z = torch.randn(rows, n, generator=g).to(dtype) if gate else None
+
+    def build(device):
+        def call():
+            leaves = [t.to(device).requires_grad_() for t in (x, w, z) if t is not None]
+            y, rstd = OPS.rms_norm_gated(leaves[0], leaves[1], leaves[2] if gate else None, 1e-6)
+            return [y, rstd] + _grads([y], leaves, seed)
+        return _checked_calls(call, 2)
+    _judge_if_valid("gated rmsnorm fwd+bwd", f"rows={rows} n={n} gate={gate} fp32_weight={fp32_weight} {dtype}", build,
+                    ("norm_eps",))
+
+
+def case_rms_norm_gated():
+    _norm_property()
+
+
 def case_every_op_sample_calls():
     """Every op with tensors, through its opcheck cases (the family case builders), on the device under raise: no
     report. Most ops without an Ascend C kernel run their CPU kernel on the device, so this checks the rules' ladder
@@ -449,7 +736,8 @@ def case_zz_rates():
     """The rates over every draw above (cases run in name order): zero false alarms, zero misses."""
     summary = dict(draws=RATES.draws, false_alarms=len(RATES.false_alarms), faults_effective=RATES.faults_effective,
                    faults_caught=RATES.faults_caught, faults_below_rounding=RATES.faults_below_rounding,
-                   misses=len(RATES.misses), by_family=RATES.by_family, profile=PROFILE)
+                   misses=len(RATES.misses), by_family=RATES.by_family, by_fault=RATES.by_fault,
+                   profile=PROFILE)
     print("oracle-rates " + json.dumps(summary), file=sys.stderr)
     assert not RATES.false_alarms, "\n\n".join(RATES.false_alarms[:5])
     assert not RATES.misses, "\n".join(RATES.misses[:10])

@@ -6,7 +6,8 @@ the FlashAttention forward a wrong scale, an off-by-one window and a mask ignore
 wrong scale and an off-by-one window, in the decode kernel a wrong scale and the last key of each sequence ignored,
 must each be caught and reported with the op, its arguments and the worst element; correct kernels over the npu test grids of prefill, decode, the attention
 backward, the SDPA route, RoPE and the MoE ops must produce no report; the modes, lists, saving and replay, the torch_npu route (an `npu::` op of
-torch_npu's schema, mapped to the shim's function) and the calls that are not re-run behave as documented.
+torch_npu's schema, mapped to the shim's function) and the calls that are not re-run behave as documented; ops
+that write their arguments (state and conv caches) are re-run from the arguments as they were before the call.
 """
 import importlib
 import logging
@@ -326,3 +327,44 @@ def case_hugging_face_llama_on_npu_is_checked():
         with oracle.check(mode="raise"):
             model(ids, labels=ids).loss.backward()
         assert oracle.stats().checked - seen >= 4, (impl, oracle.stats())  # 2 layers x (forward + backward)
+
+
+def case_in_place_caches_are_judged_from_the_pre_call_state():
+    """Ops that write their arguments (the recurrent rule's state cache, on its Ascend C kernel; fused_causal_conv1d
+    _v2's x and conv_states, on the CPU kernel through the device's generic path): the oracle's CPU re-run starts
+    from copies taken before the device call, and the written arguments are judged like outputs. The calls are
+    chosen so that the pre-call state matters: a speculative step whose first read slot is written by the same
+    call, a conv whose result overwrites its input — re-run from the written tensors, the CPU would disagree."""
+    from test.linear_attention.test_recurrent_gated_delta_rule import make_inputs as recurrent_inputs
+
+    # sequence 0 starts from the slot its second token writes in this very call
+    (q, k, v, state), kw = recurrent_inputs(lens=(3, 2), accepted=(2, 1), slots=8, seed=11)
+    args = [t.to(NPU) for t in (q, k, v)]
+    floats = {n: t.to(NPU) for n, t in kw.items() if t.is_floating_point()}
+    hosts = {n: t for n, t in kw.items() if not t.is_floating_point()}
+    cache = state.to(NPU)
+    before = oracle.stats().checked
+    with oracle.check(mode="raise"):
+        out = OPS.recurrent_gated_delta_rule(*args, cache, **floats, **hosts)
+    assert oracle.stats().checked - before == 1
+    assert not torch.equal(cache.cpu(), state), "the call did not write the cache"
+    from_written = OPS.recurrent_gated_delta_rule(q, k, v, cache.cpu().clone(), **kw)
+    assert (from_written - out.cpu()).abs().max() > 1e-3, "the pre-call cache does not matter for this call"
+    # a fault in the written cache only (the outputs are right) is reported on the written argument
+    with fault("gdr_slot"):
+        rep = _expect_caught("gdr_slot", lambda: OPS.recurrent_gated_delta_rule(*args, state.to(NPU), **floats,
+                                                                                **hosts))
+    assert rep.mismatch.output == 1 and "state=float32" in rep.arguments, rep.text()
+
+    # fused_causal_conv1d_v2: y over x and the conv-state lines, both written (the generic path)
+    g = torch.Generator().manual_seed(3)
+    x, w, states = torch.randn(9, 24, generator=g), torch.randn(3, 24, generator=g), torch.randn(4, 2, 24, generator=g)
+    conv_kw = dict(query_start_loc=torch.tensor([0, 4, 9], dtype=torch.int32),
+                   cache_indices=torch.tensor([2, 0], dtype=torch.int32), activation="silu")
+    xd, sd = x.to(NPU), states.to(NPU)
+    before = oracle.stats().checked
+    with oracle.check(mode="raise"):
+        OPS.fused_causal_conv1d_v2(xd, w.to(NPU), sd, **{n: (t.to(NPU) if isinstance(t, torch.Tensor) else t)
+                                                           for n, t in conv_kw.items()})
+    assert oracle.stats().checked - before == 1
+    assert not torch.equal(xd.cpu(), x) and not torch.equal(sd.cpu(), states)

@@ -18,6 +18,7 @@
 #include "linear_attention/recurrent_gated_delta_rule_tiling.h"
 #include "npu/ascendc_launch.h"
 #include "npu/host_alias.h"
+#include "npu/injected_fault.h"
 
 #ifndef TOT_WITH_CANN  // with CANN, ascendc_launch.h includes the generated aclrtlaunch_<kernel>.h launchers
 #include "linear_attention/recurrent_gated_delta_rule_kernel.h"
@@ -53,8 +54,24 @@ std::string plan_kernel(const at::Tensor& query, const at::Tensor& state, const 
   s.has_beta = c.beta.defined();
   s.has_g = c.g.defined();
   s.has_gk = c.gk.defined();
-  s.scale = float(c.scale);
+  s.scale = npu_host::injected_fault() == "gdr_scale" ? float(c.scale) * 1.05f : float(c.scale);
   return tot_ascendc::RecurrentGdrTilingFn(s, tot_ascendc::Ascend910B(), tiling);
+}
+
+// TOT_NPU_SIM_FAULT (npu/injected_fault.h, simulated device only, for testing the differential oracle): the
+// recurrent kernel's faults in the tables the host gives it — "gdr_accepted" (every sequence starts from its first
+// token's slot: num_accepted_tokens ignored) or "gdr_slot" (the last token of every sequence of two or more tokens
+// writes its state over its predecessor's slot, an off-by-one in the slot table: the cache is wrong, the outputs
+// are not). "gdr_scale" (5% too large) is applied to the tiling in plan_kernel.
+GdrPlan with_injected_fault(GdrPlan p) {
+  const std::string fault = npu_host::injected_fault();
+  const int64_t B = int64_t(p.first_slot.size());
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t first = p.seq_start[b], last = p.seq_start[b + 1] - 1;
+    if (fault == "gdr_accepted") p.first_slot[b] = p.slot[first];
+    if (fault == "gdr_slot" && last > first) p.slot[last] = p.slot[last - 1];
+  }
+  return p;
 }
 
 // int32 [B + 1, 2]: per sequence (first token, first slot); the last row (T, 0) ends the last sequence.
@@ -88,7 +105,8 @@ at::Tensor run_kernel(const char* op, const Args& a, const GdrCall& c, const at:
   const c10::Device device = a.query.device();
   at::Tensor out = at::empty({c.T, c.Nv, c.Dv}, a.query.options());
   const at::Tensor q = a.query.contiguous(), k = a.key.contiguous(), v = a.value.contiguous();
-  const at::Tensor seqs = seq_table(c.plan).to(device), slots = slot_table(c.plan).to(device);
+  const GdrPlan plan = with_injected_fault(c.plan);
+  const at::Tensor seqs = seq_table(plan).to(device), slots = slot_table(plan).to(device);
   npu_fa::ascendc::Launch launch(op);
   TOT_ASCENDC_RUN(launch, recurrent_gated_delta_rule, tiling.block_dim, AscendC::KernelMode::AIV_MODE, launch.Gm(q),
                   launch.Gm(k), launch.Gm(v), launch.Gm(present(c.beta)), launch.Gm(present(c.g)),
