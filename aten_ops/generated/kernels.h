@@ -31,6 +31,8 @@ std::vector<int64_t> npu_attention_tile_config(int64_t s1_block, int64_t s2_bloc
 std::string attention_tuning_table(c10::string_view entries, bool clear);
 // attention_tuning_stats [CatchAll]
 std::vector<int64_t> attention_tuning_stats();
+// attention_stage_ticks [CatchAll]
+std::vector<int64_t> attention_stage_ticks(int64_t enable, bool reset);
 // ring_attention_update [CPU]
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ring_attention_update_cpu(const RingAttentionUpdateArgs& args);
 // rotary_position_embedding [CPU]

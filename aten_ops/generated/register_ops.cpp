@@ -1533,6 +1533,7 @@ TORCH_LIBRARY(npu_fa, m) {
   m.def("npu_attention_tile_config(int s1_block=0, int s2_block=0) -> int[]", TORCH_FN(npu_fa::npu_attention_tile_config));
   m.def("attention_tuning_table(str entries=\"\", bool clear=False) -> str", TORCH_FN(npu_fa::attention_tuning_table));
   m.def("attention_tuning_stats() -> int[]", TORCH_FN(npu_fa::attention_tuning_stats));
+  m.def("attention_stage_ticks(int enable=-1, bool reset=False) -> int[]", TORCH_FN(npu_fa::attention_stage_ticks));
   m.def("ring_attention_update(Tensor prev_attn_out, Tensor prev_softmax_max, Tensor prev_softmax_sum, Tensor cur_attn_out, Tensor cur_softmax_max, Tensor cur_softmax_sum, Tensor? actual_seq_qlen=None, str input_layout=\"SBH\", str input_softmax_layout=\"\") -> (Tensor attn_out, Tensor softmax_max, Tensor softmax_sum)", {at::Tag::pt2_compliant_tag});
   m.def("rotary_position_embedding(Tensor x, Tensor cos, Tensor sin, int mode=0) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("rotary_position_embedding_grad(Tensor grad, Tensor cos, Tensor sin, Tensor x, int mode=0) -> (Tensor dx, Tensor dcos, Tensor dsin)", {at::Tag::pt2_compliant_tag});

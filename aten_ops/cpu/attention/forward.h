@@ -34,6 +34,7 @@
 #include "cpu/attention/tiles.h"
 #include "cpu/brgemm.h"
 #include "cpu/online_softmax.h"
+#include "cpu/stage_timing.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
 namespace fa_fwd {
@@ -42,6 +43,7 @@ using Vec = at::vec::Vectorized<float>;
 using at::BFloat16;
 using online_softmax::nan_max;
 using online_softmax::RowKind;
+using St = stage_timing::Stage;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -445,6 +447,8 @@ class ForwardKernel {
 
   // This thread's packed K/V: one whole head when heads are not shared between threads, or one tile.
   Buffer<C> kbuf, vbuf;
+  // This worker's stage times (bench stages); every lap below is one branch when timing is off.
+  StageClock clock;
 
   // Tiles [t0, t1) of the item. view: the packed head, or null to pack each tile here. Without `partial` the rows
   // are finished; with it, each row's (m, l, acc) is stored there (vD + 2 floats per row) for merge().
@@ -457,6 +461,7 @@ class ForwardKernel {
     std::fill_n(m_.data(), R, kNegInf);
     std::fill_n(l_.data(), R, 0.f);
     std::fill_n(acc_.data(), R * vD_, 0.f);
+    clock.lap(St::kFwdPack);
     const auto [start, n_tiles] = item_tiles(p_, it, bkv_, kVnni);
     const int64_t end = p_.key_range(it.b, it.i0, it.i1).second;
     for (int64_t t = t0; t < std::min(t1, n_tiles); ++t) {
@@ -473,6 +478,7 @@ class ForwardKernel {
         C* kd = kbuf.get(packer_.k_elems(bkv_));
         C* vd = vbuf.get(packer_.v_elems(bkv_));
         packer_.pack(it.b, it.n2, j0, j1, j0, kd, ld, vd);
+        clock.lap(St::kFwdPack);
         tile(it, mq, R, j0, j1, partial_tile, packer_.view(it.b, it.n2, j0, kd, ld, vd));
       }
     }
@@ -486,6 +492,7 @@ class ForwardKernel {
         write_row(it.b, head(it, r, mq), it.i0 + r % mq, m_[r], l_[r], acc_.data() + r * vD_);
       }
     }
+    clock.lap(St::kFwdFinish);
   }
 
   // Combines `splits` partial states of each row of the item (flash-decoding) and writes the rows.
@@ -508,6 +515,7 @@ class ForwardKernel {
       }
       write_row(it.b, head(it, r, mq), it.i0 + r % mq, m, l, a);
     }
+    clock.lap(St::kFwdFinish);
   }
 
  private:
@@ -529,6 +537,7 @@ class ForwardKernel {
   void tile(const Item& it, int64_t mq, int64_t R, int64_t j0, int64_t j1, bool partial, const KvView<C>& kv) {
     const int64_t nk = j1 - j0;
     mm(R, nk, Dp_, qpack_.data(), Dp_, kv.k_at(j0), kv.ldk, s_.data(), lds_, false);
+    clock.lap(St::kFwdQk);
     softmax_rows(it, mq, R, j0, nk, partial);
     if constexpr (kVnni) {
       const int64_t kk = round_up(nk, 2);  // the odd tail's partner key has P = 0
@@ -536,6 +545,7 @@ class ForwardKernel {
     } else {
       mm(R, vD_, nk, s_.data(), lds_, kv.v_at(j0), kv.ldv, acc_.data(), vD_, true);
     }
+    clock.lap(St::kFwdPv);
   }
 
   // The same tile from K and V in place (T == C): Sᵀ = K·Qᵀ needs no transposed K, and P·V takes V as it is
@@ -545,8 +555,10 @@ class ForwardKernel {
     const C* k = reinterpret_cast<const C*>(k_) + p_.k.at(it.b, it.n2, j0);
     if (st_.size() < static_cast<size_t>(nk * R)) st_.resize(nk * R);
     mm(nk, R, Dp_, k, p_.k.seq_stride, qt_.data(), R, st_.data(), R, false);
+    clock.lap(St::kFwdQk);
     for (int64_t r = 0; r < R; ++r)
       for (int64_t j = 0; j < nk; ++j) s_[r * lds_ + j] = st_[j * R + r];
+    clock.lap(St::kFwdPack);
     softmax_rows(it, mq, R, j0, nk, partial);
     const C* v = reinterpret_cast<const C*>(v_) + p_.v.at(it.b, it.n2, j0);
     const int64_t ldv = p_.v.seq_stride;
@@ -560,8 +572,10 @@ class ForwardKernel {
       C* vd = vbuf.get(packer_.v_elems(bkv_));
       const KvView<C> view = packer_.view(it.b, it.n2, j0, kd, ld, vd);
       packer_.pack_v(it.b, it.n2, j0, j1, j0, vd);
+      clock.lap(St::kFwdPack);
       mm(R, vD_, round_up(nk, 2), p_lowp_.data(), lds_, view.v_at(j0), view.ldv, acc_.data(), vD_, true);
     }
+    clock.lap(St::kFwdPv);
   }
 
   // acc[r, :] += P[r, :] · V for R <= 8 rows, bf16 V read in place: 4 rows x one bf16 vector of columns stay in
@@ -626,6 +640,7 @@ class ForwardKernel {
           mx = row_max(s, nk);
         }
       }
+      clock.lap(St::kFwdMax);
       softmax_row(it.b, n, i, j0, nk, s, mx, raw ? p_.scale : 1.f, r);
     }
   }
@@ -671,7 +686,9 @@ class ForwardKernel {
     }
     l_[r] = l_[r] * alpha + sum;  // the sum uses probabilities before dropout
     m_[r] = m_new;
+    clock.lap(St::kFwdExp);
     if (alpha != 1.f) scale_row(acc_.data() + r * vD_, vD_, alpha);
+    clock.lap(St::kFwdRescale);
   }
 
   // P = 0 for the nk keys of a row (and its low-precision copy for P·V).
@@ -742,6 +759,7 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
       ForwardKernel<T, C, KT> kernel(p, in, o, packer, plan.max_rows, tc.block_kv);
       for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) body(kernel, u);
       brgemm::release(kVnni);
+      kernel.clock.lap(St::kFwdFinish);
     });
   };
 
@@ -780,6 +798,7 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
       C* kd = kernel.kbuf.get(packer.k_elems(len));
       C* vd = kernel.vbuf.get(packer.v_elems(len));
       packer.pack(g.b, g.n2, 0, len, 0, kd, ld, vd);
+      kernel.clock.lap(St::kFwdPack);
       const KvView<C> view = packer.view(g.b, g.n2, 0, kd, ld, vd);
       for (int64_t i = g.begin; i < g.end; ++i) kernel.run(plan.items[i], &view, 0, n_tiles(plan.items[i]));
     });
@@ -798,12 +817,14 @@ void forward_impl(const AttentionParams& p, const AttentionInputs& in, ForwardOu
   C* kd = kall.get(k_off.back());
   C* vd = vall.get(v_off.back());
   at::parallel_for(0, chunk0.back(), 1, [&](int64_t c0, int64_t c1) {
+    StageClock clock;
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t x = std::upper_bound(chunk0.begin(), chunk0.end(), c) - chunk0.begin() - 1;
       const Group& g = plan.groups[x];
       const int64_t j0 = (c - chunk0[x]) * kChunk, len = p.kv_len[g.b];
       packer.pack(g.b, g.n2, j0, std::min(len, j0 + kChunk), 0, kd + k_off[x], KvPacker<KT, C>::ldk(len), vd + v_off[x]);
     }
+    clock.lap(St::kFwdPack);
   });
   std::vector<KvView<C>> views(n_groups);
   std::vector<int64_t> group_of(p.batch * p.kv_heads, 0);

@@ -18,6 +18,7 @@
 // per-channel value factors apply to the normalised output, so the stream of cache bytes is half that of bf16.
 #include "cpu/inference/decode_kernels.h"
 #include "cpu/online_softmax.h"
+#include "cpu/stage_timing.h"
 
 #ifndef CPU_CAPABILITY
 #error "this *_isa.cpp must be compiled with -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 (setup.py does this)"
@@ -556,7 +557,9 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
   // partial result, merged in chunk order below, so the output does not depend on which thread ran what.
   std::atomic<int64_t> next_task{0};
   const int64_t n_slots = std::min<int64_t>(n_tasks, at::get_num_threads());
+  using St = stage_timing::Stage;
   at::parallel_for(0, n_slots, 1, [&](int64_t, int64_t) {
+    StageClock clock;  // this worker's stage times (bench stages): one branch per lap when off
     std::vector<float> qbuf(R * Dp), s(R * kTile);
     std::vector<at::BFloat16> qb16(use_bf16_dot ? R * D : 0);
     // int8 key: kconst[r] = (q_r·s)·o (per-channel offset), qsum[r] = Σ q_r (per-token offset).
@@ -632,6 +635,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
       if (use_i8_dot) item_i8 = quantise_query(qbuf.data(), Dp, R, D, iq);
 #endif
 
+      clock.lap(St::kDecFinish);
       int64_t j = tk.j0;
       Tile cur = locate(tk, j);
       while (j < tk.j1) {
@@ -671,6 +675,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
           else
 #endif
             qk_keys(qbuf.data() + r_lo * Dp, Dp, G, hn, kh, p.k_seq, p.k_head, D, 0, n, sh, kTile, nh);
+          clock.lap(St::kDecQk);
           const float post_scale = use_bf16_dot ? p.scale : 1.f;  // the fp32 path's q rows are pre-scaled
           for (int64_t r = r_lo; r < r_hi; ++r) {
             float* sr = s.data() + r * kTile;
@@ -699,6 +704,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
                 if (mrow[pos0 + t]) sr[t] = kNegInf;
             for (int64_t t = n; t < kTile; ++t) sr[t] = kNegInf;
           }
+          clock.lap(St::kDecMask);
 
           // Online softmax update per query row; s becomes the probabilities exp(s - m_new).
           bool any = false;
@@ -763,6 +769,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
             }
           }
 
+          clock.lap(St::kDecSoftmax);
           // acc_r += Σ_t p[r, t] · v_t: accumulators of up to 8 rows stay in registers over the tile.
           if (any) {
             for (int64_t hh = hs; hh < hs + hn; ++hh) {
@@ -790,6 +797,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
               }
             }
           }
+          clock.lap(St::kDecPv);
         }
         j += n;
         if (j < tk.j1) cur = nx;
@@ -804,6 +812,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
   const int64_t merge_work = R * D * (n_tasks / std::max<int64_t>(n_groups, 1) + 1);  // per (b, head group)
   const int64_t merge_grain = std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(1, merge_work));
   at::parallel_for(0, n_groups, merge_grain, [&](int64_t i0, int64_t i1) {
+    StageClock clock;
     std::vector<float> o(Dp);
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / (N2 / HT), h0 = (i % (N2 / HT)) * HT;
@@ -839,6 +848,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
         for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(o[d] * inv);
       }
     }
+    clock.lap(St::kDecFinish);
   });
 }
 
