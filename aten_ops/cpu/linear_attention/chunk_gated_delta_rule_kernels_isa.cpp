@@ -87,7 +87,7 @@ inline void prefetch_row(const T* row, int64_t n) {
   for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(p + b, 0, 3);
 }
 
-// The buffers of one chunk (C = 64 rows at most), in the accumulation type. Forward quantities first, then the
+// The buffers of one chunk (C = kGdnChunk rows at most), in the accumulation type. Forward quantities first, then the
 // backward's. Operands are stacked so that one product does two jobs (fewer and larger brgemm calls: on these
 // small shapes the call overhead and the kernels' edges are a visible share):
 //   kq    K in rows C - c .. C - 1 and Q in rows C .. C + c - 1: [K; Q] Kᵀ gives KKᵀ and QKᵀ in one product
@@ -105,7 +105,7 @@ struct ChunkBuffers {
       dvb, x, dA, sym, dq, dk, dv, dbeta, dG;
   ChunkBuffers(int64_t Dk_, int64_t Dv_) : Dk(Dk_), Dv(Dv_), ld(Dk_ + Dv_) {
     const int64_t C = kGdnChunk;
-    for (auto* b : {&kq}) b->resize(2 * C * Dk);
+    kq.resize(2 * C * Dk);
     for (auto* b : {&kd, &dkd, &dqg, &dwp, &dkb, &dq, &dk}) b->resize(C * Dk);
     for (auto* b : {&v, &vn, &d_o, &dvn, &dvb, &dv}) b->resize(C * Dv);
     for (auto* b : {&kt, &kdt, &qgt, &wnt, &kbnt}) b->resize(Dk * C);
@@ -328,10 +328,7 @@ class ChunkRule {
     const auto* d_out = static_cast<const scalar_t*>(p_.d_out);
     new_values(s, c, H0, /*qh=*/false);
     const A* Vn = s.vn.data();
-    for (int64_t i = 0; i < c; ++i) {
-      const scalar_t* r = d_out + ((t0 + i) * p_.Nv + h) * Dv;
-      for (int64_t d = 0; d < Dv; ++d) s.d_o[i * Dv + d] = static_cast<A>(r[d]);
-    }
+    for (int64_t i = 0; i < c; ++i) to_acc(d_out + ((t0 + i) * p_.Nv + h) * Dv, Dv, s.d_o.data() + i * Dv);
     std::fill(s.dG.begin(), s.dG.begin() + c, A(0));
     std::fill(s.dq.begin(), s.dq.begin() + c * Dk, A(0));
     transpose_tiles(H0, Dv, Dk, Dv, s.h0t.data(), Dk);
@@ -382,12 +379,10 @@ class ChunkRule {
     transpose_tiles(s.W(), s.ld, c, Dk, s.wnt.data(), C);
     negate_rows(s.wnt.data(), C, Dk, c);
     mm(Dk, Dv, c, s.wnt.data(), C, s.dvn.data(), Dv, dH0, Dv, true, brgemm_);
-    // W = T Kb, U = T Vb: dT = dW Kbᵀ + dU Vbᵀ, dKb = Tᵀ dW, dVb = Tᵀ dU
-    for (int64_t i = 0; i < c; ++i) {
-      const A bg = s.beta[i] * s.gam[i];
-      for (int64_t d = 0; d < Dk; ++d) s.kbnt[d * C + i] = -bg * s.k[i * Dk + d];
-      for (int64_t d = 0; d < Dv; ++d) s.vbt[d * C + i] = s.kvb[i * s.ld + Dk + d];
-    }
+    // W = T Kb, U = T Vb: dT = dW Kbᵀ + dU Vbᵀ, dKb = Tᵀ dW, dVb = Tᵀ dU; -Kbᵀ and Vbᵀ from [Kb | Vb] (s.kvb)
+    transpose_tiles(s.kvb.data(), s.ld, c, Dk, s.kbnt.data(), C);
+    negate_rows(s.kbnt.data(), C, Dk, c);
+    transpose_tiles(s.kvb.data() + Dk, s.ld, c, Dv, s.vbt.data(), C);
     mm(c, c, Dv, s.dvn.data(), Dv, s.vbt.data(), C, s.dT.data(), C, false, brgemm_);
     mm(c, c, Dk, s.dwp.data(), Dk, s.kbnt.data(), C, s.dT.data(), C, true, brgemm_);
     transpose_tiles(s.Tm.data(), C, c, c, s.tt.data(), C);

@@ -39,16 +39,18 @@ std::string plan_kernel(const at::Tensor& x, bool has_bias, const FusedPlan& p,
                         tot_ascendc::CausalConvTiling& tiling) {
   if (x.scalar_type() == at::kDouble) return "float64 inputs";
   if (p.prefix_caching) return "prefix caching (a 2-D cache_indices)";
+  // Counts saturate at 2^32 - 1; the tiling (tokens, lines) and the check below (dim, width, state_len) reject what
+  // the kernel's int32 tables cannot address.
+  const auto u32 = [](int64_t v) { return uint32_t(std::min<int64_t>(v, int64_t(UINT32_MAX))); };
   tot_ascendc::ConvShape s;
-  const int64_t tokens = x.numel() / p.dim;
-  s.tokens = uint32_t(std::min<int64_t>(tokens, int64_t(UINT32_MAX)));
+  s.tokens = u32(x.numel() / p.dim);
   s.seqs = uint32_t(p.seqs.size());
-  s.dim = uint32_t(std::min<int64_t>(p.dim, int64_t(UINT32_MAX)));
-  s.width = uint32_t(std::min<int64_t>(p.K, int64_t(UINT32_MAX)));
-  s.state_len = uint32_t(std::min<int64_t>(p.C, int64_t(UINT32_MAX)));
+  s.dim = u32(p.dim);
+  s.width = u32(p.K);
+  s.state_len = u32(p.C);
   int64_t longest = 0;
   for (const SeqPlan& q : p.seqs) longest = std::max(longest, q.len);
-  s.longest = uint32_t(std::min<int64_t>(longest, int64_t(UINT32_MAX)));
+  s.longest = u32(longest);
   s.slots = uint64_t(p.slots);
   s.dtype = kernel_dtype(x.scalar_type());
   s.has_bias = has_bias;
