@@ -31,6 +31,7 @@
 #include "cpu/attention/logits.h"
 #include "cpu/attention/tiles.h"
 #include "cpu/brgemm.h"
+#include "cpu/softmax_exp.h"
 #include "cpu/stage_timing.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
@@ -75,8 +76,7 @@ struct Item {
 // Per-row softmax statistics and Di, indexed by the dense row id p.row_id.at(b, n, i).
 struct RowStats {
   const float* max;  // +inf for fully masked rows, so exp(s - max) is 0 there; NaN for NaN rows
-  const float* inv;  // 1 / sum, 0 for fully masked rows; NaN for NaN rows (exp_u20 clamps a NaN argument, the
-                     // product with inv keeps it)
+  const float* inv;  // 1 / sum, 0 for fully masked rows; NaN for NaN rows (handled apart: nan_row)
   const float* di;   // rowsum(dY * O)
 };
 
@@ -304,7 +304,9 @@ class Worker {
       Vec pdp(0.f);
       for (int64_t j = 0; j < nkv; j += Vec::size()) {
         const int64_t cnt = std::min<int64_t>(Vec::size(), nkv - j);
-        const Vec prob = (Vec::loadu(s + j, cnt) - vmax).exp_u20() * vinv;
+        // Lanes past cnt load as -inf (P = 0): the exponent takes no argument above the row maximum.
+        const Vec sj = cnt == Vec::size() ? Vec::loadu(s + j) : Vec::set(Vec(-kInf), Vec::loadu(s + j, cnt), cnt);
+        const Vec prob = softmax_exp::exp<T>(sj - vmax) * vinv;
         Vec dpv = Vec::loadu(d + j, cnt), pd = prob;
         if (dropout) {
           const Vec w = Vec::loadu(row_.data() + j, cnt);
@@ -322,7 +324,7 @@ class Worker {
         } else {
           if (g) (Vec::loadu(g + j, cnt) + ds * vpg).store(g + j, cnt);
         }
-        // Lanes past cnt: loadu zero-fills them, so prob * dpv adds 0 there.
+        // Lanes past cnt: P = 0 and dP loads as 0, so prob * dpv adds 0 there.
         if (dsum) pdp = at::vec::fmadd(prob, dpv, pdp);
         pd.store(s + j, cnt);
         (ds * vscale).store(d + j, cnt);

@@ -34,6 +34,7 @@
 #include "cpu/attention/tiles.h"
 #include "cpu/brgemm.h"
 #include "cpu/online_softmax.h"
+#include "cpu/softmax_exp.h"
 #include "cpu/stage_timing.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
@@ -91,34 +92,60 @@ inline float row_max(const float* s, int64_t n) {
   return at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, m);
 }
 
-// out[j] = exp(s[j] * scale - shift), stored in out's dtype (out may alias s); returns the fp32 sum. scale folds the
-// softmax scale in when s still holds raw Q·Kᵀ. exp_u20 is a degree-5 polynomial, well inside the fp32 tolerance
-// and far below bf16/fp16 rounding of P.
-template <typename OutT>
-float exp_store(const float* s, int64_t n, float scale, float shift, OutT* out) {
-  constexpr int64_t kF = Vec::size(), kStep = std::is_same_v<OutT, float> ? kF : 2 * kF;
-  const Vec vs(scale), vm(-shift);
+// out[j] = 2^((s[j] − m)·a) = exp((s[j] − m)·scale) for a = scale·log2(e) (softmax_exp.h: the scale and the change
+// of base are one multiply; m, the row maximum in the units of s, makes its own exponent exactly 0), stored in
+// out's dtype (out may alias s); returns the fp32 sum of the unrounded values. R: for a float out, the dtype P is rounded through before P·V (FlashAttention-2 rounds P to the
+// input dtype), float for none. kDeg: the polynomial degree for P's final precision.
+template <int kDeg, typename OutT, typename R = float>
+float exp_store(const float* s, int64_t n, float a, float m, OutT* out) {
+  static_assert(std::is_same_v<OutT, float> || std::is_same_v<OutT, BFloat16>, "P is fp32 or bf16");
+  constexpr bool kBf16Out = std::is_same_v<OutT, BFloat16>;
+  constexpr bool kHalf = std::is_same_v<R, at::Half>;  // fp16 rounding through ATen (F16C): two vectors at a time
+  constexpr int64_t kF = Vec::size(), kStep = kBf16Out || kHalf ? 2 * kF : kF;
+  const Vec va(a), vm(m);
   Vec acc0(0.f), acc1(0.f);
-  // Lanes past n load as -inf, i.e. exp = 0.
+  // Lanes past n load as -inf, i.e. P = 0.
   auto exp_at = [&](int64_t j, int64_t cnt) {
     const Vec x = cnt >= kF ? Vec::loadu(s + j) : Vec::set(Vec(kNegInf), Vec::loadu(s + j, cnt), cnt);
-    return at::vec::fmadd(x, vs, vm).exp_u20();
+    return softmax_exp::exp2<kDeg>((x - vm) * va);
   };
   auto step = [&](int64_t j, int64_t cnt) {
     const Vec e0 = exp_at(j, cnt);
     acc0 = acc0 + e0;
-    if constexpr (std::is_same_v<OutT, float>) {
-      e0.store(out + j, cnt);
+    if constexpr (kStep == kF) {
+      (std::is_same_v<R, BFloat16> ? softmax_exp::round_bf16(e0) : e0).store(out + j, cnt);
     } else {
       const Vec e1 = cnt > kF ? exp_at(j + kF, cnt - kF) : Vec(0.f);
       acc1 = acc1 + e1;
-      at::vec::convert_from_float<OutT>(e0, e1).store(out + j, cnt);
+      if constexpr (kBf16Out) {
+        softmax_exp::store_bf16(e0, e1, out + j, cnt);
+      } else {  // rounded through fp16, kept in fp32
+        const auto [r0, r1] = at::vec::convert_to_float<R>(at::vec::convert_from_float<R>(e0, e1));
+        r0.store(out + j, std::min(cnt, kF));
+        if (cnt > kF) r1.store(out + j + kF, cnt - kF);
+      }
     }
   };
   int64_t j = 0;
   for (; j + kStep <= n; j += kStep) step(j, kStep);
   if (j < n) step(j, n - j);
   return at::vec::vec_reduce_all<float>([](Vec x, Vec y) { return x + y; }, acc0 + acc1);
+}
+
+// x[j] = x[j] rounded to T (and back to fp32), for the rows whose P is formed in fp32 first (dropout).
+template <typename T>
+inline void round_through(float* x, int64_t n) {
+  if constexpr (!std::is_same_v<T, float>) {
+    constexpr int64_t kF = Vec::size();
+    int64_t j = 0;
+    for (; j + 2 * kF <= n; j += 2 * kF) {
+      const auto [r0, r1] = at::vec::convert_to_float<T>(
+          at::vec::convert_from_float<T>(Vec::loadu(x + j), Vec::loadu(x + j + kF)));
+      r0.store(x + j);
+      r1.store(x + j + kF);
+    }
+    for (; j < n; ++j) x[j] = static_cast<float>(static_cast<T>(x[j]));
+  }
 }
 
 inline void scale_row(float* x, int64_t n, float a) {
@@ -485,11 +512,11 @@ class ForwardKernel {
     for (int64_t r = 0; r < R; ++r) {
       if (partial) {
         float* dst = partial + r * (vD_ + 2);
-        dst[0] = m_[r];
+        dst[0] = m_[r] * unit_;
         dst[1] = l_[r];
         std::copy_n(acc_.data() + r * vD_, vD_, dst + 2);
       } else {
-        write_row(it.b, head(it, r, mq), it.i0 + r % mq, m_[r], l_[r], acc_.data() + r * vD_);
+        write_row(it.b, head(it, r, mq), it.i0 + r % mq, m_[r] * unit_, l_[r], acc_.data() + r * vD_);
       }
     }
     clock.lap(St::kFwdFinish);
@@ -616,17 +643,14 @@ class ForwardKernel {
 
   // Scale, pse, masking and the online softmax update of the R rows of a tile's scores.
   void softmax_rows(const Item& it, int64_t mq, int64_t R, int64_t j0, int64_t nk, bool partial) {
-    // Without pse, softcap and ALiBi (and scale > 0) the scores stay raw Q·Kᵀ and the scale is folded into the
-    // exponent: one pass fewer over the tile.
-    const bool transform = p_.has_logit_transform();
-    const bool raw = !p_.pse && p_.scale > 0.f && !transform;
+    const bool transform = p_.has_logit_transform(), raw = raw_;
     for (int64_t r = 0; r < R; ++r) {
       const int64_t n = head(it, r, mq), i = it.i0 + r % mq;
       float* s = s_.data() + r * lds_;
       float mx;
       if (raw) {
         if (partial) p_.mask_row(it.b, n, i, j0, nk, s);
-        mx = p_.scale * row_max(s, nk);
+        mx = row_max(s, nk);
       } else if (transform) {
         fa_logits::transform_logits(p_, it.b, n, i, j0, nk, s, nullptr, tmp_.data());
         if (partial) p_.mask_row(it.b, n, i, j0, nk, s);
@@ -641,19 +665,20 @@ class ForwardKernel {
         }
       }
       clock.lap(St::kFwdMax);
-      softmax_row(it.b, n, i, j0, nk, s, mx, raw ? p_.scale : 1.f, r);
+      softmax_row(it.b, n, i, j0, nk, s, mx, r);
     }
   }
 
-  // Online softmax update of row r with scores s[0, nk) * s_scale (their max: row_mx): rescales acc and leaves P
-  // (after dropout, in the dtype of the P·V product) for P·V.
-  void softmax_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s, float row_mx, float s_scale,
-                   int64_t r) {
+  // Online softmax update of row r with scores s[0, nk) (their max: row_mx), in units of s (see unit_): rescales
+  // acc and leaves P (after dropout, in the dtype of the P·V product) for P·V. P = 2^((s − m)·a), a = unit·log2(e):
+  // the row maximum's exponent is exactly 0 at any magnitude (softmax_exp.h).
+  void softmax_row(int64_t b, int64_t n, int64_t i, int64_t j0, int64_t nk, float* s, float row_mx, int64_t r) {
     const float m_old = m_[r];
     const float m_new = nan_max(m_old, row_mx);
     C* pl = kVnni ? reinterpret_cast<C*>(p_lowp_.data() + r * lds_) : nullptr;
-    if (!(std::abs(m_new) < online_softmax::kHugeMax)) {  // one compare per row and tile; the rare rows below
-      switch (online_softmax::row_kind(m_new)) {
+    const float m_scaled = m_new * unit_;  // +inf when the scale overflows a finite raw maximum: a NaN row
+    if (!(std::abs(m_scaled) < online_softmax::kHugeMax)) {  // one compare per row and tile; the rare rows below
+      switch (online_softmax::row_kind(m_scaled)) {
         case RowKind::Unseen:  // nothing visible yet: P = 0, state unchanged
           zero_p(s, pl, nk);
           return;
@@ -662,24 +687,23 @@ class ForwardKernel {
           m_[r] = l_[r] = online_softmax::kNaN;
           std::fill_n(acc_.data() + r * vD_, vD_, online_softmax::kNaN);
           return;
-        default:  // huge finite scores: the exponent of the row max must be exactly 0 (see kHugeMax)
-          if (s_scale != 1.f) {
-            for (int64_t j = 0; j < nk; ++j) s[j] *= s_scale;
-            s_scale = 1.f;
-          }
+        default:  // huge finite scores: s − m is exact near the maximum, so the fast path holds
+          break;
       }
     }
-    const float alpha = std::exp(m_old - m_new);  // 0 on the first visible tile
+    const float alpha = m_old == kNegInf ? 0.f : std::exp((m_old - m_new) * unit_);
+    const float a = unit_ * softmax_exp::kLog2e;
+    constexpr int kDeg = softmax_exp::degree_for<T>;
     float sum;
-    if (kVnni && !p_.has_dropout()) {
-      sum = exp_store(s, nk, s_scale, m_new, pl);
+    if (!p_.has_dropout()) {
+      if constexpr (kVnni) sum = exp_store<kDeg>(s, nk, a, m_new, pl);
+      else if constexpr (kRoundP) sum = exp_store<kDeg, float, T>(s, nk, a, m_new, s);
+      else sum = exp_store<kDeg>(s, nk, a, m_new, s);
     } else {
-      sum = exp_store(s, nk, s_scale, m_new, s);
-      if (p_.has_dropout()) apply_dropout(b, n, i, j0, nk, s);
+      sum = exp_store<kDeg>(s, nk, a, m_new, s);
+      apply_dropout(b, n, i, j0, nk, s);
       if constexpr (kVnni) at::vec::convert(s, pl, nk);
-      if constexpr (kRoundP) {
-        for (int64_t j = 0; j < nk; ++j) s[j] = static_cast<float>(static_cast<T>(s[j]));
-      }
+      if constexpr (kRoundP) round_through<T>(s, nk);
     }
     if constexpr (kVnni) {
       if (nk % 2) pl[nk] = C(0.f);
@@ -734,6 +758,10 @@ class ForwardKernel {
   std::vector<C> qpack_, qt_;
   std::vector<float> st_, zeros_;
   std::vector<BFloat16> p_lowp_;
+  // Without pse, softcap and ALiBi (and scale > 0) the scores stay raw Q·Kᵀ and the scale is folded into the
+  // exponent (one pass fewer over the tile): the running maxima m_ are then in raw units, unit_ = scale converts.
+  const bool raw_ = !p_.pse && p_.scale > 0.f && !p_.has_logit_transform();
+  const float unit_ = raw_ ? p_.scale : 1.f;
   std::vector<float> s_, acc_, m_, l_, tmp_;
   std::vector<uint8_t> keep_;
 };

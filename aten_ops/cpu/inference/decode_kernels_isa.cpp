@@ -18,6 +18,7 @@
 // per-channel value factors apply to the normalised output, so the stream of cache bytes is half that of bf16.
 #include "cpu/inference/decode_kernels.h"
 #include "cpu/online_softmax.h"
+#include "cpu/softmax_exp.h"
 #include "cpu/stage_timing.h"
 
 #ifndef CPU_CAPABILITY
@@ -739,7 +740,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
             const Vec vm(mnew);
             Vec sum(0.f);
             for (int64_t t = 0; t < kTile; t += Vec::size()) {
-              const Vec e = (Vec::loadu(sr + t) - vm).exp_u20();
+              const Vec e = softmax_exp::exp<float>(Vec::loadu(sr + t) - vm);  // fp32 P: degree 5
               e.store(sr + t);
               sum = sum + e;
             }

@@ -14,6 +14,7 @@
 #include "cpu/brgemm.h"
 #include "cpu/inference/mla_kernels.h"
 #include "cpu/online_softmax.h"
+#include "cpu/softmax_exp.h"
 
 #ifndef CPU_CAPABILITY
 #error "this *_isa.cpp must be compiled with -DCPU_CAPABILITY=DEFAULT|AVX2|AVX512 (setup.py does this)"
@@ -160,7 +161,7 @@ struct Worker {
       float* s = st.data() + x * R;
       int64_t m = 0;
       for (; m + W <= R; m += W) {
-        const Vec e = (Vec::loadu(s + m) - Vec::loadu(msafe.data() + m)).exp_u20();
+        const Vec e = softmax_exp::exp<float>(Vec::loadu(s + m) - Vec::loadu(msafe.data() + m));
         e.store(s + m);
         (Vec::loadu(tmax.data() + m) + e).store(tmax.data() + m);
       }
