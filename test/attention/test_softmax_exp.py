@@ -56,3 +56,40 @@ def test_row_maximum_alone_gives_probability_one():
     scores = torch.tensor([-500.0, 3.0, -400.0, -1000.0], dtype=torch.float64)
     got = probabilities(scores)
     assert got.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+@pytest.fixture
+def small_tiles():
+    """Key tiles of 32 (query tiles of 16), so one row crosses several tiles; one thread, so a short query is not
+    split along the keys (flash-decoding would give each tile its own partial state)."""
+    threads = torch.get_num_threads()
+    OPS.attention_tile_config(16, 32)
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    OPS.attention_tile_config(-1, -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_running_maximum_across_tiles(small_tiles, dtype):
+    # Tile by tile the row maximum rises a little (P is computed against the stale maximum, settled at the end),
+    # jumps (the two-pass update with a rescale), falls, and jumps far: every branch of the one-pass softmax.
+    g = torch.Generator().manual_seed(1)
+    offsets = [0.0, 3.0, 20.0, 21.0, -50.0, 80.0, 82.0, 400.0, 401.0]
+    nk, d, rows, scale = 32 * len(offsets), 16, 5, 0.5
+    target = torch.cat([o + torch.rand(32, generator=g, dtype=torch.float64) * 4 for o in offsets])
+    q = torch.zeros(1, 1, rows, d, dtype=torch.float64)
+    q[..., 0] = torch.linspace(1.0, 0.5, rows, dtype=torch.float64)  # rows see the same ranking at other scales
+    k = torch.randn(1, 1, nk, d, generator=g, dtype=torch.float64) * 0.1
+    k[0, 0, :, 0] = target
+    v = torch.randn(1, 1, nk, d, generator=g, dtype=torch.float64)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    out, smax, ssum = OPS.flash_attention_score(q, k, v, 1, "BNSD", scale=scale)[:3]
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    m = s.amax(-1)
+    l = (s - m[..., None]).exp().sum(-1)
+    want = torch.softmax(s, -1) @ v.double()
+    out_tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+    assert (out.double() - want).abs().max().item() < out_tol
+    assert (smax[..., 0].double() - m).abs().max().item() <= 1e-6 * m.abs().max().item()
+    assert ((ssum[..., 0].double() - l) / l).abs().max().item() < 1e-5

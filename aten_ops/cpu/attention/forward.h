@@ -36,6 +36,7 @@
 #include "cpu/online_softmax.h"
 #include "cpu/softmax_exp.h"
 #include "cpu/stage_timing.h"
+#include "cpu/vec_convert.h"
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
 namespace fa_fwd {
@@ -97,16 +98,17 @@ inline float row_max(const float* s, int64_t n) {
 // out's dtype (out may alias s); returns the fp32 sum of the unrounded values. R: for a float out, the dtype P is rounded through before P·V (FlashAttention-2 rounds P to the
 // input dtype), float for none. kDeg: the polynomial degree for P's final precision.
 template <int kDeg, typename OutT, typename R = float>
-float exp_store(const float* s, int64_t n, float a, float m, OutT* out) {
+float exp_store(const float* s, int64_t n, float a, float m, OutT* out, float* tile_max = nullptr) {
   static_assert(std::is_same_v<OutT, float> || std::is_same_v<OutT, BFloat16>, "P is fp32 or bf16");
   constexpr bool kBf16Out = std::is_same_v<OutT, BFloat16>;
   constexpr bool kHalf = std::is_same_v<R, at::Half>;  // fp16 rounding through ATen (F16C): two vectors at a time
   constexpr int64_t kF = Vec::size(), kStep = kBf16Out || kHalf ? 2 * kF : kF;
   const Vec va(a), vm(m);
-  Vec acc0(0.f), acc1(0.f);
+  Vec acc0(0.f), acc1(0.f), vmax(kNegInf);
   // Lanes past n load as -inf, i.e. P = 0.
   auto exp_at = [&](int64_t j, int64_t cnt) {
     const Vec x = cnt >= kF ? Vec::loadu(s + j) : Vec::set(Vec(kNegInf), Vec::loadu(s + j, cnt), cnt);
+    if (tile_max) vmax = at::vec::clamp_min(vmax, x);  // one max; a NaN score shows in the sum instead
     return softmax_exp::exp2<kDeg>((x - vm) * va);
   };
   auto step = [&](int64_t j, int64_t cnt) {
@@ -129,6 +131,7 @@ float exp_store(const float* s, int64_t n, float a, float m, OutT* out) {
   int64_t j = 0;
   for (; j + kStep <= n; j += kStep) step(j, kStep);
   if (j < n) step(j, n - j);
+  if (tile_max) *tile_max = at::vec::vec_reduce_all<float>([](Vec x, Vec y) { return at::vec::maximum(x, y); }, vmax);
   return at::vec::vec_reduce_all<float>([](Vec x, Vec y) { return x + y; }, acc0 + acc1);
 }
 
@@ -465,8 +468,10 @@ class ForwardKernel {
     qpack_.assign(max_rows * Dp_, C(0.f));
     s_.resize(max_rows * lds_);
     if (kVnni) p_lowp_.resize(max_rows * lds_);
+    else p32_.resize(max_rows * lds_);
     acc_.resize(max_rows * vD_);
     m_.resize(max_rows);
+    mt_.resize(max_rows);
     l_.resize(max_rows);
     keep_.resize(bkv_ + 1);
     if (p.has_logit_transform()) tmp_.resize(bkv_ + 1);
@@ -486,6 +491,7 @@ class ForwardKernel {
                         p_.v.seq_stride >= vD_ && !p_.k.paged() && !p_.v.paged();
     pack_queries(it, mq, R, direct);
     std::fill_n(m_.data(), R, kNegInf);
+    std::fill_n(mt_.data(), R, kNegInf);
     std::fill_n(l_.data(), R, 0.f);
     std::fill_n(acc_.data(), R * vD_, 0.f);
     clock.lap(St::kFwdPack);
@@ -510,6 +516,7 @@ class ForwardKernel {
       }
     }
     for (int64_t r = 0; r < R; ++r) {
+      settle(r);
       if (partial) {
         float* dst = partial + r * (vD_ + 2);
         dst[0] = m_[r] * unit_;
@@ -553,7 +560,8 @@ class ForwardKernel {
     for (int64_t r = 0; r < R; ++r) {
       const T* src = q_ + p_.q.at(it.b, head(it, r, mq), it.i0 + r % mq);
       C* dst = qpack_.data() + r * Dp_;
-      for (int64_t d = 0; d < D_; ++d) dst[d] = C(static_cast<float>(src[d]));
+      if constexpr (std::is_same_v<T, C>) std::copy_n(src, D_, dst);
+      else at::vec::convert(src, dst, D_);  // vectorised for 16-bit T to fp32 C
     }
     if (!transposed) return;
     if (qt_.size() < static_cast<size_t>(R * Dp_)) qt_.resize(R * Dp_);
@@ -570,7 +578,7 @@ class ForwardKernel {
       const int64_t kk = round_up(nk, 2);  // the odd tail's partner key has P = 0
       mm(R, vD_, kk, p_lowp_.data(), lds_, kv.v_at(j0), kv.ldv, acc_.data(), vD_, true);
     } else {
-      mm(R, vD_, nk, s_.data(), lds_, kv.v_at(j0), kv.ldv, acc_.data(), vD_, true);
+      mm(R, vD_, nk, p32_.data(), lds_, kv.v_at(j0), kv.ldv, acc_.data(), vD_, true);
     }
     clock.lap(St::kFwdPv);
   }
@@ -584,13 +592,13 @@ class ForwardKernel {
     mm(nk, R, Dp_, k, p_.k.seq_stride, qt_.data(), R, st_.data(), R, false);
     clock.lap(St::kFwdQk);
     for (int64_t r = 0; r < R; ++r)
-      for (int64_t j = 0; j < nk; ++j) s_[r * lds_ + j] = st_[j * R + r];
+      transpose_tiles(st_.data(), R, nk, R, s_.data(), lds_);
     clock.lap(St::kFwdPack);
     softmax_rows(it, mq, R, j0, nk, partial);
     const C* v = reinterpret_cast<const C*>(v_) + p_.v.at(it.b, it.n2, j0);
     const int64_t ldv = p_.v.seq_stride;
     if constexpr (!kVnni) {
-      mm(R, vD_, nk, s_.data(), lds_, v, ldv, acc_.data(), vD_, true);
+      mm(R, vD_, nk, p32_.data(), lds_, v, ldv, acc_.data(), vD_, true);
     } else if (R <= 8) {
       pv_few_rows(R, nk, v, ldv);
     } else {
@@ -650,6 +658,13 @@ class ForwardKernel {
       float mx;
       if (raw) {
         if (partial) p_.mask_row(it.b, n, i, j0, nk, s);
+        if (lazy_ && online_softmax::row_kind(m_[r] * unit_) == RowKind::Regular) {
+          clock.lap(St::kFwdMax);
+          if (fused_row(s, nk, r)) {
+            clock.lap(St::kFwdExp);
+            continue;
+          }
+        }
         mx = row_max(s, nk);
       } else if (transform) {
         fa_logits::transform_logits(p_, it.b, n, i, j0, nk, s, nullptr, tmp_.data());
@@ -676,14 +691,15 @@ class ForwardKernel {
     const float m_old = m_[r];
     const float m_new = nan_max(m_old, row_mx);
     C* pl = kVnni ? reinterpret_cast<C*>(p_lowp_.data() + r * lds_) : nullptr;
+    float* pf = kVnni ? s : p32_.data() + r * lds_;  // fp32 P: the product's operand, or scratch before the cast
     const float m_scaled = m_new * unit_;  // +inf when the scale overflows a finite raw maximum: a NaN row
     if (!(std::abs(m_scaled) < online_softmax::kHugeMax)) {  // one compare per row and tile; the rare rows below
       switch (online_softmax::row_kind(m_scaled)) {
         case RowKind::Unseen:  // nothing visible yet: P = 0, state unchanged
-          zero_p(s, pl, nk);
+          zero_p(pf, pl, nk);
           return;
         case RowKind::NaN:  // a NaN score (or +inf): the row is NaN from here on, P = 0 adds nothing
-          zero_p(s, pl, nk);
+          zero_p(pf, pl, nk);
           m_[r] = l_[r] = online_softmax::kNaN;
           std::fill_n(acc_.data() + r * vD_, vD_, online_softmax::kNaN);
           return;
@@ -696,14 +712,12 @@ class ForwardKernel {
     constexpr int kDeg = softmax_exp::degree_for<T>;
     float sum;
     if (!p_.has_dropout()) {
-      if constexpr (kVnni) sum = exp_store<kDeg>(s, nk, a, m_new, pl);
-      else if constexpr (kRoundP) sum = exp_store<kDeg, float, T>(s, nk, a, m_new, s);
-      else sum = exp_store<kDeg>(s, nk, a, m_new, s);
+      sum = exp_row(s, nk, a, m_new, pl, pf);
     } else {
-      sum = exp_store<kDeg>(s, nk, a, m_new, s);
-      apply_dropout(b, n, i, j0, nk, s);
-      if constexpr (kVnni) at::vec::convert(s, pl, nk);
-      if constexpr (kRoundP) round_through<T>(s, nk);
+      sum = exp_store<kDeg>(s, nk, a, m_new, pf);
+      apply_dropout(b, n, i, j0, nk, pf);
+      if constexpr (kVnni) at::vec::convert(pf, pl, nk);
+      if constexpr (kRoundP) round_through<T>(pf, nk);
     }
     if constexpr (kVnni) {
       if (nk % 2) pl[nk] = C(0.f);
@@ -713,6 +727,45 @@ class ForwardKernel {
     clock.lap(St::kFwdExp);
     if (alpha != 1.f) scale_row(acc_.data() + r * vD_, vD_, alpha);
     clock.lap(St::kFwdRescale);
+  }
+
+  // P of a row in the product's dtype (pl for bf16 products, else pf, rounded to the input dtype when that is
+  // 16-bit); returns the fp32 sum. With tile_max, also the row's largest score.
+  float exp_row(const float* s, int64_t nk, float a, float m, C* pl, float* pf, float* tile_max = nullptr) {
+    constexpr int kDeg = softmax_exp::degree_for<T>;
+    if constexpr (kVnni) return exp_store<kDeg>(s, nk, a, m, pl, tile_max);
+    else if constexpr (kRoundP) return exp_store<kDeg, float, T>(s, nk, a, m, pf, tile_max);
+    else return exp_store<kDeg>(s, nk, a, m, pf, tile_max);
+  }
+
+  // One pass instead of two for a row that has a regular running maximum m: P = 2^((s − m)·a) against that stale
+  // maximum while the pass finds the tile's own. Kept when no score exceeds m by more than kLazyRescale in the
+  // exponent (P ≤ 2^8: no overflow, the same relative precision), so the row maximum pass and the rescaling of
+  // the accumulator are skipped; the true maximum is carried in mt_ and settled once at the end. Otherwise (a
+  // larger maximum, or a NaN score: a NaN sum) returns false and the caller takes the two-pass update; its P
+  // went to pl / pf, the scores are intact.
+  bool fused_row(const float* s, int64_t nk, int64_t r) {
+    const float m = m_[r], a = unit_ * softmax_exp::kLog2e;
+    C* pl = kVnni ? reinterpret_cast<C*>(p_lowp_.data() + r * lds_) : nullptr;
+    float* pf = kVnni ? nullptr : p32_.data() + r * lds_;
+    float tile_max;
+    const float sum = exp_row(s, nk, a, m, pl, pf, &tile_max);
+    if (!(sum == sum) || !((tile_max - m) * a <= kLazyRescale)) return false;
+    if constexpr (kVnni) {
+      if (nk % 2) pl[nk] = C(0.f);
+    }
+    l_[r] += sum;
+    mt_[r] = std::max(mt_[r], tile_max);
+    return true;
+  }
+
+  // Brings row r's state to its true maximum: (m, l, acc) against mt_ when fused rows ran against a lower one.
+  void settle(int64_t r) {
+    if (!(mt_[r] > m_[r])) return;  // also NaN rows
+    const float f = std::exp((m_[r] - mt_[r]) * unit_);
+    l_[r] *= f;
+    scale_row(acc_.data() + r * vD_, vD_, f);
+    m_[r] = mt_[r];
   }
 
   // P = 0 for the nk keys of a row (and its low-precision copy for P·V).
@@ -762,7 +815,11 @@ class ForwardKernel {
   // exponent (one pass fewer over the tile): the running maxima m_ are then in raw units, unit_ = scale converts.
   const bool raw_ = !p_.pse && p_.scale > 0.f && !p_.has_logit_transform();
   const float unit_ = raw_ ? p_.scale : 1.f;
-  std::vector<float> s_, acc_, m_, l_, tmp_;
+  // fused_row for raw rows without dropout (dropout needs fp32 P against the row's final maximum of the tile).
+  static constexpr float kLazyRescale = 8.f;
+  const bool lazy_ = raw_ && !p_.has_dropout();
+  // s_: scores; p32_: fp32 P (fp32 products); m_: the maximum P is computed against, mt_: the largest seen.
+  std::vector<float> s_, p32_, acc_, m_, mt_, l_, tmp_;
   std::vector<uint8_t> keep_;
 };
 
