@@ -149,6 +149,7 @@ class Worker {
   // dK/dV of keys [j0, j0 + nkv) of kv head n2: sum over the group's query heads and every non-empty query tile.
   void key_tile(int64_t b, int64_t n2, int64_t slice, int64_t j0) {
     const int64_t nkv = std::min(bkv_, p_.kv_len[b] - j0);
+    use_query_cache(b, n2);
     load_keys(b, n2, j0, nkv);
     std::fill(dk_acc_.begin(), dk_acc_.end(), 0.f);
     std::fill(dv_acc_.begin(), dv_acc_.end(), 0.f);
@@ -202,12 +203,78 @@ class Worker {
     return scratch;
   }
 
+  // The query tile's operands of the products: Q and dY rows in G (A of S and dP; the input itself when it is
+  // already G) and, for VNNI products, their VNNI packs (B of dK and dV).
+  struct QueryOperands {
+    const G *q, *dy, *qb, *dyb;
+    int64_t lq, ldy;
+  };
+
+  // The operands depend on the query tile only, yet every key tile of the head group needs them: with room for the
+  // whole group (kQueryCacheBytes) they are formed once per (b, kv head) and reused, else formed per tile step.
+  static constexpr int64_t kQueryCacheBytes = int64_t(16) << 20;
+
+  void use_query_cache(int64_t b, int64_t n2) {
+    const int64_t key = b * p_.kv_heads + n2;
+    if (key == cache_key_) return;
+    cache_key_ = key;
+    const bool rows = !std::is_same_v<T, G>;  // else rows_as reads the input in place (or a strided copy)
+    qtiles_ = ceil_div(p_.q_len[b], bq_);
+    slot_ = (rows || kVnni ? 1 : 0) * bq2_ * (D_ + vD_);
+    const int64_t bytes = p_.group * qtiles_ * slot_ * static_cast<int64_t>(sizeof(G)) * (rows && kVnni ? 2 : 1);
+    cache_on_ = slot_ > 0 && bytes <= kQueryCacheBytes;
+    if (!cache_on_) return;
+    const int64_t slots = p_.group * qtiles_;
+    if (rows) qcache_.resize(slots * slot_);
+    if (kVnni) qbcache_.resize(slots * slot_);
+    filled_.assign(slots, 0);
+  }
+
+  QueryOperands query_operands(int64_t b, int64_t n, int64_t i0, int64_t nq) {
+    const int64_t x = (n % p_.group) * qtiles_ + i0 / bq_;
+    const bool cached = cache_on_;
+    G* qa = cached && !std::is_same_v<T, G> ? qcache_.data() + x * slot_ : qa_.data();
+    G* dya = cached && !std::is_same_v<T, G> ? qcache_.data() + x * slot_ + bq2_ * D_ : dya_.data();
+    G* qb = cached && kVnni ? qbcache_.data() + x * slot_ : qb_.data();
+    G* dyb = cached && kVnni ? qbcache_.data() + x * slot_ + bq2_ * D_ : dyb_.data();
+    QueryOperands o{};
+    const bool fill = !cached || !filled_[x];
+    // rows_as is cheap when it reads in place; with a cache the copy it makes is already in the slot.
+    o.q = fill ? rows_as(c_.q, p_.q, b, n, i0, nq, D_, qa, o.lq) : cached_rows(c_.q, p_.q, b, n, i0, nq, D_, qa, o.lq);
+    o.dy = fill ? rows_as(c_.dy, p_.out, b, n, i0, nq, vD_, dya, o.ldy)
+                : cached_rows(c_.dy, p_.out, b, n, i0, nq, vD_, dya, o.ldy);
+    if constexpr (kVnni) {
+      if (fill) {
+        pack_rows_vnni(c_.q + p_.q.at(b, n, i0), p_.q.seq_stride, nq, D_, c_.panel, qb);
+        pack_rows_vnni(c_.dy + p_.out.at(b, n, i0), p_.out.seq_stride, nq, vD_, c_.panel, dyb);
+      }
+      o.qb = qb;
+      o.dyb = dyb;
+    } else {
+      o.qb = o.q;
+      o.dyb = o.dy;
+    }
+    if (cached) filled_[x] = 1;
+    return o;
+  }
+
+  // rows_as's answer for a filled slot without copying again: the input in place, or the slot.
+  const G* cached_rows(const T* base, const RowMap& m, int64_t b, int64_t n, int64_t i0, int64_t cnt, int64_t dim,
+                       G* slot, int64_t& ld) const {
+    if constexpr (std::is_same_v<T, G>) {
+      return rows_as(base, m, b, n, i0, cnt, dim, slot, ld);
+    } else {
+      ld = dim;
+      return slot;
+    }
+  }
+
   // One (query tile, key tile) step of FlashAttention-2's backward.
   void tile(int64_t b, int64_t n, int64_t slice, int64_t i0, int64_t nq, int64_t j0, int64_t nkv, TileKind kind) {
     const int64_t panel = c_.panel;
-    int64_t lq, ldy;
-    const G* q = rows_as(c_.q, p_.q, b, n, i0, nq, D_, qa_.data(), lq);
-    const G* dy = rows_as(c_.dy, p_.out, b, n, i0, nq, vD_, dya_.data(), ldy);
+    const QueryOperands qo = query_operands(b, n, i0, nq);
+    const G *q = qo.q, *dy = qo.dy;
+    const int64_t lq = qo.lq, ldy = qo.ldy;
     clock.lap(St::kBwdCast);
     const int64_t kt_ld = kVnni ? 0 : bkv_;
     mm_panels<G>(nq, nkv, D_, q, lq, kt_.data(), kt_ld, s_.data(), bkv_, false, panel);     // S = Q K^T
@@ -221,18 +288,14 @@ class Worker {
     clock.lap(St::kBwdSoftmax);
 
     const int64_t nq2 = kVnni ? round_even(nq) : nq, nkv2 = kVnni ? round_even(nkv) : nkv;
-    const G *qb = q, *dyb = dy, *ds = nullptr;
-    int64_t lqb = lq, ldyb = ldy;
+    const G *qb = qo.qb, *dyb = qo.dyb, *ds = nullptr;
+    const int64_t lqb = lq, ldyb = ldy;  // (ignored for VNNI B operands: panels)
     if constexpr (kVnni) {
       // P and dS rounded to G (zero-padded to even sizes), transposed in G for dV and dK.
       narrow(s_.data(), nq, nkv, pd_g_.data());
       narrow(dp_.data(), nq, nkv, ds_g_.data());
       transpose16(pd_g_.data(), bkv2_, nq2, nkv, pd_t_.data(), bq2_);
       transpose16(ds_g_.data(), bkv2_, nq2, nkv, ds_t_.data(), bq2_);
-      pack_rows_vnni(c_.q + p_.q.at(b, n, i0), p_.q.seq_stride, nq, D_, panel, qb_.data());
-      pack_rows_vnni(c_.dy + p_.out.at(b, n, i0), p_.out.seq_stride, nq, vD_, panel, dyb_.data());
-      qb = qb_.data();
-      dyb = dyb_.data();
       ds = ds_g_.data();
     } else {
       at::vec::transpose_mxn<float>(s_.data(), bkv_, pd_t_.data(), bq_, nq, nkv);
@@ -377,6 +440,12 @@ class Worker {
   std::vector<float> s_, dp_, row_, dk_acc_, dv_acc_, cap_, tmp_;
   std::vector<uint8_t> keep_;
   std::vector<G> kt_, vt_, kb_, vrows_, pd_t_, ds_t_, qa_, dya_, qb_, dyb_, pd_g_, ds_g_;
+  // The query operands of one (b, kv head) (query_operands): slot x = head in group · qtiles_ + query tile holds
+  // [Q rows | dY rows] (qcache_, when converted) and [Q VNNI | dY VNNI] (qbcache_), slot_ elements each.
+  std::vector<G> qcache_, qbcache_;
+  std::vector<uint8_t> filled_;
+  int64_t cache_key_ = -1, qtiles_ = 0, slot_ = 0;
+  bool cache_on_ = false;
 };
 
 // ---------------------------------------------------------------------------------------------------------------
