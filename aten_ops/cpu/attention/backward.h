@@ -341,6 +341,10 @@ class Worker {
     const float pse_grad = p_.pse_type == 1 ? scale : 1.f;
     const bool dropout = p_.has_dropout();
     const float inv_keep = 1.f / p_.keep_prob;
+    // Raw Q·Kᵀ scores (no pse, softcap or ALiBi; scale > 0, so a masked -inf stays -inf) are scaled inside the
+    // loop below instead of in a pass of their own; the same product, so the same P.
+    const bool raw = !p_.pse && !p_.has_logit_transform() && scale > 0.f;
+    const Vec vraw(raw ? scale : 1.f);
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t i = i0 + r;
       const int64_t id = p_.row_id.at(b, n, i);
@@ -348,7 +352,7 @@ class Worker {
       float* d = dp_.data() + r * bkv_;
       if (p_.has_logit_transform()) {
         fa_logits::transform_logits(p_, b, n, i, j0, nkv, s, kCap ? cap_.data() : nullptr, tmp_.data());
-      } else {
+      } else if (!raw) {
         logits(b, n, i, j0, nkv, s);
       }
       if (kind == TileKind::Partial) p_.mask_row(b, n, i, j0, nkv, s);
@@ -368,7 +372,8 @@ class Worker {
       for (int64_t j = 0; j < nkv; j += Vec::size()) {
         const int64_t cnt = std::min<int64_t>(Vec::size(), nkv - j);
         // Lanes past cnt load as -inf (P = 0): the exponent takes no argument above the row maximum.
-        const Vec sj = cnt == Vec::size() ? Vec::loadu(s + j) : Vec::set(Vec(-kInf), Vec::loadu(s + j, cnt), cnt);
+        const Vec sj = vraw * (cnt == Vec::size() ? Vec::loadu(s + j)
+                                                  : Vec::set(Vec(-kInf), Vec::loadu(s + j, cnt), cnt));
         const Vec prob = softmax_exp::exp<T>(sj - vmax) * vinv;
         Vec dpv = Vec::loadu(d + j, cnt), pd = prob;
         if (dropout) {

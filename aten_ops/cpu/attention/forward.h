@@ -95,8 +95,9 @@ inline float row_max(const float* s, int64_t n) {
 
 // out[j] = 2^((s[j] − m)·a) = exp((s[j] − m)·scale) for a = scale·log2(e) (softmax_exp.h: the scale and the change
 // of base are one multiply; m, the row maximum in the units of s, makes its own exponent exactly 0), stored in
-// out's dtype (out may alias s); returns the fp32 sum of the unrounded values. R: for a float out, the dtype P is rounded through before P·V (FlashAttention-2 rounds P to the
-// input dtype), float for none. kDeg: the polynomial degree for P's final precision.
+// out's dtype (out may alias s); returns the fp32 sum of the unrounded values. R: for a float out, the dtype P is
+// rounded through before P·V (FlashAttention-2 rounds P to the input dtype), float for none. kDeg: the polynomial
+// degree for P's final precision. tile_max: also the largest score (one-pass softmax, ForwardKernel::fused_row).
 template <int kDeg, typename OutT, typename R = float>
 float exp_store(const float* s, int64_t n, float a, float m, OutT* out, float* tile_max = nullptr) {
   static_assert(std::is_same_v<OutT, float> || std::is_same_v<OutT, BFloat16>, "P is fp32 or bf16");

@@ -223,7 +223,10 @@ at::Tensor moe_ffn_cpu(const MoeFfnArgs& args) {
   std::vector<int64_t> pos(keys.size());
   for (int64_t r = 0; r < int64_t(s.order.size()); ++r) pos[s.order[r]] = r;
 
-  if (!cpu::brgemm_usable(dt) || F == 0) {  // F == 0: no product to run, only the biases
+  // bf16 without a bf16 micro-kernel runs the fused kernel with fp32 products (widened operands); other dtypes
+  // without brgemm, and F == 0 (no product to run, only the biases), take the per-expert matmul path.
+  const bool fused = F > 0 && (cpu::brgemm_usable(dt) || (dt == at::kBFloat16 && cpu::brgemm_usable(at::kFloat)));
+  if (!fused) {
     at::Tensor a, b;
     if (packed) {
       a = unpack(w13, gated, F).narrow(1, 0, H);

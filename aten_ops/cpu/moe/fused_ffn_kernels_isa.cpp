@@ -26,6 +26,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -98,6 +99,52 @@ inline void store(const float* src, T* dst, int64_t n) {
   at::vec::convert(src, dst, n);
 }
 
+// A bf16 block packed for VNNI products ([k/2][kFfnBlock][2]: rows 2q and 2q+1 interleaved) as the fp32 row-major
+// [k, kFfnBlock] block of the fp32 product: the low half of each pair is row 2q, the high half row 2q+1; a bf16
+// widens exactly by a 16-bit shift. k is even (moe_ffn_prepack pads K to an even count with a zero row).
+inline void widen_vnni_block(const BFloat16* packed, int64_t k, float* dst) {
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(packed);
+  for (int64_t q = 0; q < k / 2; ++q) {
+    const uint16_t* pair = src + q * 2 * kFfnBlock;
+    float* even = dst + 2 * q * kFfnBlock;
+    float* odd = even + kFfnBlock;
+    for (int64_t j = 0; j < kFfnBlock; ++j) {
+      even[j] = c10::detail::f32_from_bits(pair[2 * j]);
+      odd[j] = c10::detail::f32_from_bits(pair[2 * j + 1]);
+    }
+  }
+}
+
+// The B block of an item in the product's dtype C: the packed weights themselves, or (bf16 weights, fp32 products
+// on CPUs without a bf16 micro-kernel) this thread's fp32 copy, widened once per block and pass (an expert's row
+// chunks are consecutive items, so a thread keeps the copy across them). `pass` identifies the pass of this call:
+// a block at the same address in another call may hold other weights.
+template <typename T, typename C>
+struct BlockOperand {
+  std::vector<float> wide;
+  const void* source = nullptr;
+  uint64_t pass = 0;
+  const C* get(const T* block, int64_t k, uint64_t this_pass) {
+    if constexpr (std::is_same_v<T, C>) {
+      return block;
+    } else {
+      if (block != source || this_pass != pass) {
+        wide.resize(k * kFfnBlock);
+        widen_vnni_block(block, k, wide.data());
+        source = block;
+        pass = this_pass;
+      }
+      return wide.data();
+    }
+  }
+};
+
+// A fresh id per pass of every call (BlockOperand's cache key).
+inline uint64_t next_pass() {
+  static std::atomic<uint64_t> counter{0};
+  return ++counter;
+}
+
 // Scratch of the calling thread, kept between calls up to kKeptScratch bytes: fresh pages of a new ~100 MB buffer
 // per call (page faults and the kernel zeroing them) measured ~6% of a 4096-token call.
 constexpr int64_t kKeptScratch = int64_t(512) << 20;
@@ -111,19 +158,21 @@ at::Tensor scratch(int64_t n) {
   return kept;
 }
 
-template <typename T>
+// T: the dtype of x, the weights and the output; C: the dtype of the products (T, or fp32 for bf16 on CPUs
+// without a bf16 micro-kernel: rows are widened while gathered, weight blocks per item, the intermediate stays fp32).
+template <typename T, typename C = T>
 void run(const FusedFfnParams& p) {
-  constexpr bool kVnni = brgemm::kVnni<T>;
+  constexpr bool kVnni = brgemm::kVnni<C>;
   const int64_t R = p.offsets[p.experts];
   const int64_t H = p.H, Hp = p.Hp, F = p.F, Fp = p.Fp;
   // Row strides off multiples of 4 KiB: brgemm reads several A rows at once, which would share cache sets.
-  const int64_t ldx = Hp + 64 / int64_t(sizeof(T)), ldh = Fp + 64 / int64_t(sizeof(T));
+  const int64_t ldx = Hp + 64 / int64_t(sizeof(C)), ldh = Fp + 64 / int64_t(sizeof(C));
   auto bytes = [](int64_t n) { return (n + 63) / 64 * 64; };
-  const int64_t xs_bytes = bytes(R * ldx * int64_t(sizeof(T))), h_bytes = bytes(R * ldh * int64_t(sizeof(T)));
+  const int64_t xs_bytes = bytes(R * ldx * int64_t(sizeof(C))), h_bytes = bytes(R * ldh * int64_t(sizeof(C)));
   const at::Tensor buf = scratch(xs_bytes + h_bytes + bytes(R * H * 4));
   char* base = static_cast<char*>(buf.data_ptr());
-  T* xs = reinterpret_cast<T*>(base);
-  T* hbuf = reinterpret_cast<T*>(base + xs_bytes);
+  C* xs = reinterpret_cast<C*>(base);
+  C* hbuf = reinterpret_cast<C*>(base + xs_bytes);
   float* y = reinterpret_cast<float*>(base + xs_bytes + h_bytes);
   const T* x = static_cast<const T*>(p.x);
   const T* w13 = static_cast<const T*>(p.w13);
@@ -134,20 +183,24 @@ void run(const FusedFfnParams& p) {
   at::parallel_for(0, R, std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(H * int64_t(sizeof(T)), 1)),
                    [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      std::memcpy(xs + r * ldx, x + (p.order[r] / p.k) * H, H * sizeof(T));
-      std::fill(xs + r * ldx + H, xs + r * ldx + Hp, T(0));
-      std::fill(hbuf + r * ldh + F, hbuf + r * ldh + Fp, T(0));
+      const T* src = x + (p.order[r] / p.k) * H;
+      if constexpr (std::is_same_v<T, C>) std::memcpy(xs + r * ldx, src, H * sizeof(T));
+      else at::vec::convert(src, xs + r * ldx, H);
+      std::fill(xs + r * ldx + H, xs + r * ldx + Hp, C(0));
+      std::fill(hbuf + r * ldh + F, hbuf + r * ldh + Fp, C(0));
     }
   });
 
   // 1. gate/up with the activation epilogue.
+  const uint64_t pass1 = next_pass(), pass2 = next_pass();
   const bool gated = p.act == kFfnSwiglu;
   const int64_t step = gated ? kFfnHalf : kFfnBlock;  // intermediate features per block
   run_items(make_items(p.offsets, p.experts, p.nb1), Hp, kVnni, [&](const Item& it) {
     alignas(64) float c[kFfnRows * kFfnBlock];
     alignas(64) float tmp[kFfnBlock];
+    thread_local BlockOperand<T, C> w;
     const int64_t m = it.r1 - it.r0, f0 = it.block * step, n = std::min(step, F - f0);
-    mm_block(m, Hp, xs + it.r0 * ldx, ldx, w13 + (it.e * p.nb1 + it.block) * Hp * kFfnBlock, c);
+    mm_block(m, Hp, xs + it.r0 * ldx, ldx, w.get(w13 + (it.e * p.nb1 + it.block) * Hp * kFfnBlock, Hp, pass1), c);
     const float* bias = p.b13 ? p.b13 + it.e * (gated ? 2 * F : F) : nullptr;
     for (int64_t r = 0; r < m; ++r) {
       const float* cr = c + r * kFfnBlock;
@@ -174,8 +227,9 @@ void run(const FusedFfnParams& p) {
   // 2. down projection, bias and the pair's combine weight.
   run_items(make_items(p.offsets, p.experts, p.nb2), Fp, kVnni, [&](const Item& it) {
     alignas(64) float c[kFfnRows * kFfnBlock];
+    thread_local BlockOperand<T, C> w;
     const int64_t m = it.r1 - it.r0, h0 = it.block * kFfnBlock, n = std::min(kFfnBlock, H - h0);
-    mm_block(m, Fp, hbuf + it.r0 * ldh, ldh, w2 + (it.e * p.nb2 + it.block) * Fp * kFfnBlock, c);
+    mm_block(m, Fp, hbuf + it.r0 * ldh, ldh, w.get(w2 + (it.e * p.nb2 + it.block) * Fp * kFfnBlock, Fp, pass2), c);
     const float* bias = p.b2 ? p.b2 + it.e * H + h0 : nullptr;
     for (int64_t r = 0; r < m; ++r) {
       const float* cr = c + r * kFfnBlock;
@@ -212,7 +266,9 @@ void run(const FusedFfnParams& p) {
 void fused_ffn(const FusedFfnParams& p) {
   switch (p.dtype) {
     case c10::ScalarType::Float: return run<float>(p);
-    case c10::ScalarType::BFloat16: return run<BFloat16>(p);
+    case c10::ScalarType::BFloat16:
+      if (brgemm_usable(c10::ScalarType::BFloat16)) return run<BFloat16>(p);
+      return run<BFloat16, float>(p);  // no bf16 micro-kernel here: fp32 products on widened operands
     default: TORCH_CHECK(false, "moe_ffn: no brgemm kernel for dtype ", p.dtype);
   }
 }
