@@ -5,8 +5,6 @@ CPU fused MoE (`torch.ops._C.cpu_fused_moe` on `prepack_moe_weight` weights) whe
 Shapes: T4096 H1024 F1024 E8 top-2 and T512 H2048 F768 E64 top-8, SwiGLU, weights w13 [E, 2F, H] / w2 [E, H, F],
 bf16 and fp32. Speed-up = peer time / our time (same process, alternating contenders, median of --reps); every row
 prints max|fused - peer| and fails if it is above a tolerance, so a fast wrong answer cannot pass."""
-import importlib.util
-import os
 from typing import Optional
 
 import torch

@@ -592,8 +592,7 @@ class ForwardKernel {
     if (st_.size() < static_cast<size_t>(nk * R)) st_.resize(nk * R);
     mm(nk, R, Dp_, k, p_.k.seq_stride, qt_.data(), R, st_.data(), R, false);
     clock.lap(St::kFwdQk);
-    for (int64_t r = 0; r < R; ++r)
-      transpose_tiles(st_.data(), R, nk, R, s_.data(), lds_);
+    transpose_tiles(st_.data(), R, nk, R, s_.data(), lds_);
     clock.lap(St::kFwdPack);
     softmax_rows(it, mq, R, j0, nk, partial);
     const C* v = reinterpret_cast<const C*>(v_) + p_.v.at(it.b, it.n2, j0);
@@ -709,7 +708,7 @@ class ForwardKernel {
       }
     }
     const float alpha = m_old == kNegInf ? 0.f : std::exp((m_old - m_new) * unit_);
-    const float a = unit_ * softmax_exp::kLog2e;
+    const float a = exp_scale_;
     constexpr int kDeg = softmax_exp::degree_for<T>;
     float sum;
     if (!p_.has_dropout()) {
@@ -746,7 +745,7 @@ class ForwardKernel {
   // larger maximum, or a NaN score: a NaN sum) returns false and the caller takes the two-pass update; its P
   // went to pl / pf, the scores are intact.
   bool fused_row(const float* s, int64_t nk, int64_t r) {
-    const float m = m_[r], a = unit_ * softmax_exp::kLog2e;
+    const float m = m_[r], a = exp_scale_;
     C* pl = kVnni ? reinterpret_cast<C*>(p_lowp_.data() + r * lds_) : nullptr;
     float* pf = kVnni ? nullptr : p32_.data() + r * lds_;
     float tile_max;
@@ -816,6 +815,7 @@ class ForwardKernel {
   // exponent (one pass fewer over the tile): the running maxima m_ are then in raw units, unit_ = scale converts.
   const bool raw_ = !p_.pse && p_.scale > 0.f && !p_.has_logit_transform();
   const float unit_ = raw_ ? p_.scale : 1.f;
+  const float exp_scale_ = unit_ * softmax_exp::kLog2e;  // P = 2^((s − m)·exp_scale_)
   // fused_row for raw rows without dropout (dropout needs fp32 P against the row's final maximum of the tile).
   static constexpr float kLazyRescale = 8.f;
   const bool lazy_ = raw_ && !p_.has_dropout();

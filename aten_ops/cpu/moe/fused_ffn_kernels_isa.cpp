@@ -123,21 +123,20 @@ template <typename T, typename C>
 struct BlockOperand {
   std::vector<float> wide;
   const void* source = nullptr;
-  const float* last = nullptr;  // where the copy was written (a resize may move the storage)
   uint64_t pass = 0;
   const C* get(const T* block, int64_t k, uint64_t this_pass) {
     if constexpr (std::is_same_v<T, C>) {
       return block;
     } else {
-      // 64-byte aligned, as the packed weights are: brgemm's row loads would otherwise split cache lines.
+      // 64-byte aligned, as the packed weights are: brgemm's row loads would otherwise split cache lines. k is the
+      // same for every block of a pass, so only a new pass can grow (and move) the storage, and a new pass widens.
       const int64_t pad = 64 / int64_t(sizeof(float));
       wide.resize(k * kFfnBlock + pad);
       float* aligned = wide.data() + (pad - (reinterpret_cast<uintptr_t>(wide.data()) % 64) / sizeof(float)) % pad;
-      if (block != source || this_pass != pass || aligned != last) {
+      if (block != source || this_pass != pass) {
         widen_vnni_block(block, k, aligned);
         source = block;
         pass = this_pass;
-        last = aligned;
       }
       return aligned;
     }
