@@ -83,19 +83,20 @@ def test_npu_fusion_attention_grad_requires_forward_outputs():
 
 @pytest.mark.parametrize("layout, mode, exc", [
     ("BSND", 7, ValueError), ("BSND", -1, ValueError), ("TND", 5, ValueError), ("TND", 9, ValueError),
-    ("BSND", 5, NotImplementedError), ("BSND", 6, NotImplementedError), ("TND", 6, NotImplementedError),
+    ("BSND", 5, ValueError), ("BSND", 6, ValueError), ("TND", 6, NotImplementedError),
     ("TND", 8, NotImplementedError),
 ])
 def test_npu_fusion_attention_sparse_mode_ranges_as_torch_npu(layout, mode, exc):
-    """torch_npu's ranges ([0, 6], TND [0, 5) or (5, 8]): outside them a ValueError (torch_npu raises too), inside
-    them modes 5-8 are not implemented here; both messages name the argument."""
+    """torch_npu's ranges ([0, 6], TND [0, 5) or (5, 8]): outside them a ValueError (torch_npu raises too); inside
+    them the prefix modes 5/6 need 'prefix' (dense layouts), TND prefix and modes 7-8 are not implemented here; the
+    messages name the argument."""
     q, k, v = _qkv()
     kw = {} if layout == "BSND" else dict(actual_seq_qlen=[9], actual_seq_kvlen=[14])
     args = (q, k, v) if layout == "BSND" else (q[0], k[0], v[0])
     for fn in (lambda: npu_fusion_attention(*args, 4, layout, sparse_mode=mode, **kw),
                lambda: npu_fusion_attention_grad(*args, args[0], 4, layout, softmax_max=q, softmax_sum=q,
                                                  attention_in=q, sparse_mode=mode, **kw)):
-        with pytest.raises(exc, match="'sparse_mode'"):
+        with pytest.raises(exc, match="'sparse_mode'|'prefix'"):
             fn()
 
 
@@ -248,8 +249,9 @@ def _policy_cases():
     # (exception, words in the message, call): NotImplementedError = an upstream feature not implemented here,
     # ValueError = a bad value (a reserved argument given), TypeError = a wrong type; the same for every family.
     return [
-        (NotImplementedError, ("npu_fusion_attention", "'prefix'"),
-         lambda: tot.npu_fusion_attention(q, k, v, 4, "BSND", prefix=[1, 2])),
+        (NotImplementedError, ("npu_fusion_attention", "'sparse_mode'", "TND"),
+         lambda: tot.npu_fusion_attention(q[0], k[0], v[0], 4, "TND", sparse_mode=6, prefix=[1],
+                                          actual_seq_qlen=[q.shape[1]], actual_seq_kvlen=[k.shape[1]])),
         (NotImplementedError, ("npu_prompt_flash_attention", "'deq_scale1'", "'quant_offset2'"),
          lambda: tot.npu_prompt_flash_attention(q, k, v, deq_scale1=one, quant_offset2=one, num_heads=4,
                                                 input_layout="BSND")),

@@ -258,7 +258,12 @@ class TestNPUFlashAttention(TestCase):
         golden = probs[..., :-1] @ v.float()
         self.assertLess((on_cpu(out).float() - golden).abs().max().item(), 2e-3)
 
-    def test_doc_example_prefix_is_not_implemented(self):
+    def test_doc_example_prefix(self):
+        # Batch b's first prefix[b] keys are visible to every query, the rest bottom-right causally.
         q = torch.randn(2, 4, 32, 64).half()
-        with self.assertRaisesRegex(NotImplementedError, "'prefix'"):
-            self.run_fa(q, q, q, 4, "BNSD", prefix=[4, 8], sparse_mode=5, scale=0.125)
+        out = self.run_fa(q, q, q, 4, "BNSD", prefix=[4, 8], sparse_mode=5, scale=0.125)[0]
+        i, j = torch.arange(32)[:, None], torch.arange(32)[None, :]
+        masked = (j > i) & (j >= torch.tensor([4, 8]).view(2, 1, 1, 1))
+        scores = (q.float() @ q.float().transpose(2, 3) * 0.125).masked_fill(masked, float("-inf"))
+        golden = torch.softmax(scores, dim=-1) @ q.float()
+        self.assertLess((on_cpu(out).float() - golden).abs().max().item(), 2e-3)

@@ -24,9 +24,62 @@ def _as_int(t: Tensor):
     return t if torch.compiler.is_compiling() else int(t.item())
 
 
-def _check_fusion_args(op: str, padding_mask, prefix) -> None:
+def _check_fusion_args(op: str, padding_mask, prefix, sparse_mode) -> None:
     _args.reserved(op, padding_mask=padding_mask)  # torch_npu reserves it: masks go through atten_mask
-    _args.not_implemented(op, "sparse_mode 5 (prefix)", empty_is_none=True, prefix=prefix)
+    if sparse_mode not in (5, 6) and prefix not in (None, [], ()):
+        raise ValueError(f"{op}: argument 'prefix' is only used by sparse_mode 5 and 6 (prefix); got prefix={prefix!r} "
+                         f"with sparse_mode={sparse_mode}")
+
+
+# sparse_mode 6's compressed mask (upstream's documented form): rows [0, 2048) the 2048 x 2048 causal mask (1 strictly
+# above the diagonal), rows [2048, 3072) zeros in columns [0, 1024) and ones in [1024, 2048).
+_PREFIX_MASK_ROWS, _PREFIX_MASK_COLS = 3072, 2048
+
+
+def _is_compressed_prefix_mask(mask: Tensor) -> bool:
+    m = mask.reshape(_PREFIX_MASK_ROWS, _PREFIX_MASK_COLS).bool().cpu()
+    causal = torch.ones(_PREFIX_MASK_COLS, _PREFIX_MASK_COLS, dtype=torch.bool).triu(1)
+    rect = torch.zeros(_PREFIX_MASK_ROWS - _PREFIX_MASK_COLS, _PREFIX_MASK_COLS, dtype=torch.bool)
+    rect[:, _PREFIX_MASK_COLS // 2:] = True
+    return bool(torch.equal(m[:_PREFIX_MASK_COLS], causal) and torch.equal(m[_PREFIX_MASK_COLS:], rect))
+
+
+def _prefix_as_mask(op: str, sparse_mode: int, prefix, atten_mask: Optional[Tensor], d, layout: str,
+                    query_device) -> Tensor:
+    """sparse_mode 5 / 6 (prefix) as an explicit mask for mode 1: key j is visible to query row i of batch b when
+    j <= i + Skv - Sq (bottom-right causal) or j < prefix[b] (the first prefix[b] keys, visible to every row).
+    Mode 5 also applies the caller's full mask ([B, N, Sq, Skv] or [B, 1, Sq, Skv], True = masked out), as the NPU
+    does; mode 6's mask is the compressed 3072 x 2048 one, which is checked and then replaced by the pattern. Without
+    a mask the pattern alone applies (as modes 2-4 generate theirs). pre_tokens / next_tokens are ignored, as
+    upstream."""
+    if layout == "TND":
+        raise NotImplementedError(f"{op}: argument 'sparse_mode' = {sparse_mode} (prefix) with input_layout TND is "
+                                  f"not implemented (dense layouts only)")
+    B, Sq, Skv = d.batch, d.q_len, d.kv_len
+    if prefix is None or isinstance(prefix, (str, bytes)) or len(prefix) != B:
+        raise ValueError(f"{op}: sparse_mode {sparse_mode} needs argument 'prefix', a list of B={B} ints (visible "
+                         f"leading keys per batch); got {prefix!r}")
+    values = [_int64(op, "prefix", v) for v in prefix]
+    if any(v < 0 or v > Skv for v in values):
+        raise ValueError(f"{op}: argument 'prefix' entries must be in [0, Skv={Skv}]; got {values}")
+    device = query_device if atten_mask is None else atten_mask.device
+    i = torch.arange(Sq, device=device)[:, None]
+    j = torch.arange(Skv, device=device)[None, :]
+    lead = torch.tensor(values, device=device).view(B, 1, 1, 1)
+    pattern = (j > i + (Skv - Sq)) & (j >= lead)  # [B, 1, Sq, Skv], True = masked out
+    if atten_mask is None:
+        return pattern
+    if sparse_mode == 6:
+        if atten_mask.numel() != _PREFIX_MASK_ROWS * _PREFIX_MASK_COLS or not _is_compressed_prefix_mask(atten_mask):
+            raise ValueError(f"{op}: sparse_mode 6 needs the compressed prefix mask [3072, 2048] (a 2048 x 2048 "
+                             f"causal mask over a 1024 x 2048 block of zeros then ones); got shape "
+                             f"{list(atten_mask.shape)}")
+        return pattern
+    if atten_mask.dim() != 4 or atten_mask.shape[0] != B or atten_mask.shape[1] not in (1, d.q_heads) \
+            or tuple(atten_mask.shape[2:]) != (Sq, Skv):
+        raise ValueError(f"{op}: sparse_mode 5 needs 'atten_mask' of shape [B={B}, N={d.q_heads} or 1, Sq={Sq}, "
+                         f"Skv={Skv}]; got {list(atten_mask.shape)}")
+    return atten_mask.bool() | pattern
 
 
 def _layout(op: str, input_layout) -> str:
@@ -37,7 +90,8 @@ def _layout(op: str, input_layout) -> str:
 
 
 def _check_sparse_mode(op: str, sparse_mode, layout: str) -> None:
-    """torch_npu's ranges ([0, 6] dense, [0, 5) or (5, 8] for TND); its modes 5-8 are not implemented here."""
+    """torch_npu's ranges ([0, 6] dense, [0, 5) or (5, 8] for TND); modes 7 and 8 (context parallel) are not
+    implemented here, 5 and 6 (prefix) become mode 1 with the prefix pattern as a mask (_prefix_as_mask)."""
     if not isinstance(sparse_mode, int) or isinstance(sparse_mode, bool):
         raise TypeError(f"{op}: argument 'sparse_mode' must be an int; got {sparse_mode!r}")
     tnd = layout == "TND"
@@ -45,9 +99,9 @@ def _check_sparse_mode(op: str, sparse_mode, layout: str) -> None:
     if not valid:
         allowed = "in [0, 5) or (5, 8] for input_layout TND" if tnd else "in [0, 6]"
         raise ValueError(f"{op}: argument 'sparse_mode' must be {allowed}; got {sparse_mode}")
-    if sparse_mode >= 5:
-        raise NotImplementedError(f"{op}: sparse_mode {sparse_mode} (prefix / context-parallel) is not implemented; "
-                                  f"argument 'sparse_mode' must be 0-4")
+    if sparse_mode >= 7:
+        raise NotImplementedError(f"{op}: sparse_mode {sparse_mode} (context-parallel) is not implemented; "
+                                  f"argument 'sparse_mode' must be 0-6")
 
 
 def _check_flags(op: str, **flags) -> None:
@@ -156,10 +210,13 @@ def _fusion_forward(op: str, query: Tensor, key: Tensor, value: Tensor, head_num
                     actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync, softmax_layout, sink,
                     dropout_mask, seed, offset, pse_type: int = 1, q_start_idx=None, kv_start_idx=None):
     """npu_fusion_attention(_v2) after their own arguments: the op call and torch_npu's return tuple."""
-    _check_fusion_args(op, padding_mask, prefix)
+    _check_fusion_args(op, padding_mask, prefix, sparse_mode)
     layout = _layout(op, input_layout)
     _check_sparse_mode(op, sparse_mode, layout)
     _check_flags(op, gen_mask_parallel=gen_mask_parallel, sync=sync)
+    if sparse_mode in (5, 6):
+        d = attention_dims(op, query, key, value, head_num, layout)
+        atten_mask, sparse_mode = _prefix_as_mask(op, sparse_mode, prefix, atten_mask, d, layout, query.device), 1
     if pse is not None and pse_type < 2 and pse.dtype != query.dtype:
         raise TypeError(f"{op}: argument 'pse' must have query's dtype {query.dtype} (torch_npu requires q, k, v and "
                         f"pse alike); got {pse.dtype}")
@@ -216,10 +273,13 @@ def _fusion_backward(op: str, query: Tensor, key: Tensor, value: Tensor, dy: Ten
                      actual_seq_qlen, actual_seq_kvlen, sparse_mode, gen_mask_parallel, sync, softmax_layout, sink,
                      pse_type: int = 1, q_start_idx=None, kv_start_idx=None):
     """npu_fusion_attention_grad(_v2) after their own arguments: (dq, dk, dv, dpse or None, dsink)."""
-    _check_fusion_args(op, padding_mask, prefix)
+    _check_fusion_args(op, padding_mask, prefix, sparse_mode)
     layout = _layout(op, input_layout)
     _check_sparse_mode(op, sparse_mode, layout)
     _check_flags(op, gen_mask_parallel=gen_mask_parallel, sync=sync)
+    if sparse_mode in (5, 6):
+        d = attention_dims(op, query, key, value, head_num, layout)
+        atten_mask, sparse_mode = _prefix_as_mask(op, sparse_mode, prefix, atten_mask, d, layout, query.device), 1
     _int64(op, "numels", numels)
     for name, t in (("softmax_max", softmax_max), ("softmax_sum", softmax_sum), ("attention_in", attention_in)):
         if t is None:

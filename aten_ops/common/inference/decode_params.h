@@ -30,6 +30,9 @@ struct DecodeParams {
   std::vector<int64_t> kv_start, kv_len;      // per batch
   int64_t k_blk = 0, k_head = 0, k_seq = 0;   // element strides of key
   int64_t v_blk = 0, v_head = 0, v_seq = 0;   // element strides of value
+  // NZ caches (5-D paged (num_blocks, N2, D / c0, block_size, c0), docs/kv_cache.md "NZ layout"): a row's head dim
+  // lies in D / c0 pieces of c0 elements (32 bytes), piece c at +c * nz_piece; 0 = rows contiguous.
+  int64_t nz_c0 = 0, k_piece = 0, v_piece = 0;
   const uint8_t* mask = nullptr;              // mask[b*mask_sb + pos] != 0 -> masked
   int64_t mask_sb = 0;
   const float* pse = nullptr;                 // pse[b*pse_sb + n1*pse_sn + pos], added after scaling

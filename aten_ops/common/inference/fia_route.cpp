@@ -49,8 +49,11 @@ bool read_lengths(const std::optional<at::Tensor>& t, std::vector<int64_t>& out)
   return true;
 }
 
+// (num_blocks, N2, block_size, D), or the NZ (num_blocks, N2, D / c0, block_size, c0): the decode op reads both with
+// input_layout BNSD.
 bool head_major_cache(const FusedInferAttentionScoreArgs& a) {
-  return a.block_table.has_value() && a.key.dim() == 4 && a.key.size(2) == a.block_size;
+  if (!a.block_table.has_value()) return false;
+  return (a.key.dim() == 4 && a.key.size(2) == a.block_size) || (a.key.dim() == 5 && a.key.size(3) == a.block_size);
 }
 
 // Whether the band of a one-token row hides none of its keys [0, capacity): mode 0 with a mask keeps -pre <= j <=
@@ -102,7 +105,7 @@ bool tnd_decode_fits(const FusedInferAttentionScoreArgs& a, const FiaPlan& plan)
   if (!plan.paged || !plan.tnd || a.softmax_lse_flag || a.pse_shift.has_value() || a.atten_mask.has_value())
     return false;
   if ((a.sparse_mode != 0 && a.sparse_mode != 3) || !a.actual_seq_lengths_kv.has_value()) return false;
-  if (a.query.dim() != 3 || a.key.sizes() != a.value.sizes() || (a.key.dim() != 3 && a.key.dim() != 4)) return false;
+  if (a.query.dim() != 3 || a.key.sizes() != a.value.sizes() || (a.key.dim() < 3 || a.key.dim() > 5)) return false;
   const int64_t T = a.query.size(0);
   if (T == 0 || static_cast<int64_t>(plan.q_lens.size()) != T) return false;
   for (int64_t i = 0; i < T; ++i)

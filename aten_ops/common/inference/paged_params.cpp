@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/inference/nz_cache.h"
 #include "common/inference/prefill_params.h"
 
 namespace npu_fa::attention {
@@ -31,6 +32,10 @@ bool is_int8_kv(const FusedInferAttentionScoreArgs& a) {
 
 CacheRows cache_rows(const char* op, const char* name, const at::Tensor& cache, int64_t block_size, int64_t n2) {
   const at::Tensor c = cache.stride(-1) == 1 ? cache : cache.contiguous();
+  if (is_nz_cache(c)) {
+    const NzStrides s = nz_strides(op, name, c, n2, c.size(2) * c.size(4), block_size);
+    return {c, n2, c.size(2) * c.size(4), s.blk, s.head, s.seq, s.c0, s.piece};
+  }
   if (c.dim() == 3) {
     TORCH_CHECK_VALUE(c.size(1) == block_size && n2 > 0 && c.size(2) % n2 == 0, op, ": a paged '", name, "' cache "
                       "(num_blocks, block_size, N2*D) must have block_size=", block_size, " rows of N2=", n2,
@@ -38,8 +43,8 @@ CacheRows cache_rows(const char* op, const char* name, const at::Tensor& cache, 
     return {c, n2, c.size(2) / n2, c.stride(0), c.size(2) / n2, c.stride(1)};
   }
   TORCH_CHECK_VALUE(c.dim() == 4 && (c.size(2) == block_size || c.size(1) == block_size), op, ": a paged '", name,
-                    "' cache must be (num_blocks, block_size, N2*D), (num_blocks, block_size, N2, D) or (num_blocks, "
-                    "N2, block_size, D) with block_size=", block_size, "; got shape ", c.sizes());
+                    "' cache must be (num_blocks, block_size, N2*D), (num_blocks, block_size, N2, D), (num_blocks, "
+                    "N2, block_size, D) or NZ (num_blocks, N2, D/c0, block_size, c0) with block_size=", block_size, "; got shape ", c.sizes());
   if (c.size(2) == block_size) return {c, c.size(1), c.size(3), c.stride(0), c.stride(1), c.stride(2)};
   return {c, c.size(2), c.size(3), c.stride(0), c.stride(2), c.stride(1)};
 }

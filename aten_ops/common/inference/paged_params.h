@@ -21,11 +21,13 @@ bool is_int8_kv(const FusedInferAttentionScoreArgs& a);
 // A mask or pse_shift of a paged call cut to the gathered keys (its last dim must cover the longest sequence).
 at::Tensor fit_to_keys(const char* op, const char* arg, at::Tensor t, int64_t kv_used, bool one_token);
 
-// How a paged cache's rows lie: (num_blocks, block_size, N2*D), (num_blocks, block_size, N2, D) or head-major
-// (num_blocks, N2, block_size, D) (a 4-D cache whose dim 2 is block_size).
+// How a paged cache's rows lie: (num_blocks, block_size, N2*D), (num_blocks, block_size, N2, D), head-major
+// (num_blocks, N2, block_size, D) (a 4-D cache whose dim 2 is block_size) or NZ (5-D).
+// An NZ cache (num_blocks, N2, D / c0, block_size, c0) has its head dim in pieces: nz_c0 > 0 (piece_stride apart).
 struct CacheRows {
-  at::Tensor cache;  // with a contiguous head dim
+  at::Tensor cache;  // with a contiguous head dim (NZ: contiguous pieces)
   int64_t heads, dim, block_stride, head_stride, seq_stride;
+  int64_t nz_c0 = 0, piece_stride = 0;
 };
 CacheRows cache_rows(const char* op, const char* name, const at::Tensor& cache, int64_t block_size, int64_t n2);
 

@@ -209,6 +209,7 @@ class KvPacker {
 
   // Keys [j0, j1) go to column / row j - col0 of kbuf / vbuf; j0 - col0 is even.
   void pack(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* kbuf, int64_t ld, C* vbuf) const {
+    if (!p_.k.rows_contiguous() || !p_.v.rows_contiguous()) gather_nz(b, n2, j0, j1);
     pack_k(b, n2, j0, j1, col0, kbuf, ld);
     if (pack_v_) pack_v(b, n2, j0, j1, col0, vbuf);
   }
@@ -219,22 +220,22 @@ class KvPacker {
     if constexpr (kInt8) {
       if constexpr (!kVnni) {
         for (int64_t j = j0; j < j1; ++j)
-          dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j), b, n2, j, vD, dst + (j - col0) * vD);
+          dequant_row(p_.v_quant, v_row(b, n2, j), b, n2, j, vD, dst + (j - col0) * vD);
       } else {
         std::vector<C> rows(2 * vD);
         for (int64_t j = j0; j < j1; j += 2) {
           const bool pair = j + 1 < j1;
-          dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j), b, n2, j, vD, rows.data());
-          if (pair) dequant_row(p_.v_quant, v_ + p_.v.at(b, n2, j + 1), b, n2, j + 1, vD, rows.data() + vD);
+          dequant_row(p_.v_quant, v_row(b, n2, j), b, n2, j, vD, rows.data());
+          if (pair) dequant_row(p_.v_quant, v_row(b, n2, j + 1), b, n2, j + 1, vD, rows.data() + vD);
           brgemm::interleave_rows(rows.data(), pair ? rows.data() + vD : nullptr, vD, dst + (j - col0) * vD);
         }
       }
     } else if constexpr (!kVnni) {
-      for (int64_t j = j0; j < j1; ++j) at::vec::convert(v_ + p_.v.at(b, n2, j), dst + (j - col0) * vD, vD);
+      for (int64_t j = j0; j < j1; ++j) at::vec::convert(v_row(b, n2, j), dst + (j - col0) * vD, vD);
     } else {
       for (int64_t j = j0; j < j1; j += 2) {
-        const T* r1 = j + 1 < j1 ? v_ + p_.v.at(b, n2, j + 1) : nullptr;
-        brgemm::interleave_rows(v_ + p_.v.at(b, n2, j), r1, vD, dst + (j - col0) * vD);
+        const T* r1 = j + 1 < j1 ? v_row(b, n2, j + 1) : nullptr;
+        brgemm::interleave_rows(v_row(b, n2, j), r1, vD, dst + (j - col0) * vD);
       }
     }
   }
@@ -247,6 +248,40 @@ class KvPacker {
  private:
   static constexpr int64_t kB = 16;  // K is transposed by kB x kB blocks
 
+  // NZ caches: the rows [j0, j1) being packed, assembled from their head-dim pieces into this thread's buffers
+  // (rows[j - j0]); packing then reads them like rows of an ND cache.
+  struct NzRows {
+    std::vector<T> k, v;
+    int64_t j0 = 0;
+  };
+  static NzRows& nz_rows() {
+    thread_local NzRows r;
+    return r;
+  }
+  static void gather_rows(const T* base, const RowMap& m, int64_t b, int64_t n, int64_t j0, int64_t j1, int64_t D,
+                          std::vector<T>& out) {
+    out.resize((j1 - j0) * D);
+    for (int64_t j = j0; j < j1; ++j) {
+      const T* row = base + m.at(b, n, j);
+      T* dst = out.data() + (j - j0) * D;
+      for (int64_t d = 0; d < D; d += m.nz_c0) std::copy_n(row + d / m.nz_c0 * m.piece_stride, m.nz_c0, dst + d);
+    }
+  }
+  void gather_nz(int64_t b, int64_t n2, int64_t j0, int64_t j1) const {
+    NzRows& r = nz_rows();
+    r.j0 = j0;
+    gather_rows(k_, p_.k, b, n2, j0, j1, p_.head_dim, r.k);
+    gather_rows(v_, p_.v, b, n2, j0, j1, p_.v_head_dim, r.v);
+  }
+  const T* k_row(int64_t b, int64_t n2, int64_t j) const {
+    if (p_.k.rows_contiguous()) return k_ + p_.k.at(b, n2, j);
+    return nz_rows().k.data() + (j - nz_rows().j0) * p_.head_dim;
+  }
+  const T* v_row(int64_t b, int64_t n2, int64_t j) const {
+    if (p_.v.rows_contiguous()) return v_ + p_.v.at(b, n2, j);
+    return nz_rows().v.data() + (j - nz_rows().j0) * p_.v_head_dim;
+  }
+
   // Kᵀ by 16 x 16 blocks (of elements, or of head-dim pairs for VNNI), so reads and writes use whole cache lines.
   // An int8 key: each block's rows are dequantised to C first, then transposed like keys of dtype C.
   void pack_k(int64_t b, int64_t n2, int64_t j0, int64_t j1, int64_t col0, C* dst, int64_t ld) const {
@@ -257,7 +292,7 @@ class KvPacker {
       if constexpr (kInt8) {
         for (int64_t jj = 0; jj < nj; ++jj) {
           C* row = deq.data() + jj * units * kW;
-          dequant_row(p_.k_quant, k_ + p_.k.at(b, n2, jb + jj), b, n2, jb + jj, D, row);
+          dequant_row(p_.k_quant, k_row(b, n2, jb + jj), b, n2, jb + jj, D, row);
           std::fill(row + D, row + units * kW, C(0.f));
         }
       }
@@ -274,7 +309,7 @@ class KvPacker {
         if constexpr (std::is_same_v<T, C>) {
           if (kW == 1 || D % 2 == 0) {  // whole 32-bit units: transpose in registers
             const C* rows[kB];
-            for (int64_t jj = 0; jj < nj; ++jj) rows[jj] = k_ + p_.k.at(b, n2, jb + jj) + u0 * kW;
+            for (int64_t jj = 0; jj < nj; ++jj) rows[jj] = k_row(b, n2, jb + jj) + u0 * kW;
             transpose_units(rows, nj, nu, out, ld);
             continue;
           }
@@ -282,7 +317,7 @@ class KvPacker {
 #endif
         C tile[kB][kB][kW];
         for (int64_t jj = 0; jj < nj; ++jj) {
-          const T* src = k_ + p_.k.at(b, n2, jb + jj) + u0 * kW;
+          const T* src = k_row(b, n2, jb + jj) + u0 * kW;
           for (int64_t uu = 0; uu < nu; ++uu)
             for (int64_t w = 0; w < kW; ++w) {
               const int64_t d = (u0 + uu) * kW + w;

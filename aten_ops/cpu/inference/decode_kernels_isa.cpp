@@ -16,6 +16,7 @@
 // the factors never touch the inner loops: per-channel key factors are folded into q (q·((k + o)·s) =
 // (q·s)·k + (q·s)·o), per-token key factors scale each score, per-token value factors scale the probabilities and
 // per-channel value factors apply to the normalised output, so the stream of cache bytes is half that of bf16.
+#include "common/inference/nz_cache.h"
 #include "cpu/inference/decode_kernels.h"
 #include "cpu/online_softmax.h"
 #include "cpu/softmax_exp.h"
@@ -38,6 +39,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -46,6 +48,7 @@ namespace npu_fa::cpu::CPU_CAPABILITY {
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+using attention::kNzBytes;
 using online_softmax::nan_max;
 constexpr int64_t kTile = 32;                         // keys per online-softmax step
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -490,6 +493,17 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) bool p
 }
 #endif
 
+// Rows [0, n) of D values from an NZ block (docs/kv_cache.md "NZ layout"): row t's piece c (c0 values, 32 bytes)
+// is at src + c * piece + t * c0. Each piece is one 32-byte vector move.
+template <typename C>
+inline void gather_nz_rows(const C* src, int64_t piece, int64_t n, int64_t D, C* dst) {
+  constexpr int64_t c0 = kNzBytes / static_cast<int64_t>(sizeof(C));
+  for (int64_t c = 0; c < D / c0; ++c) {
+    const C* run = src + c * piece;
+    for (int64_t t = 0; t < n; ++t) std::memcpy(dst + t * D + c * c0, run + t * c0, kNzBytes);
+  }
+}
+
 struct Task {
   int64_t b, h0, h1, j0, j1;  // logical keys [j0, j1) of sequence b, KV heads [h0, h1)
 };
@@ -576,6 +590,9 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
       sp.resize(G);
     }
 #endif
+    // NZ caches: the tile's K and V rows assembled from their head-dim pieces (below), so the loops see rows.
+    const bool nz = p.nz_c0 > 0;
+    std::vector<C> kz(nz ? kTile * D : 0), vz(nz ? kTile * D : 0);
     // The tile of item `task` at logical key j: keys [j, j + n), inside one cache block, its first cache position.
     struct Tile {
       const C *k0, *v0;
@@ -656,8 +673,19 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
         // S=8192 BNSD int8 decode 6.9 -> 5.6 ms on one thread). Rows of all heads (BSH, 1 KiB apart) still gain.
         const bool stream = nx.k0 == k0 + n * p.k_seq && nx.v0 == v0 + n * p.v_seq && p.k_seq == D && p.v_seq == D;
         const int64_t pf_n = kInt8 && stream ? 0 : nx.n;
-        const NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), pf_n,
-                            p.k_seq * es, p.k_head * es, p.v_seq * es, p.v_head * es, D * es};
+        NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), pf_n,
+                      p.k_seq * es, p.k_head * es, p.v_seq * es, p.v_head * es, D * es};
+        int64_t k_seq = p.k_seq, v_seq = p.v_seq;
+        if (nz) {
+          // A tile of an NZ block is D / c0 runs of n * 32 bytes: the next tile's runs are prefetched as its "rows"
+          // (one run per key step of the loops), this tile's are assembled into rows of D values.
+          if (next.n) next = {next.k, next.v, D / p.nz_c0, p.k_piece * es, 0, p.v_piece * es, 0, nx.n * kNzBytes};
+          gather_nz_rows(k0, p.k_piece, n, D, kz.data());
+          gather_nz_rows(v0, p.v_piece, n, D, vz.data());
+          k0 = kz.data();
+          v0 = vz.data();
+          k_seq = v_seq = D;
+        }
 
         // The tile's KV heads, hs_step at a time: scores, softmax and P·V of one head before the next.
         for (int64_t hs = 0; hs < HT; hs += hs_step) {
@@ -669,13 +697,13 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
           float* sh = s.data() + r_lo * kTile;
 #if defined(CPU_CAPABILITY_AVX512)
           if (item_i8)
-            qk_keys_i16(iq, r_lo, G, hn, D, reinterpret_cast<const int8_t*>(kh), p.k_seq, p.k_head, n, sh, kTile, nh);
+            qk_keys_i16(iq, r_lo, G, hn, D, reinterpret_cast<const int8_t*>(kh), k_seq, p.k_head, n, sh, kTile, nh);
           else if (use_bf16_dot)
-            qk_keys_bf16(qb16.data() + r_lo * D, G, hn, D, reinterpret_cast<const uint16_t*>(kh), p.k_seq, p.k_head, 0,
+            qk_keys_bf16(qb16.data() + r_lo * D, G, hn, D, reinterpret_cast<const uint16_t*>(kh), k_seq, p.k_head, 0,
                          n, sh, kTile, nh);
           else
 #endif
-            qk_keys(qbuf.data() + r_lo * Dp, Dp, G, hn, kh, p.k_seq, p.k_head, D, 0, n, sh, kTile, nh);
+            qk_keys(qbuf.data() + r_lo * Dp, Dp, G, hn, kh, k_seq, p.k_head, D, 0, n, sh, kTile, nh);
           clock.lap(St::kDecQk);
           const float post_scale = use_bf16_dot ? p.scale : 1.f;  // the fp32 path's q rows are pre-scaled
           for (int64_t r = r_lo; r < r_hi; ++r) {
@@ -778,7 +806,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
 #if defined(CPU_CAPABILITY_AVX512)
               if constexpr (kInt8) {
                 if (item_i8 && D % 64 == 0 &&
-                    pv_i16(acc + hh * G * Dp, Dp, s.data() + hh * G * kTile, G, vh, p.v_seq, n, D, pp.data(),
+                    pv_i16(acc + hh * G * Dp, Dp, s.data() + hh * G * kTile, G, vh, v_seq, n, D, pp.data(),
                            sp.data()))
                   continue;
               }
@@ -789,10 +817,10 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
                 float* ar = acc + r0 * Dp;
                 const float* pr = s.data() + r0 * kTile;
                 switch (gn) {
-                  case 8: pv_rows_all<8>(ar, Dp, pr, vh, p.v_seq, n, D); break;
-                  case 4: pv_rows_all<4>(ar, Dp, pr, vh, p.v_seq, n, D); break;
-                  case 2: pv_rows_all<2>(ar, Dp, pr, vh, p.v_seq, n, D); break;
-                  default: pv_rows_all<1>(ar, Dp, pr, vh, p.v_seq, n, D); break;
+                  case 8: pv_rows_all<8>(ar, Dp, pr, vh, v_seq, n, D); break;
+                  case 4: pv_rows_all<4>(ar, Dp, pr, vh, v_seq, n, D); break;
+                  case 2: pv_rows_all<2>(ar, Dp, pr, vh, v_seq, n, D); break;
+                  default: pv_rows_all<1>(ar, Dp, pr, vh, v_seq, n, D); break;
                 }
                 g0 += gn;
               }

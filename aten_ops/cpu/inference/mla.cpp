@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/inference/decode_params.h"
+#include "common/inference/nz_cache.h"
 #include "common/inference/prefill_params.h"
 #include "cpu/inference/mla_kernels.h"
 
@@ -68,10 +69,14 @@ at::Tensor append_rope(const at::Tensor& t, const at::Tensor& r, bool packed, in
 
 at::Tensor last_dim_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
-}  // namespace
+// The piece strides of NZ latent caches the kernel reads in place (common/inference/nz_cache.h).
+struct MlaNz {
+  int64_t c0, k_piece, kr_piece, v_piece;
+};
 
-std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* op,
-                                                                   const FusedInferAttentionScoreArgs& a) {
+// The call itself; nz: key/value/key_rope are ND stand-in views of NZ caches (rows = piece 0 of each row) whose
+// pieces lie nz->*_piece apart.
+std::tuple<at::Tensor, at::Tensor> mla_call(const char* op, const FusedInferAttentionScoreArgs& a, const MlaNz* nz) {
   TORCH_CHECK_VALUE(a.query_rope.has_value() && a.key_rope.has_value(), op, ": arguments 'query_rope' and 'key_rope' "
                     "must be given together (MLA); got only '", a.query_rope.has_value() ? "query_rope" : "key_rope",
                     "'");
@@ -235,6 +240,12 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
     p.k_block = kc.stride(0);
     p.kr_block = krc.stride(0);
     p.v_block = vc.stride(0);
+    if (nz) {
+      p.nz_c0 = nz->c0;
+      p.k_piece = nz->k_piece;
+      p.kr_piece = nz->kr_piece;
+      p.v_piece = nz->v_piece;
+    }
     const int64_t M = bt.size(1), num_blocks = kc.size(0);
     attention::read_per_batch_lengths(op, "actual_seq_lengths_kv", *a.actual_seq_lengths_kv, B, M * bs, p.kv_len);
     const at::Tensor btc = bt.to(at::kCPU, at::kLong).contiguous();
@@ -312,6 +323,43 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
   if (out.numel() > 0 && B > 0)
     cpu::mla_attention_stub(p, qc, qrc, kc, krc, vc, out, a.softmax_lse_flag ? lse.data_ptr<float>() : nullptr);
   return {out, lse};
+}
+
+}  // namespace
+
+// NZ latent caches (5-D (num_blocks, N2, D / c0, block_size, c0) key, value and key_rope, as vLLM-Ascend's MLA keeps
+// them with its NZ cache option): the kernel's calls read them in place; every other call (GQA, masks, pse_shift)
+// runs on their ND copies (num_blocks, block_size, N2, D).
+std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* op,
+                                                                   const FusedInferAttentionScoreArgs& a) {
+  if (!a.block_table.has_value() || !attention::is_nz_cache(a.key)) return mla_call(op, a, nullptr);
+  TORCH_CHECK_VALUE(a.key_rope.has_value() && attention::is_nz_cache(*a.key_rope) && attention::is_nz_cache(a.value),
+                    op, ": an NZ (5-D) 'key' cache needs 'value' and 'key_rope' in the NZ form too; got 'value' ",
+                    a.value.sizes(), " and 'key_rope' ", a.key_rope.has_value() ? a.key_rope->sizes() : at::IntArrayRef{});
+  const at::Tensor &k = a.key, &v = a.value, &kr = *a.key_rope;
+  const int64_t N2 = a.num_key_value_heads > 0 ? a.num_key_value_heads : a.num_heads, bs = a.block_size;
+  const attention::NzStrides ks = attention::nz_strides(op, "key", k, N2, k.size(2) * k.size(4), bs);
+  const attention::NzStrides vs = attention::nz_strides(op, "value", v, N2, v.size(2) * v.size(4), bs);
+  const attention::NzStrides rs = attention::nz_strides(op, "key_rope", kr, N2, kr.size(2) * kr.size(4), bs);
+  const auto dt = a.query.scalar_type();
+  const bool band_only = !a.atten_mask.has_value() && (a.sparse_mode == 0 || a.sparse_mode == 2 ||
+                                                       a.sparse_mode == 3 || a.sparse_mode == 4);
+  const bool kernel = N2 == 1 && !a.pse_shift.has_value() && band_only && k.scalar_type() == dt &&
+                      v.scalar_type() == dt && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) &&
+                      a.query.device().is_cpu();
+  FusedInferAttentionScoreValues g(a);
+  auto nd = [&](const at::Tensor& t, const attention::NzStrides& st) {
+    const int64_t d = t.size(2) * t.size(4);
+    if (kernel)  // rows are piece 0 of each NZ row: only the kernel, told the piece strides, reads through them
+      return t.as_strided({t.size(0), bs, N2, d}, {st.blk, st.seq, st.head, 1});
+    return t.permute({0, 3, 1, 2, 4}).reshape({t.size(0), bs, N2, d});
+  };
+  g.key = nd(k, ks);
+  g.value = v.is_same(k) ? g.key : nd(v, vs);
+  g.key_rope = nd(kr, rs);
+  if (!kernel) return mla_call(op, g.args(), nullptr);
+  const MlaNz nz{ks.c0, ks.piece, rs.piece, vs.piece};
+  return mla_call(op, g.args(), &nz);
 }
 
 }  // namespace npu_fa

@@ -30,6 +30,9 @@ struct MlaParams {
   // j / block_size]; *_block are the block strides of key, key_rope and value.
   int64_t block_size = 0, table_stride = 0, k_block = 0, kr_block = 0, v_block = 0;
   std::vector<int64_t> blocks;
+  // NZ paged caches (common/inference/nz_cache.h): rows in pieces of nz_c0 values; piece c of a row at
+  // row + c * *_piece (the rows' ss is then c0). 0: rows contiguous.
+  int64_t nz_c0 = 0, k_piece = 0, kr_piece = 0, v_piece = 0;
   bool v_is_k = false;  // value is key (the same rows): the tile is read once for both products
   // learnable_sink (fp32 [heads]): one more logit per head in every row, with a zero value row, added to each row's
   // statistics as the prefill kernels add it (online_softmax::add_sink); nullptr without one.

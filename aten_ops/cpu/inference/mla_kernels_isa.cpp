@@ -83,10 +83,29 @@ struct Worker {
   std::vector<C> qt, qrt, pm, vb;
   std::vector<float> st, kb, krb, vf, acc, mrow, lrow, msafe, alpha, tmax;
 
+  std::vector<T> kz, krz, vz;  // NZ caches: the tile's rows assembled from their pieces
+
   const T* row(const T* base, int64_t block_stride, const MlaRows& r, int64_t b, int64_t j) const {
     if (p.block_size > 0)
       return base + p.blocks[b * p.table_stride + j / p.block_size] * block_stride + (j % p.block_size) * r.ss;
     return base + b * r.sb + (p.kv_off[b] + j) * r.ss;
+  }
+
+  // L rows of width D from key j on (inside one block): the cache's own rows and their stride, or for an NZ cache
+  // (p.nz_c0 > 0, common/inference/nz_cache.h) the rows assembled from their head-dim pieces into `scratch`.
+  struct TileRows {
+    const T* ptr;
+    int64_t ld;
+  };
+  TileRows tile_rows(const T* base, int64_t block_stride, const MlaRows& r, int64_t piece, int64_t b, int64_t j,
+                     int64_t L, int64_t D, std::vector<T>& scratch) const {
+    const T* first = row(base, block_stride, r, b, j);
+    if (p.nz_c0 == 0) return {first, r.ss};
+    const int64_t c0 = p.nz_c0;
+    scratch.resize(L * D);
+    for (int64_t c = 0; c < D / c0; ++c)
+      for (int64_t x = 0; x < L; ++x) std::copy_n(first + c * piece + x * r.ss, c0, scratch.data() + x * D + c * c0);
+    return {scratch.data(), D};
   }
 
   // Qᵀ of the item's rows (row m = position (m / heads) x head (m % heads)): VNNI pairs for bf16, else [D, R].
@@ -102,12 +121,10 @@ struct Worker {
   }
 
   // L rows of width D starting at key j as fp32 (for inputs the compute type cannot read in place).
-  const float* to_float(const T* base, int64_t block_stride, const MlaRows& r, int64_t b, int64_t j, int64_t L,
-                        int64_t D, std::vector<float>& buf) {
+  const float* to_float(TileRows src, int64_t L, int64_t D, std::vector<float>& buf) {
     buf.resize(L * D);
-    const T* src = row(base, block_stride, r, b, j);
     for (int64_t x = 0; x < L; ++x)
-      for (int64_t d = 0; d < D; ++d) buf[x * D + d] = static_cast<float>(src[x * r.ss + d]);
+      for (int64_t d = 0; d < D; ++d) buf[x * D + d] = static_cast<float>(src.ptr[x * src.ld + d]);
     return buf.data();
   }
 
@@ -115,12 +132,14 @@ struct Worker {
     const int64_t H = p.heads, R = (t.i1 - t.i0) * H, D = p.dim, Dr = p.rope_dim, Dv = p.v_dim, b = t.b;
     st.resize(L * R);
     // Scores Sᵀ = K·Qᵀ (+ K_rope·Q_ropeᵀ).
+    const TileRows kt = tile_rows(k, p.k_block, p.k, p.k_piece, b, j, L, D, kz);
+    const TileRows krt = Dr > 0 ? tile_rows(kr, p.kr_block, p.kr, p.kr_piece, b, j, L, Dr, krz) : TileRows{kr, 0};
     if constexpr (std::is_same_v<T, C>) {
-      mm(L, R, D, row(k, p.k_block, p.k, b, j), p.k.ss, qt.data(), R, st.data(), R, false);
-      if (Dr > 0) mm(L, R, Dr, row(kr, p.kr_block, p.kr, b, j), p.kr.ss, qrt.data(), R, st.data(), R, true);
+      mm(L, R, D, kt.ptr, kt.ld, qt.data(), R, st.data(), R, false);
+      if (Dr > 0) mm(L, R, Dr, krt.ptr, krt.ld, qrt.data(), R, st.data(), R, true);
     } else {
-      mm(L, R, D, to_float(k, p.k_block, p.k, b, j, L, D, kb), D, qt.data(), R, st.data(), R, false);
-      if (Dr > 0) mm(L, R, Dr, to_float(kr, p.kr_block, p.kr, b, j, L, Dr, krb), Dr, qrt.data(), R, st.data(), R, true);
+      mm(L, R, D, to_float(kt, L, D, kb), D, qt.data(), R, st.data(), R, false);
+      if (Dr > 0) mm(L, R, Dr, to_float(krt, L, Dr, krb), Dr, qrt.data(), R, st.data(), R, true);
     }
     // Scale, mask (tiles crossing the band's edge only) and the column maxima.
     const float sc = static_cast<float>(p.scale);
@@ -185,14 +204,16 @@ struct Worker {
       for (; d < Dv; ++d) a[d] *= alpha[m];
     }
     // acc += P·V.
+    // Value rows: the key's when value is key (an NZ tile is then assembled once), else the value cache's.
+    const TileRows vt_rows = p.v_is_k && Dv == D ? kt : tile_rows(v, p.v_block, p.v, p.v_piece, b, j, L, Dv, vz);
     if constexpr (std::is_same_v<C, BFloat16>) {
       vb.resize(Lp * Dv);
-      brgemm::pack_rows_vnni(row(v, p.v_block, p.v, b, j), p.v.ss, L, Dv, Dv, vb.data());
+      brgemm::pack_rows_vnni(vt_rows.ptr, vt_rows.ld, L, Dv, Dv, vb.data());
       mm(R, Dv, Lp, pm.data(), Lp, vb.data(), Dv, acc.data(), Dv, true);
     } else if constexpr (std::is_same_v<T, float>) {
-      mm(R, Dv, L, pm.data(), L, row(v, p.v_block, p.v, b, j), p.v.ss, acc.data(), Dv, true);
+      mm(R, Dv, L, pm.data(), L, vt_rows.ptr, vt_rows.ld, acc.data(), Dv, true);
     } else {
-      const float* vt = (p.v_is_k && Dv == D) ? kb.data() : to_float(v, p.v_block, p.v, b, j, L, Dv, vf);
+      const float* vt = (p.v_is_k && Dv == D) ? kb.data() : to_float(vt_rows, L, Dv, vf);
       mm(R, Dv, L, pm.data(), L, vt, Dv, acc.data(), Dv, true);
     }
   }

@@ -97,6 +97,8 @@ std::tuple<at::Tensor, at::Tensor> paged_prefill(const char* op, const FusedInfe
     m.table_stride = std::max<int64_t>(M, 1);
     m.block_size = bs;
     m.block_stride = r.block_stride;
+    m.nz_c0 = r.nz_c0;
+    m.piece_stride = r.piece_stride;
   };
   Prefill res = run_prefill(op, a.query, g.key, g.value, g.args(), [&](attention::AttentionParams& p, AttentionInputs& in) {
     page(p.k, kr);

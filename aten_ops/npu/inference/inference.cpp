@@ -66,6 +66,7 @@ std::string plan_kernel(const attention::DecodeInputs& in, const at::Tensor& k, 
                         tot_ascendc::IncreFlashAttentionTiling& tiling) {
   const auto& p = in.params;
   if (k.scalar_type() == at::kChar) return "an int8 KV cache (antiquant)";
+  if (p.nz_c0 > 0) return "an NZ (5-D) paged cache";
   if (has_mask) return "atten_mask";
   if (has_pse) return "pse_shift";
   if (p.sink) return "learnable_sink";
@@ -261,6 +262,7 @@ std::tuple<at::Tensor, at::Tensor> fused_fallback(const char* op, const std::str
 std::tuple<at::Tensor, at::Tensor> paged_prefill_npu(const char* op, const FusedInferAttentionScoreArgs& a) {
   const attention::PagedPlan pl = attention::plan_paged(op, a);
   if (const char* why = prefill_refusal_before_parsing(a)) return fused_fallback(op, why, a);
+  if (pl.k.nz_c0 > 0) return fused_fallback(op, "an NZ (5-D) paged cache", a);  // the CPU op reads it in place
   const c10::string_view layout = a.input_layout;
   const at::Tensor index = used_blocks_index(pl, a.key.device());
   FusedInferAttentionScoreValues g(a);  // the call on the gathered keys: a contiguous cache, no table
