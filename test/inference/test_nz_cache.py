@@ -322,3 +322,52 @@ def test_mla_nz_needs_every_cache_in_nz():
                                             num_key_value_heads=1, input_layout="BSND", block_size=64,
                                             block_table=torch.zeros(1, 1, dtype=torch.int32),
                                             actual_seq_lengths_kv=[10])
+
+
+def test_mla_prolog_and_kv_rmsnorm_rope_cache_write_5d_nz_caches_that_fia_reads():
+    """vLLM-Ascend's MLA flow with NZ caches: npu_mla_prolog_v3 (PA_NZ) writes the 5-D caches (the same memory the 4-D
+    PA_NZ cache holds), npu_kv_rmsnorm_rope_cache (PA_NZ) likewise, and FIA's MLA kernel reads them in place: equal
+    to the call on their ND copies."""
+    from test.mla.mla_prolog_cases import make_inputs, paged_caches, positional
+
+    inputs = make_inputs((2, 3), torch.bfloat16)
+    kv, kr = paged_caches(inputs, num_blocks=4, block_size=16)
+    idx = torch.tensor([[17, 3, 40], [5, 63, 22]])
+    kv4, kr4 = kv.clone(), kr.clone()
+    tot.npu_mla_prolog_v3(*positional(inputs, kv4, kr4), cache_index=idx, cache_mode="PA_NZ")
+    kv5 = kv.clone().view(4, 1, 32 // 16, 16, 16)
+    kr5 = kr.clone().view(4, 1, 16 // 16, 16, 16)
+    out = tot.npu_mla_prolog_v3(*positional(inputs, kv5, kr5), cache_index=idx, cache_mode="PA_NZ")
+    assert out[0].shape == (2, 3, 4, 32)
+    assert torch.equal(kv5.view(kv4.shape), kv4) and torch.equal(kr5.view(kr4.shape), kr4)
+    # FIA (absorbed MLA decode, 4 heads) over the written NZ caches vs their ND copies.
+    g = torch.Generator().manual_seed(5)
+    q, q_rope = torch.randn(2, 1, 4, 32, generator=g).bfloat16(), torch.randn(2, 1, 4, 16, generator=g).bfloat16()
+    kw = dict(query_rope=q_rope, num_heads=4, num_key_value_heads=1, scale=0.1, input_layout="BSND",
+              block_table=torch.tensor([[1, 0], [3, 2]], dtype=torch.int32), block_size=16,
+              actual_seq_lengths_kv=[30, 17])
+    a, _ = tot.npu_fused_infer_attention_score(q, kv5, kv5, key_rope=kr5, **kw)
+    b, _ = tot.npu_fused_infer_attention_score(q, from_nz(kv5), from_nz(kv5), key_rope=from_nz(kr5), **kw)
+    assert torch.equal(a, b)
+    # npu_kv_rmsnorm_rope_cache (PA_NZ) into 5-D caches: the same bytes as into the 4-D ones.
+    kvx = torch.randn(2, 1, 3, 32 + 16, generator=g).bfloat16()
+    gamma = torch.rand(32, generator=g).bfloat16() + 0.5
+    cos, sin = (torch.randn(2, 1, 3, 16, generator=g).bfloat16() for _ in range(2))
+    slots = torch.tensor([9, 33, 50, 2, 61, 18])
+    k4, c4 = torch.zeros(4, 16, 1, 16).bfloat16(), torch.zeros(4, 16, 1, 32).bfloat16()
+    k5, c5 = torch.zeros(4, 1, 1, 16, 16).bfloat16(), torch.zeros(4, 1, 2, 16, 16).bfloat16()
+    tot.npu_kv_rmsnorm_rope_cache(kvx, gamma, cos, sin, slots, k4, c4, cache_mode="PA_NZ")
+    tot.npu_kv_rmsnorm_rope_cache(kvx, gamma, cos, sin, slots, k5, c5, cache_mode="PA_NZ")
+    assert torch.equal(k5.view(k4.shape), k4) and torch.equal(c5.view(c4.shape), c4)
+
+
+def test_nz_write_view_shape_errors():
+    from test.mla.mla_prolog_cases import make_inputs, paged_caches, positional
+
+    inputs = make_inputs((2, 3), torch.bfloat16)
+    kv, kr = paged_caches(inputs, num_blocks=4, block_size=16)
+    bad = torch.zeros(4, 1, 1, 16, 32).bfloat16()  # bf16 pieces are 16 values
+    with pytest.raises(ValueError, match=r"argument 'kv_cache' \(5-D NZ\) must be \[num_blocks, 1, D // 16, "
+                                         r"block_size, 16\]"):
+        tot.npu_mla_prolog_v3(*positional(inputs, bad, kr), cache_index=torch.zeros(2, 3, dtype=torch.long),
+                              cache_mode="PA_NZ")

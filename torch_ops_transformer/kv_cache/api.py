@@ -351,6 +351,22 @@ def from_nz(cache: Tensor) -> Tensor:
     return cache.permute(0, 3, 1, 2, 4).reshape(blocks, bs, n, pieces * c0)
 
 
+def nz_write_view(op: str, name: str, cache, cache_mode) -> Optional[Tensor]:
+    """For the MLA cache writers (npu_kv_rmsnorm_rope_cache, npu_mla_prolog*) in an NZ cache_mode: a 5-D NZ cache
+    (num_blocks, 1, D // c0, block_size, c0) as the 4-D (num_blocks, block_size, 1, D) tensor of the same memory
+    that those ops write in NZ order (None for other caches)."""
+    if not isinstance(cache, Tensor) or cache.dim() != 5 or cache_mode not in ("PA_NZ", "PA_BLK_NZ"):
+        return None
+    blocks, n, pieces, bs, c0 = cache.shape
+    if n != 1 or c0 != nz_c0(cache.dtype):
+        raise ValueError(f"{op}: argument '{name}' (5-D NZ) must be [num_blocks, 1, D // {nz_c0(cache.dtype)}, "
+                         f"block_size, {nz_c0(cache.dtype)}] for {cache.dtype} (one head, 32-byte pieces); got "
+                         f"{list(cache.shape)}")
+    if not cache.is_contiguous():
+        raise ValueError(f"{op}: argument '{name}' is written in place and must be contiguous")
+    return cache.view(blocks, bs, 1, pieces * c0)
+
+
 # ================================================================================================================
 # torch_npu.npu_scatter_pa_kv_cache
 # ================================================================================================================
@@ -477,9 +493,12 @@ def _kv_rmsnorm_rope_cache(op, kv, gamma, cos, sin, index, k_cache, ckv_cache, k
             raise TypeError(f"{op}: argument '{name}' must be a Tensor; got {type(t).__name__}")
     if not isinstance(cache_mode, str):
         raise TypeError(f"{op}: argument 'cache_mode' must be a str; got {type(cache_mode).__name__}")
+    # 5-D NZ caches: written through their 4-D view (same memory, NZ order), as FIA then reads them.
+    k_view, ckv_view = (nz_write_view(op, n, c, cache_mode) for n, c in (("k_cache", k_cache), ("ckv_cache", ckv_cache)))
     try:
         return _OPS.kv_rms_norm_rope_cache(
-            kv, gamma, cos, sin, index, k_cache, ckv_cache, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale,
+            kv, gamma, cos, sin, index, k_cache if k_view is None else k_view,
+            ckv_cache if ckv_view is None else ckv_view, k_rope_scale=k_rope_scale, c_kv_scale=c_kv_scale,
             k_rope_offset=k_rope_offset, c_kv_offset=c_kv_offset, v=v, epsilon=float(epsilon), cache_mode=cache_mode,
             is_output_kv=bool(is_output_kv))
     except (ValueError, TypeError, NotImplementedError) as e:

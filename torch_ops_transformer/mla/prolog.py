@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .._internal import args as _args
+from ..kv_cache.api import nz_write_view
 
 _OPS = torch.ops.npu_fa
 _V1_CACHE_MODES = ("PA_BSND", "PA_NZ")
@@ -37,6 +38,14 @@ def _int(op: str, name: str, value) -> int:
     return value
 
 
+def _caller_tensor(o, given, views):
+    """The caller's 5-D NZ cache when output o is the 4-D view it was written through, else o."""
+    for g, v in zip(given, views):
+        if v is not None and o is v:
+            return g
+    return o
+
+
 def _call(op: str, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq, rmsnorm_gamma_ckv,
           rope_sin, rope_cos, kv_cache, kr_cache, **kw):
     for name, t in (("token_x", token_x), ("weight_dq", weight_dq), ("weight_uq_qr", weight_uq_qr),
@@ -49,9 +58,14 @@ def _call(op: str, token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, r
         _tensor(op, name, kw.get(name), optional=True)
     if kw.get("actual_seq_len") is not None:
         kw["actual_seq_len"] = _args.host_int_tensor(op, "actual_seq_len", kw["actual_seq_len"], token_x.device)
+    # 5-D NZ caches: written through their 4-D view (same memory, NZ order); the caller gets its own tensors back.
+    views = [nz_write_view(op, n, c, kw.get("cache_mode")) for n, c in (("kv_cache", kv_cache), ("kr_cache", kr_cache))]
+    given = (kv_cache, kr_cache)
+    kv_cache, kr_cache = (c if v is None else v for c, v in zip(given, views))
     try:
-        return _OPS.mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
-                               rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, **kw)
+        out = _OPS.mla_prolog(token_x, weight_dq, weight_uq_qr, weight_uk, weight_dkv_kr, rmsnorm_gamma_cq,
+                              rmsnorm_gamma_ckv, rope_sin, rope_cos, kv_cache, kr_cache, **kw)
+        return tuple(_caller_tensor(o, given, views) for o in out)
     except (ValueError, TypeError, NotImplementedError) as e:
         # The op's messages start with its own name; name the torch_npu function the caller used.
         msg = str(e)
