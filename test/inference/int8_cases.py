@@ -34,6 +34,7 @@ class Case:
     per_tensor: bool = False         # mode 0 with one value
     block: int = 0                   # paged when > 0
     paged_4d: bool = False           # paged BNSD cache (num_blocks, N2, block, D)
+    nz: bool = False                 # with paged_4d: the NZ cache (num_blocks, N2, D // 32, block, 32)
     padding: Optional[int] = None    # kv_padding_size (contiguous)
     mask: bool = False               # a (B, S) mask
 
@@ -148,6 +149,9 @@ def build(c: Case, seed: int = 0, scale_dtype=torch.float32) -> Inputs:
                 for src, dst in ((k8, key), (v8, value)):
                     rows = src[b, :, i * c.block:(i + 1) * c.block]  # [N2, block, D]
                     dst[blk] = rows if c.paged_4d else rows.transpose(0, 1).reshape(c.block, N2 * D)
+        if c.nz:  # (num_blocks, N2, block, D) -> (num_blocks, N2, D // 32, block, 32): the same rows in NZ order
+            key, value = (t.view(num_blocks, N2, c.block, D // 32, 32).transpose(2, 3).contiguous()
+                          for t in (key, value))
         args = (q_arg, key, value, mask, None, lens_t, perm, None, N1, c.scale, c.layout, N2, c.block, 1)
     else:
         key = {"BSH": k8.transpose(1, 2).reshape(B, S, N2 * D), "BSND": k8.transpose(1, 2).contiguous(),
@@ -195,5 +199,7 @@ OPCHECK_CASES = {
     },
     "fused_infer_attention_score": {
         "int8_paged_decode_route": lambda: _fia_sample(Case(layout="BNSD", block=32, paged_4d=True, **_SMALL)),
+        "int8_nz_paged_decode_route": lambda: _fia_sample(Case(layout="BNSD", block=32, paged_4d=True, nz=True,
+                                                               **dict(_SMALL, head_dim=32))),
     },
 }

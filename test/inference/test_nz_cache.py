@@ -371,3 +371,23 @@ def test_nz_write_view_shape_errors():
                                          r"block_size, 16\]"):
         tot.npu_mla_prolog_v3(*positional(inputs, bad, kr), cache_index=torch.zeros(2, 3, dtype=torch.long),
                               cache_mode="PA_NZ")
+
+
+def test_compile_fullgraph_decode_on_nz_cache(dynamo_reset):
+    """torch.compile(fullgraph=True) of the C8 decode call: no graph break, no recompile for another sequence length,
+    same result as eager."""
+    c = _paged_case("int8")
+    q = torch.randn(c["B"], c["N1"], 1, c["D"], generator=c["g"]).bfloat16()
+    nz_k, nz_v = to_nz(c["kc"]), to_nz(c["vc"])
+    kw = dict(block_table=c["table"], num_heads=c["N1"], scale=c["D"] ** -0.5, input_layout="BNSD",
+              num_key_value_heads=c["N2"], block_size=c["block"], **c["quant"])
+
+    def step(q, k, v, lens):
+        return tot.npu_fused_infer_attention_score(q, k, v, actual_seq_lengths_kv=lens, **kw)[0]
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    counts = torch._dynamo.utils.counters
+    for lens in ([70, 33, 96], [71, 34, 96]):
+        lens_t = torch.tensor(lens)
+        assert torch.equal(compiled(q, nz_k, nz_v, lens_t), step(q, nz_k, nz_v, lens_t))
+    assert counts["stats"]["unique_graphs"] == 1

@@ -368,3 +368,37 @@ def case_in_place_caches_are_judged_from_the_pre_call_state():
                                                            for n, t in conv_kw.items()})
     assert oracle.stats().checked - before == 1
     assert not torch.equal(xd.cpu(), x) and not torch.equal(sd.cpu(), states)
+
+
+def case_nz_caches_and_prefix_mode_are_checked():
+    """The quantised-serving paths on the npu device: FIA decode over 5-D NZ int8 caches (vLLM-Ascend's C8 form), a TND
+    paged prefill over NZ bf16 caches, the NZ write of npu_scatter_pa_kv_cache and npu_fusion_attention's prefix mode
+    are each re-run on CPU and judged; correct kernels give no report."""
+    import torch_ops_transformer as tot
+    from test.inference.test_nz_cache import _paged_case
+    from torch_ops_transformer.inference.api import optimised_causal_mask
+    from torch_ops_transformer.kv_cache import to_nz
+
+    before = oracle.stats().checked
+    with oracle.check(mode="raise"):
+        for dtype in ("int8", "bf16"):
+            c = _paged_case(dtype, lens=(70, 33, 96))
+            nz_k, nz_v = (to_nz(t).to(NPU) for t in (c["kc"], c["vc"]))
+            quant = {n: (t.to(NPU) if isinstance(t, torch.Tensor) else t) for n, t in c["quant"].items()}
+            q = torch.randn(3, c["N1"], 1, c["D"], generator=c["g"]).to(c["qdt"]).to(NPU)
+            tot.npu_fused_infer_attention_score(q, nz_k, nz_v, block_table=c["table"].to(NPU),
+                                                actual_seq_lengths_kv=c["lens"], num_heads=c["N1"],
+                                                scale=c["D"] ** -0.5, input_layout="BNSD",
+                                                num_key_value_heads=c["N2"], block_size=c["block"], **quant)
+            qt = torch.randn(18, c["N1"], c["D"], generator=c["g"]).to(c["qdt"]).to(NPU)
+            tot.npu_fused_infer_attention_score(qt, nz_k, nz_v, block_table=c["table"].to(NPU),
+                                                actual_seq_lengths=[5, 6, 18], actual_seq_lengths_kv=c["lens"],
+                                                num_heads=c["N1"], scale=c["D"] ** -0.5, input_layout="TND",
+                                                num_key_value_heads=c["N2"], block_size=c["block"], sparse_mode=3,
+                                                atten_mask=optimised_causal_mask(NPU), **quant)
+        k = torch.randn(6, 2, 32).half().to(NPU)
+        cache = torch.zeros(2, 2, 2, 16, 16).half().to(NPU)
+        tot.npu_scatter_pa_kv_cache(k, k, cache, cache.clone(), torch.tensor([0, 5, 9, 17, 30, 31]).int().to(NPU))
+        q = torch.randn(2, 4, 24, 32).to(NPU)
+        tot.npu_fusion_attention(q, q, q, 4, "BNSD", sparse_mode=5, prefix=[3, 9], scale=0.2)
+    assert oracle.stats().checked - before >= 6, oracle.stats()
