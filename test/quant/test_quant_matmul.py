@@ -714,3 +714,18 @@ def _doc_examples():
 @pytest.mark.parametrize("index", range(len(_doc_examples())))
 def test_doc_example_runs(index):
     exec(compile(_doc_examples()[index], f"docs/quant.md example {index}", "exec"), {})  # noqa: S102
+
+
+@pytest.mark.parametrize("K", [1, 1024, 1025, 2500])
+def test_w8a8_int32_product_is_exact_at_the_extremes(K):
+    """The int32 product is exact on every CPU path (oneDNN's int8 GEMM, or fp32 slices of 1024 rows of K where the
+    CPU lacks AVX-512): all -128 (the largest products, 2^14 each) and mixed extremes, K across the slice edge."""
+    g = torch.Generator().manual_seed(K)
+    x1 = torch.full((5, K), -128, dtype=torch.int8)
+    x1[1] = 127
+    x1[2] = torch.randint(-128, 128, (K,), generator=g, dtype=torch.int8)
+    x2 = torch.full((K, 7), -128, dtype=torch.int8)
+    x2[:, 1] = 127
+    x2[:, 2] = torch.randint(-128, 128, (K,), generator=g, dtype=torch.int8)
+    got = tot.npu_quant_matmul(x1, x2, torch.ones(7), output_dtype=torch.int32)
+    assert torch.equal(got.long(), x1.long() @ x2.long())

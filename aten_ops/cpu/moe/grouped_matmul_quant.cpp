@@ -2,7 +2,8 @@
 //
 // Both lower the call to a list of products (rows of x, one expert's weight, rows of the output) like
 // grouped_matmul does, then:
-//   W8A8         acc = at::_int_mm(x_e, w_e) (oneDNN's s8s8 -> s32 GEMM: VNNI / AMX-INT8 where the CPU has them),
+//   W8A8         acc = exact_int_mm(x_e, w_e) (cpu/quant/int_mm.h: oneDNN's s8s8 -> s32 GEMM with VNNI / AMX-INT8
+//                on AVX-512 CPUs, exact fp32 slices elsewhere),
 //                then ATen element-wise passes apply int32 bias, weight scale, per-token scale, float bias,
 //                activation and the cast (round half to even + saturate for int8 outputs);
 //   weight-only  each task dequantises its [K, tile] block of the expert's int8 / int4 weight into x's dtype, then
@@ -22,6 +23,7 @@
 
 #include "common/checked_math.h"
 #include "cpu/moe/grouped_matmul_kernels.h"
+#include "cpu/quant/int_mm.h"
 #include "generated/kernels.h"
 
 namespace npu_fa {
@@ -243,7 +245,7 @@ void run_w8a8(const std::vector<Job>& jobs, int64_t act) {
     const int64_t w = n1 - n0, n = j.out.size(1);
     auto cols = [&](const at::Tensor& v) { return v.defined() && v.numel() == n && n > 1 ? v.narrow(0, n0, w) : v; };
     const bool whole = n0 == 0 && w == n;
-    w8a8_epilogue(at::_int_mm(j.a, whole ? j.w : j.w.narrow(1, n0, w)), whole ? j.out : j.out.narrow(1, n0, w),
+    w8a8_epilogue(cpu::exact_int_mm(j.a, whole ? j.w : j.w.narrow(1, n0, w)), whole ? j.out : j.out.narrow(1, n0, w),
                   cols(j.scale), j.pts, cols(j.bias_i), cols(j.bias_f), act);
   });
 }
@@ -485,7 +487,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_matmul_swiglu_quant_cpu(
     std::vector<float> v(H);
     for (size_t t; (t = next.fetch_add(1)) < tasks.size();) {
       const Task& g = tasks[t];
-      const at::Tensor acc = at::_int_mm(x.narrow(0, g.r0, g.m), w[g.e]);
+      const at::Tensor acc = cpu::exact_int_mm(x.narrow(0, g.r0, g.m), w[g.e]);
       const int32_t* a = acc.data_ptr<int32_t>();
       const float* s = ws.data_ptr<float>() + g.e * N;
       for (int64_t r = 0; r < g.m; ++r) {

@@ -1,8 +1,9 @@
 // CPU entry points of the quantised matmul ops (native_functions.yaml, "Quantised matmul"):
 //   trans_quant_param         float32 scale (+ offset) -> the int64 packing the matmuls read;
 //   quantize                  per-channel / per-axis static quantisation to int8 / uint8 / int32 / packed int4;
-//   quant_matmul              W8A8 (and W4A4 unpacked to int8): at::_int_mm (oneDNN's s8s8 -> s32 GEMM, VNNI /
-//                             AMX-INT8 where the CPU has them), then ATen element-wise passes for the epilogue;
+//   quant_matmul              W8A8 (and W4A4 unpacked to int8): the exact int32 product of cpu/quant/int_mm.h
+//                             (oneDNN's s8s8 -> s32 GEMM with VNNI / AMX-INT8 on AVX-512 CPUs, exact fp32 slices
+//                             elsewhere), then ATen element-wise passes for the epilogue;
 //                             the per-group A8W4 / A4W4 forms: one exact int32 product per group of K rows;
 //   weight_quant_batchmatmul  W8A16 / W4A16: up to kGemvRows rows of x per product, the fused dequantise-and-multiply
 //                             of cpu/quant/wq_gemv.h (weights read in place); more rows, (column tile) tasks on the
@@ -21,6 +22,7 @@
 
 #include "cpu/brgemm.h"
 #include "cpu/isa_dispatch.h"
+#include "cpu/quant/int_mm.h"
 #include "cpu/quant/swiglu_variants.h"
 #include "cpu/quant/wq_gemv.h"
 #include "generated/kernels.h"
@@ -474,7 +476,7 @@ at::Tensor quant_matmul_cpu(const QuantMatmulArgs& args) {
     acc = at::zeros(out_shape, x1.options().dtype(at::kInt));
   } else if (x2.dim() == 2) {
     const at::Tensor a = x1.reshape({B * M, K}).contiguous();  // x2 has no batch: batch = x1's
-    acc = at::_int_mm(a, x2.contiguous()).view(out_shape);
+    acc = cpu::exact_int_mm(a, x2.contiguous()).view(out_shape);
   } else {
     std::vector<int64_t> s1(batch), s2(batch);
     s1.push_back(M), s1.push_back(K), s2.push_back(K), s2.push_back(N);
@@ -483,7 +485,7 @@ at::Tensor quant_matmul_cpu(const QuantMatmulArgs& args) {
     acc = at::empty({B, M, N}, x1.options().dtype(at::kInt));
     for (int64_t b = 0; b < B; ++b) {
       at::Tensor out_b = acc[b];
-      at::_int_mm_out(out_b, a[b].contiguous(), w[b].contiguous());
+      out_b.copy_(cpu::exact_int_mm(a[b].contiguous(), w[b].contiguous()));
     }
     acc = acc.view(out_shape);
   }
