@@ -21,6 +21,7 @@ EXTENSIONS = {
     ("npu_mm_reduce_scatter_base", "chunks"): "pipelined chunk count of our MC2 implementation",
     ("npu_mm_all_reduce_base", "chunks"): "pipelined chunk count of our MC2 implementation",
     ("npu_mm_all_reduce_add_rms_norm", "chunks"): "pipelined chunk count of our MC2 implementation",
+    ("npu_all_gather_quant_mm", "chunks"): "pipelined chunk count of our MC2 implementation",
     ("npu_all_gather_base_mm", "world_size"): "default None: taken from the process group",
     ("npu_mm_reduce_scatter_base", "world_size"): "default None: taken from the process group",
     ("npu_sparse_flash_attention_grad", "block_table"): "the forward's paged cache (upstream's grad has no paging)",
@@ -268,6 +269,7 @@ SAMPLES = {
     "npu_all_gather_base_mm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), None), {}),
     "npu_mm_reduce_scatter_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), None), {}),
     "npu_mm_all_reduce_base": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group()), {}),
+    "npu_all_gather_quant_mm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), _group(), None), {}),
     "npu_mm_all_reduce_add_rms_norm": lambda: ((torch.randn(3, 4), torch.randn(4, 5), torch.randn(3, 5),
                                                 torch.ones(5), _group()), {}),
     "npu_moe_distribute_dispatch": _dispatch_args,
@@ -378,6 +380,7 @@ UNDEFINED_RESULTS = {
     ("npu_fusion_attention_grad_v2", 3): "dpse without pse",
     ("npu_fusion_attention_grad_v2", 4): "dq_rope without query_rope",
     ("npu_fusion_attention_grad_v2", 5): "dk_rope without key_rope",
+    ("npu_all_gather_quant_mm", 2): "amax_out without amax_output",
 }
 
 

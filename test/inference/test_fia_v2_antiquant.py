@@ -117,14 +117,14 @@ def test_bad_v2_int4_packed_cache():
                                                input_layout="BSH", **_v2_kwargs(inp))
 
 
-def test_bad_v2_query_quant_and_out_quant_stay_not_implemented():
+def test_bad_v2_query_quant_with_a_float_query():
+    # dequant_scale_query / query_quant_mode 3 belong to an int8 query (MLA full quantisation,
+    # test/inference/test_quant_attention.py): next to this float query they are bad arguments
     inp = build(Case())
-    with pytest.raises(NotImplementedError, match="'dequant_scale_query'"):
+    with pytest.raises(ValueError, match="'dequant_scale_query' needs an int8 query"):
         _v2(inp, dequant_scale_query=torch.ones(1))
-    with pytest.raises(NotImplementedError, match="'query_quant_mode'=3"):
+    with pytest.raises(ValueError, match="'query_quant_mode' needs an int8 query"):
         _v2(inp, query_quant_mode=3)
-    with pytest.raises(NotImplementedError, match="'quant_scale_out'"):
-        _v2(inp, quant_scale_out=torch.ones(1))
 
 
 def test_bad_v2_mode_out_of_range_names_v2_argument():

@@ -371,7 +371,7 @@ def test_bad_padding_mask_and_quant_args():
     q, k, v = _ok()
     with pytest.raises(ValueError, match="padding_mask"):
         OPS.prompt_flash_attention(q, k, v, padding_mask=torch.zeros(1), num_heads=4, input_layout="BSND")
-    with pytest.raises(NotImplementedError, match="quant_scale1"):  # a feature not implemented
+    with pytest.raises(ValueError, match="quant_scale1"):  # full-quantisation factors need an int8 query
         tot.npu_prompt_flash_attention(q, k, v, quant_scale1=torch.ones(1), num_heads=4, input_layout="BSND")
 
 

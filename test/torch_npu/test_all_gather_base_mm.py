@@ -9,9 +9,9 @@ Upstream cases (an HCCL world of 8 NPUs, `hcom` from `get_hccl_comm_name`, resul
   the device's float16 matmul). Also in the ranks: bias, gather_output=False, output_dtype float16 (a cast of the
   float32 result here), world_size None (the group's size), a ProcessGroup as hcom, and torch_npu's error for
   x1 and x2 with different k.
-- test_npu_all_gather_quant_mm: int8 x1/x2 with x1_scale / x2_scale and output_dtype float16. Not applicable:
-  quantised MC2 is not implemented; test_quantisation_arguments_raise_not_implemented checks that those arguments
-  and int8 inputs raise NotImplementedError naming them.
+- test_npu_all_gather_quant_mm: int8 x1/x2 with x1_scale / x2_scale and output_dtype float16. Implemented; its
+  numerics are tested across gloo ranks in test/mc2/test_quant.py, its argument errors in
+  test_quantisation_argument_errors here.
 Argument errors torch_npu raises (world_size outside {2, 4, 8, 16, 32}, comm_mode values, gather_output with
 'aiv') are checked in test_argument_errors, without a process group (they are raised before `hcom` is resolved).
 """
@@ -85,14 +85,15 @@ def test_argument_errors(kwargs, fragment):
     assert isinstance(info.value, ValueError)  # and ours is a ValueError too
 
 
-def test_quantisation_arguments_raise_not_implemented():
-    scale = to_device(torch.ones(1, 6))
-    with pytest.raises(NotImplementedError, match="'x2_scale'"):
-        _call(x2_scale=scale)
-    with pytest.raises(NotImplementedError, match="'x1_scale'"):
+def test_quantisation_argument_errors():
+    """The int8 form runs (numerics: test/mc2/test_quant.py); these are torch_npu's argument errors, and an int8
+    output is not implemented."""
+    with pytest.raises(RuntimeError, match="'x2_scale' must be None with a float input"):
+        _call(x2_scale=to_device(torch.ones(1, 6)))
+    with pytest.raises(RuntimeError, match="'x1_scale' must be None with a float input"):
         _call(x1_scale=to_device(torch.ones(4, 1)))
     int8 = to_device(torch.ones(4, 8, dtype=torch.int8), torch.ones(8, 6, dtype=torch.int8))
-    with pytest.raises(NotImplementedError, match="'input' \\(torch.int8\\)"):
+    with pytest.raises(RuntimeError, match="'x2_scale' is required with int8 inputs"):
         torch_npu.npu_all_gather_base_mm(int8[0], int8[1], "no_group", 2)
     with pytest.raises(NotImplementedError, match="'output_dtype'"):
         _call(output_dtype=torch.int8)

@@ -12,7 +12,10 @@ softmax in fp32, cast to fp16, times V), compared with assertRtolEqual's rule, a
 
 Not in upstream's files (torch_npu behaviour this port relies on): actual_seq_lengths as a python list, a CPU tensor
 or a tensor on the inputs' device, for a contiguous and a paged cache; kv_padding_size as an int, a CPU tensor or a
-device tensor; npu lengths next to CPU inputs; quantisation arguments -> NotImplementedError naming them.
+device tensor; npu lengths next to CPU inputs; the quantisation arguments: quant_scale2 / quant_offset2 (int8
+output) against upstream's formula on the float64 attention, quant_offset2 without quant_scale2 and the
+full-quantisation factors (dequant_scale1 / quant_scale1 / dequant_scale2: an int8 query, which upstream's
+incre_flash_attention does not take) -> ValueError naming them.
 """
 import math
 
@@ -22,6 +25,7 @@ import torch
 from test.common.reference import check_tolerance
 from test.torch_npu.common import DEVICE, on_cpu, to_device, torch_npu
 from test.torch_npu.rtol import assert_rtol_equal
+from test.torch_npu.test_npu_fused_infer_attention_score import check_int8_output
 
 
 def _bnsd_to_bsh(t):
@@ -141,11 +145,22 @@ def test_npu_lengths_and_padding_with_cpu_inputs():
 
 
 @pytest.mark.parametrize("name", ["dequant_scale1", "quant_scale1", "dequant_scale2", "quant_scale2", "quant_offset2"])
-def test_quantisation_arguments_are_not_implemented(name):
-    q, k, v = to_device(*_inputs())
-    with pytest.raises(NotImplementedError, match=name):
-        torch_npu.npu_incre_flash_attention(q, k, v, num_heads=2, input_layout="BNSD",
-                                            **{name: to_device(torch.ones(1))})
+def test_quantisation_arguments(name):
+    q, k, v = (t.half() for t in _inputs())
+    call = lambda **kw: torch_npu.npu_incre_flash_attention(*to_device(q, k, v), num_heads=2,  # noqa: E731
+                                                            input_layout="BNSD", scale_value=0.3, **kw)
+    if name == "quant_scale2":
+        # int8 output, per-channel (N, D) factors with an offset: saturate(round(y · scale + offset))
+        g = torch.Generator().manual_seed(5)
+        scale, offset = torch.rand(2, 16, generator=g) * 300 - 150, torch.randn(2, 16, generator=g)
+        ref64 = _decode_reference(q, k, v, 0.3, [0, 0, 0], [40, 40, 40])
+        float_err = float((on_cpu(call()).double() - ref64).abs().max())
+        out8 = call(quant_scale2=to_device(scale), quant_offset2=to_device(offset))
+        check_int8_output(out8, ref64, scale.view(1, 2, 1, 16), offset.view(1, 2, 1, 16), float_err)
+        return
+    # an offset needs its scale; the full-quantisation factors need an int8 query, which this op does not take
+    with pytest.raises(ValueError, match=f"'{name}'"):
+        call(**{name: to_device(torch.ones(1))})
 
 
 def test_antiquant_needs_an_int8_cache():

@@ -10,13 +10,13 @@ joins the ranks, the golden values below are what each case prepares):
   baseline). Also in the ranks: `hcom` as a group name and as a ProcessGroup, bias as torch_npu adds it (on every
   rank, inside the all-reduce: AllReduce(x1 @ x2 + bias)) including a bias on rank 0 only, y_dtype float32 (a
   cast here), and the shape errors torch_npu raises.
-- 5-8, *_int8_{perchannel,pertensor}: weight-quantised x2 (int8) with antiquant_scale / antiquant_offset.
-  Not applicable (quantised MC2 is not implemented): test_quantisation_raises_not_implemented checks the
-  NotImplementedError naming the arguments.
-- 9-12, *_int8_int8_dequant_*: int8 x1 and x2 with dequant_scale (int64 / bfloat16 / float32) and pertoken_scale.
-  Not applicable, as above.
+- 5-8, *_int8_{perchannel,pertensor}: weight-quantised x2 (int8) with antiquant_scale / antiquant_offset, and
+  9-12, *_int8_int8_dequant_*: int8 x1 and x2 with dequant_scale (int64 / bfloat16 / float32) and pertoken_scale.
+  Implemented; their numerics are tested across gloo ranks in test/mc2/test_quant.py, their argument errors in
+  test_quantisation_argument_errors here.
 - 13-20, *_fp8_* / *_hifloat8_*: float8 / hifloat8 inputs given through x1_dtype, x2_dtype, y_dtype with
-  dequant_scale (Ascend 950 only). Not applicable, as above.
+  dequant_scale (Ascend 950 only). Not applicable (not implemented): test_quantisation_raises_not_implemented
+  checks the NotImplementedError naming the arguments.
 
 The other MC2 all-reduce files of op-plugin are quantised only and not ported: test_quant_mm_all_reduce_base.py
 and test_quant_mm_all_reduce_base_bf16.py (int8 x1/x2 with dequant_scale), test_weight_quant_mm_all_reduce_base.py
@@ -101,15 +101,6 @@ def _inputs(x1_dtype=torch.float16, x2_dtype=torch.float16):
 
 
 @pytest.mark.parametrize("case,kwargs,x_dtypes,fragment", [
-    ("5-8 weight quant", {"antiquant_scale": torch.ones(6), "antiquant_offset": torch.ones(6)},
-     (torch.float16, torch.int8), "'x2' \\(torch.int8\\)"),
-    ("5-8 weight quant args", {"antiquant_scale": torch.ones(6), "antiquant_offset": torch.ones(6)},
-     (torch.float16, torch.float16), "'antiquant_scale', 'antiquant_offset'"),
-    ("5-8 pergroup", {"antiquant_group_size": 32}, (torch.float16, torch.float16), "'antiquant_group_size'=32"),
-    ("9-12 dequant", {"dequant_scale": torch.ones(6, dtype=torch.int64)}, (torch.int8, torch.int8),
-     "'x1' \\(torch.int8\\) and 'x2' \\(torch.int8\\)"),
-    ("9-12 dequant args", {"dequant_scale": torch.ones(6), "pertoken_scale": torch.ones(4)},
-     (torch.float16, torch.float16), "'dequant_scale', 'pertoken_scale'"),
     ("13-20 fp8", {"y_dtype": torch.bfloat16}, (torch.float8_e4m3fn, torch.float8_e5m2), "float8_e4m3fn"),
     ("13-20 x1_dtype", {"x1_dtype": 290}, (torch.float16, torch.float16), "'x1_dtype'"),
     ("13-20 x2_dtype", {"x2_dtype": torch.float8_e5m2}, (torch.float16, torch.float16), "'x2_dtype'"),
@@ -123,6 +114,26 @@ def test_quantisation_raises_not_implemented(case, kwargs, x_dtypes, fragment):
     x1, x2 = _inputs(*x_dtypes)
     kwargs = {k: to_device(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     with pytest.raises(NotImplementedError, match=fragment):
+        torch_npu.npu_mm_all_reduce_base(x1, x2, "no_group", **kwargs)
+
+
+@pytest.mark.parametrize("case,kwargs,x_dtypes,error,fragment", [
+    ("5-8 weight quant: scale of x1's dtype", {"antiquant_scale": torch.ones(6), "antiquant_offset": torch.ones(6)},
+     (torch.float16, torch.int8), TypeError, "'antiquant_scale' must have x1's dtype"),
+    ("5-8 weight quant args with float x2", {"antiquant_scale": torch.ones(6), "antiquant_offset": torch.ones(6)},
+     (torch.float16, torch.float16), ValueError, "'antiquant_scale' and 'antiquant_offset' must be None"),
+    ("5-8 pergroup with float x2", {"antiquant_group_size": 32}, (torch.float16, torch.float16), ValueError,
+     "'antiquant_group_size' applies to a weight-only int8 x2"),
+    ("9-12 dequant packed: shape", {"dequant_scale": torch.ones(7, dtype=torch.int64)}, (torch.int8, torch.int8),
+     ValueError, "'dequant_scale' must be \\[1\\]"),
+    ("9-12 dequant args with float x2", {"dequant_scale": torch.ones(6), "pertoken_scale": torch.ones(4)},
+     (torch.float16, torch.float16), ValueError, "'dequant_scale' must be None"),
+])
+def test_quantisation_argument_errors(case, kwargs, x_dtypes, error, fragment):
+    """Cases 5-12 run (test/mc2/test_quant.py checks their numerics); these are torch_npu's argument errors."""
+    x1, x2 = _inputs(*x_dtypes)
+    kwargs = {k: to_device(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    with pytest.raises(error, match=fragment):
         torch_npu.npu_mm_all_reduce_base(x1, x2, "no_group", **kwargs)
 
 

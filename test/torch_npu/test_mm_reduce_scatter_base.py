@@ -9,9 +9,9 @@ Upstream cases (an HCCL world of 8 NPUs, `hcom` from `get_hccl_comm_name`):
   same-dtype matmul then reduce-scatter as the baseline); bfloat16 too. Also in the ranks: a bias (added once
   after the reduction here; torch_npu documents bias as unsupported), output_dtype float16 (a cast here),
   world_size None, a ProcessGroup as hcom, and torch_npu's error for m not divisible by world_size.
-- test_npu_mm_reduce_scatter_quant: int8 x1/x2 with x1_scale / x2_scale, output_dtype float16 / bfloat16. Not
-  applicable: quantised MC2 is not implemented; test_quantisation_arguments_raise_not_implemented checks that
-  those arguments and int8 inputs raise NotImplementedError naming them.
+- test_npu_mm_reduce_scatter_quant: int8 x1/x2 with x1_scale / x2_scale, output_dtype float16 / bfloat16.
+  Implemented; its numerics are tested across gloo ranks in test/mc2/test_quant.py, its argument errors in
+  test_quantisation_argument_errors here.
 The argument errors torch_npu raises before communicating (world_size, reduce_op, comm_mode) are checked in
 test_argument_errors without a process group.
 """
@@ -87,9 +87,11 @@ def test_argument_errors(kwargs, fragment):
     assert isinstance(info.value, ValueError)
 
 
-def test_quantisation_arguments_raise_not_implemented():
-    with pytest.raises(NotImplementedError, match="'x1_scale', 'x2_scale'"):
+def test_quantisation_argument_errors():
+    """The int8 form runs (numerics: test/mc2/test_quant.py); scales with a float input, or an int8 input without
+    x2_scale, are torch_npu's argument errors."""
+    with pytest.raises(RuntimeError, match="'x1_scale' and 'x2_scale' must be None with a float input"):
         _call(x1_scale=to_device(torch.ones(4, 1)), x2_scale=to_device(torch.ones(1, 6)))
     int8 = to_device(torch.ones(4, 8, dtype=torch.int8), torch.ones(8, 6, dtype=torch.int8))
-    with pytest.raises(NotImplementedError, match="quantised"):
+    with pytest.raises(RuntimeError, match="'x2_scale' is required with int8 inputs"):
         torch_npu.npu_mm_reduce_scatter_base(int8[0], int8[1], "no_group", 2, output_dtype=torch.bfloat16)

@@ -18,8 +18,12 @@ Upstream cases (TestFusedInferAttentionScore), and what became of each here:
   rules need rope); no assertion upstream. -> ported as the argument error it is here (a 4-D key for TND).
 - test_npu_fused_infer_attention_score_ntd_tnd: NTD_TND bf16 ones (Q/K D 192, V D 128), lengths [32]; golden
   softmax(q·kᵀ/0.0078125)·v per head, transposed to TND, prec 1e-6. -> ported.
-- test_npu_fused_infer_attention_score_v3_fullquant (int8 with dequant/quant scales) and _v3_antiquant (int32-packed
-  int4 KV with key/value_antiquant_scale): -> ported as NotImplementedError naming the quantisation arguments.
+- test_npu_fused_infer_attention_score_v3_fullquant (int8 ones, BNSD Q_S 2, KV_S 64, every factor 1, int8 output
+  with quant_scale2 = 1; nothing asserted upstream) -> ported with the assertion: upstream's full-quantisation
+  formula gives uniform attention over equal integer scores, i.e. 1 everywhere, and the int8 output round(1 · 1) = 1
+  (the general case is tested against float64 in test/inference/test_quant_attention.py).
+- _v3_antiquant (int32-packed int4 KV with key/value_antiquant_scale): -> ported as NotImplementedError naming the
+  quantisation arguments.
 - test_npu_infer_attention_score_PA: TND decode (B 1, Q_N 16, KV_N 1, D 192, V_D 128) on a paged cache
   (block_size 128, kv length 69), golden over the contiguous cache. -> ported; upstream draws block ids in [0, 10)
   for a cache of one block (its golden reads that block whatever the table says), so the port draws ids the cache
@@ -156,14 +160,30 @@ def test_npu_fused_infer_attention_score_ntd_tnd():
     check_tolerance("NTD_TND", out, _golden_ntd(q, k, v, torch.float64), _golden_ntd(q, k, v, torch.bfloat16))
 
 
-def test_npu_fused_infer_attention_score_v3_fullquant_not_implemented():
+def test_npu_fused_infer_attention_score_v3_fullquant():
     q, k, v = to_device(torch.ones(1, 32, 2, 128, dtype=torch.int8), torch.ones(1, 32, 64, 128, dtype=torch.int8),
                         torch.ones(1, 32, 64, 128, dtype=torch.int8))
     one = to_device(torch.ones(1))
-    with pytest.raises(NotImplementedError, match="dequant_scale1.*quant_scale1.*dequant_scale2.*quant_scale2"):
-        torch_npu.npu_fused_infer_attention_score(q, k, v, dequant_scale1=one, dequant_scale2=one, quant_scale1=one,
-                                                  quant_scale2=one, num_heads=32, input_layout="BNSD", scale=SCALE,
-                                                  pre_tokens=65535, next_tokens=65535)
+    out, _ = torch_npu.npu_fused_infer_attention_score(q, k, v, dequant_scale1=one, dequant_scale2=one,
+                                                       quant_scale1=one, quant_scale2=one, num_heads=32,
+                                                       input_layout="BNSD", scale=SCALE, pre_tokens=65535,
+                                                       next_tokens=65535)
+    # Every score is 128·SCALE: P = exp(0) = 1 quantises to round(1 · quant_scale1) = 1, O = Σ 1·1·1 / Σ 1 = 1, and
+    # the int8 output is round(1 · quant_scale2) = 1 (float64 softmax of equal scores times ones: the same 1).
+    assert torch.equal(on_cpu(out), torch.ones(1, 32, 2, 128, dtype=torch.int8))
+
+
+def check_int8_output(out8, ref64, scale, offset=None, float_err=0.0):
+    """An int8 attention_out against upstream's formula on the float64 attention ref64:
+    saturate(round_half_even(ref64 · scale + offset)). The op quantises its own float result, so an element may
+    differ by one where ref64 · scale + offset lies within that result's error (float_err, times |scale|) of a .5
+    tie; every other element must be equal."""
+    out8 = on_cpu(out8)
+    assert out8.dtype == torch.int8 and out8.shape == ref64.shape
+    y = ref64 * scale.double() + (0.0 if offset is None else offset.double())
+    diff = (out8.double() - torch.round(y).clamp(-128, 127)).abs()
+    near_tie = (y - y.floor() - 0.5).abs() <= float_err * float(scale.abs().max()) + 1e-6
+    assert bool(((diff == 0) | ((diff == 1) & near_tie)).all()), float(diff.max())
 
 
 @pytest.mark.parametrize("upstream_case", ["v3_antiquant", "v3_int32_antiquant"])

@@ -19,13 +19,16 @@ Upstream cases (TestFusedInferAttentionV2), and what became of each here:
   return_softmax_lse) -> ported with its siblings' values. _page_attention and _int32_antiquant call
   torch_npu.npu_fused_infer_attention_v2, a name torch_npu does not have -> ported through
   npu_fused_infer_attention_score_v2 (ones over a paged cache; the int4 antiquant call -> NotImplementedError for
-  dequant_scale_key). _without_outdtype / _with_outdtype (quant_scale_out, out_dtype fp8: int8/fp8 outputs) ->
-  NotImplementedError naming them. _d_unequal (query D 192 against key D 128, misspelt name) and _fp4_antiquant
+  dequant_scale_key). _without_outdtype (BNSD fp16, Q/K D 192, V D 128, quant_scale_out randn(1): int8 output;
+  nothing asserted upstream) -> ported against upstream's formula round(y · quant_scale_out) on the float64
+  attention; _with_outdtype (the same with out_dtype float8_e5m2, an fp8 output) -> NotImplementedError naming
+  out_dtype. _d_unequal (query D 192 against key D 128, misspelt name) and _fp4_antiquant
   (torch_npu.float4_e1m2 / float8_e8m0 dtypes, misspelt name) -> cannot apply: no such head-dim mode in the A2/A3
   documentation, and fp4/e8m0 are torch_npu-only dtypes (quantisation we do not implement).
 
 Not in upstream's file: v2 == v1 under the renaming, the learnable_sink constraints upstream documents (TND /
-NTD_TND only, not with pse_shift), and the arguments upstream reserves.
+NTD_TND only, not with pse_shift), the arguments upstream reserves, and query_quant_mode's rules (v2's MLA full
+quantisation itself: test/inference/test_quant_attention.py).
 """
 import pytest
 import torch
@@ -33,7 +36,7 @@ import torch
 from test.common.reference import check_tolerance
 from test.torch_npu.common import on_cpu, to_device, torch_npu
 from test.torch_npu.test_npu_fused_infer_attention_score import (SCALE, _check_out, _golden_lse, _golden_ntd, _ones,
-                                                                 _randn)
+                                                                 _randn, check_int8_output)
 from test.torch_npu.rtol import assert_rtol_equal
 
 
@@ -177,14 +180,20 @@ def test_int32_antiquant_not_implemented():
 
 
 @pytest.mark.parametrize("with_out_dtype", [False, True])
-def test_quant_scale_out_not_implemented(with_out_dtype):
-    q = to_device(_randn(4, 8, 2, 192))
-    k, v = to_device(_randn(4, 8, 64, 192, seed=1), _randn(4, 8, 64, 128, seed=2))
-    kw = dict(out_dtype=torch.float8_e5m2) if with_out_dtype else {}
-    with pytest.raises(NotImplementedError, match="quant_scale_out" + (".*out_dtype" if with_out_dtype else "")):
-        torch_npu.npu_fused_infer_attention_score_v2(q, k, v, num_query_heads=8, input_layout="BNSD",
-                                                     quant_scale_out=to_device(torch.randn(1)), softmax_scale=SCALE,
-                                                     pre_tokens=65535, next_tokens=65535, **kw)
+def test_quant_scale_out(with_out_dtype):
+    q, k, v = _randn(4, 8, 2, 192), _randn(4, 8, 64, 192, seed=1), _randn(4, 8, 64, 128, seed=2)
+    quant_scale_out = torch.randn(1, generator=torch.Generator().manual_seed(3))
+    call = lambda **kw: torch_npu.npu_fused_infer_attention_score_v2(  # noqa: E731
+        *to_device(q, k, v), num_query_heads=8, input_layout="BNSD", softmax_scale=SCALE, pre_tokens=65535,
+        next_tokens=65535, **kw)[0]
+    if with_out_dtype:   # an fp8 attention_out: a quantised format this package does not implement
+        with pytest.raises(NotImplementedError, match="'out_dtype'"):
+            call(quant_scale_out=to_device(quant_scale_out), out_dtype=torch.float8_e5m2)
+        return
+    ref64 = torch.softmax(q.double() @ k.double().transpose(2, 3) * SCALE, -1) @ v.double()
+    float_err = (on_cpu(call()).double() - ref64).abs().max()
+    check_int8_output(call(quant_scale_out=to_device(quant_scale_out)), ref64, quant_scale_out,
+                      float_err=float(float_err))
 
 
 # ---- beyond upstream's file --------------------------------------------------------------------------------------
@@ -209,9 +218,12 @@ def test_reserved_and_unimplemented_arguments():
     for name in ("dequant_scale_key_rope", "quant_scale_p"):
         with pytest.raises(RuntimeError, match=name):          # reserved upstream
             call(q, q, q, num_query_heads=4, input_layout="BNSD", **{name: one})
-    for kw in (dict(key_dtype=1), dict(query_quant_mode=3)):
-        with pytest.raises(NotImplementedError, match=next(iter(kw))):
-            call(q, q, q, num_query_heads=4, input_layout="BNSD", **kw)
+    with pytest.raises(NotImplementedError, match="key_dtype"):
+        call(q, q, q, num_query_heads=4, input_layout="BNSD", key_dtype=1)
+    # query_quant_mode 3 (per-token per-head) belongs to an int8 query (MLA full quantisation); 1 is not a mode
+    for mode, words in ((3, "needs an int8 query"), (1, "must be 0")):
+        with pytest.raises(ValueError, match=f"'query_quant_mode' {words}"):
+            call(q, q, q, num_query_heads=4, input_layout="BNSD", query_quant_mode=mode)
     with pytest.raises(NotImplementedError, match="sparse_mode"):
         call(q, q, q, num_query_heads=4, input_layout="BNSD", sparse_mode=9, atten_mask=to_device(torch.zeros(
             1, 2, 2, dtype=torch.bool)))

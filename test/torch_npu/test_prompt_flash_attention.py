@@ -15,8 +15,11 @@ assertRtolEqual's 0.1% budget, so assertRtolEqual compares against the same form
 fp16, and the fp16 evaluation serves as torch_same_dtype in the project's float64 rule.
 
 Not in upstream's files (the torch_npu behaviour this port relies on): sequence lengths as a python list, a CPU
-tensor or a tensor on the inputs' device (and npu lengths next to CPU inputs), a longer length list cut to B, and
-the errors upstream documents (quantisation arguments -> NotImplementedError, reserved padding_mask).
+tensor or a tensor on the inputs' device (and npu lengths next to CPU inputs), a longer length list cut to B, the
+quantisation arguments (quant_scale2 / quant_offset2: int8 output against upstream's formula on the float64
+attention; deq_scale1 / quant_scale1 / deq_scale2 with a float query and quant_offset2 without quant_scale2 ->
+ValueError naming them; full quantisation itself: test/inference/test_quant_attention.py), and the reserved
+padding_mask.
 """
 import math
 
@@ -26,6 +29,7 @@ import torch
 from test.common.reference import check_tolerance
 from test.torch_npu.common import DEVICE, on_cpu, to_device, torch_npu
 from test.torch_npu.rtol import assert_rtol_equal
+from test.torch_npu.test_npu_fused_infer_attention_score import check_int8_output
 
 
 def _golden(q, k, v, scale, dtype=None):
@@ -121,11 +125,21 @@ def test_npu_lengths_with_cpu_inputs():
 
 
 @pytest.mark.parametrize("name", ["deq_scale1", "quant_scale1", "deq_scale2", "quant_scale2", "quant_offset2"])
-def test_quantisation_arguments_are_not_implemented(name):
-    q, k, v = to_device(*_qkv((1, 2, 4, 16), torch.float16))
-    with pytest.raises(NotImplementedError, match=name):
-        torch_npu.npu_prompt_flash_attention(q, k, v, num_heads=2, input_layout="BNSD",
-                                             **{name: to_device(torch.ones(1))})
+def test_quantisation_arguments(name):
+    q, k, v = _qkv((1, 2, 4, 16), torch.float16)
+    call = lambda **kw: torch_npu.npu_prompt_flash_attention(*to_device(q, k, v), num_heads=2,  # noqa: E731
+                                                             input_layout="BNSD", scale_value=0.25, **kw)
+    if name == "quant_scale2":
+        # int8 output, per-tensor with an offset: saturate(round(y · scale + offset)), y the float64 attention
+        scale, offset = torch.tensor([90.0]), torch.tensor([-3.0])
+        ref64 = _padded_reference(q, k, v, 0.25, [4], [4])
+        float_err = float((on_cpu(call()).double() - ref64).abs().max())
+        check_int8_output(call(quant_scale2=to_device(scale), quant_offset2=to_device(offset)), ref64, scale,
+                          offset, float_err)
+        return
+    # an offset needs its scale; the full-quantisation factors need an int8 query, key and value
+    with pytest.raises(ValueError, match=f"'{name}'"):
+        call(**{name: to_device(torch.ones(1))})
 
 
 def test_reserved_padding_mask_and_bad_values_raise_argument_errors():

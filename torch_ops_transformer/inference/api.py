@@ -2,8 +2,8 @@
 
 Sections: prefill (`npu_prompt_flash_attention`, `npu_fused_infer_attention_score(_v2)`, `attention_update`,
 `npu_attention_update`), then decode (`npu_incre_flash_attention`). Arguments are checked and converted by `_args`
-(ValueError for a bad value, NotImplementedError for the quantisation / shared-prefix variants that are not
-implemented).
+(ValueError for a bad value, NotImplementedError for the variants that are not implemented). Quantised attention
+(int8 output, full quantisation, the shared prefix) is composed around the float ops in `quant.py`.
 
 Mask polarity: `atten_mask` follows CANN — True / 1 means *masked out* (the opposite of SDPA's boolean mask).
 """
@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .._internal import args as _args
 from .._internal.args import MAX_TOKENS, SeqLens
+from . import quant as _quant
 
 _OPS = torch.ops.npu_fa
 
@@ -108,22 +109,49 @@ def npu_prompt_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, pad
     atten_mask the visible band is i − pre_tokens ≤ j ≤ i + next_tokens, i.e. the default is top-left causal on top
     of the mask (pass next_tokens=2147483647 for a mask-only call); *without* a mask CANN ignores pre/next_tokens in
     mode 0, so the default call is full (non-causal) attention — use sparse_mode 2/3 for causal without a mask.
-    `scale_value` defaults to 1.0 as upstream: pass 1/sqrt(D) yourself. The quantisation arguments raise
-    NotImplementedError; `padding_mask` is reserved upstream (ValueError unless None).
+    `scale_value` defaults to 1.0 as upstream: pass 1/sqrt(D) yourself. `padding_mask` is reserved upstream
+    (ValueError unless None).
+    Quantised attention (docs/inference.md, "Quantised attention"): `quant_scale2` (+ `quant_offset2`) give an int8
+    result, saturate(round_half_even(out·quant_scale2 + quant_offset2)), per-tensor or per-channel (N·D); an int8
+    query, key and value with `deq_scale1`, `quant_scale1`, `deq_scale2` (per-tensor; float32 or torch_npu's
+    int64/uint64 packed form) run upstream's full-quantisation arithmetic (float16 result, or int8 with quant_scale2).
     """
     op = "npu_prompt_flash_attention"
     _args.reserved(op, padding_mask=padding_mask)
-    _args.not_implemented(op, "quantised attention", deq_scale1=deq_scale1, quant_scale1=quant_scale1,
-                          deq_scale2=deq_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    full = _quant.full_quant_args(op, query, key, value, deq_scale1, quant_scale1, deq_scale2,
+                                  names=("deq_scale1", "quant_scale1", "deq_scale2"))
+    post = _int8_output_args(op, query, quant_scale2, quant_offset2, sparse_mode, pre_tokens, next_tokens)
     batch = None if input_layout == "TND" else (query.shape[0] if query.dim() else None)
     atten_mask = _optimised_mask(op, sparse_mode, atten_mask)
-    return _OPS.prompt_flash_attention(
-        query, key, value, atten_mask=atten_mask, pse_shift=pse_shift,
-        actual_seq_lengths=_lengths(op, "actual_seq_lengths", actual_seq_lengths, query.device, batch),
-        actual_seq_lengths_kv=_lengths(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, batch),
-        num_heads=num_heads, scale_value=scale_value, pre_tokens=pre_tokens, next_tokens=next_tokens,
-        input_layout=input_layout, num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
-        inner_precise=1)
+    q_lens = _lengths(op, "actual_seq_lengths", actual_seq_lengths, query.device, batch)
+    kv_lens = _lengths(op, "actual_seq_lengths_kv", actual_seq_lengths_kv, query.device, batch)
+    if full is not None:
+        out, _ = _quant.full_quant_attention(
+            op, query, key, value, full, layout=input_layout, num_heads=num_heads,
+            num_key_value_heads=num_key_value_heads, scale=scale_value, pse_shift=pse_shift, atten_mask=atten_mask,
+            actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens, sparse_mode=sparse_mode,
+            pre_tokens=pre_tokens, next_tokens=next_tokens, softmax_lse_flag=False)
+    else:
+        out = _OPS.prompt_flash_attention(
+            query, key, value, atten_mask=atten_mask, pse_shift=pse_shift, actual_seq_lengths=q_lens,
+            actual_seq_lengths_kv=kv_lens, num_heads=num_heads, scale_value=scale_value, pre_tokens=pre_tokens,
+            next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
+            sparse_mode=sparse_mode, inner_precise=1)
+    if post is None:
+        return out
+    return _quant.post_quantise(op, out, "BSND" if input_layout == "BNSD_BSND" else input_layout, post)
+
+
+def _int8_output_args(op: str, query, scale, offset, sparse_mode: int, pre_tokens: int, next_tokens: int,
+                      names: Tuple[str, str] = ("quant_scale2", "quant_offset2")):
+    """The int8-output factors (quant_scale2 / quant_offset2, v2's quant_scale_out / quant_offset_out), checked as
+    upstream documents them (docs/inference.md, "Quantised attention"), or None."""
+    post = _quant.post_quant_args(op, getattr(query, "dtype", None), scale, offset, names)
+    if post is not None and sparse_mode == 4 and (pre_tokens < 0 or next_tokens < 0):
+        raise ValueError(f"{op}: int8 output ('{names[0]}') does not support sparse_mode=4 with a negative "
+                         f"pre_tokens / next_tokens (as upstream); got pre_tokens={pre_tokens}, "
+                         f"next_tokens={next_tokens}")
+    return post
 
 
 # input_layout of fused_infer_attention_score -> (the op's layout, how the query (and a non-paged key/value) reach it:
@@ -168,10 +196,11 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
                  input_layout: str, num_key_value_heads: int, sparse_mode: int, inner_precise: int, block_size: int,
                  softmax_lse_flag: bool, learnable_sink: Optional[Tensor] = None,
                  antiquant: Optional[dict] = None, query_rope: Optional[Tensor] = None,
-                 key_rope: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                 key_rope: Optional[Tensor] = None, full_quant: Optional[dict] = None) -> Tuple[Tensor, Tensor]:
     """npu_fused_infer_attention_score(_v2) once their own arguments are checked: torch_npu's calling conventions
     (the layouts the op lacks, lengths as lists, the optimised mask, the rules of a one-token dense query, v2's
-    learnable_sink) turned into one call of the op, which decides how to compute it (docs/inference.md, "Routes")."""
+    learnable_sink) turned into one call of the op, which decides how to compute it (docs/inference.md, "Routes").
+    `full_quant` (the factors of an int8 query, key and value) runs `quant.full_quant_attention` instead of the op."""
     key, value = _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value)
     if (query_rope is None) != (key_rope is None):
         raise ValueError(f"{op}: arguments 'query_rope' and 'key_rope' must be given together (MLA); got only "
@@ -230,6 +259,20 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
                              f"(num_query_heads,) = ({num_heads},); got {learnable_sink.dtype} of shape "
                              f"{list(learnable_sink.shape)}")
         learnable_sink = learnable_sink.to(torch.float32)  # torch_npu takes any float dtype; the op float32
+    if full_quant is not None:
+        for name, t in (("block_table", block_table), ("query_rope", query_rope), ("learnable_sink", learnable_sink)):
+            if t is not None:
+                raise ValueError(f"{op}: an int8 query (full quantisation) cannot be combined with '{name}' "
+                                 f"(upstream supports it only without)")
+        if any(t is not None for t in (antiquant or {}).values() if isinstance(t, Tensor)):
+            raise ValueError(f"{op}: an int8 query (full quantisation) takes no KV antiquant factors; got "
+                             + ", ".join(f"'{n}'" for n, t in antiquant.items() if isinstance(t, Tensor)))
+        out, lse = _quant.full_quant_attention(
+            op, query, key, value, full_quant, layout=base, num_heads=num_heads,
+            num_key_value_heads=num_key_value_heads, scale=scale, pse_shift=pse_shift, atten_mask=atten_mask,
+            actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens, sparse_mode=sparse_mode,
+            pre_tokens=pre_tokens, next_tokens=next_tokens, softmax_lse_flag=softmax_lse_flag)
+        return _fia_output(out, base, out_form, num_heads), lse
     out, lse = _OPS.fused_infer_attention_score(
         query, key, value, pse_shift=pse_shift, atten_mask=atten_mask, actual_seq_lengths=q_lens,
         actual_seq_lengths_kv=kv_lens, block_table=block_table, num_heads=num_heads, scale=scale,
@@ -238,6 +281,12 @@ def _fused_infer(op: str, query: Tensor, key, value, *, pse_shift, atten_mask, a
         softmax_lse_flag=softmax_lse_flag, query_rope=query_rope, key_rope=key_rope, learnable_sink=learnable_sink,
         **(antiquant or {}))
     return _fia_output(out, base, out_form, num_heads), lse
+
+
+def _fia_out_layout(input_layout: str) -> str:
+    """The layout of FIA's result for `input_layout` (the names `quant.post_quantise` takes)."""
+    base, _, out_form = _FIA_LAYOUTS[input_layout]
+    return out_form or ("BSND" if base == "BNSD_BSND" else base)
 
 
 _ANTIQUANT_TENSORS = ("antiquant_scale", "antiquant_offset", "key_antiquant_scale", "key_antiquant_offset",
@@ -274,7 +323,8 @@ def _v2_antiquant(op: str, query, key, **kw) -> Optional[dict]:
     """FIA v2's dequant_scale/offset_key/value and key/value_quant_mode. With an int8 key/value and an fp16/bf16
     query they are v1's separate-form KV antiquant (key_antiquant_scale, ..., key_antiquant_mode; same modes 0-5,
     x = (x_int8 + offset) * scale); the decode op validates them exactly as in v1. Upstream's other uses of the same
-    arguments (an int8 query: full quantisation; int4 packed in int32) raise NotImplementedError naming them."""
+    arguments: an int8 query (full quantisation) is `quant.mla_full_quant_args`'s, which runs first; int4 packed in
+    int32 raises NotImplementedError naming them."""
     given = {name: value for name, value in kw.items()
              if value is not None and not (name.endswith("_mode") and value in (0,))}
     if not given:
@@ -324,8 +374,15 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     `key_antiquant_mode`/`value_antiquant_mode`: 0 per-channel, 1 per-token, 2 per-tensor per-head, 3 per-token
     per-head) or the stacked `antiquant_scale`/`antiquant_offset` ([2, ...], `antiquant_mode` 0/1); x = (x_int8 +
     offset) * scale. Both routes read the int8 cache itself (the decode kernel with integer dot products, the
-    prefill kernel dequantising tile by tile; docs/inference.md). The other quantisation arguments, shared-prefix and
-    padding-size arguments raise NotImplementedError naming them.
+    prefill kernel dequantising tile by tile; docs/inference.md). The padding-size arguments raise
+    NotImplementedError.
+    Quantised attention (docs/inference.md, "Quantised attention"): `quant_scale2` (+ `quant_offset2`) give an int8
+    attention_out, saturate(round_half_even(out·quant_scale2 + quant_offset2)), per-tensor or per-channel (N·D); an
+    int8 query, key and value with `dequant_scale1`, `quant_scale1`, `dequant_scale2` (per-tensor; float32 or
+    torch_npu's int64/uint64 packed form) run upstream's full-quantisation arithmetic (float16 out, int8 with
+    quant_scale2). Shared prefix: `key_shared_prefix` / `value_shared_prefix` (batch 1, the key's other dims) and
+    `actual_shared_prefix_len` (one int, default the prefix's S): every sequence attends to the prefix's first
+    actual_shared_prefix_len keys followed by its own; masks and pse_shift index that concatenation.
     MLA: `query_rope` / `key_rope` (both or neither; query's / key's shape with the rope dim last, same dtypes) add
     q_rope·k_ropeᵀ to the scores. Absorbed MLA (head dim 512 = kv_lora_rank, which needs num_key_value_heads=1 and
     rope dim 64 as upstream): the latent cache is key (and usually value, the same tensor), every layout and paged
@@ -335,8 +392,8 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
     `key_rope_antiquant_scale` is reserved upstream: accepted (a tensor) and unused. docs/inference.md, "MLA".
     """
     op = "npu_fused_infer_attention_score"
-    _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
-                          dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    full = _quant.full_quant_args(op, query, key, value, dequant_scale1, quant_scale1, dequant_scale2)
+    post = _int8_output_args(op, query, quant_scale2, quant_offset2, sparse_mode, pre_tokens, next_tokens)
     if key_rope_antiquant_scale is not None and not isinstance(key_rope_antiquant_scale, Tensor):
         raise TypeError(f"{op}: argument 'key_rope_antiquant_scale' must be a Tensor or None; got "
                         f"{type(key_rope_antiquant_scale).__name__}")
@@ -352,15 +409,24 @@ def npu_fused_infer_attention_score(query: Tensor, key, value, *, pse_shift: Opt
                                 key_antiquant_mode=key_antiquant_mode, value_antiquant_mode=value_antiquant_mode)
     _args.not_implemented(op, "attention with padding sizes", query_padding_size=query_padding_size,
                           kv_padding_size=kv_padding_size)
-    _args.not_implemented(op, "attention with a shared prefix", key_shared_prefix=key_shared_prefix,
-                          value_shared_prefix=value_shared_prefix, actual_shared_prefix_len=actual_shared_prefix_len)
-    return _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
-                        actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
-                        block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens,
-                        next_tokens=next_tokens, input_layout=input_layout, num_key_value_heads=num_key_value_heads,
-                        sparse_mode=sparse_mode, inner_precise=inner_precise, block_size=block_size,
-                        softmax_lse_flag=softmax_lse_flag, antiquant=antiquant, query_rope=query_rope,
-                        key_rope=key_rope)
+    if key_shared_prefix is not None or value_shared_prefix is not None or actual_shared_prefix_len is not None:
+        key, value = _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value)
+        key, value, atten_mask, pse_shift, actual_seq_lengths_kv = _quant.with_shared_prefix(
+            op, key, value, key_shared_prefix, value_shared_prefix, actual_shared_prefix_len,
+            input_layout=input_layout, query=query, block_table=block_table, atten_mask=atten_mask,
+            pse_shift=pse_shift, sparse_mode=sparse_mode, antiquant=antiquant,
+            actual_seq_lengths_kv=_args.host_int_tensor(op, "actual_seq_lengths_kv", actual_seq_lengths_kv,
+                                                        query.device))
+    out, lse = _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                            actual_seq_lengths=actual_seq_lengths, actual_seq_lengths_kv=actual_seq_lengths_kv,
+                            block_table=block_table, num_heads=num_heads, scale=scale, pre_tokens=pre_tokens,
+                            next_tokens=next_tokens, input_layout=input_layout,
+                            num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
+                            inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=softmax_lse_flag,
+                            antiquant=antiquant, query_rope=query_rope, key_rope=key_rope, full_quant=full)
+    if post is not None:
+        out = _quant.post_quantise(op, out, _fia_out_layout(input_layout), post)
+    return out, lse
 
 
 @_args.torch_npu_api
@@ -391,20 +457,35 @@ def npu_fused_infer_attention_score_v2(
     dequant_scale_value / dequant_offset_value and key_quant_mode / value_quant_mode are v1's key_antiquant_scale /
     key_antiquant_offset / value_antiquant_scale / value_antiquant_offset / key_antiquant_mode / value_antiquant_mode
     (0 per-channel or per-tensor, 1 per-token, 2 per-tensor per-head, 3 per-token per-head; x = (x_int8 + offset) *
-    scale), with v1's rules. `query_rope` / `key_rope` (MLA) as in v1. The other quantisation (dequant_scale_query,
-    query_quant_mode, quant_*_out, out_dtype, an int8 query, int4 packed in int32, the *_dtype arguments) and the tree
-    mask of sparse_mode 9 (MLA only) raise NotImplementedError naming them; dequant_scale_key_rope and quant_scale_p are reserved upstream
-    (ValueError unless None).
+    scale), with v1's rules. `query_rope` / `key_rope` (MLA) as in v1. `quant_scale_out` (+ `quant_offset_out`) give
+    an int8 attention_out as v1's quant_scale2 / quant_offset2 (docs/inference.md, "Quantised attention").
+    MLA full quantisation (upstream's int8 query, query D 512): int8 query / key / value, bfloat16 query_rope /
+    key_rope, `query_quant_mode=3` with float32 `dequant_scale_query` per token and head (the query's shape without
+    D), float32 per-tensor `dequant_scale_key` / `dequant_scale_value` (key/value_quant_mode 0): softmax((Q·Kᵀ +
+    q_rope·k_ropeᵀ)·dsq·dsk·softmax_scale)·V·dsv as bfloat16 (`quant.mla_full_quant_inputs`). `out_dtype` may
+    name the dtype the call produces; other dtypes (fp8 outputs), an int8 query without rope parts, int4 packed in
+    int32, the other *_dtype arguments and the tree mask of sparse_mode 9 (MLA only) raise NotImplementedError
+    naming them; dequant_scale_key_rope and quant_scale_p are reserved upstream (ValueError unless None).
     """
     op = "npu_fused_infer_attention_score_v2"
     _args.reserved(op, dequant_scale_key_rope=dequant_scale_key_rope, quant_scale_p=quant_scale_p)
-    _args.not_implemented(op, "quantised attention", dequant_scale_query=dequant_scale_query,
-                          quant_scale_out=quant_scale_out, quant_offset_out=quant_offset_out, out_dtype=out_dtype)
-    _args.not_implemented_unless_zero(op, "quantised attention", query_quant_mode=query_quant_mode)
-    antiquant = _v2_antiquant(op, query, key, dequant_scale_key=dequant_scale_key,
-                              dequant_offset_key=dequant_offset_key, dequant_scale_value=dequant_scale_value,
-                              dequant_offset_value=dequant_offset_value, key_quant_mode=key_quant_mode,
-                              value_quant_mode=value_quant_mode)
+    full = _quant.mla_full_quant_args(
+        op, query, key, value, query_rope, key_rope, input_layout=input_layout, num_heads=num_query_heads,
+        query_quant_mode=query_quant_mode, dequant_scale_query=dequant_scale_query,
+        dequant_scale_key=dequant_scale_key, dequant_scale_value=dequant_scale_value,
+        dequant_offset_key=dequant_offset_key, dequant_offset_value=dequant_offset_value,
+        key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode, quant_scale_out=quant_scale_out,
+        quant_offset_out=quant_offset_out, pse_shift=pse_shift, learnable_sink=learnable_sink,
+        sparse_mode=sparse_mode)
+    post = _int8_output_args(op, query, quant_scale_out, quant_offset_out, sparse_mode, pre_tokens, next_tokens,
+                             names=("quant_scale_out", "quant_offset_out"))
+    produced = torch.bfloat16 if full else torch.int8 if post else getattr(query, "dtype", None)
+    _args.same_dtype_or_none(op, "out_dtype", out_dtype, produced,
+                             f"an output dtype other than the call's own ({produced})")
+    antiquant = None if full else _v2_antiquant(
+        op, query, key, dequant_scale_key=dequant_scale_key, dequant_offset_key=dequant_offset_key,
+        dequant_scale_value=dequant_scale_value, dequant_offset_value=dequant_offset_value,
+        key_quant_mode=key_quant_mode, value_quant_mode=value_quant_mode)
     _args.not_implemented(op, "attention on reinterpreted (low-precision) dtypes", query_dtype=query_dtype,
                           key_dtype=key_dtype, value_dtype=value_dtype, query_rope_dtype=query_rope_dtype,
                           key_rope_dtype=key_rope_dtype, key_shared_prefix_dtype=key_shared_prefix_dtype,
@@ -415,15 +496,20 @@ def npu_fused_infer_attention_score_v2(
                           dequant_scale_key_rope_dtype=dequant_scale_key_rope_dtype)
     if sparse_mode == 9:
         raise NotImplementedError(f"{op}: the tree mask of 'sparse_mode'=9 (MLA only upstream) is not implemented")
+    if full:
+        # Dequantised operands in float32 through the float op (every layout, paged / NZ cache, mask and lse rule).
+        query, key, value, query_rope, key_rope = _quant.mla_full_quant_inputs(
+            full, query, _args.single_tensor(op, "key", key), _args.single_tensor(op, "value", value), query_rope,
+            key_rope, input_layout=input_layout, num_heads=num_query_heads)
     try:
-        return _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
-                            actual_seq_lengths=actual_seq_qlen, actual_seq_lengths_kv=actual_seq_kvlen,
-                            block_table=block_table, num_heads=num_query_heads, scale=softmax_scale,
-                            pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
-                            num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
-                            inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=return_softmax_lse,
-                            learnable_sink=learnable_sink, antiquant=antiquant, query_rope=query_rope,
-                            key_rope=key_rope)
+        out, lse = _fused_infer(op, query, key, value, pse_shift=pse_shift, atten_mask=atten_mask,
+                                actual_seq_lengths=actual_seq_qlen, actual_seq_lengths_kv=actual_seq_kvlen,
+                                block_table=block_table, num_heads=num_query_heads, scale=softmax_scale,
+                                pre_tokens=pre_tokens, next_tokens=next_tokens, input_layout=input_layout,
+                                num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
+                                inner_precise=inner_precise, block_size=block_size, softmax_lse_flag=return_softmax_lse,
+                                learnable_sink=learnable_sink, antiquant=antiquant, query_rope=query_rope,
+                                key_rope=key_rope)
     except (ValueError, TypeError, NotImplementedError) as e:
         # The decode op checks the antiquant arguments under their v1 names: name v2's in the message instead.
         if not antiquant:
@@ -434,6 +520,12 @@ def npu_fused_infer_attention_score_v2(
         if msg == str(e):
             raise
         raise type(e)(msg) from None
+    if full:
+        out = _quant.mla_full_quant_output(full, out)
+    if post is not None:
+        out = _quant.post_quantise(op, out, _fia_out_layout(input_layout), post,
+                                   names=("quant_scale_out", "quant_offset_out"))
+    return out, lse
 
 
 # ---- Graph-mode calling conventions of the two FIA APIs: `.out` with preallocated results and a workspace ----
@@ -579,15 +671,23 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
     (num_blocks, block_size, N2*D). padding_mask is reserved upstream and must be None.
     int8 key/value (an int8 KV cache, fp16/bf16 query): `antiquant_scale` / `antiquant_offset` stack key's and
     value's per-channel factors, [2, N2, 1, D] (BNSD), [2, N2, D] (BSND) or [2, H] (BSH), or [2] per-tensor; the
-    kernel reads the int8 cache and dequantises (x + offset) * scale in registers (docs/inference.md). The other
-    quantisation arguments (dequant_*, quant_*) raise NotImplementedError naming them.
+    kernel reads the int8 cache and dequantises (x + offset) * scale in registers (docs/inference.md).
+    `quant_scale2` (+ `quant_offset2`) give an int8 result, saturate(round_half_even(out·quant_scale2 +
+    quant_offset2)), per-tensor or per-channel (N·D) (docs/inference.md, "Quantised attention").
+    dequant_scale1 / quant_scale1 / dequant_scale2 belong to an int8 query, key and value, which upstream's
+    incre_flash_attention does not support: ValueError naming them (use npu_fused_infer_attention_score).
     actual_seq_lengths may be a list of ints, a CPU int tensor or an int tensor on the inputs' device;
     kv_padding_size an int or a one-element int tensor (CPU or the inputs' device): both are read on the host.
     """
     op = "npu_incre_flash_attention"
     _args.reserved(op, padding_mask=padding_mask)
-    _args.not_implemented(op, "quantised attention", dequant_scale1=dequant_scale1, quant_scale1=quant_scale1,
-                          dequant_scale2=dequant_scale2, quant_scale2=quant_scale2, quant_offset2=quant_offset2)
+    given = [n for n, t in (("dequant_scale1", dequant_scale1), ("quant_scale1", quant_scale1),
+                            ("dequant_scale2", dequant_scale2)) if t is not None]
+    if given:
+        raise ValueError(f"{op}: argument{'s' if len(given) > 1 else ''} {', '.join(repr(n) for n in given)} "
+                         f"must be None: they belong to an int8 query, key and value, which upstream's "
+                         f"incre_flash_attention does not support (npu_fused_infer_attention_score does)")
+    post = _quant.post_quant_args(op, query.dtype, quant_scale2, quant_offset2)
     antiquant = _antiquant_args(op, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset)
     lengths = _args.host_int_tensor(op, "actual_seq_lengths", actual_seq_lengths, query.device)
     if block_table is not None and input_layout != "BNSD":
@@ -596,6 +696,7 @@ def npu_incre_flash_attention(query: Tensor, key: Tensor, value: Tensor, *, padd
     kv_padding_size = _args.int_scalar_tensor(op, "kv_padding_size", kv_padding_size, query.device)
     if isinstance(kv_padding_size, Tensor) and kv_padding_size.device.type != "cpu":
         kv_padding_size = _args.host_int_tensor(op, "kv_padding_size", kv_padding_size, query.device)
-    return _OPS.incre_flash_attention(query, key, value, atten_mask, pse_shift, lengths, block_table,
-                                      kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads,
-                                      block_size, inner_precise, **antiquant)
+    out = _OPS.incre_flash_attention(query, key, value, atten_mask, pse_shift, lengths, block_table,
+                                     kv_padding_size, num_heads, scale_value, input_layout, num_key_value_heads,
+                                     block_size, inner_precise, **antiquant)
+    return out if post is None else _quant.post_quantise(op, out, input_layout, post)
