@@ -14,14 +14,15 @@ All contenders of a row alternate in one process (median of `reps`); ratios are 
 """
 import torch
 
+from ..inference.api import npu_fused_infer_attention_score as fia
+from ..kv_cache import to_nz
+from ..quant.api import npu_quant_matmul
 from .common import format_table, machine_line, time_alternating
 
 
 def _paged_caches(B, N2, S, D, block, g):
     """int8 K/V [B, N2, S, D] scattered into shuffled blocks: the NZ cache, the ND head-major int8 cache, the bf16
     head-major cache of the dequantised values, and the block table."""
-    from ..kv_cache import to_nz
-
     k = torch.randint(-127, 128, (B, N2, S, D), generator=g, dtype=torch.int8)
     v = torch.randint(-127, 128, (B, N2, S, D), generator=g, dtype=torch.int8)
     nb = S // block
@@ -38,8 +39,6 @@ def _paged_caches(B, N2, S, D, block, g):
 
 
 def decode_rows(quick: bool, reps: int):
-    from .. import npu_fused_infer_attention_score as fia
-
     B, N1, N2, S, D, block = (2, 4, 2, 512, 128, 64) if quick else (4, 32, 8, 8192, 128, 128)
     g = torch.Generator().manual_seed(0)
     k, v, (nz_k, nz_v), (hm_k, hm_v), table = _paged_caches(B, N2, S, D, block, g)
@@ -73,8 +72,6 @@ def decode_rows(quick: bool, reps: int):
 
 
 def gemm_rows(quick: bool, reps: int):
-    from .. import npu_quant_matmul
-
     # (CPUs without native bf16 / int8 products run ATen's bf16 mm at ~0.2 GFLOP/s: larger M would take minutes.)
     shapes = [(64, 256, 256)] if quick else [(16, 4096, 4096), (256, 4096, 4096)]
     g = torch.Generator().manual_seed(1)

@@ -1,7 +1,8 @@
 """MC2: collective communication fused with matmul, and the training APIs built on it (docs/mc2.md).
 
-- `ops` — `npu_all_gather_base_mm`, `npu_mm_reduce_scatter_base`, `npu_mm_all_reduce_base`,
-  `npu_mm_all_reduce_add_rms_norm` with torch_npu's (MindSpeed's) signatures, on any `torch.distributed` group.
+- `ops` — `npu_all_gather_base_mm`, `npu_all_gather_quant_mm`, `npu_mm_reduce_scatter_base`,
+  `npu_mm_all_reduce_base`, `npu_mm_all_reduce_add_rms_norm` with torch_npu's (MindSpeed's) signatures, on any
+  `torch.distributed` group (int8 forms: `quant`).
 - `hccl_names` — torch_npu's `get_hccl_comm_name` on groups without HCCL (installed by the torch_npu shim).
 - `tensor_parallel` — column/row-parallel Linear layers (sequence-parallel style) on those ops.
 - `MC2Optimizer` — gradient all-reduce fused with the parameter update, bucket by bucket: the all-reduce of
@@ -16,6 +17,7 @@ from .ddp import MC2DistributedDataParallel
 from .ops import (
     mc2_validation,
     npu_all_gather_base_mm,
+    npu_all_gather_quant_mm,
     npu_mm_all_reduce_add_rms_norm,
     npu_mm_all_reduce_base,
     npu_mm_reduce_scatter_base,
@@ -23,5 +25,5 @@ from .ops import (
 from .optimizer import COMM_POLICIES, MC2Optimizer
 
 __all__ = ["MC2Optimizer", "MC2DistributedDataParallel", "COMM_POLICIES", "tensor_parallel", "mc2_validation",
-           "npu_all_gather_base_mm", "npu_mm_all_reduce_add_rms_norm", "npu_mm_all_reduce_base",
+           "npu_all_gather_base_mm", "npu_all_gather_quant_mm", "npu_mm_all_reduce_add_rms_norm", "npu_mm_all_reduce_base",
            "npu_mm_reduce_scatter_base"]
