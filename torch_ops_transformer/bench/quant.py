@@ -57,6 +57,8 @@ def decode_rows(quick: bool, reps: int):
         "read": lambda: words[0].sum() + words[1].sum(),
         "read_big": lambda: big.sum(),
     }
+    if not torch.equal(fns["int8 NZ"]()[0], fns["int8 ND"]()[0]):
+        raise RuntimeError("quant benchmark: decode over the NZ cache differs from the same call over the ND cache")
     err = (fns["int8 NZ"]()[0].float() - fns["bf16"]()[0].float()).abs().max().item()
     t = time_alternating(fns, reps=reps, min_time=0.2)
     int8_bytes = 2 * B * N2 * S * D
@@ -88,6 +90,11 @@ def gemm_rows(quick: bool, reps: int):
             "bf16": lambda: torch.mm(a, b),
             "fp32": lambda: torch.mm(a32, b32),
         }
+        want = fns["fp32"]()
+        got = fns["w8a8"]().float()
+        if (got - want).abs().max().item() > 1e-2 * want.abs().max().item():  # bf16 output: 2^-9 relative
+            raise RuntimeError(f"quant benchmark: W8A8 M={M} K={K} N={N} is off the fp32 product of its dequantised "
+                               f"operands")
         t = time_alternating(fns, reps=reps, min_time=0.2)
         flop = 2 * M * K * N
         rows.append([f"M={M} K={K} N={N}", f"{t['w8a8'] * 1e3:.2f}", f"{flop / t['w8a8'] / 1e9:.1f}",
