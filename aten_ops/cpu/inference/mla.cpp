@@ -69,6 +69,18 @@ at::Tensor append_rope(const at::Tensor& t, const at::Tensor& r, bool packed, in
 
 at::Tensor last_dim_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
+// Whether the dedicated kernel runs the call (one KV head, a band-only sparse mode, no pse_shift, one float dtype, on
+// the CPU); otherwise the rope parts are appended to the heads. Modes 2-4 with a mask: the ordinary path checks that
+// it is the optimised causal mask (the wrapper passes None for one it has verified).
+bool kernel_takes(const FusedInferAttentionScoreArgs& a, int64_t N2) {
+  const auto dt = a.query.scalar_type();
+  const bool band_only = !a.atten_mask.has_value() && (a.sparse_mode == 0 || a.sparse_mode == 2 ||
+                                                       a.sparse_mode == 3 || a.sparse_mode == 4);
+  return N2 == 1 && !a.pse_shift.has_value() && band_only && a.key.scalar_type() == dt &&
+         a.value.scalar_type() == dt && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) &&
+         a.query.device().is_cpu();
+}
+
 // The piece strides of NZ latent caches the kernel reads in place (common/inference/nz_cache.h).
 struct MlaNz {
   int64_t c0, k_piece, kr_piece, v_piece;
@@ -113,15 +125,7 @@ std::tuple<at::Tensor, at::Tensor> mla_call(const char* op, const FusedInferAtte
     TORCH_CHECK_VALUE(Dr == 64, op, ": with a head dim of 512 (absorbed MLA), 'query_rope'/'key_rope' must have a "
                       "rope head dim of 64; got ", Dr);
   }
-  const auto dt = q.scalar_type();
-  const bool same_dtype = a.key.scalar_type() == dt && a.value.scalar_type() == dt;
-  // Modes 2-4 with a mask: the ordinary path checks that it is the optimised causal mask (the wrapper passes None
-  // for one it has verified).
-  const bool band_only = !a.atten_mask.has_value() && (a.sparse_mode == 0 || a.sparse_mode == 2 ||
-                                                       a.sparse_mode == 3 || a.sparse_mode == 4);
-  const bool kernel = N2 == 1 && !a.pse_shift.has_value() && band_only && same_dtype &&
-                      (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) && q.device().is_cpu();
-  if (!kernel) {
+  if (!kernel_takes(a, N2)) {
     // The rope parts appended to every head: [q, q_rope]·[k, k_rope] is the same score. A paged cache is first cut
     // to the blocks the table uses (a copy of B x max_blocks blocks instead of the whole pool), renumbered in order.
     at::Tensor key = a.key, key_rope = kr_in, value = a.value;
@@ -341,12 +345,7 @@ std::tuple<at::Tensor, at::Tensor> fused_infer_attention_score_mla(const char* o
   const attention::NzStrides ks = attention::nz_strides(op, "key", k, N2, k.size(2) * k.size(4), bs);
   const attention::NzStrides vs = attention::nz_strides(op, "value", v, N2, v.size(2) * v.size(4), bs);
   const attention::NzStrides rs = attention::nz_strides(op, "key_rope", kr, N2, kr.size(2) * kr.size(4), bs);
-  const auto dt = a.query.scalar_type();
-  const bool band_only = !a.atten_mask.has_value() && (a.sparse_mode == 0 || a.sparse_mode == 2 ||
-                                                       a.sparse_mode == 3 || a.sparse_mode == 4);
-  const bool kernel = N2 == 1 && !a.pse_shift.has_value() && band_only && k.scalar_type() == dt &&
-                      v.scalar_type() == dt && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) &&
-                      a.query.device().is_cpu();
+  const bool kernel = kernel_takes(a, N2);
   FusedInferAttentionScoreValues g(a);
   auto nd = [&](const at::Tensor& t, const attention::NzStrides& st) {
     const int64_t d = t.size(2) * t.size(4);
