@@ -97,7 +97,7 @@ def _paged_case(dtype: str, B=3, N1=8, N2=2, D=64, block=32, lens=(70, 33, 96), 
         for i in range(nb):
             kc[int(table[b, i])] = k[b, :, i * block:(i + 1) * block].transpose(0, 1)
             vc[int(table[b, i])] = v[b, :, i * block:(i + 1) * block].transpose(0, 1)
-    return dict(kc=kc, vc=vc, table=table, kd=kd, vd=vd, quant=quant, lens=list(lens), N1=N1, N2=N2, D=D,
+    return dict(kc=kc, vc=vc, table=table, k=k, v=v, kd=kd, vd=vd, quant=quant, lens=list(lens), N1=N1, N2=N2, D=D,
                 block=block, qdt=qdt, g=g, B=B)
 
 
@@ -208,6 +208,45 @@ def test_scatter_then_decode_on_nz_int8_caches():
     a, _ = tot.npu_fused_infer_attention_score(q, nz_k, nz_v, **kw)
     b, _ = tot.npu_fused_infer_attention_score(q, _head_major(nd_k), _head_major(nd_v), **kw)
     assert torch.equal(a, b)
+
+
+def test_int8_nz_decode_signed_and_non_finite_factors():
+    """Per-token value factors of either sign (the integer P·V scales each row by max |p · factor|), then an
+    infinite factor in one sequence and an infinite query row (those tiles and items leave the integer loops for the
+    float ones, which take the NZ rows gathered): NZ equals ND bit for bit, NaN included; the finite call is within
+    the tolerance rule of float64; the sequences without the infinity keep their values."""
+    c = _paged_case("int8", D=128)
+    B, N1, N2, D = c["B"], c["N1"], c["N2"], c["D"]
+    S = c["k"].shape[2]
+    g = c["g"]
+    vs = (torch.rand(1, B, S, generator=g) * 0.02 + 0.004) * torch.where(torch.arange(S) % 3 == 0, -1.0, 1.0)
+    vo = torch.rand(1, B, S, generator=g) * 8 - 4
+    quant = dict(c["quant"], value_antiquant_scale=vs, value_antiquant_offset=vo, value_antiquant_mode=1)
+    vd = (c["v"].double() + vo.double()[0, :, None, :, None]) * vs.double()[0, :, None, :, None]
+    q = torch.randn(B, N1, 1, D, generator=g).bfloat16()
+    kw = dict(block_table=c["table"], actual_seq_lengths_kv=c["lens"], num_heads=N1, scale=D ** -0.5,
+              input_layout="BNSD", num_key_value_heads=N2, block_size=c["block"], inner_precise=1)
+    nz_k, nz_v, nd_k, nd_v = to_nz(c["kc"]), to_nz(c["vc"]), _head_major(c["kc"]), _head_major(c["vc"])
+
+    def both(q, quant):
+        a, _ = tot.npu_fused_infer_attention_score(q, nz_k, nz_v, **kw, **quant)
+        b, _ = tot.npu_fused_infer_attention_score(q, nd_k, nd_v, **kw, **quant)
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+        return a
+
+    out = both(q, quant)
+    ref = _attention64(q, c["kd"], vd, c["lens"], D ** -0.5)
+    same = _attention64(q, c["kd"].bfloat16().double(), vd.bfloat16().double(), c["lens"], D ** -0.5)
+    check_tolerance("signed per-token value factors", out, ref, same.bfloat16(), value_scale=float(vd.abs().max()))
+    vs_inf = vs.clone()
+    vs_inf[0, 1, 5] = float("inf")
+    q_inf = q.clone()
+    q_inf[2, 3, 0, 7] = float("inf")
+    out_inf = both(q_inf, dict(quant, value_antiquant_scale=vs_inf))
+    assert not torch.isfinite(out_inf[1]).any() and not torch.isfinite(out_inf[2, 3]).any()
+    assert torch.equal(out_inf[0], out[0]) and torch.equal(out_inf[2, 4:], out[2, 4:])
+    # Heads 0-2 share KV head 0 with the infinite row: that item ran the float loops, equal up to rounding.
+    torch.testing.assert_close(out_inf[2, :3], out[2, :3], rtol=0, atol=1e-2)
 
 
 # ---- bad input: errors that name the argument ----

@@ -37,7 +37,9 @@ def rank_env(rank: int, world_size: int, port: int, **extra: str) -> dict:
 def launch(script: str, world_size: int, args: Sequence[str] = (), timeout: float = 60.0,
            threads_per_rank: int = 1, env: Optional[dict] = None) -> List[RankResult]:
     port = free_port()
-    run_env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_rank), **(env or {}))
+    # PYTHONFAULTHANDLER: a rank that dies on a signal prints every thread's Python stack to its stderr, which
+    # describe() shows (a bare "returncode -11" says nothing about where).
+    run_env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "PYTHONFAULTHANDLER": "1", **(env or {})}
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, script, str(r), str(world_size), str(port), *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env,

@@ -12,8 +12,9 @@
 // rows per register block (one shuffle tree sums 4 dot products), P·V walks the V rows in memory order with the
 // accumulators in registers, and the next tile's K/V rows are prefetched while the current tile is computed.
 //
-// int8 caches (KV antiquant, x = (x_int8 + offset) * scale) are read as int8 and converted to fp32 in registers;
-// the factors never touch the inner loops: per-channel key factors are folded into q (q·((k + o)·s) =
+// int8 caches (KV antiquant, x = (x_int8 + offset) * scale) are read as int8 and multiplied in integers (int16 query
+// and probabilities, exact int32 sums: vpdpwssd with AVX512-VNNI, vpmaddwd with AVX2) or converted to fp32 in
+// registers; the factors never touch the inner loops: per-channel key factors are folded into q (q·((k + o)·s) =
 // (q·s)·k + (q·s)·o), per-token key factors scale each score, per-token value factors scale the probabilities and
 // per-channel value factors apply to the normalised output, so the stream of cache bytes is half that of bf16.
 #include "common/inference/nz_cache.h"
@@ -103,11 +104,21 @@ struct NextTile {
     __builtin_prefetch(a, 0, 2);
 #endif
   }
+  // NZ blocks: a row is `pieces` runs of 32 bytes, piece_k / piece_v bytes apart (pieces == 0: plain rows).
+  int64_t pieces = 0, piece_k = 0, piece_v = 0;
   // K and V lines of key t, KV head hh of the next tile.
   void key(int64_t t, int64_t hh) const {
     if (t >= n) return;
     const char* kr = k + t * k_seq + hh * k_head;
     const char* vr = v + t * v_seq + hh * v_head;
+    if (pieces) {  // one line per piece holds keys (t, t + 1): requested at the even key
+      if (t & 1) return;
+      for (int64_t c = 0; c < pieces; ++c) {
+        line(kr + c * piece_k);
+        line(vr + c * piece_v);
+      }
+      return;
+    }
     for (int64_t o = 0; o < row_bytes; o += 64) {
       line(kr + o);
       line(vr + o);
@@ -130,6 +141,20 @@ inline void sum_lanes(const Vec* a, float* out) {
     const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+    return;
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  if constexpr (KB == 2 || KB == 4) {  // horizontal adds: per 128-bit lane [a0, a1, a2, a3] partials, then the lanes
+    const __m256 h01 = _mm256_hadd_ps(a[0], a[1]);
+    const __m256 h23 = KB == 4 ? _mm256_hadd_ps(a[KB / 2], a[KB - 1]) : h01;
+    const __m256 h = _mm256_hadd_ps(h01, h23);
+    const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    if constexpr (KB == 4) {
+      _mm_storeu_ps(out, r);
+    } else {
+      out[0] = _mm_cvtss_f32(r);
+      out[1] = _mm_cvtss_f32(_mm_movehdup_ps(r));
+    }
     return;
   }
 #endif
@@ -158,41 +183,51 @@ inline void qk_block(const float* qr, int64_t Dp, const T* k0, int64_t k_seq, in
   for (int gg = 0; gg < GN; ++gg) sum_lanes<KB>(a[gg], s + gg * ld);
 }
 
-// Rows handled together by the blocked Q·Kᵀ (at most 4, so 4 rows x 4 keys of accumulators fit in registers).
+// Rows handled together by the blocked Q·Kᵀ (at most 4, so 4 rows x kQkKeys keys of accumulators fit in registers).
 inline int qk_row_block(int64_t remaining) { return remaining >= 4 ? 4 : remaining >= 2 ? 2 : 1; }
+// Keys per Q·Kᵀ register block: 4 with AVX-512's 32 vector registers; 2 with the 16 of AVX2, where 4 x 4
+// accumulators plus the key and query vectors do not fit and the compiler spills accumulators every step.
+constexpr int kQkKeys = Vec::size() >= 16 ? 4 : 2;
 
-// Raw dot products s[r * ld + t] for the R = HT*G query rows (qbuf, stride Dp) and keys [t0, t1) of a tile.
-// The next tile's rows of the same keys are prefetched along the way.
-template <typename T>
-void qk_keys(const float* qbuf, int64_t Dp, int64_t G, int64_t HT, const T* k0, int64_t k_seq, int64_t k_head,
-             int64_t D, int64_t t0, int64_t t1, float* s, int64_t ld, const NextTile& next) {
+// The register blocks of a tile's Q·Kᵀ: keys [t0, t1) KB at a time (one at a time at the tail), the G query rows of
+// each of HT heads 4, 2 or 1 at a time; block(gn, kb, t, hh, g0) gets gn and kb as std::integral_constant so the
+// kernel it calls has compile-time sizes. The next tile's lines of each key are prefetched on the way. (Not for the
+// functions with their own ISA attributes below: a lambda would lose those.)
+template <int KB, typename Block>
+inline void for_qk_blocks(int64_t G, int64_t HT, int64_t t0, int64_t t1, const NextTile& next, const Block& block) {
   for (int64_t t = t0; t < t1;) {
-    const bool four = t + 4 <= t1;
+    const bool full = t + KB <= t1;
     for (int64_t hh = 0; hh < HT; ++hh) {
-      for (int c = 0; c < (four ? 4 : 1); ++c) next.key(t + c, hh);
-      const T* kb = k0 + t * k_seq + hh * k_head;
+      for (int c = 0; c < (full ? KB : 1); ++c) next.key(t + c, hh);
       for (int64_t g0 = 0; g0 < G;) {
         const int gn = qk_row_block(G - g0);
-        const float* qr = qbuf + (hh * G + g0) * Dp;
-        float* sr = s + (hh * G + g0) * ld + t;
-        if (four) {
+        const auto rows = [&](auto kb) {
           switch (gn) {
-            case 4: qk_block<4, 4>(qr, Dp, kb, k_seq, D, sr, ld); break;
-            case 2: qk_block<2, 4>(qr, Dp, kb, k_seq, D, sr, ld); break;
-            default: qk_block<1, 4>(qr, Dp, kb, k_seq, D, sr, ld); break;
+            case 4: return block(std::integral_constant<int, 4>(), kb, t, hh, g0);
+            case 2: return block(std::integral_constant<int, 2>(), kb, t, hh, g0);
+            default: return block(std::integral_constant<int, 1>(), kb, t, hh, g0);
           }
+        };
+        if (full) {
+          rows(std::integral_constant<int, KB>());
         } else {
-          switch (gn) {
-            case 4: qk_block<4, 1>(qr, Dp, kb, k_seq, D, sr, ld); break;
-            case 2: qk_block<2, 1>(qr, Dp, kb, k_seq, D, sr, ld); break;
-            default: qk_block<1, 1>(qr, Dp, kb, k_seq, D, sr, ld); break;
-          }
+          rows(std::integral_constant<int, 1>());
         }
         g0 += gn;
       }
     }
-    t += four ? 4 : 1;
+    t += full ? KB : 1;
   }
+}
+
+// Raw dot products s[r * ld + t] for the R = HT*G query rows (qbuf, stride Dp) and keys [t0, t1) of a tile.
+template <typename T>
+void qk_keys(const float* qbuf, int64_t Dp, int64_t G, int64_t HT, const T* k0, int64_t k_seq, int64_t k_head,
+             int64_t D, int64_t t0, int64_t t1, float* s, int64_t ld, const NextTile& next) {
+  for_qk_blocks<kQkKeys>(G, HT, t0, t1, next, [&](auto gn, auto kb, int64_t t, int64_t hh, int64_t g0) {
+    const int64_t r = hh * G + g0;
+    qk_block<gn.value, kb.value>(qbuf + r * Dp, Dp, k0 + t * k_seq + hh * k_head, k_seq, D, s + r * ld + t, ld);
+  });
 }
 
 // acc[gg, d : d + NV*VL] += Σ_t p[gg, t] · v_t[d : d + NV*VL] for GN rows over the n keys of a tile. The GN x NV
@@ -219,7 +254,8 @@ inline void pv_rows(float* acc, int64_t Dp, const float* p, const T* vh, int64_t
 // P·V for GN (compile-time) rows over all of Dp: chunks of NV vectors (about 16 accumulators), then single vectors.
 template <int GN, typename T>
 inline void pv_rows_all(float* acc, int64_t Dp, const float* p, const T* vh, int64_t v_seq, int64_t n, int64_t D) {
-  constexpr int NV = GN >= 8 ? 2 : 4;
+  // About 8 accumulators with AVX2's 16 vector registers, 16 with AVX-512's 32; at most 4 vectors per chunk.
+  constexpr int NV = std::clamp((Vec::size() >= 16 ? 16 : 8) / GN, 1, 4);
   int64_t d = 0;
   for (; d + NV * Vec::size() <= D; d += NV * Vec::size()) pv_rows<GN, NV, true>(acc, Dp, p, vh, v_seq, n, d, D);
   for (; d < Dp; d += Vec::size()) pv_rows<GN, 1, false>(acc, Dp, p, vh, v_seq, n, d, D);
@@ -288,6 +324,33 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512bf16"), noinline)) void q
 }
 #endif
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// The query rows of one item as int16 for the integer Q·Kᵀ (vpdpwssd / vpmaddwd): q' ≈ sq · q16 with sq = max|q'| / 32767 per row (rounding
+// ~1.5e-5 of the row's max, far below bf16's 2^-9; the products with the int8 keys are exact integers).
+struct Int8Query {
+  std::vector<int16_t> q16;  // [R, D]
+  std::vector<float> sq;     // [R]
+};
+
+// q' rows (fp32, stride Dp) -> int16; false when a row is not finite (that item takes the fp32 path).
+inline bool quantise_query(const float* qbuf, int64_t Dp, int64_t R, int64_t D, Int8Query& iq) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float* qr = qbuf + r * Dp;
+    float mx = 0.f;
+    for (int64_t d = 0; d < D; ++d) mx = std::max(mx, std::abs(qr[d]));
+    if (!std::isfinite(mx)) return false;
+    iq.sq[r] = mx / 32767.f;
+    const float inv = mx > 0.f ? 32767.f / mx : 0.f;
+    for (int64_t d = 0; d < D; ++d) {  // round half away from zero (vectorisable, unlike nearbyint)
+      const float x = qr[d] * inv;
+      iq.q16[r * D + d] = static_cast<int16_t>(std::clamp(x + (x >= 0.f ? 0.5f : -0.5f), -32767.f, 32767.f));
+    }
+  }
+  return true;
+}
+
+#endif
+
 #if defined(CPU_CAPABILITY_AVX512)
 inline bool int8_dot_available() {  // the variable is read per call, for A/B timing in one process
   static const bool cpu = __builtin_cpu_supports("avx512vnni");
@@ -342,30 +405,6 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) i
         s[gg * ld + c] = sq[gg] * static_cast<float>(_mm512_reduce_add_epi32(a[gg][c]));
     }
   }
-}
-
-// The query rows of one item as int16 for vpdpwssd: q' ≈ sq · q16 with sq = max|q'| / 32767 per row (rounding
-// ~1.5e-5 of the row's max, far below bf16's 2^-9; the products with the int8 keys are exact integers).
-struct Int8Query {
-  std::vector<int16_t> q16;  // [R, D]
-  std::vector<float> sq;     // [R]
-};
-
-// q' rows (fp32, stride Dp) -> int16; false when a row is not finite (that item takes the fp32 path).
-inline bool quantise_query(const float* qbuf, int64_t Dp, int64_t R, int64_t D, Int8Query& iq) {
-  for (int64_t r = 0; r < R; ++r) {
-    const float* qr = qbuf + r * Dp;
-    float mx = 0.f;
-    for (int64_t d = 0; d < D; ++d) mx = std::max(mx, std::abs(qr[d]));
-    if (!std::isfinite(mx)) return false;
-    iq.sq[r] = mx / 32767.f;
-    const float inv = mx > 0.f ? 32767.f / mx : 0.f;
-    for (int64_t d = 0; d < D; ++d) {  // round half away from zero (vectorisable, unlike nearbyint)
-      const float x = qr[d] * inv;
-      iq.q16[r * D + d] = static_cast<int16_t>(std::clamp(x + (x >= 0.f ? 0.5f : -0.5f), -32767.f, 32767.f));
-    }
-  }
-  return true;
 }
 
 // qk_keys for an int8 key cache with vpdpwssd: scores s[r * ld + t] = q'_r · k_t for keys [0, n) of a tile.
@@ -469,7 +508,8 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) bool p
   for (int64_t r = 0; r < G; ++r) {
     const float* pr = p + r * kTile;
     __m512 m = _mm512_setzero_ps();
-    for (int64_t t = 0; t < kTile; t += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(pr + t));
+    // max |p|: per-token value factors (p · scale) may be negative
+    for (int64_t t = 0; t < kTile; t += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(pr + t)));
     const float mx = _mm512_reduce_max_ps(m);
     if (!std::isfinite(mx)) return false;
     sp[r] = mx / 32767.f;
@@ -486,6 +526,123 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), noinline)) bool p
       case 4: pv_block_i16<4>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
       case 2: pv_block_i16<2>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
       default: pv_block_i16<1>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, n, D); break;
+    }
+    g0 += gn;
+  }
+  return true;
+}
+#endif
+
+#if defined(CPU_CAPABILITY_AVX2)
+// int8 caches on AVX2 CPUs: the same integer products as the AVX512-VNNI path above with vpmaddwd (pairs of int16
+// products summed into int32 lanes, exact) followed by vpaddd. Against converting each int8 to fp32 (two
+// conversions per 8 values), one sign extension per 16 values remains. The loops also read NZ blocks in place:
+// value d of a row sits at (d / 32) * piece + d % 32 from the row's start (ND rows: piece = 32, so at d), and every
+// 16-value step stays inside one 32-byte piece.
+inline bool int8_dot_available() {  // the variable is read per call, for A/B timing in one process
+  return std::getenv("NPU_FA_NO_INT8_DOT") == nullptr;
+}
+
+inline const int8_t* piece_at(const int8_t* row, int64_t d, int64_t piece) { return row + (d >> 5) * piece + (d & 31); }
+
+// s[gg * ld + c] = sq[gg] · (q16_gg · k_c) for GN int16 query rows (stride D) and KB int8 key rows (stride k_seq).
+template <int GN, int KB>
+inline void qk_block_i16(const int16_t* q, int64_t D, const int8_t* k0, int64_t k_seq, int64_t piece,
+                         const float* sq, float* s, int64_t ld) {
+  __m256i a[GN][KB];
+  for (int gg = 0; gg < GN; ++gg)
+    for (int c = 0; c < KB; ++c) a[gg][c] = _mm256_setzero_si256();
+  for (int64_t d = 0; d < D; d += 16) {
+    const int8_t* kd = piece_at(k0, d, piece);
+    __m256i kv[KB];
+    for (int c = 0; c < KB; ++c)
+      kv[c] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kd + c * k_seq)));
+    for (int gg = 0; gg < GN; ++gg) {
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + gg * D + d));
+      for (int c = 0; c < KB; ++c) a[gg][c] = _mm256_add_epi32(a[gg][c], _mm256_madd_epi16(qv, kv[c]));
+    }
+  }
+  for (int gg = 0; gg < GN; ++gg) {  // integer horizontal sums (exact), then one conversion
+    const __m256i h = _mm256_hadd_epi32(a[gg][0], a[gg][KB - 1]);
+    const __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m128 f = _mm_mul_ps(_mm_cvtepi32_ps(_mm_hadd_epi32(x, x)), _mm_set1_ps(sq[gg]));  // [k_0, k_last, ...]
+    s[gg * ld] = _mm_cvtss_f32(f);
+    if constexpr (KB == 2) s[gg * ld + 1] = _mm_cvtss_f32(_mm_movehdup_ps(f));
+  }
+}
+
+// Scores s[r * ld + t] = q'_r · k_t of the G rows of HT heads for keys [0, n) of a tile (rows r0 + ... of iq).
+void qk_keys_i16(const Int8Query& iq, int64_t r0, int64_t G, int64_t HT, int64_t D, const int8_t* k0,
+                 int64_t k_seq, int64_t k_head, int64_t piece, int64_t n, float* s, int64_t ld, const NextTile& next) {
+  for_qk_blocks<2>(G, HT, 0, n, next, [&](auto gn, auto kb, int64_t t, int64_t hh, int64_t g0) {
+    const int64_t r = hh * G + g0;
+    qk_block_i16<gn.value, kb.value>(iq.q16.data() + (r0 + r) * D, D, k0 + t * k_seq + hh * k_head, k_seq, piece,
+                                     iq.sq.data() + r0 + r, s + r * ld + t, ld);
+  });
+}
+
+// acc[gg, :] += sp[gg] · Σ_t p16[gg, t] · v_t for GN rows over the n keys of a tile: per 16 columns, the rows of
+// keys (t, t+1) interleaved byte-wise and sign-extended to int16 pairs, so that vpmaddwd with the broadcast pair
+// (p16_t, p16_t+1) gives p16_t·v_t + p16_t+1·v_t+1 per column (exact). pp: int32 element t/2 holds (p16_t, p16_t+1).
+template <int GN>
+inline void pv_block_i16(float* acc, int64_t Dp, const int32_t* pp, int64_t pp_ld, const float* sp,
+                         const int8_t* vh, int64_t v_seq, int64_t piece, int64_t n, int64_t D) {
+  const int64_t pairs = (n + 1) / 2;
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    __m256i a[GN][2];
+    for (int gg = 0; gg < GN; ++gg) a[gg][0] = a[gg][1] = _mm256_setzero_si256();
+    const int8_t* vr = piece_at(vh, d0, piece);
+    for (int64_t t2 = 0; t2 < pairs; ++t2, vr += 2 * v_seq) {
+      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(vr));
+      const __m128i r1 = 2 * t2 + 1 < n ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(vr + v_seq))
+                                        : _mm_setzero_si128();
+      const __m256i x0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(r0, r1));  // columns d0 + [0, 8)
+      const __m256i x1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(r0, r1));  // columns d0 + [8, 16)
+      for (int gg = 0; gg < GN; ++gg) {
+        const __m256i pb = _mm256_set1_epi32(pp[gg * pp_ld + t2]);
+        a[gg][0] = _mm256_add_epi32(a[gg][0], _mm256_madd_epi16(x0, pb));
+        a[gg][1] = _mm256_add_epi32(a[gg][1], _mm256_madd_epi16(x1, pb));
+      }
+    }
+    for (int gg = 0; gg < GN; ++gg) {
+      const __m256 sc = _mm256_set1_ps(sp[gg]);
+      float* ar = acc + gg * Dp + d0;
+      for (int j = 0; j < 2; ++j)
+        _mm256_storeu_ps(ar + 8 * j, _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[gg][j]), sc, _mm256_loadu_ps(ar + 8 * j)));
+    }
+  }
+}
+
+// P·V of the G rows of one KV head (probabilities p, stride kTile, 0 from column n on) for an int8 value cache;
+// false (nothing done) when a row's probabilities are not finite (the caller takes the fp32 path). p' = sp · p16
+// with sp = max |p| / 32767 per row (rounding ~1.5e-5 of the row's max, far below bf16's). pp: >= G*(kTile/2), sp: >= G.
+bool pv_i16(float* acc, int64_t Dp, const float* p, int64_t G, const int8_t* vh, int64_t v_seq, int64_t piece,
+            int64_t n, int64_t D, int32_t* pp, float* sp) {
+  constexpr int64_t ld = kTile / 2;
+  static_assert(kTile % 8 == 0);
+  for (int64_t r = 0; r < G; ++r) {
+    const float* pr = p + r * kTile;
+    __m256 m = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.f);  // max |p|: per-token value factors (p · scale) may be negative
+    for (int64_t t = 0; t < kTile; t += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(pr + t)));
+    const float mx = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, Vec(m));
+    if (!std::isfinite(mx)) return false;
+    sp[r] = mx / 32767.f;
+    const __m256 inv = _mm256_set1_ps(mx > 0.f ? 32767.f / mx : 0.f);
+    int16_t* p16 = reinterpret_cast<int16_t*>(pp + r * ld);
+    for (int64_t t = 0; t < kTile; t += 8) {  // round to nearest even; |values| <= 32767, so the pack never saturates
+      const __m256i w = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(pr + t), inv));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p16 + t),
+                       _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+    }
+  }
+  for (int64_t g0 = 0; g0 < G;) {
+    const int gn = qk_row_block(G - g0);
+    float* ar = acc + g0 * Dp;
+    switch (gn) {
+      case 4: pv_block_i16<4>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, piece, n, D); break;
+      case 2: pv_block_i16<2>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, piece, n, D); break;
+      default: pv_block_i16<1>(ar, Dp, pp + g0 * ld, ld, sp + g0, vh, v_seq, piece, n, D); break;
     }
     g0 += gn;
   }
@@ -539,12 +696,16 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
 #if defined(CPU_CAPABILITY_AVX512)
   use_bf16_dot = std::is_same_v<C, at::BFloat16> && D % 32 == 0 && bf16_dot_available();
 #endif
-  // int8 caches on CPUs with AVX512-VNNI: Q·Kᵀ in integers (vpdpwssd on the keys sign-extended to int16 and an
-  // int16 query).
+  // int8 caches: Q·Kᵀ and P·V in integers (the keys / values sign-extended to int16 against an int16 query /
+  // probabilities; vpdpwssd with AVX512-VNNI, vpmaddwd with AVX2). D <= 512 keeps every int32 sum in range (at
+  // most D products of magnitude <= 32767 · 128 = 4194176 < 2^31 / 512).
   bool use_i8_dot = false;
-#if defined(CPU_CAPABILITY_AVX512)
-  use_i8_dot = kInt8 && D % 32 == 0 && int8_dot_available();
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  use_i8_dot = kInt8 && D % 32 == 0 && D <= 512 && int8_dot_available();
 #endif
+  // With AVX2 the integer loops read NZ blocks in place (their 16-value steps never cross a 32-byte piece); the
+  // AVX-512 ones take rows of D values, gathered per tile like the fp32 path's.
+  constexpr bool kI8InPlace = kInt8 && Vec::size() == 8;
 
   // Chunk size from shapes only: aim for >= 64 items overall, chunks of 256..8192 keys, whole blocks when paged.
   int64_t total_keys = 0;
@@ -579,7 +740,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
     std::vector<at::BFloat16> qb16(use_bf16_dot ? R * D : 0);
     // int8 key: kconst[r] = (q_r·s)·o (per-channel offset), qsum[r] = Σ q_r (per-token offset).
     std::vector<float> kconst(kInt8 ? R : 0), qsum(kInt8 ? R : 0);
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     Int8Query iq;
     std::vector<int32_t> pp;
     std::vector<float> sp;
@@ -649,7 +810,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
       }
       const uint8_t* mrow = p.mask ? p.mask + b * p.mask_sb : nullptr;
       bool item_i8 = false;
-#if defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
       if (use_i8_dot) item_i8 = quantise_query(qbuf.data(), Dp, R, D, iq);
 #endif
 
@@ -667,24 +828,38 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
           if (ti_next < n_tasks) nx = locate(tasks[ti_next], tasks[ti_next].j0);
         }
         constexpr int64_t es = sizeof(C);
-        // int8: no software prefetch when the next tile continues the current one in memory as a dense stream of
-        // short rows (one head's keys of a contiguous BNSD cache or of a (blocks, N2, block, D) block): the hardware
-        // prefetchers follow it, and the prefetch instructions only queued behind its misses (measured: B=4 N2=8
-        // S=8192 BNSD int8 decode 6.9 -> 5.6 ms on one thread). Rows of all heads (BSH, 1 KiB apart) still gain.
+        // int8 with AVX-512: no software prefetch when the next tile continues the current one in memory as a dense
+        // stream of short rows (one head's keys of a contiguous BNSD cache or of a (blocks, N2, block, D) block): the
+        // hardware prefetchers follow it, and the prefetch instructions only queued behind its misses (measured: B=4
+        // N2=8 S=8192 BNSD int8 decode 6.9 -> 5.6 ms on one thread). With AVX2 (slower loops, a 4 KiB tile = one
+        // page, where the hardware prefetchers stop) the prefetch gains instead: same shape, one thread, 22.4 ->
+        // 20.3 ms, paged head-major 22.1 -> 19.6 ms; two threads 15.8 -> 13.1 and 15.2 -> 12.0 ms (AMD EPYC, AVX2).
         const bool stream = nx.k0 == k0 + n * p.k_seq && nx.v0 == v0 + n * p.v_seq && p.k_seq == D && p.v_seq == D;
-        const int64_t pf_n = kInt8 && stream ? 0 : nx.n;
+        const int64_t pf_n = kInt8 && stream && Vec::size() == 16 ? 0 : nx.n;
         NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), pf_n,
                       p.k_seq * es, p.k_head * es, p.v_seq * es, p.v_head * es, D * es};
         int64_t k_seq = p.k_seq, v_seq = p.v_seq;
+        // Where piece c of a row starts relative to piece 0 (int8 integer loops): 32 bytes on for rows of D values.
+        int64_t k_piece = 32, v_piece = 32;
+        const bool in_place = nz && kI8InPlace && item_i8;
         if (nz) {
-          // A tile of an NZ block is D / c0 runs of n * 32 bytes: the next tile's runs are prefetched as its "rows"
-          // (one run per key step of the loops), this tile's are assembled into rows of D values.
-          if (next.n) next = {next.k, next.v, D / p.nz_c0, p.k_piece * es, 0, p.v_piece * es, 0, nx.n * kNzBytes};
-          gather_nz_rows(k0, p.k_piece, n, D, kz.data());
-          gather_nz_rows(v0, p.v_piece, n, D, vz.data());
-          k0 = kz.data();
-          v0 = vz.data();
-          k_seq = v_seq = D;
+          // A tile of an NZ block is D / c0 runs of n * 32 bytes: the next tile's lines are prefetched key by key
+          // (each of its pieces at every other key; requesting whole runs in the first key steps measured slower:
+          // B=4 N=32/8 S=8192 D=128 block 128 int8, 16.9 -> 14.4 ms on one thread, 14.0 -> 11.6 ms on two, AVX2).
+          // This tile's runs are assembled into rows of D values unless the loops read the pieces in place.
+          next.pieces = D / p.nz_c0;
+          next.piece_k = p.k_piece * es;
+          next.piece_v = p.v_piece * es;
+          if (in_place) {
+            k_piece = p.k_piece;
+            v_piece = p.v_piece;
+          } else {
+            gather_nz_rows(k0, p.k_piece, n, D, kz.data());
+            gather_nz_rows(v0, p.v_piece, n, D, vz.data());
+            k0 = kz.data();
+            v0 = vz.data();
+            k_seq = v_seq = D;
+          }
         }
 
         // The tile's KV heads, hs_step at a time: scores, softmax and P·V of one head before the next.
@@ -695,6 +870,12 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
           // Scores s[r, t] = q_r · k_t · scale + pse, masked -> -inf; columns >= n are -inf.
           const C* kh = k0 + hs * p.k_head;
           float* sh = s.data() + r_lo * kTile;
+#if defined(CPU_CAPABILITY_AVX2)
+          if (item_i8)
+            qk_keys_i16(iq, r_lo, G, hn, D, reinterpret_cast<const int8_t*>(kh), k_seq, p.k_head, k_piece, n, sh,
+                        kTile, nh);
+          else
+#endif
 #if defined(CPU_CAPABILITY_AVX512)
           if (item_i8)
             qk_keys_i16(iq, r_lo, G, hn, D, reinterpret_cast<const int8_t*>(kh), k_seq, p.k_head, n, sh, kTile, nh);
@@ -803,12 +984,24 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
           if (any) {
             for (int64_t hh = hs; hh < hs + hn; ++hh) {
               const C* vh = v0 + hh * p.v_head;
+              int64_t vs = v_seq;
 #if defined(CPU_CAPABILITY_AVX512)
               if constexpr (kInt8) {
                 if (item_i8 && D % 64 == 0 &&
                     pv_i16(acc + hh * G * Dp, Dp, s.data() + hh * G * kTile, G, vh, v_seq, n, D, pp.data(),
                            sp.data()))
                   continue;
+              }
+#elif defined(CPU_CAPABILITY_AVX2)
+              if constexpr (kInt8) {
+                if (item_i8 && pv_i16(acc + hh * G * Dp, Dp, s.data() + hh * G * kTile, G, vh, v_seq, v_piece, n, D,
+                                      pp.data(), sp.data()))
+                  continue;
+                if (in_place) {  // non-finite probabilities: the fp32 loops below take rows of D values
+                  gather_nz_rows(vh, p.v_piece, n, D, vz.data());
+                  vh = vz.data();
+                  vs = D;
+                }
               }
 #endif
               for (int64_t g0 = 0; g0 < G;) {
@@ -817,10 +1010,10 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
                 float* ar = acc + r0 * Dp;
                 const float* pr = s.data() + r0 * kTile;
                 switch (gn) {
-                  case 8: pv_rows_all<8>(ar, Dp, pr, vh, v_seq, n, D); break;
-                  case 4: pv_rows_all<4>(ar, Dp, pr, vh, v_seq, n, D); break;
-                  case 2: pv_rows_all<2>(ar, Dp, pr, vh, v_seq, n, D); break;
-                  default: pv_rows_all<1>(ar, Dp, pr, vh, v_seq, n, D); break;
+                  case 8: pv_rows_all<8>(ar, Dp, pr, vh, vs, n, D); break;
+                  case 4: pv_rows_all<4>(ar, Dp, pr, vh, vs, n, D); break;
+                  case 2: pv_rows_all<2>(ar, Dp, pr, vh, vs, n, D); break;
+                  default: pv_rows_all<1>(ar, Dp, pr, vh, vs, n, D); break;
                 }
                 g0 += gn;
               }
