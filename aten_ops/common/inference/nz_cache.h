@@ -9,6 +9,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace npu_fa::attention {
 
@@ -37,6 +38,18 @@ inline NzStrides nz_strides(const char* op, const char* name, const at::Tensor& 
   TORCH_CHECK_VALUE(cache.stride(4) == 1 && cache.stride(3) == c0, op, ": argument '", name,
                     "' (an NZ cache) needs its last two dims contiguous; got strides ", cache.strides());
   return {c0, cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3)};
+}
+
+// Rows [0, n) of D values assembled from NZ pieces into dst (row x at dst + x * D): piece c of row x (c0 values) is
+// at first + c * piece + x * row_stride (c0 for consecutive rows of one block). The copy through which the decode,
+// prefill and MLA kernels read a tile of an NZ cache as rows; each piece is one 32-byte move.
+template <typename T>
+inline void nz_rows_to_nd(const T* first, int64_t piece, int64_t row_stride, int64_t c0, int64_t n, int64_t D,
+                          T* dst) {
+  for (int64_t c = 0; c < D / c0; ++c) {
+    const T* run = first + c * piece;
+    for (int64_t x = 0; x < n; ++x) std::memcpy(dst + x * D + c * c0, run + x * row_stride, c0 * sizeof(T));
+  }
 }
 
 }  // namespace npu_fa::attention

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/inference/nz_cache.h"
 #include "cpu/attention/kernels.h"
 #include "cpu/attention/logits.h"
 #include "cpu/attention/tiles.h"
@@ -261,11 +262,8 @@ class KvPacker {
   static void gather_rows(const T* base, const RowMap& m, int64_t b, int64_t n, int64_t j0, int64_t j1, int64_t D,
                           std::vector<T>& out) {
     out.resize((j1 - j0) * D);
-    for (int64_t j = j0; j < j1; ++j) {
-      const T* row = base + m.at(b, n, j);
-      T* dst = out.data() + (j - j0) * D;
-      for (int64_t d = 0; d < D; d += m.nz_c0) std::copy_n(row + d / m.nz_c0 * m.piece_stride, m.nz_c0, dst + d);
-    }
+    for (int64_t j = j0; j < j1; ++j)  // row by row: [j0, j1) may span blocks
+      ::npu_fa::attention::nz_rows_to_nd(base + m.at(b, n, j), m.piece_stride, 0, m.nz_c0, 1, D, out.data() + (j - j0) * D);
   }
   void gather_nz(int64_t b, int64_t n2, int64_t j0, int64_t j1) const {
     NzRows& r = nz_rows();

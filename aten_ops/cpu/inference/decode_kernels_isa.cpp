@@ -650,15 +650,11 @@ bool pv_i16(float* acc, int64_t Dp, const float* p, int64_t G, const int8_t* vh,
 }
 #endif
 
-// Rows [0, n) of D values from an NZ block (docs/kv_cache.md "NZ layout"): row t's piece c (c0 values, 32 bytes)
-// is at src + c * piece + t * c0. Each piece is one 32-byte vector move.
+// Rows [0, n) of D values of one head from an NZ block (docs/kv_cache.md "NZ layout") into dst.
 template <typename C>
 inline void gather_nz_rows(const C* src, int64_t piece, int64_t n, int64_t D, C* dst) {
   constexpr int64_t c0 = kNzBytes / static_cast<int64_t>(sizeof(C));
-  for (int64_t c = 0; c < D / c0; ++c) {
-    const C* run = src + c * piece;
-    for (int64_t t = 0; t < n; ++t) std::memcpy(dst + t * D + c * c0, run + t * c0, kNzBytes);
-  }
+  attention::nz_rows_to_nd(src, piece, c0, c0, n, D, dst);
 }
 
 struct Task {

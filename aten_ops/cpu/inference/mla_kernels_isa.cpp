@@ -11,6 +11,7 @@
 // the K tile still in cache. Key chunks (flash-decoding, when few items) have sizes that depend only on the shapes
 // and lengths, never on the thread count, and are merged in chunk order by their log-sum-exp: results are
 // bit-identical for any number of threads.
+#include "common/inference/nz_cache.h"
 #include "cpu/brgemm.h"
 #include "cpu/inference/mla_kernels.h"
 #include "cpu/online_softmax.h"
@@ -101,10 +102,8 @@ struct Worker {
                      int64_t L, int64_t D, std::vector<T>& scratch) const {
     const T* first = row(base, block_stride, r, b, j);
     if (p.nz_c0 == 0) return {first, r.ss};
-    const int64_t c0 = p.nz_c0;
     scratch.resize(L * D);
-    for (int64_t c = 0; c < D / c0; ++c)
-      for (int64_t x = 0; x < L; ++x) std::copy_n(first + c * piece + x * r.ss, c0, scratch.data() + x * D + c * c0);
+    ::npu_fa::attention::nz_rows_to_nd(first, piece, r.ss, p.nz_c0, L, D, scratch.data());
     return {scratch.data(), D};
   }
 
