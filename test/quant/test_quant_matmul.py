@@ -1,11 +1,16 @@
 """npu_trans_quant_param, npu_quantize, npu_quant_matmul and npu_weight_quant_batchmatmul against independent
 references: the bit layout in numpy, torch.quantize_per_channel and float64 (integer paths exact, float outputs under
 the tolerance rule), the int4 packings, torch.compile and every bad-input rule."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 import torch_ops_transformer as tot
+from test.common.checkout import pythonpath
 from test.common.reference import check_tolerance
 
 OPS = torch.ops.npu_fa
@@ -716,16 +721,38 @@ def test_doc_example_runs(index):
     exec(compile(_doc_examples()[index], f"docs/quant.md example {index}", "exec"), {})  # noqa: S102
 
 
-@pytest.mark.parametrize("K", [1, 1024, 1025, 2500])
-def test_w8a8_int32_product_is_exact_at_the_extremes(K):
-    """The int32 product is exact on every CPU path (oneDNN's int8 GEMM, or fp32 slices of 1024 rows of K where the
-    CPU lacks AVX-512): all -128 (the largest products, 2^14 each) and mixed extremes, K across the slice edge."""
+def _extremes(K: int, M: int, N: int):
+    """int8 operands with the largest products (all -128: 2^14 each), +127 rows/columns and random ones."""
     g = torch.Generator().manual_seed(K)
-    x1 = torch.full((5, K), -128, dtype=torch.int8)
+    x1 = torch.full((M, K), -128, dtype=torch.int8)
     x1[1] = 127
     x1[2] = torch.randint(-128, 128, (K,), generator=g, dtype=torch.int8)
-    x2 = torch.full((K, 7), -128, dtype=torch.int8)
+    x2 = torch.full((K, N), -128, dtype=torch.int8)
     x2[:, 1] = 127
     x2[:, 2] = torch.randint(-128, 128, (K,), generator=g, dtype=torch.int8)
-    got = tot.npu_quant_matmul(x1, x2, torch.ones(7), output_dtype=torch.int32)
+    return x1, x2
+
+
+@pytest.mark.parametrize("K", [1, 1024, 1025, 2500])
+@pytest.mark.parametrize("M, N", [(5, 7), (7, 37)])
+def test_w8a8_int32_product_is_exact_at_the_extremes(K, M, N):
+    """The int32 product is exact on this CPU's path (oneDNN's int8 GEMM with AVX-512, the vpmaddwd kernel with AVX2:
+    row blocks of 4/2/1 and 16 columns plus a tail at M=7, N=37), K odd and across the fp32 path's slice edge."""
+    x1, x2 = _extremes(K, M, N)
+    got = tot.npu_quant_matmul(x1, x2, torch.ones(N), output_dtype=torch.int32)
     assert torch.equal(got.long(), x1.long() @ x2.long())
+
+
+def test_w8a8_int32_product_is_exact_without_simd():
+    """The path of CPUs below AVX2 (fp32 GEMMs over slices of 1024 rows of K, summed in int32), chosen in a child
+    process with ATEN_CPU_CAPABILITY=default: exact at the extremes across the slice edge."""
+    code = ("import torch, torch_ops_transformer as tot\n"
+            "from test.quant.test_quant_matmul import _extremes\n"
+            "for K in (1024, 1025, 2500):\n"
+            "    x1, x2 = _extremes(K, 7, 37)\n"
+            "    got = tot.npu_quant_matmul(x1, x2, torch.ones(37), output_dtype=torch.int32)\n"
+            "    assert torch.equal(got.long(), x1.long() @ x2.long()), K\n"
+            "print('exact', torch.backends.cpu.get_cpu_capability())\n")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default", PYTHONPATH=pythonpath())
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "exact DEFAULT" in res.stdout, res.stdout + res.stderr

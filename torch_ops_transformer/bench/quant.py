@@ -7,7 +7,7 @@
   KV bytes read per call as GB/s and as a share of the memory-read speed measured in the same alternation (the
   faster of a sum over the cache's bytes viewed as fp32 words and a 1 GiB fp32 sum).
 - **W8A8 GEMM**: `npu_quant_matmul` (int8 x1 [M, K] per-token scale, int8 x2 [K, N] per-channel scale, bf16 out;
-  exact int32 products: oneDNN's int8 kernels (VNNI / AMX-INT8) on AVX-512 CPUs, exact fp32 slices elsewhere)
+  exact int32 products: oneDNN's int8 kernels (VNNI / AMX-INT8) on AVX-512 CPUs, an exact vpmaddwd kernel on AVX2 ones)
   against `torch.mm` in bf16 of the same shape (the peer a bf16 deployment runs) and in fp32.
 
 All contenders of a row alternate in one process (median of `reps`); ratios are time(peer) / time(ours).

@@ -3,7 +3,7 @@
 // Both lower the call to a list of products (rows of x, one expert's weight, rows of the output) like
 // grouped_matmul does, then:
 //   W8A8         acc = exact_int_mm(x_e, w_e) (cpu/quant/int_mm.h: oneDNN's s8s8 -> s32 GEMM with VNNI / AMX-INT8
-//                on AVX-512 CPUs, exact fp32 slices elsewhere),
+//                on AVX-512 CPUs, an exact vpmaddwd kernel on AVX2 ones),
 //                then ATen element-wise passes apply int32 bias, weight scale, per-token scale, float bias,
 //                activation and the cast (round half to even + saturate for int8 outputs);
 //   weight-only  each task dequantises its [K, tile] block of the expert's int8 / int4 weight into x's dtype, then
