@@ -701,7 +701,11 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
 #endif
   // With AVX2 the integer loops read NZ blocks in place (their 16-value steps never cross a 32-byte piece); the
   // AVX-512 ones take rows of D values, gathered per tile like the fp32 path's.
-  constexpr bool kI8InPlace = kInt8 && Vec::size() == 8;
+#if defined(CPU_CAPABILITY_AVX2)
+  constexpr bool kI8InPlace = kInt8;
+#else
+  constexpr bool kI8InPlace = false;
+#endif
 
   // Chunk size from shapes only: aim for >= 64 items overall, chunks of 256..8192 keys, whole blocks when paged.
   int64_t total_keys = 0;
@@ -835,7 +839,8 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
         NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), pf_n,
                       p.k_seq * es, p.k_head * es, p.v_seq * es, p.v_head * es, D * es};
         int64_t k_seq = p.k_seq, v_seq = p.v_seq;
-        // Where piece c of a row starts relative to piece 0 (int8 integer loops): 32 bytes on for rows of D values.
+        // Elements from piece 0 of a row to piece 1 for the AVX2 integer loops: 32 in a row of D values (ND caches
+        // and gathered tiles), the NZ block's piece stride when they read it in place.
         int64_t k_piece = 32, v_piece = 32;
         const bool in_place = nz && kI8InPlace && item_i8;
         if (nz) {
