@@ -249,6 +249,31 @@ def test_tnd_decode_batch_reads_the_cache_in_place_from_the_op():
     _check_against_reference("tnd decode", call, call.op(sink=SINK)[0], torch.empty(0), False)
 
 
+@pytest.mark.parametrize("layout", ["BNSD", "BSH"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_contiguous_one_token_call_runs_the_decode_op(dtype, layout):
+    """A one-token call on a contiguous cache of any dtype takes the decode op (key chunks over the threads), with
+    per-sequence lengths, a per-sequence mask and a sink; out of the decode op, equal to the float64 reference."""
+    g = torch.Generator().manual_seed(7)
+    B, S = 3, 300
+    q, k, v = (torch.randn(B, n, s, D, generator=g).to(dtype) for n, s in ((N1, 1), (2, S), (2, S)))
+    kv_lens = [S, 37, 0]
+    mask = torch.rand(B, 1, 1, S, generator=g) < 0.2  # True hides a key
+    kw = dict(num_heads=N1, scale=SCALE, num_key_value_heads=2, actual_seq_lengths_kv=torch.tensor(kv_lens),
+              atten_mask=mask,
+              learnable_sink=SINK)
+    to_layout = (lambda t: t) if layout == "BNSD" else (lambda t: t.transpose(1, 2).flatten(2))
+    (out, _), decoded = _decode_op_ran(lambda: OPS.fused_infer_attention_score(
+        to_layout(q), to_layout(k), to_layout(v), input_layout=layout, **kw))
+    assert decoded, "a contiguous one-token call is the decode op's"
+    refs = [attention_reference(q[b:b + 1], k[b:b + 1, :, :kv_lens[b]], v[b:b + 1, :, :kv_lens[b]], N1, "BNSD",
+                                atten_mask=mask[b:b + 1, ..., :kv_lens[b]], scale=SCALE, sink=SINK, compute_dtype=cd)[0]
+            for cd in (torch.float64, dtype) for b in range(B)]
+    ref, same = torch.cat(refs[:B]), torch.cat(refs[B:])
+    out = out if layout == "BNSD" else out.view(B, 1, N1, D).transpose(1, 2)
+    check_tolerance(f"{dtype} {layout}", out, ref, same)
+
+
 def test_window_blocks_before_the_window_are_never_read_by_the_op():
     """sparse_mode 4 over a paged cache: block_table entries wholly before the window may be -1 (freed)."""
     call = paged([1, 4, 1], [200, 150, 9])

@@ -32,6 +32,7 @@ void check_learnable_sink(const char* op, const FusedInferAttentionScoreArgs& a)
 // What every route checks the same way, before the routes' own parsers.
 void check_shared_arguments(const char* op, const FusedInferAttentionScoreArgs& a) {
   check_prompt_flags(op, a);
+  check_scale(op, "scale", a.scale);  // here, so that the decode route (the decode op's parser) reports it as FIA's
   TORCH_CHECK_VALUE(a.block_table.has_value() || a.block_size == 0, op, ": argument 'block_size' is only used with "
                     "block_table (paged KV); got ", a.block_size);
   if (!is_int8_kv(a))  // antiquant arguments without an int8 cache are an error; modes are range-checked
@@ -130,11 +131,11 @@ FiaRoute choose_route(const FusedInferAttentionScoreArgs& a, FiaPlan& plan) {
     // which reads the cache through the block table.
     return FiaRoute::PagedPrefill;
   }
-  // A contiguous int8 cache at one token: the decode kernel reads int8 with integer dot products, where the prefill
-  // kernel would dequantise every tile.
-  if (plan.int8_kv && dense_decode_fits(a, plan)) return FiaRoute::Decode;
-  // Everything else: the prefill kernel on the contiguous cache, any query length (so contiguous-cache decode too:
-  // the call then computes what prompt_flash_attention computes).
+  // A contiguous cache at one token, any cache dtype: the decode kernel splits each sequence into key chunks over
+  // the threads and reads int8 with integer dot products, where the prefill kernel runs one query row per tile
+  // (measured, B=4 N=32/8 S=8192 D=128 bf16 BNSD on two AVX2 threads: ~90 ms on the prefill kernel, ~12 ms here).
+  if (dense_decode_fits(a, plan)) return FiaRoute::Decode;
+  // Everything else: the prefill kernel on the contiguous cache (longer queries, the lse, bands, masks per row).
   return FiaRoute::DensePrefill;
 }
 
