@@ -1,7 +1,8 @@
 """`python -m torch_ops_transformer.bench decode`: decode attention (incre_flash_attention) vs PyTorch's CPU SDPA.
 
 One query token per sequence against a KV cache (GQA). Each row times our op on a contiguous cache and on a paged
-cache (same data scattered into shuffled blocks) and `F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` on
+cache (same data scattered into shuffled blocks), fused_infer_attention_score on the contiguous cache (its one-token
+calls take the same decode kernel) and `F.scaled_dot_product_attention(q, k, v, enable_gqa=True)` on
 the contiguous cache, all in one process (alternating, median). Decode is memory-bound, so the yardstick is the
 KV bytes read per call: achieved GB/s and that as a share of the memory-read speed measured in the same alternation
 : the faster of `k.sum() + v.sum()` over the cache's bytes viewed as fp32 words (exactly the bytes the op must read) and
@@ -90,13 +91,17 @@ def main(quick: bool = False, reps: int = 5) -> None:
                                                             N2, **aq),
             "paged": lambda: ops.incre_flash_attention(q_bsh, kc, vc, None, None, lens, table, None, N1, scale, "BSH",
                                                        N2, c.block, **aq),
+            # fused_infer_attention_score on the contiguous cache: its one-token calls take the decode route.
+            "fia": lambda: ops.fused_infer_attention_score(q, k, v, num_heads=N1, scale=scale, input_layout="BNSD",
+                                                           num_key_value_heads=N2, **aq)[0],
             "torch": lambda: F.scaled_dot_product_attention(q, tk, tv, scale=scale, enable_gqa=True),
             "read": lambda: k_words.sum() + v_words.sum(),
             "read_big": lambda: big.sum(),
         }
         ref = fns["torch"]().float()
         err = max((fns["contiguous"]().float() - ref).abs().max().item(),
-                  (fns["paged"]().float().view_as(ref) - ref).abs().max().item())
+                  (fns["paged"]().float().view_as(ref) - ref).abs().max().item(),
+                  (fns["fia"]().float() - ref).abs().max().item())
         if c.dtype == torch.int8:  # the same shape with the bf16 cache, in the same alternation
             fns["bf16"] = lambda: ops.incre_flash_attention(q, tk, tv, None, None, lens, None, None, N1, scale,
                                                             "BNSD", N2)
@@ -107,12 +112,12 @@ def main(quick: bool = False, reps: int = 5) -> None:
         gbs = {name: kv_bytes / t[name] / 1e9 for name in ("contiguous", "paged", "read")}
         gbs["read"] = max(gbs["read"], big.numel() * 4 / t["read_big"] / 1e9)  # the faster yardstick (conservative)
         rows.append([f"B={B} N={N1}/{N2} S={S} D={D}", dt_name[c.dtype], f"{t['contiguous'] * 1e3:.2f}",
-                     f"{t['paged'] * 1e3:.2f}", f"{t['torch'] * 1e3:.2f}",
+                     f"{t['fia'] * 1e3:.2f}", f"{t['paged'] * 1e3:.2f}", f"{t['torch'] * 1e3:.2f}",
                      f"{t['torch'] / t['contiguous']:.2f}x", f"{gbs['contiguous']:.1f}",
                      f"{gbs['read']:.1f}", f"{100 * gbs['contiguous'] / gbs['read']:.0f}%", f"{gbs['paged']:.1f}",
                      f"{t['paged'] / t['contiguous']:.2f}", f"{err:.1e}"])
         print(f"  done: {rows[-1][0]} {dt_name[c.dtype]}", flush=True)
-    print(format_table(["shape", "dtype", "ours contig ms", f"ours paged (block {default_cases(quick)[0].block}) ms",
+    print(format_table(["shape", "dtype", "ours contig ms", "FIA contig ms", f"ours paged (block {default_cases(quick)[0].block}) ms",
                         "torch ms", "speed-up (contig)", "contig KV GB/s", "read GB/s (best sum)", "of read", "paged KV GB/s",
                         "paged/contig time", "max |diff| vs torch"], rows))
     if ratio is not None:
