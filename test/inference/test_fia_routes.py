@@ -260,8 +260,7 @@ def test_contiguous_one_token_call_runs_the_decode_op(dtype, layout):
     kv_lens = [S, 37, 0]
     mask = torch.rand(B, 1, 1, S, generator=g) < 0.2  # True hides a key
     kw = dict(num_heads=N1, scale=SCALE, num_key_value_heads=2, actual_seq_lengths_kv=torch.tensor(kv_lens),
-              atten_mask=mask,
-              learnable_sink=SINK)
+              atten_mask=mask, learnable_sink=SINK)
     to_layout = (lambda t: t) if layout == "BNSD" else (lambda t: t.transpose(1, 2).flatten(2))
     (out, _), decoded = _decode_op_ran(lambda: OPS.fused_infer_attention_score(
         to_layout(q), to_layout(k), to_layout(v), input_layout=layout, **kw))

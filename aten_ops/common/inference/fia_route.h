@@ -16,9 +16,9 @@ namespace npu_fa::attention {
 
 enum class FiaRoute {
   Mla,           // query_rope / key_rope: the MLA paths (cpu/inference/mla.cpp)
-  Decode,        // one query token per sequence whose band hides no key, on a paged or int8 cache: incre_flash_attention
+  Decode,        // one query token per sequence whose band hides no key, any cache: incre_flash_attention
   PagedPrefill,  // every other paged call: the prefill kernel over the cache's blocks
-  DensePrefill,  // a contiguous cache (int8 too): the prefill kernel
+  DensePrefill,  // a contiguous cache, calls the decode route does not take: the prefill kernel
 };
 
 struct FiaPlan {
