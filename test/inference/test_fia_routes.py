@@ -273,6 +273,15 @@ def test_contiguous_one_token_call_runs_the_decode_op(dtype, layout):
     check_tolerance(f"{dtype} {layout}", out, ref, same)
 
 
+def test_contiguous_one_token_call_reports_bad_arguments_as_its_own():
+    """The decode route of a contiguous call is taken after the prefill parser's checks: errors name this op."""
+    q, k = torch.randn(2, N1, 1, 2 * D), torch.randn(2, 2, 8, D)
+    with pytest.raises(ValueError, match=r"fused_infer_attention_score: arguments 'query' and 'key' must have the "
+                                         r"same head dim; got 32 and 16"):
+        OPS.fused_infer_attention_score(q, k, k, num_heads=N1, scale=SCALE, input_layout="BNSD",
+                                        num_key_value_heads=2)
+
+
 def test_window_blocks_before_the_window_are_never_read_by_the_op():
     """sparse_mode 4 over a paged cache: block_table entries wholly before the window may be -1 (freed)."""
     call = paged([1, 4, 1], [200, 150, 9])

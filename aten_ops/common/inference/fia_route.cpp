@@ -209,6 +209,12 @@ FiaPlan plan_fia(const char* op, const FusedInferAttentionScoreArgs& a) {
   read_lengths(a.actual_seq_lengths, plan.q_lens);
   skip_blocks_before_window(plan);
   plan.route = choose_route(plan.call.args(), plan);
+  if (plan.route == FiaRoute::Decode && !plan.paged) {
+    // A contiguous call is checked by the prefill parser first, which every other contiguous call goes through:
+    // a bad argument is then reported under this op's name and argument names, not the decode op's.
+    AttentionInputs unused;
+    parse_prompt_params(op, a.query, a.key, a.value, a, unused);
+  }
   return plan;
 }
 
