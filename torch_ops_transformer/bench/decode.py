@@ -117,7 +117,8 @@ def main(quick: bool = False, reps: int = 5) -> None:
                      f"{gbs['read']:.1f}", f"{100 * gbs['contiguous'] / gbs['read']:.0f}%", f"{gbs['paged']:.1f}",
                      f"{t['paged'] / t['contiguous']:.2f}", f"{err:.1e}"])
         print(f"  done: {rows[-1][0]} {dt_name[c.dtype]}", flush=True)
-    print(format_table(["shape", "dtype", "ours contig ms", "FIA contig ms", f"ours paged (block {default_cases(quick)[0].block}) ms",
+    print(format_table(["shape", "dtype", "ours contig ms", "FIA contig ms",
+                        f"ours paged (block {default_cases(quick)[0].block}) ms",
                         "torch ms", "speed-up (contig)", "contig KV GB/s", "read GB/s (best sum)", "of read", "paged KV GB/s",
                         "paged/contig time", "max |diff| vs torch"], rows))
     if ratio is not None:

@@ -263,7 +263,8 @@ class KvPacker {
                           std::vector<T>& out) {
     out.resize((j1 - j0) * D);
     for (int64_t j = j0; j < j1; ++j)  // row by row: [j0, j1) may span blocks
-      ::npu_fa::attention::nz_rows_to_nd(base + m.at(b, n, j), m.piece_stride, 0, m.nz_c0, 1, D, out.data() + (j - j0) * D);
+      ::npu_fa::attention::nz_rows_to_nd(base + m.at(b, n, j), m.piece_stride, 0, m.nz_c0, 1, D,
+                                         out.data() + (j - j0) * D);
   }
   void gather_nz(int64_t b, int64_t n2, int64_t j0, int64_t j1) const {
     NzRows& r = nz_rows();

@@ -19,6 +19,7 @@
 // per-channel value factors apply to the normalised output, so the stream of cache bytes is half that of bf16.
 #include "common/inference/nz_cache.h"
 #include "cpu/inference/decode_kernels.h"
+#include "cpu/int_dot.h"
 #include "cpu/online_softmax.h"
 #include "cpu/softmax_exp.h"
 #include "cpu/stage_timing.h"
@@ -545,15 +546,6 @@ inline bool int8_dot_available() {  // the variable is read per call, for A/B ti
 
 inline const int8_t* piece_at(const int8_t* row, int64_t d, int64_t piece) { return row + (d >> 5) * piece + (d & 31); }
 
-// acc + Σ pairs a·b (vpmaddwd then vpaddd), as inline asm for the reason given at dpwssd above: with the intrinsics
-// GCC 12 copies the accumulators of a register block to fresh registers every step and spilled one to the stack
-// (measured in the 4-row P·V block: 7 moves and a store per 8 products).
-inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
-  __m256i t;
-  asm("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(a), "x"(b));
-  return acc;
-}
-
 // s[gg * ld + c] = sq[gg] · (q16_gg · k_c) for GN int16 query rows (stride D) and KB int8 key rows (stride k_seq).
 template <int GN, int KB>
 inline void qk_block_i16(const int16_t* q, int64_t D, const int8_t* k0, int64_t k_seq, int64_t piece,
@@ -715,6 +707,12 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
 #else
   constexpr bool kI8InPlace = false;
 #endif
+  // int8 streams skip the software prefetch with AVX-512 only (see the measurements at pf_n below).
+#if defined(CPU_CAPABILITY_AVX512)
+  constexpr bool kI8StreamNoPrefetch = kInt8;
+#else
+  constexpr bool kI8StreamNoPrefetch = false;
+#endif
 
   // Chunk size from shapes only: aim for >= 64 items overall, chunks of 256..8192 keys, whole blocks when paged.
   int64_t total_keys = 0;
@@ -844,7 +842,7 @@ void run(const DecodeParams& p, const float* q32, const C* kc, const C* vc, T* o
         // page, where the hardware prefetchers stop) the prefetch gains instead: same shape, one thread, 22.4 ->
         // 20.3 ms, paged head-major 22.1 -> 19.6 ms; two threads 15.8 -> 13.1 and 15.2 -> 12.0 ms (AMD EPYC, AVX2).
         const bool stream = nx.k0 == k0 + n * p.k_seq && nx.v0 == v0 + n * p.v_seq && p.k_seq == D && p.v_seq == D;
-        const int64_t pf_n = kInt8 && stream && Vec::size() == 16 ? 0 : nx.n;
+        const int64_t pf_n = kI8StreamNoPrefetch && stream ? 0 : nx.n;
         NextTile next{reinterpret_cast<const char*>(nx.k0), reinterpret_cast<const char*>(nx.v0), pf_n,
                       p.k_seq * es, p.k_head * es, p.v_seq * es, p.v_head * es, D * es};
         int64_t k_seq = p.k_seq, v_seq = p.v_seq;

@@ -15,6 +15,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "cpu/int_dot.h"
+
 #include <vector>
 
 namespace npu_fa::cpu::CPU_CAPABILITY {
@@ -48,8 +50,8 @@ void block(const int32_t* ap, int64_t ap_ld, const int8_t* panel, int64_t pairs,
     const __m256i x1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + 16)));
     for (int gg = 0; gg < GN; ++gg) {
       const __m256i pair = _mm256_set1_epi32(ap[gg * ap_ld + k2]);
-      acc[gg][0] = _mm256_add_epi32(acc[gg][0], _mm256_madd_epi16(x0, pair));
-      acc[gg][1] = _mm256_add_epi32(acc[gg][1], _mm256_madd_epi16(x1, pair));
+      acc[gg][0] = madd_acc(acc[gg][0], x0, pair);
+      acc[gg][1] = madd_acc(acc[gg][1], x1, pair);
     }
   }
   for (int gg = 0; gg < GN; ++gg) {
